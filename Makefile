@@ -1,0 +1,32 @@
+# Everything installs from this repository's own files into .venv (pip's cache makes re-runs fast).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench-conversion clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# A real leveled profile (levels M and MF) of the embedded default model on CPU, then a summary.
+demo: $(STAMP)
+	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF --device cpu --out xsp-runs/demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest --cov --cov-report=term:skip-covered
+
+bench-conversion: $(STAMP)
+	$(PY) benchmarks/conversion.py
+
+clean:
+	rm -rf $(VENV) xsp-runs .pytest_cache .mypy_cache .ruff_cache .coverage

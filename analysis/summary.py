@@ -1,0 +1,70 @@
+"""The summary ``xsp run`` prints: step latency per level set, overhead against the shallowest
+run, spans per iteration and the slowest layers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from analysis.store import MeasurementStore
+
+
+def level_sets(store: MeasurementStore) -> pa.Table:
+    """One row per level-set run: columns levels, status, iterations, step_median_ms,
+    step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run)."""
+    stats = store.sql(
+        """
+        SELECT levels, run_index,
+               count(*) FILTER (WHERE kind = 'step') AS iterations,
+               median(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_median_ms,
+               min(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_min_ms,
+               max(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_max_ms,
+               count(*) / greatest(count(*) FILTER (WHERE kind = 'step'), 1) AS spans_per_iteration
+        FROM spans GROUP BY levels, run_index ORDER BY run_index
+        """
+    ).to_pylist()
+    by_levels = {row["levels"]: row for row in stats}
+    base = stats[0]["step_median_ms"] if stats else None
+    rows = []
+    for run in store.runs:
+        row = by_levels.get(run.levels, {})
+        median = row.get("step_median_ms")
+        rows.append(
+            {
+                "levels": run.levels,
+                "status": run.meta.get("status"),
+                "iterations": row.get("iterations", 0),
+                "step_median_ms": median,
+                "step_min_ms": row.get("step_min_ms"),
+                "step_max_ms": row.get("step_max_ms"),
+                "spans_per_iteration": row.get("spans_per_iteration", 0),
+                "overhead_x": (median / base) if (median and base) else None,
+            }
+        )
+    return pa.Table.from_pylist(rows)
+
+
+def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
+    """The leaf layers with the largest mean forward time in the deepest run that has them:
+    columns module_path, module_type, calls_per_iteration, mean_ms, share_pct (of the step)."""
+    return store.sql(
+        """
+        WITH run AS (SELECT max(run_index) AS r FROM spans WHERE kind = 'module'),
+        mods AS (
+            SELECT s.* FROM spans s, run WHERE s.run_index = run.r AND s.kind = 'module'
+              AND s.phase = 'forward' AND s.module_path <> ''
+        ),
+        leaves AS (
+            SELECT m.* FROM mods m
+            WHERE NOT EXISTS (SELECT 1 FROM mods c WHERE c.parent_span_id = m.span_id
+                                AND c.iteration = m.iteration)
+        ),
+        steps AS (SELECT sum(dur_ns) AS total, count(*) AS n FROM spans, run
+                  WHERE run_index = run.r AND kind = 'step')
+        SELECT module_path, any_value(module_type) AS module_type,
+               count(*) / any_value(steps.n) AS calls_per_iteration,
+               sum(dur_ns) / count(*) / 1e6 AS mean_ms,
+               100.0 * sum(dur_ns) / any_value(steps.total) AS share_pct
+        FROM leaves, steps GROUP BY module_path ORDER BY share_pct DESC LIMIT ?
+        """,
+        [limit],
+    )

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+
+def reachable_from_root(table: pa.Table) -> bool:
+    """True when every span of every trace reaches that trace's single root by parent links."""
+    rows = table.select(["trace_id", "span_id", "parent_span_id"]).to_pylist()
+    by_trace: dict[bytes, dict[int, int]] = {}
+    for r in rows:
+        by_trace.setdefault(r["trace_id"], {})[r["span_id"]] = r["parent_span_id"]
+    for parents in by_trace.values():
+        roots = [s for s, p in parents.items() if p == 0]
+        if len(roots) != 1:
+            return False
+        for span in parents:
+            seen = 0
+            while parents.get(span, 0) != 0:
+                span = parents[span]
+                seen += 1
+                if span not in parents or seen > len(parents):
+                    return False
+    return True
+
+
+@pytest.fixture
+def cuda_device() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+    return "cuda"

@@ -1,0 +1,224 @@
+"""The command line, end to end, in subprocesses (as a user runs it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tracer.store import open_measurement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def xsp(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xsp", *args],
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["COLUMNS"] = "120"
+    return env
+
+
+def _traces(path: Path) -> list[list[dict]]:
+    traces = []
+    for line in path.read_text().splitlines():
+        request = json.loads(line)
+        spans = [
+            s for rs in request["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]
+        ]
+        assert len({s["traceId"] for s in spans}) == 1
+        traces.append(spans)
+    return traces
+
+
+def _connected(spans: list[dict]) -> bool:
+    by_id = {s["spanId"]: s for s in spans}
+    roots = [s for s in spans if "parentSpanId" not in s]
+    if len(roots) != 1:
+        return False
+    for span in spans:
+        hops = 0
+        while "parentSpanId" in span:
+            if span["parentSpanId"] not in by_id or hops > len(spans):
+                return False
+            span = by_id[span["parentSpanId"]]
+            hops += 1
+    return True
+
+
+def _attr(span: dict, key: str) -> object:
+    for kv in span.get("attributes", []):
+        if kv["key"] == key:
+            return next(iter(kv["value"].values()))
+    return None
+
+
+@pytest.mark.slow
+def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None:
+    out = tmp_path / "R"
+    done = xsp(
+        "run",
+        "--model",
+        "torchvision:resnet18",
+        "--batch-size",
+        "2",
+        "--iterations",
+        "3",
+        "--levels",
+        "M,MF",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "median ms" in done.stdout and "bytes per span" in done.stdout
+    exported = xsp("export", str(out), "--format", "otlp-json", "-o", str(tmp_path / "o.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    traces = _traces(tmp_path / "o.jsonl")
+    assert len(traces) == 6
+    import torchvision
+
+    named = {name for name, _ in torchvision.models.resnet18().named_modules()}
+    by_levels: dict[str, int] = {}
+    for spans in traces:
+        assert _connected(spans)
+        root = next(s for s in spans if "parentSpanId" not in s)
+        assert _attr(root, "xsp.level") == "model" and root["name"] == "step"
+        levels = {_attr(s, "xsp.level") for s in spans}
+        key = "MF" if "framework" in levels else "M"
+        by_levels[key] = by_levels.get(key, 0) + 1
+        if key == "MF":
+            paths = {_attr(s, "xsp.module.path") for s in spans if _attr(s, "xsp.kind") == "module"}
+            assert paths == named
+            assert any(_attr(s, "xsp.op.name") == "aten::conv2d" for s in spans)
+    assert by_levels == {"M": 3, "MF": 3}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
+
+
+TRAIN_SCRIPT = """
+    import sys
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+    steps = int(sys.argv[1])
+    for i in range(steps):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if len(sys.argv) > 2 and i == int(sys.argv[2]):
+            model(x)  # the next iteration has begun when the error hits
+            raise RuntimeError("diverged at step %d" % i)
+    print("trained", steps)
+"""
+
+
+def _script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(TRAIN_SCRIPT))
+    return path
+
+
+def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path) -> None:
+    out = tmp_path / "S"
+    done = xsp(
+        "run",
+        "--levels",
+        "M,MF",
+        "--iterations",
+        "4",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--",
+        "python",
+        str(_script(tmp_path)),
+        "4",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("trained 4") == 2  # the script ran once per level set
+    for run in open_measurement(out):
+        spans = run.spans()
+        kinds = spans.column("kind").to_pylist()
+        assert kinds.count("step") == 4, run.levels
+        assert run.meta["status"] == "ok"
+        if run.levels == "MF":
+            assert kinds.count("module") == 4 * 4
+
+
+def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "S"
+    done = xsp(
+        "run",
+        "--levels",
+        "MF",
+        "--iterations",
+        "10",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        "--",
+        "python",
+        str(_script(tmp_path)),
+        "5",
+        "2",
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert "RuntimeError: diverged at step 2" in last and str(out) in last
+    run = open_measurement(out)[0]
+    steps = [r for r in run.spans().to_pylist() if r["kind"] == "step"]
+    assert [s["status_message"] for s in steps] == [
+        None,
+        None,
+        None,
+        "RuntimeError: diverged at step 2",
+    ]
+    assert run.meta["status"] == "error"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "torchvision:resnet1000"], "unknown model 'torchvision:resnet1000'"),
+        (["--model", "torchvision:resnet18", "--levels", "M,XF"], "bad level set 'XF'"),
+        (
+            ["--model", "torchvision:resnet18", "--out", "/proc/xsp-cannot-write"],
+            "cannot write to /proc/xsp-cannot-write",
+        ),
+        (["--", "bash", "train.sh"], "expects a Python command"),
+    ],
+)
+def test_bad_input_gets_a_one_line_error(args: list[str], message: str) -> None:
+    done = xsp("run", *args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
+    listed = xsp("models", "--filter", "resnet18")
+    assert listed.returncode == 0
+    assert "torchvision:resnet18\tclassification" in listed.stdout
+    missing = xsp("export", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr

@@ -1,0 +1,124 @@
+"""Conversion of real recorded captures (tests/data/*/raw.json) into spans.
+
+Expected numbers are worked out from ResNet-18 itself: 68 named modules, of which 76 module calls
+per forward (each of the 8 BasicBlocks calls its ReLU twice: 1 + 8*2 = 17 ReLU calls, against 9
+ReLU modules); 20 Conv2d and 20 BatchNorm2d layers; one Linear layer fc with 512*1000 + 1000
+parameters. The CUDA capture ran backward on the autograd device thread (thread 2).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import reachable_from_root
+from tests.fixtures import load_raw
+from tracer import schema
+from tracer.convert import build_table
+
+SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda"]
+
+
+def _convert(scenario: str):  # type: ignore[no-untyped-def]
+    steps, framework, meta = load_raw(scenario)
+    table, report = build_table("run-1", "MF", steps, framework)
+    return table, report, framework, meta
+
+
+def _rows(table, kind: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    return table.filter(pc.equal(table.column("kind"), kind)).to_pylist()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_span_reaches_the_single_model_root(scenario: str) -> None:
+    table, report, framework, _ = _convert(scenario)
+    assert reachable_from_root(table)
+    roots = _rows(table, "step")
+    assert len(roots) == 1 and roots[0]["parent_span_id"] == 0 and roots[0]["level"] == "model"
+    assert table.column("level").unique().to_pylist() == ["model", "framework"]
+    # every profiler event is a span, except the step range (replaced by the model span) and,
+    # on CUDA, the two device synchronizations of level M that bracket the iteration
+    outside = 2 if scenario.endswith("cuda") else 0
+    assert report.events_outside_iterations == outside
+    assert table.num_rows == len(framework.name) - 1 - outside + 1
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_module_spans_follow_named_modules(scenario: str) -> None:
+    table, _, _, meta = _convert(scenario)
+    modules = _rows(table, "module")
+    assert len(modules) == 76
+    assert {m["module_path"] for m in modules} == set(meta["named_modules"])
+    calls = Counter(m["module_type"] for m in modules)
+    assert calls["Conv2d"] == 20 and calls["BatchNorm2d"] == 20 and calls["ReLU"] == 17
+    by_path = {m["module_path"]: m for m in modules}
+    assert by_path["conv1"]["input_shapes"] == "[[2,3,224,224]]"
+    assert by_path["conv1"]["output_shapes"] == "[[2,64,112,112]]"
+    assert by_path["fc"]["module_params"] == 512 * 1000 + 1000
+    assert by_path[""]["name"] == "ResNet" and by_path["layer1.0.conv1"]["name"] == "layer1.0.conv1"
+    assert by_path["fc"]["source"].endswith(".py:" + by_path["fc"]["source"].rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ops_nest_under_their_module_with_shapes(scenario: str) -> None:
+    table, _, _, _ = _convert(scenario)
+    ids = dict(zip(table.column("span_id").to_pylist(), table.to_pylist(), strict=False))
+    convs = [r for r in ids.values() if r["op_name"] == "aten::conv2d" and r["phase"] == "forward"]
+    assert len(convs) == 20
+    for op in convs:
+        parent = ids[op["parent_span_id"]]
+        assert parent["kind"] == "module" and parent["module_type"] == "Conv2d"
+        assert op["module_path"] == parent["module_path"]
+        assert op["input_dtypes"].startswith("float,float")
+    first = min(convs, key=lambda r: r["start_ns"])
+    assert first["input_shapes"].startswith("[[2,3,224,224],[64,3,7,7]")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_backward_nodes_are_attributed_to_their_forward_layer(scenario: str) -> None:
+    table, _, _, _ = _convert(scenario)
+    backward = _rows(table, "backward")
+    by_node = Counter((b["name"].split(": ", 1)[1], b["module_type"]) for b in backward)
+    assert by_node[("ConvolutionBackward0", "Conv2d")] == 20
+    assert by_node[("AddmmBackward0", "Linear")] == 1
+    bn = "CudnnBatchNormBackward0" if scenario.endswith("cuda") else "NativeBatchNormBackward0"
+    assert by_node[(bn, "BatchNorm2d")] == 20
+    # the loss is computed outside any module, so its gradient nodes have no layer
+    assert by_node[("NllLossBackward0", None)] == 1
+    conv_paths = {b["module_path"] for b in backward if b["name"].endswith("ConvolutionBackward0")}
+    assert len(conv_paths) == 20 and "layer4.1.conv2" in conv_paths
+    assert all(b["phase"] == "backward" for b in backward)
+    if scenario.endswith("cuda"):
+        assert {b["thread_id"] for b in backward} == {2}
+
+
+def test_optimizer_step_is_its_own_span_under_the_root() -> None:
+    table, _, _, _ = _convert("resnet18_train_cuda")
+    optimizer = _rows(table, "optimizer")
+    assert sorted(o["name"] for o in optimizer) == [
+        "Optimizer.step#SGD.step",
+        "Optimizer.zero_grad#SGD.zero_grad",
+    ]
+    assert all(o["parent_span_id"] == 1 and o["phase"] == "optimizer" for o in optimizer)
+
+
+def test_failed_iteration_carries_its_error_and_ids_are_stable() -> None:
+    steps, framework, _ = load_raw("resnet18_train_cpu")
+    table, _ = build_table("run-1", "MF", steps, framework, failures={0: "ValueError: boom"})
+    step = _rows(table, "step")[0]
+    assert step["status_message"] == "ValueError: boom"
+    assert set(table.column("trace_id").to_pylist()) == {schema.trace_id_for("run-1", "MF", 0)}
+    assert table.schema == schema.SPAN_SCHEMA
+
+
+def test_model_level_alone_gives_one_span_per_iteration() -> None:
+    from tracer.levels.model import StepRecords
+
+    steps = StepRecords(iteration=[0, 1], start_ns=[100, 300], end_ns=[250, 420])
+    table, report = build_table("run-2", "M", steps)
+    assert table.column("dur_ns").to_pylist() == [150, 120]
+    assert table.column("parent_span_id").to_pylist() == [0, 0]
+    assert len(set(table.column("trace_id").to_pylist())) == 2
+    assert report.spans == 2

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from tracer.intervals import depths, inherit, nest
+
+
+def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]
+    """Reference: replay the ranges through a stack, thread by thread."""
+    order = sorted(range(len(start)), key=lambda i: (thread[i], start[i], -end[i], i))
+    parent = [-1] * len(start)
+    stack: list[int] = []
+    previous = None
+    for i in order:
+        if previous is not None and thread[i] != thread[previous]:
+            stack = []
+        while stack and end[stack[-1]] < end[i]:
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+        previous = i
+    return parent
+
+
+def _random_ranges(rng: random.Random, limit: int):  # type: ignore[no-untyped-def]
+    thread, start, end = [], [], []
+
+    def fill(lo: int, hi: int, depth: int, tid: int) -> None:
+        t = lo
+        while t < hi and len(start) < limit:
+            length = rng.randint(0, hi - t)
+            if length == 0:
+                return
+            thread.append(tid), start.append(t), end.append(t + length)
+            if depth < 6 and rng.random() < 0.6:
+                fill(t, t + length, depth + 1, tid)
+            t += length + rng.randint(0, 3)
+
+    for tid in range(3):
+        fill(0, 10_000, 0, tid)
+    return np.array(thread), np.array(start), np.array(end)
+
+
+def test_nesting_matches_a_stack_replay_on_random_ranges() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        thread, start, end = _random_ranges(rng, rng.randint(1, 150))
+        perm = np.random.default_rng(rng.randint(0, 10**6)).permutation(len(start))
+        thread, start, end = thread[perm], start[perm], end[perm]
+        assert nest(thread, start, end).tolist() == _stack_nesting(thread, start, end)
+
+
+def test_nesting_cases_worked_by_hand() -> None:
+    # 0 [0,100] contains 1 [10,50] which contains 2 [10,50] (same bounds: the first is parent);
+    # 3 [50,60] starts where 1 ends and is a sibling of 1; 4 is on another thread.
+    thread = np.array([1, 1, 1, 1, 2])
+    start = np.array([0, 10, 10, 50, 20])
+    end = np.array([100, 50, 50, 60, 30])
+    parent = nest(thread, start, end)
+    assert parent.tolist() == [-1, 0, 1, 0, -1]
+    depth = depths(parent)
+    assert depth.tolist() == [0, 1, 2, 1, 0]
+    values = np.array([7, -1, -1, 9, -1])
+    assert inherit(values, parent, depth).tolist() == [7, 7, 7, 9, -1]
+    assert nest(np.array([]), np.array([]), np.array([])).tolist() == []

@@ -1,0 +1,156 @@
+"""Live capture on CPU with a tiny model: Sequential(Linear(8,16), ReLU, Linear(16,4))."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+import torch
+
+import xsp
+from tests.conftest import reachable_from_root
+from tracer.errors import ConfigError, DeviceError
+from tracer.session import Session
+from tracer.sinks import InMemorySink
+from tracer.store import open_run
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(3, 8)
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+
+def _kind(table, kind: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    return table.filter(pc.equal(table.column("kind"), kind)).to_pylist()
+
+
+def test_mf_training_session_records_layers_ops_backward_and_optimizer() -> None:
+    model, opt, x = _mlp()
+    sink = InMemorySink()
+    with xsp.session("MF", iterations=3, warmup=1, sinks=[sink], workload="mlp", device="cpu") as s:
+        for _ in range(4):
+            with xsp.iteration():
+                _train_step(model, opt, x)
+    table = sink.table()
+    assert s.result is not None and s.result["status"] == "ok"
+    assert [r["iteration"] for r in _kind(table, "step")] == [0, 1, 2]
+    assert reachable_from_root(table)
+    modules = _kind(table, "module")
+    assert len(modules) == 3 * 4
+    assert {m["module_path"] for m in modules} == {n for n, _ in model.named_modules()}
+    second = next(m for m in modules if m["module_path"] == "2")
+    assert (second["input_shapes"], second["output_shapes"]) == ("[[3,16]]", "[[3,4]]")
+    assert second["module_params"] == 16 * 4 + 4
+    # the two Linear layers each produce one AddmmBackward0 per iteration, attributed to them
+    addmm = [b for b in _kind(table, "backward") if b["name"].endswith("AddmmBackward0")]
+    assert sorted(b["module_path"] for b in addmm) == ["0", "0", "0", "2", "2", "2"]
+    assert len(_kind(table, "optimizer")) == 3 * 2  # zero_grad and step
+    resource = sink.batches[0].resource
+    assert (
+        resource["xsp.levels"] == "MF"
+        and resource["host.name"]
+        and resource["xsp.workload"] == "mlp"
+    )
+
+
+def test_step_marks_boundaries_and_warmup_is_not_recorded() -> None:
+    model, opt, x = _mlp()
+    sink = InMemorySink()
+    session = xsp.session("M", iterations=2, warmup=2, sinks=[sink], device="cpu")
+    for _ in range(6):  # the 5th call ends the last measured iteration; the rest are no-ops
+        xsp.step()
+        _train_step(model, opt, x)
+    session.close()
+    steps = _kind(sink.table(), "step")
+    assert [s["iteration"] for s in steps] == [0, 1]
+    assert all(s["dur_ns"] > 0 for s in steps)
+    assert xsp.current_session() is None
+
+
+def test_optimizer_steps_delimit_iterations_in_unmodified_loops() -> None:
+    model, opt, x = _mlp()
+    sink = InMemorySink()
+    session = Session(
+        "MF", iterations=3, warmup=1, sinks=[sink], device="cpu", auto_iterations=True
+    ).start()
+    for _ in range(5):
+        _train_step(model, opt, x)
+    session.close()
+    table = sink.table()
+    assert len(_kind(table, "step")) == 3
+    assert reachable_from_root(table)
+    # each iteration runs from the first module call to the end of optimizer.step()
+    assert len(_kind(table, "module")) == 3 * 4
+    assert [o["name"] for o in _kind(table, "optimizer")] == ["Optimizer.step#SGD.step"] * 3
+
+
+def test_an_exception_marks_the_iteration_failed_and_keeps_what_was_recorded(
+    tmp_path: Path,
+) -> None:
+    model, opt, x = _mlp()
+    run_dir = tmp_path / "MF"
+    with (
+        pytest.raises(ValueError, match="boom"),
+        xsp.session("MF", iterations=5, warmup=0, out=run_dir, device="cpu"),
+    ):
+        for i in range(5):
+            with xsp.iteration():
+                _train_step(model, opt, x)
+                if i == 1:
+                    raise ValueError("boom")
+    run = open_run(run_dir)
+    assert run.meta["status"] == "error" and run.meta["error"] == "ValueError: boom"
+    assert run.meta["failed_iterations"] == {"1": "ValueError: boom"}
+    steps = _kind(run.spans(), "step")
+    assert [s["status_message"] for s in steps] == [None, "ValueError: boom"]
+    assert json.loads((run_dir / "run.json").read_text())["spans"] == run.spans().num_rows
+
+
+def test_framework_level_refuses_to_share_the_profiler_but_model_level_carries_on() -> None:
+    model, opt, x = _mlp()
+    sink = InMemorySink()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        session = Session("MF", iterations=1, warmup=0, sinks=[sink], device="cpu").start()
+        with session.iteration():
+            _train_step(model, opt, x)
+        meta = session.close()
+    assert meta is not None
+    assert any("profiler is already running" in e for e in meta["errors"])
+    assert len(_kind(sink.table(), "step")) == 1
+
+
+def test_markers_without_a_session_do_nothing() -> None:
+    assert xsp.current_session() is None
+    xsp.step()
+    with xsp.iteration():
+        pass
+
+
+def test_bad_configuration_names_the_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'MX'"):
+        Session("MX")
+    with pytest.raises(ConfigError, match="iterations 0"):
+        Session("M", iterations=0)
+    with pytest.raises(ConfigError, match="'tpu'"):
+        Session("M", device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="cuda"):
+            Session("M", device="cuda")
+
+
+def test_close_is_idempotent_and_partial_runs_say_so(tmp_path: Path) -> None:
+    session = Session("M", iterations=4, warmup=0, out=tmp_path / "M", device="cpu").start()
+    with session.iteration():
+        pass
+    first = session.close()
+    assert first is not None and first["status"] == "partial" and first["iterations_measured"] == 1
+    assert session.close() is first

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analysis.store import MeasurementStore
+from analysis.summary import level_sets
+from tests.fixtures import load_raw
+from tracer import store
+from tracer.convert import build_table
+from tracer.errors import StoreError
+
+
+def _write_run(root: Path, levels: str = "MF") -> Path:
+    steps, framework, _ = load_raw("resnet18_train_cpu")
+    table, _ = build_table("run-s", levels, steps, framework)
+    run_dir = root / levels
+    store.write_span_part(run_dir, table)
+    store.write_json_atomic(
+        run_dir / store.RUN_META,
+        {"format": store.schema.STORE_FORMAT, "levels": levels, "status": "ok", "resource": {}},
+    )
+    return run_dir
+
+
+def test_round_trip_and_sql(tmp_path: Path) -> None:
+    _write_run(tmp_path)
+    measurement = MeasurementStore(tmp_path)
+    rows = level_sets(measurement).to_pylist()
+    assert rows[0]["levels"] == "MF" and rows[0]["iterations"] == 1
+    assert rows[0]["spans_per_iteration"] == 1791
+    count = measurement.sql("SELECT count(*) AS n FROM spans WHERE kind = 'module'").to_pylist()
+    assert count == [{"n": 76}]
+    # ~10 bytes a span or less: zstd over dictionaries and delta-encoded integers
+    assert measurement.bytes_on_disk() / 1791 < 16
+
+
+def test_truncated_span_file_is_named(tmp_path: Path) -> None:
+    run_dir = _write_run(tmp_path)
+    part = run_dir / "spans-00000.parquet"
+    part.write_bytes(part.read_bytes()[:300])
+    with pytest.raises(StoreError, match=r"spans-00000\.parquet: corrupt or truncated"):
+        MeasurementStore(tmp_path)
+    with pytest.raises(StoreError, match=r"spans-00000\.parquet: corrupt or truncated"):
+        store.open_run(run_dir).spans()
+
+
+def test_missing_and_malformed_runs_are_named(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such run directory"):
+        store.open_measurement(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError, match="holds no xsp run"):
+        store.open_measurement(tmp_path / "empty")
+    run_dir = _write_run(tmp_path / "m")
+    (run_dir / store.RUN_META).write_text("{not json")
+    with pytest.raises(StoreError, match=r"run\.json: not readable JSON"):
+        store.open_measurement(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m")
+    run_dir = _write_run(tmp_path / "m")
+    (run_dir / store.RUN_META).write_text('{"format": "other/9"}')
+    with pytest.raises(StoreError, match="unknown store format 'other/9'"):
+        store.open_measurement(tmp_path / "m")
+
+
+def test_unwritable_directory_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StoreError, match=f"cannot write to {blocker / 'run'}"):
+        store.check_writable(blocker / "run")

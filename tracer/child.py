@@ -1,0 +1,153 @@
+"""One level-set run in its own process: ``python -m tracer.child``.
+
+The leveled runner starts one of these per level set so that no level's state (hooks, profiler
+buffers, CUPTI subscriptions, allocator caches) leaks into the next. It runs either a zoo workload
+or a user's Python script under a ``Session``, writes ``RUN_DIR/<levels>/``, reports progress as
+lines on ``--progress-fd`` and exits with the workload's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+from tracer.errors import XspError
+from tracer.session import Session, fail_message
+from tracer.sinks import OtlpSink, Sink
+from tracer.transport import OtlpConfig, make_transport
+
+log = logging.getLogger("xsp")
+
+EXIT_WORKLOAD_FAILED = 1
+EXIT_XSP_ERROR = 2
+
+
+def _progress_writer(fd: int | None) -> Any:
+    if fd is None:
+        return None
+    stream: TextIO = os.fdopen(fd, "w", buffering=1)
+
+    def report(phase: str, done: int, total: int) -> None:
+        stream.write(f"{phase} {done} {total}\n")
+
+    return report
+
+
+def _sinks(endpoint: str | None) -> list[Sink]:
+    config = OtlpConfig.from_env(endpoint)
+    return [OtlpSink(make_transport(config))] if config is not None else []
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tracer.child")
+    parser.add_argument("--levels", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--device")
+    parser.add_argument("--measurement-id")
+    parser.add_argument("--progress-fd", type=int)
+    parser.add_argument("--otlp-endpoint")
+    parser.add_argument("--model")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--mode", default="infer")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="xsp: %(message)s")
+    command = [c for c in args.command if c != "--"] if args.command else []
+    try:
+        if args.model:
+            return _run_zoo(args)
+        return _run_script(args, command)
+    except XspError as exc:
+        print(f"xsp: {exc}", file=sys.stderr)
+        return EXIT_XSP_ERROR
+
+
+def _run_zoo(args: argparse.Namespace) -> int:
+    from tracer import zoo
+    from tracer.session import resolve_device
+
+    device = resolve_device(args.device)
+    workload = zoo.build(args.model, args.batch_size, args.mode, device)
+    session = Session(
+        args.levels,
+        args.iterations,
+        args.warmup,
+        out=args.out,
+        sinks=_sinks(args.otlp_endpoint),
+        workload=args.model,
+        device=device,
+        measurement_id=args.measurement_id,
+        resource={"xsp.mode": args.mode, "xsp.batch_size": args.batch_size},
+        progress=_progress_writer(args.progress_fd),
+    ).start()
+    try:
+        while not session.done:
+            with session.iteration():
+                workload.step()
+    except Exception as exc:
+        session.close(error=fail_message(exc))
+        print(f"xsp: {args.model} failed: {fail_message(exc)}", file=sys.stderr)
+        return EXIT_WORKLOAD_FAILED
+    session.close()
+    return 0
+
+
+def _run_script(args: argparse.Namespace, command: list[str]) -> int:
+    if not command:
+        raise XspError("nothing to run: give --model or a Python command after --")
+    session = Session(
+        args.levels,
+        args.iterations,
+        args.warmup,
+        out=args.out,
+        sinks=_sinks(args.otlp_endpoint),
+        workload=" ".join(command)[:200],
+        device=args.device,
+        measurement_id=args.measurement_id,
+        auto_iterations=True,
+        progress=_progress_writer(args.progress_fd),
+    ).start()
+    sys.argv = list(command)
+    code = 0
+    try:
+        if command[0] == "-m":
+            if len(command) < 2:
+                raise XspError("python -m needs a module name")
+            sys.argv = command[1:]
+            runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        else:
+            script = Path(command[0])
+            if not script.is_file():
+                raise XspError(f"script not found: {command[0]}")
+            sys.path.insert(0, str(script.resolve().parent))
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        session.close(error=None if code == 0 else f"SystemExit: {exc.code}")
+        return code
+    except XspError:
+        session.close(error="xsp could not start the script")
+        raise
+    except BaseException as exc:
+        traceback.print_exc()
+        session.close(error=fail_message(exc))
+        print(f"xsp: the script raised {fail_message(exc)}", file=sys.stderr)
+        return EXIT_WORKLOAD_FAILED
+    session.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""xsp's exceptions.
+
+Every failure that xsp reports to its user is one of these::
+
+    XspError                      base class; str(err) is a one-line message naming the problem
+    ├── ConfigError               bad configuration, raised at construction (also a ValueError)
+    ├── WorkloadError             an unknown zoo model, or a workload that cannot be built or run
+    ├── DeviceError               the requested device is missing (no GPU, no CUDA build)
+    ├── StoreError                a run directory or store file that is missing, corrupt or truncated
+    └── ExportError               an OTLP endpoint that refuses, times out or cannot be reached
+
+Errors from third-party code (pyarrow, grpc, urllib, torch) are translated at the boundary with
+``raise ... from exc``. Misuse on the hot path (``xsp.step()`` with no session, say) never raises:
+it logs once and carries on, so the traced program never sees an xsp exception.
+"""
+
+from __future__ import annotations
+
+
+class XspError(Exception):
+    """Base class of every error xsp raises."""
+
+
+class ConfigError(XspError, ValueError):
+    """A bad option value; the message names the value."""
+
+
+class WorkloadError(XspError):
+    """A workload that cannot be built or run (unknown model, failing user script)."""
+
+
+class DeviceError(XspError):
+    """The requested device is not available."""
+
+
+class StoreError(XspError):
+    """A run store that cannot be read or written; the message names the file."""
+
+
+class ExportError(XspError):
+    """An OTLP export that failed after its retries."""

@@ -1,0 +1,83 @@
+"""The level registry: one module per level, each with the same small interface.
+
+A level captures one layer of the stack. Its life inside a session::
+
+    enable()                 before the first measured iteration
+    begin_iteration(i)       at each measured iteration's start, in stack order (M first)
+    end_iteration(i)         at each measured iteration's end, in reverse stack order (M last)
+    disable()                after the last measured iteration (or when the session closes)
+    drain() -> raw records   once, after disable()
+
+All five are called from the thread that runs the user's training or inference loop; enable,
+disable and drain may block (they run outside the measured window), begin/end_iteration must only
+append to preallocated buffers. Raw records are turned into spans later by ``tracer.convert``.
+
+Levels L and G plug in here by adding a module and a registry entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from tracer.schema import LEVEL_ORDER
+
+
+class Level(Protocol):
+    """One layer of the stack that can be switched on for a run."""
+
+    letter: str
+
+    def enable(self) -> None: ...
+
+    def begin_iteration(self, index: int) -> None: ...
+
+    def end_iteration(self, index: int) -> None: ...
+
+    def disable(self) -> None: ...
+
+    def drain(self) -> Any: ...
+
+
+LevelFactory = Callable[["LevelContext"], Level]
+
+
+class LevelContext:
+    """What a level needs to know about its session when it is built."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+
+def _model(ctx: LevelContext) -> Level:
+    from tracer.levels.model import ModelLevel
+
+    return ModelLevel(ctx.device)
+
+
+def _framework(ctx: LevelContext) -> Level:
+    from tracer.levels.framework import FrameworkLevel
+
+    return FrameworkLevel()
+
+
+#: Level letter -> factory. Imports are deferred so that reading the registry stays cheap.
+REGISTRY: dict[str, LevelFactory] = {"M": _model, "F": _framework}
+
+
+def available_letters() -> str:
+    """The level letters this build can capture, in stack order."""
+    return "".join(ch for ch in LEVEL_ORDER if ch in REGISTRY)
+
+
+def build_levels(levels: str, ctx: LevelContext) -> list[Level]:
+    """Instantiate the levels of a (validated) level set, in stack order."""
+    missing = [ch for ch in levels if ch not in REGISTRY]
+    if missing:
+        from tracer.errors import ConfigError
+
+        raise ConfigError(
+            f"level set {levels!r}: level {''.join(missing)} is not available in this build "
+            f"(available: {available_letters()})"
+        )
+    return [REGISTRY[ch](ctx) for ch in levels]

@@ -1,0 +1,231 @@
+"""The leveled runner: the same workload once per level set, each in a fresh process.
+
+``run_leveled`` validates everything it can up front (level sets, model name, device, output
+directory), then for each level set starts ``python -m tracer.child`` with a pipe for progress,
+waits for it, and records the run in ``RUN_DIR/manifest.json``. A failing level-set run stops the
+measurement; what it recorded stays in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracer import schema, store
+from tracer.errors import ConfigError, StoreError, WorkloadError
+from tracer.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
+
+PYTHON_NAMES = ("python", "python3")
+
+#: (level set, phase, done, total) -> None; phase is "start", "warmup", "measure" or "end".
+ProgressFn = Callable[[str, str, int, int], None]
+
+
+@dataclass(frozen=True)
+class LeveledSpec:
+    """What to run and how: a zoo model (``model``) or a Python command (``command``)."""
+
+    out: Path
+    level_sets: Sequence[str] = ("M", "MF")
+    iterations: int = DEFAULT_ITERATIONS
+    warmup: int = DEFAULT_WARMUP
+    device: str | None = None
+    model: str | None = None
+    batch_size: int = 1
+    mode: str = "infer"
+    command: Sequence[str] = field(default_factory=tuple)
+    otlp_endpoint: str | None = None
+
+    @property
+    def workload(self) -> str:
+        return self.model or " ".join(self.command)
+
+
+@dataclass
+class LeveledResult:
+    out: Path
+    measurement_id: str
+    runs: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return all(r["status"] == "ok" for r in self.runs)
+
+    @property
+    def failure(self) -> str | None:
+        for run in self.runs:
+            if run["status"] != "ok":
+                return f"level set {run['levels']}: {run.get('error') or run['status']}"
+        return None
+
+
+def script_command(command: Sequence[str]) -> list[str]:
+    """Strip the interpreter from ``python script.py ...`` / ``python -m mod ...``: the child
+    runs the script in-process with xsp's own interpreter."""
+    if not command:
+        raise ConfigError("no command after --: give e.g. `-- python train.py`")
+    head = Path(command[0]).name
+    if not (head.startswith(PYTHON_NAMES) or command[0] == sys.executable):
+        raise ConfigError(
+            f"cannot trace {command[0]!r}: xsp run -- expects a Python command "
+            "(python script.py ... or python -m module ...)"
+        )
+    rest = list(command[1:])
+    if not rest:
+        raise ConfigError("no script after python: give e.g. `-- python train.py`")
+    return rest
+
+
+def validate(spec: LeveledSpec) -> list[str]:
+    """Check the spec before anything runs; return the normalised level sets."""
+    try:
+        level_sets = [schema.parse_levels(s) for s in spec.level_sets]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(set(level_sets)) != len(level_sets):
+        raise ConfigError(f"bad level sets {','.join(spec.level_sets)}: a level set repeats")
+    from tracer.levels import available_letters
+
+    for levels in level_sets:
+        missing = [ch for ch in levels if ch not in available_letters()]
+        if missing:
+            raise ConfigError(
+                f"level set {levels}: level {''.join(missing)} is not available in this build "
+                f"(available: {available_letters()})"
+            )
+    if spec.iterations < 1:
+        raise ConfigError(f"bad --iterations {spec.iterations}: must be at least 1")
+    if spec.warmup < 0:
+        raise ConfigError(f"bad --warmup {spec.warmup}: must be 0 or more")
+    if (spec.model is None) == (not spec.command):
+        raise ConfigError("give either --model NAME or a Python command after --")
+    if spec.model is not None:
+        from tracer import zoo
+
+        zoo.find(spec.model)
+        if spec.mode not in zoo.MODES:
+            raise ConfigError(f"bad --mode {spec.mode!r}: use train or infer")
+        if spec.batch_size < 1:
+            raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
+    else:
+        script_command(spec.command)
+    from tracer.session import resolve_device
+
+    resolve_device(spec.device)
+    store.check_writable(spec.out)
+    return level_sets
+
+
+def run_leveled(spec: LeveledSpec, progress: ProgressFn | None = None) -> LeveledResult:
+    level_sets = validate(spec)
+    measurement_id = uuid.uuid4().hex
+    manifest: dict[str, Any] = {
+        "format": schema.STORE_FORMAT,
+        "measurement_id": measurement_id,
+        "created_ns": time.time_ns(),
+        "workload": spec.workload,
+        "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+        "level_sets": level_sets,
+        "runs": [],
+        "status": "running",
+    }
+    store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+    result = LeveledResult(spec.out, measurement_id, manifest["runs"])
+    for levels in level_sets:
+        entry = _run_one(spec, levels, measurement_id, progress)
+        manifest["runs"].append(entry)
+        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+        if entry["status"] != "ok":
+            break
+    manifest["status"] = "ok" if result.ok else "failed"
+    store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+    return result
+
+
+def child_argv(
+    spec: LeveledSpec, levels: str, measurement_id: str, progress_fd: int | None
+) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "tracer.child",
+        "--levels",
+        levels,
+        "--out",
+        str(spec.out / levels),
+        "--iterations",
+        str(spec.iterations),
+        "--warmup",
+        str(spec.warmup),
+        "--measurement-id",
+        measurement_id,
+    ]
+    if spec.device:
+        argv += ["--device", spec.device]
+    if progress_fd is not None:
+        argv += ["--progress-fd", str(progress_fd)]
+    if spec.otlp_endpoint:
+        argv += ["--otlp-endpoint", spec.otlp_endpoint]
+    if spec.model:
+        argv += ["--model", spec.model, "--batch-size", str(spec.batch_size), "--mode", spec.mode]
+    else:
+        argv += ["--", *script_command(spec.command)]
+    return argv
+
+
+def _run_one(
+    spec: LeveledSpec, levels: str, measurement_id: str, progress: ProgressFn | None
+) -> dict[str, Any]:
+    read_fd, write_fd = os.pipe()
+    if progress:
+        progress(levels, "start", 0, spec.iterations)
+    try:
+        proc = subprocess.Popen(
+            child_argv(spec, levels, measurement_id, write_fd),
+            pass_fds=(write_fd,),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        os.close(write_fd)
+    reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
+    reader.start()
+    returncode = proc.wait()
+    reader.join(timeout=5)
+    entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
+    try:
+        meta = store.open_run(spec.out / levels).meta
+        entry.update(
+            status=meta.get("status"),
+            error=meta.get("error"),
+            iterations_measured=meta.get("iterations_measured"),
+            spans=meta.get("spans"),
+        )
+    except StoreError:
+        entry.update(
+            status="error",
+            error=f"the run process exited with {returncode} before writing its store",
+        )
+    if returncode != 0 and entry["status"] == "ok":
+        entry.update(status="error", error=f"the run process exited with {returncode}")
+    if progress:
+        progress(levels, "end", returncode, spec.iterations)
+    return entry
+
+
+def _read_progress(fd: int, levels: str, progress: ProgressFn | None) -> None:
+    with os.fdopen(fd) as stream:
+        for line in stream:
+            parts = line.split()
+            if progress and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                progress(levels, parts[0], int(parts[1]), int(parts[2]))
+
+
+__all__ = ["LeveledResult", "LeveledSpec", "WorkloadError", "run_leveled", "validate"]

@@ -1,0 +1,152 @@
+"""The xsp span schema: the one place that names levels, columns, attributes and units.
+
+The tracer writes spans with these columns, the collector and the analyses read them, and the
+OTLP encoder maps each column to its attribute key. Adding a column here (a later level's kernel
+grid, say) is all it takes for every writer, reader and exporter to carry it.
+
+Times are integers in nanoseconds since the Unix epoch (CLOCK_REALTIME, the clock CUPTI uses too);
+durations are nanoseconds. Column names carry their unit (``start_ns``, ``dur_ns``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+
+#: Format tag written into every run's ``run.json``; readers refuse other majors.
+STORE_FORMAT: Final = "xsp-run/1"
+
+# Level names, in stack order, and the letters used in level sets ("MF", "MFLG").
+LEVEL_MODEL: Final = "model"
+LEVEL_FRAMEWORK: Final = "framework"
+LEVEL_LIBRARY: Final = "library"
+LEVEL_GPU: Final = "gpu"
+LEVEL_BY_LETTER: Final = {
+    "M": LEVEL_MODEL,
+    "F": LEVEL_FRAMEWORK,
+    "L": LEVEL_LIBRARY,
+    "G": LEVEL_GPU,
+}
+LEVEL_ORDER: Final = "MFLG"
+
+# Span kinds (attribute xsp.kind): what a span stands for inside its level.
+KIND_STEP: Final = "step"  # model level: one iteration
+KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
+KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
+KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward
+KIND_OPTIMIZER: Final = "optimizer"  # framework: optimizer.step / zero_grad
+
+PHASE_FORWARD: Final = "forward"
+PHASE_BACKWARD: Final = "backward"
+
+# Attribute keys: the public contract, documented in the README.
+ATTR_LEVEL: Final = "xsp.level"
+ATTR_ITERATION: Final = "xsp.iteration"
+ATTR_KIND: Final = "xsp.kind"
+ATTR_MODULE_PATH: Final = "xsp.module.path"
+ATTR_MODULE_TYPE: Final = "xsp.module.type"
+ATTR_MODULE_PARAMS: Final = "xsp.module.params"
+ATTR_OP_NAME: Final = "xsp.op.name"
+ATTR_INPUT_SHAPES: Final = "xsp.input.shapes"
+ATTR_INPUT_DTYPES: Final = "xsp.input.dtypes"
+ATTR_OUTPUT_SHAPES: Final = "xsp.output.shapes"
+ATTR_SOURCE: Final = "xsp.source"
+ATTR_PHASE: Final = "xsp.phase"
+ATTR_SEQ_NR: Final = "xsp.autograd.seq"
+ATTR_THREAD_ID: Final = "thread.id"
+
+# Resource attribute keys.
+RES_SERVICE_NAME: Final = "service.name"
+RES_HOST_NAME: Final = "host.name"
+RES_RUN_ID: Final = "xsp.run.id"
+RES_MEASUREMENT_ID: Final = "xsp.measurement.id"
+RES_WORKLOAD: Final = "xsp.workload"
+RES_LEVELS: Final = "xsp.levels"
+RES_DEVICE: Final = "xsp.device"
+RES_DEVICE_NAME: Final = "xsp.device.name"
+RES_MODE: Final = "xsp.mode"
+RES_BATCH_SIZE: Final = "xsp.batch_size"
+RES_TORCH_VERSION: Final = "xsp.torch.version"
+RES_CUDA_VERSION: Final = "xsp.cuda.version"
+RES_PYTHON_VERSION: Final = "xsp.python.version"
+RES_XSP_VERSION: Final = "xsp.version"
+
+SERVICE_NAME: Final = "xsp"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One span column: its arrow type and, for attribute columns, the OTLP attribute key."""
+
+    name: str
+    type: pa.DataType
+    attribute: str | None = None
+
+
+_STR = pa.string()
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+#: Identity and timing columns, then attribute columns. Nullable attribute columns are left
+#: null where they do not apply (an op has no module type).
+COLUMNS: Final[tuple[Column, ...]] = (
+    Column("trace_id", pa.binary(16)),
+    Column("span_id", pa.uint64()),
+    Column("parent_span_id", pa.uint64()),  # 0 for the root
+    Column("name", _DICT),
+    Column("start_ns", pa.int64()),
+    Column("dur_ns", pa.int64()),
+    Column("status_message", _STR),  # null when the span ended normally
+    Column("level", _DICT, ATTR_LEVEL),
+    Column("iteration", pa.int32(), ATTR_ITERATION),
+    Column("kind", _DICT, ATTR_KIND),
+    Column("phase", _DICT, ATTR_PHASE),
+    Column("thread_id", pa.int64(), ATTR_THREAD_ID),
+    Column("module_path", _DICT, ATTR_MODULE_PATH),
+    Column("module_type", _DICT, ATTR_MODULE_TYPE),
+    Column("module_params", pa.int64(), ATTR_MODULE_PARAMS),
+    Column("op_name", _DICT, ATTR_OP_NAME),
+    Column("input_shapes", _DICT, ATTR_INPUT_SHAPES),
+    Column("input_dtypes", _DICT, ATTR_INPUT_DTYPES),
+    Column("output_shapes", _DICT, ATTR_OUTPUT_SHAPES),
+    Column("source", _DICT, ATTR_SOURCE),
+    Column("seq_nr", pa.int64(), ATTR_SEQ_NR),
+)
+
+SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
+ATTRIBUTE_COLUMNS: Final = tuple(c for c in COLUMNS if c.attribute is not None)
+REQUIRED_COLUMNS: Final = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "dur_ns")
+
+
+def parse_levels(text: str) -> str:
+    """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
+
+    A level set is a prefix-closed subset in stack order: M, MF, MFL, MFLG. M is always first
+    because the model span is every trace's root.
+    """
+    letters = text.strip().upper()
+    if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):
+        raise ValueError(f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF")
+    if len(set(letters)) != len(letters):
+        raise ValueError(f"bad level set {text!r}: a level letter repeats")
+    ordered = "".join(ch for ch in LEVEL_ORDER if ch in letters)
+    if not ordered.startswith("M"):
+        raise ValueError(f"bad level set {text!r}: every level set includes M (the model span)")
+    return ordered
+
+
+def parse_level_sets(text: str) -> list[str]:
+    """Parse "M,MF,MFLG" into ["M", "MF", "MFLG"], rejecting duplicates."""
+    sets = [parse_levels(part) for part in text.split(",") if part.strip()]
+    if not sets:
+        raise ValueError(f"bad level sets {text!r}: give at least one, e.g. M,MF")
+    if len(set(sets)) != len(sets):
+        raise ValueError(f"bad level sets {text!r}: a level set repeats")
+    return sets
+
+
+def trace_id_for(run_id: str, levels: str, iteration: int) -> bytes:
+    """The trace id of one iteration of one level-set run: stable, so re-exports agree."""
+    return hashlib.blake2b(f"{run_id}/{levels}/{iteration}".encode(), digest_size=16).digest()

@@ -1,0 +1,410 @@
+"""A tracing session: the level set, the iterations, the warm-up, and where spans go.
+
+Iterations are marked in one of three ways, all ending in ``begin_iteration``/``end_iteration``:
+
+1. ``session.step()`` (``xsp.step()``): ends the open iteration, if any, and begins the next;
+2. ``with session.iteration():`` (``xsp.iteration()``) around one iteration;
+3. automatically, for unmodified training scripts: an iteration begins at the first nn.Module
+   call while none is open and ends when an optimizer finishes ``step()`` (a global optimizer
+   hook), so every optimizer step yields one model span. An explicit marker switches this off.
+
+Levels are switched on between iterations, before the first measured one, and switched off,
+drained, converted and exported once the last measured iteration is over (at the next marker or
+at ``close()``, so that no profiler range is cut in the middle). The session never raises into
+the traced program: failures are logged, counted and written into the run's ``run.json``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import platform
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracer import schema, store
+from tracer.convert import build_table
+from tracer.errors import ConfigError, DeviceError, XspError
+from tracer.levels import Level, LevelContext, build_levels
+from tracer.sinks import CompositeSink, Sink, SpanBatch, StoreSink
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ITERATIONS = 10
+DEFAULT_WARMUP = 2
+
+ProgressCallback = Callable[[str, int, int], None]  # (phase, done, total)
+
+_current: Session | None = None
+
+
+def current() -> Session | None:
+    """The session that ``xsp.step()`` and ``xsp.iteration()`` talk to, if any."""
+    return _current
+
+
+def resolve_device(device: str | None) -> str:
+    """``None`` picks cuda when present; a named CUDA device must exist."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            reason = (
+                "this torch build has no CUDA"
+                if torch.version.cuda is None
+                else "no CUDA GPU is visible"
+            )
+            raise DeviceError(f"--device {device}: {reason} (torch.cuda.is_available() is False)")
+        return device
+    raise ConfigError(f"bad device {device!r}: use cpu or cuda[:N]")
+
+
+def _xsp_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("xsp")
+    except Exception:
+        return "0+unknown"
+
+
+class Session:
+    """Records ``iterations`` measured iterations after ``warmup`` untraced ones.
+
+    Args:
+        levels: a level set such as "M" or "MF".
+        iterations: measured iterations to record.
+        warmup: iterations to run untraced first.
+        out: a run directory (``RUN_DIR/<levels>``) to write, or None.
+        sinks: further sinks (OTLP, in-memory).
+        workload: a name for what runs, stored as ``xsp.workload``.
+        device: "cpu", "cuda", "cuda:N" or None for the best available.
+        auto_iterations: detect iterations through the optimizer hook (see module docs).
+        resource: extra resource attributes.
+        progress: called with (phase, done, total) after each iteration.
+    """
+
+    def __init__(
+        self,
+        levels: str = "M",
+        iterations: int = DEFAULT_ITERATIONS,
+        warmup: int = DEFAULT_WARMUP,
+        out: str | Path | None = None,
+        sinks: Sequence[Sink] = (),
+        workload: str = "script",
+        device: str | None = None,
+        auto_iterations: bool = False,
+        resource: Mapping[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+        run_id: str | None = None,
+        measurement_id: str | None = None,
+    ) -> None:
+        try:
+            self.levels = schema.parse_levels(levels)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if iterations < 1:
+            raise ConfigError(f"bad iterations {iterations}: must be at least 1")
+        if warmup < 0:
+            raise ConfigError(f"bad warmup {warmup}: must be 0 or more")
+        self.iterations = iterations
+        self.warmup = warmup
+        self.device = resolve_device(device)
+        self.run_id = run_id or uuid.uuid4().hex
+        self.measurement_id = measurement_id or self.run_id
+        self.workload = workload
+        self.run_dir = Path(out) if out is not None else None
+        if self.run_dir is not None:
+            store.check_writable(self.run_dir)
+        self._store_sink = StoreSink(self.run_dir) if self.run_dir is not None else None
+        self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
+        self.resource = self._resource(resource or {})
+        self._levels: list[Level] = build_levels(self.levels, LevelContext(self.device))
+        self._auto = auto_iterations
+        self._progress = progress
+        self._index = 0  # iterations begun so far, warm-up included
+        self._open = False
+        self._levels_on = False
+        self._finish_pending = False
+        self._closed = False
+        self._started = False
+        self._failures: dict[int, str] = {}
+        self._errors: list[str] = []
+        self._misuse_logged = False
+        self._hooks: list[Any] = []
+        self.started_ns = time.time_ns()
+        self.result: dict[str, Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> Session:
+        """Install the iteration hooks, become the current session, and register exit cleanup."""
+        global _current
+        if self._started:
+            return self
+        self._started = True
+        _current = self
+        if self._auto:
+            from torch.nn.modules import module as nn_module
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hooks = [
+                nn_module.register_module_forward_pre_hook(self._auto_begin),
+                register_optimizer_step_post_hook(self._auto_end),
+            ]
+        self._write_meta("running")
+        atexit.register(self.close)
+        if self.warmup == 0:
+            self._enable_levels()
+        return self
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(error=f"{exc_type.__name__}: {exc}" if exc_type is not None else None)
+
+    def close(self, error: str | None = None) -> dict[str, Any] | None:
+        """End the open iteration (marking it failed when ``error`` is given), export what was
+        recorded and write ``run.json``. Safe to call twice; returns the run's metadata."""
+        global _current
+        if self._closed:
+            return self.result
+        self._closed = True
+        try:
+            if self._open:
+                self.end_iteration(error=error or "the session closed inside this iteration")
+            self._finish(error)
+        finally:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+            if _current is self:
+                _current = None
+            atexit.unregister(self.close)
+        return self.result
+
+    # -- iteration markers ------------------------------------------------------------------------
+    @property
+    def measuring(self) -> bool:
+        return self.warmup <= self._index < self.warmup + self.iterations
+
+    def begin_iteration(self) -> None:
+        if self._finish_pending:
+            self._finish(None)
+        if self._open or self._closed or self._index >= self.warmup + self.iterations:
+            if self._open:
+                self._misuse("begin_iteration while an iteration is open")
+            return
+        self._open = True
+        if self.measuring:
+            measured = self._index - self.warmup
+            for level in self._levels:
+                level.begin_iteration(measured)
+
+    def end_iteration(self, error: str | None = None) -> None:
+        if not self._open:
+            return
+        if self.measuring:
+            measured = self._index - self.warmup
+            for level in reversed(self._levels):
+                level.end_iteration(measured)
+            if error is not None:
+                self._failures[measured] = error
+        self._open = False
+        self._index += 1
+        self._report_progress()
+        if self._index == self.warmup and not self._levels_on:
+            self._enable_levels()
+        if self._index == self.warmup + self.iterations:
+            self._finish_pending = True
+
+    def step(self) -> None:
+        """End the open iteration (if any) and begin the next one."""
+        self._auto_off()
+        self.end_iteration()
+        self.begin_iteration()
+
+    @contextlib.contextmanager
+    def iteration(self) -> Iterator[None]:
+        """Mark the body as one iteration; an exception marks it failed and propagates."""
+        self._auto_off()
+        self.begin_iteration()
+        try:
+            yield
+        except BaseException as exc:
+            self.end_iteration(error=f"{type(exc).__name__}: {exc}")
+            raise
+        self.end_iteration()
+
+    @property
+    def done(self) -> bool:
+        """True once every measured iteration has been recorded."""
+        return self._index >= self.warmup + self.iterations
+
+    # -- internals ----------------------------------------------------------------------------------
+    def _auto_begin(self, module: Any, args: Any) -> None:
+        if not self._open:
+            try:
+                self.begin_iteration()
+            except Exception:
+                self._misuse("automatic iteration start failed")
+
+    def _auto_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.end_iteration()
+        except Exception:
+            self._misuse("automatic iteration end failed")
+
+    def _auto_off(self) -> None:
+        if self._auto:
+            self._auto = False
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+            log.info("xsp: explicit iteration markers found; optimizer-step detection is off")
+
+    def _misuse(self, what: str) -> None:
+        self._errors.append(what)
+        if not self._misuse_logged:
+            self._misuse_logged = True
+            log.warning("xsp: %s (logged once; tracing carries on)", what)
+
+    def _report_progress(self) -> None:
+        if self._progress is None:
+            return
+        try:
+            if self._index <= self.warmup:
+                self._progress("warmup", self._index, self.warmup)
+            else:
+                self._progress("measure", self._index - self.warmup, self.iterations)
+        except Exception:
+            self._misuse("the progress callback failed")
+
+    def _enable_levels(self) -> None:
+        self._levels_on = True
+        enabled = []
+        for level in self._levels:
+            try:
+                level.enable()
+                enabled.append(level)
+            except Exception as exc:  # a level that cannot start is reported, the others go on
+                message = f"level {level.letter} could not start: {exc}"
+                log.error("xsp: %s", message)
+                self._errors.append(message)
+        self._levels = enabled
+
+    def _finish(self, error: str | None) -> None:
+        """Switch levels off, convert what they recorded, export it, write run.json."""
+        self._finish_pending = False
+        if self.result is not None:
+            return
+        raw: dict[str, Any] = {}
+        for level in reversed(self._levels):
+            try:
+                level.disable()
+                raw[level.letter] = level.drain()
+            except Exception as exc:
+                self._errors.append(f"level {level.letter} failed to stop: {exc}")
+                log.exception("xsp: level %s failed to stop", level.letter)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        counts: dict[str, Any] = {}
+        if "M" in raw:
+            try:
+                table, report = build_table(
+                    self.run_id, self.levels, raw["M"], raw.get("F"), self._failures
+                )
+                self._sink.export(SpanBatch.of(self.resource, table))
+                self._sink.force_flush()
+                counts = {
+                    "spans": report.spans,
+                    "spans_by_level": report.counts_by_level,
+                    "events_outside_iterations": report.events_outside_iterations,
+                }
+            except Exception as exc:
+                self._errors.append(f"conversion failed: {type(exc).__name__}: {exc}")
+                log.exception("xsp: converting the recorded spans failed")
+        self._sink.shutdown()
+        self._errors.extend(self._sink.errors)
+        measured = max(0, min(self._index - self.warmup, self.iterations))
+        if error is not None:
+            status = "error"
+        elif measured < self.iterations:
+            status = "partial"
+        else:
+            status = "ok"
+        self.result = self._write_meta(status, error=error, measured=measured, **counts)
+
+    def _write_meta(
+        self, status: str, error: str | None = None, measured: int = 0, **extra: Any
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "format": schema.STORE_FORMAT,
+            "run_id": self.run_id,
+            "measurement_id": self.measurement_id,
+            "levels": self.levels,
+            "workload": self.workload,
+            "resource": dict(self.resource),
+            "status": status,
+            "error": error,
+            "iterations_requested": self.iterations,
+            "iterations_measured": measured,
+            "warmup": self.warmup,
+            "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},
+            "errors": list(self._errors),
+            "started_ns": self.started_ns,
+            "finished_ns": time.time_ns() if status != "running" else None,
+            "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
+            **extra,
+        }
+        if self.run_dir is not None:
+            try:
+                store.write_json_atomic(self.run_dir / store.RUN_META, meta)
+            except OSError as exc:
+                log.error("xsp: cannot write %s: %s", self.run_dir / store.RUN_META, exc)
+        return meta
+
+    def _resource(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        device_name = self.device
+        if self.device.startswith("cuda"):
+            device_name = torch.cuda.get_device_name(torch.device(self.device))
+        else:
+            device_name = platform.processor() or platform.machine()
+        resource: dict[str, Any] = {
+            schema.RES_SERVICE_NAME: schema.SERVICE_NAME,
+            schema.RES_HOST_NAME: socket.gethostname(),
+            schema.RES_RUN_ID: self.run_id,
+            schema.RES_MEASUREMENT_ID: self.measurement_id,
+            schema.RES_WORKLOAD: self.workload,
+            schema.RES_LEVELS: self.levels,
+            schema.RES_DEVICE: self.device,
+            schema.RES_DEVICE_NAME: device_name,
+            schema.RES_TORCH_VERSION: torch.__version__,
+            schema.RES_CUDA_VERSION: torch.version.cuda or "none",
+            schema.RES_PYTHON_VERSION: platform.python_version(),
+            schema.RES_XSP_VERSION: _xsp_version(),
+            "process.pid": os.getpid(),
+            "process.command_line": " ".join(sys.argv)[:500],
+        }
+        resource.update(extra)
+        return resource
+
+
+def fail_message(exc: BaseException) -> str:
+    """One line for an exception: its type and message."""
+    if isinstance(exc, XspError):
+        return str(exc)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,173 @@
+"""Where converted spans go: one small interface, several implementations, one composite.
+
+A sink receives ``SpanBatch`` objects (a resource plus a read-only span table)::
+
+    export(batch)   called from the session's thread after conversion; may block
+    force_flush()   push out anything buffered; may block
+    shutdown()      release resources; safe to call twice
+
+``InMemorySink`` is the test double; ``StoreSink`` writes the run store; ``OtlpSink`` sends OTLP
+over a transport (HTTP or gRPC); ``CompositeSink`` fans out to several, isolating their failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from tracer import otlp, store
+from tracer.errors import XspError
+from tracer.transport import Transport
+
+log = logging.getLogger(__name__)
+
+#: Spans per OTLP request: ~300 bytes a span keeps a request far below Jaeger's 4 MiB gRPC cap.
+DEFAULT_MAX_SPANS_PER_REQUEST = 8192
+
+
+@dataclass(frozen=True)
+class SpanBatch:
+    """Spans of one run with the resource they belong to. Receivers must not mutate it."""
+
+    resource: Mapping[str, Any]
+    table: pa.Table
+
+    @classmethod
+    def of(cls, resource: Mapping[str, Any], table: pa.Table) -> SpanBatch:
+        return cls(MappingProxyType(dict(resource)), table)
+
+
+class Sink(Protocol):
+    def export(self, batch: SpanBatch) -> None: ...
+
+    def force_flush(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass
+class InMemorySink:
+    """Keeps every batch in memory; for tests and for callers that post-process spans."""
+
+    batches: list[SpanBatch] = field(default_factory=list)
+    closed: bool = False
+
+    def export(self, batch: SpanBatch) -> None:
+        self.batches.append(batch)
+
+    def force_flush(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+    def table(self) -> pa.Table:
+        tables = [b.table for b in self.batches]
+        return pa.concat_tables(tables) if tables else pa.table({})
+
+
+class StoreSink:
+    """Writes each batch as one parquet part of a run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.files: list[Path] = []
+
+    def export(self, batch: SpanBatch) -> None:
+        if batch.table.num_rows:
+            self.files.append(store.write_span_part(self.run_dir, batch.table))
+
+    def force_flush(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class OtlpSink:
+    """Encodes batches as OTLP trace requests and sends them through a transport."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
+        scope_version: str = "",
+    ) -> None:
+        self._transport = transport
+        self._max_spans = max_spans_per_request
+        self._scope_version = scope_version
+        self._closed = False
+        self.spans_sent = 0
+
+    def export(self, batch: SpanBatch) -> None:
+        for part in otlp.batches_under(batch.table, self._max_spans):
+            self._transport.send(otlp.encode_request(batch.resource, part, self._scope_version))
+            self.spans_sent += part.num_rows
+
+    def force_flush(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._transport.close()
+
+
+class CompositeSink:
+    """Fans every call out to several sinks; one failing sink does not stop the others.
+
+    Failures are logged and kept in ``errors`` (the session writes them into the run's manifest).
+    """
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = list(sinks)
+        self.errors: list[str] = []
+
+    def _each(self, method: str, *args: Any) -> None:
+        for sink in self.sinks:
+            try:
+                getattr(sink, method)(*args)
+            except (XspError, OSError) as exc:
+                message = f"{type(sink).__name__}.{method}: {exc}"
+                log.error("%s", message)
+                self.errors.append(message)
+
+    def export(self, batch: SpanBatch) -> None:
+        self._each("export", batch)
+
+    def force_flush(self) -> None:
+        self._each("force_flush")
+
+    def shutdown(self) -> None:
+        self._each("shutdown")
+
+
+class OtlpJsonFileSink:
+    """Writes OTLP/JSON Lines, as the OpenTelemetry file exporter specifies: one
+    ``{"resourceSpans": ...}`` request per line, here one line per trace (iteration)."""
+
+    def __init__(self, handle: Any, scope_version: str = "") -> None:
+        self._handle = handle
+        self._scope_version = scope_version
+        self.lines = 0
+
+    def export(self, batch: SpanBatch) -> None:
+        import json
+
+        for trace in otlp.split_traces(batch.table):
+            request = otlp.encode_request(batch.resource, trace, self._scope_version)
+            self._handle.write(json.dumps(otlp.request_to_json(request), separators=(",", ":")))
+            self._handle.write("\n")
+            self.lines += 1
+
+    def force_flush(self) -> None:
+        self._handle.flush()
+
+    def shutdown(self) -> None:
+        self.force_flush()

@@ -1,0 +1,180 @@
+"""The run store: a directory per leveled measurement, a sub-directory per level-set run.
+
+Layout::
+
+    RUN_DIR/
+      manifest.json          the measurement: workload, level sets, per-run status (runner)
+      M/run.json             one level-set run: resource attributes, status, counts, files
+      M/spans-00000.parquet  span rows following tracer.schema.SPAN_SCHEMA (zstd, dictionaries)
+      MF/...
+
+Parquet keeps the store columnar and embedded; DuckDB queries it in place
+(``SELECT * FROM read_parquet('RUN_DIR/*/spans-*.parquet')``). Every reader error names the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer import schema
+from tracer.errors import StoreError
+
+MANIFEST = "manifest.json"
+RUN_META = "run.json"
+SPAN_FILE_PATTERN = "spans-*.parquet"
+
+# Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
+# and delta-encoded integer columns (ids and start times grow steadily).
+_DELTA_COLUMNS = ("span_id", "parent_span_id", "start_ns", "dur_ns", "thread_id", "seq_nr")
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 9,
+    "use_dictionary": [c.name for c in schema.COLUMNS if c.name not in _DELTA_COLUMNS],
+    "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _DELTA_COLUMNS},
+    "write_statistics": ["iteration", "start_ns"],
+}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader never sees half a file, even if the writer is killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise StoreError(f"{path}: missing") from exc
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: not readable JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: expected a JSON object")
+    return data
+
+
+def check_writable(directory: Path) -> None:
+    """Fail early, with the path in the message, if spans could not be written there."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".xsp-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StoreError(f"cannot write to {directory}: {exc.strerror or exc}") from exc
+
+
+def write_span_part(run_dir: Path, table: pa.Table) -> Path:
+    """Write one parquet part of a run; parts are numbered in write order."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    index = len(list(run_dir.glob(SPAN_FILE_PATTERN)))
+    path = run_dir / f"spans-{index:05d}.parquet"
+    tmp = path.with_suffix(".parquet.tmp")
+    try:
+        pq.write_table(table.cast(schema.SPAN_SCHEMA), tmp, **PARQUET_OPTIONS)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {exc}") from exc
+    return path
+
+
+@dataclass(frozen=True)
+class Run:
+    """One level-set run read back from the store."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def levels(self) -> str:
+        return str(self.meta.get("levels", self.path.name))
+
+    @property
+    def resource(self) -> dict[str, Any]:
+        return dict(self.meta.get("resource", {}))
+
+    @property
+    def span_files(self) -> list[Path]:
+        return sorted(self.path.glob(SPAN_FILE_PATTERN))
+
+    def spans(self) -> pa.Table:
+        """All span rows of this run, validated against the schema."""
+        return read_spans(self.span_files)
+
+
+def read_spans(files: list[Path]) -> pa.Table:
+    tables = []
+    for path in files:
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{path}: corrupt or truncated span file ({exc})") from exc
+        missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
+        if missing:
+            raise StoreError(f"{path}: not an xsp span file (missing columns {', '.join(missing)})")
+        tables.append(_conform(table))
+    if not tables:
+        return schema.SPAN_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """Add columns that an older writer did not know, so readers see one schema."""
+    columns = []
+    for field_ in schema.SPAN_SCHEMA:
+        if field_.name in table.column_names:
+            columns.append(table.column(field_.name).cast(field_.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field_.type))
+    return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
+
+
+def open_run(path: Path) -> Run:
+    meta = read_json(path / RUN_META)
+    fmt = str(meta.get("format", ""))
+    if fmt.split("/")[0] != schema.STORE_FORMAT.split("/")[0]:
+        raise StoreError(f"{path / RUN_META}: unknown store format {fmt!r}")
+    return Run(path, meta)
+
+
+def open_measurement(root: Path) -> list[Run]:
+    """The level-set runs of a measurement directory, in the order the manifest lists them.
+
+    A directory that is itself one run (it holds run.json) is returned as a one-run list.
+    """
+    if not root.exists():
+        raise StoreError(f"{root}: no such run directory")
+    if (root / RUN_META).exists():
+        return [open_run(root)]
+    if (root / MANIFEST).exists():
+        manifest = read_json(root / MANIFEST)
+        names = [str(entry["levels"]) for entry in manifest.get("runs", [])]
+    else:
+        names = sorted(p.parent.name for p in root.glob(f"*/{RUN_META}"))
+    runs = [open_run(root / name) for name in names if (root / name / RUN_META).exists()]
+    if not runs:
+        raise StoreError(f"{root}: holds no xsp run (no */{RUN_META})")
+    return runs
+
+
+def iter_run_dirs(root: Path) -> Iterator[Path]:
+    for run in open_measurement(root):
+        yield run.path

@@ -1,0 +1,239 @@
+"""The model zoo: torchvision, timm and transformers models by name, with random weights and
+synthetic inputs of the right shape. Nothing is downloaded: every model is built from code and a
+default configuration.
+
+Names are ``SOURCE:NAME``: ``torchvision:resnet50``, ``timm:vit_base_patch16_224``,
+``transformers:bert``. A workload is one model with its inputs, loss and optimizer; ``step()``
+runs one iteration (a forward pass, or forward, backward and optimizer step).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tracer.errors import ConfigError, WorkloadError
+
+SOURCES = ("torchvision", "timm", "transformers")
+MODES = ("train", "infer")
+DEFAULT_IMAGE_SIZE = 224
+TEXT_SEQUENCE_LENGTH = 128
+DEFAULT_LR = 0.01
+
+# transformers model types built from their default configuration (the base-size model of each
+# family), with the inputs each takes.
+TRANSFORMERS_TEXT = ("bert", "distilbert", "roberta", "albert", "electra", "gpt2", "xlnet", "mpnet")
+TRANSFORMERS_SEQ2SEQ = ("t5", "bart")
+TRANSFORMERS_VISION = ("vit", "deit", "swin", "convnext")
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    source: str
+    name: str
+    task: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.source}:{self.name}"
+
+
+def list_models(source: str | None = None, pattern: str | None = None) -> list[ZooEntry]:
+    """Every zoo model, optionally of one source and matching a shell-style ``pattern``."""
+    if source is not None and source not in SOURCES:
+        raise ConfigError(f"unknown zoo source {source!r}: use one of {', '.join(SOURCES)}")
+    entries: list[ZooEntry] = []
+    if source in (None, "torchvision"):
+        from torchvision import models
+
+        entries += [
+            ZooEntry("torchvision", n, "classification") for n in models.list_models(module=models)
+        ]
+        entries += [
+            ZooEntry("torchvision", n, "segmentation")
+            for n in models.list_models(module=models.segmentation)
+        ]
+    if source in (None, "timm"):
+        import timm
+
+        entries += [ZooEntry("timm", n, "classification") for n in timm.list_models()]
+    if source in (None, "transformers"):
+        entries += [ZooEntry("transformers", n, "text") for n in TRANSFORMERS_TEXT]
+        entries += [ZooEntry("transformers", n, "seq2seq") for n in TRANSFORMERS_SEQ2SEQ]
+        entries += [ZooEntry("transformers", n, "vision") for n in TRANSFORMERS_VISION]
+    if pattern:
+        entries = [e for e in entries if fnmatch.fnmatch(e.qualified, f"*{pattern}*")]
+    return entries
+
+
+def find(name: str) -> ZooEntry:
+    source, sep, model = name.partition(":")
+    if not sep or not model:
+        raise WorkloadError(
+            f"bad model name {name!r}: write SOURCE:NAME, e.g. torchvision:resnet50"
+        )
+    if source not in SOURCES:
+        raise WorkloadError(
+            f"unknown model source {source!r} in {name!r}: use one of {', '.join(SOURCES)}"
+        )
+    for entry in list_models(source):
+        if entry.name == model:
+            return entry
+    raise WorkloadError(
+        f"unknown model {name!r}: `xsp models --source {source}` lists the known ones"
+    )
+
+
+class Workload:
+    """A model, its synthetic inputs, its loss and (for training) its optimizer."""
+
+    def __init__(
+        self,
+        entry: ZooEntry,
+        model: torch.nn.Module,
+        inputs: dict[str, Any] | tuple[Any, ...],
+        loss: Callable[[Any], torch.Tensor],
+        mode: str,
+        device: torch.device,
+    ) -> None:
+        self.entry = entry
+        self.model = model
+        self.inputs = inputs
+        self.loss = loss
+        self.mode = mode
+        self.device = device
+        self.optimizer = (
+            torch.optim.SGD(model.parameters(), lr=DEFAULT_LR, momentum=0.9)
+            if mode == "train"
+            else None
+        )
+
+    def _forward(self) -> Any:
+        if isinstance(self.inputs, dict):
+            return self.model(**self.inputs)
+        return self.model(*self.inputs)
+
+    def step(self) -> None:
+        """One iteration: a forward pass (infer), or forward, loss, backward, optimizer step."""
+        if self.optimizer is None:
+            with torch.inference_mode():
+                self._forward()
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(self._forward())
+        loss.backward()
+        self.optimizer.step()
+
+
+def _mean_of_outputs(output: Any) -> torch.Tensor:
+    """A scalar loss that touches every floating output (logits, hidden states, aux heads)."""
+    tensors: list[torch.Tensor] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                tensors.append(value.float().mean())
+        elif isinstance(value, dict) or hasattr(value, "values"):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                collect(item)
+
+    collect(output)
+    if not tensors:
+        raise WorkloadError("the model returned no floating-point tensor to train on")
+    return torch.stack(tensors).sum()
+
+
+def build(name: str, batch_size: int, mode: str = "infer", device: str = "cpu") -> Workload:
+    """Build a zoo workload; raise WorkloadError naming the model when that fails."""
+    if mode not in MODES:
+        raise ConfigError(f"bad mode {mode!r}: use train or infer")
+    if batch_size < 1:
+        raise ConfigError(f"bad batch size {batch_size}: must be at least 1")
+    entry = find(name)
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    try:
+        model, inputs = _BUILDERS[entry.source](entry, batch_size)
+    except WorkloadError:
+        raise
+    except Exception as exc:
+        raise WorkloadError(f"cannot build {name}: {type(exc).__name__}: {exc}") from exc
+    model = model.to(dev).train(mode == "train")
+    inputs = _to_device(inputs, dev)
+    if entry.task == "classification" and entry.source == "torchvision" and mode == "train":
+        labels = torch.randint(0, 1000, (batch_size,), device=dev)
+        loss: Callable[[Any], torch.Tensor] = lambda out: torch.nn.functional.cross_entropy(  # noqa: E731
+            out if isinstance(out, torch.Tensor) else out[0], labels
+        )
+    else:
+        loss = _mean_of_outputs
+    return Workload(entry, model, inputs, loss, mode, dev)
+
+
+def _to_device(inputs: Any, dev: torch.device) -> Any:
+    if isinstance(inputs, dict):
+        return {k: v.to(dev) for k, v in inputs.items()}
+    return tuple(v.to(dev) for v in inputs)
+
+
+def _image(batch_size: int, size: int) -> tuple[torch.Tensor]:
+    return (torch.randn(batch_size, 3, size, size),)
+
+
+def _torchvision(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
+    from torchvision import models
+
+    kwargs: dict[str, Any] = {"weights": None}
+    if entry.task == "segmentation":
+        kwargs["weights_backbone"] = None
+    if entry.name in ("googlenet", "inception_v3"):
+        kwargs["init_weights"] = False  # scipy-based truncated-normal init is slow and optional
+    size = DEFAULT_IMAGE_SIZE
+    try:
+        min_size = models.get_model_weights(entry.name).DEFAULT.meta.get("min_size")
+        if min_size:
+            size = max(size, *min_size)
+    except (ValueError, AttributeError):
+        pass
+    if entry.name == "inception_v3":
+        size = 299
+    return models.get_model(entry.name, **kwargs), _image(batch_size, size)
+
+
+def _timm(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
+    import timm
+
+    model = timm.create_model(entry.name, pretrained=False)
+    config: dict[str, Any] = dict(getattr(model, "pretrained_cfg", {}))
+    _, height, width = config.get("input_size", (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
+    return model, (torch.randn(batch_size, 3, height, width),)
+
+
+def _transformers(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.for_model(entry.name)
+    model = AutoModel.from_config(config)
+    if entry.task == "vision":
+        size = getattr(config, "image_size", DEFAULT_IMAGE_SIZE)
+        return model, {"pixel_values": torch.randn(batch_size, 3, size, size)}
+    vocab = getattr(config, "vocab_size", 30000)
+    ids = torch.randint(0, vocab, (batch_size, TEXT_SEQUENCE_LENGTH))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if entry.task == "seq2seq":
+        inputs["decoder_input_ids"] = ids.clone()
+    return model, inputs
+
+
+_BUILDERS: dict[str, Callable[[ZooEntry, int], tuple[torch.nn.Module, Any]]] = {
+    "torchvision": _torchvision,
+    "timm": _timm,
+    "transformers": _transformers,
+}

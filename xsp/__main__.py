@@ -1,0 +1,3 @@
+from xsp.cli import main
+
+main()

@@ -1,0 +1,236 @@
+"""The ``xsp`` command line.
+
+    xsp run --model torchvision:resnet18 --batch-size 2 --levels M,MF --device cpu --out R
+    xsp run --levels M,MF --iterations 5 --out R -- python train.py --epochs 1
+    xsp export R --format otlp-json -o trace.jsonl
+    xsp summary R
+    xsp models --source timm --filter vit
+
+Every failure prints one line, ``xsp: error: ...``, and exits with status 2 (bad input) or 1 (the
+workload failed; what it recorded is still in the store).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tracer.errors import XspError
+
+console = Console(stderr=True)
+out_console = Console()
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]xsp: error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except XspError as exc:
+            _fail(str(exc))
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="xsp")
+def main() -> None:
+    """xsp: across-stack tracing of PyTorch workloads (model, framework, library, GPU)."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--model", help="Zoo model, SOURCE:NAME (see `xsp models`).")
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--mode", type=click.Choice(["train", "infer"]), default="infer", show_default=True)
+@click.option(
+    "--levels", default="M,MF", show_default=True, help="Level sets, one run each: M,MF,..."
+)
+@click.option("--iterations", type=int, default=10, show_default=True, help="Measured iterations.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untraced iterations first.")
+@click.option("--device", help="cpu, cuda or cuda:N (default: cuda when present).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Run directory (default: xsp-runs/<time>).",
+)
+@click.option("--otlp-endpoint", help="Also send spans over OTLP (OTEL_EXPORTER_OTLP_* apply).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(
+    model: str | None,
+    batch_size: int,
+    mode: str,
+    levels: str,
+    iterations: int,
+    warmup: int,
+    device: str | None,
+    out: Path | None,
+    otlp_endpoint: str | None,
+    command: tuple[str, ...],
+) -> None:
+    """Profile a zoo model, or a Python command given after --, once per level set.
+
+    Each level set runs in a fresh process and writes RUN_DIR/<levels>/; RUN_DIR/manifest.json
+    ties them into one leveled measurement. A summary is printed at the end.
+    """
+    import time
+
+    from tracer import schema
+    from tracer.runner import LeveledSpec, run_leveled
+
+    try:
+        level_sets = schema.parse_level_sets(levels)
+    except ValueError as exc:
+        raise XspError(str(exc)) from exc
+    out = out or Path("xsp-runs") / time.strftime("%Y%m%d-%H%M%S")
+    spec = LeveledSpec(
+        out=out,
+        level_sets=level_sets,
+        iterations=iterations,
+        warmup=warmup,
+        device=device,
+        model=model,
+        batch_size=batch_size,
+        mode=mode,
+        command=command,
+        otlp_endpoint=otlp_endpoint,
+    )
+    columns = (
+        TextColumn("[bold]{task.fields[levels]:>5}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(levels: str, phase: str, done: int, total: int) -> None:
+            if phase == "start":
+                tasks[levels] = bar.add_task("starting", total=total or None, levels=levels)
+            elif phase == "end":
+                bar.update(tasks[levels], description="done" if done == 0 else f"exit {done}")
+            else:
+                bar.update(tasks[levels], description=phase, completed=done, total=total or None)
+
+        result = run_leveled(spec, progress)
+    _print_summary(out)
+    console.print(f"spans stored in [bold]{out}[/]", highlight=False)
+    if not result.ok:
+        _fail(f"{result.failure}; spans recorded so far are in {out}", code=1)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--format", "fmt", type=click.Choice(["otlp-json"]), default="otlp-json", show_default=True
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout)."
+)
+def export(run_dir: Path, fmt: str, output: Path | None) -> None:
+    """Write a run's traces as OTLP JSON Lines: one trace (iteration) per line."""
+    from tracer.sinks import OtlpJsonFileSink, SpanBatch
+    from tracer.store import open_measurement
+
+    runs = open_measurement(run_dir)
+    handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+    try:
+        sink = OtlpJsonFileSink(handle)
+        for run_ in runs:
+            sink.export(SpanBatch.of(run_.resource, run_.spans()))
+        sink.shutdown()
+    except OSError as exc:
+        raise XspError(f"cannot write {output or 'stdout'}: {exc}") from exc
+    finally:
+        if output:
+            handle.close()
+    if output:
+        console.print(f"wrote {sink.lines} traces to {output}", highlight=False)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def summary(run_dir: Path) -> None:
+    """Print the summary of a stored measurement."""
+    _print_summary(run_dir)
+
+
+@main.command()
+@click.option("--source", type=click.Choice(["torchvision", "timm", "transformers"]))
+@click.option("--filter", "pattern", help="Substring or shell pattern, e.g. resnet or 'vit_*224'.")
+def models(source: str | None, pattern: str | None) -> None:
+    """List the zoo models (random weights, synthetic inputs, nothing downloaded)."""
+    from tracer import zoo
+
+    entries = zoo.list_models(source, pattern)
+    for entry in entries:
+        click.echo(f"{entry.qualified}\t{entry.task}")  # plain tab-separated lines, for scripts
+    console.print(f"{len(entries)} models", highlight=False)
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _print_summary(run_dir: Path) -> None:
+    from analysis.store import MeasurementStore
+    from analysis.summary import level_sets, top_layers
+
+    store = MeasurementStore(run_dir)
+    rows = level_sets(store).to_pylist()
+    table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
+    for name in (
+        "levels",
+        "status",
+        "iters",
+        "median ms",
+        "min ms",
+        "max ms",
+        "spans/iter",
+        "vs first",
+    ):
+        table.add_column(name, justify="right" if name not in ("levels", "status") else "left")
+    for r in rows:
+        table.add_row(
+            r["levels"],
+            str(r["status"]),
+            _fmt(r["iterations"]),
+            _fmt(r["step_median_ms"]),
+            _fmt(r["step_min_ms"]),
+            _fmt(r["step_max_ms"]),
+            _fmt(r["spans_per_iteration"], 0),
+            _fmt(r["overhead_x"], 3) + ("x" if r["overhead_x"] else ""),
+        )
+    out_console.print(table)
+    layers = top_layers(store).to_pylist()
+    if layers:
+        lt = Table(title="slowest layers (forward, deepest run)", title_justify="left")
+        for name in ("layer", "type", "calls/iter", "mean ms", "% of step"):
+            lt.add_column(name, justify="left" if name in ("layer", "type") else "right")
+        for r in layers:
+            lt.add_row(
+                r["module_path"],
+                r["module_type"],
+                _fmt(r["calls_per_iteration"], 0),
+                _fmt(r["mean_ms"], 3),
+                _fmt(r["share_pct"], 1),
+            )
+        out_console.print(lt)
+    spans = sum(r["spans_per_iteration"] * r["iterations"] for r in rows)
+    if spans:
+        out_console.print(
+            f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk", highlight=False
+        )
