@@ -10,7 +10,6 @@ span table) and the parquet write, and reports spans/s and bytes per span on dis
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import tempfile
@@ -19,45 +18,47 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import load_raw
+from tests.fixtures import from_json, load_json
 from tracer import store
 from tracer.convert import build_table
-from tracer.levels.framework import STEP_RANGE_PREFIX, FrameworkRecords
-from tracer.levels.model import StepRecords
+from tracer.levels.framework import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX
 
 
-def replicate(
-    steps: StepRecords, fw: FrameworkRecords, copies: int
-) -> tuple[StepRecords, FrameworkRecords]:
-    period = max(steps.end_ns) - min(steps.start_ns) + 1000
-    out_steps, out = StepRecords(), copy.deepcopy(fw)
-    base_calls = len(fw.call_module)
+def replicate(data: dict, copies: int) -> dict:
+    """The fixture repeated ``copies`` times, each copy shifted past the previous one."""
+    steps, fw = data["steps"], data["framework"]
+    period = max(steps["end_ns"]) - min(steps["start_ns"]) + 1000
+    per_copy = len(steps["iteration"])
+    calls = len(fw["call_module"])
+    out_steps = {key: [] for key in steps}
+    out = {key: [] for key in fw if key not in ("modules", "call_output_shapes")}
+    out["modules"], out["call_output_shapes"] = fw["modules"], {}
     for k in range(copies):
         shift = k * period
-        for i, (s, e) in enumerate(zip(steps.start_ns, steps.end_ns, strict=False)):
-            out_steps.iteration.append(k * len(steps.iteration) + i)
-            out_steps.start_ns.append(s + shift)
-            out_steps.end_ns.append(e + shift)
-        if k == 0:
-            continue
-        for j, name in enumerate(fw.name):
+        out_steps["iteration"] += [k * per_copy + i for i in steps["iteration"]]
+        out_steps["start_ns"] += [t + shift for t in steps["start_ns"]]
+        out_steps["end_ns"] += [t + shift for t in steps["end_ns"]]
+        for name in fw["name"]:
             if name.startswith(STEP_RANGE_PREFIX):
-                name = f"{STEP_RANGE_PREFIX}{k * len(steps.iteration) + int(name[len(STEP_RANGE_PREFIX) :])}"
-            elif name.startswith("xsp::module::"):
-                name = f"xsp::module::{int(name[13:]) + k * base_calls}"
-            out.name.append(name)
-            out.start_ns.append(fw.start_ns[j] + shift)
-            out.end_ns.append(fw.end_ns[j] + shift)
-            out.thread.append(fw.thread[j])
-            out.fwd_thread.append(fw.fwd_thread[j])
-            out.seq_nr.append(fw.seq_nr[j])
-            out.input_shapes.append(fw.input_shapes[j])
-            out.input_dtypes.append(fw.input_dtypes[j])
-        out.call_module.extend(fw.call_module)
-        out.call_input_shapes.extend(fw.call_input_shapes)
-        for c, v in fw.call_output_shapes.items():
-            out.call_output_shapes[c + k * base_calls] = v
-    return out_steps, out
+                name = f"{STEP_RANGE_PREFIX}{k * per_copy + int(name[len(STEP_RANGE_PREFIX) :])}"
+            elif name.startswith(MODULE_RANGE_PREFIX):
+                name = f"{MODULE_RANGE_PREFIX}{int(name[len(MODULE_RANGE_PREFIX) :]) + k * calls}"
+            out["name"].append(name)
+        out["start_ns"] += [t + shift for t in fw["start_ns"]]
+        out["end_ns"] += [t + shift for t in fw["end_ns"]]
+        for key in (
+            "thread",
+            "fwd_thread",
+            "seq_nr",
+            "input_shapes",
+            "input_dtypes",
+            "call_module",
+            "call_input_shapes",
+        ):
+            out[key] += fw[key]
+        for c, v in fw["call_output_shapes"].items():
+            out["call_output_shapes"][str(int(c) + k * calls)] = v
+    return {"meta": data["meta"], "steps": out_steps, "framework": out}
 
 
 def main() -> None:
@@ -65,9 +66,9 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--scenario", default="resnet18_train_cpu")
     args = parser.parse_args()
-    steps, fw, meta = load_raw(args.scenario)
-    copies = max(1, args.spans // len(fw.name))
-    steps, fw = replicate(steps, fw, copies)
+    data = load_json(args.scenario)
+    copies = max(1, args.spans // len(data["framework"]["name"]))
+    steps, fw, meta = from_json(replicate(data, copies))
     t0 = time.perf_counter()
     table, _report = build_table("bench", "MF", steps, fw)
     t1 = time.perf_counter()

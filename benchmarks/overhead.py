@@ -35,7 +35,14 @@ CASES = [
     ("torchvision:resnet50", "infer", 1),
     ("torchvision:mobilenet_v2", "infer", 1),
 ]
-CONFIGS = ("none", "M", "MF", "torch.profiler(cpu)")
+CONFIGS = (
+    "none",
+    "M",
+    "MF",
+    "MF(no op shapes)",
+    "torch.profiler(cpu)",
+    "torch.profiler(cpu,shapes)",
+)
 
 
 def _timed(step: Any, sync: Any, iters: int) -> list[float]:
@@ -58,11 +65,21 @@ def run_config(
         return _timed(workload.step, sync, iters), 0
     if config.startswith("torch.profiler"):
         _timed(workload.step, sync, warmup)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes="shapes" in config
+        ) as prof:
             times = _timed(workload.step, sync, iters)
-        return times, len(prof.events())
+        return times, len(prof.profiler.kineto_results.events())
     sink = InMemorySink()
-    session = Session(config, iterations=iters, warmup=warmup, sinks=[sink], device=device).start()
+    levels, _, variant = config.partition("(")
+    session = Session(
+        levels,
+        iterations=iters,
+        warmup=warmup,
+        sinks=[sink],
+        device=device,
+        op_shapes="no op shapes" not in variant,
+    ).start()
     while not session.done:
         with session.iteration():
             workload.step()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import capture_raw
+from tests.fixtures import capture_raw, to_json
 
 
 def main() -> None:
@@ -31,11 +31,7 @@ def main() -> None:
     steps, framework, meta = capture_raw(
         args.model, args.mode, args.batch_size, args.device, args.iterations
     )
-    fw = asdict(framework)
-    fw["call_input_shapes"] = [[list(s) for s in shapes] for shapes in framework.call_input_shapes]
-    fw["call_output_shapes"] = {
-        str(k): [list(s) for s in v] for k, v in framework.call_output_shapes.items()
-    }
+    fw = to_json(framework)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -54,6 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--measurement-id")
     parser.add_argument("--progress-fd", type=int)
     parser.add_argument("--otlp-endpoint")
+    parser.add_argument("--no-op-shapes", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--mode", default="infer")
@@ -91,6 +92,7 @@ def _run_zoo(args: argparse.Namespace) -> int:
         measurement_id=args.measurement_id,
         resource={"xsp.mode": args.mode, "xsp.batch_size": args.batch_size},
         progress=_progress_writer(args.progress_fd),
+        op_shapes=not args.no_op_shapes,
     ).start()
     try:
         while not session.done:
@@ -118,6 +120,7 @@ def _run_script(args: argparse.Namespace, command: list[str]) -> int:
         measurement_id=args.measurement_id,
         auto_iterations=True,
         progress=_progress_writer(args.progress_fd),
+        op_shapes=not args.no_op_shapes,
     ).start()
     sys.argv = list(command)
     code = 0

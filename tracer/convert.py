@@ -8,6 +8,7 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,20 +155,35 @@ def _step_block(steps: StepRecords, failures: dict[int, str]) -> _Block:
     )
 
 
+def _dictionary(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+    """A dictionary-encoded string column holding only the values in use; code -1 is null."""
+    valid = codes >= 0
+    used = np.zeros(len(values), dtype=bool)
+    used[codes[valid]] = True
+    remap = np.cumsum(used, dtype=np.int64) - 1
+    compact = np.where(valid, remap[np.maximum(codes, 0)], 0).astype(np.int32)
+    kept = [v for v, keep in zip(values, used.tolist(), strict=True) if keep]
+    indices = pa.array(compact, pa.int32(), mask=~valid)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(kept, pa.string()))
+
+
 def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
-    # String work stays in arrow (C speed): conversion must keep up with ~1M spans/s.
-    names = pa.array(rec.name, pa.string())
-    start = np.asarray(rec.start_ns, dtype=np.int64)
-    end = np.asarray(rec.end_ns, dtype=np.int64)
-    thread = np.asarray(rec.thread, dtype=np.int64)
-    n = len(names)
+    # Strings arrive as codes into small tables of distinct values, so every step below is a
+    # numpy or arrow operation over whole columns: conversion must keep up with ~1M spans/s.
+    name_values = pa.array(rec.name.values, pa.string())
+    name_codes = np.frombuffer(rec.name.codes, dtype=np.int32)
+    start = np.frombuffer(rec.start_ns, dtype=np.int64)
+    end = np.frombuffer(rec.end_ns, dtype=np.int64)
+    thread = np.frombuffer(rec.thread, dtype=np.int64)
+    n = len(name_codes)
 
     def starts(prefix: str) -> np.ndarray:
-        return pc.starts_with(names, prefix).to_numpy(zero_copy_only=False)
+        by_value = pc.starts_with(name_values, prefix).to_numpy(zero_copy_only=False)
+        return by_value[name_codes] if n else np.zeros(0, dtype=bool)
 
-    def suffix_ints(rows: np.ndarray, prefix: str) -> np.ndarray:
-        picked = pc.utf8_slice_codeunits(names.take(pa.array(rows, pa.int64())), len(prefix))
-        return pc.cast(picked, pa.int64()).to_numpy(zero_copy_only=False)
+    def suffix_ints(codes: np.ndarray, prefix: str) -> np.ndarray:
+        texts = [rec.name.values[c][len(prefix) :] for c in codes]
+        return np.array(texts, dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
 
     is_step = starts(STEP_RANGE_PREFIX)
     is_module = starts(MODULE_RANGE_PREFIX)
@@ -180,7 +196,7 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     step_rows = np.nonzero(is_step)[0]
     order = step_rows[np.argsort(start[step_rows])]
     step_start, step_end = start[order], end[order]
-    step_iter = suffix_ints(order, STEP_RANGE_PREFIX).astype(np.int32)
+    step_iter = suffix_ints(name_codes[order], STEP_RANGE_PREFIX).astype(np.int32)
     slot = np.searchsorted(step_start, start, side="right") - 1
     if len(order):
         inside = (slot >= 0) & (start <= step_end[np.maximum(slot, 0)])
@@ -198,21 +214,20 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     new_index = np.cumsum(keep) - 1
     parent = np.where(parent >= 0, new_index[np.maximum(parent, 0)], -1)
     rows = np.nonzero(keep)[0]
-    take = pa.array(rows, pa.int64())
     parent = parent[rows]
     outside = int((~inside & ~is_step).sum())
 
-    names = names.take(take)
+    name_codes = name_codes[rows]
     start, end, thread = start[rows], end[rows], thread[rows]
     is_module, is_backward, is_optimizer = is_module[rows], is_backward[rows], is_optimizer[rows]
-    seq_nr = np.asarray(rec.seq_nr, dtype=np.int64)[rows]
-    fwd_thread = np.asarray(rec.fwd_thread, dtype=np.int64)[rows]
+    seq_nr = np.frombuffer(rec.seq_nr, dtype=np.int64)[rows]
+    fwd_thread = np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows]
     depth = depths(parent)
     m = len(rows)
 
     # Module of each row: its own for module ranges, else inherited from the nearest ancestor.
     module_rows = np.nonzero(is_module)[0]
-    call = suffix_ints(module_rows, MODULE_RANGE_PREFIX)
+    call = suffix_ints(name_codes[module_rows], MODULE_RANGE_PREFIX)
     call_module = np.asarray(rec.call_module, dtype=np.int64)
     own_module = np.full(m, -1, dtype=np.int64)
     own_module[module_rows] = call_module[call]
@@ -229,69 +244,54 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     forward_ops = np.nonzero((phase_code == 0) & (seq_nr >= 0) & (module >= 0) & ~is_module)[0]
     by_seq = dict(
         zip(
-            zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=False),
+            zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=True),
             module[forward_ops].tolist(),
-            strict=False,
+            strict=True,
         )
     )
     backward_rows = np.nonzero(is_backward)[0]
-    own_module[backward_rows] = [
-        by_seq.get(key, -1)
-        for key in zip(
-            fwd_thread[backward_rows].tolist(), seq_nr[backward_rows].tolist(), strict=False
-        )
-    ]
+    keys = zip(fwd_thread[backward_rows].tolist(), seq_nr[backward_rows].tolist(), strict=True)
+    own_module[backward_rows] = [by_seq.get(key, -1) for key in keys]
     module = inherit(own_module, parent, depth)
 
     infos = rec.modules
-    paths = pa.array([i.path for i in infos] + [None], pa.string())
-    types = pa.array([i.type for i in infos] + [None], pa.string())
-    missing = len(infos)  # index of the trailing null
-    module_path = paths.take(pa.array(np.where(module >= 0, module, missing)))
-    typed = is_module | is_backward
-    module_type = types.take(pa.array(np.where(typed & (own_module >= 0), own_module, missing)))
-
-    kind_codes = np.zeros(m, dtype=np.int32)
+    typed = (is_module | is_backward) & (own_module >= 0)
+    kind_codes = np.zeros(m, dtype=np.int64)
     kind_codes[is_module] = 1
     kind_codes[is_backward] = 2
     kind_codes[is_optimizer] = 3
-    kinds = pa.array(
-        [schema.KIND_OP, schema.KIND_MODULE, schema.KIND_BACKWARD, schema.KIND_OPTIMIZER]
-    )
-    phases = pa.array([schema.PHASE_FORWARD, schema.PHASE_BACKWARD, "optimizer", None])
+    kinds = [schema.KIND_OP, schema.KIND_MODULE, schema.KIND_BACKWARD, schema.KIND_OPTIMIZER]
+    phases = [schema.PHASE_FORWARD, schema.PHASE_BACKWARD, "optimizer"]
 
-    # Per-call facts of module ranges replace the op-oriented values of those rows.
-    module_mask = pa.array(is_module)
+    # Module ranges take their per-call facts (path, shapes, source) instead of the profiler's.
     mods = [infos[i] for i in own_module[module_rows]]
     calls = call.tolist()
-    display = pc.replace_with_mask(
-        names, module_mask, pa.array([i.path or i.type for i in mods], pa.string())
-    )
-    in_shapes = pa.array(rec.input_shapes, pa.string()).take(take)
-    in_shapes = pc.replace_with_mask(
-        in_shapes,
-        module_mask,
-        pa.array([_shape_text(rec.call_input_shapes[c]) for c in calls], pa.string()),
-    )
-    in_shapes = pc.if_else(pc.equal(in_shapes, "[]"), pa.scalar(None, pa.string()), in_shapes)
-    in_dtypes = pa.array(rec.input_dtypes, pa.string()).take(take)
-    in_dtypes = pc.if_else(
-        pc.or_(module_mask, pc.equal(in_dtypes, "")), pa.scalar(None, pa.string()), in_dtypes
-    )
-    out_text = [
-        _shape_text(rec.call_output_shapes[c]) if c in rec.call_output_shapes else None
-        for c in calls
-    ]
-    null_strings = pa.nulls(m, pa.string())
-    output_shapes = pc.replace_with_mask(null_strings, module_mask, pa.array(out_text, pa.string()))
-    source = pc.replace_with_mask(
-        null_strings, module_mask, pa.array([i.source for i in mods], pa.string())
-    )
-    params = pc.replace_with_mask(
-        pa.nulls(m, pa.int64()), module_mask, pa.array([i.params for i in mods], pa.int64())
-    )
-    op_name = pc.if_else(module_mask, pa.scalar(None, pa.string()), names)
+    per_call = np.full(m, -1, dtype=np.int64)
+    per_call[module_rows] = np.arange(len(module_rows))
 
+    def module_column(texts: list[str | None]) -> pa.DictionaryArray:
+        values, codes = _intern(texts)
+        return _dictionary(np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values)
+
+    base = len(rec.name.values)
+    display_codes = np.where(per_call >= 0, base + own_module, name_codes)
+    display = _dictionary(display_codes, rec.name.values + [i.path or i.type for i in infos])
+    op_codes = np.where(is_module, -1, name_codes)
+
+    shape_values = rec.input_shapes.values
+    shape_codes = np.frombuffer(rec.input_shapes.codes, dtype=np.int32)[rows].astype(np.int64)
+    empty = shape_values.index("[]") if "[]" in shape_values else -2
+    shape_codes[shape_codes == empty] = -1
+    call_values, call_codes = _intern([_shape_text(rec.call_input_shapes[c]) for c in calls])
+    shape_codes[module_rows] = len(shape_values) + call_codes
+    dtype_values = rec.input_dtypes.values
+    dtype_codes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32)[rows].astype(np.int64)
+    blank = dtype_values.index("") if "" in dtype_values else -2
+    dtype_codes[(dtype_codes == blank) | is_module] = -1
+
+    params = np.zeros(m, dtype=np.int64)
+    params[module_rows] = [i.params for i in mods]
+    out_shapes = rec.call_output_shapes
     block = _Block(
         level=schema.LEVEL_FRAMEWORK,
         iteration=iteration[rows].astype(np.int32),
@@ -300,24 +300,35 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
             "name": display,
             "start_ns": start,
             "dur_ns": end - start,
-            "kind": pa.DictionaryArray.from_arrays(pa.array(kind_codes), kinds),
-            "phase": phases.take(
-                pa.array(np.where(phase_code >= 0, phase_code, 3).astype(np.int64))
-            ),
+            "kind": _dictionary(kind_codes, kinds),
+            "phase": _dictionary(phase_code.astype(np.int64), phases),
             "thread_id": thread,
-            "module_path": module_path,
-            "module_type": module_type,
-            "module_params": params,
-            "op_name": op_name,
-            "input_shapes": in_shapes,
-            "input_dtypes": in_dtypes,
-            "output_shapes": output_shapes,
-            "source": source,
+            "module_path": _dictionary(module, [i.path for i in infos]),
+            "module_type": _dictionary(np.where(typed, own_module, -1), [i.type for i in infos]),
+            "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
+            "op_name": _dictionary(op_codes, rec.name.values),
+            "input_shapes": _dictionary(shape_codes, shape_values + call_values),
+            "input_dtypes": _dictionary(dtype_codes, dtype_values),
+            "output_shapes": module_column(
+                [_shape_text(out_shapes[c]) if c in out_shapes else None for c in calls]
+            ),
+            "source": module_column([i.source for i in mods]),
             "seq_nr": pa.array(seq_nr, pa.int64(), mask=seq_nr < 0),
         },
     )
     return block, outside
 
 
+def _intern(texts: list[str | None]) -> tuple[list[str], np.ndarray]:
+    """Distinct values of ``texts`` and each entry's code (-1 for None)."""
+    index: dict[str, int] = {}
+    codes = np.array(
+        [-1 if t is None else index.setdefault(t, len(index)) for t in texts], dtype=np.int64
+    )
+    return list(index), codes
+
+
+@functools.lru_cache(maxsize=4096)
 def _shape_text(shapes: tuple[Any, ...]) -> str:
+    """``[[2,3,224,224]]``: the profiler's notation for a list of shapes (cached: few distinct)."""
     return str([list(s) for s in shapes]).replace(" ", "")

@@ -23,33 +23,35 @@ def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     order = np.lexsort((np.arange(n), -end, start, thread))
     ends = end[order]
     threads = thread[order]
-    # First sorted position of each interval's thread: the walk never crosses it.
+    # First sorted position of each interval's thread: the search never crosses it.
     is_first = np.ones(n, dtype=bool)
     is_first[1:] = threads[1:] != threads[:-1]
     thread_start = np.maximum.accumulate(np.where(is_first, np.arange(n), 0))
 
-    # table[k][x] = max(ends[x : x + 2**k]).
-    table = [ends]
-    span = 1
-    while span * 2 <= n:
-        prev = table[-1]
-        table.append(np.maximum(prev[:-span], prev[span:]))
-        span *= 2
-
-    # For each i, move p left from i in power-of-two jumps while the skipped block holds no end
-    # >= ends[i]; the element just left of p is then the nearest one that does.
+    # Doubling search: after step k, ``pos`` is the leftmost position such that no end in
+    # [pos, i) is >= ends[i], found with blocks of 2**k precomputed maxima (a sparse table).
     pos = np.arange(n)
+    table = [ends]
+    while (1 << len(table)) <= n:
+        prev, width = table[-1], 1 << (len(table) - 1)
+        table.append(np.maximum(prev[:-width], prev[width:]))
+    # Only intervals whose left neighbour ends before them need to search at all.
+    active = np.nonzero((pos > thread_start) & (np.concatenate(([0], ends[:-1])) < ends))[0]
+    cur = pos[active] - 0
+    target = ends[active]
+    floor = thread_start[active]
     for k in range(len(table) - 1, -1, -1):
         width = 1 << k
-        lo = pos - width
-        can = lo >= thread_start
-        safe_lo = np.where(can, lo, 0)
-        block_max = table[k][np.minimum(safe_lo, len(table[k]) - 1)]
-        jump = can & (block_max < ends)
-        pos = np.where(jump, lo, pos)
+        lo = cur - width
+        can = lo >= floor
+        if not can.any():
+            continue
+        block = table[k][np.clip(lo, 0, len(table[k]) - 1)]
+        jump = can & (block < target)
+        cur = np.where(jump, lo, cur)
+    pos[active] = cur
     found = pos - 1
-    valid = found >= thread_start
-    sorted_parent = np.where(valid, found, -1)
+    sorted_parent = np.where(found >= thread_start, found, -1)
     parent[order] = np.where(sorted_parent >= 0, order[np.maximum(sorted_parent, 0)], -1)
     return parent
 

@@ -43,6 +43,7 @@ class LeveledSpec:
     mode: str = "infer"
     command: Sequence[str] = field(default_factory=tuple)
     otlp_endpoint: str | None = None
+    op_shapes: bool = True
 
     @property
     def workload(self) -> str:
@@ -174,6 +175,8 @@ def child_argv(
         argv += ["--progress-fd", str(progress_fd)]
     if spec.otlp_endpoint:
         argv += ["--otlp-endpoint", spec.otlp_endpoint]
+    if not spec.op_shapes:
+        argv.append("--no-op-shapes")
     if spec.model:
         argv += ["--model", spec.model, "--batch-size", str(spec.batch_size), "--mode", spec.mode]
     else:

@@ -93,6 +93,7 @@ class Session:
         auto_iterations: detect iterations through the optimizer hook (see module docs).
         resource: extra resource attributes.
         progress: called with (phase, done, total) after each iteration.
+        op_shapes: record aten ops' input shapes and dtypes (level F).
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class Session:
         progress: ProgressCallback | None = None,
         run_id: str | None = None,
         measurement_id: str | None = None,
+        op_shapes: bool = True,
     ) -> None:
         try:
             self.levels = schema.parse_levels(levels)
@@ -130,7 +132,8 @@ class Session:
         self._store_sink = StoreSink(self.run_dir) if self.run_dir is not None else None
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
-        self._levels: list[Level] = build_levels(self.levels, LevelContext(self.device))
+        context = LevelContext(self.device, op_shapes=op_shapes)
+        self._levels: list[Level] = build_levels(self.levels, context)
         self._auto = auto_iterations
         self._progress = progress
         self._index = 0  # iterations begun so far, warm-up included

@@ -37,7 +37,7 @@ SPAN_FILE_PATTERN = "spans-*.parquet"
 _DELTA_COLUMNS = ("span_id", "parent_span_id", "start_ns", "dur_ns", "thread_id", "seq_nr")
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
-    "compression_level": 9,
+    "compression_level": 3,
     "use_dictionary": [c.name for c in schema.COLUMNS if c.name not in _DELTA_COLUMNS],
     "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _DELTA_COLUMNS},
     "write_statistics": ["iteration", "start_ns"],

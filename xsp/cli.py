@@ -63,6 +63,12 @@ def main() -> None:
     help="Run directory (default: xsp-runs/<time>).",
 )
 @click.option("--otlp-endpoint", help="Also send spans over OTLP (OTEL_EXPORTER_OTLP_* apply).")
+@click.option(
+    "--op-shapes/--no-op-shapes",
+    default=True,
+    show_default=True,
+    help="Record aten ops' input shapes and dtypes (level F).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -74,6 +80,7 @@ def run(
     device: str | None,
     out: Path | None,
     otlp_endpoint: str | None,
+    op_shapes: bool,
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
@@ -102,6 +109,7 @@ def run(
         mode=mode,
         command=command,
         otlp_endpoint=otlp_endpoint,
+        op_shapes=op_shapes,
     )
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),

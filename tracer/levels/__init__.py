@@ -18,6 +18,7 @@ Levels L and G plug in here by adding a module and a registry entry.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tracer.schema import LEVEL_ORDER
@@ -42,11 +43,16 @@ class Level(Protocol):
 LevelFactory = Callable[["LevelContext"], Level]
 
 
+@dataclass(frozen=True)
 class LevelContext:
-    """What a level needs to know about its session when it is built."""
+    """What a level needs to know about its session when it is built.
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    ``op_shapes``: record aten ops' input shapes and dtypes (level F). On by default; off saves
+    a little per-op cost on the host.
+    """
+
+    device: str
+    op_shapes: bool = True
 
 
 def _model(ctx: LevelContext) -> Level:
@@ -58,7 +64,7 @@ def _model(ctx: LevelContext) -> Level:
 def _framework(ctx: LevelContext) -> Level:
     from tracer.levels.framework import FrameworkLevel
 
-    return FrameworkLevel()
+    return FrameworkLevel(record_shapes=ctx.op_shapes)
 
 
 #: Level letter -> factory. Imports are deferred so that reading the registry stays cheap.

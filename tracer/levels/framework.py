@@ -19,7 +19,8 @@ import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,18 +58,47 @@ class ModuleInfo:
     source: str
 
 
+class Interned:
+    """A column of strings kept as int32 codes into a list of distinct values: the form arrow
+    calls a dictionary array, so conversion never touches a Python string per row."""
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self.codes = array("i")
+        self.values: list[str] = []
+        self._index: dict[str, int] = {}
+        for value in values:
+            self.append(value)
+
+    def append(self, value: str) -> None:
+        code = self._index.get(value)
+        if code is None:
+            code = self._index[value] = len(self.values)
+            self.values.append(value)
+        self.codes.append(code)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def to_list(self) -> list[str]:
+        return [self.values[c] for c in self.codes]
+
+
+def _int64s() -> array[int]:
+    return array("q")
+
+
 @dataclass
 class FrameworkRecords:
     """Raw framework-level records, one entry per profiler event, plus the module tables."""
 
-    name: list[str] = field(default_factory=list)
-    start_ns: list[int] = field(default_factory=list)
-    end_ns: list[int] = field(default_factory=list)
-    thread: list[int] = field(default_factory=list)
-    fwd_thread: list[int] = field(default_factory=list)
-    seq_nr: list[int] = field(default_factory=list)
-    input_shapes: list[str] = field(default_factory=list)
-    input_dtypes: list[str] = field(default_factory=list)
+    name: Interned = field(default_factory=Interned)
+    start_ns: array[int] = field(default_factory=_int64s)
+    end_ns: array[int] = field(default_factory=_int64s)
+    thread: array[int] = field(default_factory=_int64s)
+    fwd_thread: array[int] = field(default_factory=_int64s)
+    seq_nr: array[int] = field(default_factory=_int64s)
+    input_shapes: Interned = field(default_factory=Interned)
+    input_dtypes: Interned = field(default_factory=Interned)
     modules: list[ModuleInfo] = field(default_factory=list)
     # Per module call, indexed by the <call> number in the range name.
     call_module: list[int] = field(default_factory=list)
@@ -90,10 +120,10 @@ def _tensor_shapes(values: Any) -> tuple[Any, ...]:
 class FrameworkLevel:
     letter = "F"
 
-    def __init__(self) -> None:
+    def __init__(self, record_shapes: bool = True) -> None:
         self._config = ProfilerConfig(
             ProfilerState.KINETO,
-            True,
+            record_shapes,
             False,
             False,
             False,
@@ -239,8 +269,7 @@ def _source_of(cls: type) -> str:
 
 
 def _copy_events(events: Any, out: FrameworkRecords) -> None:
-    """Copy the profiler's events into plain lists (runs after the measured window)."""
-    shapes_cache: dict[str, str] = {}
+    """Copy the profiler's events into typed arrays (runs after the measured window)."""
     for event in events:
         out.name.append(event.name())
         out.start_ns.append(event.start_ns())
@@ -248,6 +277,5 @@ def _copy_events(events: Any, out: FrameworkRecords) -> None:
         out.thread.append(event.start_thread_id())
         out.fwd_thread.append(event.fwd_thread_id())
         out.seq_nr.append(event.sequence_nr())
-        shapes = str(event.shapes())
-        out.input_shapes.append(shapes_cache.setdefault(shapes, shapes.replace(" ", "")))
+        out.input_shapes.append(str(event.shapes()).replace(" ", ""))
         out.input_dtypes.append(",".join(event.dtypes()))
