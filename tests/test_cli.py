@@ -222,3 +222,58 @@ def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -
     assert "torchvision:resnet18\tclassification" in listed.stdout
     missing = xsp("export", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
+
+
+def test_live_otlp_export_from_a_run(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[ExportTraceServiceRequest] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server API
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(ExportTraceServiceRequest.FromString(body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = xsp(
+            "run",
+            "--levels",
+            "M,MF",
+            "--iterations",
+            "3",
+            "--warmup",
+            "0",
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{server.server_port}",
+            "--out",
+            str(tmp_path / "R"),
+            "--",
+            "python",
+            str(_script(tmp_path)),
+            "3",
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    stored = sum(run.spans().num_rows for run in open_measurement(tmp_path / "R"))
+    sent = [
+        s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans
+    ]
+    assert len(sent) == stored
+    levels = {
+        kv.value.string_value
+        for r in received
+        for kv in r.resource_spans[0].resource.attributes
+        if kv.key == "xsp.levels"
+    }
+    assert levels == {"M", "MF"}

@@ -154,3 +154,14 @@ def test_close_is_idempotent_and_partial_runs_say_so(tmp_path: Path) -> None:
     first = session.close()
     assert first is not None and first["status"] == "partial" and first["iterations_measured"] == 1
     assert session.close() is first
+
+
+def test_a_rerun_replaces_the_earlier_run(tmp_path: Path) -> None:
+    for _ in range(2):
+        session = Session("M", iterations=2, warmup=0, out=tmp_path / "M", device="cpu").start()
+        for _ in range(2):
+            with session.iteration():
+                pass
+        session.close()
+    run = open_run(tmp_path / "M")
+    assert len(run.span_files) == 1 and run.spans().num_rows == 2

@@ -129,6 +129,7 @@ class Session:
         self.run_dir = Path(out) if out is not None else None
         if self.run_dir is not None:
             store.check_writable(self.run_dir)
+            store.reset_run_dir(self.run_dir)
         self._store_sink = StoreSink(self.run_dir) if self.run_dir is not None else None
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,16 @@ def check_writable(directory: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise StoreError(f"cannot write to {directory}: {exc.strerror or exc}") from exc
+
+
+def reset_run_dir(run_dir: Path) -> None:
+    """Remove the span files and run.json an earlier run left in ``run_dir`` (a re-run replaces
+    its level-set run; nothing else in the directory is touched)."""
+    for path in [*run_dir.glob(SPAN_FILE_PATTERN), run_dir / RUN_META]:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot replace {path}: {exc.strerror or exc}") from exc
 
 
 def write_span_part(run_dir: Path, table: pa.Table) -> Path:
@@ -173,8 +182,3 @@ def open_measurement(root: Path) -> list[Run]:
     if not runs:
         raise StoreError(f"{root}: holds no xsp run (no */{RUN_META})")
     return runs
-
-
-def iter_run_dirs(root: Path) -> Iterator[Path]:
-    for run in open_measurement(root):
-        yield run.path
