@@ -233,7 +233,7 @@ def test_live_otlp_export_from_a_run(tmp_path: Path) -> None:
     received: list[ExportTraceServiceRequest] = []
 
     class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server API
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append(ExportTraceServiceRequest.FromString(body))
             self.send_response(200)
