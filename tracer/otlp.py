@@ -140,3 +140,136 @@ def batches_under(table: pa.Table, max_spans: int) -> Iterator[pa.Table]:
                 batch, rows = [], 0
     if batch:
         yield pa.concat_tables(batch)
+
+
+# -- decoding (the collector's side) ---------------------------------------------------------------
+
+
+class DecodeError(ValueError):
+    """A payload that is not a valid OTLP trace request; the message says why."""
+
+
+def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
+        raise DecodeError(f"not an OTLP protobuf trace request: {exc}") from exc
+    return request
+
+
+def parse_json(body: bytes) -> ExportTraceServiceRequest:
+    """Parse OTLP/JSON (hex trace and span ids, as the spec requires)."""
+    import json
+
+    from google.protobuf.json_format import ParseDict, ParseError
+
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DecodeError("an OTLP/JSON request is a JSON object with resourceSpans")
+    try:
+        for resource_spans in data.get("resourceSpans") or []:
+            for scope_spans in resource_spans.get("scopeSpans") or []:
+                for span in scope_spans.get("spans") or []:
+                    for key in _ID_KEYS:
+                        if span.get(key):
+                            span[key] = _hex_to_b64(span[key], key)
+                    for link in span.get("links") or []:
+                        for key in ("traceId", "spanId"):
+                            if link.get(key):
+                                link[key] = _hex_to_b64(link[key], key)
+        return ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except DecodeError:
+        raise
+    except (ParseError, AttributeError, TypeError, ValueError, RecursionError) as exc:
+        raise DecodeError(f"not an OTLP/JSON trace request: {exc}") from exc
+
+
+def _hex_to_b64(value: Any, key: str) -> str:
+    import base64
+
+    if not isinstance(value, str):
+        raise DecodeError(f"{key} must be a hex string")
+    try:
+        return base64.b64encode(bytes.fromhex(value)).decode()
+    except ValueError as exc:
+        raise DecodeError(f"{key} {value[:40]!r} is not hex") from exc
+
+
+def validate(request: ExportTraceServiceRequest) -> int:
+    """Check the ids of every span; return the span count."""
+    count = 0
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                if len(span.trace_id) != 16:
+                    raise DecodeError(f"span {span.name[:60]!r}: trace_id must be 16 bytes")
+                if len(span.span_id) != 8:
+                    raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
+                if span.parent_span_id and len(span.parent_span_id) != 8:
+                    raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
+                count += 1
+    return count
+
+
+def _plain(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind in ("array_value", "kvlist_value"):
+        return MessageToDict(value)
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, kind)
+
+
+def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
+    return {kv.key: _plain(kv.value) for kv in resource_spans.resource.attributes}
+
+
+def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
+    """The spans of one ResourceSpans as rows of ``schema.SPAN_SCHEMA`` (attributes outside the
+    schema are not kept)."""
+    by_key = {c.attribute: c for c in schema.ATTRIBUTE_COLUMNS}
+    columns: dict[str, list[Any]] = {f.name: [] for f in schema.SPAN_SCHEMA}
+    for scope_spans in resource_spans.scope_spans:
+        for span in scope_spans.spans:
+            columns["trace_id"].append(span.trace_id)
+            columns["span_id"].append(int.from_bytes(span.span_id, "big"))
+            parent = span.parent_span_id
+            columns["parent_span_id"].append(int.from_bytes(parent, "big") if parent else 0)
+            columns["name"].append(span.name)
+            columns["start_ns"].append(span.start_time_unix_nano)
+            columns["dur_ns"].append(max(0, span.end_time_unix_nano - span.start_time_unix_nano))
+            error = span.status.code == Status.STATUS_CODE_ERROR
+            columns["status_message"].append(span.status.message or "error" if error else None)
+            seen: dict[str, Any] = {}
+            for kv in span.attributes:
+                column = by_key.get(kv.key)
+                if column is not None:
+                    seen[column.name] = _plain(kv.value)
+            for column in schema.ATTRIBUTE_COLUMNS:
+                columns[column.name].append(seen.get(column.name))
+    arrays = []
+    for field_ in schema.SPAN_SCHEMA:
+        values = columns[field_.name]
+        if pa.types.is_dictionary(field_.type):
+            values = [None if v is None else str(v) for v in values]
+            arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
+        elif pa.types.is_integer(field_.type):
+            arrays.append(pa.array([_int_or_none(v) for v in values], field_.type))
+        else:
+            arrays.append(pa.array(values, field_.type))
+    return pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -27,8 +27,9 @@ from tracer.transport import Transport
 
 log = logging.getLogger(__name__)
 
-#: Spans per OTLP request: ~300 bytes a span keeps a request far below Jaeger's 4 MiB gRPC cap.
+#: Spans per OTLP request, and bytes: Jaeger's OTLP gRPC receiver refuses messages over 4 MiB.
 DEFAULT_MAX_SPANS_PER_REQUEST = 8192
+DEFAULT_MAX_REQUEST_BYTES = 3 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,30 @@ class OtlpSink:
         transport: Transport,
         max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
         scope_version: str = "",
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         self._transport = transport
         self._max_spans = max_spans_per_request
+        self._max_bytes = max_request_bytes
         self._scope_version = scope_version
         self._closed = False
         self.spans_sent = 0
+        self.requests_sent = 0
 
     def export(self, batch: SpanBatch) -> None:
         for part in otlp.batches_under(batch.table, self._max_spans):
-            self._transport.send(otlp.encode_request(batch.resource, part, self._scope_version))
-            self.spans_sent += part.num_rows
+            self._send(batch.resource, part)
+
+    def _send(self, resource: Mapping[str, Any], part: pa.Table) -> None:
+        request = otlp.encode_request(resource, part, self._scope_version)
+        if request.ByteSize() > self._max_bytes and part.num_rows > 1:
+            half = part.num_rows // 2  # rare: spans with very long attributes
+            self._send(resource, part.slice(0, half))
+            self._send(resource, part.slice(half))
+            return
+        self._transport.send(request)
+        self.requests_sent += 1
+        self.spans_sent += part.num_rows
 
     def force_flush(self) -> None:
         pass

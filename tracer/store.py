@@ -90,14 +90,18 @@ def reset_run_dir(run_dir: Path) -> None:
             raise StoreError(f"cannot replace {path}: {exc.strerror or exc}") from exc
 
 
-def write_span_part(run_dir: Path, table: pa.Table) -> Path:
-    """Write one parquet part of a run; parts are numbered in write order."""
+def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> Path:
+    """Write one parquet part of a run; parts are numbered in write order unless ``name`` (the
+    part between ``spans-`` and ``.parquet``) is given, which makes a rewrite idempotent."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    index = len(list(run_dir.glob(SPAN_FILE_PATTERN)))
-    path = run_dir / f"spans-{index:05d}.parquet"
+    if name is None:
+        name = f"{len(list(run_dir.glob(SPAN_FILE_PATTERN))):05d}"
+    path = run_dir / f"spans-{name}.parquet"
     tmp = path.with_suffix(".parquet.tmp")
     try:
         pq.write_table(table.cast(schema.SPAN_SCHEMA), tmp, **PARQUET_OPTIONS)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ exponential back-off, honouring Retry-After; anything else becomes an ``ExportEr
 
 from __future__ import annotations
 
+import http.client
 import os
 import time
 import urllib.error
@@ -65,6 +66,10 @@ class OtlpConfig:
         url = endpoint or signal_endpoint or base_endpoint
         if not url:
             return None
+        scheme = urllib.parse.urlsplit(_with_scheme(url)).scheme
+        if scheme in ("grpc", "grpcs"):  # xsp's shorthand: grpc://host:port names the protocol
+            protocol = "grpc"
+            url = ("https" if scheme == "grpcs" else "http") + url[len(scheme) :]
         if not protocol:
             protocol = (
                 "grpc"
@@ -152,7 +157,7 @@ class HttpTransport:
                 retry_after = exc.headers.get("Retry-After")
                 hint = float(retry_after) if retry_after and retry_after.isdigit() else None
                 self._sleep(_backoff(attempt, hint))
-            except (urllib.error.URLError, OSError) as exc:
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
                 if attempt == MAX_ATTEMPTS - 1:
                     reason = getattr(exc, "reason", exc)
                     raise ExportError(

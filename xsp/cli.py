@@ -167,6 +167,112 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
+def push(run_dir: Path, endpoint: str | None) -> None:
+    """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint.
+
+    One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
+    OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout.
+    """
+    from tracer.sinks import OtlpSink, SpanBatch
+    from tracer.store import open_measurement
+    from tracer.transport import OtlpConfig, make_transport
+
+    runs = open_measurement(run_dir)
+    config = OtlpConfig.from_env(endpoint)
+    if config is None:
+        raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
+    sink = OtlpSink(make_transport(config))
+    try:
+        for run_ in runs:
+            sink.export(SpanBatch.of(run_.resource, run_.spans()))
+    finally:
+        sink.shutdown()
+    console.print(
+        f"sent {sink.spans_sent} spans in {sink.requests_sent} requests to {config.endpoint} "
+        f"({config.protocol})",
+        highlight=False,
+    )
+
+
+@main.group()
+def collector() -> None:
+    """The OTLP collector service."""
+
+
+@collector.command()
+@click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Run store to write (created if missing).",
+)
+@click.option(
+    "--grpc",
+    "grpc_address",
+    default="127.0.0.1:4317",
+    show_default=True,
+    help="OTLP/gRPC HOST:PORT ('' to disable).",
+)
+@click.option(
+    "--http",
+    "http_address",
+    default="127.0.0.1:4318",
+    show_default=True,
+    help="OTLP/HTTP HOST:PORT ('' to disable).",
+)
+@click.option("--forward", help="Also forward every request to this OTLP endpoint (e.g. Jaeger).")
+@click.option(
+    "--token", envvar="XSP_COLLECTOR_TOKEN", help="Require 'Authorization: Bearer TOKEN'."
+)
+@click.option("--tls-cert", type=click.Path(exists=True, path_type=Path))
+@click.option("--tls-key", type=click.Path(exists=True, path_type=Path))
+@click.option("--max-request-mib", type=float, default=32, show_default=True)
+def serve(
+    store_dir: Path,
+    grpc_address: str,
+    http_address: str,
+    forward: str | None,
+    token: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    max_request_mib: float,
+) -> None:
+    """Receive OTLP traces (gRPC, HTTP protobuf/JSON) into a run store until interrupted.
+
+    A request is acknowledged once its spans are in the write-ahead spool (fsync'ed), so a killed
+    collector loses no acknowledged span: the next start stores what the spool holds.
+    """
+    from collector.server import CollectorConfig
+    from collector.server import serve as run_server
+
+    config = CollectorConfig(
+        store=store_dir,
+        grpc_address=grpc_address or None,
+        http_address=http_address or None,
+        forward=forward,
+        token=token,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        max_request_bytes=int(max_request_mib * 1024 * 1024),
+    )
+
+    def ready(c: Any) -> None:
+        parts = []
+        if c.grpc_port:
+            parts.append(f"gRPC {grpc_address.rsplit(':', 1)[0]}:{c.grpc_port}")
+        if c.http_port:
+            parts.append(f"HTTP {http_address.rsplit(':', 1)[0]}:{c.http_port}")
+        console.print(
+            f"xsp collector: receiving on {', '.join(parts)}; store {store_dir}", highlight=False
+        )
+
+    run_server(config, ready)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
 def summary(run_dir: Path) -> None:
     """Print the summary of a stored measurement."""
     _print_summary(run_dir)

@@ -1,0 +1,365 @@
+"""The collector: OTLP in over HTTP (protobuf, JSON) and gRPC, the run store out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from collector.server import Collector, CollectorConfig, rpc_status
+from tests.fixtures import load_raw
+from tracer import otlp, schema
+from tracer.convert import build_table
+from tracer.store import open_measurement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table(run_id: str) -> pa.Table:
+    steps, framework, _ = load_raw("resnet18_train_cpu")
+    return build_table(run_id, "MF", steps, framework)[0]
+
+
+def _resource(run_id: str, levels: str = "MF") -> dict[str, object]:
+    return {
+        "service.name": "xsp",
+        "host.name": "h",
+        schema.RES_RUN_ID: run_id,
+        schema.RES_MEASUREMENT_ID: f"m-{run_id}",
+        schema.RES_LEVELS: levels,
+    }
+
+
+def _request(run_id: str) -> trace_service_pb2.ExportTraceServiceRequest:
+    return otlp.encode_request(_resource(run_id), _table(run_id))
+
+
+@pytest.fixture
+def collector(tmp_path: Path):  # type: ignore[no-untyped-def]
+    c = Collector(
+        CollectorConfig(
+            store=tmp_path / "store",
+            grpc_address="127.0.0.1:0",
+            http_address="127.0.0.1:0",
+            flush_interval_s=0.05,
+        )
+    ).start()
+    yield c
+    c.stop()
+
+
+def _post(
+    port: int,
+    body: bytes,
+    content_type: str = "application/x-protobuf",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=body,
+        method="POST",
+        headers={"Content-Type": content_type, **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def test_http_protobuf_json_and_grpc_land_in_the_store(
+    collector: Collector, tmp_path: Path
+) -> None:
+    assert _post(collector.http_port, _request("a").SerializeToString())[0] == 200
+    as_json = json.dumps(otlp.request_to_json(_request("b"))).encode()
+    assert _post(collector.http_port, as_json, "application/json")[0] == 200
+    gz = gzip.compress(_request("d").SerializeToString())
+    assert _post(collector.http_port, gz, headers={"Content-Encoding": "gzip"})[0] == 200
+    with grpc.insecure_channel(f"127.0.0.1:{collector.grpc_port}") as channel:
+        trace_service_pb2_grpc.TraceServiceStub(channel).Export(_request("c"), timeout=10)
+    collector.stop()
+    for run_id in "abcd":
+        runs = open_measurement(tmp_path / "store" / f"m-{run_id}")
+        assert [r.levels for r in runs] == ["MF"]
+        stored = runs[0].spans().sort_by("span_id")
+        original = _table(run_id).sort_by("span_id")
+        assert stored.num_rows == original.num_rows == 1791
+        for column in ("trace_id", "span_id", "parent_span_id", "start_ns", "dur_ns", "iteration"):
+            assert stored.column(column).equals(original.column(column)), column
+        assert (
+            stored.column("module_path").to_pylist() == original.column("module_path").to_pylist()
+        )
+        assert runs[0].meta["resource"]["xsp.run.id"] == run_id
+    assert collector.accepted_spans == 4 * 1791
+
+
+def test_http_rejections_carry_clear_status(tmp_path: Path) -> None:
+    config = CollectorConfig(
+        store=tmp_path / "s",
+        grpc_address=None,
+        http_address="127.0.0.1:0",
+        max_request_bytes=200_000,
+        token="secret",
+    )
+    c = Collector(config).start()
+    auth = {"Authorization": "Bearer secret"}
+    try:
+        code, body, _ = _post(c.http_port, b"\xff\xff\xff", headers=auth)
+        assert code == 400 and b"not an OTLP protobuf trace request" in body
+        code, body, _ = _post(
+            c.http_port,
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}',
+            "application/json",
+            auth,
+        )
+        assert code == 400 and json.loads(body)["message"] == "traceId 'zz' is not hex"
+        assert _post(c.http_port, b"x" * 300_000, headers=auth)[0] == 413
+        assert _post(c.http_port, b"", "text/plain", auth)[0] == 415
+        code, body, _ = _post(c.http_port, _request("x").SerializeToString())
+        assert code == 401 and body == rpc_status(16, "missing or wrong bearer token")
+        bad_ids = trace_service_pb2.ExportTraceServiceRequest()
+        bad_ids.resource_spans.add().scope_spans.add().spans.add(
+            trace_id=b"short", span_id=b"12345678"
+        )
+        code, body, _ = _post(c.http_port, bad_ids.SerializeToString(), headers=auth)
+        assert code == 400 and b"trace_id must be 16 bytes" in body
+        assert (
+            _post(c.http_port, _request("ok").SerializeToString()[:100_000], headers=auth)[0] == 400
+        )
+    finally:
+        c.stop()
+    busy = Collector(
+        CollectorConfig(
+            store=tmp_path / "b",
+            grpc_address=None,
+            http_address="127.0.0.1:0",
+            max_pending_bytes=-1,
+        )
+    ).start()
+    try:
+        code, _, headers = _post(busy.http_port, _request("x").SerializeToString())
+        assert code == 429 and headers["Retry-After"] == "1"
+    finally:
+        busy.stop()
+
+
+def test_grpc_rejections(tmp_path: Path) -> None:
+    c = Collector(
+        CollectorConfig(
+            store=tmp_path / "s",
+            grpc_address="127.0.0.1:0",
+            http_address=None,
+            max_request_bytes=100_000,
+            max_pending_bytes=10**9,
+        )
+    ).start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as too_big:
+                stub.Export(_request("x"), timeout=10)
+            assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            bad = trace_service_pb2.ExportTraceServiceRequest()
+            bad.resource_spans.add().scope_spans.add().spans.add(trace_id=b"1" * 16, span_id=b"1")
+            with pytest.raises(grpc.RpcError) as invalid:
+                stub.Export(bad, timeout=10)
+            assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "span_id must be 8 bytes" in invalid.value.details()
+            c.config = CollectorConfig(store=tmp_path / "s", max_pending_bytes=-1)
+            small = otlp.encode_request(_resource("y"), _table("y").slice(0, 10))
+            with pytest.raises(grpc.RpcError) as busy:
+                stub.Export(small, timeout=10)
+            assert busy.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        c.stop()
+
+
+def test_many_senders_at_once_and_forwarding(tmp_path: Path) -> None:
+    downstream = Collector(
+        CollectorConfig(
+            store=tmp_path / "down",
+            grpc_address="127.0.0.1:0",
+            http_address=None,
+            flush_interval_s=0.05,
+        )
+    ).start()
+    front = Collector(
+        CollectorConfig(
+            store=tmp_path / "front",
+            grpc_address=None,
+            http_address="127.0.0.1:0",
+            forward=f"grpc://127.0.0.1:{downstream.grpc_port}",
+            flush_interval_s=0.05,
+        )
+    ).start()
+    try:
+        threads = [
+            threading.Thread(
+                target=_post, args=(front.http_port, _request(f"p{i}").SerializeToString())
+            )
+            for i in range(6)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        front.stop()  # flushes, and forwards, before it returns
+        downstream.stop()
+    assert front.accepted_spans == downstream.accepted_spans == 6 * 1791
+    assert front.forward_errors == 0
+    assert open_measurement(tmp_path / "down" / "m-p3")[0].spans().num_rows == 1791
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(store: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "xsp",
+            "collector",
+            "serve",
+            "--store",
+            str(store),
+            "--grpc",
+            "",
+            "--http",
+            f"127.0.0.1:{port}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"collector did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:
+    store, port = tmp_path / "store", _free_port()
+    proc = _start(store, port)
+    base = _table("k").slice(0, 200)
+    acked: list[bytes] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        while not stop.is_set():
+            trace_id = i.to_bytes(16, "big")
+            table = base.set_column(
+                0, "trace_id", pa.array([trace_id] * base.num_rows, pa.binary(16))
+            )
+            body = otlp.encode_request(_resource("k"), table).SerializeToString()
+            try:
+                if _post(port, body)[0] == 200:
+                    acked.append(trace_id)
+            except OSError:
+                return
+            i += 1
+
+    sender = threading.Thread(target=load)
+    sender.start()
+    while len(acked) < 40:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stop.set()
+    sender.join()
+    restarted = _start(store, port)
+    restarted.send_signal(signal.SIGTERM)
+    assert restarted.wait(timeout=30) == 0
+    spans = open_measurement(store / "m-k")[0].spans()
+    stored = set(spans.column("trace_id").to_pylist())
+    assert set(acked) <= stored
+    assert spans.num_rows >= len(acked) * 200
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512))
+def test_protobuf_decoder_never_crashes(body: bytes) -> None:
+    try:
+        request = otlp.parse_protobuf(body)
+        otlp.validate(request)
+        for resource_spans in request.resource_spans:
+            otlp.table_from_resource_spans(resource_spans)
+    except otlp.DecodeError:
+        pass
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_span_keys = st.sampled_from(
+    ["traceId", "spanId", "parentSpanId", "name", "startTimeUnixNano", "attributes", "kind"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        _json_values,
+        st.fixed_dictionaries(
+            {
+                "resourceSpans": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "scopeSpans": st.lists(
+                                st.fixed_dictionaries(
+                                    {
+                                        "spans": st.lists(
+                                            st.dictionaries(_span_keys, _json_values, max_size=5),
+                                            max_size=3,
+                                        )
+                                    }
+                                ),
+                                max_size=2,
+                            )
+                        }
+                    ),
+                    max_size=2,
+                )
+            }
+        ),
+    )
+)
+def test_json_decoder_never_crashes(data: object) -> None:
+    try:
+        request = otlp.parse_json(json.dumps(data).encode())
+        otlp.validate(request)
+        for resource_spans in request.resource_spans:
+            otlp.table_from_resource_spans(resource_spans)
+    except otlp.DecodeError:
+        pass
