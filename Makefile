@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-conversion clean
+.PHONY: setup demo test lint jaeger bench-conversion bench-collector clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,11 +22,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint
+# The real-Jaeger end-to-end test needs Jaeger's binary (built once from the Go module proxy and
+# cached); without Go it is skipped, except under CI, where it must run.
+jaeger:
+	-scripts/build-jaeger.sh
+
+test: lint jaeger
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 bench-conversion: $(STAMP)
 	$(PY) benchmarks/conversion.py
+
+bench-collector: $(STAMP)
+	$(PY) benchmarks/collector_load.py
 
 clean:
 	rm -rf $(VENV) xsp-runs .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -260,8 +260,10 @@ class _HttpHandler(BaseHTTPRequestHandler):
         length = int(length_text)
         limit = self.owner.config.max_request_bytes
         if length > limit:
+            # Read and drop a moderately oversize body so the client sees the 413 rather than a
+            # reset connection; past that, close without reading.
+            self._discard(length if length <= 8 * limit else 0)
             self._error(413, f"request of {length} bytes exceeds the limit of {limit}", as_json)
-            self.close_connection = True
             return
         try:
             self.owner.check_capacity()
@@ -286,15 +288,22 @@ class _HttpHandler(BaseHTTPRequestHandler):
         else:
             self._reply(200, response.SerializeToString(), "application/x-protobuf")
 
+    def _discard(self, length: int) -> None:
+        if length == 0:
+            self.close_connection = True
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                break
+            length -= len(chunk)
+
     def _error(
         self, code: int, message: str, json_: bool, drain: bool = False, retry: bool = False
     ) -> None:
         if drain:
-            length = self.headers.get("Content-Length")
-            if length and length.isdigit() and int(length) <= self.owner.config.max_request_bytes:
-                self.rfile.read(int(length))
-            else:
-                self.close_connection = True
+            length_text = self.headers.get("Content-Length") or ""
+            length = int(length_text) if length_text.isdigit() else 0
+            self._discard(length if length <= 8 * self.owner.config.max_request_bytes else 0)
         rpc_code = _GRPC_CODE.get(code, 2)
         if json_:
             import json

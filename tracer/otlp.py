@@ -232,38 +232,62 @@ def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
 
 def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     """The spans of one ResourceSpans as rows of ``schema.SPAN_SCHEMA`` (attributes outside the
-    schema are not kept)."""
-    by_key = {c.attribute: c for c in schema.ATTRIBUTE_COLUMNS}
-    columns: dict[str, list[Any]] = {f.name: [] for f in schema.SPAN_SCHEMA}
-    for scope_spans in resource_spans.scope_spans:
-        for span in scope_spans.spans:
-            columns["trace_id"].append(span.trace_id)
-            columns["span_id"].append(int.from_bytes(span.span_id, "big"))
-            parent = span.parent_span_id
-            columns["parent_span_id"].append(int.from_bytes(parent, "big") if parent else 0)
-            columns["name"].append(span.name)
-            columns["start_ns"].append(span.start_time_unix_nano)
-            columns["dur_ns"].append(max(0, span.end_time_unix_nano - span.start_time_unix_nano))
-            error = span.status.code == Status.STATUS_CODE_ERROR
-            columns["status_message"].append(span.status.message or "error" if error else None)
-            seen: dict[str, Any] = {}
-            for kv in span.attributes:
-                column = by_key.get(kv.key)
-                if column is not None:
-                    seen[column.name] = _plain(kv.value)
-            for column in schema.ATTRIBUTE_COLUMNS:
-                columns[column.name].append(seen.get(column.name))
+    schema are not kept). Tight loop: each protobuf field access costs, so touch each once."""
+    spans = [span for scope_spans in resource_spans.scope_spans for span in scope_spans.spans]
+    n = len(spans)
+    slots: dict[str, tuple[list[Any], bool]] = {}
+    for column in schema.ATTRIBUTE_COLUMNS:
+        assert column.attribute is not None
+        is_int = pa.types.is_integer(column.type)
+        slots[column.attribute] = ([None] * n, is_int)
+    trace_ids, span_ids, parents, names, starts, durs, statuses = [], [], [], [], [], [], []
+    error_code = Status.STATUS_CODE_ERROR
+    for row, span in enumerate(spans):
+        trace_ids.append(span.trace_id)
+        span_ids.append(int.from_bytes(span.span_id, "big"))
+        parents.append(int.from_bytes(span.parent_span_id, "big"))
+        names.append(span.name)
+        start = span.start_time_unix_nano
+        starts.append(start)
+        durs.append(max(0, span.end_time_unix_nano - start))
+        status = span.status
+        statuses.append((status.message or "error") if status.code == error_code else None)
+        for kv in span.attributes:
+            slot = slots.get(kv.key)
+            if slot is not None:
+                slot[0][row] = _typed(kv.value, slot[1])
+    columns: dict[str, list[Any]] = {
+        "trace_id": trace_ids,
+        "span_id": span_ids,
+        "parent_span_id": parents,
+        "name": names,
+        "start_ns": starts,
+        "dur_ns": durs,
+        "status_message": statuses,
+    }
+    for column in schema.ATTRIBUTE_COLUMNS:
+        columns[column.name] = slots[str(column.attribute)][0]
     arrays = []
     for field_ in schema.SPAN_SCHEMA:
         values = columns[field_.name]
         if pa.types.is_dictionary(field_.type):
-            values = [None if v is None else str(v) for v in values]
             arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
-        elif pa.types.is_integer(field_.type):
-            arrays.append(pa.array([_int_or_none(v) for v in values], field_.type))
         else:
             arrays.append(pa.array(values, field_.type))
     return pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+
+
+def _typed(value: AnyValue, is_int: bool) -> Any:
+    """An attribute value as its column wants it (foreign senders may use other value types)."""
+    kind = value.WhichOneof("value")
+    if is_int:
+        if kind == "int_value":
+            return value.int_value
+        return _int_or_none(_plain(value))
+    if kind == "string_value":
+        return value.string_value
+    plain = _plain(value)
+    return None if plain is None else str(plain)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -1,0 +1,133 @@
+"""Load benchmark: OTLP/HTTP protobuf into the xsp collector on this machine.
+
+Starts ``xsp collector serve`` in its own process, then CLIENTS threads post pre-encoded requests
+of SPANS_PER_REQUEST spans (real ResNet-18 training spans, a fresh trace id each) over keep-alive
+connections for SECONDS; reports acknowledged spans per second, then stops the collector
+(SIGTERM: it flushes) and checks that the store holds every acknowledged span.
+
+    python benchmarks/collector_load.py [--seconds 10] [--clients 2] [--spans-per-request 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures import load_raw  # noqa: E402
+from tracer import otlp  # noqa: E402
+from tracer.convert import build_table  # noqa: E402
+from tracer.store import open_measurement  # noqa: E402
+
+RESOURCE = {
+    "service.name": "xsp",
+    "host.name": "bench",
+    "xsp.measurement.id": "load",
+    "xsp.levels": "MF",
+}
+
+
+def requests(count: int, spans: int) -> list[bytes]:
+    steps, framework, _ = load_raw("resnet18_train_cpu")
+    base = build_table("load", "MF", steps, framework)[0].slice(0, spans)
+    out = []
+    for i in range(count):
+        trace = pa.array([i.to_bytes(16, "big")] * base.num_rows, pa.binary(16))
+        out.append(
+            otlp.encode_request(RESOURCE, base.set_column(0, "trace_id", trace)).SerializeToString()
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--spans-per-request", type=int, default=1000)
+    args = parser.parse_args()
+    bodies = requests(64, args.spans_per_request)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "store"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "xsp",
+                "collector",
+                "serve",
+                "--store",
+                str(store),
+                "--grpc",
+                "",
+                "--http",
+                f"127.0.0.1:{port}",
+            ],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        acked = [0] * args.clients
+        rejected = [0] * args.clients
+        deadline = time.perf_counter() + args.seconds
+
+        def client(k: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            i = k
+            while time.perf_counter() < deadline:
+                body = bodies[i % len(bodies)]
+                conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
+                    acked[k] += args.spans_per_request
+                else:
+                    rejected[k] += 1
+                i += args.clients
+            conn.close()
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=600)
+        drain = time.perf_counter() - t0
+        stored = sum(r.spans().num_rows for r in open_measurement(store / "load"))
+        total = sum(acked)
+        print(f"{args.clients} clients, {args.spans_per_request} spans/request, {elapsed:.1f} s")
+        print(
+            f"acknowledged: {total} spans, {total / elapsed:,.0f} spans/s ({sum(rejected)} requests told to retry)"
+        )
+        print(f"stored after SIGTERM: {stored} spans (flush after the load took {drain:.1f} s)")
+        if stored < total:
+            raise SystemExit("store lost acknowledged spans")
+
+
+if __name__ == "__main__":
+    main()

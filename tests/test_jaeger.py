@@ -1,0 +1,224 @@
+"""End to end against a real Jaeger v2 (built by scripts/build-jaeger.sh): a stored run pushed
+straight to Jaeger over OTLP/HTTP, and another through the xsp collector, which forwards over
+OTLP/gRPC; both read back through Jaeger's APIs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collector.server import Collector, CollectorConfig
+from tests.fixtures import load_raw
+from tracer import schema, store
+from tracer.convert import build_table
+from tracer.levels.model import StepRecords
+
+ROOT = Path(__file__).resolve().parents[1]
+JAEGER_BIN = Path(
+    os.environ.get("XSP_JAEGER_BIN", Path.home() / ".cache/xsp/jaeger-v1.76.0/jaeger")
+)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Jaeger:
+    def __init__(self, work: Path) -> None:
+        grpc, http, query, query_grpc, health = _free_ports(5)
+        self.otlp_grpc = f"127.0.0.1:{grpc}"
+        self.otlp_http = f"http://127.0.0.1:{http}"
+        self.query = f"http://127.0.0.1:{query}"
+        env = {
+            **os.environ,
+            "JAEGER_OTLP_GRPC": self.otlp_grpc,
+            "JAEGER_OTLP_HTTP": f"127.0.0.1:{http}",
+            "JAEGER_QUERY_HTTP": f"127.0.0.1:{query}",
+            "JAEGER_QUERY_GRPC": f"127.0.0.1:{query_grpc}",
+            "JAEGER_HEALTH": f"127.0.0.1:{health}",
+            "JAEGER_LOG_LEVEL": "warn",
+        }
+        self.log = (work / "jaeger.log").open("wb")
+        self.proc = subprocess.Popen(
+            [str(JAEGER_BIN), "--config", str(ROOT / "deploy/jaeger.yaml")],
+            cwd=work,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/status", timeout=1) as r:
+                    if json.load(r).get("healthy"):
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"Jaeger did not become healthy; see {work / 'jaeger.log'}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.query + path, timeout=10) as response:
+            return json.load(response)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+    if not JAEGER_BIN.exists():
+        reason = f"needs a Jaeger binary at {JAEGER_BIN}: run scripts/build-jaeger.sh"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (CI builds it in .ci/run)")
+        pytest.skip(reason)
+    server = Jaeger(tmp_path_factory.mktemp("jaeger"))
+    yield server
+    server.stop()
+
+
+def _measurement(root: Path, run_id: str) -> dict[str, int]:
+    """A stored two-level-set measurement (M and MF) from the real ResNet-18 capture; returns
+    the span count of each trace (hex trace id)."""
+    steps, framework, _ = load_raw("resnet18_train_cpu")
+    tables = {
+        "M": build_table(run_id, "M", StepRecords(steps.iteration, steps.start_ns, steps.end_ns))[
+            0
+        ],
+        "MF": build_table(run_id, "MF", steps, framework)[0],
+    }
+    counts = {}
+    for levels, table in tables.items():
+        resource = {
+            schema.RES_SERVICE_NAME: "xsp",
+            schema.RES_HOST_NAME: "e2e-host",
+            schema.RES_RUN_ID: f"{run_id}-{levels}",
+            schema.RES_MEASUREMENT_ID: run_id,
+            schema.RES_LEVELS: levels,
+            schema.RES_WORKLOAD: "torchvision:resnet18",
+        }
+        store.write_span_part(root / levels, table)
+        store.write_json_atomic(
+            root / levels / store.RUN_META,
+            {
+                "format": schema.STORE_FORMAT,
+                "levels": levels,
+                "status": "ok",
+                "resource": resource,
+            },
+        )
+        for trace_id in set(table.column("trace_id").to_pylist()):
+            counts[trace_id.hex()] = sum(
+                1 for t in table.column("trace_id").to_pylist() if t == trace_id
+            )
+    return counts
+
+
+def _push(run_dir: Path, endpoint: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "push", str(run_dir), "--endpoint", endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _read_back(jaeger: Jaeger, trace_id: str, expected: int) -> list[dict[str, Any]]:
+    deadline = time.time() + 30
+    spans: list[dict[str, Any]] = []
+    while time.time() < deadline:
+        try:
+            data = jaeger.get(f"/api/v3/traces/{trace_id}")
+            spans = [
+                s
+                for rs in data["result"]["resourceSpans"]
+                for ss in rs["scopeSpans"]
+                for s in ss["spans"]
+            ]
+            if len(spans) >= expected:
+                break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return spans
+
+
+def _attr(span: dict[str, Any], key: str) -> Any:
+    for kv in span.get("attributes", []):
+        if kv["key"] == key:
+            return next(iter(kv["value"].values()))
+    return None
+
+
+def _check(jaeger: Jaeger, counts: dict[str, int]) -> None:
+    for trace_id, expected in counts.items():
+        spans = _read_back(jaeger, trace_id, expected)
+        assert len(spans) == expected, trace_id
+        ids = {s["spanId"] for s in spans}
+        roots = [s for s in spans if not s.get("parentSpanId")]
+        assert (
+            len(roots) == 1
+            and roots[0]["name"] == "step"
+            and _attr(roots[0], "xsp.level") == "model"
+        )
+        assert all(s["parentSpanId"] in ids for s in spans if s.get("parentSpanId"))
+        if expected > 1:
+            modules = [s for s in spans if _attr(s, "xsp.kind") == "module"]
+            assert len(modules) == 76 and {_attr(s, "xsp.level") for s in modules} == {"framework"}
+            conv1 = next(s for s in modules if _attr(s, "xsp.module.path") == "conv1")
+            assert _attr(conv1, "xsp.input.shapes") == "[[2,3,224,224]]"
+            assert int(_attr(conv1, "xsp.module.params")) == 9408
+        legacy = jaeger.get(f"/api/traces/{trace_id}")
+        assert not legacy.get("errors")
+        (trace,) = legacy["data"]
+        assert len(trace["spans"]) == expected
+        warnings = [w for s in trace["spans"] for w in (s.get("warnings") or [])]
+        assert warnings == []  # no clock-skew or orphan-span warnings
+        assert {p["serviceName"] for p in trace["processes"].values()} == {"xsp"}
+
+
+def test_push_straight_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
+    counts = _measurement(tmp_path / "direct", "e2e-direct")
+    _push(tmp_path / "direct", jaeger.otlp_http)
+    _check(jaeger, counts)
+
+
+def test_push_through_the_collector_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
+    counts = _measurement(tmp_path / "via", "e2e-collector")
+    collector = Collector(
+        CollectorConfig(
+            store=tmp_path / "collected",
+            grpc_address=None,
+            http_address="127.0.0.1:0",
+            forward=f"grpc://{jaeger.otlp_grpc}",
+            flush_interval_s=0.1,
+        )
+    ).start()
+    try:
+        _push(tmp_path / "via", f"http://127.0.0.1:{collector.http_port}")
+    finally:
+        collector.stop()
+    assert collector.forward_errors == 0
+    _check(jaeger, counts)
+    stored = store.open_measurement(tmp_path / "collected" / "e2e-collector")
+    assert sorted(r.levels for r in stored) == ["M", "MF"]
