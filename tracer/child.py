@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from tracer import schema
 from tracer.errors import XspError
 from tracer.session import Session, fail_message
 from tracer.sinks import OtlpSink, Sink
@@ -75,25 +76,33 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_XSP_ERROR
 
 
+def _session(args: argparse.Namespace, **options: Any) -> Session:
+    """A started session with the options every level-set process shares."""
+    return Session(
+        args.levels,
+        args.iterations,
+        args.warmup,
+        out=args.out,
+        sinks=_sinks(args.otlp_endpoint),
+        measurement_id=args.measurement_id,
+        progress=_progress_writer(args.progress_fd),
+        op_shapes=not args.no_op_shapes,
+        **options,
+    ).start()
+
+
 def _run_zoo(args: argparse.Namespace) -> int:
     from tracer import zoo
     from tracer.session import resolve_device
 
     device = resolve_device(args.device)
     workload = zoo.build(args.model, args.batch_size, args.mode, device)
-    session = Session(
-        args.levels,
-        args.iterations,
-        args.warmup,
-        out=args.out,
-        sinks=_sinks(args.otlp_endpoint),
+    session = _session(
+        args,
         workload=args.model,
         device=device,
-        measurement_id=args.measurement_id,
-        resource={"xsp.mode": args.mode, "xsp.batch_size": args.batch_size},
-        progress=_progress_writer(args.progress_fd),
-        op_shapes=not args.no_op_shapes,
-    ).start()
+        resource={schema.RES_MODE: args.mode, schema.RES_BATCH_SIZE: args.batch_size},
+    )
     try:
         while not session.done:
             with session.iteration():
@@ -109,19 +118,9 @@ def _run_zoo(args: argparse.Namespace) -> int:
 def _run_script(args: argparse.Namespace, command: list[str]) -> int:
     if not command:
         raise XspError("nothing to run: give --model or a Python command after --")
-    session = Session(
-        args.levels,
-        args.iterations,
-        args.warmup,
-        out=args.out,
-        sinks=_sinks(args.otlp_endpoint),
-        workload=" ".join(command)[:200],
-        device=args.device,
-        measurement_id=args.measurement_id,
-        auto_iterations=True,
-        progress=_progress_writer(args.progress_fd),
-        op_shapes=not args.no_op_shapes,
-    ).start()
+    session = _session(
+        args, workload=" ".join(command)[:200], device=args.device, auto_iterations=True
+    )
     sys.argv = list(command)
     code = 0
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer import schema, store
-from tracer.errors import ConfigError, StoreError, WorkloadError
+from tracer.errors import ConfigError, StoreError
 from tracer.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 
 PYTHON_NAMES = ("python", "python3")
@@ -231,4 +231,4 @@ def _read_progress(fd: int, levels: str, progress: ProgressFn | None) -> None:
                 progress(levels, parts[0], int(parts[1]), int(parts[2]))
 
 
-__all__ = ["LeveledResult", "LeveledSpec", "WorkloadError", "run_leveled", "validate"]
+__all__ = ["LeveledResult", "LeveledSpec", "run_leveled", "validate"]
