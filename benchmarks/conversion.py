@@ -68,7 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     data = load_json(args.scenario)
     copies = max(1, args.spans // len(data["framework"]["name"]))
-    steps, fw, meta = from_json(replicate(data, copies))
+    records = from_json(replicate(data, copies))
+    steps, fw, meta = records["M"], records["F"], data["meta"]
     t0 = time.perf_counter()
     table, _report = build_table("bench", "MF", steps, fw)
     t1 = time.perf_counter()

@@ -40,8 +40,10 @@ CONFIGS = (
     "M",
     "MF",
     "MF(no op shapes)",
+    "MLG",
     "torch.profiler(cpu)",
     "torch.profiler(cpu,shapes)",
+    "torch.profiler(cpu+cuda)",
 )
 
 
@@ -65,8 +67,11 @@ def run_config(
         return _timed(workload.step, sync, iters), 0
     if config.startswith("torch.profiler"):
         _timed(workload.step, sync, warmup)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if "cuda" in config:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes="shapes" in config
+            activities=activities, record_shapes="shapes" in config
         ) as prof:
             times = _timed(workload.step, sync, iters)
         return times, len(prof.profiler.kineto_results.events())
@@ -102,6 +107,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--cases", default=",".join(f"{m}/{mode}/{b}" for m, mode, b in CASES))
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help="a subset of: " + ", ".join(CONFIGS)
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -116,22 +124,26 @@ def main() -> None:
     for case in args.cases.split(","):
         model, mode, batch = case.split("/")
         workload = zoo.build(model, int(batch), mode, args.device)
-        per_round: dict[str, list[float]] = {c: [] for c in CONFIGS}
-        ratios: dict[str, list[float]] = {c: [] for c in CONFIGS}
+        configs = [c for c in args.configs.split(",") if c]
+        unknown = set(configs) - set(CONFIGS)
+        if unknown or "none" not in configs:
+            raise SystemExit(f"--configs: unknown {sorted(unknown)} (and 'none' is required)")
+        per_round: dict[str, list[float]] = {c: [] for c in configs}
+        ratios: dict[str, list[float]] = {c: [] for c in configs}
         spans: dict[str, int] = {}
         for _ in range(args.rounds):
-            order = list(CONFIGS)
+            order = list(configs)
             random.shuffle(order)
             medians = {}
             for config in order:
                 times, count = run_config(config, workload, args.device, args.warmup, args.iters)
                 medians[config] = statistics.median(times)
                 spans[config] = count
-            for config in CONFIGS:
+            for config in configs:
                 per_round[config].append(medians[config])
                 ratios[config].append(medians[config] / medians["none"])
         row = {"case": case, "configs": {}}
-        for config in CONFIGS:
+        for config in configs:
             row["configs"][config] = {
                 "median_ms": statistics.median(per_round[config]),
                 "ratio_median": statistics.median(ratios[config]),

@@ -1,67 +1,112 @@
-"""Recording and loading of raw-capture fixtures (tests/data/<scenario>/raw.json)."""
+"""Recording and loading of raw-capture fixtures (tests/data/<scenario>/raw.json).
+
+A fixture holds exactly what the levels drained (M's steps, F's profiler events and module
+tables, L's API calls, G's GPU activities), as plain JSON lists, so conversion and nesting run on
+real data without a GPU.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from array import array
 from pathlib import Path
 from typing import Any
 
-from tracer.levels.framework import FrameworkLevel, FrameworkRecords, Interned, ModuleInfo
-from tracer.levels.model import ModelLevel, StepRecords
+from tracer.levels.framework import FrameworkRecords, Interned, ModuleInfo
+from tracer.levels.model import StepRecords
 
 DATA = Path(__file__).parent / "data"
+SECTIONS = {"M": "steps", "F": "framework", "L": "api", "G": "gpu"}
 
 
 def capture_raw(
-    model: str, mode: str, batch_size: int, device: str, iterations: int
-) -> tuple[StepRecords, FrameworkRecords, dict[str, Any]]:
-    """Run a zoo workload with levels M and F driven by hand, and return what they drained."""
+    model: str, mode: str, batch_size: int, device: str, iterations: int, levels: str = "MF"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run a zoo workload with ``levels`` driven by hand; return (drained records, meta)."""
     import torch
 
     from tracer import zoo
+    from tracer.levels import LevelContext, build_levels
 
     workload = zoo.build(model, batch_size, mode, device)
     workload.step()  # warm-up: allocator, cuDNN/cuBLAS handles
-    m, f = ModelLevel(device), FrameworkLevel()
-    f.enable()
+    built = build_levels(levels, LevelContext(device))
+    for level in built:
+        level.enable()
     for i in range(iterations):
-        m.begin_iteration(i)
-        f.begin_iteration(i)
+        for level in built:
+            level.begin_iteration(i)
         workload.step()
-        f.end_iteration(i)
-        m.end_iteration(i)
-    f.disable()
-    named = [name for name, _ in workload.model.named_modules()]
+        for level in reversed(built):
+            level.end_iteration(i)
+    for level in reversed(built):
+        level.disable()
+    drained = {level.letter: level.drain() for level in built}
     meta = {
         "model": model,
         "mode": mode,
         "batch_size": batch_size,
         "device": device,
         "torch": torch.__version__,
-        "named_modules": named,
+        "levels": levels,
+        "named_modules": [name for name, _ in workload.model.named_modules()],
     }
-    return m.drain(), f.drain(), meta
+    return drained, meta
 
 
-def to_json(records: FrameworkRecords) -> dict[str, Any]:
-    """The fixture form of framework records: plain lists, shapes as lists."""
-    return {
-        "name": records.name.to_list(),
-        "start_ns": list(records.start_ns),
-        "end_ns": list(records.end_ns),
-        "thread": list(records.thread),
-        "fwd_thread": list(records.fwd_thread),
-        "seq_nr": list(records.seq_nr),
-        "input_shapes": records.input_shapes.to_list(),
-        "input_dtypes": records.input_dtypes.to_list(),
-        "modules": [vars(m) for m in records.modules],
-        "call_module": list(records.call_module),
-        "call_input_shapes": [[list(s) for s in shapes] for shapes in records.call_input_shapes],
-        "call_output_shapes": {
-            str(k): [list(s) for s in v] for k, v in records.call_output_shapes.items()
-        },
-    }
+def _plain(value: Any) -> Any:
+    if isinstance(value, Interned):
+        return value.to_list()
+    if isinstance(value, array):
+        return list(value)
+    if isinstance(value, ModuleInfo):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_json(records: Any) -> dict[str, Any]:
+    return {f.name: _plain(getattr(records, f.name)) for f in dataclasses.fields(records)}
+
+
+def _restore(cls: type, data: dict[str, Any]) -> Any:
+    template = cls()
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        raw, default = data[f.name], getattr(template, f.name)
+        if isinstance(default, Interned):
+            values[f.name] = Interned(raw)
+        elif isinstance(default, array):
+            values[f.name] = array(default.typecode, raw)
+        else:
+            values[f.name] = raw
+    return cls(**values)
+
+
+def from_json(data: dict[str, Any]) -> dict[str, Any]:
+    """The drained records of a fixture, by level letter."""
+    from tracer.levels.cuda import ApiRecords, GpuRecords
+
+    out: dict[str, Any] = {"M": _restore(StepRecords, data["steps"])}
+    if "framework" in data:
+        fw = _restore(FrameworkRecords, data["framework"])
+        fw.modules = [ModuleInfo(**m) for m in data["framework"]["modules"]]
+        fw.call_input_shapes = [tuple(tuple(s) for s in shapes) for shapes in fw.call_input_shapes]
+        fw.call_output_shapes = {
+            int(k): tuple(tuple(s) for s in v) for k, v in fw.call_output_shapes.items()
+        }
+        out["F"] = fw
+    if "api" in data:
+        out["L"] = _restore(ApiRecords, data["api"])
+    if "gpu" in data:
+        out["G"] = _restore(GpuRecords, data["gpu"])
+    return out
 
 
 def load_json(scenario: str) -> dict[str, Any]:
@@ -69,21 +114,11 @@ def load_json(scenario: str) -> dict[str, Any]:
 
 
 def load_raw(scenario: str) -> tuple[StepRecords, FrameworkRecords, dict[str, Any]]:
-    return from_json(load_json(scenario))
+    data = load_json(scenario)
+    records = from_json(data)
+    return records["M"], records["F"], data["meta"]
 
 
-def from_json(data: dict[str, Any]) -> tuple[StepRecords, FrameworkRecords, dict[str, Any]]:
-    """Rebuild the drained records from their fixture form."""
-    fw = dict(data["framework"])
-    for key in ("name", "input_shapes", "input_dtypes"):
-        fw[key] = Interned(fw[key])
-    for key in ("start_ns", "end_ns", "thread", "fwd_thread", "seq_nr"):
-        fw[key] = array("q", fw[key])
-    fw["modules"] = [ModuleInfo(**m) for m in fw["modules"]]
-    fw["call_input_shapes"] = [
-        tuple(tuple(s) for s in shapes) for shapes in fw["call_input_shapes"]
-    ]
-    fw["call_output_shapes"] = {
-        int(k): tuple(tuple(s) for s in v) for k, v in fw["call_output_shapes"].items()
-    }
-    return StepRecords(**data["steps"]), FrameworkRecords(**fw), data["meta"]
+def load_records(scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    data = load_json(scenario)
+    return from_json(data), data["meta"]

@@ -1,9 +1,6 @@
-"""Record a small real capture (raw M and F records) as a JSON test fixture.
+"""Record a small real capture as a JSON test fixture.
 
-    python tests/record_fixture.py --device cuda --out tests/data/resnet18_train_cuda/raw.json
-
-The fixture holds exactly what the levels drained, so tests can run conversion on real data
-without a GPU.
+python tests/record_fixture.py --device cuda --levels MFLG --out tests/data/<scenario>/raw.json
 """
 
 from __future__ import annotations
@@ -11,12 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import capture_raw, to_json
+from tests.fixtures import SECTIONS, capture_raw, to_json
 
 
 def main() -> None:
@@ -25,19 +21,22 @@ def main() -> None:
     parser.add_argument("--mode", default="train")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--levels", default="MF")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    steps, framework, meta = capture_raw(
-        args.model, args.mode, args.batch_size, args.device, args.iterations
+    drained, meta = capture_raw(
+        args.model, args.mode, args.batch_size, args.device, args.iterations, args.levels
     )
-    fw = to_json(framework)
+    data = {"meta": meta, **{SECTIONS[letter]: to_json(r) for letter, r in drained.items()}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"meta": meta, "steps": asdict(steps), "framework": fw}, separators=(",", ":"))
-    )
-    print(f"wrote {out}: {len(framework.name)} events, {len(steps.iteration)} iterations")
+    out.write_text(json.dumps(data, separators=(",", ":")))
+    sizes = {
+        letter: len(getattr(r, "start_ns", getattr(r, "iteration", [])))
+        for letter, r in drained.items()
+    }
+    print(f"wrote {out}: records per level {sizes}")
 
 
 if __name__ == "__main__":

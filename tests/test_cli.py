@@ -207,6 +207,10 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
             "cannot write to /proc/xsp-cannot-write",
         ),
         (["--", "bash", "train.sh"], "expects a Python command"),
+        (
+            ["--model", "torchvision:resnet18", "--levels", "M,MFLG", "--device", "cpu"],
+            "level L records CUDA API calls",
+        ),
     ],
 )
 def test_bad_input_gets_a_one_line_error(args: list[str], message: str) -> None:

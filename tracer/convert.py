@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from tracer import schema
 from tracer.intervals import depths, inherit, nest
+from tracer.levels.cuda import ApiRecords, GpuRecords
 from tracer.levels.framework import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX, FrameworkRecords
 from tracer.levels.model import StepRecords
 
@@ -37,12 +38,15 @@ class ConversionReport:
 
 @dataclass
 class _Block:
-    """Rows of one level; ``parent`` indexes rows of the same block, -1 for top-level rows."""
+    """Rows of one level; ``parent`` indexes rows of the same block (-1: none there), and
+    ``foreign_parent`` holds span ids of parents in earlier blocks (0: none); rows with neither
+    hang under the model span of their iteration."""
 
     level: str
     iteration: np.ndarray
     parent: np.ndarray
     columns: dict[str, Any]
+    foreign_parent: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -54,43 +58,97 @@ def build_table(
     steps: StepRecords,
     framework: FrameworkRecords | None = None,
     failures: dict[int, str] | None = None,
+    api: ApiRecords | None = None,
+    gpu: GpuRecords | None = None,
 ) -> tuple[pa.Table, ConversionReport]:
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
     ``failures`` maps an iteration to the error that ended it; its model span gets that status.
-    Rows of deeper levels whose iteration has no model span (the run stopped inside it) are kept
-    under no parent only if M recorded nothing at all; otherwise they are counted and left out.
+    Span ids are assigned block by block (model, framework, library, gpu), so a deeper block can
+    name its parents in an earlier one.
     """
     report = ConversionReport()
-    blocks = [_step_block(steps, failures or {})]
-    if framework is not None:
-        block, outside = _framework_block(framework)
-        report.events_outside_iterations += outside
-        blocks.append(block)
-
-    step_rows = {int(it): row for row, it in enumerate(blocks[0].iteration)}
-    tables = []
+    step_block = _step_block(steps, failures or {})
+    step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
+    tables: list[pa.Table] = []
     next_id = 1
-    for block in blocks:
+
+    def add(block: _Block) -> np.ndarray:
+        nonlocal next_id
         n = len(block)
         ids = np.arange(next_id, next_id + n, dtype=np.uint64)
         next_id += n
         if block.level == schema.LEVEL_MODEL:
             parent_ids = np.zeros(n, dtype=np.uint64)
         else:
-            # Top-level rows of a deeper level hang under their iteration's model span.
             step_of = _lookup(step_rows, block.iteration)
-            keep = (block.parent >= 0) | (step_of >= 0)
-            local_parent = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
-            top_parent = np.where(step_of >= 0, np.maximum(step_of, 0) + 1, 0).astype(np.uint64)
-            parent_ids = np.where(block.parent >= 0, local_parent, top_parent).astype(np.uint64)
-            if not keep.all():  # pragma: no cover - M always records the iterations F sees
-                report.events_outside_iterations += int((~keep).sum())
+            top = np.where(step_of >= 0, np.maximum(step_of, 0) + 1, 0).astype(np.uint64)
+            if block.foreign_parent is not None:
+                top = np.where(block.foreign_parent > 0, block.foreign_parent, top).astype(
+                    np.uint64
+                )
+            local = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
+            parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
         tables.append(_block_table(run_id, levels, block, ids, parent_ids))
-        report.counts_by_level[block.level] = n
+        report.counts_by_level[block.level] = report.counts_by_level.get(block.level, 0) + n
+        return ids
+
+    add(step_block)
+    fw_block: _Block | None = None
+    fw_ids = np.zeros(0, dtype=np.uint64)
+    if framework is not None:
+        fw_block, outside = _framework_block(framework)
+        report.events_outside_iterations += outside
+        fw_ids = add(fw_block)
+    if api is not None:
+        from tracer.convert_cuda import api_columns, gpu_columns
+
+        ops = None
+        if fw_block is not None:
+            ops = {k: fw_block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
+            ops["iteration"] = fw_block.iteration
+            ops["profiler_correlation"] = fw_block.columns["_profiler_correlation"]
+        kept, api_iteration, columns, op_row = api_columns(api, steps, ops)
+        report.events_outside_iterations += len(api.start_ns) - len(kept)
+        if fw_block is not None:
+            columns["module_path"] = _take(fw_block.columns["module_path"], op_row)
+        api_block = _Block(
+            schema.LEVEL_LIBRARY,
+            api_iteration.astype(np.int32),
+            np.full(len(kept), -1),
+            columns,
+            foreign_parent=np.where(
+                op_row >= 0, fw_ids[np.maximum(op_row, 0)] if len(fw_ids) else 0, 0
+            ),
+        )
+        api_ids = add(api_block)
+        if gpu is not None:
+            kept_gpu, gpu_iteration, gpu_cols, api_row = gpu_columns(
+                gpu, steps, np.asarray(columns["correlation_id"]), api_iteration
+            )
+            report.events_outside_iterations += len(gpu.start_ns) - len(kept_gpu)
+            if "module_path" in columns:
+                gpu_cols["module_path"] = _take(columns["module_path"], api_row)
+            add(
+                _Block(
+                    schema.LEVEL_GPU,
+                    gpu_iteration.astype(np.int32),
+                    np.full(len(kept_gpu), -1),
+                    gpu_cols,
+                    foreign_parent=np.where(
+                        api_row >= 0, api_ids[np.maximum(api_row, 0)] if len(api_ids) else 0, 0
+                    ),
+                )
+            )
     table = pa.concat_tables(tables, promote_options="permissive").cast(schema.SPAN_SCHEMA)
     report.spans = table.num_rows
     return table, report
+
+
+def _take(column: Any, rows: np.ndarray) -> pa.Array:
+    """Rows of an arrow column; -1 gives null."""
+    indices = pa.array(np.maximum(rows, 0), pa.int64(), mask=rows < 0)
+    return column.take(indices)
 
 
 def _lookup(mapping: dict[int, int], keys: np.ndarray) -> np.ndarray:
@@ -314,6 +372,10 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
             ),
             "source": module_column([i.source for i in mods]),
             "seq_nr": pa.array(seq_nr, pa.int64(), mask=seq_nr < 0),
+            # not a schema column: lets level L find ops by external correlation
+            "_profiler_correlation": np.frombuffer(rec.correlation, dtype=np.int64)[rows]
+            if len(rec.correlation) == n
+            else np.full(m, -1, dtype=np.int64),
         },
     )
     return block, outside

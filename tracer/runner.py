@@ -118,9 +118,12 @@ def validate(spec: LeveledSpec) -> list[str]:
             raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
     else:
         script_command(spec.command)
+    from tracer.levels import check_levels
     from tracer.session import resolve_device
 
-    resolve_device(spec.device)
+    device = resolve_device(spec.device)
+    for levels in level_sets:
+        check_levels(levels, device)
     store.check_writable(spec.out)
     return level_sets
 

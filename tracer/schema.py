@@ -38,6 +38,11 @@ KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
 KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
 KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward
 KIND_OPTIMIZER: Final = "optimizer"  # framework: optimizer.step / zero_grad
+KIND_RUNTIME: Final = "runtime"  # library: a CUDA runtime API call
+KIND_DRIVER: Final = "driver"  # library: a CUDA driver API call
+KIND_KERNEL: Final = "kernel"  # gpu: a kernel execution
+KIND_MEMCPY: Final = "memcpy"  # gpu: a copy
+KIND_MEMSET: Final = "memset"  # gpu: a memset
 
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
@@ -57,6 +62,15 @@ ATTR_SOURCE: Final = "xsp.source"
 ATTR_PHASE: Final = "xsp.phase"
 ATTR_SEQ_NR: Final = "xsp.autograd.seq"
 ATTR_THREAD_ID: Final = "thread.id"
+ATTR_CORRELATION_ID: Final = "xsp.cuda.correlation_id"
+ATTR_GPU_DEVICE: Final = "xsp.gpu.device"
+ATTR_GPU_STREAM: Final = "xsp.gpu.stream"
+ATTR_GPU_GRID: Final = "xsp.gpu.grid"
+ATTR_GPU_BLOCK: Final = "xsp.gpu.block"
+ATTR_GPU_REGISTERS: Final = "xsp.gpu.registers_per_thread"
+ATTR_GPU_SHARED_MEMORY: Final = "xsp.gpu.shared_memory_bytes"
+ATTR_GPU_BYTES: Final = "xsp.gpu.bytes"
+ATTR_GPU_COPY_KIND: Final = "xsp.gpu.copy_kind"
 
 # Resource attribute keys.
 RES_SERVICE_NAME: Final = "service.name"
@@ -113,6 +127,15 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("output_shapes", _DICT, ATTR_OUTPUT_SHAPES),
     Column("source", _DICT, ATTR_SOURCE),
     Column("seq_nr", pa.int64(), ATTR_SEQ_NR),
+    Column("correlation_id", pa.int64(), ATTR_CORRELATION_ID),
+    Column("gpu_device", pa.int64(), ATTR_GPU_DEVICE),
+    Column("gpu_stream", pa.int64(), ATTR_GPU_STREAM),
+    Column("grid", _DICT, ATTR_GPU_GRID),
+    Column("block", _DICT, ATTR_GPU_BLOCK),
+    Column("registers_per_thread", pa.int64(), ATTR_GPU_REGISTERS),
+    Column("shared_memory_bytes", pa.int64(), ATTR_GPU_SHARED_MEMORY),
+    Column("bytes", pa.int64(), ATTR_GPU_BYTES),
+    Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
 )
 
 SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
@@ -123,8 +146,8 @@ REQUIRED_COLUMNS: Final = ("trace_id", "span_id", "parent_span_id", "name", "sta
 def parse_levels(text: str) -> str:
     """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
 
-    A level set is a prefix-closed subset in stack order: M, MF, MFL, MFLG. M is always first
-    because the model span is every trace's root.
+    A level set is a subset of MFLG in stack order that includes M, because the model span is
+    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level).
     """
     letters = text.strip().upper()
     if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):

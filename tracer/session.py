@@ -34,7 +34,7 @@ import torch
 from tracer import schema, store
 from tracer.convert import build_table
 from tracer.errors import ConfigError, DeviceError, XspError
-from tracer.levels import Level, LevelContext, build_levels
+from tracer.levels import Level, LevelContext, build_levels, check_levels
 from tracer.sinks import CompositeSink, Sink, SpanBatch, StoreSink
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class Session:
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
         context = LevelContext(self.device, op_shapes=op_shapes)
+        check_levels(self.levels, self.device)
         self._levels: list[Level] = build_levels(self.levels, context)
         self._auto = auto_iterations
         self._progress = progress
@@ -144,6 +145,7 @@ class Session:
         self._closed = False
         self._started = False
         self._failures: dict[int, str] = {}
+        self._level_failure: str | None = None
         self._errors: list[str] = []
         self._misuse_logged = False
         self._hooks: list[Any] = []
@@ -302,10 +304,11 @@ class Session:
             try:
                 level.enable()
                 enabled.append(level)
-            except Exception as exc:  # a level that cannot start is reported, the others go on
+            except Exception as exc:  # reported; the other levels still record
                 message = f"level {level.letter} could not start: {exc}"
                 log.error("xsp: %s", message)
                 self._errors.append(message)
+                self._level_failure = self._level_failure or message
         self._levels = enabled
 
     def _finish(self, error: str | None) -> None:
@@ -314,13 +317,20 @@ class Session:
         if self.result is not None:
             return
         raw: dict[str, Any] = {}
+        stopped = []
         for level in reversed(self._levels):
             try:
                 level.disable()
-                raw[level.letter] = level.drain()
+                stopped.append(level)
             except Exception as exc:
                 self._errors.append(f"level {level.letter} failed to stop: {exc}")
                 log.exception("xsp: level %s failed to stop", level.letter)
+        for level in stopped:  # drains run once every level has stopped (see tracer.levels)
+            try:
+                raw[level.letter] = level.drain()
+            except Exception as exc:
+                self._errors.append(f"level {level.letter} failed to drain: {exc}")
+                log.exception("xsp: level %s failed to drain", level.letter)
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -328,7 +338,13 @@ class Session:
         if "M" in raw:
             try:
                 table, report = build_table(
-                    self.run_id, self.levels, raw["M"], raw.get("F"), self._failures
+                    self.run_id,
+                    self.levels,
+                    raw["M"],
+                    raw.get("F"),
+                    self._failures,
+                    api=raw.get("L"),
+                    gpu=raw.get("G"),
                 )
                 self._sink.export(SpanBatch.of(self.resource, table))
                 self._sink.force_flush()
@@ -343,6 +359,7 @@ class Session:
         self._sink.shutdown()
         self._errors.extend(self._sink.errors)
         measured = max(0, min(self._index - self.warmup, self.iterations))
+        error = error or self._level_failure
         if error is not None:
             status = "error"
         elif measured < self.iterations:

@@ -33,7 +33,15 @@ SPAN_FILE_PATTERN = "spans-*.parquet"
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
 # and delta-encoded integer columns (ids and start times grow steadily).
-_DELTA_COLUMNS = ("span_id", "parent_span_id", "start_ns", "dur_ns", "thread_id", "seq_nr")
+_DELTA_COLUMNS = (
+    "span_id",
+    "parent_span_id",
+    "start_ns",
+    "dur_ns",
+    "thread_id",
+    "seq_nr",
+    "correlation_id",
+)
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     "compression_level": 3,

@@ -19,12 +19,14 @@ import contextlib
 import inspect
 import logging
 import os
+import re
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._C._autograd import _KinetoEvent
 from torch.autograd import (
     ProfilerActivity,
     ProfilerConfig,
@@ -40,6 +42,10 @@ from tracer.errors import XspError
 log = logging.getLogger(__name__)
 
 MODULE_RANGE_PREFIX = "xsp::module::"
+HOST_ACTIVITY_TYPES = frozenset(
+    {"cpu_op", "user_annotation", "cpu_instant_event", "python_function"}
+)
+_CUDA_API_NAME = re.compile(r"cu(da)?[A-Z]")
 STEP_RANGE_PREFIX = "xsp::step::"
 
 try:  # a C++ context manager: about 1 µs per range, against ~5 µs for record_function
@@ -97,6 +103,7 @@ class FrameworkRecords:
     thread: array[int] = field(default_factory=_int64s)
     fwd_thread: array[int] = field(default_factory=_int64s)
     seq_nr: array[int] = field(default_factory=_int64s)
+    correlation: array[int] = field(default_factory=_int64s)  # the profiler's op correlation id
     input_shapes: Interned = field(default_factory=Interned)
     input_dtypes: Interned = field(default_factory=Interned)
     modules: list[ModuleInfo] = field(default_factory=list)
@@ -115,6 +122,14 @@ def _tensor_shapes(values: Any) -> tuple[Any, ...]:
     elif not isinstance(values, (tuple, list)):
         values = getattr(values, "values", lambda: ())()  # ModelOutput and other mappings
     return tuple(v.shape for v in values if isinstance(v, torch.Tensor))
+
+
+_owner: FrameworkLevel | None = None
+
+
+def owns_profiler() -> bool:
+    """True while xsp's own framework level is the one running the PyTorch profiler."""
+    return _owner is not None
 
 
 class FrameworkLevel:
@@ -150,6 +165,8 @@ class FrameworkLevel:
         with _quiet_native_stderr():
             _prepare_profiler(self._config, self._activities)
             _enable_profiler(self._config, self._activities)
+        global _owner
+        _owner = self
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre_hook),
             nn_module.register_module_forward_hook(self._post_hook, always_call=True),
@@ -170,9 +187,12 @@ class FrameworkLevel:
         self._handles = []
         while self._stack:  # ranges left open by an exception that skipped a post hook
             self._stack.pop()[2].__exit__(None, None, None)
-        if torch.autograd._profiler_enabled():
+        global _owner
+        if _owner is self and torch.autograd._profiler_enabled():
             with _quiet_native_stderr():
                 self._result = _disable_profiler()
+        if _owner is self:
+            _owner = None
 
     def drain(self) -> FrameworkRecords:
         records, self._records = self._records, FrameworkRecords()
@@ -269,13 +289,24 @@ def _source_of(cls: type) -> str:
 
 
 def _copy_events(events: Any, out: FrameworkRecords) -> None:
-    """Copy the profiler's events into typed arrays (runs after the measured window)."""
+    """Copy the profiler's events into typed arrays (runs after the measured window).
+
+    On CUDA builds the profiler's "CPU" activity also records CUDA runtime/driver calls through
+    CUPTI; those belong to level L (which records them itself), so only host ops and ranges are
+    kept here."""
+    typed = hasattr(_KinetoEvent, "activity_type")  # torch >= 2.12; older ones: by name
     for event in events:
+        if typed:
+            if event.activity_type() not in HOST_ACTIVITY_TYPES:
+                continue
+        elif _CUDA_API_NAME.match(event.name()):
+            continue
         out.name.append(event.name())
         out.start_ns.append(event.start_ns())
         out.end_ns.append(event.end_ns())
         out.thread.append(event.start_thread_id())
         out.fwd_thread.append(event.fwd_thread_id())
         out.seq_nr.append(event.sequence_nr())
+        out.correlation.append(event.correlation_id())
         out.input_shapes.append(str(event.shapes()).replace(" ", ""))
         out.input_dtypes.append(",".join(event.dtypes()))

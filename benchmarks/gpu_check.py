@@ -1,0 +1,107 @@
+"""The H200 check for levels L and G: a training run of ResNet-50 at level set MLG, checked
+against CUPTI's own kernel count for an uninstrumented iteration.
+
+    python benchmarks/gpu_check.py [--model torchvision:resnet50] [--batch-size 32] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tracer import zoo
+from tracer.session import Session
+from tracer.sinks import InMemorySink
+
+
+def plain_cupti_kernels(workload: zoo.Workload, iterations: int) -> list[int]:
+    """Kernels per iteration as CUPTI alone counts them (no xsp level active)."""
+    from cupti import cupti
+
+    counts: list[int] = []
+    kernels: list[tuple[int, int]] = []
+    cupti.activity_register_callbacks(
+        lambda: (256 * 1024 * 1024, 0), lambda acts: kernels.extend((a.start, a.end) for a in acts)
+    )
+    cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+    bounds = []
+    for _ in range(iterations):
+        torch.cuda.synchronize()
+        t0 = time.time_ns()
+        workload.step()
+        torch.cuda.synchronize()
+        bounds.append((t0, time.time_ns()))
+    cupti.activity_flush_all(1)
+    cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
+    cupti.finalize()
+    for t0, t1 in bounds:
+        counts.append(sum(1 for s, _ in kernels if t0 <= s <= t1))
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="torchvision:resnet50")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--levels", default="MLG")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    workload = zoo.build(args.model, args.batch_size, "train", "cuda")
+    for _ in range(3):
+        workload.step()
+    reference = plain_cupti_kernels(workload, args.iterations)
+    sink = InMemorySink()
+    session = Session(
+        args.levels, iterations=args.iterations, warmup=1, sinks=[sink], device="cuda"
+    ).start()
+    while not session.done:
+        with session.iteration():
+            workload.step()
+    meta = session.close() or {}
+    rows = {r["span_id"]: r for r in sink.table().to_pylist()}
+    kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    per_iteration = Counter(k["iteration"] for k in kernels)
+
+    def chain(span: dict) -> list[str]:
+        levels = []
+        while span["parent_span_id"]:
+            span = rows[span["parent_span_id"]]
+            levels.append(span["kind"])
+        return levels
+
+    chains = [chain(k) for k in kernels]
+    under_op = sum(1 for c in chains if "op" in c or "backward" in c or "optimizer" in c)
+    under_module = sum(1 for k in kernels if k["module_path"] is not None)
+    result = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "status": meta.get("status"),
+        "errors": meta.get("errors"),
+        "spans_by_level": meta.get("spans_by_level"),
+        "kernels_per_iteration_xsp": [per_iteration[i] for i in range(args.iterations)],
+        "kernels_per_iteration_plain_cupti": reference,
+        "kernels_under_api_call": sum(1 for c in chains if c and c[0] in ("runtime", "driver")),
+        "kernels_under_op": under_op,
+        "kernels_with_layer": under_module,
+        "kernels": len(kernels),
+        "top_kernels": Counter(k["name"][:80] for k in kernels).most_common(5),
+        "api_calls": Counter(
+            r["name"] for r in rows.values() if r["level"] == "library"
+        ).most_common(6),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
