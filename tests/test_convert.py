@@ -158,3 +158,13 @@ def test_mlg_capture_hangs_kernels_under_their_launch_and_launches_under_the_ste
     assert sum(r["name"].startswith("_Z") for r in gpu) <= 0.05 * len(gpu)
     assert any(r["name"].startswith("void cudnn::") for r in gpu)
     assert report.events_outside_iterations == len(records["L"].start_ns) - len(api)
+
+
+def test_gpu_work_without_api_calls_hangs_under_the_step() -> None:
+    from tests.fixtures import load_records
+
+    records, _ = load_records("resnet18_train_mlg_cuda")
+    table, _ = build_table("run-g", "MG", records["M"], gpu=records["G"])
+    assert reachable_from_root(table)
+    gpu = _rows(table, "kernel") + _rows(table, "memset")
+    assert len(gpu) == 339 and {r["parent_span_id"] for r in gpu} == {1}

@@ -100,8 +100,12 @@ def build_table(
         fw_block, outside = _framework_block(framework)
         report.events_outside_iterations += outside
         fw_ids = add(fw_block)
+    api_ids = np.zeros(0, dtype=np.uint64)
+    api_correlation = np.zeros(0, dtype=np.int64)
+    api_iteration = np.zeros(0, dtype=np.int64)
+    api_modules: Any = None
     if api is not None:
-        from tracer.convert_cuda import api_columns, gpu_columns
+        from tracer.convert_cuda import api_columns
 
         ops = None
         if fw_block is not None:
@@ -111,38 +115,45 @@ def build_table(
         kept, api_iteration, columns, op_row = api_columns(api, steps, ops)
         report.events_outside_iterations += len(api.start_ns) - len(kept)
         if fw_block is not None:
-            columns["module_path"] = _take(fw_block.columns["module_path"], op_row)
-        api_block = _Block(
-            schema.LEVEL_LIBRARY,
-            api_iteration.astype(np.int32),
-            np.full(len(kept), -1),
-            columns,
-            foreign_parent=np.where(
-                op_row >= 0, fw_ids[np.maximum(op_row, 0)] if len(fw_ids) else 0, 0
-            ),
+            api_modules = columns["module_path"] = _take(fw_block.columns["module_path"], op_row)
+        api_correlation = np.asarray(columns["correlation_id"])
+        api_ids = add(
+            _Block(
+                schema.LEVEL_LIBRARY,
+                api_iteration.astype(np.int32),
+                np.full(len(kept), -1),
+                columns,
+                _ids_of(fw_ids, op_row),
+            )
         )
-        api_ids = add(api_block)
-        if gpu is not None:
-            kept_gpu, gpu_iteration, gpu_cols, api_row = gpu_columns(
-                gpu, steps, np.asarray(columns["correlation_id"]), api_iteration
+    if gpu is not None:
+        from tracer.convert_cuda import gpu_columns
+
+        kept, gpu_iteration, columns, api_row = gpu_columns(
+            gpu, steps, api_correlation, api_iteration
+        )
+        report.events_outside_iterations += len(gpu.start_ns) - len(kept)
+        if api_modules is not None:
+            columns["module_path"] = _take(api_modules, api_row)
+        add(
+            _Block(
+                schema.LEVEL_GPU,
+                gpu_iteration.astype(np.int32),
+                np.full(len(kept), -1),
+                columns,
+                _ids_of(api_ids, api_row),
             )
-            report.events_outside_iterations += len(gpu.start_ns) - len(kept_gpu)
-            if "module_path" in columns:
-                gpu_cols["module_path"] = _take(columns["module_path"], api_row)
-            add(
-                _Block(
-                    schema.LEVEL_GPU,
-                    gpu_iteration.astype(np.int32),
-                    np.full(len(kept_gpu), -1),
-                    gpu_cols,
-                    foreign_parent=np.where(
-                        api_row >= 0, api_ids[np.maximum(api_row, 0)] if len(api_ids) else 0, 0
-                    ),
-                )
-            )
+        )
     table = pa.concat_tables(tables, promote_options="permissive").cast(schema.SPAN_SCHEMA)
     report.spans = table.num_rows
     return table, report
+
+
+def _ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Span ids of ``rows`` of an earlier block; 0 where a row is -1."""
+    if len(ids) == 0:
+        return np.zeros(len(rows), dtype=np.uint64)
+    return np.where(rows >= 0, ids[np.maximum(rows, 0)], 0).astype(np.uint64)
 
 
 def _take(column: Any, rows: np.ndarray) -> pa.Array:

@@ -137,9 +137,9 @@ def gpu_columns(
     start = np.frombuffer(gpu.start_ns, dtype=np.int64)
     correlation = np.frombuffer(gpu.correlation, dtype=np.int64)
     api_row = _lookup_sorted(api_correlation, np.arange(len(api_correlation)), correlation)
-    iteration = np.where(
-        api_row >= 0, api_iteration[np.maximum(api_row, 0)], _step_iteration(steps, start)
-    )
+    iteration = _step_iteration(steps, start)
+    if len(api_iteration):
+        iteration = np.where(api_row >= 0, api_iteration[np.maximum(api_row, 0)], iteration)
     keep = np.nonzero(iteration >= 0)[0]
     kind = np.frombuffer(gpu.kind, dtype=np.int8)[keep]
     names = [demangle(n) for n in gpu.name.values]
