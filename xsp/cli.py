@@ -273,6 +273,40 @@ def serve(
 
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--rows", type=int, default=15, show_default=True, help="Rows per table.")
+def analyze(run_dir: Path, rows: int) -> None:
+    """Print the analyses a stored measurement supports: layer types (A5), layer latency in
+    execution order (A3), kernels by name (A10) and GPU busy/idle per iteration."""
+    from analysis.kernels import kernels_by_name, temporal_breakdown
+    from analysis.layers import layer_latency, layer_types
+    from analysis.store import MeasurementStore
+
+    store = MeasurementStore(run_dir)
+    _print_summary(run_dir)
+    tables = [
+        ("layer types (A5)", layer_types(store)),
+        ("layer latency in execution order (A3)", layer_latency(store)),
+        ("kernels by name (A10)", kernels_by_name(store, limit=rows)),
+        ("GPU busy and idle per iteration", temporal_breakdown(store)),
+    ]
+    for title, table in tables:
+        if table.num_rows:
+            _print_table(title, table, rows)
+
+
+def _print_table(title: str, table: Any, rows: int) -> None:
+    view = Table(title=title, title_justify="left")
+    for name in table.column_names:
+        view.add_column(name, justify="right", overflow="fold")
+    for record in table.slice(0, rows).to_pylist():
+        view.add_row(*(_fmt(value, 3) for value in record.values()))
+    if table.num_rows > rows:
+        view.caption = f"{table.num_rows - rows} more rows"
+    out_console.print(view)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
 def summary(run_dir: Path) -> None:
     """Print the summary of a stored measurement."""
     _print_summary(run_dir)
