@@ -275,15 +275,17 @@ def serve(
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--rows", type=int, default=15, show_default=True, help="Rows per table.")
 def analyze(run_dir: Path, rows: int) -> None:
-    """Print the analyses a stored measurement supports: layer types (A5), layer latency in
-    execution order (A3), kernels by name (A10) and GPU busy/idle per iteration."""
+    """Print the analyses a stored measurement supports: suggestions, layer types (A5), layer
+    latency in execution order (A3), kernels by name (A10) and GPU busy/idle per iteration."""
     from analysis.kernels import kernels_by_name, temporal_breakdown
     from analysis.layers import layer_latency, layer_types
     from analysis.store import MeasurementStore
+    from analysis.suggestions import suggest
 
     store = MeasurementStore(run_dir)
     _print_summary(run_dir)
     tables = [
+        ("suggestions", suggest(store)),
         ("layer types (A5)", layer_types(store)),
         ("layer latency in execution order (A3)", layer_latency(store)),
         ("kernels by name (A10)", kernels_by_name(store, limit=rows)),

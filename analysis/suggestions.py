@@ -1,0 +1,185 @@
+"""Suggestions: rules that point at evidence in a measurement and state the expected gain.
+
+Each rule is a function from the store to zero or one ``Suggestion``; ``suggest`` runs them all
+and returns a table (rule, advice, evidence, gain_ms_per_iteration, share_pct). A gain is what
+the evidence costs today per iteration, the most that removing it can save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from analysis.store import MeasurementStore
+
+#: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
+SHORT_KERNEL_US = 10.0
+#: Below this GPU busy share, a step with mostly short kernels waits on launches.
+LAUNCH_BOUND_BUSY_PCT = 50.0
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    rule: str
+    advice: str
+    evidence: str
+    gain_ms_per_iteration: float | None
+    share_pct: float | None
+
+
+def _iterations(store: MeasurementStore, run: str) -> int:
+    rows = store.sql(f"SELECT count(*) AS n FROM spans WHERE run_index = {run} AND kind = 'step'")
+    return max(int(rows.column("n")[0].as_py() or 0), 1)
+
+
+def _step_ms(store: MeasurementStore, run: str) -> float:
+    rows = store.sql(
+        f"SELECT sum(dur_ns) / 1e6 AS ms FROM spans WHERE run_index = {run} AND kind = 'step'"
+    )
+    return float(rows.column("ms")[0].as_py() or 0.0)
+
+
+_GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
+_FW_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'framework')"
+_LIB_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'library')"
+
+
+def layout_transposes(store: MeasurementStore) -> Suggestion | None:
+    """cuDNN converting NCHW to NHWC and back around convolutions: channels_last avoids it."""
+    rows = store.sql(
+        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
+            WHERE run_index = {_GPU_RUN} AND kind = 'kernel'
+              AND (name ILIKE '%nchwToNhwc%' OR name ILIKE '%nhwcToNchw%')"""
+    ).to_pylist()[0]
+    if not rows["n"]:
+        return None
+    iterations, step_ms = _iterations(store, _GPU_RUN), _step_ms(store, _GPU_RUN)
+    return Suggestion(
+        "layout-transposes",
+        "use channels_last: model.to(memory_format=torch.channels_last) and the same for inputs",
+        f"{rows['n'] / iterations:.0f} nchwToNhwc/nhwcToNchw kernels per iteration",
+        rows["ms"] / iterations,
+        100.0 * rows["ms"] / step_ms if step_ms else None,
+    )
+
+
+def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
+    """fp32 convolutions and GEMMs on a GPU: TF32 or AMP puts them on the tensor cores."""
+    rows = store.sql(
+        f"""SELECT count(*) AS n, coalesce(sum(s.dur_ns), 0) / 1e6 AS ms FROM spans s
+            WHERE s.run_index = {_FW_RUN} AND s.kind = 'op'
+              AND s.op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm')
+              AND s.input_dtypes LIKE 'float,%'"""
+    ).to_pylist()[0]
+    on_gpu = any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs)
+    if not rows["n"] or not on_gpu:
+        return None
+    iterations, step_ms = _iterations(store, _FW_RUN), _step_ms(store, _FW_RUN)
+    return Suggestion(
+        "fp32-on-tensor-cores",
+        "enable TF32 (torch.backends.cuda.matmul.allow_tf32 / torch.backends.cudnn.allow_tf32) "
+        "or autocast to bf16/fp16",
+        f"{rows['n'] / iterations:.0f} fp32 convolution/GEMM ops per iteration",
+        rows["ms"] / iterations,
+        100.0 * rows["ms"] / step_ms if step_ms else None,
+    )
+
+
+def launch_bound(store: MeasurementStore) -> Suggestion | None:
+    """Many short kernels and an idle GPU: launches, not the GPU, bound the step."""
+    from analysis.kernels import temporal_breakdown
+
+    stats = store.sql(
+        f"""SELECT count(*) AS n, median(dur_ns) / 1e3 AS median_us FROM spans
+            WHERE run_index = {_GPU_RUN} AND kind = 'kernel'"""
+    ).to_pylist()[0]
+    if not stats["n"] or stats["median_us"] is None or stats["median_us"] >= SHORT_KERNEL_US:
+        return None
+    breakdown = temporal_breakdown(store).to_pylist()
+    busy = sum(r["busy_pct"] for r in breakdown) / max(len(breakdown), 1)
+    if busy >= LAUNCH_BOUND_BUSY_PCT:
+        return None
+    idle_ms = sum(r["gpu_idle_ms"] for r in breakdown) / max(len(breakdown), 1)
+    iterations = _iterations(store, _GPU_RUN)
+    return Suggestion(
+        "launch-bound",
+        "capture the step in a CUDA graph (torch.cuda.graphs) or compile it (torch.compile)",
+        f"{stats['n'] / iterations:.0f} kernels per iteration, median {stats['median_us']:.1f} µs; "
+        f"the GPU is busy {busy:.0f}% of the step",
+        idle_ms,
+        100.0 - busy,
+    )
+
+
+def host_syncs(store: MeasurementStore) -> Suggestion | None:
+    """Synchronizing calls inside the step (.item(), blocking copies) stall the launch queue."""
+    names = ", ".join(f"'{n}'" for n in SYNC_CALLS)
+    rows = store.sql(
+        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
+            WHERE (run_index = {_LIB_RUN} AND level = 'library' AND name IN ({names}))
+               OR (run_index = {_FW_RUN} AND kind = 'op' AND op_name = 'aten::_local_scalar_dense')"""
+    ).to_pylist()[0]
+    if not rows["n"]:
+        return None
+    run = _LIB_RUN if _has(store, "library") else _FW_RUN
+    iterations, step_ms = _iterations(store, run), _step_ms(store, run)
+    return Suggestion(
+        "host-syncs",
+        "keep values on the GPU inside the step: avoid .item(), .cpu(), printing tensors and "
+        "blocking copies; read metrics every N steps",
+        f"{rows['n'] / iterations:.0f} synchronizing calls per iteration",
+        rows["ms"] / iterations,
+        100.0 * rows["ms"] / step_ms if step_ms else None,
+    )
+
+
+def index_select(store: MeasurementStore) -> Suggestion | None:
+    """aten::index with one 1-D index tensor does what the cheaper aten::index_select does."""
+    rows = store.sql(
+        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
+            WHERE run_index = {_FW_RUN} AND kind = 'op' AND op_name = 'aten::index'"""
+    ).to_pylist()[0]
+    if not rows["n"]:
+        return None
+    iterations, step_ms = _iterations(store, _FW_RUN), _step_ms(store, _FW_RUN)
+    return Suggestion(
+        "index-select",
+        "index one dimension with tensor.index_select(dim, idx) instead of tensor[idx]",
+        f"{rows['n'] / iterations:.0f} aten::index calls per iteration",
+        rows["ms"] / iterations,
+        100.0 * rows["ms"] / step_ms if step_ms else None,
+    )
+
+
+def _has(store: MeasurementStore, level: str) -> bool:
+    rows = store.sql(f"SELECT count(*) AS n FROM spans WHERE level = '{level}'")
+    return bool(rows.column("n")[0].as_py())
+
+
+RULES: tuple[Callable[[MeasurementStore], Suggestion | None], ...] = (
+    layout_transposes,
+    fp32_matmuls_on_gpu,
+    launch_bound,
+    host_syncs,
+    index_select,
+)
+
+_SCHEMA = pa.schema(
+    [
+        ("rule", pa.string()),
+        ("advice", pa.string()),
+        ("evidence", pa.string()),
+        ("gain_ms_per_iteration", pa.float64()),
+        ("share_pct", pa.float64()),
+    ]
+)
+
+
+def suggest(store: MeasurementStore) -> pa.Table:
+    """Every rule that fires, largest expected gain first."""
+    found = [s for rule in RULES if (s := rule(store)) is not None]
+    found.sort(key=lambda s: -(s.gain_ms_per_iteration or 0.0))
+    return pa.Table.from_pylist([asdict(s) for s in found], schema=_SCHEMA)

@@ -1,0 +1,162 @@
+"""Each suggestion rule on a trace that has its pattern and on one that does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from analysis.store import MeasurementStore
+from analysis.suggestions import (
+    fp32_matmuls_on_gpu,
+    host_syncs,
+    index_select,
+    launch_bound,
+    layout_transposes,
+    suggest,
+)
+from tests.fixtures import load_records
+from tracer import schema, store
+from tracer.convert import build_table
+
+TRACE = b"\x01" * 16
+
+
+def _write(root: Path, levels: str, table: pa.Table, device: str = "cuda") -> MeasurementStore:
+    store.write_span_part(root / levels, table)
+    store.write_json_atomic(
+        root / levels / store.RUN_META,
+        {
+            "format": schema.STORE_FORMAT,
+            "levels": levels,
+            "status": "ok",
+            "resource": {"xsp.device": device},
+        },
+    )
+    return MeasurementStore(root)
+
+
+def _fixture(root: Path, scenario: str, levels: str, device: str) -> MeasurementStore:
+    records, _ = load_records(scenario)
+    table, _ = build_table(
+        "run-s", levels, records["M"], records.get("F"), api=records.get("L"), gpu=records.get("G")
+    )
+    return _write(root, levels, table, device)
+
+
+def _synthetic(root: Path, levels: str, spans: list[dict[str, Any]]) -> MeasurementStore:
+    """One iteration: a 1 ms step (span 1) and ``spans`` under it."""
+    rows = [
+        {
+            "trace_id": TRACE,
+            "span_id": 1,
+            "parent_span_id": 0,
+            "name": "step",
+            "start_ns": 0,
+            "dur_ns": 1_000_000,
+            "level": "model",
+            "iteration": 0,
+            "kind": "step",
+        }
+    ]
+    for i, span in enumerate(spans):
+        rows.append(
+            {"trace_id": TRACE, "span_id": i + 2, "parent_span_id": 1, "iteration": 0, **span}
+        )
+    return _write(root, levels, pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA))
+
+
+def _kernels(count: int, dur_ns: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "k", "level": "gpu", "kind": "kernel", "start_ns": i * 10_000, "dur_ns": dur_ns}
+        for i in range(count)
+    ]
+
+
+def test_layout_transposes(tmp_path: Path) -> None:
+    found = layout_transposes(_fixture(tmp_path / "g", "resnet18_train_mlg_cuda", "MLG", "cuda"))
+    assert found is not None and found.rule == "layout-transposes"
+    assert found.evidence.endswith("nchwToNhwc/nhwcToNchw kernels per iteration")
+    assert found.gain_ms_per_iteration and found.gain_ms_per_iteration > 0
+    assert layout_transposes(_synthetic(tmp_path / "s", "MG", _kernels(5, 50_000))) is None
+
+
+def test_fp32_matmuls_fire_on_a_gpu_only(tmp_path: Path) -> None:
+    found = fp32_matmuls_on_gpu(_fixture(tmp_path / "g", "resnet18_train_cuda", "MF", "cuda"))
+    # 20 convolutions, the addmm of fc, and the two mm of its backward
+    assert found is not None and found.evidence.startswith("23 fp32")
+    assert fp32_matmuls_on_gpu(_fixture(tmp_path / "c", "resnet18_train_cpu", "MF", "cpu")) is None
+
+
+def test_launch_bound(tmp_path: Path) -> None:
+    found = launch_bound(_synthetic(tmp_path / "a", "MG", _kernels(100, 2_000)))  # 20% busy
+    assert found is not None and found.gain_ms_per_iteration == pytest.approx(0.8)
+    assert (
+        launch_bound(
+            _synthetic(
+                tmp_path / "c",
+                "MG",
+                [
+                    {
+                        "name": "k",
+                        "level": "gpu",
+                        "kind": "kernel",
+                        "start_ns": i * 100_000,
+                        "dur_ns": 90_000,
+                    }
+                    for i in range(10)
+                ],
+            )
+        )
+        is None
+    )
+
+
+def test_host_syncs(tmp_path: Path) -> None:
+    sync = [
+        {
+            "name": "cudaStreamSynchronize",
+            "level": "library",
+            "kind": "runtime",
+            "start_ns": 10,
+            "dur_ns": 200_000,
+        }
+    ]
+    found = host_syncs(_synthetic(tmp_path / "a", "MLG", sync))
+    assert found is not None and found.gain_ms_per_iteration == pytest.approx(0.2)
+    assert found.share_pct == pytest.approx(20.0)
+    launch = [{**sync[0], "name": "cudaLaunchKernel"}]
+    assert host_syncs(_synthetic(tmp_path / "b", "MLG", launch)) is None
+
+
+def test_index_select(tmp_path: Path) -> None:
+    index = [
+        {
+            "name": "aten::index",
+            "op_name": "aten::index",
+            "level": "framework",
+            "kind": "op",
+            "start_ns": 10,
+            "dur_ns": 30_000,
+        }
+    ]
+    assert index_select(_synthetic(tmp_path / "a", "MF", index)) is not None
+    select = [{**index[0], "name": "aten::index_select", "op_name": "aten::index_select"}]
+    assert index_select(_synthetic(tmp_path / "b", "MF", select)) is None
+
+
+def test_suggest_orders_by_gain(tmp_path: Path) -> None:
+    spans = [
+        *_kernels(100, 2000),
+        {
+            "name": "cudaStreamSynchronize",
+            "level": "library",
+            "kind": "runtime",
+            "start_ns": 10,
+            "dur_ns": 100000,
+        },
+    ]
+    table = suggest(_synthetic(tmp_path, "MLG", spans)).to_pylist()
+    assert [r["rule"] for r in table] == ["launch-bound", "host-syncs"]
