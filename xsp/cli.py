@@ -139,17 +139,34 @@ def run(
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(["otlp-json"]), default="otlp-json", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["otlp-json", "chrome"]),
+    default="otlp-json",
+    show_default=True,
+    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON (gzip with -o *.gz).",
 )
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout)."
 )
 def export(run_dir: Path, fmt: str, output: Path | None) -> None:
-    """Write a run's traces as OTLP JSON Lines: one trace (iteration) per line."""
+    """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
+    Chrome/Perfetto trace."""
     from tracer.sinks import OtlpJsonFileSink, SpanBatch
     from tracer.store import open_measurement
 
     runs = open_measurement(run_dir)
+    if fmt == "chrome":
+        from tracer.chrome import write_chrome_trace
+
+        if output is None:
+            raise XspError("--format chrome needs -o FILE (a .json or .json.gz file)")
+        try:
+            count = write_chrome_trace(output, ((r.resource, r.spans()) for r in runs))
+        except OSError as exc:
+            raise XspError(f"cannot write {output}: {exc}") from exc
+        console.print(f"wrote {count} spans to {output}", highlight=False)
+        return
     handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     try:
         sink = OtlpJsonFileSink(handle)
