@@ -33,8 +33,19 @@ def test_round_trip_and_sql(tmp_path: Path) -> None:
     assert rows[0]["spans_per_iteration"] == 1791
     count = measurement.sql("SELECT count(*) AS n FROM spans WHERE kind = 'module'").to_pylist()
     assert count == [{"n": 76}]
-    # ~10 bytes a span or less: zstd over dictionaries and delta-encoded integers
-    assert measurement.bytes_on_disk() / 1791 < 16
+    # a file's fixed cost (footer, one chunk per column) dominates at 1,791 spans
+    assert measurement.bytes_on_disk() / 1791 < 40
+
+
+def test_twenty_iterations_cost_under_16_bytes_a_span(tmp_path: Path) -> None:
+    """The bar: torch.profiler's gzipped Chrome trace takes 16 bytes per event."""
+    from benchmarks.conversion import replicate
+    from tests.fixtures import from_json, load_json
+
+    records = from_json(replicate(load_json("resnet18_train_cpu"), 20))
+    table, _ = build_table("run-z", "MF", records["M"], records["F"])
+    path = store.write_span_part(tmp_path, table)
+    assert path.stat().st_size / table.num_rows < 16
 
 
 def test_truncated_span_file_is_named(tmp_path: Path) -> None:

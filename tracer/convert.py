@@ -21,6 +21,7 @@ from tracer.intervals import depths, inherit, nest
 from tracer.levels.cuda import ApiRecords, GpuRecords
 from tracer.levels.framework import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX, FrameworkRecords
 from tracer.levels.model import StepRecords
+from tracer.monitor import MonitorSamples, summarize
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer."
@@ -60,6 +61,7 @@ def build_table(
     failures: dict[int, str] | None = None,
     api: ApiRecords | None = None,
     gpu: GpuRecords | None = None,
+    monitor: MonitorSamples | None = None,
 ) -> tuple[pa.Table, ConversionReport]:
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
@@ -69,6 +71,10 @@ def build_table(
     """
     report = ConversionReport()
     step_block = _step_block(steps, failures or {})
+    if monitor is not None and monitor.time_ns:
+        summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
+        for name in schema.MONITOR_SUMMARIES:
+            step_block.columns[f"gpu_{name}"] = pa.array(summary[name], pa.float64())
     step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
     tables: list[pa.Table] = []
     next_id = 1

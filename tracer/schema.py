@@ -91,6 +91,19 @@ RES_XSP_VERSION: Final = "xsp.version"
 SERVICE_NAME: Final = "xsp"
 
 
+#: GPU monitor metrics summarized onto each model span (see tracer.monitor).
+MONITOR_SUMMARIES: Final = (
+    "power_w",
+    "sm_clock_mhz",
+    "utilization_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
+    "memory_used_bytes",
+)
+
+
 @dataclass(frozen=True)
 class Column:
     """One span column: its arrow type and, for attribute columns, the OTLP attribute key."""
@@ -136,6 +149,8 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("shared_memory_bytes", pa.int64(), ATTR_GPU_SHARED_MEMORY),
     Column("bytes", pa.int64(), ATTR_GPU_BYTES),
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
+    # GPU monitor summaries, on model spans only (means over the iteration).
+    *(Column(f"gpu_{name}", pa.float64(), f"xsp.gpu.{name}") for name in MONITOR_SUMMARIES),
 )
 
 SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])

@@ -35,6 +35,7 @@ from tracer import schema, store
 from tracer.convert import build_table
 from tracer.errors import ConfigError, DeviceError, XspError
 from tracer.levels import Level, LevelContext, build_levels, check_levels
+from tracer.monitor import GpuMonitor, MonitorSamples
 from tracer.sinks import CompositeSink, Sink, SpanBatch, StoreSink
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class Session:
         resource: extra resource attributes.
         progress: called with (phase, done, total) after each iteration.
         op_shapes: record aten ops' input shapes and dtypes (level F).
+        monitor: on CUDA, sample NVML (and GPM) during the measured iterations and summarize
+            the samples onto each model span.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class Session:
         run_id: str | None = None,
         measurement_id: str | None = None,
         op_shapes: bool = True,
+        monitor: bool = True,
     ) -> None:
         try:
             self.levels = schema.parse_levels(levels)
@@ -146,6 +150,10 @@ class Session:
         self._started = False
         self._failures: dict[int, str] = {}
         self._level_failure: str | None = None
+        self._monitor: GpuMonitor | None = None
+        if monitor and self.device.startswith("cuda"):
+            index = torch.device(self.device).index
+            self._monitor = GpuMonitor(index if index is not None else torch.cuda.current_device())
         self._errors: list[str] = []
         self._misuse_logged = False
         self._hooks: list[Any] = []
@@ -299,6 +307,10 @@ class Session:
 
     def _enable_levels(self) -> None:
         self._levels_on = True
+        if self._monitor is not None:
+            reason = self._monitor.start()
+            if reason:
+                self._errors.append(reason)
         enabled = []
         for level in self._levels:
             try:
@@ -335,6 +347,14 @@ class Session:
             hook.remove()
         self._hooks = []
         counts: dict[str, Any] = {}
+        samples = self._monitor.stop() if self._monitor is not None else None
+        if samples is not None:
+            counts["monitor"] = {
+                "samples": len(samples.time_ns),
+                "unavailable": samples.unavailable,
+                "gpm_unavailable": samples.gpm_unavailable,
+            }
+            self._write_monitor(samples)
         if "M" in raw:
             try:
                 table, report = build_table(
@@ -345,14 +365,15 @@ class Session:
                     self._failures,
                     api=raw.get("L"),
                     gpu=raw.get("G"),
+                    monitor=samples,
                 )
                 self._sink.export(SpanBatch.of(self.resource, table))
                 self._sink.force_flush()
-                counts = {
-                    "spans": report.spans,
-                    "spans_by_level": report.counts_by_level,
-                    "events_outside_iterations": report.events_outside_iterations,
-                }
+                counts.update(
+                    spans=report.spans,
+                    spans_by_level=report.counts_by_level,
+                    events_outside_iterations=report.events_outside_iterations,
+                )
             except Exception as exc:
                 self._errors.append(f"conversion failed: {type(exc).__name__}: {exc}")
                 log.exception("xsp: converting the recorded spans failed")
@@ -367,6 +388,20 @@ class Session:
         else:
             status = "ok"
         self.result = self._write_meta(status, error=error, measured=measured, **counts)
+
+    def _write_monitor(self, samples: MonitorSamples) -> None:
+        """Keep the raw samples beside the spans: RUN_DIR/<levels>/monitor.parquet."""
+        if self.run_dir is None or not samples.time_ns:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns = {"time_ns": pa.array(samples.time_ns, pa.int64())}
+        columns.update({k: pa.array(v, pa.float64()) for k, v in samples.values.items()})
+        try:
+            pq.write_table(pa.table(columns), self.run_dir / store.MONITOR)
+        except OSError as exc:
+            self._errors.append(f"cannot write {self.run_dir / store.MONITOR}: {exc}")
 
     def _write_meta(
         self, status: str, error: str | None = None, measured: int = 0, **extra: Any

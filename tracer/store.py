@@ -29,6 +29,7 @@ from tracer.errors import StoreError
 
 MANIFEST = "manifest.json"
 RUN_META = "run.json"
+MONITOR = "monitor.parquet"
 SPAN_FILE_PATTERN = "spans-*.parquet"
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
@@ -91,7 +92,7 @@ def check_writable(directory: Path) -> None:
 def reset_run_dir(run_dir: Path) -> None:
     """Remove the span files and run.json an earlier run left in ``run_dir`` (a re-run replaces
     its level-set run; nothing else in the directory is touched)."""
-    for path in [*run_dir.glob(SPAN_FILE_PATTERN), run_dir / RUN_META]:
+    for path in [*run_dir.glob(SPAN_FILE_PATTERN), run_dir / RUN_META, run_dir / MONITOR]:
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:

@@ -296,6 +296,7 @@ def analyze(run_dir: Path, rows: int) -> None:
     latency in execution order (A3), kernels by name (A10) and GPU busy/idle per iteration."""
     from analysis.kernels import kernels_by_name, temporal_breakdown
     from analysis.layers import layer_latency, layer_types
+    from analysis.monitor import monitor_summary
     from analysis.store import MeasurementStore
     from analysis.suggestions import suggest
 
@@ -303,6 +304,10 @@ def analyze(run_dir: Path, rows: int) -> None:
     _print_summary(run_dir)
     tables = [
         ("suggestions", suggest(store)),
+        (
+            "GPU monitor: means over the iterations (SM active vs NVML utilization)",
+            monitor_summary(store),
+        ),
         ("layer types (A5)", layer_types(store)),
         ("layer latency in execution order (A3)", layer_latency(store)),
         ("kernels by name (A10)", kernels_by_name(store, limit=rows)),
