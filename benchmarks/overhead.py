@@ -38,6 +38,7 @@ CASES = [
 CONFIGS = (
     "none",
     "M",
+    "M(no monitor)",
     "MF",
     "MF(no op shapes)",
     "MLG",
@@ -84,6 +85,7 @@ def run_config(
         sinks=[sink],
         device=device,
         op_shapes="no op shapes" not in variant,
+        monitor="no monitor" not in variant,
     ).start()
     while not session.done:
         with session.iteration():
