@@ -1,5 +1,5 @@
-"""The xsp collector: an OTLP receiver that writes the run store (see the collector issue).
-
-It will reuse ``tracer.otlp`` (decoding), ``tracer.store`` (the store format) and ``tracer.sinks``
-(forwarding); nothing here yet.
-"""
+"""The xsp collector service: an OTLP receiver (gRPC, HTTP protobuf/JSON) that writes received
+spans into the run store through a write-ahead spool and can forward them to Jaeger or any OTLP
+endpoint. ``xsp collector serve`` runs it; ``collector.server`` holds the service,
+``collector.spool`` the durability, ``collector.writer`` the store layout. Decoding is shared with
+the tracer (``tracer.otlp``)."""

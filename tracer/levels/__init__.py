@@ -12,7 +12,7 @@ All five are called from the thread that runs the user's training or inference l
 disable and drain may block (they run outside the measured window), begin/end_iteration must only
 append to preallocated buffers. Raw records are turned into spans later by ``tracer.convert``.
 
-Levels L and G plug in here by adding a module and a registry entry.
+Each level is one module plus one registry entry; `check_levels` says which combinations can run.
 """
 
 from __future__ import annotations
