@@ -14,15 +14,35 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracer import schema
 from tracer.errors import StoreError
 from tracer.store import Run, open_measurement
 
 
-def _check_file(path: Path) -> None:
+def _columns_of(path: Path) -> set[str]:
+    """The file's column names; reading the footer also validates the file."""
     try:
-        pq.ParquetFile(path).metadata  # noqa: B018 - reading the footer validates the file
+        return set(pq.ParquetFile(path).schema_arrow.names)
     except (OSError, pa.ArrowException) as exc:
         raise StoreError(f"{path}: corrupt or truncated span file ({exc})") from exc
+
+
+def _sql_type(type_: pa.DataType) -> str:
+    if pa.types.is_dictionary(type_) or pa.types.is_string(type_):
+        return "VARCHAR"
+    if pa.types.is_binary(type_) or pa.types.is_fixed_size_binary(type_):
+        return "BLOB"
+    if pa.types.is_floating(type_):
+        return "DOUBLE"
+    return {pa.uint64(): "UBIGINT", pa.int32(): "INTEGER"}.get(type_, "BIGINT")
+
+
+def _select_list(present: set[str]) -> str:
+    """Every schema column, NULL where files written before that column existed lack it."""
+    return ", ".join(
+        f.name if f.name in present else f"NULL::{_sql_type(f.type)} AS {f.name}"
+        for f in schema.SPAN_SCHEMA
+    )
 
 
 class MeasurementStore:
@@ -35,13 +55,14 @@ class MeasurementStore:
         selects = []
         for index, run in enumerate(self.runs):
             files = run.span_files
+            present: set[str] = set()
             for path in files:
-                _check_file(path)
+                present |= _columns_of(path)
             if not files:
                 continue
             listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
             selects.append(
-                f"SELECT *, {index} AS run_index, '{run.levels}' AS levels "
+                f"SELECT {_select_list(present)}, {index} AS run_index, '{run.levels}' AS levels "
                 f"FROM read_parquet([{listing}], union_by_name = true)"
             )
         if selects:

@@ -80,3 +80,31 @@ def test_unwritable_directory_is_named(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(StoreError, match=f"cannot write to {blocker / 'run'}"):
         store.check_writable(blocker / "run")
+
+
+def test_files_from_an_older_schema_still_query(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analysis.monitor import monitor_summary
+
+    run_dir = tmp_path / "M"
+    run_dir.mkdir()
+    old = pa.table(
+        {
+            "trace_id": [b"\x01" * 16],
+            "span_id": pa.array([1], pa.uint64()),
+            "parent_span_id": pa.array([0], pa.uint64()),
+            "name": ["step"],
+            "start_ns": [0],
+            "dur_ns": [5],
+            "kind": ["step"],
+        }
+    )
+    pq.write_table(old, run_dir / "spans-00000.parquet")
+    store.write_json_atomic(
+        run_dir / store.RUN_META, {"format": store.schema.STORE_FORMAT, "levels": "M"}
+    )
+    measurement = MeasurementStore(tmp_path)
+    assert level_sets(measurement).to_pylist()[0]["iterations"] == 1
+    assert monitor_summary(measurement).num_rows == 0  # no monitor columns: no rows, no error

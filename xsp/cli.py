@@ -147,22 +147,41 @@ def run(
     help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON (gzip with -o *.gz).",
 )
 @click.option(
+    "--reconstructed",
+    is_flag=True,
+    help="Export the leveled reconstruction (each span timed by its level's shallowest run).",
+)
+@click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout)."
 )
-def export(run_dir: Path, fmt: str, output: Path | None) -> None:
+def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) -> None:
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
     from tracer.sinks import OtlpJsonFileSink, SpanBatch
     from tracer.store import open_measurement
 
     runs = open_measurement(run_dir)
+    batches = [(r.resource, r.spans()) for r in runs]
+    if reconstructed:
+        from analysis.reconstruct import reconstruct
+        from analysis.store import MeasurementStore
+
+        spans, mismatches = reconstruct(MeasurementStore(run_dir))
+        deepest = max(runs, key=lambda r: len(r.levels))
+        batches = [({**deepest.resource, "xsp.reconstructed": True}, spans)]
+        if mismatches.num_rows:
+            console.print(
+                f"{mismatches.num_rows} spans had no counterpart in a shallower run "
+                "and kept their own timing",
+                highlight=False,
+            )
     if fmt == "chrome":
         from tracer.chrome import write_chrome_trace
 
         if output is None:
             raise XspError("--format chrome needs -o FILE (a .json or .json.gz file)")
         try:
-            count = write_chrome_trace(output, ((r.resource, r.spans()) for r in runs))
+            count = write_chrome_trace(output, batches)
         except OSError as exc:
             raise XspError(f"cannot write {output}: {exc}") from exc
         console.print(f"wrote {count} spans to {output}", highlight=False)
@@ -170,8 +189,8 @@ def export(run_dir: Path, fmt: str, output: Path | None) -> None:
     handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
     try:
         sink = OtlpJsonFileSink(handle)
-        for run_ in runs:
-            sink.export(SpanBatch.of(run_.resource, run_.spans()))
+        for resource, spans in batches:
+            sink.export(SpanBatch.of(resource, spans))
         sink.shutdown()
     except OSError as exc:
         raise XspError(f"cannot write {output or 'stdout'}: {exc}") from exc
@@ -302,8 +321,11 @@ def analyze(run_dir: Path, rows: int) -> None:
 
     store = MeasurementStore(run_dir)
     _print_summary(run_dir)
+    from analysis.reconstruct import level_overhead
+
     tables = [
         ("suggestions", suggest(store)),
+        ("overhead each deeper run added, per level", level_overhead(store)),
         (
             "GPU monitor: means over the iterations (SM active vs NVML utilization)",
             monitor_summary(store),
