@@ -11,6 +11,19 @@ from analysis.store import MeasurementStore
 
 _FRAMEWORK_RUN = "(SELECT max(run_index) FROM spans WHERE kind = 'module')"
 
+#: The forward leaf-layer calls of the deepest framework run, numbered in execution order.
+_LEAVES = f"""
+    WITH mods AS (
+        SELECT * FROM spans
+        WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
+    ),
+    leaves AS (
+        SELECT m.*, row_number() OVER (PARTITION BY m.iteration ORDER BY m.start_ns) - 1 AS call_index
+        FROM mods m
+        WHERE NOT EXISTS (SELECT 1 FROM mods c WHERE c.parent_span_id = m.span_id
+                          AND c.trace_id = m.trace_id)
+    )"""
+
 
 def layer_info(store: MeasurementStore) -> pa.Table:
     """A2: every layer call of the first measured iteration in execution order: call_index,
@@ -34,17 +47,7 @@ def layer_latency(store: MeasurementStore) -> pa.Table:
     Calls are matched across iterations by their position in the iteration (a layer called twice
     is two rows), never by name alone."""
     return store.sql(
-        f"""
-        WITH mods AS (
-            SELECT * FROM spans
-            WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
-        ),
-        leaves AS (
-            SELECT m.*, row_number() OVER (PARTITION BY m.iteration ORDER BY m.start_ns) - 1 AS call_index
-            FROM mods m
-            WHERE NOT EXISTS (SELECT 1 FROM mods c WHERE c.parent_span_id = m.span_id
-                              AND c.trace_id = m.trace_id)
-        )
+        f"""{_LEAVES}
         SELECT call_index, any_value(module_path) AS module_path,
                any_value(module_type) AS module_type,
                median(dur_ns) / 1e6 AS median_ms, min(dur_ns) / 1e6 AS min_ms,
@@ -58,16 +61,7 @@ def layer_types(store: MeasurementStore) -> pa.Table:
     """A5: leaf layers by type: module_type, calls_per_iteration, latency_ms_per_iteration,
     share_pct (of the leaf layers' forward time)."""
     return store.sql(
-        f"""
-        WITH mods AS (
-            SELECT * FROM spans
-            WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
-        ),
-        leaves AS (
-            SELECT m.* FROM mods m
-            WHERE NOT EXISTS (SELECT 1 FROM mods c WHERE c.parent_span_id = m.span_id
-                              AND c.trace_id = m.trace_id)
-        ),
+        f"""{_LEAVES},
         n AS (SELECT count(DISTINCT iteration) AS iterations FROM leaves)
         SELECT module_type, count(*) / any_value(n.iterations) AS calls_per_iteration,
                sum(dur_ns) / any_value(n.iterations) / 1e6 AS latency_ms_per_iteration,

@@ -47,44 +47,52 @@ _FW_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'framework')"
 _LIB_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'library')"
 
 
+def _costly(
+    store: MeasurementStore, run: str, where: str, rule: str, advice: str, what: str
+) -> Suggestion | None:
+    """The shared shape of most rules: spans of ``run`` matching ``where`` are the evidence, and
+    their time per iteration is the gain."""
+    found = store.sql(
+        f"SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans "
+        f"WHERE run_index = {run} AND ({where})"
+    ).to_pylist()[0]
+    if not found["n"]:
+        return None
+    iterations, step_ms = _iterations(store, run), _step_ms(store, run)
+    return Suggestion(
+        rule,
+        advice,
+        f"{found['n'] / iterations:.0f} {what} per iteration",
+        found["ms"] / iterations,
+        100.0 * found["ms"] / step_ms if step_ms else None,
+    )
+
+
 def layout_transposes(store: MeasurementStore) -> Suggestion | None:
     """cuDNN converting NCHW to NHWC and back around convolutions: channels_last avoids it."""
-    rows = store.sql(
-        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
-            WHERE run_index = {_GPU_RUN} AND kind = 'kernel'
-              AND (name ILIKE '%nchwToNhwc%' OR name ILIKE '%nhwcToNchw%')"""
-    ).to_pylist()[0]
-    if not rows["n"]:
-        return None
-    iterations, step_ms = _iterations(store, _GPU_RUN), _step_ms(store, _GPU_RUN)
-    return Suggestion(
+    return _costly(
+        store,
+        _GPU_RUN,
+        "kind = 'kernel' AND (name ILIKE '%nchwToNhwc%' OR name ILIKE '%nhwcToNchw%')",
         "layout-transposes",
         "use channels_last: model.to(memory_format=torch.channels_last) and the same for inputs",
-        f"{rows['n'] / iterations:.0f} nchwToNhwc/nhwcToNchw kernels per iteration",
-        rows["ms"] / iterations,
-        100.0 * rows["ms"] / step_ms if step_ms else None,
+        "nchwToNhwc/nhwcToNchw kernels",
     )
 
 
 def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     """fp32 convolutions and GEMMs on a GPU: TF32 or AMP puts them on the tensor cores."""
-    rows = store.sql(
-        f"""SELECT count(*) AS n, coalesce(sum(s.dur_ns), 0) / 1e6 AS ms FROM spans s
-            WHERE s.run_index = {_FW_RUN} AND s.kind = 'op'
-              AND s.op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm')
-              AND s.input_dtypes LIKE 'float,%'"""
-    ).to_pylist()[0]
-    on_gpu = any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs)
-    if not rows["n"] or not on_gpu:
+    if not any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs):
         return None
-    iterations, step_ms = _iterations(store, _FW_RUN), _step_ms(store, _FW_RUN)
-    return Suggestion(
+    return _costly(
+        store,
+        _FW_RUN,
+        "kind = 'op' AND op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm') "
+        "AND input_dtypes LIKE 'float,%'",
         "fp32-on-tensor-cores",
         "enable TF32 (torch.backends.cuda.matmul.allow_tf32 / torch.backends.cudnn.allow_tf32) "
         "or autocast to bf16/fp16",
-        f"{rows['n'] / iterations:.0f} fp32 convolution/GEMM ops per iteration",
-        rows["ms"] / iterations,
-        100.0 * rows["ms"] / step_ms if step_ms else None,
+        "fp32 convolution/GEMM ops",
     )
 
 
@@ -116,41 +124,27 @@ def launch_bound(store: MeasurementStore) -> Suggestion | None:
 
 def host_syncs(store: MeasurementStore) -> Suggestion | None:
     """Synchronizing calls inside the step (.item(), blocking copies) stall the launch queue."""
-    names = ", ".join(f"'{n}'" for n in SYNC_CALLS)
-    rows = store.sql(
-        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
-            WHERE (run_index = {_LIB_RUN} AND level = 'library' AND name IN ({names}))
-               OR (run_index = {_FW_RUN} AND kind = 'op' AND op_name = 'aten::_local_scalar_dense')"""
-    ).to_pylist()[0]
-    if not rows["n"]:
-        return None
-    run = _LIB_RUN if _has(store, "library") else _FW_RUN
-    iterations, step_ms = _iterations(store, run), _step_ms(store, run)
-    return Suggestion(
-        "host-syncs",
+    advice = (
         "keep values on the GPU inside the step: avoid .item(), .cpu(), printing tensors and "
-        "blocking copies; read metrics every N steps",
-        f"{rows['n'] / iterations:.0f} synchronizing calls per iteration",
-        rows["ms"] / iterations,
-        100.0 * rows["ms"] / step_ms if step_ms else None,
+        "blocking copies; read metrics every N steps"
     )
+    if _has(store, "library"):
+        names = ", ".join(f"'{n}'" for n in SYNC_CALLS)
+        where = f"level = 'library' AND name IN ({names})"
+        return _costly(store, _LIB_RUN, where, "host-syncs", advice, "synchronizing calls")
+    where = "kind = 'op' AND op_name = 'aten::_local_scalar_dense'"
+    return _costly(store, _FW_RUN, where, "host-syncs", advice, "synchronizing calls")
 
 
 def index_select(store: MeasurementStore) -> Suggestion | None:
     """aten::index with one 1-D index tensor does what the cheaper aten::index_select does."""
-    rows = store.sql(
-        f"""SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans
-            WHERE run_index = {_FW_RUN} AND kind = 'op' AND op_name = 'aten::index'"""
-    ).to_pylist()[0]
-    if not rows["n"]:
-        return None
-    iterations, step_ms = _iterations(store, _FW_RUN), _step_ms(store, _FW_RUN)
-    return Suggestion(
+    return _costly(
+        store,
+        _FW_RUN,
+        "kind = 'op' AND op_name = 'aten::index'",
         "index-select",
         "index one dimension with tensor.index_select(dim, idx) instead of tensor[idx]",
-        f"{rows['n'] / iterations:.0f} aten::index calls per iteration",
-        rows["ms"] / iterations,
-        100.0 * rows["ms"] / step_ms if step_ms else None,
+        "aten::index calls",
     )
 
 
