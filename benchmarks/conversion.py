@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fixtures import from_json, load_json
 from tracer import store
 from tracer.convert import build_table
-from tracer.levels.framework import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX
+from tracer.records import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX
 
 
 def replicate(data: dict, copies: int) -> dict:

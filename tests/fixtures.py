@@ -13,8 +13,14 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from tracer.levels.framework import FrameworkRecords, Interned, ModuleInfo
-from tracer.levels.model import StepRecords
+from tracer.records import (
+    ApiRecords,
+    FrameworkRecords,
+    GpuRecords,
+    Interned,
+    ModuleInfo,
+    StepRecords,
+)
 
 DATA = Path(__file__).parent / "data"
 SECTIONS = {"M": "steps", "F": "framework", "L": "api", "G": "gpu"}
@@ -91,8 +97,6 @@ def _restore(cls: type, data: dict[str, Any]) -> Any:
 
 def from_json(data: dict[str, Any]) -> dict[str, Any]:
     """The drained records of a fixture, by level letter."""
-    from tracer.levels.cuda import ApiRecords, GpuRecords
-
     out: dict[str, Any] = {"M": _restore(StepRecords, data["steps"])}
     if "framework" in data:
         fw = _restore(FrameworkRecords, data["framework"])

@@ -114,7 +114,7 @@ def test_failed_iteration_carries_its_error_and_ids_are_stable() -> None:
 
 
 def test_model_level_alone_gives_one_span_per_iteration() -> None:
-    from tracer.levels.model import StepRecords
+    from tracer.records import StepRecords
 
     steps = StepRecords(iteration=[0, 1], start_ns=[100, 300], end_ns=[250, 420])
     table, report = build_table("run-2", "M", steps)

@@ -21,7 +21,7 @@ from collector.server import Collector, CollectorConfig
 from tests.fixtures import load_raw
 from tracer import schema, store
 from tracer.convert import build_table
-from tracer.levels.model import StepRecords
+from tracer.records import StepRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 JAEGER_BIN = Path(

@@ -18,10 +18,15 @@ import pyarrow.compute as pc
 
 from tracer import schema
 from tracer.intervals import depths, inherit, nest
-from tracer.levels.cuda import ApiRecords, GpuRecords
-from tracer.levels.framework import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX, FrameworkRecords
-from tracer.levels.model import StepRecords
 from tracer.monitor import MonitorSamples, summarize
+from tracer.records import (
+    MODULE_RANGE_PREFIX,
+    STEP_RANGE_PREFIX,
+    ApiRecords,
+    FrameworkRecords,
+    GpuRecords,
+    StepRecords,
+)
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer."
@@ -230,7 +235,7 @@ def _step_block(steps: StepRecords, failures: dict[int, str]) -> _Block:
     )
 
 
-def _dictionary(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+def dictionary_column(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
     """A dictionary-encoded string column holding only the values in use; code -1 is null."""
     valid = codes >= 0
     used = np.zeros(len(values), dtype=bool)
@@ -346,11 +351,13 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
 
     def module_column(texts: list[str | None]) -> pa.DictionaryArray:
         values, codes = _intern(texts)
-        return _dictionary(np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values)
+        return dictionary_column(
+            np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values
+        )
 
     base = len(rec.name.values)
     display_codes = np.where(per_call >= 0, base + own_module, name_codes)
-    display = _dictionary(display_codes, rec.name.values + [i.path or i.type for i in infos])
+    display = dictionary_column(display_codes, rec.name.values + [i.path or i.type for i in infos])
     op_codes = np.where(is_module, -1, name_codes)
 
     shape_values = rec.input_shapes.values
@@ -375,15 +382,17 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
             "name": display,
             "start_ns": start,
             "dur_ns": end - start,
-            "kind": _dictionary(kind_codes, kinds),
-            "phase": _dictionary(phase_code.astype(np.int64), phases),
+            "kind": dictionary_column(kind_codes, kinds),
+            "phase": dictionary_column(phase_code.astype(np.int64), phases),
             "thread_id": thread,
-            "module_path": _dictionary(module, [i.path for i in infos]),
-            "module_type": _dictionary(np.where(typed, own_module, -1), [i.type for i in infos]),
+            "module_path": dictionary_column(module, [i.path for i in infos]),
+            "module_type": dictionary_column(
+                np.where(typed, own_module, -1), [i.type for i in infos]
+            ),
             "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
-            "op_name": _dictionary(op_codes, rec.name.values),
-            "input_shapes": _dictionary(shape_codes, shape_values + call_values),
-            "input_dtypes": _dictionary(dtype_codes, dtype_values),
+            "op_name": dictionary_column(op_codes, rec.name.values),
+            "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
+            "input_dtypes": dictionary_column(dtype_codes, dtype_values),
             "output_shapes": module_column(
                 [_shape_text(out_shapes[c]) if c in out_shapes else None for c in calls]
             ),

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from tracer import schema
+from tracer.convert import dictionary_column
 from tracer.intervals import nest
-from tracer.levels.cuda import API_RUNTIME, GPU_KERNEL, GPU_MEMCPY, ApiRecords, GpuRecords
-from tracer.levels.model import StepRecords
+from tracer.records import API_RUNTIME, GPU_KERNEL, GPU_MEMCPY, ApiRecords, GpuRecords, StepRecords
 
 
 def _step_iteration(steps: StepRecords, start: np.ndarray) -> np.ndarray:
@@ -118,10 +118,10 @@ def api_columns(
     kind = np.frombuffer(api.kind, dtype=np.int8)[keep]
     names = np.frombuffer(api.name.codes, dtype=np.int32)[keep]
     columns = {
-        "name": _dictionary(names, api.name.values),
+        "name": dictionary_column(names, api.name.values),
         "start_ns": start[keep],
         "dur_ns": end[keep] - start[keep],
-        "kind": _dictionary(
+        "kind": dictionary_column(
             np.where(kind == API_RUNTIME, 0, 1), [schema.KIND_RUNTIME, schema.KIND_DRIVER]
         ),
         "thread_id": thread[keep],
@@ -150,10 +150,10 @@ def gpu_columns(
         return pa.array(data, pa.int64(), mask=data < 0)
 
     columns = {
-        "name": _dictionary(np.frombuffer(gpu.name.codes, dtype=np.int32)[keep], names),
+        "name": dictionary_column(np.frombuffer(gpu.name.codes, dtype=np.int32)[keep], names),
         "start_ns": start[keep],
         "dur_ns": end - start[keep],
-        "kind": _dictionary(
+        "kind": dictionary_column(
             kind.astype(np.int64), [schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET]
         ),
         "correlation_id": correlation[keep],
@@ -171,13 +171,7 @@ def gpu_columns(
 
 def _strings(column: Any, keep: np.ndarray, valid: np.ndarray) -> pa.DictionaryArray:
     codes = np.frombuffer(column.codes, dtype=np.int32)[keep].astype(np.int64)
-    return _dictionary(np.where(valid, codes, -1), column.values)
-
-
-def _dictionary(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
-    from tracer.convert import _dictionary as dictionary
-
-    return dictionary(np.asarray(codes, dtype=np.int64), list(values))
+    return dictionary_column(np.where(valid, codes, -1), column.values)
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,60 +16,24 @@ import logging
 import os
 import time
 from array import array
-from dataclasses import dataclass, field
 from typing import Any
 
 from tracer.errors import DeviceError, XspError
-from tracer.levels.framework import Interned
+from tracer.records import (
+    API_DRIVER,
+    API_RUNTIME,
+    GPU_KERNEL,
+    GPU_MEMCPY,
+    GPU_MEMSET,
+    ApiRecords,
+    GpuRecords,
+)
 
 log = logging.getLogger(__name__)
 
 #: Activity buffer size: measured on the H200, 8 MB buffers completing mid-iteration slowed
 #: ResNet-50 training up to 4.3x, 256 MB buffers decoded after the window cost 1.02x.
 BUFFER_BYTES = int(os.environ.get("XSP_CUPTI_BUFFER_MB", "256")) * 1024 * 1024
-
-API_RUNTIME, API_DRIVER = 0, 1
-GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
-
-
-def _int64s() -> array[int]:
-    return array("q")
-
-
-@dataclass
-class ApiRecords:
-    """CUDA runtime/driver API calls; ``thread`` is the OS thread id (gettid)."""
-
-    kind: array[int] = field(default_factory=lambda: array("b"))
-    name: Interned = field(default_factory=Interned)
-    start_ns: array[int] = field(default_factory=_int64s)
-    end_ns: array[int] = field(default_factory=_int64s)
-    correlation: array[int] = field(default_factory=_int64s)
-    thread: array[int] = field(default_factory=_int64s)
-    # External correlation: CUPTI correlation id -> the id the PyTorch profiler pushed for the
-    # innermost aten op running when the call was made (its KinetoEvent.correlation_id()).
-    external_correlation: array[int] = field(default_factory=_int64s)
-    external_id: array[int] = field(default_factory=_int64s)
-
-
-@dataclass
-class GpuRecords:
-    """Kernels, memcpys and memsets as the GPU ran them."""
-
-    kind: array[int] = field(default_factory=lambda: array("b"))
-    name: Interned = field(default_factory=Interned)  # mangled kernel name, or "Memcpy HtoD"...
-    start_ns: array[int] = field(default_factory=_int64s)
-    end_ns: array[int] = field(default_factory=_int64s)
-    correlation: array[int] = field(default_factory=_int64s)
-    device: array[int] = field(default_factory=_int64s)
-    stream: array[int] = field(default_factory=_int64s)
-    grid: Interned = field(default_factory=Interned)  # "[x,y,z]", "" for copies
-    block: Interned = field(default_factory=Interned)
-    registers: array[int] = field(default_factory=_int64s)
-    shared_memory: array[int] = field(default_factory=_int64s)  # static + dynamic bytes
-    bytes: array[int] = field(default_factory=_int64s)  # copies and sets
-    copy_kind: Interned = field(default_factory=Interned)
-    dropped: int = 0
 
 
 class _CuptiSession:

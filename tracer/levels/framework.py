@@ -20,9 +20,7 @@ import inspect
 import logging
 import os
 import re
-from array import array
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,79 +36,24 @@ from torch.autograd import (
 from torch.nn.modules import module as nn_module
 
 from tracer.errors import XspError
+from tracer.records import (
+    MODULE_RANGE_PREFIX,
+    STEP_RANGE_PREFIX,
+    FrameworkRecords,
+    ModuleInfo,
+)
 
 log = logging.getLogger(__name__)
 
-MODULE_RANGE_PREFIX = "xsp::module::"
 HOST_ACTIVITY_TYPES = frozenset(
     {"cpu_op", "user_annotation", "cpu_instant_event", "python_function"}
 )
 _CUDA_API_NAME = re.compile(r"cu(da)?[A-Z]")
-STEP_RANGE_PREFIX = "xsp::step::"
 
 try:  # a C++ context manager: about 1 µs per range, against ~5 µs for record_function
     from torch._C._profiler import _RecordFunctionFast as _Range
 except ImportError:  # pragma: no cover - older torch
     from torch.autograd.profiler import record_function as _Range  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class ModuleInfo:
-    """Static facts about one nn.Module, gathered once at its first call."""
-
-    path: str
-    type: str
-    params: int
-    source: str
-
-
-class Interned:
-    """A column of strings kept as int32 codes into a list of distinct values: the form arrow
-    calls a dictionary array, so conversion never touches a Python string per row."""
-
-    def __init__(self, values: Iterable[str] = ()) -> None:
-        self.codes = array("i")
-        self.values: list[str] = []
-        self._index: dict[str, int] = {}
-        for value in values:
-            self.append(value)
-
-    def append(self, value: str) -> None:
-        code = self._index.get(value)
-        if code is None:
-            code = self._index[value] = len(self.values)
-            self.values.append(value)
-        self.codes.append(code)
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-    def to_list(self) -> list[str]:
-        return [self.values[c] for c in self.codes]
-
-
-def _int64s() -> array[int]:
-    return array("q")
-
-
-@dataclass
-class FrameworkRecords:
-    """Raw framework-level records, one entry per profiler event, plus the module tables."""
-
-    name: Interned = field(default_factory=Interned)
-    start_ns: array[int] = field(default_factory=_int64s)
-    end_ns: array[int] = field(default_factory=_int64s)
-    thread: array[int] = field(default_factory=_int64s)
-    fwd_thread: array[int] = field(default_factory=_int64s)
-    seq_nr: array[int] = field(default_factory=_int64s)
-    correlation: array[int] = field(default_factory=_int64s)  # the profiler's op correlation id
-    input_shapes: Interned = field(default_factory=Interned)
-    input_dtypes: Interned = field(default_factory=Interned)
-    modules: list[ModuleInfo] = field(default_factory=list)
-    # Per module call, indexed by the <call> number in the range name.
-    call_module: list[int] = field(default_factory=list)
-    call_input_shapes: list[tuple[Any, ...]] = field(default_factory=list)
-    call_output_shapes: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
 
 def _tensor_shapes(values: Any) -> tuple[Any, ...]:

@@ -8,16 +8,8 @@ true step latency, with no queued GPU work spilling into the next iteration.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
-
-@dataclass
-class StepRecords:
-    """Raw model-level records: one row per measured iteration."""
-
-    iteration: list[int] = field(default_factory=list)
-    start_ns: list[int] = field(default_factory=list)
-    end_ns: list[int] = field(default_factory=list)
+from tracer.records import StepRecords
 
 
 class ModelLevel:

@@ -1,0 +1,125 @@
+"""Raw level records: what each level drains after the measured window, before conversion.
+
+Plain typed containers with no torch import, so that conversion, fixtures, benchmarks and the
+analyses can use them anywhere. Strings are interned (int codes into a table of distinct values)
+and numbers sit in ``array`` buffers, which numpy reads without copying.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Profiler range names that levels M and F open around iterations and module calls.
+MODULE_RANGE_PREFIX = "xsp::module::"
+STEP_RANGE_PREFIX = "xsp::step::"
+
+# Record kinds of levels L and G.
+API_RUNTIME, API_DRIVER = 0, 1
+GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
+
+
+@dataclass
+class StepRecords:
+    """Raw model-level records: one row per measured iteration."""
+
+    iteration: list[int] = field(default_factory=list)
+    start_ns: list[int] = field(default_factory=list)
+    end_ns: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """Static facts about one nn.Module, gathered once at its first call."""
+
+    path: str
+    type: str
+    params: int
+    source: str
+
+
+class Interned:
+    """A column of strings kept as int32 codes into a list of distinct values: the form arrow
+    calls a dictionary array, so conversion never touches a Python string per row."""
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self.codes = array("i")
+        self.values: list[str] = []
+        self._index: dict[str, int] = {}
+        for value in values:
+            self.append(value)
+
+    def append(self, value: str) -> None:
+        code = self._index.get(value)
+        if code is None:
+            code = self._index[value] = len(self.values)
+            self.values.append(value)
+        self.codes.append(code)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def to_list(self) -> list[str]:
+        return [self.values[c] for c in self.codes]
+
+
+def _int64s() -> array[int]:
+    return array("q")
+
+
+@dataclass
+class FrameworkRecords:
+    """Raw framework-level records, one entry per profiler event, plus the module tables."""
+
+    name: Interned = field(default_factory=Interned)
+    start_ns: array[int] = field(default_factory=_int64s)
+    end_ns: array[int] = field(default_factory=_int64s)
+    thread: array[int] = field(default_factory=_int64s)
+    fwd_thread: array[int] = field(default_factory=_int64s)
+    seq_nr: array[int] = field(default_factory=_int64s)
+    correlation: array[int] = field(default_factory=_int64s)  # the profiler's op correlation id
+    input_shapes: Interned = field(default_factory=Interned)
+    input_dtypes: Interned = field(default_factory=Interned)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    # Per module call, indexed by the <call> number in the range name.
+    call_module: list[int] = field(default_factory=list)
+    call_input_shapes: list[tuple[Any, ...]] = field(default_factory=list)
+    call_output_shapes: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class ApiRecords:
+    """CUDA runtime/driver API calls; ``thread`` is the OS thread id (gettid)."""
+
+    kind: array[int] = field(default_factory=lambda: array("b"))
+    name: Interned = field(default_factory=Interned)
+    start_ns: array[int] = field(default_factory=_int64s)
+    end_ns: array[int] = field(default_factory=_int64s)
+    correlation: array[int] = field(default_factory=_int64s)
+    thread: array[int] = field(default_factory=_int64s)
+    # External correlation: CUPTI correlation id -> the id the PyTorch profiler pushed for the
+    # innermost aten op running when the call was made (its KinetoEvent.correlation_id()).
+    external_correlation: array[int] = field(default_factory=_int64s)
+    external_id: array[int] = field(default_factory=_int64s)
+
+
+@dataclass
+class GpuRecords:
+    """Kernels, memcpys and memsets as the GPU ran them."""
+
+    kind: array[int] = field(default_factory=lambda: array("b"))
+    name: Interned = field(default_factory=Interned)  # mangled kernel name, or "Memcpy HtoD"...
+    start_ns: array[int] = field(default_factory=_int64s)
+    end_ns: array[int] = field(default_factory=_int64s)
+    correlation: array[int] = field(default_factory=_int64s)
+    device: array[int] = field(default_factory=_int64s)
+    stream: array[int] = field(default_factory=_int64s)
+    grid: Interned = field(default_factory=Interned)  # "[x,y,z]", "" for copies
+    block: Interned = field(default_factory=Interned)
+    registers: array[int] = field(default_factory=_int64s)
+    shared_memory: array[int] = field(default_factory=_int64s)  # static + dynamic bytes
+    bytes: array[int] = field(default_factory=_int64s)  # copies and sets
+    copy_kind: Interned = field(default_factory=Interned)
+    dropped: int = 0
