@@ -146,10 +146,6 @@ class FrameworkLevel:
             log.warning("framework level: %d module hook calls failed", self._hook_errors)
         return records
 
-    @property
-    def hook_errors(self) -> int:
-        return self._hook_errors
-
     # -- hot path ----------------------------------------------------------------------------
     def _pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         try:
