@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,7 +24,7 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fixtures import load_raw  # noqa: E402
+from tests.fixtures import free_ports, load_raw, start_collector  # noqa: E402
 from tracer import otlp  # noqa: E402
 from tracer.convert import build_table  # noqa: E402
 from tracer.store import open_measurement  # noqa: E402
@@ -60,34 +56,10 @@ def main() -> None:
     parser.add_argument("--spans-per-request", type=int, default=1000)
     args = parser.parse_args()
     bodies = requests(64, args.spans_per_request)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = free_ports(1)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "xsp",
-                "collector",
-                "serve",
-                "--store",
-                str(store),
-                "--grpc",
-                "",
-                "--http",
-                f"127.0.0.1:{port}",
-            ],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        proc = start_collector(store, port)
         acked = [0] * args.clients
         rejected = [0] * args.clients
         deadline = time.perf_counter() + args.seconds

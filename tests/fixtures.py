@@ -126,3 +126,88 @@ def load_raw(scenario: str) -> tuple[StepRecords, FrameworkRecords, dict[str, An
 def load_records(scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
     data = load_json(scenario)
     return from_json(data), data["meta"]
+
+
+def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
+    """The span table that conversion makes of a recorded scenario, at ``levels``."""
+    from tracer.convert import build_table
+
+    records, _ = load_records(scenario)
+    return build_table(
+        run_id,
+        levels,
+        records["M"],
+        records.get("F") if "F" in levels else None,
+        api=records.get("L") if "L" in levels else None,
+        gpu=records.get("G") if "G" in levels else None,
+    )[0]
+
+
+def write_run(root: Path, levels: str, table: Any, resource: dict[str, Any] | None = None) -> Path:
+    """Store ``table`` as the run ``root/levels`` (span part and run.json); returns its path."""
+    from tracer import schema, store
+
+    run_dir = root / levels
+    store.write_span_part(run_dir, table)
+    store.write_json_atomic(
+        run_dir / store.RUN_META,
+        {
+            "format": schema.STORE_FORMAT,
+            "levels": levels,
+            "status": "ok",
+            "resource": resource or {},
+        },
+    )
+    return run_dir
+
+
+def free_ports(count: int) -> list[int]:
+    """Loopback ports nothing listens on (held together, so they differ)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def start_collector(store_dir: Path, port: int) -> Any:
+    """``xsp collector serve`` (HTTP only) in its own process, returned once it answers."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "xsp",
+            "collector",
+            "serve",
+            "--store",
+            str(store_dir),
+            "--grpc",
+            "",
+            "--http",
+            f"127.0.0.1:{port}",
+        ],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"collector did not start: {proc.stderr.read() if proc.stderr else ''}")

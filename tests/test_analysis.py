@@ -12,21 +12,11 @@ import pytest
 from analysis.kernels import kernels_by_name, temporal_breakdown, union_length
 from analysis.layers import layer_info, layer_latency, layer_types
 from analysis.store import MeasurementStore
-from tests.fixtures import load_records
-from tracer import schema, store
-from tracer.convert import build_table
+from tests.fixtures import fixture_table, write_run
 
 
 def _store(root: Path, scenario: str, levels: str) -> MeasurementStore:
-    records, _ = load_records(scenario)
-    table, _ = build_table(
-        "run-a", levels, records["M"], records.get("F"), api=records.get("L"), gpu=records.get("G")
-    )
-    store.write_span_part(root / levels, table)
-    store.write_json_atomic(
-        root / levels / store.RUN_META,
-        {"format": schema.STORE_FORMAT, "levels": levels, "status": "ok"},
-    )
+    write_run(root, levels, fixture_table(scenario, levels))
     return MeasurementStore(root)
 
 

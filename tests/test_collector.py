@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +19,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from collector.server import Collector, CollectorConfig, rpc_status
-from tests.fixtures import load_raw
+from tests.fixtures import free_ports, load_raw, start_collector
 from tracer import otlp, schema
 from tracer.convert import build_table
 from tracer.store import open_measurement
@@ -227,46 +223,9 @@ def test_many_senders_at_once_and_forwarding(tmp_path: Path) -> None:
     assert open_measurement(tmp_path / "down" / "m-p3")[0].spans().num_rows == 1791
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(store: Path, port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "xsp",
-            "collector",
-            "serve",
-            "--store",
-            str(store),
-            "--grpc",
-            "",
-            "--http",
-            f"127.0.0.1:{port}",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"collector did not start: {proc.stderr.read() if proc.stderr else ''}")
-
-
 def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:
-    store, port = tmp_path / "store", _free_port()
-    proc = _start(store, port)
+    store, (port,) = tmp_path / "store", free_ports(1)
+    proc = start_collector(store, port)
     base = _table("k").slice(0, 200)
     acked: list[bytes] = []
     stop = threading.Event()
@@ -294,7 +253,7 @@ def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:
     proc.wait()
     stop.set()
     sender.join()
-    restarted = _start(store, port)
+    restarted = start_collector(store, port)
     restarted.send_signal(signal.SIGTERM)
     assert restarted.wait(timeout=30) == 0
     spans = open_measurement(store / "m-k")[0].spans()

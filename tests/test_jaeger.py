@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,10 +17,8 @@ from typing import Any
 import pytest
 
 from collector.server import Collector, CollectorConfig
-from tests.fixtures import load_raw
+from tests.fixtures import fixture_table, free_ports, write_run
 from tracer import schema, store
-from tracer.convert import build_table
-from tracer.records import StepRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 JAEGER_BIN = Path(
@@ -29,19 +26,9 @@ JAEGER_BIN = Path(
 )
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 class Jaeger:
     def __init__(self, work: Path) -> None:
-        grpc, http, query, query_grpc, health = _free_ports(5)
+        grpc, http, query, query_grpc, health = free_ports(5)
         self.otlp_grpc = f"127.0.0.1:{grpc}"
         self.otlp_http = f"http://127.0.0.1:{http}"
         self.query = f"http://127.0.0.1:{query}"
@@ -98,13 +85,7 @@ def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
 def _measurement(root: Path, run_id: str) -> dict[str, int]:
     """A stored two-level-set measurement (M and MF) from the real ResNet-18 capture; returns
     the span count of each trace (hex trace id)."""
-    steps, framework, _ = load_raw("resnet18_train_cpu")
-    tables = {
-        "M": build_table(run_id, "M", StepRecords(steps.iteration, steps.start_ns, steps.end_ns))[
-            0
-        ],
-        "MF": build_table(run_id, "MF", steps, framework)[0],
-    }
+    tables = {levels: fixture_table("resnet18_train_cpu", levels, run_id) for levels in ("M", "MF")}
     counts = {}
     for levels, table in tables.items():
         resource = {
@@ -115,16 +96,7 @@ def _measurement(root: Path, run_id: str) -> dict[str, int]:
             schema.RES_LEVELS: levels,
             schema.RES_WORKLOAD: "torchvision:resnet18",
         }
-        store.write_span_part(root / levels, table)
-        store.write_json_atomic(
-            root / levels / store.RUN_META,
-            {
-                "format": schema.STORE_FORMAT,
-                "levels": levels,
-                "status": "ok",
-                "resource": resource,
-            },
-        )
+        write_run(root, levels, table, resource)
         for trace_id in set(table.column("trace_id").to_pylist()):
             counts[trace_id.hex()] = sum(
                 1 for t in table.column("trace_id").to_pylist() if t == trace_id

@@ -15,7 +15,8 @@ import pytest
 
 from analysis.reconstruct import level_overhead, reconstruct
 from analysis.store import MeasurementStore
-from tracer import schema, store
+from tests.fixtures import write_run
+from tracer import schema
 
 MS = 1_000_000
 
@@ -57,12 +58,7 @@ def _run(base: Path, levels: str, iterations: int = 5) -> None:
         if gpu:
             span(conv, "k", "gpu", "kernel", t + 1.2, 2, it)
             span(conv, "k", "gpu", "kernel", t + 3.4, 0.5, it)
-    store.write_span_part(
-        root_dir := base / levels, pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA)
-    )
-    store.write_json_atomic(
-        root_dir / store.RUN_META, {"format": schema.STORE_FORMAT, "levels": levels}
-    )
+    write_run(base, levels, pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA))
 
 
 @pytest.fixture

@@ -7,22 +7,14 @@ import pytest
 
 from analysis.store import MeasurementStore
 from analysis.summary import level_sets
-from tests.fixtures import load_raw
+from tests.fixtures import fixture_table, write_run
 from tracer import store
 from tracer.convert import build_table
 from tracer.errors import StoreError
 
 
 def _write_run(root: Path, levels: str = "MF") -> Path:
-    steps, framework, _ = load_raw("resnet18_train_cpu")
-    table, _ = build_table("run-s", levels, steps, framework)
-    run_dir = root / levels
-    store.write_span_part(run_dir, table)
-    store.write_json_atomic(
-        run_dir / store.RUN_META,
-        {"format": store.schema.STORE_FORMAT, "levels": levels, "status": "ok", "resource": {}},
-    )
-    return run_dir
+    return write_run(root, levels, fixture_table("resnet18_train_cpu", levels, "run-s"))
 
 
 def test_round_trip_and_sql(tmp_path: Path) -> None:

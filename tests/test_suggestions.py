@@ -17,33 +17,19 @@ from analysis.suggestions import (
     layout_transposes,
     suggest,
 )
-from tests.fixtures import load_records
-from tracer import schema, store
-from tracer.convert import build_table
+from tests.fixtures import fixture_table, write_run
+from tracer import schema
 
 TRACE = b"\x01" * 16
 
 
 def _write(root: Path, levels: str, table: pa.Table, device: str = "cuda") -> MeasurementStore:
-    store.write_span_part(root / levels, table)
-    store.write_json_atomic(
-        root / levels / store.RUN_META,
-        {
-            "format": schema.STORE_FORMAT,
-            "levels": levels,
-            "status": "ok",
-            "resource": {"xsp.device": device},
-        },
-    )
+    write_run(root, levels, table, {"xsp.device": device})
     return MeasurementStore(root)
 
 
 def _fixture(root: Path, scenario: str, levels: str, device: str) -> MeasurementStore:
-    records, _ = load_records(scenario)
-    table, _ = build_table(
-        "run-s", levels, records["M"], records.get("F"), api=records.get("L"), gpu=records.get("G")
-    )
-    return _write(root, levels, table, device)
+    return _write(root, levels, fixture_table(scenario, levels), device)
 
 
 def _synthetic(root: Path, levels: str, spans: list[dict[str, Any]]) -> MeasurementStore:
