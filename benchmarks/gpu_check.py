@@ -1,5 +1,6 @@
-"""The H200 check for levels L and G: a training run of ResNet-50 at level set MLG, checked
-against CUPTI's own kernel count for an uninstrumented iteration.
+"""The H200 check for levels F, L and G: a training run of ResNet-50 at level set MFLG, checked
+against CUPTI's own kernel count for an uninstrumented iteration, with the chain of parents of
+every kernel (API call, library call, op, layer).
 
     python benchmarks/gpu_check.py [--model torchvision:resnet50] [--batch-size 32] [--out FILE]
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -52,9 +54,12 @@ def main() -> None:
     parser.add_argument("--model", default="torchvision:resnet50")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--levels", default="MLG")
+    parser.add_argument("--levels", default="MFLG")
     parser.add_argument("--out")
     args = parser.parse_args()
+    from tracer.levels.cuda import nvtx_environment
+
+    os.environ.update(nvtx_environment())  # before cuBLAS, cuDNN and PyTorch first use NVTX
     workload = zoo.build(args.model, args.batch_size, "train", "cuda")
     for _ in range(3):
         workload.step()
@@ -79,6 +84,12 @@ def main() -> None:
         return levels
 
     chains = [chain(k) for k in kernels]
+    parents_of_kernels = set()
+    for kernel in kernels:
+        span = kernel
+        while span["parent_span_id"]:
+            span = rows[span["parent_span_id"]]
+            parents_of_kernels.add(span["span_id"])
     under_op = sum(1 for c in chains if "op" in c or "backward" in c or "optimizer" in c)
     under_module = sum(1 for k in kernels if k["module_path"] is not None)
     result = {
@@ -91,6 +102,16 @@ def main() -> None:
         "kernels_per_iteration_plain_cupti": reference,
         "kernels_under_api_call": sum(1 for c in chains if c and c[0] in ("runtime", "driver")),
         "kernels_under_op": under_op,
+        "kernels_under_library_call": sum(1 for c in chains if "library_call" in c),
+        "kernels_under_module": sum(1 for c in chains if "module" in c),
+        "library_calls": Counter(
+            f"{r['library']}:{r['name']}" for r in rows.values() if r["kind"] == "library_call"
+        ).most_common(10),
+        "library_calls_with_kernels": sum(
+            1
+            for r in rows.values()
+            if r["kind"] == "library_call" and r["span_id"] in parents_of_kernels
+        ),
         "kernels_with_layer": under_module,
         "kernels": len(kernels),
         "top_kernels": Counter(k["name"][:80] for k in kernels).most_common(5),

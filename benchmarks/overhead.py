@@ -1,5 +1,6 @@
-"""Per-iteration overhead of levels M and MF against the uninstrumented step, with
-torch.profiler (CPU activity only) measured in the same process for comparison.
+"""Per-iteration overhead of xsp's level sets against the uninstrumented step, with
+torch.profiler measured in the same process for comparison, and peak host memory (``--rss``:
+one fresh process per configuration, since peak RSS only grows within a process).
 
 Method: for each case, ROUNDS rounds; in each round every configuration runs WARMUP untimed and
 ITERS timed iterations, in a freshly shuffled order (the machine is noisy, so configurations are
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +45,10 @@ CONFIGS = (
     "M(no monitor)",
     "MF",
     "MF(no op shapes)",
+    "MF(nvtx)",
     "MLG",
+    "MFL",
+    "MFLG",
     "torch.profiler(cpu)",
     "torch.profiler(cpu,shapes)",
     "torch.profiler(cpu+cuda)",
@@ -78,6 +85,10 @@ def run_config(
         return times, len(prof.profiler.kineto_results.events())
     sink = InMemorySink()
     levels, _, variant = config.partition("(")
+    if "nvtx" in variant:
+        os.environ["XSP_FRAMEWORK_CAPTURE"] = "nvtx"
+    else:
+        os.environ.pop("XSP_FRAMEWORK_CAPTURE", None)
     session = Session(
         levels,
         iterations=iters,
@@ -102,8 +113,45 @@ def run_config(
     return steps, table.num_rows
 
 
+def peak_rss(case: str, configs: list[str], device: str, iters: int) -> dict[str, float]:
+    """Peak host RSS (MB) of a fresh process that runs ``case`` under each configuration."""
+    peaks = {}
+    for config in configs:
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--rss-child",
+                config,
+                "--cases",
+                case,
+                "--device",
+                device,
+                "--iters",
+                str(iters),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise SystemExit(f"rss child {config} failed: {done.stderr[-2000:]}")
+        peaks[config] = float(lines[-1])
+    return peaks
+
+
+def _rss_child(config: str, case: str, device: str, iters: int) -> None:
+    model, mode, batch = case.split("/")
+    workload = zoo.build(model, int(batch), mode, device)
+    run_config(config, workload, device, 5, iters)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--rss", action="store_true", help="measure peak RSS per configuration")
+    parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
@@ -114,7 +162,31 @@ def main() -> None:
     )
     parser.add_argument("--out")
     args = parser.parse_args()
+    configs_all = [c for c in (args.rss_child or args.configs).split(",") if c]
+    cupti_configs = [c for c in configs_all if "L" in c.split("(")[0] or "G" in c.split("(")[0]]
+    if cupti_configs and args.device.startswith("cuda"):
+        # NVTX routing must be in place before the libraries start; it then applies to every
+        # configuration of this process, the uninstrumented one included (fair to compare).
+        from tracer.levels.cuda import nvtx_environment
+
+        os.environ.update(nvtx_environment())
+    if args.rss_child:
+        _rss_child(args.rss_child, args.cases, args.device, args.iters)
+        return
+    if args.rss:
+        configs = [c for c in args.configs.split(",") if c]
+        report = {}
+        for case in args.cases.split(","):
+            peaks = peak_rss(case, configs, args.device, args.iters)
+            report[case] = peaks
+            print(f"\npeak RSS, {case}")
+            for config, mb in peaks.items():
+                print(f"{config:<28}{mb:>10.0f} MB{mb / peaks['none']:>8.3f}x")
+        if args.out:
+            Path(args.out).write_text(json.dumps({"peak_rss_mb": report}, indent=1))
+        return
     results: dict[str, Any] = {
+        "nvtx_environment": bool(cupti_configs),
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "rounds": args.rounds,

@@ -30,14 +30,17 @@ def capture_raw(
     model: str, mode: str, batch_size: int, device: str, iterations: int, levels: str = "MF"
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run a zoo workload with ``levels`` driven by hand; return (drained records, meta)."""
+    import os
+
     import torch
 
     from tracer import zoo
-    from tracer.levels import LevelContext, build_levels
+    from tracer.levels import LevelContext, build_levels, level_environment
 
+    os.environ.update(level_environment(LevelContext(device, levels)))  # before libraries start
     workload = zoo.build(model, batch_size, mode, device)
     workload.step()  # warm-up: allocator, cuDNN/cuBLAS handles
-    built = build_levels(levels, LevelContext(device))
+    built = build_levels(levels, LevelContext(device, levels))
     for level in built:
         level.enable()
     for i in range(iterations):
@@ -62,6 +65,8 @@ def capture_raw(
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, (type, ModuleInfo)):
+        return to_json(value)
     if isinstance(value, Interned):
         return value.to_list()
     if isinstance(value, array):
@@ -86,7 +91,9 @@ def _restore(cls: type, data: dict[str, Any]) -> Any:
         if f.name not in data:
             continue
         raw, default = data[f.name], getattr(template, f.name)
-        if isinstance(default, Interned):
+        if dataclasses.is_dataclass(default):
+            values[f.name] = _restore(type(default), raw)
+        elif isinstance(default, Interned):
             values[f.name] = Interned(raw)
         elif isinstance(default, array):
             values[f.name] = array(default.typecode, raw)

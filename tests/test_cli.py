@@ -212,7 +212,7 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
         (["--", "bash", "train.sh"], "expects a Python command"),
         (
             ["--model", "torchvision:resnet18", "--levels", "M,MFLG", "--device", "cpu"],
-            "level L records CUDA API calls",
+            "level G records GPU work and needs --device cuda",
         ),
     ],
 )

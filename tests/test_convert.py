@@ -3,7 +3,8 @@
 Expected numbers are worked out from ResNet-18 itself: 68 named modules, of which 76 module calls
 per forward (each of the 8 BasicBlocks calls its ReLU twice: 1 + 8*2 = 17 ReLU calls, against 9
 ReLU modules); 20 Conv2d and 20 BatchNorm2d layers; one Linear layer fc with 512*1000 + 1000
-parameters. The CUDA capture ran backward on the autograd device thread (thread 2).
+parameters. The CUDA captures ran backward on the autograd device thread (Kineto's thread 2; in the
+MFLG capture, where F comes from NVTX ranges, an OS thread id other than the forward thread's).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tests.fixtures import load_raw
 from tracer import schema
 from tracer.convert import build_table
 
-SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda"]
+SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda", "resnet18_train_mflg_cuda"]
 
 
 def _convert(scenario: str):  # type: ignore[no-untyped-def]
@@ -71,7 +72,8 @@ def test_ops_nest_under_their_module_with_shapes(scenario: str) -> None:
         parent = ids[op["parent_span_id"]]
         assert parent["kind"] == "module" and parent["module_type"] == "Conv2d"
         assert op["module_path"] == parent["module_path"]
-        assert op["input_dtypes"].startswith("float,float")
+        if "mflg" not in scenario:  # NVTX op ranges carry shapes, not dtypes
+            assert op["input_dtypes"].startswith("float,float")
     first = min(convs, key=lambda r: r["start_ns"])
     assert first["input_shapes"].startswith("[[2,3,224,224],[64,3,7,7]")
 
@@ -90,8 +92,13 @@ def test_backward_nodes_are_attributed_to_their_forward_layer(scenario: str) -> 
     conv_paths = {b["module_path"] for b in backward if b["name"].endswith("ConvolutionBackward0")}
     assert len(conv_paths) == 20 and "layer4.1.conv2" in conv_paths
     assert all(b["phase"] == "backward" for b in backward)
-    if scenario.endswith("cuda"):
+    if scenario == "resnet18_train_cuda":  # Kineto's thread numbers
         assert {b["thread_id"] for b in backward} == {2}
+    if scenario == "resnet18_train_mflg_cuda":  # OS thread ids: not the forward thread's
+        forward = {r["thread_id"] for r in _rows(table, "module")}
+        assert len({b["thread_id"] for b in backward}) == 1 and not forward & {
+            b["thread_id"] for b in backward
+        }
 
 
 def test_optimizer_step_is_its_own_span_under_the_root() -> None:
@@ -168,3 +175,89 @@ def test_gpu_work_without_api_calls_hangs_under_the_step() -> None:
     assert reachable_from_root(table)
     gpu = _rows(table, "kernel") + _rows(table, "memset")
     assert len(gpu) == 339 and {r["parent_span_id"] for r in gpu} == {1}
+
+
+def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
+    """The H200 capture of one ResNet-18 training step at MFLG: F from PyTorch's NVTX ranges,
+    L from CUDA API records and cuDNN/cuBLAS NVTX ranges, G from kernel records, all taken by one
+    CUPTI session. Every kernel hangs under its launch, the launch under a library call or an
+    op; cuDNN's convolution calls sit under aten::cudnn_convolution inside a Conv2d layer."""
+    from tests.fixtures import load_records
+
+    records, _ = load_records("resnet18_train_mflg_cuda")
+    table, report = build_table(
+        "run-a", "MFLG", records["M"], records["F"], api=records["L"], gpu=records["G"]
+    )
+    assert reachable_from_root(table)
+    rows = {r["span_id"]: r for r in table.to_pylist()}
+
+    def above(span: dict) -> list[dict]:
+        chain = []
+        while span["parent_span_id"]:
+            span = rows[span["parent_span_id"]]
+            chain.append(span)
+        return chain
+
+    kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    assert len(kernels) == 324
+    chains = [above(k) for k in kernels]
+    assert all(c[0]["kind"] in ("runtime", "driver") for c in chains)
+    assert all(any(s["level"] == "framework" for s in c) for c in chains)
+    calls = [r for r in rows.values() if r["kind"] == "library_call"]
+    assert {r["library"] for r in calls} == {"cuDNN", "cuBLAS"}
+    convs = [r for r in calls if r["name"] == "cudnnBackendExecute" and r["phase"] == "forward"]
+    assert len(convs) == 20
+    for call in convs:
+        op = rows[call["parent_span_id"]]
+        assert op["name"] == "aten::cudnn_convolution"
+        assert rows[op["parent_span_id"]]["name"] == "aten::_convolution"
+        assert any(s["module_type"] == "Conv2d" for s in above(op))
+        assert call["module_path"] == op["module_path"] and call["module_path"]
+    # cuBLASLt GEMMs run for aten::addmm/mm, and inside cuDNN's own convolution calls too
+    gemm = Counter(
+        rows[r["parent_span_id"]]["name"] for r in calls if r["name"] == "cublasLtMatmul"
+    )
+    assert set(gemm) == {"aten::addmm", "cudnnBackendExecute"}
+    # the launches inside a cuDNN call hang under it, and their kernels inherit its layer
+    under_calls = [
+        k for k, c in zip(kernels, chains, strict=True) if c[1]["kind"] == "library_call"
+    ]
+    assert len(under_calls) > 100
+    assert all(
+        k["module_path"] == c[1]["module_path"]
+        for k, c in zip(kernels, chains, strict=True)
+        if c[1]["kind"] == "library_call"
+    )
+    assert report.counts_by_level["gpu"] == 339
+
+
+def test_nvtx_op_names_give_name_sequence_number_and_shapes() -> None:
+    from tracer.levels.framework import parse_nvtx_name
+
+    assert parse_nvtx_name("aten::add, seq = 7, op_id = 9, sizes = [[2, 3], []]") == (
+        "aten::add",
+        7,
+        "[[2,3],[]]",
+    )
+    assert parse_nvtx_name(
+        "aten::mm, op_id = 3, sizes = [[4, 5], [5, 6]], input_op_ids = [(1, 0)]"
+    ) == ("aten::mm", -1, "[[4,5],[5,6]]")
+    assert parse_nvtx_name("xsp::module::12") == ("xsp::module::12", -1, "[]")
+
+
+def test_onednn_verbose_lines_become_timed_library_calls() -> None:
+    from tracer.levels.onednn import parse_verbose_line
+
+    line = (
+        "onednn_verbose,v1,1796009213936.961914,primitive,exec,cpu,convolution,jit:avx512_core,"
+        "forward_training,src:f32:a:blocked:abcd::f0 wei:f32:ap:blocked:Acdb16a::f0,"
+        "attr-scratchpad:user,alg:convolution_direct,"
+        "mb2_ic3oc8_ih32oh30kh3sh1dh0ph0_iw32ow30kw3sw1dw0pw0,0.296143\n"
+    )
+    start, end, primitive, detail = parse_verbose_line(line)  # type: ignore[misc]
+    assert primitive == "convolution"
+    assert abs(start - 1796009213936961914) < 1000 and abs((end - start) - 296143) < 1000
+    assert detail.startswith("jit:avx512_core forward_training alg:convolution_direct mb2_ic3oc8")
+    assert parse_verbose_line("onednn_verbose,v1,info,oneDNN v3.13.3\n") is None
+    untimed = "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src dst,,,8x3,0.01\n"
+    assert parse_verbose_line(untimed) is None

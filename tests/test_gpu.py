@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tests.conftest import reachable_from_root
@@ -31,8 +32,8 @@ def test_mf_training_on_cuda_nests_and_attributes_backward(cuda_device: str) -> 
     assert {"conv1", "fc", "layer4.1.conv2"} <= set(attributed.column("module_path").to_pylist())
 
 
-def test_mlg_training_hangs_every_kernel_under_its_launch(cuda_device: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # A fresh process, as xsp run uses: CUPTI must not have met the PyTorch profiler before.
+def _xsp_run(levels: str, device: str, out) -> pa.Table:  # type: ignore[no-untyped-def]
+    """``xsp run`` of ResNet-18 training in a fresh process (as users run it), its spans."""
     import os
     import subprocess
     import sys
@@ -54,15 +55,15 @@ def test_mlg_training_hangs_every_kernel_under_its_launch(cuda_device: str, tmp_
             "--mode",
             "train",
             "--levels",
-            "MLG",
+            levels,
             "--iterations",
             "2",
             "--warmup",
             "1",
             "--device",
-            cuda_device,
+            device,
             "--out",
-            str(tmp_path / "R"),
+            str(out),
         ],
         capture_output=True,
         text=True,
@@ -70,8 +71,13 @@ def test_mlg_training_hangs_every_kernel_under_its_launch(cuda_device: str, tmp_
         env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
     )
     assert done.returncode == 0, done.stderr
-    (run,) = open_measurement(tmp_path / "R")
-    table = run.spans()
+    (run,) = open_measurement(out)
+    assert run.meta["status"] == "ok", run.meta
+    return run.spans()
+
+
+def test_mlg_training_hangs_every_kernel_under_its_launch(cuda_device: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = _xsp_run("MLG", cuda_device, tmp_path / "R")
     assert reachable_from_root(table)
     rows = {r["span_id"]: r for r in table.to_pylist()}
     kernels = [r for r in rows.values() if r["kind"] == "kernel"]
@@ -85,10 +91,30 @@ def test_mlg_training_hangs_every_kernel_under_its_launch(cuda_device: str, tmp_
     assert all(k["grid"] and k["registers_per_thread"] for k in kernels)
 
 
-def test_levels_l_and_g_refuse_to_share_cupti_with_the_framework_level(cuda_device: str) -> None:
-    import pytest
+def test_mflg_training_hangs_kernels_under_library_op_and_layer(cuda_device: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    table = _xsp_run("MFLG", cuda_device, tmp_path / "R")
+    assert reachable_from_root(table)
+    rows = {r["span_id"]: r for r in table.to_pylist()}
 
-    from tracer.errors import ConfigError
+    def kinds_above(span: dict) -> list[str]:
+        kinds = []
+        while span["parent_span_id"]:
+            span = rows[span["parent_span_id"]]
+            kinds.append(span["kind"])
+        return kinds
 
-    with pytest.raises(ConfigError, match="cannot run with level F"):
-        Session("MFLG", device=cuda_device)
+    kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    chains = [kinds_above(k) for k in kernels]
+    assert all(c[0] in ("runtime", "driver") for c in chains)
+    # every kernel of the step reaches an op; forward kernels reach their layer
+    assert all({"op", "backward", "optimizer"} & set(c) for c in chains)
+    # forward kernels reach their layer, except the loss's (computed outside the model)
+    forward = [c for k, c in zip(kernels, chains, strict=True) if k["phase"] == "forward"]
+    assert forward and sum("module" in c for c in forward) >= 0.9 * len(forward)
+    # backward kernels are attributed to the layer whose gradient they compute
+    backward = [k for k in kernels if k["phase"] == "backward"]
+    assert sum(k["module_path"] is not None for k in backward) >= 0.9 * len(backward)
+    libraries = {r["library"] for r in rows.values() if r["kind"] == "library_call"}
+    assert "cuDNN" in libraries and libraries & {"cuBLAS", "cuBLASLt"}
+    conv_kernels = [c for c in chains if "library_call" in c]
+    assert len(conv_kernels) > len(kernels) // 10

@@ -165,3 +165,31 @@ def test_a_rerun_replaces_the_earlier_run(tmp_path: Path) -> None:
         session.close()
     run = open_run(tmp_path / "M")
     assert len(run.span_files) == 1 and run.spans().num_rows == 2
+
+
+def test_mfl_on_cpu_puts_onednn_calls_under_aten_ops_and_keeps_user_output(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
+    x = torch.randn(2, 3, 32, 32)
+    expected = model(x)
+    sink = InMemorySink()
+    with xsp.session("MFL", iterations=2, warmup=0, sinks=[sink], device="cpu") as s:
+        while not s.done:
+            with s.iteration():
+                out = model(x)
+                print("user line", flush=True)
+    assert torch.equal(out, expected)  # tracing does not change the results
+    assert capfd.readouterr().out.count("user line") == 2  # and the user's stdout comes back
+    table = sink.table()
+    assert reachable_from_root(table)
+    rows = {r["span_id"]: r for r in table.to_pylist()}
+    calls = [r for r in rows.values() if r["kind"] == "library_call"]
+    convs = [r for r in calls if r["name"] == "convolution"]
+    assert len(convs) == 2 and all(r["library"] == "oneDNN" for r in calls)
+    for call in convs:
+        op = rows[call["parent_span_id"]]
+        assert op["level"] == "framework" and op["name"] == "aten::mkldnn_convolution"
+        assert call["module_path"] == "0" and "forward" in call["library_detail"]
+        assert op["start_ns"] <= call["start_ns"] <= op["start_ns"] + op["dur_ns"]

@@ -31,6 +31,8 @@ from tracer.records import (
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer."
 STEP_SPAN_NAME = "step"
+#: Columns that library, API and GPU spans take from the op (and layer) they run under.
+INHERITED = ("module_path", "phase")
 
 
 @dataclass
@@ -114,27 +116,52 @@ def build_table(
     api_ids = np.zeros(0, dtype=np.uint64)
     api_correlation = np.zeros(0, dtype=np.int64)
     api_iteration = np.zeros(0, dtype=np.int64)
-    api_modules: Any = None
+    api_inherited: dict[str, Any] = {}
     if api is not None:
-        from tracer.convert_cuda import api_columns
+        from tracer.convert_cuda import api_columns, library_columns
 
         ops = None
         if fw_block is not None:
             ops = {k: fw_block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
             ops["iteration"] = fw_block.iteration
-            ops["profiler_correlation"] = fw_block.columns["_profiler_correlation"]
-        kept, api_iteration, columns, op_row = api_columns(api, steps, ops)
+        kept, lib_iteration, columns, lib_parent, op_row = library_columns(api.library, steps, ops)
+        report.events_outside_iterations += len(api.library.start_ns) - len(kept)
+        if fw_block is not None:
+            for name in INHERITED:
+                columns[name] = _take(fw_block.columns[name], op_row)
+            depth = depths(lib_parent)
+            for name in INHERITED:  # nested calls take their caller's
+                codes = inherit(_codes(columns[name]), lib_parent, depth)
+                columns[name] = dictionary_column(codes, columns[name].dictionary.to_pylist())
+        lib_block = _Block(
+            schema.LEVEL_LIBRARY,
+            lib_iteration.astype(np.int32),
+            lib_parent,
+            columns,
+            _ids_of(fw_ids, op_row),
+        )
+        lib_ids = add(lib_block)
+        library = {k: columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
+        library["iteration"] = lib_iteration
+
+        kept, api_iteration, columns, lib_row, op_row = api_columns(api, steps, ops, library)
         report.events_outside_iterations += len(api.start_ns) - len(kept)
         if fw_block is not None:
-            api_modules = columns["module_path"] = _take(fw_block.columns["module_path"], op_row)
+            is_lib = pa.array(lib_row >= 0)
+            for name in INHERITED:
+                from_op = _take(fw_block.columns[name], op_row).cast(pa.string())
+                from_lib = _take(lib_block.columns[name], lib_row).cast(pa.string())
+                columns[name] = pc.if_else(is_lib, from_lib, from_op).dictionary_encode()
+            api_inherited = {name: columns[name] for name in INHERITED}
         api_correlation = np.asarray(columns["correlation_id"])
+        parents = np.where(lib_row >= 0, _ids_of(lib_ids, lib_row), _ids_of(fw_ids, op_row))
         api_ids = add(
             _Block(
                 schema.LEVEL_LIBRARY,
                 api_iteration.astype(np.int32),
                 np.full(len(kept), -1),
                 columns,
-                _ids_of(fw_ids, op_row),
+                parents.astype(np.uint64),
             )
         )
     if gpu is not None:
@@ -144,8 +171,8 @@ def build_table(
             gpu, steps, api_correlation, api_iteration
         )
         report.events_outside_iterations += len(gpu.start_ns) - len(kept)
-        if api_modules is not None:
-            columns["module_path"] = _take(api_modules, api_row)
+        for name, column in api_inherited.items():
+            columns[name] = _take(column, api_row)
         add(
             _Block(
                 schema.LEVEL_GPU,
@@ -165,6 +192,11 @@ def _ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if len(ids) == 0:
         return np.zeros(len(rows), dtype=np.uint64)
     return np.where(rows >= 0, ids[np.maximum(rows, 0)], 0).astype(np.uint64)
+
+
+def _codes(column: pa.DictionaryArray) -> np.ndarray:
+    """A dictionary column's codes, -1 for null."""
+    return np.asarray(column.indices.fill_null(-1), dtype=np.int64)
 
 
 def _take(column: Any, rows: np.ndarray) -> pa.Array:
@@ -321,14 +353,21 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
 
     # Backward attribution: an autograd node carries the sequence number of the forward op that
     # created it; that op ran inside a module on the forward thread.
+    # NVTX capture puts the sequence number on the node's own range (``ConvolutionBackward0,
+    # seq = 7``), the first child of the engine's ``evaluate_function`` range: lift it up.
+    lift = np.nonzero((parent >= 0) & (seq_nr >= 0))[0][::-1]
+    lift = lift[is_backward[parent[lift]] & (seq_nr[parent[lift]] < 0)]
+    seq_nr = seq_nr.copy()
+    seq_nr[parent[lift]] = seq_nr[lift]
+    # When the forward thread is not recorded (-1: NVTX capture), any thread's op with that
+    # sequence number will do: sequence numbers are per thread, and one thread runs forward.
     forward_ops = np.nonzero((phase_code == 0) & (seq_nr >= 0) & (module >= 0) & ~is_module)[0]
-    by_seq = dict(
-        zip(
-            zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=True),
-            module[forward_ops].tolist(),
-            strict=True,
-        )
-    )
+    fwd_modules = module[forward_ops].tolist()
+    fwd_seqs = seq_nr[forward_ops].tolist()
+    fwd_threads = thread[forward_ops].tolist()
+    by_seq = dict(zip(zip(fwd_threads, fwd_seqs, strict=True), fwd_modules, strict=True))
+    anywhere = zip([-1] * len(fwd_seqs), fwd_seqs, strict=True)
+    by_seq.update(zip(anywhere, fwd_modules, strict=True))
     backward_rows = np.nonzero(is_backward)[0]
     keys = zip(fwd_thread[backward_rows].tolist(), seq_nr[backward_rows].tolist(), strict=True)
     own_module[backward_rows] = [by_seq.get(key, -1) for key in keys]
@@ -398,10 +437,6 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
             ),
             "source": module_column([i.source for i in mods]),
             "seq_nr": pa.array(seq_nr, pa.int64(), mask=seq_nr < 0),
-            # not a schema column: lets level L find ops by external correlation
-            "_profiler_correlation": np.frombuffer(rec.correlation, dtype=np.int64)[rows]
-            if len(rec.correlation) == n
-            else np.full(m, -1, dtype=np.int64),
         },
     )
     return block, outside

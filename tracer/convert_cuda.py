@@ -1,10 +1,13 @@
-"""CUDA records (levels L and G) -> span blocks, hung under the framework level.
+"""Library and CUDA records (levels L and G) -> span blocks, hung under the framework level.
 
-Hierarchy, from ids where the records carry them:
+Hierarchy, from ids and recorded nesting:
 1. a kernel, memcpy or memset hangs under the API call that launched it (CUPTI correlation id);
-2. an API call hangs under the innermost aten op that was running on its thread. CUPTI names OS
-   threads and the profiler its own thread numbers, so each OS thread is matched to the profiler
-   thread whose ops contain most of its calls; within a thread, nesting is exact (``nest``).
+2. an API call hangs under the innermost library call (cuBLAS/cuDNN NVTX range) containing it on
+   its thread, else under the innermost aten op;
+3. a library call hangs under the library call or aten op containing it on its thread.
+Host ranges nest exactly within a thread (``nest``). Where the two sides name threads differently
+(Kineto's thread numbers against OS thread ids: oneDNN ranges under a CPU run's ops), each thread
+is matched to the thread whose ranges contain most of its calls.
 Rows that reach no op hang under the model span of the iteration they fall in (time); rows outside
 every iteration (xsp's own synchronizations) are counted and left out.
 """
@@ -22,7 +25,15 @@ import pyarrow as pa
 from tracer import schema
 from tracer.convert import dictionary_column
 from tracer.intervals import nest
-from tracer.records import API_RUNTIME, GPU_KERNEL, GPU_MEMCPY, ApiRecords, GpuRecords, StepRecords
+from tracer.records import (
+    API_RUNTIME,
+    GPU_KERNEL,
+    GPU_MEMCPY,
+    ApiRecords,
+    GpuRecords,
+    RangeRecords,
+    StepRecords,
+)
 
 
 def _step_iteration(steps: StepRecords, start: np.ndarray) -> np.ndarray:
@@ -76,44 +87,67 @@ def _lookup_sorted(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) ->
     return np.where(found, values[order][slot], -1)
 
 
-def by_external_correlation(api: ApiRecords, op_correlation: np.ndarray) -> np.ndarray:
-    """Op row of each API call through the profiler's external correlation ids, -1 if none."""
-    correlation = np.frombuffer(api.correlation, dtype=np.int64)
-    external = _lookup_sorted(
-        np.frombuffer(api.external_correlation, dtype=np.int64),
-        np.frombuffer(api.external_id, dtype=np.int64),
-        correlation,
-    )
-    rows = np.arange(len(op_correlation), dtype=np.int64)
-    valid = op_correlation > 0
-    op_row = _lookup_sorted(op_correlation[valid], rows[valid], external)
-    return np.where(external > 0, op_row, -1)
+def _containing_op(
+    thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: dict[str, Any] | None
+) -> np.ndarray:
+    """Row of the innermost framework op containing each interval, -1 for none."""
+    if ops is None or not len(ops["start_ns"]):
+        return np.full(len(start), -1, dtype=np.int64)
+    op_start = np.asarray(ops["start_ns"], dtype=np.int64)
+    op_end = op_start + np.asarray(ops["dur_ns"], dtype=np.int64)
+    return match_threads(thread, start, end, np.asarray(ops["thread_id"]), op_start, op_end)
+
+
+def library_columns(
+    ranges: RangeRecords, steps: StepRecords, ops: dict[str, Any] | None
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
+    """(rows kept, iteration, columns, parent among kept rows or -1, op row or -1) for library
+    calls. A call inside another on its thread (cuBLAS inside cuDNN) hangs under it; an
+    outermost call hangs under the innermost aten op containing it."""
+    start = np.frombuffer(ranges.start_ns, dtype=np.int64)
+    end = np.frombuffer(ranges.end_ns, dtype=np.int64)
+    thread = np.frombuffer(ranges.thread, dtype=np.int64)
+    op_row = _containing_op(thread, start, end, ops)
+    iteration = _step_iteration(steps, start)
+    if ops is not None and len(ops["start_ns"]):
+        iteration = np.where(op_row >= 0, ops["iteration"][np.maximum(op_row, 0)], iteration)
+    keep = np.nonzero(iteration >= 0)[0]
+    parent = nest(thread[keep], start[keep], end[keep])
+    columns = {
+        "name": dictionary_column(
+            np.frombuffer(ranges.name.codes, dtype=np.int32)[keep], ranges.name.values
+        ),
+        "start_ns": start[keep],
+        "dur_ns": end[keep] - start[keep],
+        "kind": [schema.KIND_LIBRARY_CALL] * len(keep),
+        "thread_id": thread[keep],
+        "library": dictionary_column(
+            np.frombuffer(ranges.domain.codes, dtype=np.int32)[keep], ranges.domain.values
+        ),
+        "library_detail": _strings(ranges.detail, keep, np.ones(len(keep), dtype=bool)),
+    }
+    op_row = np.where(parent >= 0, -1, op_row[keep])
+    return keep, iteration[keep], columns, parent, op_row
 
 
 def api_columns(
-    api: ApiRecords, steps: StepRecords, ops: dict[str, Any] | None
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
-    """(rows kept, their iteration, their columns, their op row or -1) for the API calls."""
+    api: ApiRecords,
+    steps: StepRecords,
+    ops: dict[str, Any] | None,
+    library: dict[str, Any] | None,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
+    """(rows kept, iteration, columns, library row or -1, op row or -1) for the API calls: each
+    hangs under the innermost library call containing it on its thread, else under the
+    innermost op (both recorded on the CUPTI clock with OS thread ids)."""
     start = np.frombuffer(api.start_ns, dtype=np.int64)
     end = np.frombuffer(api.end_ns, dtype=np.int64)
     thread = np.frombuffer(api.thread, dtype=np.int64)
-    op_row = np.full(len(start), -1, dtype=np.int64)
+    lib_row = _containing_op(thread, start, end, library)
+    op_row = np.where(lib_row >= 0, -1, _containing_op(thread, start, end, ops))
     iteration = _step_iteration(steps, start)
-    if ops is not None and len(ops["start_ns"]):
-        op_row = by_external_correlation(api, ops["profiler_correlation"])
-        loose = np.nonzero(op_row < 0)[0]
-        if len(loose):  # no external correlation record: fall back on containment
-            op_start = np.asarray(ops["start_ns"], dtype=np.int64)
-            op_end = op_start + np.asarray(ops["dur_ns"], dtype=np.int64)
-            op_row[loose] = match_threads(
-                thread[loose],
-                start[loose],
-                end[loose],
-                np.asarray(ops["thread_id"]),
-                op_start,
-                op_end,
-            )
-        iteration = np.where(op_row >= 0, ops["iteration"][np.maximum(op_row, 0)], iteration)
+    for rows, host in ((op_row, ops), (lib_row, library)):
+        if host is not None and len(host["start_ns"]):
+            iteration = np.where(rows >= 0, host["iteration"][np.maximum(rows, 0)], iteration)
     keep = np.nonzero(iteration >= 0)[0]
     kind = np.frombuffer(api.kind, dtype=np.int8)[keep]
     names = np.frombuffer(api.name.codes, dtype=np.int32)[keep]
@@ -127,7 +161,7 @@ def api_columns(
         "thread_id": thread[keep],
         "correlation_id": np.frombuffer(api.correlation, dtype=np.int64)[keep],
     }
-    return keep, iteration[keep], columns, op_row[keep]
+    return keep, iteration[keep], columns, lib_row[keep], op_row[keep]
 
 
 def gpu_columns(

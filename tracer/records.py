@@ -18,6 +18,8 @@ STEP_RANGE_PREFIX = "xsp::step::"
 
 # Record kinds of levels L and G.
 API_RUNTIME, API_DRIVER = 0, 1
+#: NVTX domain of ranges in the default domain: PyTorch's own operator ranges (level F on CUDA).
+DEFAULT_DOMAIN = ""
 GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
 
 
@@ -79,7 +81,6 @@ class FrameworkRecords:
     thread: array[int] = field(default_factory=_int64s)
     fwd_thread: array[int] = field(default_factory=_int64s)
     seq_nr: array[int] = field(default_factory=_int64s)
-    correlation: array[int] = field(default_factory=_int64s)  # the profiler's op correlation id
     input_shapes: Interned = field(default_factory=Interned)
     input_dtypes: Interned = field(default_factory=Interned)
     modules: list[ModuleInfo] = field(default_factory=list)
@@ -90,8 +91,23 @@ class FrameworkRecords:
 
 
 @dataclass
+class RangeRecords:
+    """Host-side ranges from outside the profiler: NVTX ranges that CUPTI recorded (PyTorch's
+    operators in the default domain, cuBLAS/cuDNN calls in theirs) or oneDNN primitive runs.
+    ``thread`` is the OS thread id; ``detail`` is free text (oneDNN's problem description)."""
+
+    domain: Interned = field(default_factory=Interned)
+    name: Interned = field(default_factory=Interned)
+    start_ns: array[int] = field(default_factory=_int64s)
+    end_ns: array[int] = field(default_factory=_int64s)
+    thread: array[int] = field(default_factory=_int64s)
+    detail: Interned = field(default_factory=Interned)
+
+
+@dataclass
 class ApiRecords:
-    """CUDA runtime/driver API calls; ``thread`` is the OS thread id (gettid)."""
+    """CUDA runtime/driver API calls (``thread`` is the OS thread id) and the library calls
+    around them (cuBLAS/cuDNN NVTX ranges on CUDA, oneDNN primitives on CPU)."""
 
     kind: array[int] = field(default_factory=lambda: array("b"))
     name: Interned = field(default_factory=Interned)
@@ -99,10 +115,7 @@ class ApiRecords:
     end_ns: array[int] = field(default_factory=_int64s)
     correlation: array[int] = field(default_factory=_int64s)
     thread: array[int] = field(default_factory=_int64s)
-    # External correlation: CUPTI correlation id -> the id the PyTorch profiler pushed for the
-    # innermost aten op running when the call was made (its KinetoEvent.correlation_id()).
-    external_correlation: array[int] = field(default_factory=_int64s)
-    external_id: array[int] = field(default_factory=_int64s)
+    library: RangeRecords = field(default_factory=RangeRecords)
 
 
 @dataclass

@@ -186,7 +186,7 @@ def _run_one(
         proc = subprocess.Popen(
             child_argv(spec, levels, measurement_id, write_fd),
             pass_fds=(write_fd,),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **_level_environment(spec, levels), "PYTHONUNBUFFERED": "1"},
         )
     finally:
         os.close(write_fd)
@@ -213,6 +213,17 @@ def _run_one(
     if progress:
         progress(levels, "end", returncode, spec.iterations)
     return entry
+
+
+def _level_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
+    """What the levels need in the environment before the child's libraries start; the user's
+    own settings win."""
+    from tracer.levels import LevelContext, level_environment
+    from tracer.session import resolve_device
+
+    device = resolve_device(spec.device)
+    needed = level_environment(LevelContext(device, levels))
+    return {k: v for k, v in needed.items() if k not in os.environ}
 
 
 def _read_progress(fd: int, levels: str, progress: ProgressFn | None) -> None:

@@ -38,6 +38,7 @@ KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
 KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
 KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward
 KIND_OPTIMIZER: Final = "optimizer"  # framework: optimizer.step / zero_grad
+KIND_LIBRARY_CALL: Final = "library_call"  # library: a cuBLAS/cuDNN/oneDNN call
 KIND_RUNTIME: Final = "runtime"  # library: a CUDA runtime API call
 KIND_DRIVER: Final = "driver"  # library: a CUDA driver API call
 KIND_KERNEL: Final = "kernel"  # gpu: a kernel execution
@@ -62,6 +63,8 @@ ATTR_SOURCE: Final = "xsp.source"
 ATTR_PHASE: Final = "xsp.phase"
 ATTR_SEQ_NR: Final = "xsp.autograd.seq"
 ATTR_THREAD_ID: Final = "thread.id"
+ATTR_LIBRARY: Final = "xsp.library.name"
+ATTR_LIBRARY_DETAIL: Final = "xsp.library.detail"
 ATTR_CORRELATION_ID: Final = "xsp.cuda.correlation_id"
 ATTR_GPU_DEVICE: Final = "xsp.gpu.device"
 ATTR_GPU_STREAM: Final = "xsp.gpu.stream"
@@ -140,6 +143,8 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("output_shapes", _DICT, ATTR_OUTPUT_SHAPES),
     Column("source", _DICT, ATTR_SOURCE),
     Column("seq_nr", pa.int64(), ATTR_SEQ_NR),
+    Column("library", _DICT, ATTR_LIBRARY),  # cuBLAS, cuBLASLt, cuDNN, oneDNN
+    Column("library_detail", _DICT, ATTR_LIBRARY_DETAIL),  # oneDNN: impl, problem
     Column("correlation_id", pa.int64(), ATTR_CORRELATION_ID),
     Column("gpu_device", pa.int64(), ATTR_GPU_DEVICE),
     Column("gpu_stream", pa.int64(), ATTR_GPU_STREAM),

@@ -34,7 +34,7 @@ import torch
 from tracer import schema, store
 from tracer.convert import build_table
 from tracer.errors import ConfigError, DeviceError, XspError
-from tracer.levels import Level, LevelContext, build_levels, check_levels
+from tracer.levels import Level, LevelContext, build_levels, check_levels, level_environment
 from tracer.monitor import GpuMonitor, MonitorSamples
 from tracer.sinks import CompositeSink, Sink, SpanBatch, StoreSink
 
@@ -137,8 +137,10 @@ class Session:
         self._store_sink = StoreSink(self.run_dir) if self.run_dir is not None else None
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
-        context = LevelContext(self.device, op_shapes=op_shapes)
+        context = LevelContext(self.device, self.levels, op_shapes=op_shapes)
         check_levels(self.levels, self.device)
+        for key, value in level_environment(context).items():  # xsp run sets them earlier
+            os.environ.setdefault(key, value)
         self._levels: list[Level] = build_levels(self.levels, context)
         self._auto = auto_iterations
         self._progress = progress

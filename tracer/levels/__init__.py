@@ -17,6 +17,7 @@ Each level is one module plus one registry entry; `check_levels` says which comb
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,12 +46,23 @@ LevelFactory = Callable[["LevelContext"], Level]
 class LevelContext:
     """What a level needs to know about its session when it is built.
 
+    ``levels``: the whole level set of the session (level F picks its capture from it).
     ``op_shapes``: record aten ops' input shapes and dtypes (level F). On by default; off saves
     a little per-op cost on the host.
     """
 
     device: str
+    levels: str = ""
     op_shapes: bool = True
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def uses_cupti(self) -> bool:
+        """Levels L or G on CUDA: CUPTI is then this process's one source of host ranges too."""
+        return self.on_cuda and ("L" in self.levels or "G" in self.levels)
 
 
 def _model(ctx: LevelContext) -> Level:
@@ -59,31 +71,40 @@ def _model(ctx: LevelContext) -> Level:
     return ModelLevel(ctx.device)
 
 
+def framework_capture(ctx: LevelContext) -> str:
+    """Kineto's CPU activity, unless CUPTI already serves this process (L or G on CUDA): then
+    NVTX ranges through CUPTI, since Kineto would claim CUPTI too. ``XSP_FRAMEWORK_CAPTURE=nvtx``
+    selects NVTX on CUDA without L or G (for overhead comparisons)."""
+    from tracer.levels.framework import CAPTURE_KINETO, CAPTURE_NVTX
+
+    if ctx.uses_cupti:
+        return CAPTURE_NVTX
+    if ctx.on_cuda and os.environ.get("XSP_FRAMEWORK_CAPTURE") == CAPTURE_NVTX:
+        return CAPTURE_NVTX
+    return CAPTURE_KINETO
+
+
 def _framework(ctx: LevelContext) -> Level:
     from tracer.levels.framework import FrameworkLevel
 
-    return FrameworkLevel(record_shapes=ctx.op_shapes)
-
-
-def _on_cuda(ctx: LevelContext, letter: str) -> None:
-    if not ctx.device.startswith("cuda"):
-        from tracer.errors import ConfigError
-
-        raise ConfigError(
-            f"level {letter} records CUDA API calls and GPU work: it needs --device cuda "
-            "(level L on CPU, through oneDNN, is not available yet)"
-        )
+    return FrameworkLevel(record_shapes=ctx.op_shapes, capture=framework_capture(ctx))
 
 
 def _library(ctx: LevelContext) -> Level:
-    _on_cuda(ctx, "L")
+    if not ctx.on_cuda:
+        from tracer.levels.onednn import OneDnnLevel
+
+        return OneDnnLevel()
     from tracer.levels.cuda import LibraryLevel
 
     return LibraryLevel()
 
 
 def _gpu(ctx: LevelContext) -> Level:
-    _on_cuda(ctx, "G")
+    if not ctx.on_cuda:
+        from tracer.errors import ConfigError
+
+        raise ConfigError("level G records GPU work: it needs --device cuda")
     from tracer.levels.cuda import GpuLevel
 
     return GpuLevel()
@@ -94,20 +115,29 @@ REGISTRY: dict[str, LevelFactory] = {"M": _model, "F": _framework, "L": _library
 
 
 def check_levels(levels: str, device: str) -> None:
-    """Raise ConfigError when a level of ``levels`` cannot run on ``device``, or with the others."""
-    for letter in levels:
-        if letter in ("L", "G"):
-            _on_cuda(LevelContext(device), letter)
-    if "F" in levels and ("L" in levels or "G" in levels):
+    """Raise ConfigError when a level of ``levels`` cannot run on ``device``."""
+    if "G" in levels and not device.startswith("cuda"):
         from tracer.errors import ConfigError
 
-        # Seen on the H200 (torch 2.11, cupti-python 13.0): on CUDA builds the PyTorch profiler
-        # behind level F registers its own CUPTI activity callbacks and timestamp source, so
-        # sharing CUPTI with it shifts CUPTI's clock and corrupts memory when both shut down.
         raise ConfigError(
-            f"level set {levels}: levels L and G cannot run with level F yet (PyTorch's profiler, "
-            "behind F, holds CUPTI on CUDA builds); use MLG for GPU work without F"
+            f"level set {levels}: level G records GPU work and needs --device cuda "
+            "(on CPU, use M, MF or MFL)"
         )
+
+
+def level_environment(ctx: LevelContext) -> dict[str, str]:
+    """Environment variables the levels need set before the libraries they watch start: NVTX
+    injection into CUPTI and the libraries' NVTX switches on CUDA, oneDNN's verbose timestamps on
+    CPU. Reading it imports nothing heavy."""
+    if ctx.uses_cupti:
+        from tracer.levels.cuda import nvtx_environment
+
+        return nvtx_environment()
+    if "L" in ctx.levels and not ctx.on_cuda:
+        from tracer.levels.onednn import ONEDNN_ENV
+
+        return dict(ONEDNN_ENV)
+    return {}
 
 
 def build_levels(levels: str, ctx: LevelContext) -> list[Level]:

@@ -1,9 +1,13 @@
 """Levels L and G on CUDA, through NVIDIA's cupti-python Activity API.
 
-- L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records).
+- L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records) and the
+  cuBLAS, cuBLASLt and cuDNN calls around them, from the NVTX ranges those libraries emit when
+  ``CUBLAS_NVTX_LEVEL`` and friends are set and NVTX is injected into CUPTI (MARKER records).
 - G (gpu): kernels (CONCURRENT_KERNEL, never KERNEL, which serializes them), memcpy and memset.
+- F on CUDA, when L or G runs too, takes PyTorch's operator ranges from the same MARKER records
+  (see tracer.levels.framework): one CUPTI owner, one clock, OS thread ids throughout.
 
-Both levels share one CUPTI activity session per process: the driver allows one subscriber, and
+All of them share one CUPTI activity session per process: the driver allows one subscriber, and
 the last callback registration wins process-wide. Buffers are large (``BUFFER_BYTES``, 256 MB by
 default) so that none completes inside a measured iteration: records stay in CUPTI's buffers
 until ``disable`` flushes them, and the completion callback decodes them into typed arrays then.
@@ -22,11 +26,13 @@ from tracer.errors import DeviceError, XspError
 from tracer.records import (
     API_DRIVER,
     API_RUNTIME,
+    DEFAULT_DOMAIN,
     GPU_KERNEL,
     GPU_MEMCPY,
     GPU_MEMSET,
     ApiRecords,
     GpuRecords,
+    RangeRecords,
 )
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,44 @@ log = logging.getLogger(__name__)
 #: ResNet-50 training up to 4.3x, 256 MB buffers decoded after the window cost 1.02x.
 BUFFER_BYTES = int(os.environ.get("XSP_CUPTI_BUFFER_MB", "256")) * 1024 * 1024
 
+#: CUpti_ActivityFlag bits of NVTX range records (cupti-python 13.0 names no MARKER_END).
+_MARKER_START, _MARKER_END = 1 << 1, 1 << 2
+
+#: What makes cuBLAS, cuBLASLt and cuDNN emit NVTX ranges named after their API calls.
+LIBRARY_NVTX_ENV = {"CUBLAS_NVTX_LEVEL": "1", "CUBLASLT_NVTX_LEVEL": "1", "CUDNN_NVTX_LEVEL": "1"}
+
+
+def cupti_library() -> str | None:
+    """Path of the libcupti that cupti-python loads, which NVTX must load as its injection
+    library: with two copies in one process, NVTX would feed one CUPTI and we would read the
+    other. Read from the process's mappings once cupti-python has loaded it."""
+    try:
+        from cupti import cupti
+
+        cupti.get_timestamp()  # makes cupti-python load its library
+    except Exception:
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "libcupti.so" in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def nvtx_environment() -> dict[str, str]:
+    """Environment that routes NVTX ranges (PyTorch's and the libraries') into CUPTI. It must be
+    in place before a library first calls NVTX: ``xsp run`` gives it to each level-set process,
+    and a session sets what is missing when it is created."""
+    env = dict(LIBRARY_NVTX_ENV)
+    library = os.environ.get("NVTX_INJECTION64_PATH") or cupti_library()
+    if library:
+        env["NVTX_INJECTION64_PATH"] = library
+    return env
+
 
 class _CuptiSession:
     """The process's one CUPTI activity registration, shared by levels L and G."""
@@ -42,12 +86,15 @@ class _CuptiSession:
     def __init__(self) -> None:
         self.api = ApiRecords()
         self.gpu = GpuRecords()
+        self.ranges = RangeRecords()
+        self._open_ranges: dict[int, int] = {}  # NVTX range id -> row of its start
         self._cupti: Any = None
         self._kinds: list[Any] = []
         self._users = 0
         self._flushed = False
         self._api_names: dict[tuple[int, int], str] = {}
         self._offsets: list[int] = []
+        self.bad_records = 0
         self._window = [0, 0]
         self._finalized = False
 
@@ -73,10 +120,13 @@ class _CuptiSession:
                 raise XspError(f"CUPTI refused to start: {exc}") from exc
             self._flushed = False
             self._finalized = False
+            self.ranges, self._open_ranges = RangeRecords(), {}
             self._offsets = [_clock_offset(cupti)]
             self._window = [time.time_ns(), 0]
         for name in kinds:
             kind = getattr(cupti.ActivityKind, name)
+            if kind in self._kinds:
+                continue
             try:
                 cupti.activity_enable(kind)
             except Exception as exc:
@@ -122,51 +172,110 @@ class _CuptiSession:
             log.exception("xsp: decoding CUPTI records failed")
 
     def _decode(self, activities: list[Any]) -> None:
-        cupti = self._cupti
-        kinds = cupti.ActivityKind
-        api, gpu = self.api, self.gpu
+        kinds = self._cupti.ActivityKind
+        gpu_kinds = (kinds.CONCURRENT_KERNEL, kinds.MEMCPY, kinds.MEMSET)
+        api_kinds = (kinds.RUNTIME, kinds.DRIVER)
         for record in activities:
-            kind = record.kind
-            if kind == kinds.CONCURRENT_KERNEL:
-                gpu.kind.append(GPU_KERNEL)
-                gpu.name.append(record.name or "?")
-                gpu.grid.append(f"[{record.grid_x},{record.grid_y},{record.grid_z}]")
-                gpu.block.append(f"[{record.block_x},{record.block_y},{record.block_z}]")
-                gpu.registers.append(record.registers_per_thread)
-                gpu.shared_memory.append(record.static_shared_memory + record.dynamic_shared_memory)
-                gpu.bytes.append(-1)
-                gpu.copy_kind.append("")
-            elif kind == kinds.MEMCPY or kind == kinds.MEMSET:
-                is_copy = kind == kinds.MEMCPY
-                copy = cupti.ActivityMemcpyKind(record.copy_kind).name if is_copy else ""
-                gpu.kind.append(GPU_MEMCPY if is_copy else GPU_MEMSET)
-                gpu.name.append(f"Memcpy {copy}" if is_copy else "Memset")
-                gpu.grid.append("")
-                gpu.block.append("")
-                gpu.registers.append(-1)
-                gpu.shared_memory.append(-1)
-                gpu.bytes.append(record.bytes)
-                gpu.copy_kind.append(copy)
-            elif kind == kinds.EXTERNAL_CORRELATION:
-                api.external_correlation.append(record.correlation_id)
-                api.external_id.append(record.external_id)
-                continue
-            elif kind == kinds.RUNTIME or kind == kinds.DRIVER:
-                is_runtime = kind == kinds.RUNTIME
-                api.kind.append(API_RUNTIME if is_runtime else API_DRIVER)
-                api.name.append(self._api_name(is_runtime, record.cbid))
-                api.start_ns.append(record.start)
-                api.end_ns.append(record.end)
-                api.correlation.append(record.correlation_id)
-                api.thread.append(record.thread_id)
-                continue
-            else:
-                continue
-            gpu.start_ns.append(record.start)
-            gpu.end_ns.append(record.end)
-            gpu.correlation.append(record.correlation_id)
-            gpu.device.append(record.device_id)
-            gpu.stream.append(record.stream_id)
+            try:  # each record is read whole before any column grows, so columns stay aligned
+                kind = record.kind
+                if kind in gpu_kinds:
+                    self._append_gpu(self._read_gpu(record, kind))
+                elif kind in api_kinds:
+                    self._append_api(self._read_api(record, kind == kinds.RUNTIME))
+                elif kind == kinds.MARKER:
+                    self._decode_marker(record)
+            except Exception:  # one odd record must not cost the rest of the buffer
+                self.bad_records += 1
+                if self.bad_records == 1:
+                    log.exception("xsp: a CUPTI record could not be decoded; skipping such records")
+
+    def _read_gpu(self, record: Any, kind: Any) -> tuple[Any, ...]:
+        cupti = self._cupti
+        timing = (record.start, record.end, record.correlation_id, record.device_id)
+        if kind == cupti.ActivityKind.CONCURRENT_KERNEL:
+            return (
+                GPU_KERNEL,
+                record.name or "?",
+                f"[{record.grid_x},{record.grid_y},{record.grid_z}]",
+                f"[{record.block_x},{record.block_y},{record.block_z}]",
+                record.registers_per_thread,
+                record.static_shared_memory + record.dynamic_shared_memory,
+                -1,
+                "",
+                *timing,
+                record.stream_id,
+            )
+        if kind == cupti.ActivityKind.MEMCPY:
+            copy = cupti.ActivityMemcpyKind(record.copy_kind).name
+            head: tuple[Any, ...] = (GPU_MEMCPY, f"Memcpy {copy}", "", "", -1, -1, record.bytes)
+            return (*head, copy, *timing, record.stream_id)
+        return (GPU_MEMSET, "Memset", "", "", -1, -1, record.bytes, "", *timing, record.stream_id)
+
+    def _append_gpu(self, row: tuple[Any, ...]) -> None:
+        gpu = self.gpu
+        columns: tuple[Any, ...] = (gpu.kind, gpu.name, gpu.grid, gpu.block, gpu.registers)
+        columns += (gpu.shared_memory, gpu.bytes, gpu.copy_kind, gpu.start_ns, gpu.end_ns)
+        for column, value in zip(
+            (*columns, gpu.correlation, gpu.device, gpu.stream), row, strict=True
+        ):
+            column.append(value)
+
+    def _read_api(self, record: Any, is_runtime: bool) -> tuple[Any, ...]:
+        name = self._api_name(is_runtime, record.cbid)
+        kind = API_RUNTIME if is_runtime else API_DRIVER
+        return (kind, name, record.start, record.end, record.correlation_id, record.thread_id)
+
+    def _append_api(self, row: tuple[Any, ...]) -> None:
+        api = self.api
+        columns: tuple[Any, ...] = (api.kind, api.name, api.start_ns, api.end_ns)
+        columns += (api.correlation, api.thread)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+
+    def _decode_marker(self, record: Any) -> None:
+        """An NVTX push/pop or start/end range arrives as a start record (name, domain, thread)
+        and an end record with the same id; instantaneous markers are ignored."""
+        flags = int(record.flags_)
+        ranges = self.ranges
+        if flags & _MARKER_START:
+            domain, name = record.domain or DEFAULT_DOMAIN, record.name or ""
+            start, thread = record.timestamp, int(record.object_id.pt.thread_id)
+            self._open_ranges[record.id] = len(ranges.start_ns)
+            ranges.domain.append(domain)
+            ranges.name.append(name)
+            ranges.start_ns.append(start)
+            ranges.end_ns.append(0)
+            ranges.thread.append(thread)
+            ranges.detail.append("")
+        elif flags & _MARKER_END:
+            row = self._open_ranges.pop(record.id, None)
+            if row is not None:
+                ranges.end_ns[row] = record.timestamp
+
+    def take_ranges(self, default_domain: bool) -> RangeRecords:
+        """The closed NVTX ranges of the default domain (PyTorch's) or of the other domains
+        (the libraries'), on the Unix-epoch clock."""
+        import numpy as np
+
+        ranges = self.ranges
+        domains = np.frombuffer(ranges.domain.codes, dtype=np.int32)
+        default_code = (
+            ranges.domain.values.index(DEFAULT_DOMAIN)
+            if DEFAULT_DOMAIN in ranges.domain.values
+            else -1
+        )
+        wanted = (domains == default_code) if default_domain else (domains != default_code)
+        end = np.frombuffer(ranges.end_ns, dtype=np.int64)
+        out = RangeRecords()
+        offset = self.offset_ns
+        for row in np.nonzero(wanted & (end > 0))[0].tolist():
+            out.domain.append(ranges.domain.values[ranges.domain.codes[row]])
+            out.name.append(ranges.name.values[ranges.name.codes[row]])
+            out.start_ns.append(ranges.start_ns[row] + offset)
+            out.end_ns.append(ranges.end_ns[row] + offset)
+            out.thread.append(ranges.thread[row])
+            out.detail.append("")
+        return out
 
     def _api_name(self, is_runtime: bool, cbid: int) -> str:
         key = (int(is_runtime), cbid)
@@ -196,6 +305,7 @@ class _CuptiSession:
         _shift(records.start_ns, self.offset_ns)
         _shift(records.end_ns, self.offset_ns)
         self._check_clock(records.start_ns)
+        records.library = self.take_ranges(default_domain=False)
         return records
 
     def _check_clock(self, starts: array[int]) -> None:
@@ -279,10 +389,10 @@ def cupti_session() -> _CuptiSession:
 
 
 class LibraryLevel:
-    """Level L on CUDA: runtime and driver API calls."""
+    """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges)."""
 
     letter = "L"
-    kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "EXTERNAL_CORRELATION")
+    kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER")
 
     def __init__(self) -> None:
         self._session = cupti_session()

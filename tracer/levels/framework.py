@@ -11,6 +11,13 @@ Capture uses two cheap sources that share one clock:
 
 Nothing is turned into spans during the measured window; ``drain`` copies the profiler's events into
 plain lists after it, and ``tracer.convert`` nests them.
+
+On CUDA, when level L or G runs in the same process, source 1 changes: Kineto would hold CUPTI
+(on CUDA builds its CPU activity records CUDA calls through CUPTI), and CUPTI has one owner per
+process. PyTorch's NVTX observer (the ``emit_nvtx`` profiler state) then emits every op as an NVTX
+range, named ``aten::conv2d, seq = 12, op_id = 40, sizes = [[...]]``, that CUPTI records as MARKER
+records next to the library ranges, API calls and kernels: one clock, OS thread ids throughout.
+The module and step ranges ride along unchanged. What NVTX does not carry: input dtypes.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from tracer.records import (
     STEP_RANGE_PREFIX,
     FrameworkRecords,
     ModuleInfo,
+    RangeRecords,
 )
 
 log = logging.getLogger(__name__)
@@ -75,12 +83,17 @@ def owns_profiler() -> bool:
     return _owner is not None
 
 
+#: Capture backends of level F: the Kineto CPU activity, or NVTX ranges recorded by CUPTI.
+CAPTURE_KINETO, CAPTURE_NVTX = "kineto", "nvtx"
+
+
 class FrameworkLevel:
     letter = "F"
 
-    def __init__(self, record_shapes: bool = True) -> None:
+    def __init__(self, record_shapes: bool = True, capture: str = CAPTURE_KINETO) -> None:
+        self.capture = capture
         self._config = ProfilerConfig(
-            ProfilerState.KINETO,
+            ProfilerState.NVTX if capture == CAPTURE_NVTX else ProfilerState.KINETO,
             record_shapes,
             False,
             False,
@@ -88,7 +101,7 @@ class FrameworkLevel:
             False,
             torch._C._profiler._ExperimentalConfig(),
         )
-        self._activities = {ProfilerActivity.CPU}
+        self._activities = {ProfilerActivity.CPU} if capture == CAPTURE_KINETO else set()
         self._result: Any = None
         self._handles: list[Any] = []
         self._records = FrameworkRecords()
@@ -97,6 +110,7 @@ class FrameworkLevel:
         self._stack: list[tuple[int, int, Any]] = []  # (module index, call, open range)
         self._step_range: Any = None
         self._hook_errors = 0
+        self._records_expected = False
 
     # -- level interface -------------------------------------------------------------------
     def enable(self) -> None:
@@ -105,9 +119,15 @@ class FrameworkLevel:
                 "framework level: a PyTorch profiler is already running in this process; "
                 "torch.profiler and xsp's F level cannot record at the same time"
             )
-        with _quiet_native_stderr():
-            _prepare_profiler(self._config, self._activities)
+        if self.capture == CAPTURE_NVTX:
+            from tracer.levels.cuda import cupti_session
+
+            cupti_session().start(("MARKER",))
             _enable_profiler(self._config, self._activities)
+        else:
+            with _quiet_native_stderr():
+                _prepare_profiler(self._config, self._activities)
+                _enable_profiler(self._config, self._activities)
         global _owner
         _owner = self
         self._handles = [
@@ -116,6 +136,7 @@ class FrameworkLevel:
         ]
 
     def begin_iteration(self, index: int) -> None:
+        self._records_expected = True
         self._step_range = _Range(f"{STEP_RANGE_PREFIX}{index}")
         self._step_range.__enter__()
 
@@ -136,11 +157,27 @@ class FrameworkLevel:
                 self._result = _disable_profiler()
         if _owner is self:
             _owner = None
+            if self.capture == CAPTURE_NVTX:
+                from tracer.levels.cuda import cupti_session
+
+                cupti_session().stop()
 
     def drain(self) -> FrameworkRecords:
         records, self._records = self._records, FrameworkRecords()
         result, self._result = self._result, None
-        if result is not None:
+        if self.capture == CAPTURE_NVTX:
+            from tracer.levels.cuda import cupti_session
+
+            session = cupti_session()
+            ranges = session.take_ranges(default_domain=True)
+            session.release()
+            if not len(ranges.start_ns) and self._records_expected:
+                raise XspError(
+                    "no NVTX range reached CUPTI: NVTX_INJECTION64_PATH must name libcupti "
+                    "before PyTorch first uses NVTX (xsp run sets it)"
+                )
+            copy_nvtx_ranges(ranges, records)
+        elif result is not None:
             _copy_events(result.events(), records)
         if self._hook_errors:
             log.warning("framework level: %d module hook calls failed", self._hook_errors)
@@ -246,6 +283,45 @@ def _copy_events(events: Any, out: FrameworkRecords) -> None:
         out.thread.append(event.start_thread_id())
         out.fwd_thread.append(event.fwd_thread_id())
         out.seq_nr.append(event.sequence_nr())
-        out.correlation.append(event.correlation_id())
         out.input_shapes.append(str(event.shapes()).replace(" ", ""))
         out.input_dtypes.append(",".join(event.dtypes()))
+
+
+#: Fields PyTorch's NVTX observer appends to an op's name, in this order.
+_NVTX_FIELDS = re.compile(r", (seq|op_id|sizes|input_op_ids) = ")
+
+
+def parse_nvtx_name(text: str) -> tuple[str, int, str]:
+    """``aten::add, seq = 7, op_id = 9, sizes = [[2, 3], []]`` -> (``aten::add``, 7,
+    ``[[2,3],[]]``); a plain range name comes back with seq -1 and no shapes."""
+    match = _NVTX_FIELDS.search(text)
+    if match is None:
+        return text, -1, "[]"
+    name, seq, sizes = text[: match.start()], -1, "[]"
+    parts = _NVTX_FIELDS.split(text[match.start() :])[1:]
+    for key, value in zip(parts[::2], parts[1::2], strict=True):
+        if key == "seq":
+            seq = int(value)
+        elif key == "sizes":
+            sizes = value.replace(" ", "")
+    return name, seq, sizes
+
+
+def copy_nvtx_ranges(ranges: RangeRecords, out: FrameworkRecords) -> None:
+    """PyTorch's NVTX op ranges -> framework records. Forward threads are not in the names, so
+    ``fwd_thread`` is -1 and conversion matches backward nodes to forward ops by sequence number."""
+    parsed: dict[int, tuple[str, int, str]] = {}
+    values = ranges.name.values
+    for row, code in enumerate(ranges.name.codes):
+        fields = parsed.get(code)
+        if fields is None:
+            fields = parsed[code] = parse_nvtx_name(values[code])
+        name, seq, sizes = fields
+        out.name.append(name)
+        out.start_ns.append(ranges.start_ns[row])
+        out.end_ns.append(ranges.end_ns[row])
+        out.thread.append(ranges.thread[row])
+        out.fwd_thread.append(-1)
+        out.seq_nr.append(seq)
+        out.input_shapes.append(sizes)
+        out.input_dtypes.append("")
