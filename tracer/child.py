@@ -58,6 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-op-shapes", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--mode", default="infer")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     return parser.parse_args(argv)
@@ -96,12 +97,18 @@ def _run_zoo(args: argparse.Namespace) -> int:
     from tracer.session import resolve_device
 
     device = resolve_device(args.device)
-    workload = zoo.build(args.model, args.batch_size, args.mode, device)
+    workload = zoo.build(
+        args.model, args.batch_size, args.mode, device, channels_last=args.channels_last
+    )
     session = _session(
         args,
         workload=args.model,
         device=device,
-        resource={schema.RES_MODE: args.mode, schema.RES_BATCH_SIZE: args.batch_size},
+        resource={
+            schema.RES_MODE: args.mode,
+            schema.RES_BATCH_SIZE: args.batch_size,
+            schema.RES_MEMORY_FORMAT: "channels_last" if args.channels_last else "contiguous",
+        },
     )
     try:
         while not session.done:

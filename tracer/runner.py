@@ -44,6 +44,7 @@ class LeveledSpec:
     command: Sequence[str] = field(default_factory=tuple)
     otlp_endpoint: str | None = None
     op_shapes: bool = True
+    channels_last: bool = False
 
     @property
     def workload(self) -> str:
@@ -171,6 +172,8 @@ def child_argv(
         argv.append("--no-op-shapes")
     if spec.model:
         argv += ["--model", spec.model, "--batch-size", str(spec.batch_size), "--mode", spec.mode]
+        if spec.channels_last:
+            argv.append("--channels-last")
     else:
         argv += ["--", *script_command(spec.command)]
     return argv

@@ -150,8 +150,15 @@ def _mean_of_outputs(output: Any) -> torch.Tensor:
     return torch.stack(tensors).sum()
 
 
-def build(name: str, batch_size: int, mode: str = "infer", device: str = "cpu") -> Workload:
-    """Build a zoo workload; raise WorkloadError naming the model when that fails."""
+def build(
+    name: str,
+    batch_size: int,
+    mode: str = "infer",
+    device: str = "cpu",
+    channels_last: bool = False,
+) -> Workload:
+    """Build a zoo workload; raise WorkloadError naming the model when that fails.
+    ``channels_last`` stores weights and 4-d inputs NHWC (torch.channels_last)."""
     if mode not in MODES:
         raise ConfigError(f"bad mode {mode!r}: use train or infer")
     if batch_size < 1:
@@ -167,6 +174,9 @@ def build(name: str, batch_size: int, mode: str = "infer", device: str = "cpu") 
         raise WorkloadError(f"cannot build {name}: {type(exc).__name__}: {exc}") from exc
     model = model.to(dev).train(mode == "train")
     inputs = _to_device(inputs, dev)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        inputs = _channels_last(inputs)
     if entry.task == "classification" and entry.source == "torchvision" and mode == "train":
         labels = torch.randint(0, 1000, (batch_size,), device=dev)
         loss: Callable[[Any], torch.Tensor] = lambda out: torch.nn.functional.cross_entropy(  # noqa: E731
@@ -175,6 +185,15 @@ def build(name: str, batch_size: int, mode: str = "infer", device: str = "cpu") 
     else:
         loss = _mean_of_outputs
     return Workload(entry, model, inputs, loss, mode, dev)
+
+
+def _channels_last(inputs: Any) -> Any:
+    def convert(v: Any) -> Any:
+        return v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v
+
+    if isinstance(inputs, dict):
+        return {k: convert(v) for k, v in inputs.items()}
+    return tuple(convert(v) for v in inputs)
 
 
 def _to_device(inputs: Any, dev: torch.device) -> Any:

@@ -69,6 +69,9 @@ def main() -> None:
     show_default=True,
     help="Record aten ops' input shapes and dtypes (level F).",
 )
+@click.option(
+    "--channels-last", is_flag=True, help="Zoo models: NHWC (channels_last) weights and inputs."
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -81,6 +84,7 @@ def run(
     out: Path | None,
     otlp_endpoint: str | None,
     op_shapes: bool,
+    channels_last: bool,
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
@@ -110,6 +114,7 @@ def run(
         command=command,
         otlp_endpoint=otlp_endpoint,
         op_shapes=op_shapes,
+        channels_last=channels_last,
     )
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),
