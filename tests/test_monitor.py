@@ -49,3 +49,33 @@ def test_real_h200_samples_summarize_onto_a_step() -> None:
     assert out["utilization_pct"] == [97.0]  # NVML: "a kernel was running" ...
     assert out["sm_active_pct"][0] == pytest.approx(42.8, abs=0.1)  # ... on 43% of the SMs
     assert out["sm_occupancy_pct"][0] == pytest.approx(20.3, abs=0.1)
+
+
+def test_h200_samples_export_as_otlp_metrics_with_hw_gpu_names() -> None:
+    import pyarrow.parquet as pq
+
+    from tracer.metrics import encode_metrics, metrics_to_json
+
+    columns = pq.read_table(
+        Path(__file__).parent / "data/monitor_r50_train_b64_h200/monitor.parquet"
+    ).to_pydict()
+    samples = MonitorSamples(time_ns=columns.pop("time_ns"), values=columns)
+    request = encode_metrics(samples, {"service.name": "xsp"}, device_index=0)
+    metrics = {m.name: m for m in request.resource_metrics[0].scope_metrics[0].metrics}
+    assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.power", "hw.energy"} <= set(metrics)
+    assert {"xsp.gpu.sm_active", "xsp.gpu.sm_occupancy", "xsp.gpu.tensor_active"} <= set(metrics)
+    util = metrics["hw.gpu.utilization"].gauge.data_points
+    assert len(util) == len(samples.time_ns) and all(0.0 <= p.as_double <= 1.0 for p in util)
+    assert util[0].time_unix_nano == samples.time_ns[0]
+    energy = metrics["hw.energy"].sum
+    assert (
+        energy.is_monotonic and energy.data_points[-1].as_double >= energy.data_points[0].as_double
+    )
+    power = metrics["hw.power"].gauge.data_points[0]
+    assert {(a.key, a.value.string_value) for a in power.attributes} == {
+        ("hw.id", "gpu0"),
+        ("hw.type", "gpu"),
+    }
+    assert metrics_to_json(request)["resourceMetrics"][0]["scopeMetrics"][0]["scope"] == {
+        "name": "xsp.monitor"
+    }

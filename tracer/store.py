@@ -141,6 +141,16 @@ class Run:
         """All span rows of this run, validated against the schema."""
         return read_spans(self.span_files)
 
+    def monitor(self) -> pa.Table | None:
+        """The GPU monitor's raw samples (one row per sample), None when none were taken."""
+        path = self.path / MONITOR
+        if not path.exists():
+            return None
+        try:
+            return pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{path}: corrupt or truncated monitor file ({exc})") from exc
+
 
 def read_spans(files: list[Path]) -> pa.Table:
     tables = []

@@ -146,10 +146,11 @@ def run(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["otlp-json", "chrome"]),
+    type=click.Choice(["otlp-json", "chrome", "otlp-metrics-json"]),
     default="otlp-json",
     show_default=True,
-    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON (gzip with -o *.gz).",
+    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON (gzip with -o *.gz); "
+    "otlp-metrics-json: the GPU monitor's samples as OTLP metrics, one line per run.",
 )
 @click.option(
     "--reconstructed",
@@ -166,6 +167,9 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
     from tracer.store import open_measurement
 
     runs = open_measurement(run_dir)
+    if fmt == "otlp-metrics-json":
+        _export_metrics(runs, output)
+        return
     batches = [(r.resource, r.spans()) for r in runs]
     if reconstructed:
         from analysis.reconstruct import reconstruct
@@ -204,6 +208,34 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
             handle.close()
     if output:
         console.print(f"wrote {sink.lines} traces to {output}", highlight=False)
+
+
+def _export_metrics(runs: list[Any], output: Path | None) -> None:
+    import json
+
+    from tracer.metrics import encode_metrics, metrics_to_json
+    from tracer.monitor import MonitorSamples
+
+    lines = []
+    for run_ in runs:
+        table = run_.monitor()
+        if table is None or not table.num_rows:
+            continue
+        columns = table.to_pydict()
+        samples = MonitorSamples(time_ns=columns.pop("time_ns"), values=columns)
+        request = encode_metrics(samples, run_.resource)
+        lines.append(json.dumps(metrics_to_json(request), separators=(",", ":")))
+    if not lines:
+        raise XspError(f"no GPU monitor samples in {runs[0].path.parent} (CPU runs have none)")
+    text = "\n".join(lines) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise XspError(f"cannot write {output}: {exc}") from exc
+    console.print(f"wrote the monitor metrics of {len(lines)} runs to {output}", highlight=False)
 
 
 @main.command()
