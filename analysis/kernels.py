@@ -90,3 +90,140 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
     seg_end = np.zeros(segment[-1] + 1, dtype=np.int64)
     np.maximum.at(seg_end, segment, e)
     return int((seg_end - seg_start).sum())
+
+
+def kernels_by_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
+    """A11: layer, kernels_per_iteration, kernel_ms_per_iteration, distinct_kernels, top_kernel
+    (by time), from the deepest run with level G. Kernels inherit their layer from the op that
+    launched them; backward kernels count for the layer whose gradient they compute."""
+    return store.sql(
+        f"""
+        WITH k AS (SELECT * FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'kernel'
+                   AND module_path IS NOT NULL),
+        n AS (SELECT greatest(count(DISTINCT iteration), 1) AS iterations
+              FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'step'),
+        per AS (SELECT module_path, name, sum(dur_ns) AS ns FROM k GROUP BY ALL)
+        SELECT module_path AS layer,
+               (SELECT count(*) FROM k WHERE k.module_path = per.module_path)
+                   / any_value(n.iterations) AS kernels_per_iteration,
+               sum(ns) / any_value(n.iterations) / 1e6 AS kernel_ms_per_iteration,
+               count(*) AS distinct_kernels, arg_max(name, ns) AS top_kernel
+        FROM per, n GROUP BY module_path ORDER BY kernel_ms_per_iteration DESC LIMIT ?
+        """,
+        [limit],
+    )
+
+
+def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
+    """A13: per leaf layer (forward), its latency from the framework run and the kernel time it
+    launched from the GPU run: layer, type, latency_ms, gpu_ms, non_gpu_ms, gpu_pct."""
+    return store.sql(
+        f"""
+        WITH fw AS (SELECT max(run_index) AS r FROM spans WHERE level = 'framework'),
+        n AS (SELECT greatest(count(DISTINCT iteration), 1) AS it FROM spans
+              WHERE run_index = (SELECT r FROM fw) AND kind = 'step'),
+        ng AS (SELECT greatest(count(DISTINCT iteration), 1) AS it FROM spans
+               WHERE run_index = {_GPU_RUN} AND kind = 'step'),
+        lat AS (SELECT module_path, any_value(module_type) AS type,
+                       sum(dur_ns) / any_value(n.it) / 1e6 AS latency_ms
+                FROM spans, n WHERE run_index = (SELECT r FROM fw) AND kind = 'module'
+                AND phase = 'forward' GROUP BY module_path),
+        gpu AS (SELECT module_path, sum(dur_ns) / any_value(ng.it) / 1e6 AS gpu_ms
+                FROM spans, ng WHERE run_index = {_GPU_RUN} AND kind = 'kernel'
+                AND phase = 'forward' GROUP BY module_path)
+        SELECT lat.module_path AS layer, type, latency_ms, coalesce(gpu_ms, 0) AS gpu_ms,
+               greatest(latency_ms - coalesce(gpu_ms, 0), 0) AS non_gpu_ms,
+               100.0 * least(coalesce(gpu_ms, 0) / nullif(latency_ms, 0), 1) AS gpu_pct
+        FROM lat LEFT JOIN gpu USING (module_path)
+        WHERE lat.module_path <> '' AND NOT EXISTS (
+            SELECT 1 FROM lat AS inner_layer
+            WHERE inner_layer.module_path LIKE lat.module_path || '.%')
+        ORDER BY latency_ms DESC LIMIT ?
+        """,
+        [limit],
+    )
+
+
+def launch_statistics(store: MeasurementStore) -> pa.Table:
+    """HTA's kernel launch statistics: per kernel, its launch call's duration against its own,
+    and the launch delay (kernel start minus launch start). One row: kernels,
+    launch_longer_than_kernel_pct, median_launch_us, median_kernel_us, median_delay_us,
+    p90_delay_us."""
+    return store.sql(
+        f"""
+        WITH k AS (SELECT k.dur_ns AS kernel_ns, a.dur_ns AS launch_ns,
+                          k.start_ns - a.start_ns AS delay_ns
+                   FROM spans k JOIN spans a ON a.span_id = k.parent_span_id
+                        AND a.run_index = k.run_index
+                   WHERE k.run_index = {_GPU_RUN} AND k.kind = 'kernel'
+                   AND a.kind IN ('runtime', 'driver'))
+        SELECT count(*) AS kernels,
+               100.0 * avg(CASE WHEN launch_ns > kernel_ns THEN 1 ELSE 0 END)
+                   AS launch_longer_than_kernel_pct,
+               median(launch_ns) / 1e3 AS median_launch_us,
+               median(kernel_ns) / 1e3 AS median_kernel_us,
+               median(delay_ns) / 1e3 AS median_delay_us,
+               quantile_cont(delay_ns, 0.9) / 1e3 AS p90_delay_us
+        FROM k
+        """
+    )
+
+
+def kernel_duration_distribution(store: MeasurementStore) -> pa.Table:
+    """HTA's kernel duration distribution: bucket (by duration), kernels, share_of_kernels_pct,
+    share_of_time_pct."""
+    return store.sql(
+        f"""
+        WITH k AS (SELECT dur_ns FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'kernel'),
+        b AS (SELECT CASE WHEN dur_ns < 5e3 THEN '1: < 5 us'
+                          WHEN dur_ns < 10e3 THEN '2: 5-10 us'
+                          WHEN dur_ns < 50e3 THEN '3: 10-50 us'
+                          WHEN dur_ns < 100e3 THEN '4: 50-100 us'
+                          WHEN dur_ns < 1e6 THEN '5: 0.1-1 ms'
+                          ELSE '6: >= 1 ms' END AS bucket, dur_ns FROM k)
+        SELECT bucket, count(*) AS kernels,
+               100.0 * count(*) / (SELECT count(*) FROM k) AS share_of_kernels_pct,
+               100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM k) AS share_of_time_pct
+        FROM b GROUP BY bucket ORDER BY bucket
+        """
+    )
+
+
+def idle_breakdown(store: MeasurementStore) -> pa.Table:
+    """HTA's idle-time breakdown, per iteration: each gap between consecutive kernels of a
+    stream is host wait when the next kernel's launch call started after the previous kernel
+    ended (the GPU waited for the CPU), else kernel wait (launch latency and queueing).
+    Columns: iteration, idle_ms, host_wait_ms, kernel_wait_ms, host_wait_pct."""
+    rows = store.sql(
+        f"""
+        SELECT k.iteration, k.gpu_stream, k.start_ns, k.start_ns + k.dur_ns AS end_ns,
+               coalesce(a.start_ns, k.start_ns) AS launch_ns
+        FROM spans k LEFT JOIN spans a ON a.span_id = k.parent_span_id
+             AND a.run_index = k.run_index
+        WHERE k.run_index = {_GPU_RUN} AND k.level = 'gpu'
+        ORDER BY k.iteration, k.gpu_stream, k.start_ns
+        """
+    ).to_pydict()
+    it = np.asarray(rows["iteration"], dtype=np.int64)
+    stream = np.asarray(rows["gpu_stream"], dtype=np.int64)
+    start = np.asarray(rows["start_ns"], dtype=np.int64)
+    end = np.asarray(rows["end_ns"], dtype=np.int64)
+    launch = np.asarray(rows["launch_ns"], dtype=np.int64)
+    same = np.zeros(len(it), dtype=bool)
+    same[1:] = (it[1:] == it[:-1]) & (stream[1:] == stream[:-1])
+    gap = np.where(same, np.maximum(start - np.roll(end, 1), 0), 0)
+    host = same & (launch > np.roll(end, 1))
+    out = []
+    for iteration in np.unique(it):
+        mask = it == iteration
+        idle, host_ns = gap[mask].sum(), gap[mask & host].sum()
+        out.append(
+            {
+                "iteration": int(iteration),
+                "idle_ms": idle / 1e6,
+                "host_wait_ms": host_ns / 1e6,
+                "kernel_wait_ms": (idle - host_ns) / 1e6,
+                "host_wait_pct": 100.0 * host_ns / idle if idle else 0.0,
+            }
+        )
+    return pa.Table.from_pylist(out)

@@ -16,7 +16,7 @@ Algorithm:
 
 from __future__ import annotations
 
-from collections import defaultdict
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -24,142 +24,185 @@ import pyarrow as pa
 
 from analysis.store import MeasurementStore
 from tracer import schema
+from tracer.intervals import depths
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _keys(rows: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
-    """span_id -> structural key (iteration, (name, ordinal), (name, ordinal), ...)."""
-    children: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    roots: list[dict[str, Any]] = []
-    for row in rows:
-        (children[row["parent_span_id"]] if row["parent_span_id"] else roots).append(row)
-    keys: dict[int, tuple[Any, ...]] = {}
-    stack: list[tuple[dict[str, Any], tuple[Any, ...]]] = [
-        (root, (root["iteration"], ("step", 0))) for root in roots
+def _name_hashes(names: pa.Array) -> np.ndarray:
+    """A stable 64-bit hash of each row's name (hashed once per distinct name)."""
+    encoded = names.dictionary_encode() if not pa.types.is_dictionary(names.type) else names
+    values = [
+        int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")
+        for v in encoded.dictionary.to_pylist()
     ]
-    while stack:
-        span, key = stack.pop()
-        keys[span["span_id"]] = key
-        seen: dict[str, int] = defaultdict(int)
-        for child in sorted(children.get(span["span_id"], []), key=lambda r: r["start_ns"]):
-            ordinal = seen[child["name"]]
-            seen[child["name"]] += 1
-            stack.append((child, (*key, (child["name"], ordinal))))
-    return keys
+    table = np.array(values or [0], dtype=np.uint64)
+    return table[np.asarray(encoded.indices.fill_null(0), dtype=np.int64)]
 
 
-def _rows(store: MeasurementStore, run_index: int) -> list[dict[str, Any]]:
-    return store.sql(
-        f"SELECT * EXCLUDE (run_index, levels) FROM spans WHERE run_index = {run_index}"
-    ).to_pylist()
+def _parent_rows(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
+    order = np.argsort(span_id, kind="stable")
+    slot = np.clip(np.searchsorted(span_id[order], parent_id), 0, max(len(order) - 1, 0))
+    found = (parent_id != 0) & (span_id[order][slot] == parent_id) if len(order) else parent_id != 0
+    return np.where(found, order[slot] if len(order) else -1, -1)
+
+
+def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(key, parent row) per span: the key hashes the span's iteration and its path of
+    (name, ordinal among same-named siblings by start time) from the root, so repeated
+    identical kernels keep distinct keys. Vectorized: one pass per tree depth."""
+    span_id = np.asarray(table.column("span_id"), dtype=np.uint64).astype(np.int64)
+    parent_id = np.asarray(table.column("parent_span_id"), dtype=np.uint64).astype(np.int64)
+    start = np.asarray(table.column("start_ns"), dtype=np.int64)
+    names = _name_hashes(table.column("name").combine_chunks())
+    parent = _parent_rows(span_id, parent_id)
+    # ordinal among siblings of the same name, by start time
+    order = np.lexsort((start, names, parent))
+    same = np.zeros(len(order), dtype=bool)
+    if len(order) > 1:
+        same[1:] = (parent[order][1:] == parent[order][:-1]) & (
+            names[order][1:] == names[order][:-1]
+        )
+    run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(order))))
+    ordinal = np.empty(len(order), dtype=np.uint64)
+    ordinal[order] = (np.arange(len(order)) - run_start).astype(np.uint64)
+    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    key = np.zeros(len(order), dtype=np.uint64)
+    depth = depths(parent)
+    with np.errstate(over="ignore"):
+        for level in range(int(depth.max()) + 1 if len(depth) else 0):
+            rows = np.nonzero(depth == level)[0]
+            base = iteration[rows].astype(np.uint64) * _MULT if level == 0 else key[parent[rows]]
+            mixed = (base ^ names[rows]) * _MULT + ordinal[rows]
+            key[rows] = mixed ^ (mixed >> np.uint64(29))
+    return key, parent
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """values[i] where keys[i] == query, -1 where none does."""
+    if not len(keys):
+        return np.full(len(queries), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    slot = np.clip(np.searchsorted(keys[order], queries), 0, len(order) - 1)
+    return np.where(keys[order][slot] == queries, values[order][slot], -1)
+
+
+def _keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """(spans, structural keys, parent rows) of run ``index``, computed once per store."""
+    memo = ("structural_keys", index)
+    if memo not in store.memo:
+        spans = store.run_spans(index)
+        store.memo[memo] = (spans, *structural_keys(spans))
+    return store.memo[memo]
+
+
+def _sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, int]]:
+    """Runs by depth, and for each level the run that measures it with the fewest levels."""
+    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
+    source_of: dict[str, int] = {}
+    for index, run in runs:
+        for letter in run.levels:
+            source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
+    return runs, source_of
 
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration)."""
-    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
-    deepest_index, _deepest = runs[-1]
-    source_of: dict[str, int] = {}  # level -> the run measuring it with the fewest levels
-    for index, run in runs:
-        for letter in run.levels:
-            source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
-    durations: dict[int, dict[tuple[Any, ...], int]] = {}
-    for index in set(source_of.values()):
-        rows = _rows(store, index)
-        keys = _keys(rows)
-        durations[index] = {keys[r["span_id"]]: r["dur_ns"] for r in rows if r["span_id"] in keys}
-    rows = _rows(store, deepest_index)
-    keys = _keys(rows)
-    mismatches = []
-    new_dur: dict[int, int] = {}
-    for row in rows:
-        accurate = durations[source_of[row["level"]]].get(keys.get(row["span_id"], ()))
-        if accurate is None:
-            mismatches.append(
-                {"level": row["level"], "name": row["name"], "iteration": row["iteration"]}
-            )
-            accurate = row["dur_ns"]
-        new_dur[row["span_id"]] = int(accurate)
-    new_start = _layout(rows, new_dur)
-    for row in rows:
-        row["start_ns"] = new_start[row["span_id"]]
-        row["dur_ns"] = new_dur[row["span_id"]]
-    spans = pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA)
-    miss = pa.Table.from_pylist(
-        mismatches,
-        schema=pa.schema(
-            [("level", pa.string()), ("name", pa.string()), ("iteration", pa.int32())]
-        ),
+    runs, source_of = _sources(store)
+    deepest_index = runs[-1][0]
+    keyed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for index in set(source_of.values()) | {deepest_index}:
+        table, keys, _ = _keyed(store, index)
+        keyed[index] = (keys, np.asarray(table.column("dur_ns")))
+    deep, key, parent = _keyed(store, deepest_index)
+    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
+    new_dur = dur.copy()
+    missing = np.zeros(len(dur), dtype=bool)
+    for name, source in source_of.items():
+        rows = np.nonzero(level == name)[0]
+        found = _lookup(keyed[source][0], keyed[source][1], key[rows])
+        missing[rows] = found < 0
+        new_dur[rows] = np.where(found >= 0, found, dur[rows])
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    new_start = _layout(parent, start, dur, new_dur)
+    spans = deep.set_column(
+        deep.schema.get_field_index("start_ns"), "start_ns", pa.array(new_start, pa.int64())
+    )
+    spans = spans.set_column(
+        spans.schema.get_field_index("dur_ns"), "dur_ns", pa.array(new_dur, pa.int64())
+    ).cast(schema.SPAN_SCHEMA)
+    rows = pa.array(np.nonzero(missing)[0])
+    miss = pa.table(
+        {
+            "level": deep.column("level").take(rows).cast(pa.string()),
+            "name": deep.column("name").take(rows).cast(pa.string()),
+            "iteration": deep.column("iteration").take(rows),
+        }
     )
     return spans, miss
 
 
-def _layout(rows: list[dict[str, Any]], new_dur: dict[int, int]) -> dict[int, int]:
-    children: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    roots: list[dict[str, Any]] = []
-    for row in rows:
-        (children[row["parent_span_id"]] if row["parent_span_id"] else roots).append(row)
-    start: dict[int, int] = {}
-    stack: list[dict[str, Any]] = []
-    for root in roots:
-        start[root["span_id"]] = root["start_ns"]
-        stack.append(root)
-    while stack:
-        parent = stack.pop()
-        kids = sorted(children.get(parent["span_id"], []), key=lambda r: r["start_ns"])
-        if not kids:
-            continue
-        # The gaps the deep run measured: before the first child, between children, after the last.
-        edges = [parent["start_ns"]]
-        gaps = []
-        for kid in kids:
-            gaps.append(max(0, kid["start_ns"] - edges[-1]))
-            edges.append(max(edges[-1], kid["start_ns"] + kid["dur_ns"]))
-        gaps.append(max(0, parent["start_ns"] + parent["dur_ns"] - edges[-1]))
-        room = new_dur[parent["span_id"]] - sum(new_dur[k["span_id"]] for k in kids)
-        total = sum(gaps)
-        scale = min(1.0, max(0.0, room / total)) if total > 0 else 0.0
-        cursor = start[parent["span_id"]]
-        for kid, gap in zip(kids, gaps, strict=False):
-            cursor += round(gap * scale)
-            start[kid["span_id"]] = cursor
-            cursor += new_dur[kid["span_id"]]
-            stack.append(kid)
-    return start
+def _layout(
+    parent: np.ndarray, start: np.ndarray, dur: np.ndarray, new_dur: np.ndarray
+) -> np.ndarray:
+    """New start times, top-down: children keep their new durations and order; the gaps the deep
+    run measured (before the first child, between children, after the last) shrink in proportion
+    when the parent's accurate duration leaves less room, and never grow."""
+    new_start = start.copy()
+    depth = depths(parent)
+    end = start + dur
+    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
+        kids = np.nonzero(depth == level)[0]
+        kids = kids[np.lexsort((start[kids], parent[kids]))]
+        up = parent[kids]
+        first = np.ones(len(kids), dtype=bool)
+        first[1:] = up[1:] != up[:-1]
+        last = np.ones(len(kids), dtype=bool)
+        last[:-1] = first[1:]
+        previous_end = np.where(first, start[up], np.roll(end[kids], 1))
+        gap = np.maximum(0, start[kids] - previous_end)
+        tail = np.maximum(0, end[up] - end[kids]) * last
+        groups, group = np.unique(up, return_inverse=True)
+        total = np.bincount(group, gap + tail, len(groups))
+        room = new_dur[groups] - np.bincount(group, new_dur[kids], len(groups))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(total > 0, np.clip(room / total, 0.0, 1.0), 0.0)
+        step = np.round(gap * scale[group]).astype(np.int64)
+        advance = step + new_dur[kids]
+        before = np.cumsum(advance) - advance  # sum over all earlier kids in this pass
+        group_base = before[first][group]
+        new_start[kids] = new_start[up] + (before - group_base) + step
+    return new_start
 
 
 def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     """How much each deeper run inflated the spans of each level, against the run that measures
     that level with the fewest levels: level, run (its level set), spans, mean_added_ms,
     trimmed_mean_added_ms, p50_added_ms, p90_added_ms."""
-    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
-    source_of: dict[str, int] = {}
-    for index, run in runs:
-        for letter in run.levels:
-            source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
+    runs, source_of = _sources(store)
     keyed = {}
     for index, _ in runs:
-        rows = _rows(store, index)
-        keys = _keys(rows)
-        keyed[index] = {
-            (r["level"], keys[r["span_id"]]): r["dur_ns"] for r in rows if r["span_id"] in keys
-        }
+        table, keys, _ = _keyed(store, index)
+        level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
+        keyed[index] = (keys, np.asarray(table.column("dur_ns")), level)
     out = []
-    for level, source in source_of.items():
+    for name, source in source_of.items():
         for index, run in runs:
-            if index == source or level not in {schema.LEVEL_BY_LETTER[c] for c in run.levels}:
+            if index == source or name not in {schema.LEVEL_BY_LETTER[c] for c in run.levels}:
                 continue
-            added = [
-                (dur - keyed[source][key]) / 1e6
-                for key, dur in keyed[index].items()
-                if key[0] == level and key in keyed[source]
-            ]
-            if not added:
+            keys, dur, level = keyed[index]
+            rows = level == name
+            base = _lookup(keyed[source][0], keyed[source][1], keys[rows])
+            added = (dur[rows] - base)[base >= 0] / 1e6
+            if not len(added):
                 continue
-            values = np.sort(np.asarray(added))
+            values = np.sort(added)
             cut = int(len(values) * trim)
             trimmed = values[cut : len(values) - cut] if len(values) > 2 * cut else values
             out.append(
                 {
-                    "level": level,
+                    "level": name,
                     "run": run.levels,
                     "spans": len(values),
                     "mean_added_ms": float(values.mean()),

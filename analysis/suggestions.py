@@ -30,16 +30,24 @@ class Suggestion:
     share_pct: float | None
 
 
+def _steps(store: MeasurementStore, run: str) -> tuple[int, float]:
+    """(iterations, total step ms) of a run, asked once per store."""
+    key = ("steps", run)
+    if key not in store.memo:
+        row = store.sql(
+            f"SELECT count(*) AS n, sum(dur_ns) / 1e6 AS ms FROM spans "
+            f"WHERE run_index = {run} AND kind = 'step'"
+        ).to_pylist()[0]
+        store.memo[key] = (max(int(row["n"] or 0), 1), float(row["ms"] or 0.0))
+    return store.memo[key]
+
+
 def _iterations(store: MeasurementStore, run: str) -> int:
-    rows = store.sql(f"SELECT count(*) AS n FROM spans WHERE run_index = {run} AND kind = 'step'")
-    return max(int(rows.column("n")[0].as_py() or 0), 1)
+    return _steps(store, run)[0]
 
 
 def _step_ms(store: MeasurementStore, run: str) -> float:
-    rows = store.sql(
-        f"SELECT sum(dur_ns) / 1e6 AS ms FROM spans WHERE run_index = {run} AND kind = 'step'"
-    )
-    return float(rows.column("ms")[0].as_py() or 0.0)
+    return _steps(store, run)[1]
 
 
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
@@ -84,9 +92,13 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     """fp32 convolutions and GEMMs on a GPU: TF32 or AMP puts them on the tensor cores."""
     if not any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs):
         return None
+    # dtypes come from Kineto's capture (MF); NVTX-captured framework runs (MFLG) carry none
+    typed_run = (
+        "(SELECT min(run_index) FROM spans WHERE level = 'framework' AND input_dtypes IS NOT NULL)"
+    )
     return _costly(
         store,
-        _FW_RUN,
+        typed_run,
         "kind = 'op' AND op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm') "
         "AND input_dtypes LIKE 'float,%'",
         "fp32-on-tensor-cores",

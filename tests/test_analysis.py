@@ -58,3 +58,49 @@ def test_union_length_counts_overlap_once() -> None:
     starts, ends = np.array([5, 0, 20, 21]), np.array([15, 10, 25, 22])
     assert union_length(starts, ends) == 15 + 5
     assert union_length(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0
+
+
+H200_STORE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "r50-b64-train"
+
+
+def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Path) -> None:
+    from analysis import kernels
+
+    measurement = _store(tmp_path, "resnet18_train_mflg_cuda", "MFLG")
+    by_layer = {r["layer"]: r for r in kernels.kernels_by_layer(measurement, 100).to_pylist()}
+    assert by_layer["conv1"]["kernels_per_iteration"] >= 2  # forward and backward convolutions
+    assert "conv" in by_layer["conv1"]["top_kernel"].lower()
+    per_layer = kernels.gpu_time_per_layer(measurement, 100).to_pylist()
+    assert {r["type"] for r in per_layer} >= {"Conv2d", "BatchNorm2d", "Linear"}
+    assert all(0.0 <= r["gpu_pct"] <= 100.0 and r["non_gpu_ms"] >= 0.0 for r in per_layer)
+    (launch,) = kernels.launch_statistics(measurement).to_pylist()
+    assert launch["kernels"] == 324 and launch["median_delay_us"] > 0
+    buckets = kernels.kernel_duration_distribution(measurement).to_pylist()
+    assert sum(b["kernels"] for b in buckets) == 324
+    assert abs(sum(b["share_of_time_pct"] for b in buckets) - 100.0) < 1e-6
+    (idle,) = kernels.idle_breakdown(measurement).to_pylist()
+    assert idle["idle_ms"] > 0
+    assert abs(idle["host_wait_ms"] + idle["kernel_wait_ms"] - idle["idle_ms"]) < 1e-9
+    busy = kernels.temporal_breakdown(measurement).to_pylist()[0]
+    assert idle["idle_ms"] <= busy["step_ms"]
+
+
+def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> None:
+    """Acceptance data from the H200 (ResNet-50 b64 training, 20 iterations per level set):
+    every span of the MFLG run finds its counterpart, and the reconstructed model latency is
+    the M run's (0.3% from the uninstrumented step of the overhead benchmark)."""
+    from analysis.reconstruct import level_overhead, reconstruct
+
+    measurement = MeasurementStore(H200_STORE)
+    spans, mismatches = reconstruct(measurement)
+    assert mismatches.num_rows == 0 and spans.num_rows == 102_520
+    steps = sorted(r["dur_ns"] for r in spans.to_pylist() if r["kind"] == "step")
+    m_steps = sorted(
+        measurement.sql("SELECT dur_ns FROM spans WHERE levels = 'M' AND kind = 'step'")
+        .column("dur_ns")
+        .to_pylist()
+    )
+    assert steps == m_steps
+    overhead = {(r["level"], r["run"]): r for r in level_overhead(measurement).to_pylist()}
+    assert overhead[("model", "MF")]["p50_added_ms"] > 0  # F inflates the step
+    assert overhead[("framework", "MFLG")]["spans"] == 53_820

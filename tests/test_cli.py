@@ -113,7 +113,7 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
     analyzed = xsp("analyze", str(out))
     assert analyzed.returncode == 0, analyzed.stderr
-    assert "layer types (A5)" in analyzed.stdout and "Conv2d" in analyzed.stdout
+    assert "Layer types (A5)" in analyzed.stdout and "Conv2d" in analyzed.stdout
 
 
 TRAIN_SCRIPT = """

@@ -146,3 +146,13 @@ def test_suggest_orders_by_gain(tmp_path: Path) -> None:
     ]
     table = suggest(_synthetic(tmp_path, "MLG", spans)).to_pylist()
     assert [r["rule"] for r in table] == ["launch-bound", "host-syncs"]
+
+
+def test_layout_transposes_fire_for_nchw_resnet50_and_not_for_channels_last() -> None:
+    """Acceptance data from the H200: ResNet-50 b64 fp32 training, NCHW against channels_last."""
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+    nchw = {r["rule"]: r for r in suggest(MeasurementStore(data / "r50-b64-train")).to_pylist()}
+    assert "layout-transposes" in nchw and nchw["layout-transposes"]["gain_ms_per_iteration"] > 1
+    assert "fp32-on-tensor-cores" in nchw
+    nhwc = {r["rule"] for r in suggest(MeasurementStore(data / "r50-b64-train-cl")).to_pylist()}
+    assert "layout-transposes" not in nhwc

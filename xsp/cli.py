@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -347,34 +348,45 @@ def serve(
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--rows", type=int, default=15, show_default=True, help="Rows per table.")
-def analyze(run_dir: Path, rows: int) -> None:
-    """Print the analyses a stored measurement supports: suggestions, layer types (A5), layer
-    latency in execution order (A3), kernels by name (A10) and GPU busy/idle per iteration."""
-    from analysis.kernels import kernels_by_name, temporal_breakdown
-    from analysis.layers import layer_latency, layer_types
-    from analysis.monitor import monitor_summary
+@click.option(
+    "--report",
+    type=click.Path(path_type=Path),
+    help="Also write a self-contained HTML report (flame view, charts, tables).",
+)
+def analyze(run_dir: Path, rows: int, report: Path | None) -> None:
+    """Reconstruct a leveled measurement and print its analyses: suggestions, per-level overhead,
+    the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13) and HTA's GPU time breakdowns."""
+    from analysis.reconstruct import reconstruct
+    from analysis.report import sections
     from analysis.store import MeasurementStore
-    from analysis.suggestions import suggest
 
     store = MeasurementStore(run_dir)
-    _print_summary(run_dir)
-    from analysis.reconstruct import level_overhead
-
-    tables = [
-        ("suggestions", suggest(store)),
-        ("overhead each deeper run added, per level", level_overhead(store)),
-        (
-            "GPU monitor: means over the iterations (SM active vs NVML utilization)",
-            monitor_summary(store),
-        ),
-        ("layer types (A5)", layer_types(store)),
-        ("layer latency in execution order (A3)", layer_latency(store)),
-        ("kernels by name (A10)", kernels_by_name(store, limit=rows)),
-        ("GPU busy and idle per iteration", temporal_breakdown(store)),
-    ]
-    for title, table in tables:
-        if table.num_rows:
+    _print_summary(run_dir, store)
+    spans, mismatches = reconstruct(store)
+    steps = spans.filter(pc.equal(spans.column("kind"), "step")).column("dur_ns")
+    if len(steps):
+        console.print(
+            f"reconstructed: {spans.num_rows:,} spans, model latency median "
+            f"{pc.approximate_median(steps).as_py() / 1e6:.3f} ms; {mismatches.num_rows} spans "
+            "without a counterpart in a shallower run",
+            highlight=False,
+        )
+    skip = {"Level sets (XSP's leveled runs)", "Layer info (A2)"}  # printed above / too long
+    for title, table, _ in sections(store):
+        if table.num_rows and title not in skip:
             _print_table(title, table, rows)
+    if report is not None:
+        from analysis.report import write_report
+
+        try:
+            count = write_report(store, report, f"xsp: {run_dir}")
+        except OSError as exc:
+            raise XspError(f"cannot write {report}: {exc}") from exc
+        console.print(f"wrote a report of {count} analyses to {report}", highlight=False)
+
+
+def _cut(text: str, width: int = 72) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _print_table(title: str, table: Any, rows: int) -> None:
@@ -382,7 +394,8 @@ def _print_table(title: str, table: Any, rows: int) -> None:
     for name in table.column_names:
         view.add_column(name, justify="right", overflow="fold")
     for record in table.slice(0, rows).to_pylist():
-        view.add_row(*(_fmt(value, 3) for value in record.values()))
+        # long cells (demangled kernel names, advice) are cut: the HTML report has them whole
+        view.add_row(*(_cut(_fmt(value, 3)) for value in record.values()))
     if table.num_rows > rows:
         view.caption = f"{table.num_rows - rows} more rows"
     out_console.print(view)
@@ -416,11 +429,11 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _print_summary(run_dir: Path) -> None:
+def _print_summary(run_dir: Path, store: Any = None) -> None:
     from analysis.store import MeasurementStore
     from analysis.summary import level_sets, top_layers
 
-    store = MeasurementStore(run_dir)
+    store = store or MeasurementStore(run_dir)
     rows = level_sets(store).to_pylist()
     table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
     for name in (
