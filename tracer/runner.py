@@ -9,12 +9,13 @@ measurement; what it recorded stays in the store.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ class LeveledSpec:
     otlp_endpoint: str | None = None
     op_shapes: bool = True
     channels_last: bool = False
+    # For campaigns: extra environment for the level-set processes (CUDA_VISIBLE_DEVICES), a
+    # time limit per level set, and the processes' stderr kept in OUT/<levels>.stderr.log.
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    log_stderr: bool = False
 
     @property
     def workload(self) -> str:
@@ -185,17 +191,32 @@ def _run_one(
     read_fd, write_fd = os.pipe()
     if progress:
         progress(levels, "start", 0, spec.iterations)
+    env = {**os.environ, **spec.env}
+    env.update({**_level_environment(spec, levels, env), "PYTHONUNBUFFERED": "1"})
+    log = None
+    if spec.log_stderr:
+        spec.out.mkdir(parents=True, exist_ok=True)
+        log = open(spec.out / f"{levels}.stderr.log", "wb")  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(
             child_argv(spec, levels, measurement_id, write_fd),
             pass_fds=(write_fd,),
-            env={**os.environ, **_level_environment(spec, levels), "PYTHONUNBUFFERED": "1"},
+            env=env,
+            stderr=log,
+            start_new_session=spec.timeout_s is not None,
         )
     finally:
         os.close(write_fd)
+        if log is not None:
+            log.close()
     reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
     reader.start()
-    returncode = proc.wait()
+    timed_out = False
+    try:
+        returncode = proc.wait(timeout=spec.timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        returncode, timed_out = proc.wait(), True
     reader.join(timeout=5)
     entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
     try:
@@ -211,14 +232,18 @@ def _run_one(
             status="error",
             error=f"the run process exited with {returncode} before writing its store",
         )
-    if returncode != 0 and entry["status"] == "ok":
+    if timed_out:
+        entry.update(status="error", error=f"timed out after {spec.timeout_s:.0f} s; killed")
+    elif returncode != 0 and entry["status"] == "ok":
         entry.update(status="error", error=f"the run process exited with {returncode}")
     if progress:
         progress(levels, "end", returncode, spec.iterations)
     return entry
 
 
-def _level_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
+def _level_environment(
+    spec: LeveledSpec, levels: str, environ: Mapping[str, str]
+) -> dict[str, str]:
     """What the levels need in the environment before the child's libraries start; the user's
     own settings win."""
     from tracer.levels import LevelContext, level_environment
@@ -226,7 +251,7 @@ def _level_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
 
     device = resolve_device(spec.device)
     needed = level_environment(LevelContext(device, levels))
-    return {k: v for k, v in needed.items() if k not in os.environ}
+    return {k: v for k, v in needed.items() if k not in environ}
 
 
 def _read_progress(fd: int, levels: str, progress: ProgressFn | None) -> None:

@@ -171,20 +171,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
     if fmt == "otlp-metrics-json":
         _export_metrics(runs, output)
         return
-    batches = [(r.resource, r.spans()) for r in runs]
-    if reconstructed:
-        from analysis.reconstruct import reconstruct
-        from analysis.store import MeasurementStore
-
-        spans, mismatches = reconstruct(MeasurementStore(run_dir))
-        deepest = max(runs, key=lambda r: len(r.levels))
-        batches = [({**deepest.resource, "xsp.reconstructed": True}, spans)]
-        if mismatches.num_rows:
-            console.print(
-                f"{mismatches.num_rows} spans had no counterpart in a shallower run "
-                "and kept their own timing",
-                highlight=False,
-            )
+    batches = _batches(run_dir, runs, reconstructed)
     if fmt == "chrome":
         from tracer.chrome import write_chrome_trace
 
@@ -209,6 +196,24 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
             handle.close()
     if output:
         console.print(f"wrote {sink.lines} traces to {output}", highlight=False)
+
+
+def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[Any, Any]]:
+    """(resource, spans) to export: each run's, or the one reconstructed measurement."""
+    if not reconstructed:
+        return [(r.resource, r.spans()) for r in runs]
+    from analysis.reconstruct import reconstruct
+    from analysis.store import MeasurementStore
+
+    spans, mismatches = reconstruct(MeasurementStore(run_dir))
+    deepest = max(runs, key=lambda r: len(r.levels))
+    if mismatches.num_rows:
+        console.print(
+            f"{mismatches.num_rows} spans had no counterpart in a shallower run "
+            "and kept their own timing",
+            highlight=False,
+        )
+    return [({**deepest.resource, "xsp.reconstructed": True}, spans)]
 
 
 def _export_metrics(runs: list[Any], output: Path | None) -> None:
@@ -242,7 +247,8 @@ def _export_metrics(runs: list[Any], output: Path | None) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
-def push(run_dir: Path, endpoint: str | None) -> None:
+@click.option("--reconstructed", is_flag=True, help="Send the leveled reconstruction instead.")
+def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
     """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint.
 
     One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
@@ -258,8 +264,8 @@ def push(run_dir: Path, endpoint: str | None) -> None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
     sink = OtlpSink(make_transport(config))
     try:
-        for run_ in runs:
-            sink.export(SpanBatch.of(run_.resource, run_.spans()))
+        for resource, spans in _batches(run_dir, runs, reconstructed):
+            sink.export(SpanBatch.of(resource, spans))
     finally:
         sink.shutdown()
     console.print(
@@ -478,3 +484,110 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
         out_console.print(
             f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk", highlight=False
         )
+
+
+@main.group()
+def campaign() -> None:
+    """Batch characterization: a models x batch sizes x modes matrix of leveled runs."""
+
+
+@campaign.command("run")
+@click.argument("campaign_file", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Campaign directory.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
+@click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
+@click.option("--limit", type=int, help="Run at most this many pending jobs (a part).")
+def campaign_run(
+    campaign_file: Path,
+    out: Path,
+    executor: str,
+    address: str | None,
+    parallel: int | None,
+    limit: int | None,
+) -> None:
+    """Run (or resume) a campaign: finished jobs are skipped, failed ones retried; a failing
+    job is recorded with its reason and the campaign moves on."""
+    from rich.progress import TimeRemainingColumn
+
+    from campaign import executor as executors
+    from campaign.spec import load
+    from campaign.store import CampaignStore
+
+    spec = load(campaign_file)
+    store = CampaignStore(out)
+    store.begin(spec)
+    jobs = spec.jobs()
+    pending = store.pending(jobs)
+    if limit is not None:
+        pending = pending[:limit]
+    console.print(
+        f"campaign {spec.name}: {len(jobs)} jobs, {len(jobs) - len(store.pending(jobs))} done, "
+        f"running {len(pending)}",
+        highlight=False,
+    )
+    failed = 0
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("jobs", total=len(pending))
+
+        def done(record: dict[str, Any]) -> None:
+            nonlocal failed
+            store.save(record)
+            if record["status"] != "ok":
+                failed += 1
+                bar.console.print(
+                    f"[red]{record['job']}[/]: {record['reason']}: {record.get('error') or ''}",
+                    highlight=False,
+                )
+            bar.update(task, advance=1, description=record["job"])
+
+        if executor == "ray":
+            executors.run_ray(spec, store, pending, done, address)
+        else:
+            executors.run_local(spec, store, pending, done, parallel)
+    console.print(
+        f"{len(pending) - failed} jobs ok, {failed} failed; results in {out}", highlight=False
+    )
+
+
+@campaign.command("report")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: DIR/report.html.")
+@click.option(
+    "--run-reports/--no-run-reports",
+    default=True,
+    show_default=True,
+    help="Also make each run's own report (the drill-down links).",
+)
+def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) -> None:
+    """Write the campaign's comparative HTML report."""
+    from campaign.report import write_campaign_report
+    from campaign.store import CampaignStore
+
+    output = output or campaign_dir / "report.html"
+    count = write_campaign_report(CampaignStore(campaign_dir), output, run_reports)
+    console.print(f"wrote the report of {count} jobs to {output}", highlight=False)
+
+
+@campaign.command("sql")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.argument("query")
+def campaign_sql(campaign_dir: Path, query: str) -> None:
+    """Query a campaign with SQL: tables ``jobs`` (one row per job) and ``spans`` (all spans,
+    with job, model, mode, batch_size and levels)."""
+    import duckdb
+
+    from campaign.store import CampaignStore
+
+    try:
+        table = CampaignStore(campaign_dir).connect().sql(query).to_arrow_table()
+    except duckdb.Error as exc:
+        raise XspError(f"query failed: {exc}") from exc
+    _print_table("", table, 1000)

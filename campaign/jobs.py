@@ -1,0 +1,78 @@
+"""One campaign job: the leveled run of one workload at every level set (each level set in its
+own process, as ``xsp run`` does), then a one-row summary of what it measured. Failures are results, never exceptions: the reason
+is classified (timeout, out of memory, unsupported model, ...) and the campaign moves on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from campaign.spec import CampaignSpec, Job
+
+#: Reason classes, matched against the job's error output (first match wins).
+_REASONS = (
+    ("out-of-memory", ("CUDA out of memory", "OutOfMemoryError", "Cannot allocate memory")),
+    ("unsupported", ("unknown model", "cannot build", "WorkloadError", "not supported")),
+    ("device", ("no CUDA GPU", "has no CUDA", "DeviceError")),
+)
+
+
+def classify(output: str) -> str:
+    for reason, needles in _REASONS:
+        if any(n in output for n in needles):
+            return reason
+    return "failed"
+
+
+def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> dict[str, Any]:
+    """Run ``job`` into ``out``; return its result record (status, reason, wall time, summary).
+    ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES). The leveled runner runs in this process
+    (its level sets in fresh processes, as ``xsp run`` does), so a job costs no extra start-up."""
+    from tracer.errors import XspError
+    from tracer.runner import LeveledSpec, run_leveled
+
+    started = time.time()
+    record: dict[str, Any] = {
+        "job": job.id,
+        "model": job.model,
+        "mode": job.mode,
+        "batch_size": job.batch_size,
+        "gpu": gpu,
+        "started": started,
+    }
+    leveled = LeveledSpec(
+        out=out,
+        level_sets=spec.level_sets,
+        iterations=spec.iterations,
+        warmup=spec.warmup,
+        device="cuda" if gpu is not None else spec.device,
+        model=job.model,
+        batch_size=job.batch_size,
+        mode=job.mode,
+        env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
+        timeout_s=spec.timeout_s,
+        log_stderr=True,
+    )
+    try:
+        result = run_leveled(leveled)
+    except XspError as exc:  # refused before anything ran: an unknown model, a bad device
+        text = str(exc)
+        record.update(status="failed", reason=classify(text), error=text, wall_s=0.0)
+        return record
+    record["wall_s"] = time.time() - started
+    if not result.ok:
+        error = result.failure or "failed"
+        logs = "\n".join(
+            p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("*.stderr.log"))
+        )
+        reason = "timeout" if "timed out" in error else classify(f"{error}\n{logs}")
+        record.update(status="failed", reason=reason, error=error[-500:])
+        return record
+    try:
+        from campaign.summary import summarize
+
+        record.update(status="ok", reason=None, error=None, summary=summarize(out))
+    except Exception as exc:  # a run we cannot read is a failed job, not a crashed campaign
+        record.update(status="failed", reason="unreadable", error=f"{type(exc).__name__}: {exc}")
+    return record

@@ -1,0 +1,115 @@
+"""A campaign directory: the campaign file's contents, one result file per finished job, one run
+directory per job, and SQL over all of it.
+
+::
+
+    DIR/campaign.json           the spec the campaign runs (a rerun must match it)
+    DIR/jobs/<job>.json         the job's result: status, reason, wall time, summary
+    DIR/runs/<job>/             the job's leveled measurement (xsp run's store)
+    DIR/report.html             ``xsp campaign report``
+
+A job without a result file has not finished: a rerun runs it again. A job whose result says
+failed is retried; a job that succeeded is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from campaign.spec import CampaignSpec, Job, from_record
+from tracer import store as run_store
+from tracer.errors import ConfigError, StoreError
+
+SPEC_FILE = "campaign.json"
+
+
+class CampaignStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.jobs_dir = root / "jobs"
+        self.runs_dir = root / "runs"
+
+    # -- state -----------------------------------------------------------------------------
+    def begin(self, spec: CampaignSpec) -> None:
+        """Create the directory, or check that a rerun uses the same campaign."""
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        path = self.root / SPEC_FILE
+        if path.exists():
+            previous = run_store.read_json(path)
+            if previous != json.loads(json.dumps(spec.to_dict())):
+                raise ConfigError(
+                    f"{self.root} holds a different campaign ({previous.get('name')!r}); "
+                    "use a new --out directory"
+                )
+        else:
+            run_store.write_json_atomic(path, spec.to_dict())
+
+    def spec(self) -> CampaignSpec:
+        path = self.root / SPEC_FILE
+        if not path.exists():
+            raise StoreError(f"{self.root}: not a campaign directory (no {SPEC_FILE})")
+        return from_record(run_store.read_json(path))
+
+    def result(self, job: Job) -> dict[str, Any] | None:
+        path = self.jobs_dir / f"{job.id}.json"
+        return run_store.read_json(path) if path.exists() else None
+
+    def pending(self, jobs: list[Job]) -> list[Job]:
+        """Jobs without a successful result: never run, interrupted, or failed (retried)."""
+        return [j for j in jobs if (r := self.result(j)) is None or r.get("status") != "ok"]
+
+    def save(self, record: dict[str, Any]) -> None:
+        run_store.write_json_atomic(self.jobs_dir / f"{record['job']}.json", record)
+
+    def run_dir(self, job: Job) -> Path:
+        return self.runs_dir / job.id
+
+    def results(self) -> list[dict[str, Any]]:
+        return [run_store.read_json(p) for p in sorted(self.jobs_dir.glob("*.json"))]
+
+    # -- SQL -------------------------------------------------------------------------------
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """DuckDB with two tables: ``jobs`` (one row per job result, summary flattened) and
+        ``spans`` (every span of every job's runs, with its job id, model, mode and batch)."""
+        con = duckdb.connect()
+        rows = [_flatten(r) for r in self.results()]
+        columns = list(dict.fromkeys(k for row in rows for k in row))  # union, first-seen order
+        jobs = (
+            pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows])
+            if rows
+            else pa.table({"job": pa.array([], pa.string())})
+        )
+        con.register("jobs", jobs)
+        files = sorted(self.runs_dir.glob("*/*/spans-*.parquet"))
+        if files:
+            listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+            con.execute(
+                f"""CREATE VIEW spans AS SELECT s.*, jobs.model, jobs.mode, jobs.batch_size
+                    FROM (SELECT *, split_part(parse_dirpath(filename), '/', -2) AS job,
+                                 parse_dirname(filename) AS levels
+                          FROM read_parquet([{listing}], union_by_name = true, filename = true))
+                         AS s LEFT JOIN jobs USING (job)"""
+            )
+        return con
+
+
+def _flatten(record: dict[str, Any]) -> dict[str, Any]:
+    """A job result as one flat row (summary keys become columns; lists become text)."""
+    row = {k: v for k, v in record.items() if k != "summary"}
+    for key, value in (record.get("summary") or {}).items():
+        if isinstance(value, dict):
+            for inner, item in value.items():
+                row[f"{key}_{inner}"] = item
+        elif isinstance(value, list):
+            row[key] = ", ".join(
+                f"{v[0]} ({v[1]}%)" if isinstance(v, list) else str(v) for v in value
+            )
+        else:
+            row[key] = value
+    return row

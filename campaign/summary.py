@@ -1,0 +1,77 @@
+"""One job's measurement -> the facts the campaign report compares across models."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from analysis.store import MeasurementStore
+
+#: A step whose GPU is busy less than this share of its true latency, running short kernels,
+#: waits on launches; above COMPUTE_BOUND_BUSY_PCT the GPU itself bounds it.
+LAUNCH_BOUND_BUSY_PCT = 50.0
+COMPUTE_BOUND_BUSY_PCT = 80.0
+SHORT_KERNEL_US = 20.0
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    from analysis import kernels, layers
+    from analysis.monitor import monitor_summary
+    from analysis.suggestions import suggest
+
+    store = MeasurementStore(run_dir)
+    steps: dict[str, list[float]] = {}
+    for row in store.sql(
+        "SELECT levels, dur_ns / 1e6 AS ms FROM spans WHERE kind = 'step' ORDER BY run_index"
+    ).to_pylist():
+        steps.setdefault(row["levels"], []).append(row["ms"])
+    step_ms = {levels: statistics.median(values) for levels, values in steps.items()}
+    shallowest = min(step_ms, key=len) if step_ms else None
+    batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)
+    latency = step_ms.get(shallowest) if shallowest else None
+    out: dict[str, Any] = {
+        "step_ms": step_ms,
+        "latency_ms": latency,
+        "throughput_per_s": batch / (latency / 1e3) if latency else None,
+    }
+    types = layers.layer_types(store).to_pylist()
+    out["top_layer_types"] = [
+        [r["module_type"], round(r["share_pct"], 1)] for r in types[:3] if r["share_pct"]
+    ]
+    out["conv_share_pct"] = sum(
+        r["share_pct"] or 0.0 for r in types if "Conv" in str(r["module_type"])
+    )
+    has_gpu = bool(store.sql("SELECT count(*) AS n FROM spans WHERE level = 'gpu'")["n"][0].as_py())
+    if has_gpu:
+        # GPU work per iteration (G run) against the uninstrumented latency (M run): the G run's
+        # own step is stretched by tracing, so its busy share would understate the GPU's
+        busy = kernels.temporal_breakdown(store).to_pylist()
+        busy_ms = statistics.median(r["gpu_busy_ms"] for r in busy) if busy else None
+        busy_pct = min(100.0, 100.0 * busy_ms / latency) if busy_ms and latency else None
+        (launch,) = kernels.launch_statistics(store).to_pylist()
+        out["gpu_busy_ms"] = busy_ms
+        out["gpu_busy_pct"] = busy_pct
+        out["median_kernel_us"] = launch["median_kernel_us"]
+        out["kernels"] = launch["kernels"]
+        out["top_kernels"] = [
+            [r["kernel"][:80], round(r["share_pct"], 1)]
+            for r in kernels.kernels_by_name(store, limit=3).to_pylist()
+        ]
+        out["bound"] = _bound(busy_pct, launch["median_kernel_us"])
+    monitor = monitor_summary(store).to_pylist()
+    if monitor:
+        # the shallowest run's samples: the GPU as the uninstrumented workload drives it
+        out["monitor"] = {k: v for k, v in monitor[0].items() if isinstance(v, (int, float))}
+    out["suggestions"] = [r["rule"] for r in suggest(store).to_pylist()]
+    return out
+
+
+def _bound(busy_pct: float | None, median_kernel_us: float | None) -> str | None:
+    if busy_pct is None:
+        return None
+    if busy_pct >= COMPUTE_BOUND_BUSY_PCT:
+        return "compute-bound"
+    if busy_pct < LAUNCH_BOUND_BUSY_PCT and (median_kernel_us or 0) < SHORT_KERNEL_US:
+        return "launch-bound"
+    return "mixed"
