@@ -498,6 +498,7 @@ def campaign() -> None:
 @click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
 @click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
 @click.option("--limit", type=int, help="Run at most this many pending jobs (a part).")
+@click.option("--only", help="Run only models matching these comma-separated globs (a part).")
 def campaign_run(
     campaign_file: Path,
     out: Path,
@@ -505,6 +506,7 @@ def campaign_run(
     address: str | None,
     parallel: int | None,
     limit: int | None,
+    only: str | None,
 ) -> None:
     """Run (or resume) a campaign: finished jobs are skipped, failed ones retried; a failing
     job is recorded with its reason and the campaign moves on."""
@@ -519,6 +521,11 @@ def campaign_run(
     store.begin(spec)
     jobs = spec.jobs()
     pending = store.pending(jobs)
+    if only:
+        import fnmatch
+
+        globs = [g.strip() for g in only.split(",") if g.strip()]
+        pending = [j for j in pending if any(fnmatch.fnmatch(j.model, g) for g in globs)]
     if limit is not None:
         pending = pending[:limit]
     console.print(
