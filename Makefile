@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint jaeger bench-conversion bench-collector clean
+.PHONY: setup demo test lint jaeger bench-conversion bench-collector bench-analyze clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# A real leveled profile (levels M and MF) of the embedded default model on CPU, then a summary.
+# A real leveled profile (levels M, MF and MFL) of the embedded default model on CPU, then its
+# reconstruction, analyses and HTML report.
 demo: $(STAMP)
-	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF --device cpu --out xsp-runs/demo
+	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF,MFL --device cpu --out xsp-runs/demo
+	$(VENV)/bin/xsp analyze xsp-runs/demo --rows 8 --report xsp-runs/demo/report.html
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
@@ -35,6 +37,9 @@ bench-conversion: $(STAMP)
 
 bench-collector: $(STAMP)
 	$(PY) benchmarks/collector_load.py
+
+bench-analyze: $(STAMP)
+	$(PY) benchmarks/analyze.py
 
 clean:
 	rm -rf $(VENV) xsp-runs .pytest_cache .mypy_cache .ruff_cache .coverage

@@ -135,7 +135,7 @@ def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
                greatest(latency_ms - coalesce(gpu_ms, 0), 0) AS non_gpu_ms,
                100.0 * least(coalesce(gpu_ms, 0) / nullif(latency_ms, 0), 1) AS gpu_pct
         FROM lat LEFT JOIN gpu USING (module_path)
-        WHERE lat.module_path <> '' AND NOT EXISTS (
+        WHERE lat.module_path <> '' AND {_GPU_RUN} IS NOT NULL AND NOT EXISTS (
             SELECT 1 FROM lat AS inner_layer
             WHERE inner_layer.module_path LIKE lat.module_path || '.%')
         ORDER BY latency_ms DESC LIMIT ?
@@ -164,7 +164,7 @@ def launch_statistics(store: MeasurementStore) -> pa.Table:
                median(kernel_ns) / 1e3 AS median_kernel_us,
                median(delay_ns) / 1e3 AS median_delay_us,
                quantile_cont(delay_ns, 0.9) / 1e3 AS p90_delay_us
-        FROM k
+        FROM k HAVING count(*) > 0
         """
     )
 

@@ -101,7 +101,7 @@ def sections(
     store: MeasurementStore,
 ) -> list[tuple[str, pa.Table, Callable[[pa.Table], Any] | None]]:
     """(title, table, chart maker or None) for every analysis the measurement supports."""
-    from analysis import kernels, layers, summary
+    from analysis import kernels, layers, library, summary
     from analysis.monitor import monitor_summary
     from analysis.reconstruct import level_overhead
     from analysis.suggestions import suggest
@@ -130,6 +130,7 @@ def sections(
             layers.layer_latency(store),
             lambda t: _bar(t, "module_path", "median_ms", "Layer latency (forward)", rows=400),
         ),
+        ("Library calls (cuBLAS, cuDNN, oneDNN)", library.library_calls(store), None),
         (
             "Kernels by name (A10)",
             kernels.kernels_by_name(store, limit=25),

@@ -49,16 +49,16 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         busy = kernels.temporal_breakdown(store).to_pylist()
         busy_ms = statistics.median(r["gpu_busy_ms"] for r in busy) if busy else None
         busy_pct = min(100.0, 100.0 * busy_ms / latency) if busy_ms and latency else None
-        (launch,) = kernels.launch_statistics(store).to_pylist()
+        launch = (kernels.launch_statistics(store).to_pylist() or [{}])[0]
         out["gpu_busy_ms"] = busy_ms
         out["gpu_busy_pct"] = busy_pct
-        out["median_kernel_us"] = launch["median_kernel_us"]
-        out["kernels"] = launch["kernels"]
+        out["median_kernel_us"] = launch.get("median_kernel_us")
+        out["kernels"] = launch.get("kernels", 0)
         out["top_kernels"] = [
             [r["kernel"][:80], round(r["share_pct"], 1)]
             for r in kernels.kernels_by_name(store, limit=3).to_pylist()
         ]
-        out["bound"] = _bound(busy_pct, launch["median_kernel_us"])
+        out["bound"] = _bound(busy_pct, launch.get("median_kernel_us"))
     monitor = monitor_summary(store).to_pylist()
     if monitor:
         # the shallowest run's samples: the GPU as the uninstrumented workload drives it

@@ -83,6 +83,12 @@ def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Pat
     assert abs(idle["host_wait_ms"] + idle["kernel_wait_ms"] - idle["idle_ms"]) < 1e-9
     busy = kernels.temporal_breakdown(measurement).to_pylist()[0]
     assert idle["idle_ms"] <= busy["step_ms"]
+    from analysis.library import library_calls
+
+    calls = {(r["library"], r["call"]): r for r in library_calls(measurement, 50).to_pylist()}
+    conv = calls[("cuDNN", "cudnnBackendExecute")]
+    assert conv["calls_per_iteration"] == 59 and conv["ms_per_iteration"] > 0
+    assert ("cuBLAS", "cublasLtMatmul") in calls
 
 
 def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> None:
