@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.store import MeasurementStore
 from tracer import schema
@@ -110,24 +111,29 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration)."""
     runs, source_of = _sources(store)
     deepest_index = runs[-1][0]
-    keyed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    keyed: dict[int, tuple[pa.Table, np.ndarray]] = {}
     for index in set(source_of.values()) | {deepest_index}:
         table, keys, _ = _keyed(store, index)
-        keyed[index] = (keys, np.asarray(table.column("dur_ns")))
+        keyed[index] = (table, keys)
     deep, key, parent = _keyed(store, deepest_index)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
     new_dur = dur.copy()
     missing = np.zeros(len(dur), dtype=bool)
+    spans = deep
     for name, source in source_of.items():
         rows = np.nonzero(level == name)[0]
-        found = _lookup(keyed[source][0], keyed[source][1], key[rows])
+        table, keys = keyed[source]
+        found = _lookup(keys, np.arange(len(keys)), key[rows])
         missing[rows] = found < 0
-        new_dur[rows] = np.where(found >= 0, found, dur[rows])
+        source_dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
+        new_dur[rows] = np.where(found >= 0, source_dur[np.maximum(found, 0)], dur[rows])
+        if name == schema.LEVEL_FRAMEWORK and source != deepest_index:
+            spans = _fill_details(spans, table, rows, found)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     new_start = _layout(parent, start, dur, new_dur)
-    spans = deep.set_column(
-        deep.schema.get_field_index("start_ns"), "start_ns", pa.array(new_start, pa.int64())
+    spans = spans.set_column(
+        spans.schema.get_field_index("start_ns"), "start_ns", pa.array(new_start, pa.int64())
     )
     spans = spans.set_column(
         spans.schema.get_field_index("dur_ns"), "dur_ns", pa.array(new_dur, pa.int64())
@@ -141,6 +147,29 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
         }
     )
     return spans, miss
+
+
+#: Op details the framework run records and deeper runs may leave out (NVTX op ranges carry no
+#: dtypes, and by default no shapes).
+DETAIL_COLUMNS = ("input_shapes", "input_dtypes")
+
+
+def _fill_details(
+    spans: pa.Table, source: pa.Table, rows: np.ndarray, found: np.ndarray
+) -> pa.Table:
+    """Fill the op details that ``spans`` lacks at ``rows`` from their matched source rows."""
+    index = np.full(spans.num_rows, -1, dtype=np.int64)
+    index[rows] = found
+    if not (index >= 0).any():
+        return spans
+    take = pa.array(np.maximum(index, 0), pa.int64(), mask=index < 0)
+    for name in DETAIL_COLUMNS:
+        filler = source.column(name).combine_chunks().cast(pa.string()).take(take)
+        current = spans.column(name).combine_chunks().cast(pa.string())
+        spans = spans.set_column(
+            spans.schema.get_field_index(name), name, pc.coalesce(current, filler)
+        )
+    return spans
 
 
 def _layout(

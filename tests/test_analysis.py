@@ -107,6 +107,13 @@ def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> No
         .to_pylist()
     )
     assert steps == m_steps
+    # op details the NVTX-captured MFLG run lacks (dtypes) come from the MF run
+    convs = [r for r in spans.to_pylist() if r["op_name"] == "aten::conv2d"]
+    assert convs and all(r["input_dtypes"].startswith("float,float") for r in convs)
+    deep_dtypes = measurement.sql(
+        "SELECT count(input_dtypes) AS n FROM spans WHERE levels = 'MFLG' AND kind = 'op'"
+    )
+    assert deep_dtypes.column("n")[0].as_py() == 0
     overhead = {(r["level"], r["run"]): r for r in level_overhead(measurement).to_pylist()}
     assert overhead[("model", "MF")]["p50_added_ms"] > 0  # F inflates the step
     assert overhead[("framework", "MFLG")]["spans"] == 53_820
