@@ -111,8 +111,12 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     assert by_levels == {"M": 3, "MF": 3}
     manifest = json.loads((out / "manifest.json").read_text())
     assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
-    analyzed = xsp("analyze", str(out))
+    analyzed = xsp("analyze", str(out), "--save-reconstruction")
     assert analyzed.returncode == 0, analyzed.stderr
+    # the stored reconstruction exports like any run: one trace per iteration, MF's hierarchy
+    rebuilt = xsp("export", str(out / "reconstructed"), "-o", str(tmp_path / "r.jsonl"))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert len(_traces(tmp_path / "r.jsonl")) == 3
     assert "Layer types (A5)" in analyzed.stdout and "Conv2d" in analyzed.stdout
 
 

@@ -29,6 +29,8 @@ from tracer.errors import StoreError
 
 MANIFEST = "manifest.json"
 RUN_META = "run.json"
+#: Where ``xsp analyze --save-reconstruction`` stores a measurement's reconstruction.
+RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
 SPAN_FILE_PATTERN = "spans-*.parquet"
 
@@ -200,7 +202,9 @@ def open_measurement(root: Path) -> list[Run]:
         manifest = read_json(root / MANIFEST)
         names = [str(entry["levels"]) for entry in manifest.get("runs", [])]
     else:
-        names = sorted(p.parent.name for p in root.glob(f"*/{RUN_META}"))
+        names = sorted(
+            p.parent.name for p in root.glob(f"*/{RUN_META}") if p.parent.name != RECONSTRUCTED
+        )
     runs = [open_run(root / name) for name in names if (root / name / RUN_META).exists()]
     if not runs:
         raise StoreError(f"{root}: holds no xsp run (no */{RUN_META})")

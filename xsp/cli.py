@@ -359,7 +359,12 @@ def serve(
     type=click.Path(path_type=Path),
     help="Also write a self-contained HTML report (flame view, charts, tables).",
 )
-def analyze(run_dir: Path, rows: int, report: Path | None) -> None:
+@click.option(
+    "--save-reconstruction",
+    is_flag=True,
+    help="Store the reconstruction as a run in RUN_DIR/reconstructed (export/push it like any).",
+)
+def analyze(run_dir: Path, rows: int, report: Path | None, save_reconstruction: bool) -> None:
     """Reconstruct a leveled measurement and print its analyses: suggestions, per-level overhead,
     the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13) and HTA's GPU time breakdowns."""
     from analysis.reconstruct import reconstruct
@@ -377,6 +382,8 @@ def analyze(run_dir: Path, rows: int, report: Path | None) -> None:
             "without a counterpart in a shallower run",
             highlight=False,
         )
+    if save_reconstruction:
+        _save_reconstruction(run_dir, store, spans)
     skip = {"Level sets (XSP's leveled runs)", "Layer info (A2)"}  # printed above / too long
     for title, table, _ in sections(store):
         if table.num_rows and title not in skip:
@@ -389,6 +396,28 @@ def analyze(run_dir: Path, rows: int, report: Path | None) -> None:
         except OSError as exc:
             raise XspError(f"cannot write {report}: {exc}") from exc
         console.print(f"wrote a report of {count} analyses to {report}", highlight=False)
+
+
+def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
+    from tracer import schema
+    from tracer import store as run_store
+
+    deepest = max(store.runs, key=lambda r: len(r.levels))
+    out = run_dir / run_store.RECONSTRUCTED
+    try:
+        run_store.reset_run_dir(out)
+        run_store.write_span_part(out, spans)
+        meta = {
+            "format": schema.STORE_FORMAT,
+            "levels": deepest.levels,
+            "status": "ok",
+            "reconstructed_from": [r.levels for r in store.runs],
+            "resource": {**deepest.resource, "xsp.reconstructed": True},
+        }
+        run_store.write_json_atomic(out / run_store.RUN_META, meta)
+    except OSError as exc:
+        raise XspError(f"cannot write {out}: {exc}") from exc
+    console.print(f"stored the reconstruction in {out}", highlight=False)
 
 
 def _cut(text: str, width: int = 72) -> str:
