@@ -4,6 +4,7 @@ is classified (timeout, out of memory, unsupported model, ...) and the campaign 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ def classify(output: str) -> str:
 def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> dict[str, Any]:
     """Run ``job`` into ``out``; return its result record (status, reason, wall time, summary).
     ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES). The leveled runner runs in this process
-    (its level sets in fresh processes, as ``xsp run`` does), so a job costs no extra start-up."""
+    (each level set in its own process, forked from a server that imported torch once), so a
+    job pays no interpreter start-up."""
     from tracer.errors import XspError
     from tracer.runner import LeveledSpec, run_leveled
 
@@ -53,6 +55,8 @@ def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> 
         env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
         timeout_s=spec.timeout_s,
         log_stderr=True,
+        # XSP_FORK_SERVER=0: a fresh interpreter per level set, as xsp run starts them
+        fork_server=os.environ.get("XSP_FORK_SERVER", "1") != "0",
     )
     try:
         result = run_leveled(leveled)
@@ -61,6 +65,7 @@ def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> 
         record.update(status="failed", reason=classify(text), error=text, wall_s=0.0)
         return record
     record["wall_s"] = time.time() - started
+    record["seconds_by_level_set"] = {run["levels"]: run.get("seconds") for run in result.runs}
     if not result.ok:
         error = result.failure or "failed"
         logs = "\n".join(

@@ -51,6 +51,8 @@ class LeveledSpec:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     log_stderr: bool = False
+    # Zoo workloads: fork level-set processes from a server that imported torch once.
+    fork_server: bool = False
 
     @property
     def workload(self) -> str:
@@ -188,15 +190,58 @@ def child_argv(
 def _run_one(
     spec: LeveledSpec, levels: str, measurement_id: str, progress: ProgressFn | None
 ) -> dict[str, Any]:
-    read_fd, write_fd = os.pipe()
     if progress:
         progress(levels, "start", 0, spec.iterations)
     env = {**os.environ, **spec.env}
     env.update({**_level_environment(spec, levels, env), "PYTHONUNBUFFERED": "1"})
-    log = None
-    if spec.log_stderr:
+    stderr_path = spec.out / f"{levels}.stderr.log" if spec.log_stderr else None
+    if stderr_path is not None:
         spec.out.mkdir(parents=True, exist_ok=True)
-        log = open(spec.out / f"{levels}.stderr.log", "wb")  # noqa: SIM115 - closed below
+    spawned_ns = time.time_ns()
+    if spec.fork_server and spec.model:
+        returncode, timed_out = _run_forked(
+            spec, levels, measurement_id, env, stderr_path, progress
+        )
+    else:
+        returncode, timed_out = _run_spawned(
+            spec, levels, measurement_id, env, stderr_path, progress
+        )
+    ended_ns = time.time_ns()
+    entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
+    try:
+        meta = store.open_run(spec.out / levels).meta
+        entry.update(
+            status=meta.get("status"),
+            error=meta.get("error"),
+            iterations_measured=meta.get("iterations_measured"),
+            spans=meta.get("spans"),
+            seconds=_phase_seconds(meta, spawned_ns, ended_ns),
+        )
+    except StoreError:
+        entry.update(
+            status="error",
+            error=f"the run process exited with {returncode} before writing its store",
+        )
+    if timed_out:
+        entry.update(status="error", error=f"timed out after {spec.timeout_s:.0f} s; killed")
+    elif returncode != 0 and entry["status"] == "ok":
+        entry.update(status="error", error=f"the run process exited with {returncode}")
+    if progress:
+        progress(levels, "end", returncode, spec.iterations)
+    return entry
+
+
+def _run_spawned(
+    spec: LeveledSpec,
+    levels: str,
+    measurement_id: str,
+    env: dict[str, str],
+    stderr_path: Path | None,
+    progress: ProgressFn | None,
+) -> tuple[int, bool]:
+    """A fresh interpreter (``python -m tracer.child``); (exit status, timed out)."""
+    read_fd, write_fd = os.pipe()
+    log = open(stderr_path, "wb") if stderr_path else None  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(
             child_argv(spec, levels, measurement_id, write_fd),
@@ -211,34 +256,59 @@ def _run_one(
             log.close()
     reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
     reader.start()
-    timed_out = False
     try:
-        returncode = proc.wait(timeout=spec.timeout_s)
+        returncode, timed_out = proc.wait(timeout=spec.timeout_s), False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         returncode, timed_out = proc.wait(), True
     reader.join(timeout=5)
-    entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
-    try:
-        meta = store.open_run(spec.out / levels).meta
-        entry.update(
-            status=meta.get("status"),
-            error=meta.get("error"),
-            iterations_measured=meta.get("iterations_measured"),
-            spans=meta.get("spans"),
-        )
-    except StoreError:
-        entry.update(
-            status="error",
-            error=f"the run process exited with {returncode} before writing its store",
-        )
+    return returncode, timed_out
+
+
+def _run_forked(
+    spec: LeveledSpec,
+    levels: str,
+    measurement_id: str,
+    env: dict[str, str],
+    stderr_path: Path | None,
+    progress: ProgressFn | None,
+) -> tuple[int, bool]:
+    """A process forked from the preloaded fork server; (exit status, timed out)."""
+    from tracer import forkserver
+
+    argv = child_argv(spec, levels, measurement_id, None)[3:]  # drop "python -m tracer.child"
+    process, read_fd = forkserver.start(argv, env, stderr_path)
+    reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
+    reader.start()
+    process.join(timeout=spec.timeout_s)
+    timed_out = process.is_alive()
     if timed_out:
-        entry.update(status="error", error=f"timed out after {spec.timeout_s:.0f} s; killed")
-    elif returncode != 0 and entry["status"] == "ok":
-        entry.update(status="error", error=f"the run process exited with {returncode}")
-    if progress:
-        progress(levels, "end", returncode, spec.iterations)
-    return entry
+        process.kill()
+        process.join()
+    reader.join(timeout=5)
+    code = process.exitcode
+    return (code if code is not None else -1), timed_out
+
+
+def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
+    """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
+    the warm-up iterations before the levels came on, the traced iterations (the last warm-up
+    one and the measured ones), conversion and storage, and exit."""
+    marks = [
+        ("start_up", meta.get("started_ns")),
+        ("untraced_warm_up", (meta.get("phases_ns") or {}).get("levels_on")),
+        ("traced_iterations", (meta.get("phases_ns") or {}).get("measured")),
+        ("convert_and_store", meta.get("finished_ns")),
+        ("exit", ended_ns),
+    ]
+    seconds: dict[str, float] = {}
+    previous = spawned_ns
+    for name, mark in marks:
+        if isinstance(mark, int):
+            seconds[name] = round((mark - previous) / 1e9, 3)
+            previous = mark
+    seconds["total"] = round((ended_ns - spawned_ns) / 1e9, 3)
+    return seconds
 
 
 def _level_environment(

@@ -160,6 +160,7 @@ class Session:
         self._misuse_logged = False
         self._hooks: list[Any] = []
         self.started_ns = time.time_ns()
+        self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
         self.result: dict[str, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -312,6 +313,7 @@ class Session:
 
     def _enable_levels(self) -> None:
         self._levels_on = True
+        self._phase_ns["levels_on"] = time.time_ns()
         if self._monitor is not None:
             reason = self._monitor.start()
             if reason:
@@ -333,6 +335,7 @@ class Session:
         self._finish_pending = False
         if self.result is not None:
             return
+        self._phase_ns["measured"] = time.time_ns()
         raw: dict[str, Any] = {}
         stopped = []
         for level in reversed(self._levels):
@@ -426,6 +429,7 @@ class Session:
             "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},
             "errors": list(self._errors),
             "started_ns": self.started_ns,
+            "phases_ns": dict(self._phase_ns),
             "finished_ns": time.time_ns() if status != "running" else None,
             "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
             **extra,

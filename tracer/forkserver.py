@@ -1,0 +1,72 @@
+"""Level-set processes forked from a server that imported torch and the zoo libraries once.
+
+A fresh interpreter spends seconds importing torch, torchvision, timm and transformers before a
+level-set run can start (3.7–5 s of a 4–5 s M run on the dev machine). For campaigns, which start
+hundreds of level-set processes, the leveled runner forks them instead from a multiprocessing
+fork server that preloaded those modules. Each level set still gets its own process: nothing
+initializes CUDA, CUPTI, NVTX, cuBLAS or oneDNN in the server, so the variables the levels need
+(``CUDA_VISIBLE_DEVICES``, NVTX injection, ``ONEDNN_VERBOSE_TIMESTAMP``) still take effect when
+the child sets them, before any library starts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from multiprocessing.context import ForkServerContext
+from pathlib import Path
+from typing import Any
+
+#: Imported once by the server (the zoo's sources and xsp's capture path).
+PRELOAD = ("torch", "torchvision", "timm", "transformers", "tracer.child", "tracer.zoo")
+
+_context: ForkServerContext | None = None
+_lock = threading.Lock()
+
+
+def context() -> ForkServerContext:
+    global _context
+    with _lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(list(PRELOAD))
+            _context = ctx
+        return _context
+
+
+def _entry(argv: list[str], env: dict[str, str], stderr_path: str | None, progress: Any) -> None:
+    """Runs in the forked child: the environment first, then ``python -m tracer.child``'s main."""
+    os.environ.clear()
+    os.environ.update(env)
+    if stderr_path:
+        fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    progress_fd = os.dup(progress.fileno())
+    progress.close()
+    from tracer import child
+
+    code = child.main([*argv, "--progress-fd", str(progress_fd)])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def start(argv: Sequence[str], env: Mapping[str, str], stderr_path: Path | None) -> tuple[Any, int]:
+    """Fork a level-set process running ``tracer.child`` with ``argv`` (its arguments, without the
+    interpreter and module); return (process, read end of its progress pipe as an fd)."""
+    ctx = context()
+    read, write = ctx.Pipe(duplex=False)
+    process = ctx.Process(
+        target=_entry,
+        args=(list(argv), dict(env), str(stderr_path) if stderr_path else None, write),
+        daemon=False,
+    )
+    process.start()
+    write.close()
+    fd = os.dup(read.fileno())
+    read.close()
+    return process, fd
