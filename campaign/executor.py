@@ -1,4 +1,4 @@
-"""Where campaign jobs run: locally, one job per GPU at a time (or ``jobs`` at a time on CPU), or
+"""Where campaign jobs run: locally, one job per GPU at a time (``--parallel`` at a time on CPU), or
 on a Ray cluster, one GPU per job. Results land in the campaign store as each job ends, so an
 interrupted campaign resumes where it stopped."""
 

@@ -1,6 +1,7 @@
 """One campaign job: the leveled run of one workload at every level set (each level set in its
-own process, as ``xsp run`` does), then a one-row summary of what it measured. Failures are results, never exceptions: the reason
-is classified (timeout, out of memory, unsupported model, ...) and the campaign moves on."""
+own process), then a one-row summary of what it measured. Failures are results, never
+exceptions: the reason is classified (timeout, out of memory, unsupported model, ...) and the
+campaign moves on."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5", "torchvision:mnasnet0_5"]
 
 
-def _toml(path: Path, models: list[str], batches: list[int] = (1, 2)) -> Path:  # type: ignore[assignment]
+def _toml(path: Path, models: list[str], batches: tuple[int, ...] = (1, 2)) -> Path:
     names = ", ".join(f'"{m}"' for m in models)
     path.write_text(
         f"""[campaign]
@@ -141,7 +141,7 @@ def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each
     from campaign.executor import run_ray
     from campaign.report import write_campaign_report
 
-    spec = load(_toml(tmp_path / "c.toml", ["torchvision:squeezenet1_1"], [1, 2]))
+    spec = load(_toml(tmp_path / "c.toml", ["torchvision:squeezenet1_1"], (1, 2)))
     store = CampaignStore(tmp_path / "C")
     store.begin(spec)
     records: list[dict] = []
