@@ -90,7 +90,7 @@ def _framework(ctx: LevelContext) -> Level:
     capture = framework_capture(ctx)
     shapes = ctx.op_shapes
     if capture == CAPTURE_NVTX:
-        # Formatting shapes into every op's NVTX name costs ~6 µs per op against ~0.5 µs without
+        # Formatting shapes into every op's NVTX name costs ~6 µs per op against 0.5-1 µs without
         # (measured on the dev machine); the MF run records them, and the reconstruction takes
         # op details from it. XSP_NVTX_OP_SHAPES=1 records them here too.
         shapes = shapes and os.environ.get("XSP_NVTX_OP_SHAPES") == "1"
