@@ -23,11 +23,10 @@ A job is one workload (model, mode, batch size) measured at every level set, in 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from tracer import schema, zoo
 from tracer.errors import ConfigError
