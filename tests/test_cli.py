@@ -288,3 +288,14 @@ def test_live_otlp_export_from_a_run(tmp_path: Path) -> None:
         if kv.key == "xsp.levels"
     }
     assert levels == {"M", "MF"}
+
+
+def test_gpu_levels_without_a_gpu_fail_in_one_line() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: MFLG would run")
+    done = xsp("run", "--model", "torchvision:resnet18", "--levels", "M,MFLG", "--device", "cuda")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1
+    assert "--device cuda: no CUDA GPU is visible" in lines[0]
