@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from analysis.store import MeasurementStore
 from tracer import schema
-from tracer.intervals import depths
+from tracer.intervals import depths, find_rows
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -41,13 +41,6 @@ def _name_hashes(names: pa.Array) -> np.ndarray:
     return table[np.asarray(encoded.indices.fill_null(0), dtype=np.int64)]
 
 
-def _parent_rows(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
-    order = np.argsort(span_id, kind="stable")
-    slot = np.clip(np.searchsorted(span_id[order], parent_id), 0, max(len(order) - 1, 0))
-    found = (parent_id != 0) & (span_id[order][slot] == parent_id) if len(order) else parent_id != 0
-    return np.where(found, order[slot] if len(order) else -1, -1)
-
-
 def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(key, parent row) per span: the key hashes the span's iteration and its path of
     (name, ordinal among same-named siblings by start time) from the root, so repeated
@@ -56,7 +49,7 @@ def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     parent_id = np.asarray(table.column("parent_span_id"), dtype=np.uint64).astype(np.int64)
     start = np.asarray(table.column("start_ns"), dtype=np.int64)
     names = _name_hashes(table.column("name").combine_chunks())
-    parent = _parent_rows(span_id, parent_id)
+    parent = find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
     # ordinal among siblings of the same name, by start time
     order = np.lexsort((start, names, parent))
     same = np.zeros(len(order), dtype=bool)
@@ -77,15 +70,6 @@ def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
             mixed = (base ^ names[rows]) * _MULT + ordinal[rows]
             key[rows] = mixed ^ (mixed >> np.uint64(29))
     return key, parent
-
-
-def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """values[i] where keys[i] == query, -1 where none does."""
-    if not len(keys):
-        return np.full(len(queries), -1, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    slot = np.clip(np.searchsorted(keys[order], queries), 0, len(order) - 1)
-    return np.where(keys[order][slot] == queries, values[order][slot], -1)
 
 
 def _keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -124,7 +108,7 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     for name, source in source_of.items():
         rows = np.nonzero(level == name)[0]
         table, keys = keyed[source]
-        found = _lookup(keys, np.arange(len(keys)), key[rows])
+        found = find_rows(keys, key[rows])
         missing[rows] = found < 0
         source_dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
         new_dur[rows] = np.where(found >= 0, source_dur[np.maximum(found, 0)], dur[rows])
@@ -222,8 +206,9 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
                 continue
             keys, dur, level = keyed[index]
             rows = level == name
-            base = _lookup(keyed[source][0], keyed[source][1], keys[rows])
-            added = (dur[rows] - base)[base >= 0] / 1e6
+            source_keys, source_dur, _ = keyed[source]
+            found = find_rows(source_keys, keys[rows])
+            added = (dur[rows] - source_dur[found])[found >= 0] / 1e6
             if not len(added):
                 continue
             values = np.sort(added)

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from tracer import schema
 from tracer.convert import dictionary_column
-from tracer.intervals import nest
+from tracer.intervals import find_rows, nest
 from tracer.records import (
     API_RUNTIME,
     GPU_KERNEL,
@@ -75,16 +75,6 @@ def match_threads(
         if best is not None:
             parent[calls] = best
     return parent
-
-
-def _lookup_sorted(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """values[i] where keys[i] == query (first match), -1 where no key matches."""
-    if len(keys) == 0:
-        return np.full(len(queries), -1, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    slot = np.clip(np.searchsorted(keys[order], queries), 0, len(order) - 1)
-    found = keys[order][slot] == queries
-    return np.where(found, values[order][slot], -1)
 
 
 def _containing_op(
@@ -170,7 +160,7 @@ def gpu_columns(
     """(rows kept, their iteration, their columns, their API row or -1) for GPU activities."""
     start = np.frombuffer(gpu.start_ns, dtype=np.int64)
     correlation = np.frombuffer(gpu.correlation, dtype=np.int64)
-    api_row = _lookup_sorted(api_correlation, np.arange(len(api_correlation)), correlation)
+    api_row = find_rows(api_correlation, correlation)
     iteration = _step_iteration(steps, start)
     if len(api_iteration):
         iteration = np.where(api_row >= 0, api_iteration[np.maximum(api_row, 0)], iteration)

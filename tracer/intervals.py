@@ -78,3 +78,13 @@ def inherit(
         if len(rows):
             out[rows] = out[parent[rows]]
     return out
+
+
+def find_rows(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query, the row of ``keys`` holding the same value (the first, in row order),
+    -1 where none does: an id join (correlation ids, span ids, structural keys) in numpy."""
+    if len(keys) == 0:
+        return np.full(len(queries), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    slot = np.clip(np.searchsorted(keys[order], queries), 0, len(order) - 1)
+    return np.where(keys[order][slot] == queries, order[slot], -1)
