@@ -261,3 +261,27 @@ def test_onednn_verbose_lines_become_timed_library_calls() -> None:
     assert parse_verbose_line("onednn_verbose,v1,info,oneDNN v3.13.3\n") is None
     untimed = "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src dst,,,8x3,0.01\n"
     assert parse_verbose_line(untimed) is None
+
+
+def test_nvtx_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
+    from tracer.levels.framework import copy_nvtx_ranges
+    from tracer.records import FrameworkRecords, RangeRecords
+
+    ranges = RangeRecords()
+    for name, start, end, thread in (
+        ("aten::mm, seq = 5, op_id = 1, sizes = [[2, 3], [3, 4]]", 0, 5, 11),
+        ("autograd::engine::evaluate_function: MmBackward0", 10, 20, 22),
+        ("MmBackward0, seq = 5, op_id = 7", 11, 19, 22),
+        ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 21, 22, 22),
+    ):
+        ranges.domain.append("")
+        ranges.name.append(name)
+        ranges.start_ns.append(start)
+        ranges.end_ns.append(end)
+        ranges.thread.append(thread)
+        ranges.detail.append("")
+    records = FrameworkRecords()
+    copy_nvtx_ranges(ranges, records)
+    assert list(records.seq_nr) == [5, 5, 5, -1]
+    assert list(records.fwd_thread) == [-1, 11, -1, -1]
+    assert records.input_shapes.to_list()[0] == "[[2,3],[3,4]]"

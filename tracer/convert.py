@@ -20,6 +20,7 @@ from tracer import schema
 from tracer.intervals import depths, inherit, nest
 from tracer.monitor import MonitorSamples, summarize
 from tracer.records import (
+    BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
     ApiRecords,
@@ -28,7 +29,6 @@ from tracer.records import (
     StepRecords,
 )
 
-BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer."
 STEP_SPAN_NAME = "step"
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
@@ -353,21 +353,14 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
 
     # Backward attribution: an autograd node carries the sequence number of the forward op that
     # created it; that op ran inside a module on the forward thread.
-    # NVTX capture puts the sequence number on the node's own range (``ConvolutionBackward0,
-    # seq = 7``), the first child of the engine's ``evaluate_function`` range: lift it up.
-    lift = np.nonzero((parent >= 0) & (seq_nr >= 0))[0][::-1]
-    lift = lift[is_backward[parent[lift]] & (seq_nr[parent[lift]] < 0)]
-    seq_nr = seq_nr.copy()
-    seq_nr[parent[lift]] = seq_nr[lift]
-    # When the forward thread is not recorded (-1: NVTX capture), any thread's op with that
-    # sequence number will do: sequence numbers are per thread, and one thread runs forward.
     forward_ops = np.nonzero((phase_code == 0) & (seq_nr >= 0) & (module >= 0) & ~is_module)[0]
-    fwd_modules = module[forward_ops].tolist()
-    fwd_seqs = seq_nr[forward_ops].tolist()
-    fwd_threads = thread[forward_ops].tolist()
-    by_seq = dict(zip(zip(fwd_threads, fwd_seqs, strict=True), fwd_modules, strict=True))
-    anywhere = zip([-1] * len(fwd_seqs), fwd_seqs, strict=True)
-    by_seq.update(zip(anywhere, fwd_modules, strict=True))
+    by_seq = dict(
+        zip(
+            zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=True),
+            module[forward_ops].tolist(),
+            strict=True,
+        )
+    )
     backward_rows = np.nonzero(is_backward)[0]
     keys = zip(fwd_thread[backward_rows].tolist(), seq_nr[backward_rows].tolist(), strict=True)
     own_module[backward_rows] = [by_seq.get(key, -1) for key in keys]

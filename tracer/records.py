@@ -15,6 +15,8 @@ from typing import Any
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
 STEP_RANGE_PREFIX = "xsp::step::"
+# The range PyTorch's autograd engine opens around each backward node.
+BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 
 # Record kinds of levels L and G.
 API_RUNTIME, API_DRIVER = 0, 1

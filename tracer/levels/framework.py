@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch._C._autograd import _KinetoEvent
 from torch.autograd import (
@@ -44,6 +45,7 @@ from torch.nn.modules import module as nn_module
 
 from tracer.errors import XspError
 from tracer.records import (
+    BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
     FrameworkRecords,
@@ -308,8 +310,8 @@ def parse_nvtx_name(text: str) -> tuple[str, int, str]:
 
 
 def copy_nvtx_ranges(ranges: RangeRecords, out: FrameworkRecords) -> None:
-    """PyTorch's NVTX op ranges -> framework records. Forward threads are not in the names, so
-    ``fwd_thread`` is -1 and conversion matches backward nodes to forward ops by sequence number."""
+    """PyTorch's NVTX op ranges -> framework records shaped like the Kineto capture's, which
+    conversion reads: see ``link_backward_nodes``."""
     parsed: dict[int, tuple[str, int, str]] = {}
     values = ranges.name.values
     for row, code in enumerate(ranges.name.codes):
@@ -325,3 +327,31 @@ def copy_nvtx_ranges(ranges: RangeRecords, out: FrameworkRecords) -> None:
         out.seq_nr.append(seq)
         out.input_shapes.append(sizes)
         out.input_dtypes.append("")
+    link_backward_nodes(out)
+
+
+def link_backward_nodes(records: FrameworkRecords) -> None:
+    """Give each backward node's ``evaluate_function`` range what Kineto records on it and NVTX
+    names do not carry: its sequence number, which NVTX puts on the node's own range (the next
+    range on the same thread, ``ConvolutionBackward0, seq = 7``), and its forward thread, the
+    thread of the earliest range with that sequence number (forward runs before backward)."""
+    names = records.name.values
+    evaluate = np.array([n.startswith(BACKWARD_PREFIX) for n in names] or [False])
+    code = np.frombuffer(records.name.codes, dtype=np.int32)
+    start = np.frombuffer(records.start_ns, dtype=np.int64)
+    thread = np.frombuffer(records.thread, dtype=np.int64)
+    seq = np.frombuffer(records.seq_nr, dtype=np.int64)
+    fwd_thread = np.frombuffer(records.fwd_thread, dtype=np.int64)
+    order = np.lexsort((start, thread))
+    for at in np.nonzero(evaluate[code[order]] & (seq[order] < 0))[0].tolist():
+        row, node = order[at], order[min(at + 1, len(order) - 1)]
+        own_name = names[code[row]][len(BACKWARD_PREFIX) :]
+        if thread[node] == thread[row] and names[code[node]] == own_name:
+            seq[row] = seq[node]
+    by_time = np.argsort(start, kind="stable")
+    with_seq = by_time[seq[by_time] >= 0]
+    seqs, first = np.unique(seq[with_seq], return_index=True)
+    first_thread = thread[with_seq[first]]
+    backward = np.nonzero(evaluate[code] & (seq >= 0))[0]
+    slot = np.searchsorted(seqs, seq[backward])
+    fwd_thread[backward] = first_thread[slot]
