@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign.store import CampaignStore
+from campaign.summary import shares_text
 
 RUN_REPORT = "report.html"
 
@@ -64,7 +65,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
     if isinstance(value, list):
-        return ", ".join(f"{v[0]} ({v[1]}%)" if isinstance(v, list) else str(v) for v in value)
+        return shares_text(value)
     return str(value)
 
 

@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from campaign.spec import CampaignSpec, Job, from_record
+from campaign.summary import shares_text
 from tracer import store as run_store
 from tracer.errors import ConfigError, StoreError
 
@@ -107,9 +108,7 @@ def _flatten(record: dict[str, Any]) -> dict[str, Any]:
             for inner, item in value.items():
                 row[f"{key}_{inner}"] = item
         elif isinstance(value, list):
-            row[key] = ", ".join(
-                f"{v[0]} ({v[1]}%)" if isinstance(v, list) else str(v) for v in value
-            )
+            row[key] = shares_text(value)
         else:
             row[key] = value
     return row

@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from analysis.store import MeasurementStore
+from analysis.suggestions import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
 
-#: A step whose GPU is busy less than this share of its true latency, running short kernels,
-#: waits on launches; above COMPUTE_BOUND_BUSY_PCT the GPU itself bounds it.
-LAUNCH_BOUND_BUSY_PCT = 50.0
+#: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the
+#: launch-bound rule's share, with short kernels, it waits on launches (analysis.suggestions).
 COMPUTE_BOUND_BUSY_PCT = 80.0
-SHORT_KERNEL_US = 20.0
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -75,3 +74,8 @@ def _bound(busy_pct: float | None, median_kernel_us: float | None) -> str | None
     if busy_pct < LAUNCH_BOUND_BUSY_PCT and (median_kernel_us or 0) < SHORT_KERNEL_US:
         return "launch-bound"
     return "mixed"
+
+
+def shares_text(value: list[Any]) -> str:
+    """``[["Conv2d", 45.3], ...]`` (a summary's top-N lists) -> ``Conv2d (45.3%), ...``."""
+    return ", ".join(f"{v[0]} ({v[1]}%)" if isinstance(v, list) else str(v) for v in value)
