@@ -198,14 +198,12 @@ def _run_one(
     if stderr_path is not None:
         spec.out.mkdir(parents=True, exist_ok=True)
     spawned_ns = time.time_ns()
-    if spec.fork_server and spec.model:
-        returncode, timed_out = _run_forked(
-            spec, levels, measurement_id, env, stderr_path, progress
-        )
-    else:
-        returncode, timed_out = _run_spawned(
-            spec, levels, measurement_id, env, stderr_path, progress
-        )
+    launch = _fork if spec.fork_server and spec.model else _spawn
+    wait, read_fd = launch(spec, levels, measurement_id, env, stderr_path)
+    reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
+    reader.start()
+    returncode, timed_out = wait(spec.timeout_s)
+    reader.join(timeout=5)
     ended_ns = time.time_ns()
     entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
     try:
@@ -231,15 +229,19 @@ def _run_one(
     return entry
 
 
-def _run_spawned(
+#: Waits for a level-set process for at most the given seconds (None: no limit), kills it past
+#: them; returns (exit status, timed out).
+Wait = Callable[[float | None], tuple[int, bool]]
+
+
+def _spawn(
     spec: LeveledSpec,
     levels: str,
     measurement_id: str,
     env: dict[str, str],
     stderr_path: Path | None,
-    progress: ProgressFn | None,
-) -> tuple[int, bool]:
-    """A fresh interpreter (``python -m tracer.child``); (exit status, timed out)."""
+) -> tuple[Wait, int]:
+    """A fresh interpreter (``python -m tracer.child``); (its wait, its progress pipe)."""
     read_fd, write_fd = os.pipe()
     log = open(stderr_path, "wb") if stderr_path else None  # noqa: SIM115 - closed below
     try:
@@ -254,40 +256,40 @@ def _run_spawned(
         os.close(write_fd)
         if log is not None:
             log.close()
-    reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
-    reader.start()
-    try:
-        returncode, timed_out = proc.wait(timeout=spec.timeout_s), False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        returncode, timed_out = proc.wait(), True
-    reader.join(timeout=5)
-    return returncode, timed_out
+
+    def wait(timeout: float | None) -> tuple[int, bool]:
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(), True
+
+    return wait, read_fd
 
 
-def _run_forked(
+def _fork(
     spec: LeveledSpec,
     levels: str,
     measurement_id: str,
     env: dict[str, str],
     stderr_path: Path | None,
-    progress: ProgressFn | None,
-) -> tuple[int, bool]:
-    """A process forked from the preloaded fork server; (exit status, timed out)."""
+) -> tuple[Wait, int]:
+    """A process forked from the preloaded fork server; (its wait, its progress pipe)."""
     from tracer import forkserver
 
     argv = child_argv(spec, levels, measurement_id, None)[3:]  # drop "python -m tracer.child"
     process, read_fd = forkserver.start(argv, env, stderr_path)
-    reader = threading.Thread(target=_read_progress, args=(read_fd, levels, progress), daemon=True)
-    reader.start()
-    process.join(timeout=spec.timeout_s)
-    timed_out = process.is_alive()
-    if timed_out:
-        process.kill()
-        process.join()
-    reader.join(timeout=5)
-    code = process.exitcode
-    return (code if code is not None else -1), timed_out
+
+    def wait(timeout: float | None) -> tuple[int, bool]:
+        process.join(timeout=timeout)
+        timed_out = process.is_alive()
+        if timed_out:
+            process.kill()
+            process.join()
+        code = process.exitcode
+        return (code if code is not None else -1), timed_out
+
+    return wait, read_fd
 
 
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
