@@ -152,20 +152,9 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
 
 def write_run(root: Path, levels: str, table: Any, resource: dict[str, Any] | None = None) -> Path:
     """Store ``table`` as the run ``root/levels`` (span part and run.json); returns its path."""
-    from tracer import schema, store
+    from tracer import store
 
-    run_dir = root / levels
-    store.write_span_part(run_dir, table)
-    store.write_json_atomic(
-        run_dir / store.RUN_META,
-        {
-            "format": schema.STORE_FORMAT,
-            "levels": levels,
-            "status": "ok",
-            "resource": resource or {},
-        },
-    )
-    return run_dir
+    return store.write_run(root / levels, table, levels, resource or {})
 
 
 def free_ports(count: int) -> list[int]:

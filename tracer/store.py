@@ -120,6 +120,26 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     return path
 
 
+def write_run(
+    run_dir: Path, table: pa.Table, levels: str, resource: dict[str, Any], **meta: Any
+) -> Path:
+    """Store ``table`` as one complete run: any earlier run there replaced, one span part, and
+    run.json (status ok unless ``meta`` says otherwise)."""
+    reset_run_dir(run_dir)
+    write_span_part(run_dir, table)
+    write_json_atomic(
+        run_dir / RUN_META,
+        {
+            "format": schema.STORE_FORMAT,
+            "levels": levels,
+            "status": "ok",
+            "resource": resource,
+            **meta,
+        },
+    )
+    return run_dir
+
+
 @dataclass(frozen=True)
 class Run:
     """One level-set run read back from the store."""

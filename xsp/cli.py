@@ -399,22 +399,15 @@ def analyze(run_dir: Path, rows: int, report: Path | None, save_reconstruction: 
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
-    from tracer import schema
     from tracer import store as run_store
 
     deepest = max(store.runs, key=lambda r: len(r.levels))
     out = run_dir / run_store.RECONSTRUCTED
+    resource = {**deepest.resource, "xsp.reconstructed": True}
     try:
-        run_store.reset_run_dir(out)
-        run_store.write_span_part(out, spans)
-        meta = {
-            "format": schema.STORE_FORMAT,
-            "levels": deepest.levels,
-            "status": "ok",
-            "reconstructed_from": [r.levels for r in store.runs],
-            "resource": {**deepest.resource, "xsp.reconstructed": True},
-        }
-        run_store.write_json_atomic(out / run_store.RUN_META, meta)
+        run_store.write_run(
+            out, spans, deepest.levels, resource, reconstructed_from=[r.levels for r in store.runs]
+        )
     except OSError as exc:
         raise XspError(f"cannot write {out}: {exc}") from exc
     console.print(f"stored the reconstruction in {out}", highlight=False)
