@@ -102,10 +102,9 @@ def kernels_by_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
                    AND module_path IS NOT NULL),
         n AS (SELECT greatest(count(DISTINCT iteration), 1) AS iterations
               FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'step'),
-        per AS (SELECT module_path, name, sum(dur_ns) AS ns FROM k GROUP BY ALL)
-        SELECT module_path AS layer,
-               (SELECT count(*) FROM k WHERE k.module_path = per.module_path)
-                   / any_value(n.iterations) AS kernels_per_iteration,
+        per AS (SELECT module_path, name, count(*) AS calls, sum(dur_ns) AS ns
+                FROM k GROUP BY ALL)
+        SELECT module_path AS layer, sum(calls) / any_value(n.iterations) AS kernels_per_iteration,
                sum(ns) / any_value(n.iterations) / 1e6 AS kernel_ms_per_iteration,
                count(*) AS distinct_kernels, arg_max(name, ns) AS top_kernel
         FROM per, n GROUP BY module_path ORDER BY kernel_ms_per_iteration DESC LIMIT ?
