@@ -18,14 +18,14 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     from analysis import kernels, layers
     from analysis.monitor import monitor_summary
     from analysis.suggestions import suggest
+    from analysis.summary import level_sets
 
     store = MeasurementStore(run_dir)
-    steps: dict[str, list[float]] = {}
-    for row in store.sql(
-        "SELECT levels, dur_ns / 1e6 AS ms FROM spans WHERE kind = 'step' ORDER BY run_index"
-    ).to_pylist():
-        steps.setdefault(row["levels"], []).append(row["ms"])
-    step_ms = {levels: statistics.median(values) for levels, values in steps.items()}
+    step_ms = {
+        r["levels"]: r["step_median_ms"]
+        for r in level_sets(store).to_pylist()
+        if r["step_median_ms"] is not None
+    }
     shallowest = min(step_ms, key=len) if step_ms else None
     batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)
     latency = step_ms.get(shallowest) if shallowest else None
