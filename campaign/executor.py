@@ -5,12 +5,13 @@ interrupted campaign resumes where it stopped."""
 from __future__ import annotations
 
 import io
+import os
 import queue
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +43,70 @@ def run_local(
     on_done: OnDone,
     parallel: int | None = None,
 ) -> None:
-    """Run ``jobs`` in parallel slots: one per GPU on CUDA (each job sees only its GPU), or
-    ``parallel`` (default 1) on CPU."""
+    """Run ``jobs`` in parallel lanes: one per GPU on CUDA (each job sees only its GPU), or
+    ``parallel`` (default 1) on CPU. Within a lane, a job starts once the job before has
+    measured its last level set, and measures once that job has ended (``XSP_OVERLAP=0``: a
+    job starts once the one before has ended)."""
     if spec.device.startswith("cuda"):
-        gpus: list[int | None] = list(range(parallel or gpu_count() or 1))
+        lanes: list[int | None] = list(range(parallel or gpu_count() or 1))
     else:
-        gpus = [None] * (parallel or 1)
-    slots: queue.Queue[int | None] = queue.Queue()
-    for gpu in gpus:
-        slots.put(gpu)
+        lanes = [None] * (parallel or 1)
+    overlap = os.environ.get("XSP_OVERLAP", "1") != "0"
+    pending: queue.SimpleQueue[Job] = queue.SimpleQueue()
+    for job in jobs:
+        pending.put(job)
+    results: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
 
-    def one(job: Job) -> dict[str, Any]:
-        gpu = slots.get()
+    def lane(gpu: int | None) -> None:
+        previous: threading.Event | None = None
+        while True:
+            try:
+                job = pending.get_nowait()
+            except queue.Empty:
+                return
+            chain = _Chain(previous.wait if previous is not None and overlap else None)
+            threading.Thread(
+                target=chain.run,
+                args=(spec, job, store.run_dir(job), gpu, results),
+                name=f"xsp-job-{job.id}",
+                daemon=True,
+            ).start()
+            (chain.measured if overlap else chain.ended).wait()
+            previous = chain.ended
+
+    for gpu in lanes:
+        threading.Thread(target=lane, args=(gpu,), name=f"xsp-lane-{gpu}", daemon=True).start()
+    for _ in jobs:
+        result = results.get()
+        if isinstance(result, BaseException):
+            raise result
+        on_done(result)
+
+
+class _Chain:
+    """One job in a lane: it measures after ``after`` returns (the job before has ended) and
+    tells the lane when it has measured (the job after may start) and when it has ended."""
+
+    def __init__(self, after: Callable[[], Any] | None) -> None:
+        self.after = after
+        self.measured = threading.Event()
+        self.ended = threading.Event()
+
+    def run(
+        self,
+        spec: CampaignSpec,
+        job: Job,
+        out: Path,
+        gpu: int | None,
+        results: queue.SimpleQueue[dict[str, Any] | BaseException],
+    ) -> None:
         try:
-            return run_job(spec, job, store.run_dir(job), gpu)
+            results.put(run_job(spec, job, out, gpu, self.after, self.measured.set))
+        except BaseException as exc:  # a bug, not a job failure: the campaign stops
+            results.put(exc)
         finally:
-            slots.put(gpu)
-
-    with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
-        futures = {pool.submit(one, job) for job in jobs}
-        while futures:
-            done, futures = wait(futures, return_when=FIRST_COMPLETED)
-            for future in done:
-                on_done(future.result())
+            self.ended.set()
+            self.measured.set()
 
 
 def _remote_job(

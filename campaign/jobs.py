@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,21 @@ def classify(output: str) -> str:
     return "failed"
 
 
-def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> dict[str, Any]:
+def run_job(
+    spec: CampaignSpec,
+    job: Job,
+    out: Path,
+    gpu: int | None = None,
+    after: Callable[[], None] | None = None,
+    on_measured: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run ``job`` into ``out``; return its result record (status, reason, wall time, summary).
-    ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES). The leveled runner runs in this process
-    (each level set in its own process, forked from a server that imported torch once), so a
-    job pays no interpreter start-up."""
+
+    ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES); ``after`` and ``on_measured`` chain it
+    to the jobs before and after it on that GPU (see ``run_leveled``). The leveled runner runs
+    in this process (each level set in its own process, forked from a server that imported
+    torch once), so a job pays no interpreter start-up. Each level set's start-up and warm-up
+    overlap the end of the one before, whose measurement is over by then."""
     from tracer.errors import XspError
     from tracer.runner import LeveledSpec, run_leveled
 
@@ -58,9 +69,12 @@ def run_job(spec: CampaignSpec, job: Job, out: Path, gpu: int | None = None) -> 
         log_stderr=True,
         # XSP_FORK_SERVER=0: a fresh interpreter per level set, as xsp run starts them
         fork_server=os.environ.get("XSP_FORK_SERVER", "1") != "0",
+        # XSP_OVERLAP=0: each level set's process starts only once the one before has exited
+        # (two processes hold GPU memory at once while they overlap)
+        overlap=os.environ.get("XSP_OVERLAP", "1") != "0",
     )
     try:
-        result = run_leveled(leveled)
+        result = run_leveled(leveled, after=after, on_measured=on_measured)
     except XspError as exc:  # refused before anything ran: an unknown model, a bad device
         text = str(exc)
         record.update(status="failed", reason=classify(text), error=text, wall_s=0.0)

@@ -3,6 +3,7 @@ executor on a local Ray, the campaign store's SQL and the comparative report."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -106,6 +107,16 @@ def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path)
     assert sorted(per_model) == sorted((m, 2, True) for m in SMALL)
     steps = con.sql("SELECT count(*) FROM spans WHERE kind = 'step'").fetchall()
     assert steps == [(6,)]
+    query = _xsp(
+        "campaign",
+        "sql",
+        str(out),
+        "SELECT model, batch_size FROM jobs ORDER BY 1, 2",
+        "--csv",
+        stdout=subprocess.PIPE,
+    )
+    rows = query.communicate(timeout=120)[0].splitlines()
+    assert rows == ["model,batch_size", *(f"{m},{b}" for m in sorted(SMALL) for b in (1, 2))]
 
 
 def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
@@ -132,6 +143,40 @@ def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
         assert record["status"] == "failed" and record["reason"] == "unsupported"
         assert "unknown model" in record["error"]
     assert {j.id for j in store.pending(spec.jobs())} == {j.id for j in spec.jobs()}  # retried
+
+
+def test_jobs_in_a_lane_overlap_but_never_measure_while_another_job_runs(tmp_path: Path) -> None:
+    spec = from_dict(
+        {
+            "campaign": {
+                "device": "cpu",
+                "batch_sizes": [1, 2],
+                "level_sets": ["M", "MF"],
+                "iterations": 2,
+                "warmup": 1,
+            },
+            "models": {"names": ["torchvision:squeezenet1_1", "torchvision:nosuchnet"]},
+        }
+    )
+    store = CampaignStore(tmp_path / "C")
+    store.begin(spec)
+    records: list[dict] = []
+    run_local(spec, store, spec.jobs(), records.append)
+    assert sorted(r["status"] for r in records) == ["failed", "failed", "ok", "ok"]
+    runs = []  # run.json of every level-set run, in job order
+    for job in spec.jobs():
+        manifest = store.run_dir(job) / "manifest.json"
+        if manifest.exists():
+            for entry in json.loads(manifest.read_text())["runs"]:
+                runs.append(
+                    json.loads((store.run_dir(job) / entry["levels"] / "run.json").read_text())
+                )
+    assert len(runs) == 4
+    # each run after the first started ahead of its turn: it has a "ready" mark, where it
+    # waited; its levels came on only once the run before had finished
+    assert ["ready" in run["phases_ns"] for run in runs] == [False, True, True, True]
+    for before, after in itertools.pairwise(runs):
+        assert after["phases_ns"]["levels_on"] > before["finished_ns"]
 
 
 def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each_run(

@@ -27,6 +27,7 @@ log = logging.getLogger("xsp")
 
 EXIT_WORKLOAD_FAILED = 1
 EXIT_XSP_ERROR = 2
+EXIT_CANCELLED = 3
 
 
 def _progress_writer(fd: int | None) -> Any:
@@ -38,6 +39,23 @@ def _progress_writer(fd: int | None) -> Any:
         stream.write(f"{phase} {done} {total}\n")
 
     return report
+
+
+def _gate(fd: int | None) -> Any:
+    """Block before the levels come on until the runner writes a byte to ``fd`` (the level set
+    before has exited); end the process if the runner closes it instead (that one failed)."""
+    if fd is None:
+        return None
+
+    def wait() -> None:
+        with os.fdopen(fd, "rb", buffering=0) as gate:
+            opened = gate.read(1)
+        if not opened:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_CANCELLED)
+
+    return wait
 
 
 def _sinks(endpoint: str | None) -> list[Sink]:
@@ -54,6 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device")
     parser.add_argument("--measurement-id")
     parser.add_argument("--progress-fd", type=int)
+    parser.add_argument("--gate-fd", type=int)
     parser.add_argument("--otlp-endpoint")
     parser.add_argument("--no-op-shapes", action="store_true")
     parser.add_argument("--model")
@@ -99,6 +118,7 @@ def _session(args: argparse.Namespace, **options: Any) -> Session:
         measurement_id=args.measurement_id,
         progress=_progress_writer(args.progress_fd),
         op_shapes=not args.no_op_shapes,
+        before_levels=_gate(args.gate_fd),
         **options,
     ).start()
 

@@ -37,7 +37,9 @@ def context() -> ForkServerContext:
         return _context
 
 
-def _entry(argv: list[str], env: dict[str, str], stderr_path: str | None, progress: Any) -> None:
+def _entry(
+    argv: list[str], env: dict[str, str], stderr_path: str | None, progress: Any, gate: Any
+) -> None:
     """Runs in the forked child: the environment first, then ``python -m tracer.child``'s main."""
     os.environ.clear()
     os.environ.update(env)
@@ -47,6 +49,9 @@ def _entry(argv: list[str], env: dict[str, str], stderr_path: str | None, progre
         os.close(fd)
     progress_fd = os.dup(progress.fileno())
     progress.close()
+    if gate is not None:
+        argv = [*argv, "--gate-fd", str(os.dup(gate.fileno()))]
+        gate.close()
     from tracer import child
 
     code = child.main([*argv, "--progress-fd", str(progress_fd)])
@@ -55,18 +60,27 @@ def _entry(argv: list[str], env: dict[str, str], stderr_path: str | None, progre
     os._exit(code)
 
 
-def start(argv: Sequence[str], env: Mapping[str, str], stderr_path: Path | None) -> tuple[Any, int]:
+def start(
+    argv: Sequence[str], env: Mapping[str, str], stderr_path: Path | None, gated: bool
+) -> tuple[Any, int, int | None]:
     """Fork a level-set process running ``tracer.child`` with ``argv`` (its arguments, without the
-    interpreter and module); return (process, read end of its progress pipe as an fd)."""
+    interpreter and module); return (process, read end of its progress pipe, write end of its
+    gate when ``gated``), the ends as fds."""
     ctx = context()
     read, write = ctx.Pipe(duplex=False)
+    gate_read, gate_write = ctx.Pipe(duplex=False) if gated else (None, None)
     process = ctx.Process(
         target=_entry,
-        args=(list(argv), dict(env), str(stderr_path) if stderr_path else None, write),
+        args=(list(argv), dict(env), str(stderr_path) if stderr_path else None, write, gate_read),
         daemon=False,
     )
     process.start()
     write.close()
     fd = os.dup(read.fileno())
     read.close()
-    return process, fd
+    gate_fd = None
+    if gate_read is not None and gate_write is not None:
+        gate_fd = os.dup(gate_write.fileno())
+        gate_write.close()
+        gate_read.close()
+    return process, fd, gate_fd

@@ -97,6 +97,8 @@ class Session:
         op_shapes: record aten ops' input shapes and dtypes (level F).
         monitor: on CUDA, sample NVML (and GPM) during the measured iterations and summarize
             the samples onto each model span.
+        before_levels: called just before the levels come on, after the untraced warm-up
+            (the leveled runner waits there for the level set before to exit).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Session:
         measurement_id: str | None = None,
         op_shapes: bool = True,
         monitor: bool = True,
+        before_levels: Callable[[], None] | None = None,
     ) -> None:
         try:
             self.levels = schema.parse_levels(levels)
@@ -161,6 +164,7 @@ class Session:
         self._hooks: list[Any] = []
         self.started_ns = time.time_ns()
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
+        self._before_levels = before_levels
         self.result: dict[str, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -312,6 +316,9 @@ class Session:
             self._misuse("the progress callback failed")
 
     def _enable_levels(self) -> None:
+        if self._before_levels is not None:
+            self._phase_ns["ready"] = time.time_ns()
+            self._before_levels()
         self._levels_on = True
         self._phase_ns["levels_on"] = time.time_ns()
         if self._monitor is not None:
@@ -345,6 +352,7 @@ class Session:
             except Exception as exc:
                 self._errors.append(f"level {level.letter} failed to stop: {exc}")
                 log.exception("xsp: level %s failed to stop", level.letter)
+        self._phase_ns["stopped"] = time.time_ns()
         for level in stopped:  # drains run once every level has stopped (see tracer.levels)
             try:
                 raw[level.letter] = level.drain()
@@ -363,6 +371,7 @@ class Session:
                 "gpm_unavailable": samples.gpm_unavailable,
             }
             self._write_monitor(samples)
+        self._phase_ns["drained"] = time.time_ns()
         if "M" in raw:
             try:
                 table, report = build_table(
@@ -375,6 +384,7 @@ class Session:
                     gpu=raw.get("G"),
                     monitor=samples,
                 )
+                self._phase_ns["converted"] = time.time_ns()
                 self._sink.export(SpanBatch.of(self.resource, table))
                 self._sink.force_flush()
                 counts.update(

@@ -608,7 +608,8 @@ def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) 
 @campaign.command("sql")
 @click.argument("campaign_dir", type=click.Path(path_type=Path))
 @click.argument("query")
-def campaign_sql(campaign_dir: Path, query: str) -> None:
+@click.option("--csv", "as_csv", is_flag=True, help="Print every row as CSV (wide results).")
+def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
     """Query a campaign with SQL: tables ``jobs`` (one row per job) and ``spans`` (all spans,
     with job, model, mode, batch_size and levels)."""
     import duckdb
@@ -616,7 +617,15 @@ def campaign_sql(campaign_dir: Path, query: str) -> None:
     from campaign.store import CampaignStore
 
     try:
-        table = CampaignStore(campaign_dir).connect().sql(query).to_arrow_table()
+        relation = CampaignStore(campaign_dir).connect().sql(query)
+        if as_csv:
+            import csv
+
+            writer = csv.writer(sys.stdout)
+            writer.writerow(relation.columns)
+            writer.writerows(relation.fetchall())
+            return
+        table = relation.to_arrow_table()
     except duckdb.Error as exc:
         raise XspError(f"query failed: {exc}") from exc
     _print_table("", table, 1000)

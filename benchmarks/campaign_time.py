@@ -1,0 +1,96 @@
+"""Time per job and the projected wall time of a campaign on one GPU, from its job records.
+
+    python benchmarks/campaign_time.py CAMPAIGN_DIR [--project-overlap]
+
+Prints the jobs' wall times (mean, median, sum), the measured busy time of each lane (one GPU:
+the time some job of it was running) and the lanes' sum: the campaign's time on one GPU, since
+lanes share nothing. ``--project-overlap`` projects, from each job's per-phase seconds, the time on one
+GPU with level-set and job overlap: a process's start-up and untraced warm-up hide behind the end
+(flush, conversion, exit) of the one before, and everything else stays on the critical path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+#: Phases after the measured iterations (older records lump them as convert_and_store).
+FINISH = ("stop", "drain", "convert", "store", "exit", "convert_and_store")
+#: The campaign process's own time per job (its summary), measured without overlap.
+SUMMARY_S = 0.21
+
+
+def load(campaign: Path) -> list[dict[str, Any]]:
+    records = [json.loads(p.read_text()) for p in sorted((campaign / "jobs").glob("*.json"))]
+    if not records:
+        sys.exit(f"{campaign}: no job records under jobs/")
+    return records
+
+
+def lanes(records: list[dict[str, Any]]) -> dict[Any, tuple[float, int]]:
+    """Per lane (GPU): the time some job of it was running (the union of the jobs' intervals,
+    so that the gaps between the parts of a campaign run in parts do not count), and its jobs."""
+    by_gpu: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    for record in records:
+        start = record["started"]
+        by_gpu[record.get("gpu")].append((start, start + record.get("wall_s", 0.0)))
+    out = {}
+    for gpu, intervals in by_gpu.items():
+        busy, end = 0.0, float("-inf")
+        for start, stop in sorted(intervals):
+            if stop > end:
+                busy += stop - max(start, end)
+                end = stop
+        out[gpu] = (busy, len(intervals))
+    return out
+
+
+def overlapped_seconds(records: list[dict[str, Any]], spec: dict[str, Any]) -> float:
+    """One lane in campaign order: each level set's traced iterations and finish are on the
+    critical path; its start-up and warm-up only where they outlast the finish before them."""
+    by_id = {r["job"]: r for r in records}
+    total, previous_finish = 0.0, 0.0
+    for record in sorted(by_id.values(), key=lambda r: r["started"]):
+        for levels in spec["level_sets"]:
+            phases = (record.get("seconds_by_level_set") or {}).get(levels) or {}
+            finish = sum(phases.get(k, 0.0) for k in FINISH)
+            ahead = phases.get("start_up", 0.0) + phases.get("untraced_warm_up", 0.0)
+            total += phases.get("traced_iterations", 0.0) + finish
+            total += max(0.0, ahead - previous_finish)
+            previous_finish = finish
+        total += SUMMARY_S
+        previous_finish += SUMMARY_S
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("campaign", type=Path)
+    parser.add_argument("--project-overlap", action="store_true")
+    args = parser.parse_args()
+    records = load(args.campaign)
+    spec = json.loads((args.campaign / "campaign.json").read_text())
+    walls = [r.get("wall_s", 0.0) for r in records]
+    ok = sum(r["status"] == "ok" for r in records)
+    print(f"{len(records)} jobs ({ok} ok) of {spec['name']!r}")
+    print(
+        f"job wall s: mean {statistics.mean(walls):.2f}, median {statistics.median(walls):.2f}, "
+        f"max {max(walls):.1f}; sum {sum(walls):.0f} s = {sum(walls) / 60:.1f} min"
+    )
+    measured = lanes(records)
+    for gpu, (seconds, count) in sorted(measured.items(), key=lambda kv: str(kv[0])):
+        print(f"lane {gpu}: {count} jobs in {seconds:.1f} s ({seconds / count:.2f} s per job)")
+    lane_sum = sum(seconds for seconds, _ in measured.values())
+    print(f"lanes together (one GPU): {lane_sum:.0f} s = {lane_sum / 60:.1f} min")
+    if args.project_overlap:
+        projected = overlapped_seconds(records, spec)
+        print(f"projected on one GPU with overlap: {projected:.0f} s = {projected / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
