@@ -5,7 +5,6 @@ interrupted campaign resumes where it stopped."""
 from __future__ import annotations
 
 import io
-import os
 import queue
 import shutil
 import tarfile
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from campaign.jobs import run_job
+from campaign.jobs import run_job, switched_on
 from campaign.spec import CampaignSpec, Job
 from campaign.store import CampaignStore
 
@@ -51,7 +50,7 @@ def run_local(
         lanes: list[int | None] = list(range(parallel or gpu_count() or 1))
     else:
         lanes = [None] * (parallel or 1)
-    overlap = os.environ.get("XSP_OVERLAP", "1") != "0"
+    overlap = switched_on("XSP_OVERLAP")
     pending: queue.SimpleQueue[Job] = queue.SimpleQueue()
     for job in jobs:
         pending.put(job)

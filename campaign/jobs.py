@@ -21,6 +21,14 @@ _REASONS = (
 )
 
 
+def switched_on(variable: str) -> bool:
+    """A campaign switch, on unless the environment sets it to 0: ``XSP_FORK_SERVER`` (0: a
+    fresh interpreter per level set, as xsp run starts them) and ``XSP_OVERLAP`` (0: each
+    process and job starts only once the one before has ended; while they overlap, two
+    processes hold GPU memory at once)."""
+    return os.environ.get(variable, "1") != "0"
+
+
 def classify(output: str) -> str:
     for reason, needles in _REASONS:
         if any(n in output for n in needles):
@@ -67,11 +75,8 @@ def run_job(
         env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
         timeout_s=spec.timeout_s,
         log_stderr=True,
-        # XSP_FORK_SERVER=0: a fresh interpreter per level set, as xsp run starts them
-        fork_server=os.environ.get("XSP_FORK_SERVER", "1") != "0",
-        # XSP_OVERLAP=0: each level set's process starts only once the one before has exited
-        # (two processes hold GPU memory at once while they overlap)
-        overlap=os.environ.get("XSP_OVERLAP", "1") != "0",
+        fork_server=switched_on("XSP_FORK_SERVER"),
+        overlap=switched_on("XSP_OVERLAP"),
     )
     try:
         result = run_leveled(leveled, after=after, on_measured=on_measured)

@@ -24,6 +24,15 @@ def reachable_from_root(table: pa.Table) -> bool:
     return True
 
 
+def ancestors(rows: dict[int, dict], span: dict) -> list[dict]:
+    """The spans above ``span``, nearest first; ``rows`` maps span ids to span rows."""
+    chain = []
+    while span["parent_span_id"]:
+        span = rows[span["parent_span_id"]]
+        chain.append(span)
+    return chain
+
+
 @pytest.fixture
 def cuda_device() -> str:
     import torch

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from campaign.executor import run_local
-from campaign.spec import from_dict, load
+from campaign.spec import CampaignSpec, from_dict, load
 from campaign.store import CampaignStore
 from tracer.errors import ConfigError
 
@@ -38,6 +38,25 @@ names = [{names}]
 """
     )
     return path
+
+
+def _run_on_cpu(
+    tmp_path: Path,
+    models: list[str],
+    batch_sizes: list[int],
+    level_sets: list[str],
+    iterations: int = 1,
+    warmup: int = 0,
+) -> tuple[CampaignSpec, CampaignStore, list[dict]]:
+    """A campaign run in this process by the local executor; (spec, store, job records)."""
+    section = {"device": "cpu", "batch_sizes": batch_sizes, "level_sets": level_sets}
+    section.update(iterations=iterations, warmup=warmup)
+    spec = from_dict({"campaign": section, "models": {"names": models}})
+    store = CampaignStore(tmp_path / "C")
+    store.begin(spec)
+    records: list[dict] = []
+    run_local(spec, store, spec.jobs(), records.append)
+    return spec, store, records
 
 
 def _xsp(*args: str, **kwargs) -> subprocess.Popen:  # type: ignore[no-untyped-def, type-arg]
@@ -122,22 +141,9 @@ def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path)
 def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
     tmp_path: Path,
 ) -> None:
-    spec = from_dict(
-        {
-            "campaign": {
-                "device": "cpu",
-                "batch_sizes": [1],
-                "level_sets": ["M"],
-                "iterations": 1,
-                "warmup": 0,
-            },
-            "models": {"names": ["torchvision:nosuchnet", "timm:nosuchnet"]},
-        }
+    spec, store, records = _run_on_cpu(
+        tmp_path, ["torchvision:nosuchnet", "timm:nosuchnet"], [1], ["M"], warmup=0
     )
-    store = CampaignStore(tmp_path / "C")
-    store.begin(spec)
-    records: list[dict] = []
-    run_local(spec, store, spec.jobs(), records.append)
     assert len(records) == 2
     for record in records:
         assert record["status"] == "failed" and record["reason"] == "unsupported"
@@ -146,22 +152,14 @@ def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
 
 
 def test_jobs_in_a_lane_overlap_but_never_measure_while_another_job_runs(tmp_path: Path) -> None:
-    spec = from_dict(
-        {
-            "campaign": {
-                "device": "cpu",
-                "batch_sizes": [1, 2],
-                "level_sets": ["M", "MF"],
-                "iterations": 2,
-                "warmup": 1,
-            },
-            "models": {"names": ["torchvision:squeezenet1_1", "torchvision:nosuchnet"]},
-        }
+    spec, store, records = _run_on_cpu(
+        tmp_path,
+        ["torchvision:squeezenet1_1", "torchvision:nosuchnet"],
+        [1, 2],
+        ["M", "MF"],
+        iterations=2,
+        warmup=1,
     )
-    store = CampaignStore(tmp_path / "C")
-    store.begin(spec)
-    records: list[dict] = []
-    run_local(spec, store, spec.jobs(), records.append)
     assert sorted(r["status"] for r in records) == ["failed", "failed", "ok", "ok"]
     runs = []  # run.json of every level-set run, in job order
     for job in spec.jobs():

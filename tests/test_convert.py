@@ -14,7 +14,7 @@ from collections import Counter
 import pyarrow.compute as pc
 import pytest
 
-from tests.conftest import reachable_from_root
+from tests.conftest import ancestors, reachable_from_root
 from tests.fixtures import load_raw
 from tracer import schema
 from tracer.convert import build_table
@@ -190,17 +190,9 @@ def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
     )
     assert reachable_from_root(table)
     rows = {r["span_id"]: r for r in table.to_pylist()}
-
-    def above(span: dict) -> list[dict]:
-        chain = []
-        while span["parent_span_id"]:
-            span = rows[span["parent_span_id"]]
-            chain.append(span)
-        return chain
-
     kernels = [r for r in rows.values() if r["kind"] == "kernel"]
     assert len(kernels) == 324
-    chains = [above(k) for k in kernels]
+    chains = [ancestors(rows, k) for k in kernels]
     assert all(c[0]["kind"] in ("runtime", "driver") for c in chains)
     assert all(any(s["level"] == "framework" for s in c) for c in chains)
     calls = [r for r in rows.values() if r["kind"] == "library_call"]
@@ -211,7 +203,7 @@ def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
         op = rows[call["parent_span_id"]]
         assert op["name"] == "aten::cudnn_convolution"
         assert rows[op["parent_span_id"]]["name"] == "aten::_convolution"
-        assert any(s["module_type"] == "Conv2d" for s in above(op))
+        assert any(s["module_type"] == "Conv2d" for s in ancestors(rows, op))
         assert call["module_path"] == op["module_path"] and call["module_path"]
     # cuBLASLt GEMMs run for aten::addmm/mm, and inside cuDNN's own convolution calls too
     gemm = Counter(

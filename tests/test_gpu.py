@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tests.conftest import reachable_from_root
+from tests.conftest import ancestors, reachable_from_root
 from tracer import zoo
 from tracer.session import Session
 from tracer.sinks import InMemorySink
@@ -95,16 +95,8 @@ def test_mflg_training_hangs_kernels_under_library_op_and_layer(cuda_device: str
     table = _xsp_run("MFLG", cuda_device, tmp_path / "R")
     assert reachable_from_root(table)
     rows = {r["span_id"]: r for r in table.to_pylist()}
-
-    def kinds_above(span: dict) -> list[str]:
-        kinds = []
-        while span["parent_span_id"]:
-            span = rows[span["parent_span_id"]]
-            kinds.append(span["kind"])
-        return kinds
-
     kernels = [r for r in rows.values() if r["kind"] == "kernel"]
-    chains = [kinds_above(k) for k in kernels]
+    chains = [[s["kind"] for s in ancestors(rows, k)] for k in kernels]
     assert all(c[0] in ("runtime", "driver") for c in chains)
     # every kernel of the step reaches an op; forward kernels reach their layer
     assert all({"op", "backward", "optimizer"} & set(c) for c in chains)
