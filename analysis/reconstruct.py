@@ -4,14 +4,18 @@ from MFLG), plus the overhead each added level put on the levels above it.
 
 Algorithm:
 1. Every span of every run gets a structural key: its parent's key, its name and its ordinal among
-   same-named siblings (by start time), under its iteration. Repeated identical kernels stay
-   distinct, which matching by name alone (XSP's original code) merged.
+   same-named siblings (by start time), under its iteration (the model span is keyed by its
+   iteration alone). Repeated identical kernels stay distinct, which matching by name alone
+   (XSP's original code) merged.
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
    is reported as a mismatch (a structure that differs between runs is reported, not guessed).
-3. Layout, top-down: children keep their durations and order; when a parent's duration is
-   shorter than what the deep run measured, the gaps between its children (and at its edges)
-   shrink in proportion to absorb the difference; when it is longer, the last gap grows.
+3. Layout (``analysis.lanes``): host spans top-down inside their parents, gaps shrinking to fit;
+   GPU activities per (device, stream) lane, in order, with their G-run durations, gaps shrinking
+   so that the lane fits the step, never before their launch call's reconstructed start.
+4. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
+   and the iteration, and a span's id is its structural key, so it never merges with a measured
+   trace and two reconstructions of one measurement agree.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.lanes import LaneReport, layout_host, layout_lane
 from analysis.store import MeasurementStore
 from tracer import schema
 from tracer.intervals import depths, find_rows
+from tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -66,8 +72,10 @@ def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         for level in range(int(depth.max()) + 1 if len(depth) else 0):
             rows = np.nonzero(depth == level)[0]
-            base = iteration[rows].astype(np.uint64) * _MULT if level == 0 else key[parent[rows]]
-            mixed = (base ^ names[rows]) * _MULT + ordinal[rows]
+            if level == 0:  # roots: the iteration alone (trace titles name the level set)
+                mixed = (iteration[rows].astype(np.uint64) + np.uint64(1)) * _MULT
+            else:
+                mixed = (key[parent[rows]] ^ names[rows]) * _MULT + ordinal[rows]
             key[rows] = mixed ^ (mixed >> np.uint64(29))
     return key, parent
 
@@ -93,12 +101,14 @@ def _sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, 
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration)."""
+    spans, mismatches, _ = reconstruct_with_report(store)
+    return spans, mismatches
+
+
+def reconstruct_with_report(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
+    """``reconstruct``, plus what the GPU-lane layout had to give up."""
     runs, source_of = _sources(store)
     deepest_index = runs[-1][0]
-    keyed: dict[int, tuple[pa.Table, np.ndarray]] = {}
-    for index in set(source_of.values()) | {deepest_index}:
-        table, keys, _ = _keyed(store, index)
-        keyed[index] = (table, keys)
     deep, key, parent = _keyed(store, deepest_index)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
@@ -107,7 +117,7 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     spans = deep
     for name, source in source_of.items():
         rows = np.nonzero(level == name)[0]
-        table, keys = keyed[source]
+        table, keys, _ = _keyed(store, source)
         found = find_rows(keys, key[rows])
         missing[rows] = found < 0
         source_dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
@@ -115,13 +125,13 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
         if name == schema.LEVEL_FRAMEWORK and source != deepest_index:
             spans = _fill_details(spans, table, rows, found)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
-    new_start = _layout(parent, start, dur, new_dur)
-    spans = spans.set_column(
-        spans.schema.get_field_index("start_ns"), "start_ns", pa.array(new_start, pa.int64())
-    )
-    spans = spans.set_column(
-        spans.schema.get_field_index("dur_ns"), "dur_ns", pa.array(new_dur, pa.int64())
-    ).cast(schema.SPAN_SCHEMA)
+    gpu = level == schema.LEVEL_GPU
+    new_start, new_dur = layout_host(parent, start, dur, new_dur, ~gpu)
+    report = LaneReport()
+    _layout_gpu(deep, parent, start, new_start, new_dur, gpu, report)
+    spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
+    spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
+    spans = _own_identity(spans, store, key, parent).cast(schema.SPAN_SCHEMA)
     rows = pa.array(np.nonzero(missing)[0])
     miss = pa.table(
         {
@@ -130,7 +140,82 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
             "iteration": deep.column("iteration").take(rows),
         }
     )
-    return spans, miss
+    return spans, miss, report
+
+
+def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def _layout_gpu(
+    deep: pa.Table,
+    parent: np.ndarray,
+    start: np.ndarray,
+    new_start: np.ndarray,
+    new_dur: np.ndarray,
+    gpu: np.ndarray,
+    report: LaneReport,
+) -> None:
+    """Lay out every (iteration, device, stream) lane in place (see ``analysis.lanes``)."""
+    rows = np.nonzero(gpu)[0]
+    if not len(rows):
+        return
+    root = np.arange(len(parent))  # each row's model span: follow parents up to the root
+    while ((up := parent[root]) >= 0).any():
+        root = np.where(up >= 0, up, root)
+    device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
+    stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
+    rows = rows[np.lexsort((start[rows], stream[rows], device[rows], root[rows]))]
+    lane = np.stack([root[rows], device[rows], stream[rows]])
+    cut = np.nonzero((lane[:, 1:] != lane[:, :-1]).any(axis=0))[0] + 1
+    for members in np.split(rows, cut):
+        step = root[members[0]]
+        launcher = parent[members]
+        launch = np.where(launcher != step, new_start[np.maximum(launcher, 0)], new_start[step])
+        placed, kept = layout_lane(
+            int(new_start[step]),
+            int(new_dur[step]),
+            start[members] - start[step],
+            new_dur[members],
+            launch,
+            report,
+        )
+        new_start[members] = placed
+        new_dur[members] = kept
+
+
+def _own_identity(
+    spans: pa.Table, store: MeasurementStore, key: np.ndarray, parent: np.ndarray
+) -> pa.Table:
+    """Trace ids from the measurement and iteration, span ids from the structural keys."""
+    measurement = next(
+        (
+            str(r.resource[schema.RES_MEASUREMENT_ID])
+            for r in store.runs
+            if r.resource.get(schema.RES_MEASUREMENT_ID)
+        ),
+        str(store.root),
+    )
+    iteration = spans.column("iteration").to_pylist()
+    traces = {
+        it: schema.trace_id_for(measurement, RECONSTRUCTED_LEVELS, it or 0) for it in set(iteration)
+    }
+    span_id = np.where(key == 0, np.uint64(1), key)
+    parent_id = np.where(parent >= 0, span_id[np.maximum(parent, 0)], np.uint64(0))
+    spans = _replace(spans, "trace_id", pa.array([traces[it] for it in iteration], pa.binary(16)))
+    spans = _replace(spans, "span_id", pa.array(span_id, pa.uint64()))
+    return _replace(spans, "parent_span_id", pa.array(parent_id, pa.uint64()))
+
+
+def reconstructed_resource(store: MeasurementStore) -> dict[str, Any]:
+    """The resource of a reconstruction: the deepest run's, marked as rebuilt from all runs."""
+    deepest = max(store.runs, key=lambda r: len(r.levels))
+    return {
+        **deepest.resource,
+        schema.RES_LEVELS: RECONSTRUCTED_LEVELS,
+        schema.RES_RECONSTRUCTED: True,
+        schema.RES_RECONSTRUCTED_FROM: ",".join(r.levels for r in store.runs),
+    }
 
 
 #: Op details the framework run records and deeper runs may leave out (NVTX op ranges carry no
@@ -156,43 +241,12 @@ def _fill_details(
     return spans
 
 
-def _layout(
-    parent: np.ndarray, start: np.ndarray, dur: np.ndarray, new_dur: np.ndarray
-) -> np.ndarray:
-    """New start times, top-down: children keep their new durations and order; the gaps the deep
-    run measured (before the first child, between children, after the last) shrink in proportion
-    when the parent's accurate duration leaves less room, and never grow."""
-    new_start = start.copy()
-    depth = depths(parent)
-    end = start + dur
-    for level in range(1, int(depth.max()) + 1 if len(depth) else 0):
-        kids = np.nonzero(depth == level)[0]
-        kids = kids[np.lexsort((start[kids], parent[kids]))]
-        up = parent[kids]
-        first = np.ones(len(kids), dtype=bool)
-        first[1:] = up[1:] != up[:-1]
-        last = np.ones(len(kids), dtype=bool)
-        last[:-1] = first[1:]
-        previous_end = np.where(first, start[up], np.roll(end[kids], 1))
-        gap = np.maximum(0, start[kids] - previous_end)
-        tail = np.maximum(0, end[up] - end[kids]) * last
-        groups, group = np.unique(up, return_inverse=True)
-        total = np.bincount(group, gap + tail, len(groups))
-        room = new_dur[groups] - np.bincount(group, new_dur[kids], len(groups))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.where(total > 0, np.clip(room / total, 0.0, 1.0), 0.0)
-        step = np.round(gap * scale[group]).astype(np.int64)
-        advance = step + new_dur[kids]
-        before = np.cumsum(advance) - advance  # sum over all earlier kids in this pass
-        group_base = before[first][group]
-        new_start[kids] = new_start[up] + (before - group_base) + step
-    return new_start
-
-
 def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     """How much each deeper run inflated the spans of each level, against the run that measures
     that level with the fewest levels: level, run (its level set), spans, mean_added_ms,
-    trimmed_mean_added_ms, p50_added_ms, p90_added_ms."""
+    trimmed_mean_added_ms, stderr_ms (of the trimmed mean), p50_added_ms, p90_added_ms and a
+    verdict: "noise" when the trimmed mean is negative or within twice its standard error of
+    zero (run-to-run spread, not overhead), else "added"."""
     runs, source_of = _sources(store)
     keyed = {}
     for index, _ in runs:
@@ -214,15 +268,19 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
             values = np.sort(added)
             cut = int(len(values) * trim)
             trimmed = values[cut : len(values) - cut] if len(values) > 2 * cut else values
+            mean = float(trimmed.mean())
+            stderr = float(trimmed.std(ddof=1) / np.sqrt(len(trimmed))) if len(trimmed) > 1 else 0.0
             out.append(
                 {
                     "level": name,
                     "run": run.levels,
                     "spans": len(values),
                     "mean_added_ms": float(values.mean()),
-                    "trimmed_mean_added_ms": float(trimmed.mean()),
+                    "trimmed_mean_added_ms": mean,
+                    "stderr_ms": stderr,
                     "p50_added_ms": float(np.percentile(values, 50)),
                     "p90_added_ms": float(np.percentile(values, 90)),
+                    "verdict": "noise" if mean <= 2 * stderr else "added",
                 }
             )
     return pa.Table.from_pylist(out)

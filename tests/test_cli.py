@@ -100,9 +100,11 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     for spans in traces:
         assert _connected(spans)
         root = next(s for s in spans if "parentSpanId" not in s)
-        assert _attr(root, "xsp.level") == "model" and root["name"] == "step"
         levels = {_attr(s, "xsp.level") for s in spans}
         key = "MF" if "framework" in levels else "M"
+        iteration = _attr(root, "xsp.iteration")
+        assert _attr(root, "xsp.level") == "model"
+        assert root["name"] == f"torchvision:resnet18 infer b2 · {key} · iteration {iteration}"
         by_levels[key] = by_levels.get(key, 0) + 1
         if key == "MF":
             paths = {_attr(s, "xsp.module.path") for s in spans if _attr(s, "xsp.kind") == "module"}
@@ -116,7 +118,10 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     # the stored reconstruction exports like any run: one trace per iteration, MF's hierarchy
     rebuilt = xsp("export", str(out / "reconstructed"), "-o", str(tmp_path / "r.jsonl"))
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert len(_traces(tmp_path / "r.jsonl")) == 3
+    rebuilt_traces = _traces(tmp_path / "r.jsonl")
+    assert len(rebuilt_traces) == 3
+    root = next(s for s in rebuilt_traces[0] if "parentSpanId" not in s)
+    assert root["name"].endswith("· reconstructed · iteration 0")
     assert "Layer types (A5)" in analyzed.stdout and "Conv2d" in analyzed.stdout
 
 

@@ -23,7 +23,15 @@ from tracer.errors import ConfigError, ExportError
 from tracer.sinks import OtlpJsonFileSink, OtlpSink, SpanBatch
 from tracer.transport import GrpcTransport, HttpTransport, OtlpConfig, make_transport
 
-RESOURCE = {"service.name": "xsp", "host.name": "test-host", "xsp.levels": "MF", "process.pid": 42}
+RESOURCE = {
+    "service.name": "xsp",
+    "host.name": "test-host",
+    "xsp.levels": "MF",
+    "xsp.workload": "torchvision:resnet18",
+    "xsp.mode": "train",
+    "xsp.batch_size": 2,
+    "process.pid": 42,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,9 @@ def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) ->
     spans = request.resource_spans[0].scope_spans[0].spans
     assert len(spans) == table.num_rows
     root = spans[0]
-    assert root.parent_span_id == b"" and root.name == "step"
+    # Jaeger lists traces by their root's name: workload, level set and iteration tell them apart
+    assert root.parent_span_id == b""
+    assert root.name == "torchvision:resnet18 train b2 · MF · iteration 0"
     attrs = {kv.key: kv.value for kv in root.attributes}
     assert attrs["xsp.level"].string_value == "model" and attrs["xsp.iteration"].int_value == 0
     conv = next(s for s in spans if s.name == "conv1")
@@ -47,6 +57,8 @@ def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) ->
     assert conv.end_time_unix_nano > conv.start_time_unix_nano
     res = {kv.key: kv.value for kv in request.resource_spans[0].resource.attributes}
     assert res["host.name"].string_value == "test-host" and res["process.pid"].int_value == 42
+    # Jaeger's v1 API keys hosts by "ip" alone: without it every child counts as another host
+    assert res["ip"].string_value == "test-host"
 
 
 def test_json_form_follows_the_otlp_json_rules(table: pa.Table) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from analysis.lanes import LaneReport, layout_lane
 from analysis.reconstruct import level_overhead, reconstruct
 from analysis.store import MeasurementStore
 from tests.fixtures import write_run
@@ -79,13 +81,52 @@ def test_each_span_takes_its_own_levels_timing(measurement: MeasurementStore) ->
     assert by_name["conv1"] == [pytest.approx(3.0, rel=0.02)] * 5
     assert by_name["relu"] == [pytest.approx(1.0, rel=0.02)] * 10
     assert sorted(by_name["k"]) == [pytest.approx(0.5)] * 5 + [pytest.approx(2.0)] * 5
-    # every child still fits inside its parent, in its original order
+    # every host child still fits inside its parent, in its original order
     ids = {r["span_id"]: r for r in rows}
     for row in rows:
-        if row["parent_span_id"]:
+        if row["parent_span_id"] and row["level"] != "gpu":
             parent = ids[row["parent_span_id"]]
             assert parent["start_ns"] <= row["start_ns"]
             assert row["start_ns"] + row["dur_ns"] <= parent["start_ns"] + parent["dur_ns"]
+    # Iteration 0 by hand. Host: the step's children measured 5 ms of accurate time and 7.1 ms of
+    # gaps (1 before conv, 0.5 and 0.8 between, 4.8 after) in a 10 ms step: gaps scale by 5/7.1.
+    first = [r for r in rows if r["iteration"] == 0]
+    conv = next(r for r in first if r["name"] == "conv1")
+    assert conv["start_ns"] == round(1 * MS * 5 / 7.1)
+    # GPU: the lane's 2.5 ms of kernels and measured gaps (1.2 and 0.2 ms) fit the 10 ms step
+    # unscaled, and both kernels start after conv (their launcher) starts: they keep their offsets
+    # although the second now ends after conv does (GPU work runs asynchronously).
+    kernels = sorted((r["start_ns"], r["dur_ns"]) for r in first if r["name"] == "k")
+    assert kernels == [(int(1.2 * MS), 2 * MS), (int(3.4 * MS), int(0.5 * MS))]
+    assert kernels[1][0] + kernels[1][1] > conv["start_ns"] + conv["dur_ns"]
+
+
+def test_the_reconstruction_is_a_trace_of_its_own(measurement: MeasurementStore) -> None:
+    spans, _ = reconstruct(measurement)
+    measured = set(measurement.table.column("trace_id").to_pylist())
+    rebuilt = spans.column("trace_id").to_pylist()
+    assert measured.isdisjoint(rebuilt) and len(set(rebuilt)) == 5  # one trace per iteration
+    ids = spans.column("span_id").to_pylist()
+    assert len(set(zip(rebuilt, ids, strict=True))) == spans.num_rows
+    again, _ = reconstruct(MeasurementStore(measurement.root))
+    assert again.column("span_id").to_pylist() == ids  # deterministic
+    assert again.column("trace_id").to_pylist() == rebuilt
+
+
+def test_a_lane_that_cannot_fit_is_pushed_back_from_the_step_end() -> None:
+    """Step [0, 10]; kernels of 3 and 4 ns measured at offsets 0 and 5 (gap 2). Launches at 0 and
+    5 leave room with the gap scaled: f * 2 + 7 <= 10 holds for f = 1. Launches at 0 and 8 do not
+    (8 + 4 > 10 even gapless): the second kernel is pushed back to [6, 10] and counted as starting
+    before its launch call."""
+    report = LaneReport()
+    offsets, dur = np.array([0, 5]), np.array([3, 4])
+    start, kept = layout_lane(0, 10, offsets, dur, np.array([0, 5]), report)
+    assert start.tolist() == [0, 5] and kept.tolist() == [3, 4]
+    start, kept = layout_lane(0, 10, offsets, dur, np.array([0, 8]), report)
+    assert start.tolist() == [0, 6] and report.launch_violations == 1
+    # 12 ns of work in a 10 ns step: durations shrink in proportion (floor), gapless
+    start, kept = layout_lane(0, 10, offsets, np.array([6, 6]), np.array([0, 0]), report)
+    assert kept.tolist() == [5, 5] and start.tolist() == [0, 5] and report.scaled_lanes == 1
 
 
 def test_overhead_per_level_matches_what_was_injected(measurement: MeasurementStore) -> None:

@@ -39,11 +39,41 @@ def key_values(attributes: Mapping[str, Any]) -> list[KeyValue]:
     return [KeyValue(key=k, value=any_value(v)) for k, v in attributes.items() if v is not None]
 
 
+def trace_title(resource: Mapping[str, Any], iteration: int | None) -> str:
+    """The model span's name on the wire, which Jaeger lists traces by: workload, mode and batch,
+    level set (or "reconstructed") and iteration, e.g. "torchvision:resnet50 train b64 · MFLG ·
+    iteration 3". The store keeps the plain name "step"."""
+    workload = " ".join(
+        str(part)
+        for part in (
+            resource.get(schema.RES_WORKLOAD),
+            resource.get(schema.RES_MODE),
+            f"b{resource[schema.RES_BATCH_SIZE]}" if resource.get(schema.RES_BATCH_SIZE) else None,
+        )
+        if part
+    )
+    parts = (workload, resource.get(schema.RES_LEVELS), f"iteration {iteration}")
+    return " · ".join(str(p) for p in parts if p)
+
+
+def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
+    """The resource as sent: Jaeger's host key added where it is missing. Jaeger adjusts (or, with
+    adjustment off, flags) clock skew between spans whose host keys differ or are absent; its v1
+    API, which the UI reads, looks at ``ip`` alone. All of a run's spans come from one clock, so
+    they share one key: the run's own ``ip``, else its host name."""
+    wired = dict(resource)
+    if not wired.get(schema.RES_JAEGER_HOST_KEY):
+        wired[schema.RES_JAEGER_HOST_KEY] = str(wired.get(schema.RES_HOST_NAME) or "localhost")
+    return wired
+
+
 def encode_resource_spans(
     resource: Mapping[str, Any], table: pa.Table, scope_version: str = ""
 ) -> ResourceSpans:
     """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA)."""
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    kinds = cols.get("kind") or [None] * table.num_rows
+    iterations = cols.get("iteration") or [None] * table.num_rows
     attribute_columns = [
         (c.name, c.attribute)
         for c in schema.ATTRIBUTE_COLUMNS
@@ -69,7 +99,11 @@ def encode_resource_spans(
                 trace_id=cols["trace_id"][row],
                 span_id=cols["span_id"][row].to_bytes(8, "big"),
                 parent_span_id=parent.to_bytes(8, "big") if parent else b"",
-                name=cols["name"][row],
+                name=(
+                    trace_title(resource, iterations[row])
+                    if kinds[row] == schema.KIND_STEP
+                    else cols["name"][row]
+                ),
                 kind=Span.SPAN_KIND_INTERNAL,
                 start_time_unix_nano=start,
                 end_time_unix_nano=start + cols["dur_ns"][row],
@@ -78,7 +112,7 @@ def encode_resource_spans(
             )
         )
     return ResourceSpans(
-        resource=Resource(attributes=key_values(resource)),
+        resource=Resource(attributes=key_values(wire_resource(resource))),
         scope_spans=[
             ScopeSpans(
                 scope=InstrumentationScope(name=SCOPE_NAME, version=scope_version), spans=spans

@@ -91,6 +91,10 @@ RES_TORCH_VERSION: Final = "xsp.torch.version"
 RES_CUDA_VERSION: Final = "xsp.cuda.version"
 RES_PYTHON_VERSION: Final = "xsp.python.version"
 RES_XSP_VERSION: Final = "xsp.version"
+RES_RECONSTRUCTED: Final = "xsp.reconstructed"  # true on a leveled reconstruction
+RES_RECONSTRUCTED_FROM: Final = "xsp.reconstructed.from"  # its level sets, "M,MF,MFLG"
+#: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see tracer.otlp.
+RES_JAEGER_HOST_KEY: Final = "ip"
 
 SERVICE_NAME: Final = "xsp"
 

@@ -202,18 +202,18 @@ def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[
     """(resource, spans) to export: each run's, or the one reconstructed measurement."""
     if not reconstructed:
         return [(r.resource, r.spans()) for r in runs]
-    from analysis.reconstruct import reconstruct
+    from analysis.reconstruct import reconstruct, reconstructed_resource
     from analysis.store import MeasurementStore
 
-    spans, mismatches = reconstruct(MeasurementStore(run_dir))
-    deepest = max(runs, key=lambda r: len(r.levels))
+    store = MeasurementStore(run_dir)
+    spans, mismatches = reconstruct(store)
     if mismatches.num_rows:
         console.print(
             f"{mismatches.num_rows} spans had no counterpart in a shallower run "
             "and kept their own timing",
             highlight=False,
         )
-    return [({**deepest.resource, "xsp.reconstructed": True}, spans)]
+    return [(reconstructed_resource(store), spans)]
 
 
 def _export_metrics(runs: list[Any], output: Path | None) -> None:
@@ -357,37 +357,54 @@ def serve(
 @click.option(
     "--report",
     type=click.Path(path_type=Path),
-    help="Also write a self-contained HTML report (flame view, charts, tables).",
+    help="Also write a self-contained HTML report (flame view, timeline, charts, tables).",
 )
 @click.option(
     "--save-reconstruction",
     is_flag=True,
     help="Store the reconstruction as a run in RUN_DIR/reconstructed (export/push it like any).",
 )
-def analyze(run_dir: Path, rows: int, report: Path | None, save_reconstruction: bool) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print every analysis and suggestion as one JSON object instead of tables.",
+)
+def analyze(
+    run_dir: Path, rows: int, report: Path | None, save_reconstruction: bool, as_json: bool
+) -> None:
     """Reconstruct a leveled measurement and print its analyses: suggestions, per-level overhead,
-    the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13) and HTA's GPU time breakdowns."""
-    from analysis.reconstruct import reconstruct
-    from analysis.report import sections
+    the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13) and HTA's GPU time breakdowns.
+
+    With --json, stdout holds one object: ``measurement``, ``reconstruction`` (spans, model
+    latency, mismatches, GPU-lane layout) and ``analyses``, keyed by analysis (``suggestions``,
+    ``kernels_by_name``, ...), each with its ``title``, ``note`` and ``rows``; row keys are the
+    analysis' column names, which carry their units (``gain_ms_per_iteration``, ``share_pct``).
+    """
+    from analysis.catalog import sections
+    from analysis.reconstruct import reconstruct_with_report
     from analysis.store import MeasurementStore
 
     store = MeasurementStore(run_dir)
-    _print_summary(run_dir, store)
-    spans, mismatches = reconstruct(store)
+    spans, mismatches, lanes = reconstruct_with_report(store)
     steps = spans.filter(pc.equal(spans.column("kind"), "step")).column("dur_ns")
-    if len(steps):
-        console.print(
-            f"reconstructed: {spans.num_rows:,} spans, model latency median "
-            f"{pc.approximate_median(steps).as_py() / 1e6:.3f} ms; {mismatches.num_rows} spans "
-            "without a counterpart in a shallower run",
-            highlight=False,
-        )
+    median_ms = pc.approximate_median(steps).as_py() / 1e6 if len(steps) else None
     if save_reconstruction:
         _save_reconstruction(run_dir, store, spans)
-    skip = {"Level sets (XSP's leveled runs)", "Layer info (A2)"}  # printed above / too long
-    for title, table, _ in sections(store):
-        if table.num_rows and title not in skip:
-            _print_table(title, table, rows)
+    if as_json:
+        _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, lanes, store)
+    else:
+        _print_summary(run_dir, store)
+        if median_ms is not None:
+            console.print(
+                f"reconstructed: {spans.num_rows:,} spans, model latency median {median_ms:.3f} "
+                f"ms; {mismatches.num_rows} spans without a counterpart in a shallower run",
+                highlight=False,
+            )
+        skip = {"level_sets", "layer_info"}  # printed above / too wide for a terminal
+        for section in sections(store):
+            if section.table.num_rows and section.key not in skip:
+                _print_table(section.title, section.table, rows, section.note)
     if report is not None:
         from analysis.report import write_report
 
@@ -398,35 +415,104 @@ def analyze(run_dir: Path, rows: int, report: Path | None, save_reconstruction: 
         console.print(f"wrote a report of {count} analyses to {report}", highlight=False)
 
 
+def _print_json(
+    run_dir: Path, spans: int, median_ms: float | None, mismatches: int, lanes: Any, store: Any
+) -> None:
+    import dataclasses
+    import json
+    import math
+
+    from analysis.catalog import sections
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, bytes):
+            return value.hex()
+        return value
+
+    analyses = {
+        section.key: {
+            "title": section.title,
+            "note": section.note,
+            "rows": [{k: clean(v) for k, v in row.items()} for row in section.table.to_pylist()],
+        }
+        for section in sections(store)
+    }
+    document = {
+        "measurement": str(run_dir),
+        "reconstruction": {
+            "spans": spans,
+            "model_latency_median_ms": median_ms,
+            "spans_without_counterpart": mismatches,
+            "gpu_lanes": dataclasses.asdict(lanes),
+        },
+        "analyses": analyses,
+    }
+    click.echo(json.dumps(document, indent=1, default=str))
+
+
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
+    from analysis.reconstruct import reconstructed_resource
     from tracer import store as run_store
 
     deepest = max(store.runs, key=lambda r: len(r.levels))
     out = run_dir / run_store.RECONSTRUCTED
-    resource = {**deepest.resource, "xsp.reconstructed": True}
     try:
         run_store.write_run(
-            out, spans, deepest.levels, resource, reconstructed_from=[r.levels for r in store.runs]
+            out,
+            spans,
+            deepest.levels,
+            reconstructed_resource(store),
+            reconstructed_from=[r.levels for r in store.runs],
         )
     except OSError as exc:
         raise XspError(f"cannot write {out}: {exc}") from exc
     console.print(f"stored the reconstruction in {out}", highlight=False)
 
 
-def _cut(text: str, width: int = 72) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
+    """A table that reads at 80 columns: headers as words with units, numbers whole and never
+    wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
+    report keep them whole). A table too wide for the terminal prints one block per row."""
+    from analysis.present import display, header
 
-
-def _print_table(title: str, table: Any, rows: int) -> None:
-    view = Table(title=title, title_justify="left")
+    records = table.slice(0, rows).to_pylist()
+    cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
+    view = Table(title=title, title_justify="left", caption_justify="left")
+    needed = 1
     for name in table.column_names:
-        view.add_column(name, justify="right", overflow="fold")
-    for record in table.slice(0, rows).to_pylist():
-        # long cells (demangled kernel names, advice) are cut: the HTML report has them whole
-        view.add_row(*(_cut(_fmt(value, 3)) for value in record.values()))
+        numeric = any(isinstance(r[name], (int, float)) for r in records)
+        longest = max((len(c[name]) for c in cells), default=1)
+        width = longest if numeric else min(longest, 14)
+        # text narrower than 24 columns wraps into too many lines to read
+        wanted = width if numeric else min(longest, 24)
+        needed += 3 + max(wanted, *(len(word) for word in header(name).split()))
+        view.add_column(header(name), justify="right" if numeric else "left", min_width=width)
+    for row in cells:
+        view.add_row(*row.values())
+    captions = []
     if table.num_rows > rows:
-        view.caption = f"{table.num_rows - rows} more rows"
-    out_console.print(view)
+        captions.append(f"{rows} of {table.num_rows} rows shown (--rows N for more)")
+    if note:
+        captions.append(note)
+    caption = "; ".join(captions)
+    if needed <= out_console.width:
+        view.caption = caption or None
+        out_console.print(view)
+        return
+    out_console.print(f"[bold]{title}[/]", highlight=False)
+    for index, record in enumerate(records, start=1):
+        row = {name: display(name, value, 200) for name, value in record.items()}
+        block = Table(show_header=False, box=None, padding=(0, 1), title=f"{index}.")
+        block.title_justify = "left"
+        block.add_column(style="dim")
+        block.add_column()
+        for name, text in row.items():
+            block.add_row(header(name), text)
+        out_console.print(block)
+    if caption:
+        out_console.print(caption, highlight=False)
 
 
 @main.command()
@@ -457,6 +543,14 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _ratio(overhead: float | None) -> str:
+    """A level set's step against the first's; below 1 it is run-to-run noise (a run with more
+    levels on cannot be faster), and says so."""
+    if not overhead:
+        return "-"
+    return f"{overhead:.3f}x" + (" (noise)" if overhead < 1.0 else "")
+
+
 def _print_summary(run_dir: Path, store: Any = None) -> None:
     from analysis.store import MeasurementStore
     from analysis.summary import level_sets, top_layers
@@ -484,7 +578,7 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
             _fmt(r["step_min_ms"]),
             _fmt(r["step_max_ms"]),
             _fmt(r["spans_per_iteration"], 0),
-            _fmt(r["overhead_x"], 3) + ("x" if r["overhead_x"] else ""),
+            _ratio(r["overhead_x"]),
         )
     out_console.print(table)
     layers = top_layers(store).to_pylist()

@@ -1,0 +1,126 @@
+"""Every analysis a measurement supports, under a stable key: the one list that ``xsp analyze``
+prints, ``xsp analyze --json`` writes and the HTML report draws."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from analysis.store import MeasurementStore
+
+#: Row limits of the analyses that rank (the rest return every row).
+TOP_KERNELS = 25
+TOP_LAYERS = 20
+
+
+@dataclass(frozen=True)
+class Section:
+    """One analysis: ``key`` is stable (the ``--json`` key), ``note`` says what the table leaves
+    out or how to read it, ``chart`` makes its plotly figure from the table."""
+
+    key: str
+    title: str
+    table: pa.Table
+    note: str = ""
+    chart: Callable[[pa.Table], Any] | None = None
+
+
+def sections(store: MeasurementStore) -> list[Section]:
+    """Every analysis of the measurement, suggestions first; empty tables included."""
+    from analysis import kernels, layers, library, summary
+    from analysis.charts import bar
+    from analysis.monitor import monitor_summary
+    from analysis.reconstruct import level_overhead
+    from analysis.suggestions import suggest
+
+    gpu_run = "from the deepest run with level G (traced)"
+    return [
+        Section(
+            "suggestions",
+            "Suggestions",
+            suggest(store),
+            "gains are measured on the reconstruction: the untraced step, with GPU time from G's "
+            "durations on the reconstructed timeline; no gain exceeds the step",
+        ),
+        Section("level_sets", "Level sets (XSP's leveled runs)", summary.level_sets(store)),
+        Section(
+            "level_overhead",
+            "Overhead each deeper run added, per level",
+            level_overhead(store),
+            "a verdict of 'noise' means the added time is within twice its standard error of zero",
+        ),
+        Section(
+            "monitor",
+            "GPU monitor: SM active and occupancy against NVML's utilization",
+            monitor_summary(store),
+        ),
+        Section(
+            "layer_types",
+            "Layer types (A5)",
+            layers.layer_types(store),
+            chart=lambda t: bar(t, "module_type", "latency_ms_per_iteration", "Time by layer type"),
+        ),
+        Section("layer_info", "Layer info (A2)", layers.layer_info(store)),
+        Section(
+            "layer_latency",
+            "Layer latency in execution order (A3)",
+            layers.layer_latency(store),
+            chart=lambda t: bar(t, "module_path", "median_ms", "Layer latency (forward)", 400),
+        ),
+        Section(
+            "library_calls",
+            "Library calls (cuBLAS, cuDNN, oneDNN)",
+            library.library_calls(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} calls with the most time",
+        ),
+        Section(
+            "kernels_by_name",
+            "Kernels by name (A10)",
+            kernels.kernels_by_name(store, limit=TOP_KERNELS),
+            f"the {TOP_KERNELS} kernels with the most time, {gpu_run}",
+            chart=lambda t: bar(t, "kernel", "total_ms_per_iteration", "Kernel time per iteration"),
+        ),
+        Section(
+            "kernels_by_layer",
+            "Kernels by layer (A11)",
+            kernels.kernels_by_layer(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} layers with the most kernel time",
+        ),
+        Section(
+            "gpu_time_per_layer",
+            "GPU and non-GPU time per layer (A13)",
+            kernels.gpu_time_per_layer(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} slowest leaf layers",
+        ),
+        Section(
+            "temporal_breakdown",
+            "GPU busy and idle per iteration (HTA temporal breakdown)",
+            kernels.temporal_breakdown(store),
+            gpu_run,
+            chart=lambda t: bar(t, "iteration", "busy_pct", "GPU busy % per iteration", 1000),
+        ),
+        Section(
+            "idle_breakdown",
+            "Idle time: host wait against kernel wait (HTA)",
+            kernels.idle_breakdown(store),
+            gpu_run,
+        ),
+        Section(
+            "launch_statistics",
+            "Kernel launch statistics (HTA)",
+            kernels.launch_statistics(store),
+            gpu_run,
+        ),
+        Section(
+            "kernel_duration_distribution",
+            "Kernel duration distribution (HTA)",
+            kernels.kernel_duration_distribution(store),
+            gpu_run,
+            chart=lambda t: bar(
+                t, "bucket", "share_of_time_pct", "Share of kernel time by duration"
+            ),
+        ),
+    ]

@@ -1,0 +1,35 @@
+"""Plotly charts of analysis tables (the report calls them; tests render them headless)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from analysis.present import KERNEL_COLUMNS, header, short_kernel, short_label
+
+
+def bar(table: pa.Table, x: str, y: str, title: str, rows: int = 20) -> Any:
+    """Bars of ``y`` by ``x`` for the first ``rows`` rows. Every row keeps its own bar: labels
+    that shorten alike (kernels that differ only in template arguments) get a rank prefix, and
+    the full name shows on hover."""
+    import plotly.graph_objects as go
+
+    data = table.slice(0, rows).to_pydict()
+    full = [str(v) for v in data[x]]
+    shorten = short_kernel if x in KERNEL_COLUMNS else short_label
+    labels = [shorten(v) for v in full]
+    if len(set(labels)) < len(labels):
+        labels = [f"{rank}. {label}" for rank, label in enumerate(labels, start=1)]
+    figure = go.Figure(
+        go.Bar(x=labels, y=data[y], hovertext=full, hoverinfo="text+y", marker_color="#4c6ef5")
+    )
+    figure.update_layout(
+        title=title,
+        xaxis_title=header(x),
+        yaxis_title=header(y),
+        xaxis={"type": "category"},
+        margin={"t": 40, "l": 5, "r": 5, "b": 5},
+        height=420,
+    )
+    return figure

@@ -1,0 +1,111 @@
+"""How analysis tables read to a person: column names as words with units, numbers as numbers
+(counts as integers, sizes in KiB/MiB/GiB), kernel names without their template arguments.
+Shared by the terminal tables and the HTML report; ``--json`` keeps the raw columns."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: Column-name suffixes that carry a unit, and how a header shows it.
+UNITS = {
+    "ms": "ms",
+    "us": "µs",
+    "ns": "ns",
+    "s": "s",
+    "pct": "%",
+    "x": "×",
+    "bytes": "bytes",
+    "mhz": "MHz",
+    "w": "W",
+    "j": "J",
+}
+#: Words a header writes differently from its column name.
+WORDS = {"gpu": "GPU", "cpu": "CPU", "sm": "SM", "dram": "DRAM", "p50": "p50", "p90": "p90"}
+_TEMPLATE = re.compile(r"<[^<>]*>")
+
+
+def header(column: str) -> str:
+    """``gain_ms_per_iteration`` -> "Gain (ms/iteration)", ``share_pct`` -> "Share (%)"."""
+    words = column.split("_")
+    per = ""
+    if "per" in words[1:-1] or (len(words) > 2 and words[-2] == "per"):
+        at = len(words) - 1 - words[::-1].index("per")
+        per, words = "/" + " ".join(words[at + 1 :]), words[:at]
+    unit = ""
+    if len(words) > 1 and words[-1] in UNITS:
+        unit, words = UNITS[words[-1]], words[:-1]
+    text = " ".join(WORDS.get(w, w) for w in words)
+    text = text[:1].upper() + text[1:]
+    if unit or per:
+        if not unit:
+            return f"{text} per {per[1:]}"
+        return f"{text} ({unit}{per})"
+    return text
+
+
+def human_bytes(value: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def cell(column: str, value: Any) -> str:
+    """One value as text: integers (and whole floats, such as counts per iteration) without
+    decimals, sizes in binary units, percentages with one decimal, other floats with three."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) and column.endswith("bytes"):
+        return human_bytes(float(value))
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "–"
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        if column.endswith("_pct"):
+            return f"{value:,.1f}"
+        return f"{value:,.3f}"
+    return str(value)
+
+
+def short_kernel(name: str, limit: int = 60) -> str:
+    """A demangled kernel name for display: no return type, no parameter list, template
+    arguments elided (``void at::native::f<float, 4>(int)`` -> ``at::native::f<…>``)."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    depth, cut = 0, len(text)
+    for index, char in enumerate(text):  # the parameter list: the first '(' outside <...>
+        if char == "<":
+            depth += 1
+        elif char == ">":
+            depth -= 1
+        elif char == "(" and depth == 0:
+            cut = index
+            break
+    text = text[:cut]
+    while _TEMPLATE.search(text):  # innermost arguments first, each into one placeholder
+        text = _TEMPLATE.sub("\0", text)
+    text = text.replace("\0", "<…>")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def short_label(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def display(column: str, value: Any, width: int = 60) -> str:
+    """A cell for a person: kernel-name columns shortened, other text cut to ``width``."""
+    if isinstance(value, str) and column in KERNEL_COLUMNS:
+        return short_kernel(value, width)
+    text = cell(column, value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+#: Columns that hold demangled kernel names.
+KERNEL_COLUMNS = frozenset({"kernel", "top_kernel"})

@@ -1,0 +1,264 @@
+"""Per-iteration pictures of a reconstruction: the flame view (host spans as a time-ordered icicle,
+every box as wide as its span lasts) and the timeline (host threads and GPU streams as rows, as
+Perfetto draws them). Pure functions from spans to plotly figures; the report places them.
+
+Algorithm notes:
+1. The iteration shown is the one with the median model latency.
+2. Flame: only host spans. GPU work runs asynchronously after its launch call has returned, so it
+   lies outside that call and belongs on the timeline. Values are integer nanoseconds with
+   ``branchvalues="total"``: a box's width is its own duration, never the sum of its children.
+   The reconstruction lays siblings end to end inside their parent, so children never add up to
+   more than their parent.
+3. Under a parent whose children belong to several phases (forward, backward, optimizer), each
+   run of two or more consecutive same-phase children is drawn inside a box of that phase,
+   as wide as the run's extent: the backward pass's hundreds of autograd nodes sit under
+   "backward", not as slivers under the step.
+4. When the iteration has more spans than a browser draws fluidly, the shortest are left out
+   by a duration threshold (a child never outlasts its parent, so none is left without its
+   parent); the caption says how many and below what duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.present import short_label
+from tracer import schema
+
+#: Boxes beyond this many in the flame view are left out, shortest first (plotly stays fluid).
+FLAME_MAX_BOXES = 6000
+#: Host rows of the timeline: nesting depths below the model span drawn per thread.
+TIMELINE_HOST_DEPTHS = 3
+#: One colour per level, in stack order (the legend of both views).
+LEVEL_COLOURS = {
+    schema.LEVEL_MODEL: "#4c6ef5",
+    schema.LEVEL_FRAMEWORK: "#2f9e44",
+    schema.LEVEL_LIBRARY: "#f59f00",
+    schema.LEVEL_GPU: "#e03131",
+}
+PHASE_COLOUR = "#adb5bd"
+
+
+@dataclass(frozen=True)
+class Flame:
+    """The boxes of one iteration's flame view, parents before children, siblings by time."""
+
+    iteration: int
+    ids: list[str]
+    parents: list[str]
+    labels: list[str]
+    names: list[str]  # full names, for hover
+    values_ns: list[int]
+    levels: list[str]  # a level, or "phase" for a phase box
+    left_out: int  # spans below the duration threshold
+    threshold_ns: int
+
+
+def median_iteration(spans: pa.Table) -> int | None:
+    """The iteration whose model span has the median duration."""
+    steps = spans.filter(pc.equal(spans.column("kind"), schema.KIND_STEP))
+    if not steps.num_rows:
+        return None
+    durations = np.asarray(steps.column("dur_ns"))
+    row = int(np.argsort(durations, kind="stable")[len(durations) // 2])
+    return int(steps.column("iteration")[row].as_py())
+
+
+def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
+    one = spans.filter(pc.equal(spans.column("iteration"), iteration))
+    columns = ("span_id", "parent_span_id", "start_ns", "dur_ns")
+    rows = {c: np.asarray(one.column(c).fill_null(0)) for c in columns}
+    for c in ("name", "level", "kind", "phase"):
+        rows[c] = np.asarray(one.column(c).cast(pa.string()).fill_null(""), dtype=object)
+    for c in ("thread_id", "gpu_device", "gpu_stream"):
+        rows[c] = np.asarray(one.column(c).fill_null(-1), dtype=np.int64)
+    return rows
+
+
+def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
+    """The flame boxes of the median iteration (see the module notes)."""
+    iteration = median_iteration(spans)
+    if iteration is None:
+        return None
+    rows = _iteration_rows(spans, iteration)
+    host = rows["level"] != schema.LEVEL_GPU
+    keep = np.nonzero(host)[0]
+    durations = rows["dur_ns"][keep]
+    threshold = 0
+    if len(keep) > max_boxes:
+        threshold = int(np.sort(durations)[::-1][max_boxes - 1]) + 1
+        keep = keep[durations >= threshold]
+    keep = keep[np.argsort(rows["start_ns"][keep], kind="stable")]
+    left_out = int(host.sum()) - len(keep)
+    present = {int(rows["span_id"][i]) for i in keep}
+    children: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for i in keep:
+        up = int(rows["parent_span_id"][i])
+        (children.setdefault(up, []) if up in present else roots).append(int(i))
+    out = Flame(iteration, [], [], [], [], [], [], left_out, threshold)
+
+    def add(box: str, parent: str, label: str, name: str, value: int, level: str) -> None:
+        out.ids.append(box)
+        out.parents.append(parent)
+        out.labels.append(label)
+        out.names.append(name)
+        out.values_ns.append(value)
+        out.levels.append(level)
+
+    def visit(i: int, parent: str) -> None:
+        box = str(int(rows["span_id"][i]))
+        name = str(rows["name"][i])
+        label = name if rows["kind"][i] != schema.KIND_STEP else f"step {iteration}"
+        add(box, parent, short_label(label), name, int(rows["dur_ns"][i]), str(rows["level"][i]))
+        kids = children.get(int(rows["span_id"][i]), [])
+        phases = {rows["phase"][k] for k in kids}
+        for run in _phase_runs(kids, rows["phase"]) if len(phases) > 1 else [kids]:
+            if len(run) < 2 or len(phases) < 2:
+                for k in run:
+                    visit(k, box)
+                continue
+            first, last = run[0], run[-1]
+            extent = int(rows["start_ns"][last] + rows["dur_ns"][last] - rows["start_ns"][first])
+            phase = str(rows["phase"][first]) or "other"
+            group = f"{box}/{phase}@{int(rows['start_ns'][first])}"
+            add(group, box, f"{phase} ({len(run)})", f"{phase}: {len(run)} spans", extent, "phase")
+            for k in run:
+                visit(k, group)
+
+    for i in roots:
+        visit(i, "")
+    return out
+
+
+def _phase_runs(kids: list[int], phase: np.ndarray) -> list[list[int]]:
+    """Consecutive children (already in time order) grouped by phase."""
+    runs: list[list[int]] = []
+    for k in kids:
+        if runs and phase[runs[-1][-1]] == phase[k]:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
+
+
+def flame_figure(spans: pa.Table) -> Any:
+    """The flame view as a plotly icicle, or None without model spans."""
+    import plotly.graph_objects as go
+
+    boxes = flame(spans)
+    if boxes is None:
+        return None
+    colours = [LEVEL_COLOURS.get(level, PHASE_COLOUR) for level in boxes.levels]
+    hover = [
+        f"{name}<br>{value / 1e6:.3f} ms · {level}"
+        for name, value, level in zip(boxes.names, boxes.values_ns, boxes.levels, strict=True)
+    ]
+    figure = go.Figure(
+        go.Icicle(
+            ids=boxes.ids,
+            parents=boxes.parents,
+            labels=boxes.labels,
+            values=boxes.values_ns,
+            branchvalues="total",
+            sort=False,
+            marker={"colors": colours},
+            hovertext=hover,
+            hoverinfo="text",
+            textinfo="label",
+            tiling={"orientation": "v"},
+            maxdepth=7,
+        )
+    )
+    step_ms = boxes.values_ns[0] / 1e6 if boxes.values_ns else 0.0
+    caption = ""
+    if boxes.left_out:
+        caption = (
+            f"; {boxes.left_out:,} spans shorter than {boxes.threshold_ns / 1e3:.1f} µs left out"
+        )
+    figure.update_layout(
+        title=(
+            f"Iteration {boxes.iteration} (median latency, {step_ms:.3f} ms), reconstructed: "
+            f"width is duration, left to right in time{caption}. Click a box to zoom."
+        ),
+        margin={"t": 40, "l": 5, "r": 5, "b": 5},
+        height=650,
+    )
+    return figure
+
+
+def timeline_figure(spans: pa.Table) -> Any:
+    """One iteration as rows of host threads (a row per nesting depth) and GPU streams, in ms
+    from the step's start; one trace per level, so the legend names the levels."""
+    import plotly.graph_objects as go
+
+    iteration = median_iteration(spans)
+    if iteration is None:
+        return None
+    rows = _iteration_rows(spans, iteration)
+    step = int(np.nonzero(rows["kind"] == schema.KIND_STEP)[0][0])
+    origin = int(rows["start_ns"][step])
+    depth = _depths(rows["span_id"], rows["parent_span_id"])
+    gpu = rows["level"] == schema.LEVEL_GPU
+    lane = np.empty(len(depth), dtype=object)
+    for i in range(len(depth)):
+        if gpu[i]:
+            lane[i] = f"GPU {rows['gpu_device'][i]} · stream {rows['gpu_stream'][i]}"
+        elif depth[i] == 0:
+            lane[i] = "step"
+        else:
+            lane[i] = f"thread {rows['thread_id'][i]} · depth {depth[i]}"
+    shown = gpu | (depth <= TIMELINE_HOST_DEPTHS)
+    order = sorted(
+        set(lane[shown]),
+        key=lambda name: (name.startswith("GPU"), name != "step", name),
+    )
+    figure = go.Figure()
+    for level, colour in LEVEL_COLOURS.items():
+        pick = np.nonzero(shown & (rows["level"] == level))[0]
+        if not len(pick):
+            continue
+        figure.add_trace(
+            go.Bar(
+                name=level,
+                orientation="h",
+                y=list(lane[pick]),
+                base=((rows["start_ns"][pick] - origin) / 1e6).tolist(),
+                x=(rows["dur_ns"][pick] / 1e6).tolist(),
+                marker={"color": colour, "line": {"width": 0}},
+                hovertext=[f"{rows['name'][i]}<br>{rows['dur_ns'][i] / 1e6:.3f} ms" for i in pick],
+                hoverinfo="text",
+            )
+        )
+    figure.update_layout(
+        title=f"Timeline of iteration {iteration}, reconstructed (ms from the step's start)",
+        barmode="overlay",
+        bargap=0.15,
+        yaxis={"categoryorder": "array", "categoryarray": order[::-1], "title": None},
+        xaxis={"title": "ms"},
+        legend={"title": "level", "orientation": "h", "y": 1.02, "yanchor": "bottom"},
+        margin={"t": 60, "l": 5, "r": 5, "b": 5},
+        height=140 + 26 * len(order),
+    )
+    return figure
+
+
+def _depths(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
+    from tracer.intervals import depths, find_rows
+
+    return depths(find_rows(span_id.astype(np.int64), parent_id.astype(np.int64)))
+
+
+def legend_html() -> str:
+    """The levels' colours, for the flame view (an icicle has no legend of its own)."""
+    swatches = [
+        f"<span style='display:inline-block;width:.9em;height:.9em;background:{colour};"
+        f"margin:0 .3em 0 1em;vertical-align:middle'></span>{level}"
+        for level, colour in [*LEVEL_COLOURS.items(), ("phase group", PHASE_COLOUR)]
+    ]
+    return f"<p class='legend'>Levels:{''.join(swatches)}</p>"
