@@ -2,7 +2,10 @@
 
 Each rule is a function from the store to zero or one ``Suggestion``; ``suggest`` runs them all
 and returns a table (rule, advice, evidence, gain_ms_per_iteration, share_pct). A gain is what
-the evidence costs today per iteration, the most that removing it can save.
+the evidence costs per iteration of the untraced step, the most that removing it can save. It is
+measured on the leveled reconstruction (each span timed by the run that measures its level with
+the least overhead, the step by M) as the time the evidence covers, overlaps counted once, so a
+gain never exceeds the step.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.store import MeasurementStore
 
@@ -30,49 +35,57 @@ class Suggestion:
     share_pct: float | None
 
 
-def _steps(store: MeasurementStore, run: str) -> tuple[int, float]:
-    """(iterations, total step ms) of a run, asked once per store."""
-    key = ("steps", run)
-    if key not in store.memo:
-        row = store.sql(
-            f"SELECT count(*) AS n, sum(dur_ns) / 1e6 AS ms FROM spans "
-            f"WHERE run_index = {run} AND kind = 'step'"
-        ).to_pylist()[0]
-        store.memo[key] = (max(int(row["n"] or 0), 1), float(row["ms"] or 0.0))
-    return store.memo[key]
+def _rebuilt(store: MeasurementStore) -> pa.Table:
+    """The reconstruction, computed once per store and registered as the SQL table ``rebuilt``."""
+    if "rebuilt" not in store.memo:
+        from analysis.reconstruct import reconstruct
+
+        spans, _ = reconstruct(store)
+        store.con.register("rebuilt", spans)
+        store.memo["rebuilt"] = spans
+    return store.memo["rebuilt"]
 
 
-def _iterations(store: MeasurementStore, run: str) -> int:
-    return _steps(store, run)[0]
+def _steps(store: MeasurementStore) -> tuple[int, float]:
+    """(iterations, mean untraced step ms) of the reconstruction."""
+    steps = _rebuilt(store).filter(pc.equal(_rebuilt(store).column("kind"), "step"))
+    total = float(pc.sum(steps.column("dur_ns")).as_py() or 0)
+    return max(steps.num_rows, 1), total / max(steps.num_rows, 1) / 1e6
 
 
-def _step_ms(store: MeasurementStore, run: str) -> float:
-    return _steps(store, run)[1]
+def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
+    """(reconstructed spans matching ``where``, ms per iteration they cover). Overlapping spans
+    (nested ops, kernels on two streams) count once: the time covered never exceeds the step."""
+    from analysis.kernels import union_length
 
-
-_GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
-_FW_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'framework')"
-_LIB_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'library')"
+    _rebuilt(store)
+    found = store.sql(
+        f"SELECT iteration, start_ns, start_ns + dur_ns AS end_ns FROM rebuilt WHERE ({where})"
+    ).to_pydict()
+    iteration = np.asarray(found["iteration"], dtype=np.int64)
+    starts = np.asarray(found["start_ns"], dtype=np.int64)
+    ends = np.asarray(found["end_ns"], dtype=np.int64)
+    covered = sum(
+        union_length(starts[iteration == i], ends[iteration == i]) for i in np.unique(iteration)
+    )
+    return len(iteration), covered / _steps(store)[0] / 1e6
 
 
 def _costly(
-    store: MeasurementStore, run: str, where: str, rule: str, advice: str, what: str
+    store: MeasurementStore, where: str, rule: str, advice: str, what: str
 ) -> Suggestion | None:
-    """The shared shape of most rules: spans of ``run`` matching ``where`` are the evidence, and
-    their time per iteration is the gain."""
-    found = store.sql(
-        f"SELECT count(*) AS n, coalesce(sum(dur_ns), 0) / 1e6 AS ms FROM spans "
-        f"WHERE run_index = {run} AND ({where})"
-    ).to_pylist()[0]
-    if not found["n"]:
+    """The shared shape of most rules: reconstructed spans matching ``where`` are the evidence,
+    and the untraced step time they cover is the gain."""
+    count, gain_ms = _covered(store, where)
+    if not count:
         return None
-    iterations, step_ms = _iterations(store, run), _step_ms(store, run)
+    iterations, step_ms = _steps(store)
     return Suggestion(
         rule,
         advice,
-        f"{found['n'] / iterations:.0f} {what} per iteration",
-        found["ms"] / iterations,
-        100.0 * found["ms"] / step_ms if step_ms else None,
+        f"{count / iterations:.0f} {what} per iteration",
+        gain_ms,
+        100.0 * gain_ms / step_ms if step_ms else None,
     )
 
 
@@ -80,7 +93,6 @@ def layout_transposes(store: MeasurementStore) -> Suggestion | None:
     """cuDNN converting NCHW to NHWC and back around convolutions: channels_last avoids it."""
     return _costly(
         store,
-        _GPU_RUN,
         "kind = 'kernel' AND (name ILIKE '%nchwToNhwc%' OR name ILIKE '%nhwcToNchw%')",
         "layout-transposes",
         "use channels_last: model.to(memory_format=torch.channels_last) and the same for inputs",
@@ -92,13 +104,9 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     """fp32 convolutions and GEMMs on a GPU: TF32 or AMP puts them on the tensor cores."""
     if not any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs):
         return None
-    # dtypes come from Kineto's capture (MF); NVTX-captured framework runs (MFLG) carry none
-    typed_run = (
-        "(SELECT min(run_index) FROM spans WHERE level = 'framework' AND input_dtypes IS NOT NULL)"
-    )
+    # dtypes come from Kineto's capture (MF); the reconstruction fills them into deeper ops
     return _costly(
         store,
-        typed_run,
         "kind = 'op' AND op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm') "
         "AND input_dtypes LIKE 'float,%'",
         "fp32-on-tensor-cores",
@@ -109,28 +117,27 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
 
 
 def launch_bound(store: MeasurementStore) -> Suggestion | None:
-    """Many short kernels and an idle GPU: launches, not the GPU, bound the step."""
-    from analysis.kernels import temporal_breakdown
-
-    stats = store.sql(
-        f"""SELECT count(*) AS n, median(dur_ns) / 1e3 AS median_us FROM spans
-            WHERE run_index = {_GPU_RUN} AND kind = 'kernel'"""
-    ).to_pylist()[0]
-    if not stats["n"] or stats["median_us"] is None or stats["median_us"] >= SHORT_KERNEL_US:
+    """Many short kernels and an idle GPU: launches, not the GPU, bound the step. Busy time is
+    the union of GPU activities on the reconstructed timeline (G's durations in M's step)."""
+    rebuilt = _rebuilt(store)
+    kernels = rebuilt.filter(pc.equal(rebuilt.column("kind"), "kernel"))
+    if not kernels.num_rows:
         return None
-    breakdown = temporal_breakdown(store).to_pylist()
-    busy = sum(r["busy_pct"] for r in breakdown) / max(len(breakdown), 1)
-    if busy >= LAUNCH_BOUND_BUSY_PCT:
+    median_us = float(np.median(np.asarray(kernels.column("dur_ns")))) / 1e3
+    if median_us >= SHORT_KERNEL_US:
         return None
-    idle_ms = sum(r["gpu_idle_ms"] for r in breakdown) / max(len(breakdown), 1)
-    iterations = _iterations(store, _GPU_RUN)
+    iterations, step_ms = _steps(store)
+    _, busy_ms = _covered(store, "level = 'gpu'")
+    busy_pct = 100.0 * busy_ms / step_ms if step_ms else 100.0
+    if busy_pct >= LAUNCH_BOUND_BUSY_PCT:
+        return None
     return Suggestion(
         "launch-bound",
         "capture the step in a CUDA graph (torch.cuda.graphs) or compile it (torch.compile)",
-        f"{stats['n'] / iterations:.0f} kernels per iteration, median {stats['median_us']:.1f} µs; "
-        f"the GPU is busy {busy:.0f}% of the step",
-        idle_ms,
-        100.0 - busy,
+        f"{kernels.num_rows / iterations:.0f} kernels per iteration, median {median_us:.1f} µs; "
+        f"the GPU is busy {busy_pct:.0f}% of the untraced step",
+        max(step_ms - busy_ms, 0.0),
+        100.0 - busy_pct,
     )
 
 
@@ -143,16 +150,15 @@ def host_syncs(store: MeasurementStore) -> Suggestion | None:
     if _has(store, "library"):
         names = ", ".join(f"'{n}'" for n in SYNC_CALLS)
         where = f"level = 'library' AND name IN ({names})"
-        return _costly(store, _LIB_RUN, where, "host-syncs", advice, "synchronizing calls")
+        return _costly(store, where, "host-syncs", advice, "synchronizing calls")
     where = "kind = 'op' AND op_name = 'aten::_local_scalar_dense'"
-    return _costly(store, _FW_RUN, where, "host-syncs", advice, "synchronizing calls")
+    return _costly(store, where, "host-syncs", advice, "synchronizing calls")
 
 
 def index_select(store: MeasurementStore) -> Suggestion | None:
     """aten::index with one 1-D index tensor does what the cheaper aten::index_select does."""
     return _costly(
         store,
-        _FW_RUN,
         "kind = 'op' AND op_name = 'aten::index'",
         "index-select",
         "index one dimension with tensor.index_select(dim, idx) instead of tensor[idx]",

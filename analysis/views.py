@@ -98,9 +98,9 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
     present = {int(rows["span_id"][i]) for i in keep}
     children: dict[int, list[int]] = {}
     roots: list[int] = []
-    for i in keep:
-        up = int(rows["parent_span_id"][i])
-        (children.setdefault(up, []) if up in present else roots).append(int(i))
+    for row in keep.tolist():
+        up = int(rows["parent_span_id"][row])
+        (children.setdefault(up, []) if up in present else roots).append(row)
     out = Flame(iteration, [], [], [], [], [], [], left_out, threshold)
 
     def add(box: str, parent: str, label: str, name: str, value: int, level: str) -> None:
@@ -131,8 +131,8 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
             for k in run:
                 visit(k, group)
 
-    for i in roots:
-        visit(i, "")
+    for root in roots:
+        visit(root, "")
     return out
 
 
