@@ -150,7 +150,7 @@ class _RunExport:
 
     def events(self) -> list[dict[str, Any]]:
         c = self.cols
-        attributes = [(col.name, col.attribute) for col in schema.ATTRIBUTE_COLUMNS]
+        attributes = [(col.name, str(col.attribute)) for col in schema.ATTRIBUTE_COLUMNS]
         host_threads: set[int] = {self.main_tid}
         streams: set[tuple[int, int]] = set()
         launches: dict[int, tuple[int, int]] = {}  # correlation id -> (tid, start_ns)
@@ -159,7 +159,7 @@ class _RunExport:
         for row in range(self.rows):
             level, kind = c["level"][row], c["kind"][row]
             args: dict[str, Any] = {
-                key: c[name][row] for name, key in attributes if c[name][row] is not None
+                key: c[column][row] for column, key in attributes if c[column][row] is not None
             }
             name = c["name"][row]
             if kind == schema.KIND_STEP:
