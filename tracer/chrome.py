@@ -128,24 +128,19 @@ class _RunExport:
         self.index, self.base_ns = index, base_ns
         self.cols = table.to_pydict()
         self.rows = table.num_rows
-        self.label = (
-            f"xsp {resource.get(schema.RES_LEVELS, '?')} · {resource.get(schema.RES_WORKLOAD, '')}"
-        ).rstrip(" ·")
+        levels, workload = resource.get(schema.RES_LEVELS, "?"), resource.get(schema.RES_WORKLOAD)
+        self.label = f"xsp {levels} · {workload}" if workload else f"xsp {levels}"
         os_pid = resource.get(RES_PROCESS_PID)
-        self.main_tid = int(os_pid) if isinstance(os_pid, int) else self._first_thread()
-        self.host_pid = _claim(
-            pids, self.main_tid if isinstance(os_pid, int) else HOST_PID_FALLBACK
-        )
-        self.gpu_pids = {
-            device: _claim(pids, index * GPU_PID_STRIDE + device)
-            for device in sorted(
-                {
-                    d or 0
-                    for d, lv in zip(self.cols["gpu_device"], self.cols["level"], strict=True)
-                    if lv == schema.LEVEL_GPU
-                }
-            )
+        if isinstance(os_pid, int):  # Linux: the main thread's tid is the process id
+            self.main_tid, self.host_pid = os_pid, _claim(pids, os_pid)
+        else:
+            self.main_tid, self.host_pid = self._first_thread(), _claim(pids, HOST_PID_FALLBACK)
+        devices = {
+            d or 0
+            for d, level in zip(self.cols["gpu_device"], self.cols["level"], strict=True)
+            if level == schema.LEVEL_GPU
         }
+        self.gpu_pids = {d: _claim(pids, index * GPU_PID_STRIDE + d) for d in sorted(devices)}
         self.external = self._external_ids()
 
     def events(self) -> list[dict[str, Any]]:
