@@ -226,28 +226,3 @@ def test_configuration_from_the_standard_variables() -> None:
         OtlpConfig.from_env("http://h:4318", env={"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
     with pytest.raises(ConfigError, match="key=value"):
         OtlpConfig.from_env("http://h:4318", env={"OTEL_EXPORTER_OTLP_HEADERS": "novalue"})
-
-
-def test_chrome_trace_has_every_span_on_its_track(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import gzip
-
-    from tests.fixtures import load_records
-    from tracer.chrome import write_chrome_trace
-
-    records, _ = load_records("resnet18_train_mlg_cuda")
-    gpu_table = build_table("run-c", "MLG", records["M"], api=records["L"], gpu=records["G"])[0]
-    steps, framework, _ = load_raw("resnet18_train_cpu")
-    fw_table = build_table("run-c", "MF", steps, framework)[0]
-    path = tmp_path / "trace.json.gz"
-    count = write_chrome_trace(
-        path, [({"xsp.levels": "MF"}, fw_table), ({"xsp.levels": "MLG"}, gpu_table)]
-    )
-    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-    spans = [e for e in events if e["ph"] == "X"]
-    assert count == len(spans) == fw_table.num_rows + gpu_table.num_rows
-    kernels = [e for e in spans if e["cat"] == "gpu"]
-    assert kernels and all(e["tid"] >= 1_000_000 for e in kernels)
-    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert "model" in names and any(n.startswith("GPU stream") for n in names)
-    conv1 = next(e for e in spans if e["name"] == "conv1")
-    assert conv1["args"]["xsp.module.path"] == "conv1" and conv1["dur"] > 0

@@ -150,7 +150,8 @@ def run(
     type=click.Choice(["otlp-json", "chrome", "otlp-metrics-json"]),
     default="otlp-json",
     show_default=True,
-    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON (gzip with -o *.gz); "
+    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON in torch.profiler's "
+    "layout, which HTA reads too (gzip with -o *.gz); "
     "otlp-metrics-json: the GPU monitor's samples as OTLP metrics, one line per run.",
 )
 @click.option(
