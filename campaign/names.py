@@ -25,6 +25,7 @@ FAMILIES: tuple[tuple[str, str], ...] = (
 _FAMILY_RES = tuple((family, re.compile(pattern)) for family, pattern in FAMILIES)
 #: The longest kernel name shown before it is cut (after templates and arguments are elided).
 KERNEL_CHARS = 60
+ANONYMOUS = "(anonymous namespace)::"
 
 
 def family(model: str) -> str:
@@ -55,12 +56,13 @@ def labels(models: list[str]) -> dict[str, str]:
 
 def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
     """A demangled kernel name as a reader scans for it: the ``void`` return type dropped,
-    template arguments elided to ``<…>``, the parameter list dropped, then cut to ``limit``.
+    template arguments elided to ``<…>``, the parameter list dropped, then cut to ``limit``
+    characters (the last one an ellipsis).
 
     ``void cutlass::Kernel<cutlass_80_tensorop_s1688gemm<...>>(Params)`` -> ``cutlass::Kernel<…>``.
     Names that arrive already truncated (a job summary keeps 80 characters) may stop inside a
-    template; the open template is elided all the same. ``(anonymous namespace)`` is part of the
-    name, not a parameter list, and stays."""
+    template; the open template is elided all the same. ``(anonymous namespace)::`` scopes are
+    dropped too (they are not a parameter list, and they say nothing to a reader)."""
     text = name.strip()
     if text.startswith("void "):
         text = text[5:]
@@ -78,9 +80,8 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
         elif depth:
             pass
         elif char == "(":
-            if text.startswith("(anonymous namespace)", i):
-                out.append("(anonymous namespace)")
-                i += len("(anonymous namespace)")
+            if text.startswith(ANONYMOUS, i):  # a scope, not the parameter list: dropped
+                i += len(ANONYMOUS)
                 continue
             break  # the parameter list
         else:
