@@ -342,7 +342,8 @@ def plot_ranked(
     figure.update_yaxes(title=axis)
     figure.update_layout(
         height=BAR_PX,
-        # fixed-width entries keep the legend clear of the mode bar at the top right
+        # the legend's two rows sit in the top margin, below the mode bar
+        margin_t=95,
         legend={
             "font": {"size": 11},
             "orientation": "h",
@@ -403,7 +404,9 @@ def plot_busy(
         figure.add_hline(
             y=COMPUTE_BOUND_BUSY_PCT, line_dash="dot", line_color="grey", row=index, col=1
         )
-    figure.update_layout(height=330 * len(batches), legend={"orientation": "h", "y": 1.06})
+    figure.update_layout(
+        height=330 * len(batches), margin_t=60, legend={"orientation": "h", "y": 1.06}
+    )
     return figure
 
 
@@ -471,7 +474,7 @@ def plot_scaling(
     figure.update_yaxes(
         type="log", dtick=1, tickformat="~s", title_text="items/s", title_standoff=2
     )
-    figure.update_layout(height=PANEL_ROW_PX * panel_rows)
+    figure.update_layout(height=PANEL_ROW_PX * panel_rows, margin_t=40)
     return figure
 
 
@@ -555,7 +558,7 @@ def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = T
                 parts.append("</section>")
             parts.append(f"<section id='{section}'><h2>{sections[section]}</h2>")
             current = section
-        figure.update_layout(margin={"t": 40, "l": 5, "r": 5, "b": 5}, template="plotly_white")
+        figure.update_layout(margin_l=5, margin_r=5, margin_b=5, template="plotly_white")
         parts.append(f"<h3>{html.escape(title)}</h3>")
         parts.append(figure.to_html(full_html=False, include_plotlyjs=(index == 0)))
     if current is not None:
