@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,9 +261,12 @@ def _outline(page: str) -> _Page:
     return parser
 
 
-def _job(model: str, batch: int, latency_ms: float | None, busy: float | None = None, **summary):  # type: ignore[no-untyped-def]
+def _job(
+    model: str, batch: int, latency_ms: float | None, busy: float | None = None, **summary: Any
+) -> dict[str, Any]:
     """A job record as a campaign writes it; the summary's figures follow from the arguments."""
-    record = {"job": f"{model.replace(':', '-')}__infer__b{batch}", "model": model}
+    record: dict[str, Any] = {"job": f"{model.replace(':', '-')}__infer__b{batch}"}
+    record["model"] = model
     record.update(mode="infer", batch_size=batch, wall_s=9.0)
     if latency_ms is None:
         return {**record, "status": "failed", "reason": "unsupported", "error": "unknown model"}
@@ -409,7 +413,7 @@ def test_batch_scaling_is_drawn_as_small_multiples_one_panel_per_family() -> Non
 
     rows = compare.per_model(SMALL_CAMPAIGN)
     figure = plot_scaling(rows, [1, 16], compare.display_names(SMALL_CAMPAIGN))
-    panels = {(t.xaxis, t.yaxis): [] for t in figure.data}
+    panels: dict[tuple[str, str], list[str]] = {(t.xaxis, t.yaxis): [] for t in figure.data}
     for trace in figure.data:
         panels[(trace.xaxis, trace.yaxis)].append(trace.name)
     assert list(panels.values()) == [["resnet18", "resnet50"], ["bert"]]
