@@ -6,11 +6,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,4 +202,275 @@ def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each
     page = report.read_text()
     assert "runs/torchvision-squeezenet1_1__infer__b1/report.html" in page
     assert (store.run_dir(spec.jobs()[0]) / "report.html").exists()
-    assert "Batch scaling" in page and "optimal batch" in page
+    assert "Batch scaling" in page and "Optimal batch" in page
+
+
+# -- the comparative report, from job records alone ------------------------------------------
+H200 = ROOT / "benchmarks" / "results" / "campaign-h200"
+
+
+class _Page(HTMLParser):
+    """The report's outline: section ids in order, where the first table and the first figure
+    start, and each table's header and body rows as cell texts (with each cell's attributes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: list[str] = []
+        self.first: dict[str, int] = {}  # "table" / "figure" -> number of sections seen before
+        self.tables: dict[str, dict[str, list[list[tuple[str, dict[str, str | None]]]]]] = {}
+        self._table: str | None = None
+        self._part = ""
+        self._cell: list[str] | None = None
+        self._attrs: dict[str, str | None] = {}
+        self.titles: list[str] = []  # title= of spans inside table cells
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "section":
+            self.sections.append(str(found.get("id")))
+        elif tag == "table":
+            self.first.setdefault("table", len(self.sections))
+            self._table = str(found.get("id"))
+            self.tables[self._table] = {"thead": [], "tbody": []}
+        elif tag == "div" and "plotly-graph-div" in str(found.get("class")):
+            self.first.setdefault("figure", len(self.sections))
+        elif tag in ("thead", "tbody"):
+            self._part = tag
+        elif tag == "tr" and self._table:
+            self.tables[self._table][self._part].append([])
+        elif tag in ("td", "th") and self._table:
+            self._cell, self._attrs = [], found
+        elif tag == "span" and self._cell is not None and found.get("title"):
+            self.titles.append(str(found["title"]))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._table = None
+        elif tag in ("td", "th") and self._cell is not None and self._table:
+            self.tables[self._table][self._part][-1].append(("".join(self._cell), self._attrs))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _outline(page: str) -> _Page:
+    parser = _Page()
+    parser.feed(page)
+    return parser
+
+
+def _job(
+    model: str, batch: int, latency_ms: float | None, busy: float | None = None, **summary: Any
+) -> dict[str, Any]:
+    """A job record as a campaign writes it; the summary's figures follow from the arguments."""
+    record: dict[str, Any] = {"job": f"{model.replace(':', '-')}__infer__b{batch}"}
+    record["model"] = model
+    record.update(mode="infer", batch_size=batch, wall_s=9.0)
+    if latency_ms is None:
+        return {**record, "status": "failed", "reason": "unsupported", "error": "unknown model"}
+    bound = "compute-bound" if busy and busy >= 80 else "launch-bound"
+    record["status"] = "ok"
+    record["summary"] = {
+        "latency_ms": latency_ms,
+        "throughput_per_s": batch / (latency_ms / 1e3),
+        "step_ms": {"M": latency_ms, "MF": 2 * latency_ms},
+        "gpu_busy_pct": busy,
+        "median_kernel_us": 2.0 * batch,
+        "bound": bound,
+        "suggestions": ["launch-bound"] if bound == "launch-bound" else [],
+        **summary,
+    }
+    return record
+
+
+CUTLASS = (
+    "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nhwc_align4>"
+    "(cutlass_80_tensorop_s1688gemm_128x128_32x3_nhwc_align4::Params)"
+)
+SMALL_CAMPAIGN = [
+    _job("torchvision:resnet50", 1, 5.0, 20.0),
+    _job(
+        "torchvision:resnet50",
+        16,
+        8.0,
+        90.0,
+        conv_share_pct=48.0,
+        top_kernels=[[CUTLASS, 40.0]],
+        top_layer_types=[["Conv2d", 48.0], ["BatchNorm2d", 37.0]],
+    ),
+    _job("torchvision:resnet18", 1, 2.0, 10.0),
+    _job("torchvision:resnet18", 16, 4.0, 85.0, conv_share_pct=50.0),
+    _job("transformers:bert", 1, 10.0, 85.0),
+    _job("transformers:bert", 16, 20.0, 95.0, conv_share_pct=0.0),
+    _job("torchvision:nosuchnet", 1, None),
+    _job("torchvision:nosuchnet", 16, None),
+]
+
+
+def _small_report(tmp_path: Path) -> str:
+    from campaign.report import write_campaign_report
+
+    models = sorted({r["model"] for r in SMALL_CAMPAIGN})
+    spec = from_dict(
+        {
+            "campaign": {"device": "cuda", "batch_sizes": [1, 16], "level_sets": ["M", "MF"]},
+            "models": {"names": models},
+        }
+    )
+    store = CampaignStore(tmp_path / "C")
+    store.begin(spec)
+    for record in SMALL_CAMPAIGN:
+        store.save(record)
+    out = tmp_path / "report.html"
+    assert write_campaign_report(store, out, run_reports=False) == len(SMALL_CAMPAIGN)
+    return out.read_text()
+
+
+def test_campaign_report_leads_with_findings_then_one_row_per_model_then_every_job(
+    tmp_path: Path,
+) -> None:
+    page = _small_report(tmp_path)
+    outline = _outline(page)
+    assert outline.sections == ["findings", "figures", "scaling", "per-model", "jobs"]
+    assert outline.first == {"figure": 2, "table": 4}  # no table, no chart before the findings
+    assert page.index("<h1>") < page.index("<section id='findings'>")
+    findings = re.sub(r"<[^>]+>", "", page[: page.index("<section id='figures'>")])
+    # 3 workloads ran; at batch 1 resnet50 (20% busy) and resnet18 (10%) are launch-bound and
+    # bert (85%) compute-bound; at 16 all three are above 80%
+    assert "6 of 8 jobs ok: 4 workloads × batch 1, 16. Failed: unsupported (2)" in findings
+    assert "launch-bound: 2 of 3 at batch 1, 0 of 3 at 16" in findings
+    assert "compute-bound: 1 at batch 1, 3 at 16" in findings
+    assert "Compute-bound already at batch 1: bert." in findings
+    # throughput at 16: 16 / 8 ms = 2,000, 16 / 4 ms = 4,000, 16 / 20 ms = 800 items/s
+    assert "Best throughput: batch 16 for 3 of 3 workloads." in findings
+    assert "at batch 16 from 800 items/s (bert) to 4,000 (resnet18)" in findings
+    assert "highest resnet18 50%, resnet50 48%, bert 0%; none in 1 (bert)" in findings
+    assert "MF 2.00× at batch 1, 2.00× at 16" in findings  # every MF step is twice its M step
+
+    per_model = outline.tables["per-model-table"]
+    top, bottom = (
+        [text for text, _ in row] for row in per_model["thead"]
+    )  # group headings over batch sizes
+    assert top[:6] == [
+        "Model",
+        "Family",
+        "Latency (ms)",
+        "Throughput (items/s)",
+        "GPU busy (%)",
+        "Bound",
+    ]
+    assert bottom == ["batch 1", "batch 16"] * 4
+    rows = {row[0][0]: [text for text, _ in row] for row in per_model["tbody"]}
+    assert list(rows) == [  # family by family: ResNets, then text encoders, then the unknown
+        "torchvision:resnet18",
+        "torchvision:resnet50",
+        "transformers:bert",
+        "torchvision:nosuchnet",
+    ]
+    assert rows["torchvision:resnet50"][:10] == [
+        "torchvision:resnet50",
+        "ResNet and ResNeXt",
+        "5",  # latency at b1, b16: integers without decimals
+        "8",
+        "200",  # throughput: 1 / 5 ms, 16 / 8 ms
+        "2,000",
+        "20",
+        "90",
+        "launch",
+        "compute",
+    ]
+    assert rows["torchvision:nosuchnet"][1:4] == ["Other torchvision", "", ""]
+    assert rows["torchvision:nosuchnet"][8:10] == ["failed", "failed"]
+
+    jobs = outline.tables["jobs-table"]
+    assert len(jobs["tbody"]) == len(SMALL_CAMPAIGN)
+    headers = [text.strip() for text, _ in jobs["thead"][0]]
+    assert headers[:6] == [
+        "Model",
+        "Mode",
+        "Batch",
+        "Status",
+        "Latency (ms)",
+        "Throughput (items/s)",
+    ]
+    assert all(attrs.get("data-col") == str(i) for i, (_, attrs) in enumerate(jobs["thead"][0]))
+    first = [text for text, _ in jobs["tbody"][0]]
+    assert first[:6] == ["torchvision:nosuchnet", "infer", "1", "failed: unsupported", "", ""]
+    kernels = [row[-1][0] for row in jobs["tbody"]]
+    assert "cutlass::Kernel<…> 40%" in kernels
+    assert outline.titles == [CUTLASS]  # the whole name on hover
+    assert page.rindex("</table>") > page.index("<section id='jobs'>")  # nothing after the jobs
+    assert "<input type='search' data-filter='jobs-table'" in page
+    assert not re.search(r">\d+\.\d*0<", page)  # no trailing zeros such as 20.000
+    assert "<script src" not in page.lower()  # self-contained: plotly.js is inline
+
+
+def test_batch_scaling_is_drawn_as_small_multiples_one_panel_per_family() -> None:
+    from campaign import compare
+    from campaign.report import plot_scaling
+
+    rows = compare.per_model(SMALL_CAMPAIGN)
+    figure = plot_scaling(rows, [1, 16], compare.display_names(SMALL_CAMPAIGN))
+    panels: dict[tuple[str, str], list[str]] = {(t.xaxis, t.yaxis): [] for t in figure.data}
+    for trace in figure.data:
+        panels[(trace.xaxis, trace.yaxis)].append(trace.name)
+    assert list(panels.values()) == [["resnet18", "resnet50"], ["bert"]]
+    assert [a.text for a in figure.layout.annotations] == [
+        "ResNet and ResNeXt",
+        "Text encoders (BERT-like)",
+    ]
+    assert list(figure.data[0].y) == [500.0, 4000.0]  # 1 / 2 ms, 16 / 4 ms
+
+
+def test_the_h200_campaign_report_has_one_row_per_model_and_a_panel_per_family(
+    tmp_path: Path,
+) -> None:
+    from campaign import compare
+    from campaign.report import plot_scaling, write_campaign_report
+
+    store = CampaignStore(H200)
+    out = tmp_path / "report.html"
+    assert write_campaign_report(store, out, run_reports=False) == 210
+    outline = _outline(out.read_text())
+    assert outline.sections[0] == "findings" and outline.sections[-1] == "jobs"
+    assert len(outline.tables["per-model-table"]["tbody"]) == 70
+    assert len(outline.tables["jobs-table"]["tbody"]) == 210
+    findings = out.read_text().split("<section id='figures'>")[0]
+    # FINDINGS.md's hand count: launch-bound 61, 30 and 4 of 70 models at batch 1, 16 and 64
+    assert "launch-bound: 61 of 70 at batch 1, 30 of 70 at 16, 4 of 70 at 64" in findings
+    assert "batch 64 for 69 of 70 workloads; albert (batch 16)" in findings
+    results = store.results()
+    figure = plot_scaling(compare.per_model(results), [1, 16, 64], compare.display_names(results))
+    per_panel = Counter(t.xaxis for t in figure.data)
+    assert len(per_panel) == 12 and sum(per_panel.values()) == 70 and max(per_panel.values()) <= 11
+
+
+def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_families() -> None:
+    from campaign.names import family, short_kernel
+    from campaign.report import number
+
+    assert short_kernel(CUTLASS) == "cutlass::Kernel<…>"
+    assert short_kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8") == (
+        "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8"
+    )
+    # as a job summary keeps it: cut at 80 characters, inside a template
+    cut = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, floa"
+    assert short_kernel(cut) == "at::native::vectorized_layer_norm_kernel<…>"
+    assert short_kernel("x" * 70) == "x" * 59 + "…"
+    assert short_kernel("void f<a<b>, c>(int)", limit=80) == "f<…>"
+    assert [number(v) for v in (20, 20.0, 19.9996, 3.2141, 4978.04, 0.0173, None)] == [
+        "20",
+        "20",
+        "20",
+        "3.21",
+        "4,978",
+        "0.02",
+        "",
+    ]
+    assert family("timm:cspresnet50") == family("torchvision:resnet50") == "ResNet and ResNeXt"
+    assert family("transformers:distilbert") == "Text encoders (BERT-like)"
+    assert family("timm:levit_128") == family("transformers:vit") == "Vision transformers"
+    assert family("torchvision:mobilenet_v3_small") == "Mobile CNNs"
+    assert family("torchvision:nosuchnet") == "Other torchvision"
