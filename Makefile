@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint jaeger bench-conversion bench-collector bench-analyze clean
+.PHONY: setup demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,12 +24,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The real-Jaeger end-to-end test needs Jaeger's binary (built once from the Go module proxy and
-# cached); without Go it is skipped, except under CI, where it must run.
+# The real-Jaeger end-to-end tests need Jaeger's binary (built once from the Go module proxy) and
+# its web UI (built once with npm from source), both cached in ~/.cache/xsp; without Go or npm
+# they are skipped, except under CI, where they must run.
 jaeger:
 	-scripts/build-jaeger.sh
 
-test: lint jaeger
+# Jaeger with its UI on loopback (http://127.0.0.1:16686, OTLP on 4317/4318) until Ctrl-C.
+jaeger-up:
+	JAEGER_UI_ASSETS=$$(dirname "$$(scripts/build-jaeger.sh)")/ui $$(scripts/build-jaeger.sh) \
+	  --config deploy/jaeger.yaml
+
+# The browser tests look at the report and Jaeger's UI in headless Chromium, Debian's package.
+browser:
+	-@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: lint jaeger browser
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 bench-conversion: $(STAMP)

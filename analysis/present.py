@@ -4,7 +4,6 @@ Shared by the terminal tables and the HTML report; ``--json`` keeps the raw colu
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 #: Column-name suffixes that carry a unit, and how a header shows it.
@@ -22,7 +21,8 @@ UNITS = {
 }
 #: Words a header writes differently from its column name.
 WORDS = {"gpu": "GPU", "cpu": "CPU", "sm": "SM", "dram": "DRAM", "p50": "p50", "p90": "p90"}
-_TEMPLATE = re.compile(r"<[^<>]*>")
+KERNEL_CHARS = 60
+ANONYMOUS = "(anonymous namespace)::"
 
 
 def header(column: str) -> str:
@@ -73,26 +73,41 @@ def cell(column: str, value: Any) -> str:
     return str(value)
 
 
-def short_kernel(name: str, limit: int = 60) -> str:
-    """A demangled kernel name for display: no return type, no parameter list, template
-    arguments elided (``void at::native::f<float, 4>(int)`` -> ``at::native::f<…>``)."""
+def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
+    """A demangled kernel name as a reader scans for it: the ``void`` return type dropped,
+    template arguments elided to ``<…>``, the parameter list dropped, then cut to ``limit``
+    characters (the last one an ellipsis).
+
+    ``void cutlass::Kernel<cutlass_80_tensorop_s1688gemm<...>>(Params)`` -> ``cutlass::Kernel<…>``.
+    Names that arrive already truncated (a job summary keeps 80 characters) may stop inside a
+    template; the open template is elided all the same. ``(anonymous namespace)::`` scopes are
+    dropped too (they are not a parameter list, and they say nothing to a reader)."""
     text = name.strip()
     if text.startswith("void "):
         text = text[5:]
-    depth, cut = 0, len(text)
-    for index, char in enumerate(text):  # the parameter list: the first '(' outside <...>
+    out: list[str] = []
+    depth = 0  # inside template arguments
+    i = 0
+    while i < len(text):
+        char = text[i]
         if char == "<":
+            if depth == 0:
+                out.append("<…>")
             depth += 1
-        elif char == ">":
+        elif char == ">" and depth:
             depth -= 1
-        elif char == "(" and depth == 0:
-            cut = index
-            break
-    text = text[:cut]
-    while _TEMPLATE.search(text):  # innermost arguments first, each into one placeholder
-        text = _TEMPLATE.sub("\0", text)
-    text = text.replace("\0", "<…>")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        elif depth:
+            pass
+        elif char == "(":
+            if text.startswith(ANONYMOUS, i):  # a scope, not the parameter list: dropped
+                i += len(ANONYMOUS)
+                continue
+            break  # the parameter list
+        else:
+            out.append(char)
+        i += 1
+    short = "".join(out).strip() or name.strip()
+    return short if len(short) <= limit else short[: limit - 1] + "…"
 
 
 def short_label(name: str, limit: int = 48) -> str:

@@ -24,8 +24,6 @@ FAMILIES: tuple[tuple[str, str], ...] = (
 )
 _FAMILY_RES = tuple((family, re.compile(pattern)) for family, pattern in FAMILIES)
 #: The longest kernel name shown before it is cut (after templates and arguments are elided).
-KERNEL_CHARS = 60
-ANONYMOUS = "(anonymous namespace)::"
 
 
 def family(model: str) -> str:
@@ -52,40 +50,3 @@ def labels(models: list[str]) -> dict[str, str]:
         source = model.rpartition(":")[0]
         out[model] = f"{name} ({source})" if names.count(name) > 1 and source else name
     return out
-
-
-def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
-    """A demangled kernel name as a reader scans for it: the ``void`` return type dropped,
-    template arguments elided to ``<…>``, the parameter list dropped, then cut to ``limit``
-    characters (the last one an ellipsis).
-
-    ``void cutlass::Kernel<cutlass_80_tensorop_s1688gemm<...>>(Params)`` -> ``cutlass::Kernel<…>``.
-    Names that arrive already truncated (a job summary keeps 80 characters) may stop inside a
-    template; the open template is elided all the same. ``(anonymous namespace)::`` scopes are
-    dropped too (they are not a parameter list, and they say nothing to a reader)."""
-    text = name.strip()
-    if text.startswith("void "):
-        text = text[5:]
-    out: list[str] = []
-    depth = 0  # inside template arguments
-    i = 0
-    while i < len(text):
-        char = text[i]
-        if char == "<":
-            if depth == 0:
-                out.append("<…>")
-            depth += 1
-        elif char == ">" and depth:
-            depth -= 1
-        elif depth:
-            pass
-        elif char == "(":
-            if text.startswith(ANONYMOUS, i):  # a scope, not the parameter list: dropped
-                i += len(ANONYMOUS)
-                continue
-            break  # the parameter list
-        else:
-            out.append(char)
-        i += 1
-    short = "".join(out).strip() or name.strip()
-    return short if len(short) <= limit else short[: limit - 1] + "…"

@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from analysis.present import short_kernel
 from campaign import compare
 from campaign.compare import Record, optimal_batches
-from campaign.names import family_order, short_kernel
+from campaign.names import family_order
 from campaign.store import CampaignStore
 from campaign.summary import COMPUTE_BOUND_BUSY_PCT
 

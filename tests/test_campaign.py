@@ -448,7 +448,8 @@ def test_the_h200_campaign_report_has_one_row_per_model_and_a_panel_per_family(
 
 
 def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_families() -> None:
-    from campaign.names import family, short_kernel
+    from analysis.present import short_kernel
+    from campaign.names import family
     from campaign.report import number
 
     assert short_kernel(CUTLASS) == "cutlass::Kernel<…>"
