@@ -32,8 +32,10 @@ jaeger:
 
 # Jaeger with its UI on loopback (http://127.0.0.1:16686, OTLP on 4317/4318) until Ctrl-C.
 jaeger-up:
-	JAEGER_UI_ASSETS=$$(dirname "$$(scripts/build-jaeger.sh)")/ui $$(scripts/build-jaeger.sh) \
-	  --config deploy/jaeger.yaml
+	bin=$$(scripts/build-jaeger.sh) && JAEGER_UI_ASSETS=$$(dirname "$$bin")/ui \
+	  JAEGER_OTLP_GRPC=127.0.0.1:4317 JAEGER_OTLP_HTTP=127.0.0.1:4318 \
+	  JAEGER_QUERY_HTTP=127.0.0.1:16686 JAEGER_QUERY_GRPC=127.0.0.1:16685 \
+	  JAEGER_HEALTH=127.0.0.1:13133 "$$bin" --config deploy/jaeger.yaml
 
 # The browser tests look at the report and Jaeger's UI in headless Chromium, Debian's package.
 browser:

@@ -304,3 +304,55 @@ def test_gpu_levels_without_a_gpu_fail_in_one_line() -> None:
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1
     assert "--device cuda: no CUDA GPU is visible" in lines[0]
+
+
+MEASUREMENT = Path(__file__).resolve().parents[1] / "benchmarks/data/r50-b64-train"
+
+
+def test_analyze_json_holds_every_analysis_with_stable_keys() -> None:
+    done = xsp("analyze", str(MEASUREMENT), "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    rebuilt = document["reconstruction"]
+    assert rebuilt["spans"] == 102_520 and rebuilt["spans_without_counterpart"] == 0
+    assert rebuilt["model_latency_median_ms"] == pytest.approx(32.766, abs=0.01)  # M's median
+    # GPU-bound: every lane's gaps shrank; these kernels start before their launch call does
+    assert rebuilt["gpu_lanes"] == {
+        "lanes": 20,
+        "compressed_lanes": 20,
+        "launch_violations": 11_453,
+        "scaled_lanes": 0,
+    }
+    analyses = document["analyses"]
+    assert {"suggestions", "level_sets", "kernels_by_name", "temporal_breakdown"} <= set(analyses)
+    top = analyses["kernels_by_name"]["rows"][0]
+    assert set(top) == {
+        "kernel",
+        "calls_per_iteration",
+        "total_ms_per_iteration",
+        "mean_us",
+        "share_pct",
+    }
+    assert top["kernel"].startswith("void cudnn::bn_bw_1C11_kernel_new<")  # whole, not shortened
+    gains = {r["rule"]: r["gain_ms_per_iteration"] for r in analyses["suggestions"]["rows"]}
+    assert set(gains) == {"fp32-on-tensor-cores", "layout-transposes"}
+
+
+def test_analyze_reads_at_80_columns() -> None:
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "analyze", str(MEASUREMENT), "--rows", "30"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "80", "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = done.stdout
+    assert "Gain (ms/iteration)" in text and "Calls per iteration" in text  # words with units
+    assert "7.9 GiB" in text  # the monitor's memory in binary units, not 8,4...,536.000 bytes
+    assert "<float" not in text and "<…>" in text  # template arguments elided
+    assert "20 of 158 rows shown" not in text and "30 of 158 rows shown" in text  # cut rows noted

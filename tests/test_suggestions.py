@@ -156,3 +156,45 @@ def test_layout_transposes_fire_for_nchw_resnet50_and_not_for_channels_last() ->
     assert "fp32-on-tensor-cores" in nchw
     nhwc = {r["rule"] for r in suggest(MeasurementStore(data / "r50-b64-train-cl")).to_pylist()}
     assert "layout-transposes" not in nhwc
+
+
+def _leveled(root: Path, traced_step_ns: int, spans: list[dict[str, Any]]) -> MeasurementStore:
+    """M with its untraced 1 ms step, and MG whose step tracing stretched to ``traced_step_ns``."""
+    _synthetic(root, "M", [])
+    _synthetic(root, "MG", spans)
+    table = MeasurementStore(root).run_spans(1).to_pylist()
+    table[0]["dur_ns"] = traced_step_ns
+    write_run(root, "MG", pa.Table.from_pylist(table, schema=schema.SPAN_SCHEMA), {})
+    return MeasurementStore(root)
+
+
+def test_gains_are_measured_on_the_untraced_step(tmp_path: Path) -> None:
+    """100 kernels of 2 µs: the traced step (3 ms) would make the idle GPU 2.8 ms; the untraced
+    step (M: 1 ms) leaves 0.8 ms idle, the most a CUDA graph could save."""
+    found = launch_bound(_leveled(tmp_path, 3_000_000, _kernels(100, 2_000)))
+    assert found is not None
+    assert found.gain_ms_per_iteration == pytest.approx(0.8)
+    assert found.share_pct == pytest.approx(80.0)
+    assert "busy 20% of the untraced step" in found.evidence
+
+
+@pytest.mark.parametrize(
+    ("measurement", "rules"),
+    [
+        ("r50-b64-train", {"fp32-on-tensor-cores", "layout-transposes"}),
+        ("r50-b64-train-cl", set()),  # channels_last; no MF run, so no dtypes for the fp32 rule
+    ],
+)
+def test_no_gain_exceeds_the_step_on_the_committed_gpu_measurements(
+    measurement: str, rules: set[str]
+) -> None:
+    store = MeasurementStore(Path(__file__).resolve().parents[1] / "benchmarks/data" / measurement)
+    steps = store.sql(
+        "SELECT avg(dur_ns) / 1e6 AS ms FROM spans WHERE levels = 'M' AND kind = 'step'"
+    )
+    step_ms = steps.column("ms")[0].as_py()
+    found = suggest(store).to_pylist()
+    assert {row["rule"] for row in found} == rules
+    for row in found:
+        assert 0 < row["gain_ms_per_iteration"] <= step_ms, row
+        assert 0 < row["share_pct"] <= 100, row
