@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from analysis.lanes import LaneReport, layout_lane
-from analysis.reconstruct import level_overhead, reconstruct
+from analysis.reconstruct import level_overhead, reconstruct, reconstruct_with_report
 from analysis.store import MeasurementStore
 from tests.fixtures import write_run
 from tracer import schema
@@ -145,3 +145,51 @@ def test_a_structure_that_differs_is_reported(tmp_path: Path) -> None:
     _run(tmp_path, "MFG", iterations=6)  # one iteration more than the framework run has
     _, mismatches = reconstruct(MeasurementStore(tmp_path))
     assert set(mismatches.column("iteration").to_pylist()) == {5}
+
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks/data"
+
+
+@pytest.mark.parametrize(
+    ("measurement", "spans", "activities"),
+    [
+        ("r50-b64-train", 102_520, 15_820),  # ResNet-50 b64 training, H200
+        ("r50-b64-train-cl", None, None),  # the same, channels_last (M and MFLG only)
+        ("gpt-lm-train", 54_490, None),  # benchmarks/workloads/gpt_lm_train.py, bf16, H200
+    ],
+)
+def test_reconstructed_gpu_timelines_are_consistent(
+    measurement: str, spans: int | None, activities: int | None
+) -> None:
+    """On real H200 measurements: every span inside its step, no two activities of a stream
+    overlapping, every stream's GPU time the G run's, and trace ids of the reconstruction's own."""
+    store = MeasurementStore(DATA / measurement)
+    rebuilt, mismatches, lanes = reconstruct_with_report(store)
+    assert mismatches.num_rows == 0
+    if spans is not None:
+        assert rebuilt.num_rows == spans
+    rows = rebuilt.to_pydict()
+    iteration = np.asarray(rows["iteration"])
+    start = np.asarray(rows["start_ns"])
+    end = start + np.asarray(rows["dur_ns"])
+    kind = np.asarray(rows["kind"], dtype=object)
+    step_start = {i: s for i, s, k in zip(iteration, start, kind, strict=True) if k == "step"}
+    step_end = {i: e for i, e, k in zip(iteration, end, kind, strict=True) if k == "step"}
+    assert all(start >= np.array([step_start[i] for i in iteration]))
+    assert all(end <= np.array([step_end[i] for i in iteration]))
+    gpu = np.asarray(rows["level"], dtype=object) == "gpu"
+    stream = np.asarray([s if s is not None else -1 for s in rows["gpu_stream"]])
+    order = np.lexsort((start[gpu], stream[gpu], iteration[gpu]))
+    lane = np.stack([iteration[gpu][order], stream[gpu][order]])
+    same = (lane[:, 1:] == lane[:, :-1]).all(axis=0)
+    assert not (same & (start[gpu][order][1:] < end[gpu][order][:-1])).any()
+    if activities is not None:
+        assert int(gpu.sum()) == activities
+    deepest = max(range(len(store.runs)), key=lambda i: len(store.runs[i].levels))
+    measured = store.run_spans(deepest).to_pydict()
+    measured_gpu = sum(
+        d for d, lv in zip(measured["dur_ns"], measured["level"], strict=True) if lv == "gpu"
+    )
+    assert int(np.asarray(rows["dur_ns"])[gpu].sum()) == measured_gpu
+    assert lanes.scaled_lanes == 0
+    assert set(rows["trace_id"]).isdisjoint(store.table.column("trace_id").to_pylist())
