@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from collector import writer
+from collector import ingest_view, writer
 from collector.grpc_receiver import GrpcReceiver
 from collector.http_receiver import (
     RETRY_AFTER_S,
@@ -68,6 +68,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 #: Back-off between attempts to store a segment that failed: doubles from the first to the cap.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+#: sys.setswitchinterval for a serving process (see serve()).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class Collector:
 
     def ingest_protobuf(self, body: bytes) -> int:
         """Decode, validate and spool a protobuf body (spooled as received: no re-encoding)."""
-        return self._spool(otlp.parse_protobuf(body), body)
+        return self._append(ingest_view.check(body), body)
 
     def ingest_http(self, body: bytes, as_json: bool, gzipped: bool) -> int:
         if gzipped:
@@ -203,7 +205,9 @@ class Collector:
         return self.ingest_protobuf(body)
 
     def _spool(self, request: trace_service_pb2.ExportTraceServiceRequest, payload: bytes) -> int:
-        spans = otlp.validate(request)
+        return self._append(otlp.validate(request), payload)
+
+    def _append(self, spans: int, payload: bytes) -> int:
         self.check_capacity()
         self.spool.append(payload)  # False for a retry already durable: acknowledge it again
         with self._count_lock:
@@ -317,6 +321,11 @@ def serve(config: CollectorConfig, ready: Any = None) -> None:
     """Run until SIGINT/SIGTERM, then flush and stop."""
     import signal
 
+    import sys
+
+    # The flusher's conversion is pure Python and holds the GIL for whole switch intervals;
+    # the event loop needs it for every socket read, so hand it over sooner than the 5 ms default.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     collector = Collector(config).start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

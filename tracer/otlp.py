@@ -210,23 +210,7 @@ def validate(request: ExportTraceServiceRequest) -> int:
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                if len(span.trace_id) != 16:
-                    raise DecodeError(f"span {span.name[:60]!r}: trace_id must be 16 bytes")
-                if len(span.span_id) != 8:
-                    raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
-                if span.parent_span_id and len(span.parent_span_id) != 8:
-                    raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
-                start, end = span.start_time_unix_nano, span.end_time_unix_nano
-                if start > _INT64_MAX or end > _INT64_MAX:
-                    field_, value = (
-                        ("start_time_unix_nano", start)
-                        if start > _INT64_MAX
-                        else ("end_time_unix_nano", end)
-                    )
-                    raise DecodeError(
-                        f"span {span.name[:60]!r}: {field_} {value} is past the int64 "
-                        f"nanosecond range (max {_INT64_MAX})"
-                    )
+                validate_span(span)
                 for kv in span.attributes:
                     slot = _NUMERIC.get(kv.key)
                     if slot is not None:
@@ -236,6 +220,23 @@ def validate(request: ExportTraceServiceRequest) -> int:
                             raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
     return count
+
+
+def validate_span(span: Any) -> None:
+    """Check a span's ids and times (any message with Span's field names)."""
+    if len(span.trace_id) != 16:
+        raise DecodeError(f"span {span.name[:60]!r}: trace_id must be 16 bytes")
+    if len(span.span_id) != 8:
+        raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
+    if span.parent_span_id and len(span.parent_span_id) != 8:
+        raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
+    for field_ in ("start_time_unix_nano", "end_time_unix_nano"):
+        value = getattr(span, field_)
+        if value > _INT64_MAX:
+            raise DecodeError(
+                f"span {span.name[:60]!r}: {field_} {value} is past the int64 nanosecond "
+                f"range (max {_INT64_MAX})"
+            )
 
 
 def _plain(value: AnyValue) -> Any:
@@ -302,12 +303,13 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
 class _Kind:
     """How an attribute column wants its values: an integer within bounds, a float, a string."""
 
-    __slots__ = ("high", "is_float", "key", "low", "type_name")
+    __slots__ = ("high", "is_float", "key", "low", "type_name", "wide")
 
     def __init__(self, key: str, type_: pa.DataType) -> None:
         self.key = key
         self.is_float = pa.types.is_floating(type_)
         self.type_name = str(type_)
+        self.wide = type_ == pa.int64()  # holds any int_value OTLP can carry
         if pa.types.is_integer(type_):
             bits = type_.bit_width
             signed = pa.types.is_signed_integer(type_)
