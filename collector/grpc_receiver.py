@@ -9,6 +9,7 @@ INVALID_ARGUMENT with the reason, as OTLP asks.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -58,6 +59,7 @@ class GrpcReceiver:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),)
         )
+        _probe(address)
         try:
             if tls is not None:
                 cert, key = tls
@@ -92,3 +94,18 @@ class GrpcReceiver:
             log.exception("xsp collector: spooling a request failed")
             context.abort(grpc.StatusCode.INTERNAL, f"collector cannot spool the request: {exc}")
         return _EMPTY_RESPONSE
+
+
+def _probe(address: str) -> None:
+    """Bind the address once with a plain socket: gRPC's own failure to bind logs a line of its
+    own to stderr before raising, and the user should see one line, ours."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, int(port)))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen for OTLP/gRPC on {address}: {exc.strerror or exc}"
+            ) from exc
