@@ -127,7 +127,6 @@ class HttpReceiver:
             lingering_time=LINGER_S,
             auto_decompress=False,  # inflated here, under the cap
             read_bufsize=READ_BUFFER_BYTES,
-
             handle_signals=False,
         )
         self._thread.start()
@@ -219,7 +218,9 @@ class HttpReceiver:
             response = web.Response(status=code, body=body, content_type="application/json")
         else:
             response = web.Response(
-                status=code, body=rpc_status(rpc_code, message), content_type="application/x-protobuf"
+                status=code,
+                body=rpc_status(rpc_code, message),
+                content_type="application/x-protobuf",
             )
         if code in (429, 503):
             response.headers["Retry-After"] = str(RETRY_AFTER_S)

@@ -22,7 +22,7 @@ _F = descriptor_pb2.FieldDescriptorProto
 
 def _field(name: str, number: int, type_: int, type_name: str = "", repeated: bool = False) -> Any:
     label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
-    field_ = _F(name=name, number=number, type=type_, label=label)  # type: ignore[arg-type]
+    field_ = _F(name=name, number=number, type=type_, label=label)
     if type_name:
         field_.type_name = type_name
     return field_
@@ -58,7 +58,9 @@ def _build() -> Any:
     scope = file_.message_type.add(name="ScopeSpans")
     scope.field.append(_field("spans", 2, _F.TYPE_MESSAGE, f".{_PACKAGE}.Span", True))
     resource = file_.message_type.add(name="ResourceSpans")
-    resource.field.append(_field("scope_spans", 2, _F.TYPE_MESSAGE, f".{_PACKAGE}.ScopeSpans", True))
+    resource.field.append(
+        _field("scope_spans", 2, _F.TYPE_MESSAGE, f".{_PACKAGE}.ScopeSpans", True)
+    )
     request = file_.message_type.add(name="Request")
     request.field.append(
         _field("resource_spans", 1, _F.TYPE_MESSAGE, f".{_PACKAGE}.ResourceSpans", True)

@@ -320,7 +320,6 @@ class Collector:
 def serve(config: CollectorConfig, ready: Any = None) -> None:
     """Run until SIGINT/SIGTERM, then flush and stop."""
     import signal
-
     import sys
 
     # The flusher's conversion is pure Python and holds the GIL for whole switch intervals;

@@ -27,7 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from collector.server import Collector, CollectorConfig
 from collector.spool import Spool
 from tests.fixtures import free_ports, start_collector
-from tests.test_collector import _post, _request, _resource, _table
+from tests.test_collector import _post, _resource, _table
 from tracer import otlp
 from tracer.errors import StoreError
 from tracer.store import open_measurement
@@ -97,9 +97,9 @@ def test_poison_span_is_refused_at_ingest(tmp_path: Path, kind: str, named: str)
         as_json = json.dumps(otlp.request_to_json(_poison(kind))).encode()
         code, reply, _ = _post(c.http_port, as_json, "application/json")
         assert code == 400 and named in json.loads(reply)["message"]
-        with grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
-            with pytest.raises(grpc.RpcError) as refused:
-                trace_service_pb2_grpc.TraceServiceStub(channel).Export(_poison(kind), timeout=10)
+        stub_channel = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
+        with stub_channel as channel, pytest.raises(grpc.RpcError) as refused:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(_poison(kind), timeout=10)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert named in refused.value.details()
         assert _post(c.http_port, _small("ok", 5).SerializeToString())[0] == 200
@@ -330,8 +330,10 @@ def test_many_slow_and_simultaneous_clients(tmp_path: Path) -> None:
 def test_an_idle_tls_client_does_not_block_https(tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key)]
-        + ["-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+        ],
         check=True,
         capture_output=True,
     )
@@ -376,7 +378,9 @@ def test_port_in_use_and_unwritable_store_are_one_line(tmp_path: Path) -> None:
         holder.close()
     (tmp_path / "file").write_text("x")
     (port,) = free_ports(1)
-    done = _serve("--store", str(tmp_path / "file" / "store"), "--grpc", "", "--http", f"127.0.0.1:{port}")
+    done = _serve(
+        "--store", str(tmp_path / "file" / "store"), "--grpc", "", "--http", f"127.0.0.1:{port}"
+    )
     lines = done.stderr.strip().splitlines() + done.stdout.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("xsp: error: cannot create the store")
@@ -447,6 +451,8 @@ def test_soak_with_kill_9_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         pq.read_table(p, columns=["trace_id", "span_id"])
         for p in sorted((store / "m-soak" / "MF").glob("spans-*.parquet"))
     )
-    stored = list(zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True))
+    stored = list(
+        zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True)
+    )
     assert len(stored) == len(set(stored)), "duplicates in the store"
     assert set(stored) == expected
