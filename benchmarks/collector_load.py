@@ -2,7 +2,8 @@
 
 Starts ``xsp collector serve`` in its own process, then CLIENTS threads post pre-encoded requests
 of SPANS_PER_REQUEST spans (real ResNet-18 training spans, a fresh trace id each) over keep-alive
-connections for SECONDS; reports acknowledged spans per second, then stops the collector
+connections for SECONDS (each request's trace id made unique by patching the encoded bytes, since
+the collector stores a byte-identical retry once); reports acknowledged spans per second, then stops the collector
 (SIGTERM: it flushes) and checks that the store holds every acknowledged span.
 
     python benchmarks/collector_load.py [--seconds 10] [--clients 2] [--spans-per-request 1000]
@@ -68,7 +69,9 @@ def main() -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             i = k
             while time.perf_counter() < deadline:
-                body = bodies[i % len(bodies)]
+                template = bodies[i % len(bodies)]
+                marker = (i % len(bodies)).to_bytes(16, "big")
+                body = template.replace(marker, (1 << 64 | i).to_bytes(16, "big"))
                 conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
                 response = conn.getresponse()
                 response.read()

@@ -1,59 +1,135 @@
 """The collector's write-ahead spool: requests are durable before they are acknowledged.
 
-Each accepted request is appended to the open segment file as one record
-(``[u32 length][u32 crc32][payload]``) and fsync'ed before the receiver answers. A flusher later
-closes the segment, turns its records into store files and deletes it. After a crash, segments
-still on disk are replayed at start; a record cut short by the crash fails its length or CRC and
-ends the replay of that segment (it was never acknowledged).
+Each accepted request is appended to the open segment file as one frame
+(``[4-byte magic][u32 length][u32 crc32][payload]``) and fsync'ed before the receiver answers. A
+flusher later closes the segment, turns its frames into store files and deletes it. After a crash,
+segments still on disk are replayed at start.
+
+Reading a segment keeps every intact frame: a frame whose length or CRC is wrong is skipped by
+searching for the next magic, and the bytes no intact frame covers go to the quarantine (logged,
+counted), never silently dropped. A file in the spool directory that is not a segment is moved to
+the quarantine too, so it cannot stop a start.
+
+Segment names carry an id unique to the collector start that opened them
+(``seg-<start id>-<n>.log``), and store parts are named after their segment: parts of different
+starts never collide, while replaying one segment twice rewrites the same part (no duplicates).
+Segments of the older ``seg-<n>.log`` form (frames without the magic) are still replayed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import re
 import struct
 import threading
+import time
 import zlib
-from collections.abc import Iterator
+from collections import OrderedDict
 from pathlib import Path
+from typing import BinaryIO
 
-_HEADER = struct.Struct("<II")
-SEGMENT_GLOB = "seg-*.log"
+from collector.quarantine import Quarantine
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"XSP\x01"
+_HEADER = struct.Struct("<4sII")
+_LEGACY_HEADER = struct.Struct("<II")
+_SEGMENT = re.compile(r"seg-(?P<start>[0-9a-f]{16})-(?P<n>[0-9]{6})\.log")
+_LEGACY_SEGMENT = re.compile(r"seg-(?P<n>[0-9]{8})\.log")
+#: How many recent request digests are remembered to recognise a byte-identical retry (a sender
+#: whose answer was lost to a crash): about 1 MiB of digests.
+DEFAULT_DEDUP_WINDOW = 32768
 
 
 class Spool:
-    """Appends are thread-safe; ``rotate``/``read``/``remove`` are called by the one flusher."""
+    """``append`` is thread-safe and blocks on fsync; ``rotate``/``read``/``remove`` are called
+    by the one flusher (or at start-up, before the receivers open)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, quarantine: Quarantine, dedup_window: int = DEFAULT_DEDUP_WINDOW
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        existing = sorted(self.directory.glob(SEGMENT_GLOB))
-        self._next = 1 + max((int(p.stem[4:]) for p in existing), default=0)
-        self.recovered: list[Path] = existing  # segments left by an earlier process
+        self.quarantine = quarantine
+        self.recovered: list[Path] = self._scan()  # segments left by an earlier process
+        self.pending_bytes = sum(p.stat().st_size for p in self.recovered)
+        self._start_id = self._new_start_id()
+        self._next = 1
         self._lock = threading.Lock()
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._dedup_window = dedup_window
         self._file = self._open_segment()
         self._written = 0
-        self.pending_bytes = sum(p.stat().st_size for p in existing)
+        self.duplicates = 0  # byte-identical retries acknowledged without a second copy
 
-    def _open_segment(self) -> object:
-        self._path = self.directory / f"seg-{self._next:08d}.log"
+    def _scan(self) -> list[Path]:
+        found: list[tuple[tuple[str, int], Path]] = []
+        for path in self.directory.iterdir():
+            match = _SEGMENT.fullmatch(path.name)
+            legacy = _LEGACY_SEGMENT.fullmatch(path.name)
+            if path.is_file() and match:
+                found.append(((match["start"], int(match["n"])), path))
+            elif path.is_file() and legacy:
+                found.append((("", int(legacy["n"])), path))  # older than any start id
+            elif path.is_file() and not path.name.endswith(".tmp"):
+                self.quarantine.take(path, "not a spool segment")
+            else:
+                log.warning("xsp collector: ignoring %s in the spool directory", path)
+        return [path for _, path in sorted(found)]
+
+    def _new_start_id(self) -> str:
+        # Time-ordered, so recovered segments replay oldest first; checked against the segments
+        # on disk so that two starts in one clock tick still differ.
+        start = time.time_ns()
+        matches = (_SEGMENT.fullmatch(p.name) for p in self.recovered)
+        taken = {m["start"] for m in matches if m is not None}
+        while f"{start:016x}" in taken:
+            start += 1
+        return f"{start:016x}"
+
+    def _open_segment(self) -> BinaryIO:
+        self._path = self.directory / f"seg-{self._start_id}-{self._next:06d}.log"
         self._next += 1
         return open(self._path, "ab", buffering=0)
 
-    def append(self, payload: bytes) -> None:
-        """Write one record and fsync it; returns once it is durable."""
-        record = _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    @staticmethod
+    def part_name(segment: Path) -> str:
+        """The store part name of a segment: stable for the segment, unique across starts."""
+        match = _SEGMENT.fullmatch(segment.name)
+        if match:
+            return f"c{match['start']}-{match['n']}"
+        return f"c{segment.stem[4:]}"  # a legacy segment keeps its old part name
+
+    def append(self, payload: bytes) -> bool:
+        """Write one frame and fsync it; returns once it is durable. Returns False (and writes
+        nothing) when a byte-identical payload is already durable here or in the store."""
+        digest = hashlib.blake2b(payload, digest_size=16).digest()
+        frame = _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
         with self._lock:
-            self._file.write(record)  # type: ignore[attr-defined]
-            os.fsync(self._file.fileno())  # type: ignore[attr-defined]
-            self._written += len(record)
-            self.pending_bytes += len(record)
+            if digest in self._digests:
+                self.duplicates += 1
+                return False
+            self._file.write(frame)
+            os.fsync(self._file.fileno())
+            self._written += len(frame)
+            self.pending_bytes += len(frame)
+            self._remember(digest)
+        return True
+
+    def _remember(self, digest: bytes) -> None:
+        self._digests[digest] = None
+        if len(self._digests) > self._dedup_window:
+            self._digests.popitem(last=False)
 
     def rotate(self) -> Path | None:
         """Close the open segment (if it holds anything) and start a new one."""
         with self._lock:
             if self._written == 0:
                 return None
-            self._file.close()  # type: ignore[attr-defined]
+            self._file.close()
             closed = self._path
             self._file = self._open_segment()
             self._written = 0
@@ -69,7 +145,7 @@ class Spool:
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()  # type: ignore[attr-defined]
+            self._file.close()
             if self._written == 0:
                 self._path.unlink(missing_ok=True)
 
@@ -80,16 +156,68 @@ class Spool:
         finally:
             os.close(fd)
 
-    @staticmethod
-    def read(path: Path) -> Iterator[bytes]:
-        """The intact records of a segment, in order; stops at a torn or corrupt tail."""
+    def read(self, path: Path) -> list[bytes]:
+        """The intact records of a segment, in order. Unreadable stretches go to the quarantine;
+        the digests of what is read are remembered, so a sender's retry of a request that a
+        crash left unanswered is not stored twice."""
         data = path.read_bytes()
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, crc = _HEADER.unpack_from(data, offset)
-            start = offset + _HEADER.size
-            payload = data[start : start + length]
-            if len(payload) != length or zlib.crc32(payload) != crc:
-                return
-            yield payload
-            offset = start + length
+        legacy = _LEGACY_SEGMENT.fullmatch(path.name) is not None
+        records, bad = read_frames(data, legacy)
+        for start, end in bad:
+            self.quarantine.put(
+                f"{path.stem}.at{start}.bad",
+                data[start:end],
+                f"{end - start} bytes of {path} at offset {start} hold no intact frame",
+            )
+        with self._lock:
+            for payload in records:
+                self._remember(hashlib.blake2b(payload, digest_size=16).digest())
+        return records
+
+
+def read_frames(data: bytes, legacy: bool = False) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """Split a segment into its intact payloads and the (start, end) byte ranges between them
+    that no intact frame covers. A bad frame is skipped by resynchronising on the next magic
+    (legacy frames, which have none, are searched for byte by byte)."""
+    header = _LEGACY_HEADER if legacy else _HEADER
+    records: list[bytes] = []
+    bad: list[tuple[int, int]] = []
+    offset, bad_start = 0, -1
+    while offset < len(data):
+        payload = _frame_at(data, offset, legacy)
+        if payload is not None:
+            if bad_start >= 0:
+                bad.append((bad_start, offset))
+                bad_start = -1
+            records.append(payload)
+            offset += header.size + len(payload)
+            continue
+        if bad_start < 0:
+            bad_start = offset
+        if legacy:
+            offset += 1
+        else:
+            found = data.find(MAGIC, offset + 1)
+            offset = found if found >= 0 else len(data)
+    if bad_start >= 0:
+        bad.append((bad_start, len(data)))
+    return records, bad
+
+
+def _frame_at(data: bytes, offset: int, legacy: bool) -> bytes | None:
+    if legacy:
+        if offset + _LEGACY_HEADER.size > len(data):
+            return None
+        length, crc = _LEGACY_HEADER.unpack_from(data, offset)
+        start = offset + _LEGACY_HEADER.size
+    else:
+        if offset + _HEADER.size > len(data):
+            return None
+        magic, length, crc = _HEADER.unpack_from(data, offset)
+        if magic != MAGIC:
+            return None
+        start = offset + _HEADER.size
+    if start + length > len(data):
+        return None
+    payload = data[start : start + length]
+    return payload if zlib.crc32(payload) == crc else None

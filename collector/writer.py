@@ -4,6 +4,9 @@ Spans are grouped by their resource: ``STORE/<measurement>/<levels>/`` where the
 ``xsp.measurement.id`` (else ``xsp.run.id``, else ``service.name``) and the level set is
 ``xsp.levels`` (else ``otlp``). Each flushed spool segment becomes one parquet part per run,
 named after the segment, so replaying a segment after a crash rewrites the same files.
+
+Conversion (``convert``, one request at a time) is separate from writing, so the flusher can set
+aside the one request that fails to convert and store the rest of its segment.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracer import otlp, schema, store
+from tracer.errors import StoreError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = "otlp"
@@ -39,29 +43,48 @@ def run_key(resource: dict[str, Any]) -> tuple[str, str]:
     return _safe(str(measurement)), _safe(str(levels))
 
 
+#: One converted request: (run key, resource attributes, span rows) per run it touches.
+Converted = list[tuple[tuple[str, str], dict[str, Any], pa.Table]]
+
+
+def convert(request: ExportTraceServiceRequest) -> Converted:
+    """The store rows of one request, by run; raises whatever conversion raises (a poison
+    request the caller quarantines)."""
+    out: Converted = []
+    for resource_spans in request.resource_spans:
+        resource = otlp.resource_attributes(resource_spans)
+        table = otlp.table_from_resource_spans(resource_spans)
+        if table.num_rows:
+            out.append((run_key(resource), resource, table))
+    return out
+
+
 class StoreWriter:
-    """Writes batches of requests into the store; used by the collector's single flusher."""
+    """Writes batches of converted requests into the store; used by the collector's one flusher
+    (it blocks on the disk)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the store {self.root}: {exc}") from exc
         self.spans_written = 0
 
-    def write(self, part_name: str, requests: Iterable[ExportTraceServiceRequest]) -> int:
+    def write(self, part_name: str, converted: Iterable[Converted]) -> int:
         groups: dict[tuple[str, str], tuple[dict[str, Any], list[pa.Table]]] = {}
-        for request in requests:
-            for resource_spans in request.resource_spans:
-                resource = otlp.resource_attributes(resource_spans)
-                table = otlp.table_from_resource_spans(resource_spans)
-                if table.num_rows:
-                    entry = groups.setdefault(run_key(resource), (resource, []))
-                    entry[1].append(table)
+        for request in converted:
+            for key, resource, table in request:
+                groups.setdefault(key, (resource, []))[1].append(table)
         written = 0
         for (measurement, levels), (resource, tables) in groups.items():
             run_dir = self.root / measurement / levels
             table = pa.concat_tables(tables, promote_options="permissive")
             store.write_span_part(run_dir, table, name=part_name)
-            self._update_meta(run_dir, measurement, levels, resource)
+            try:
+                self._update_meta(run_dir, measurement, levels, resource)
+            except OSError as exc:
+                raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
             written += table.num_rows
         self.spans_written += written
         return written

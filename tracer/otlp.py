@@ -8,6 +8,7 @@ as strings and trace/span ids as hex strings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -202,6 +203,8 @@ def parse_json(body: bytes) -> ExportTraceServiceRequest:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not JSON: {exc}") from exc
+    except RecursionError as exc:  # the C scanner recurses once per nesting level
+        raise DecodeError("not an OTLP/JSON trace request: JSON nested too deeply") from exc
     if not isinstance(data, dict):
         raise DecodeError("an OTLP/JSON request is a JSON object with resourceSpans")
     try:
@@ -234,19 +237,40 @@ def _hex_to_b64(value: Any, key: str) -> str:
 
 
 def validate(request: ExportTraceServiceRequest) -> int:
-    """Check the ids of every span; return the span count."""
+    """Check every span's ids, times and typed attributes against the columns they will fill;
+    return the span count. The message of a DecodeError names the span, the field and the value,
+    so one bad span is refused at the door instead of failing its whole spool segment later."""
     count = 0
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                if len(span.trace_id) != 16:
-                    raise DecodeError(f"span {span.name[:60]!r}: trace_id must be 16 bytes")
-                if len(span.span_id) != 8:
-                    raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
-                if span.parent_span_id and len(span.parent_span_id) != 8:
-                    raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
+                validate_span(span)
+                for kv in span.attributes:
+                    slot = _NUMERIC.get(kv.key)
+                    if slot is not None:
+                        try:
+                            _typed(kv.value, slot)
+                        except DecodeError as exc:
+                            raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
     return count
+
+
+def validate_span(span: Any) -> None:
+    """Check a span's ids and times (any message with Span's field names)."""
+    if len(span.trace_id) != 16:
+        raise DecodeError(f"span {span.name[:60]!r}: trace_id must be 16 bytes")
+    if len(span.span_id) != 8:
+        raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
+    if span.parent_span_id and len(span.parent_span_id) != 8:
+        raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
+    for field_ in ("start_time_unix_nano", "end_time_unix_nano"):
+        value = getattr(span, field_)
+        if value > _INT64_MAX:
+            raise DecodeError(
+                f"span {span.name[:60]!r}: {field_} {value} is past the int64 nanosecond "
+                f"range (max {_INT64_MAX})"
+            )
 
 
 def _plain(value: AnyValue) -> Any:
@@ -269,11 +293,10 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     schema are not kept). Tight loop: each protobuf field access costs, so touch each once."""
     spans = [span for scope_spans in resource_spans.scope_spans for span in scope_spans.spans]
     n = len(spans)
-    slots: dict[str, tuple[list[Any], bool]] = {}
+    slots: dict[str, tuple[list[Any], _Kind]] = {}
     for column in schema.ATTRIBUTE_COLUMNS:
         assert column.attribute is not None
-        is_int = pa.types.is_integer(column.type)
-        slots[column.attribute] = ([None] * n, is_int)
+        slots[column.attribute] = ([None] * n, _KINDS[column.attribute])
     trace_ids, span_ids, parents, names, starts, durs, statuses = [], [], [], [], [], [], []
     error_code = Status.STATUS_CODE_ERROR
     for row, span in enumerate(spans):
@@ -311,23 +334,78 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
 
 
-def _typed(value: AnyValue, is_int: bool) -> Any:
-    """An attribute value as its column wants it (foreign senders may use other value types)."""
-    kind = value.WhichOneof("value")
-    if is_int:
-        if kind == "int_value":
-            return value.int_value
-        return _int_or_none(_plain(value))
-    if kind == "string_value":
+class _Kind:
+    """How an attribute column wants its values: an integer within bounds, a float, a string."""
+
+    __slots__ = ("high", "is_float", "key", "low", "type_name", "wide")
+
+    def __init__(self, key: str, type_: pa.DataType) -> None:
+        self.key = key
+        self.is_float = pa.types.is_floating(type_)
+        self.type_name = str(type_)
+        self.wide = type_ == pa.int64()  # holds any int_value OTLP can carry
+        if pa.types.is_integer(type_):
+            bits = type_.bit_width
+            signed = pa.types.is_signed_integer(type_)
+            self.low = -(1 << (bits - 1)) if signed else 0
+            self.high = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+        else:
+            self.low = self.high = None
+
+
+_INT64_MAX = (1 << 63) - 1
+_KINDS: dict[str, _Kind] = {
+    str(c.attribute): _Kind(str(c.attribute), c.type) for c in schema.ATTRIBUTE_COLUMNS
+}
+#: The attributes whose values validate() checks: those filling integer or float columns.
+_NUMERIC: dict[str, _Kind] = {
+    key: kind for key, kind in _KINDS.items() if kind.high is not None or kind.is_float
+}
+
+
+def _typed(value: AnyValue, kind: _Kind) -> Any:
+    """An attribute value as its column wants it (foreign senders may use other value types).
+
+    A value of the wrong type that cannot be read as the column's type is dropped (null), as
+    before; a number that does not fit the column (2**40 for an int32 iteration, an infinite
+    thread id, a 30-digit parameter count) raises DecodeError naming the attribute and value.
+    """
+    which = value.WhichOneof("value")
+    if kind.high is not None:
+        if which == "int_value":
+            number: Any = value.int_value
+        else:
+            plain = _plain(value)
+            if plain is None or isinstance(plain, bool):
+                return None
+            if isinstance(plain, float) and not math.isfinite(plain):
+                raise DecodeError(f"{kind.key} {plain!r} is not a finite number")
+            try:
+                number = int(plain)
+            except (TypeError, ValueError):
+                return None
+        if not kind.low <= number <= kind.high:
+            raise DecodeError(
+                f"{kind.key} {_short(number)} does not fit its {kind.type_name} column "
+                f"({kind.low}..{kind.high})"
+            )
+        return number
+    if kind.is_float:
+        if which == "double_value":
+            return value.double_value
+        plain = _plain(value)
+        if plain is None or isinstance(plain, bool):
+            return None
+        try:
+            return float(plain)
+        except (TypeError, ValueError, OverflowError):
+            return None
+    if which == "string_value":
         return value.string_value
     plain = _plain(value)
     return None if plain is None else str(plain)
 
 
-def _int_or_none(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+def _short(number: int) -> str:
+    text = str(number)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"

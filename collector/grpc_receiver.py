@@ -1,0 +1,111 @@
+"""OTLP/gRPC in: the TraceService/Export method, registered with a raw-bytes deserializer.
+
+gRPC's generated servicer parses the request before the handler runs, so a malformed message,
+a string that is not UTF-8 or nesting past protobuf's limit ends as INTERNAL "Exception
+deserializing request!". Taking the bytes and parsing them here turns every one of those into
+INVALID_ARGUMENT with the reason, as OTLP asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from collector.http_receiver import RETRY_AFTER_S, Busy
+from tracer import otlp
+from tracer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+DEFAULT_WORKERS = 8
+_EMPTY_RESPONSE = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+
+
+class GrpcReceiver:
+    """``start`` binds (raising ConfigError naming the address) and serves on gRPC's own
+    threads; ``ingest(body)`` is called on one of them and may block."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        ingest: Callable[[bytes], int],
+        authorized: Callable[[str | None], bool],
+        max_request_bytes: int,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        self._ingest = ingest
+        self._authorized = authorized
+        options = [
+            ("grpc.max_receive_message_length", max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS), options=options
+        )
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._export,
+            request_deserializer=None,  # the raw bytes: parsing is ours, and so are its errors
+            response_serializer=lambda response: response,
+        )
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),)
+        )
+        _probe(address)
+        try:
+            if tls is not None:
+                cert, key = tls
+                credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+                port = self._server.add_secure_port(address, credentials)
+            else:
+                port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc >= 1.50 raises where older ones returned 0
+            raise ConfigError(f"cannot listen for OTLP/gRPC on {address}: {exc}") from exc
+        if port == 0:
+            raise ConfigError(f"cannot listen for OTLP/gRPC on {address}: address in use?")
+        self.port = port
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self._server.stop(grace=grace_s).wait()
+
+    def _export(self, body: bytes, context: Any) -> bytes:
+        metadata = dict(context.invocation_metadata())
+        if not self._authorized(metadata.get("authorization")):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            self._ingest(body)
+        except otlp.DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Busy as exc:
+            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"collector busy, retry later: {exc}")
+        except Exception as exc:
+            log.exception("xsp collector: spooling a request failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"collector cannot spool the request: {exc}")
+        return _EMPTY_RESPONSE
+
+
+def _probe(address: str) -> None:
+    """Bind the address once with a plain socket: gRPC's own failure to bind logs a line of its
+    own to stderr before raising, and the user should see one line, ours."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, int(port)))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen for OTLP/gRPC on {address}: {exc.strerror or exc}"
+            ) from exc
