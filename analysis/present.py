@@ -26,22 +26,26 @@ ANONYMOUS = "(anonymous namespace)::"
 
 
 def header(column: str) -> str:
-    """``gain_ms_per_iteration`` -> "Gain (ms/iteration)", ``share_pct`` -> "Share (%)"."""
+    """``gain_ms_per_iteration`` -> "Gain (ms/iteration)", ``share_pct`` -> "Share (%)",
+    ``calls_per_iteration`` -> "Calls per iteration", ``ms_per_iteration`` -> "Time
+    (ms/iteration)"."""
     words = column.split("_")
     per = ""
-    if "per" in words[1:-1] or (len(words) > 2 and words[-2] == "per"):
+    if "per" in words[1:]:
         at = len(words) - 1 - words[::-1].index("per")
-        per, words = "/" + " ".join(words[at + 1 :]), words[:at]
-    unit = ""
-    if len(words) > 1 and words[-1] in UNITS:
-        unit, words = UNITS[words[-1]], words[:-1]
-    text = " ".join(WORDS.get(w, w) for w in words)
+        per, words = " ".join(words[at + 1 :]), words[:at]
+    unit = UNITS[words[-1]] if words[-1] in UNITS and (len(words) > 1 or per) else ""
+    if unit:
+        words = words[:-1]
+    text = " ".join(WORDS.get(w, w) for w in words) or _UNNAMED.get(unit, "Value")
     text = text[:1].upper() + text[1:]
-    if unit or per:
-        if not unit:
-            return f"{text} per {per[1:]}"
-        return f"{text} ({unit}{per})"
-    return text
+    if not unit:
+        return f"{text} per {per}" if per else text
+    return f"{text} ({unit}/{per})" if per else f"{text} ({unit})"
+
+
+#: What a column that is only a unit measures.
+_UNNAMED = {"ms": "Time", "us": "Time", "ns": "Time", "s": "Time", "bytes": "Size"}
 
 
 def human_bytes(value: float) -> str:

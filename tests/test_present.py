@@ -16,6 +16,7 @@ def test_headers_are_words_with_units() -> None:
     assert header("mean_us") == "Mean (µs)"
     assert header("gpu_busy_ms") == "GPU busy (ms)"
     assert header("module_type") == "Module type"
+    assert header("ms_per_iteration") == "Time (ms/iteration)"
 
 
 def test_numbers_read_as_numbers() -> None:
