@@ -106,7 +106,14 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
 
 
 def reconstruct_with_report(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
-    """``reconstruct``, plus what the GPU-lane layout had to give up."""
+    """``reconstruct``, plus what the GPU-lane layout had to give up; computed once per store
+    (the report, the suggestions and ``--json`` all read it)."""
+    if "reconstruction" not in store.memo:
+        store.memo["reconstruction"] = _reconstruct(store)
+    return store.memo["reconstruction"]
+
+
+def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
     runs, source_of = _sources(store)
     deepest_index = runs[-1][0]
     deep, key, parent = _keyed(store, deepest_index)
