@@ -8,7 +8,9 @@ hold the transports):
    INVALID_ARGUMENT naming the field and value);
 3. append to the write-ahead spool and fsync; only then acknowledge.
 
-A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first,
+A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first
+(the conversion itself in a worker process when ``store_workers`` is 1, as ``xsp collector serve``
+runs it, so that it never holds the receivers' GIL),
 and forwards their requests to ``forward`` (any OTLP endpoint, Jaeger included). A segment that
 fails to store (a full or unwritable disk) stays queued and is retried with back-off, logged and
 counted; one request in it that cannot be converted goes to the quarantine instead of blocking
@@ -19,16 +21,19 @@ span is lost.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import ssl
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from collector import ingest_view, writer
+from collector import ingest_view
 from collector.grpc_receiver import GrpcReceiver
 from collector.http_receiver import (
     RETRY_AFTER_S,
@@ -40,6 +45,7 @@ from collector.http_receiver import (
 )
 from collector.quarantine import QUARANTINE_DIR, Quarantine
 from collector.spool import Spool
+from collector.store_worker import Poison, store_in_worker, store_requests
 from collector.writer import StoreWriter
 from tracer import otlp
 from tracer.errors import ConfigError, ExportError, StoreError, XspError
@@ -68,8 +74,6 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 #: Back-off between attempts to store a segment that failed: doubles from the first to the cap.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-#: sys.setswitchinterval for a serving process (see serve()).
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class CollectorConfig:
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    #: Worker processes that convert segments into store files (0: the flusher thread does).
+    store_workers: int = 0
 
     def __post_init__(self) -> None:
         if not (self.grpc_address or self.http_address):
@@ -94,6 +100,8 @@ class CollectorConfig:
         for address in (self.grpc_address, self.http_address):
             if address is not None:
                 split_address(address)
+        if self.store_workers not in (0, 1):
+            raise ConfigError(f"store_workers {self.store_workers}: use 0 or 1 (one flusher)")
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -129,6 +137,7 @@ class Collector:
         self._stop = threading.Event()
         self._stopped = False
         self._flusher = threading.Thread(target=self._flush_loop, name="xsp-flusher", daemon=True)
+        self._workers: ProcessPoolExecutor | None = None
         self._http: HttpReceiver | None = None
         self._grpc: GrpcReceiver | None = None
         self.http_port: int | None = None
@@ -139,6 +148,8 @@ class Collector:
         """Replay what an earlier process left, then open the receivers. Raises ConfigError
         for an address that cannot be bound and StoreError for a store that cannot be written,
         having closed whatever it opened."""
+        if self.config.store_workers:
+            self._workers = _worker_pool()
         self._queue.extend(self.spool.recovered)  # a killed collector's acknowledged requests
         self._flush_queue()
         if self._queue:  # the store refuses: do not acknowledge what cannot be stored
@@ -175,6 +186,8 @@ class Collector:
                 self.spool.directory,
             )
         self.spool.close()
+        if self._workers is not None:
+            self._workers.shutdown()
         if self._forward is not None:
             self._forward.close()
 
@@ -256,29 +269,33 @@ class Collector:
             self._backoff_s = RETRY_FIRST_S
 
     def _flush_segment(self, segment: Path) -> None:
-        requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        converted: list[writer.Converted] = []
-        for index, payload in enumerate(self.spool.read(segment)):
-            try:
-                request = otlp.parse_protobuf(payload)
-                rows = writer.convert(request)
-            except Exception as exc:  # a poison request: set it aside, store the rest
-                self.quarantined_requests += 1
-                self.quarantine.put(
-                    f"{segment.stem}.r{index}.pb", payload, f"cannot convert to store rows: {exc}"
-                )
-                continue
-            requests.append(request)
-            converted.append(rows)
-        self.writer.write(Spool.part_name(segment), converted)
+        payloads = self.spool.read(segment)
+        poison = dict(self._store(Spool.part_name(segment), payloads))
+        for index, reason in poison.items():  # set aside; the rest of the segment is stored
+            self.quarantined_requests += 1
+            self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
         if self._forward is not None:
-            for request in requests:
+            for index, payload in enumerate(payloads):
+                if index in poison:
+                    continue
                 try:
-                    self._forward.send(request)
+                    self._forward.send(otlp.parse_protobuf(payload))
                 except ExportError as exc:
                     self.forward_errors += 1
                     log.error("xsp collector: forward failed: %s", exc)
         self.spool.remove(segment)
+
+    def _store(self, part_name: str, payloads: list[bytes]) -> list[Poison]:
+        """Store a segment's requests, in the worker process when there is one."""
+        if self._workers is None:
+            return store_requests(self.writer, part_name, payloads)
+        try:
+            return self._workers.submit(
+                store_in_worker, str(self.config.store), part_name, payloads
+            ).result()
+        except BrokenProcessPool as exc:  # the worker died: start another; the segment waits
+            self._workers = _worker_pool()
+            raise StoreError(f"the store worker process died ({exc})") from exc
 
     # -- receivers -----------------------------------------------------------------------------
     def _start_http(self, host: str, port: int) -> None:
@@ -317,14 +334,15 @@ class Collector:
         self.grpc_port = self._grpc.port
 
 
+def _worker_pool() -> ProcessPoolExecutor:
+    # spawn, not fork: the receivers' and gRPC's threads must not be forked
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+
 def serve(config: CollectorConfig, ready: Any = None) -> None:
     """Run until SIGINT/SIGTERM, then flush and stop."""
     import signal
-    import sys
 
-    # The flusher's conversion is pure Python and holds the GIL for whole switch intervals;
-    # the event loop needs it for every socket read, so hand it over sooner than the 5 ms default.
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     collector = Collector(config).start()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

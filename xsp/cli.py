@@ -337,6 +337,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         max_request_bytes=int(max_request_mib * 1024 * 1024),
+        store_workers=1,  # conversion in its own process: the receivers keep the GIL
     )
 
     def ready(c: Any) -> None:
