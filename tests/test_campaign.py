@@ -511,7 +511,7 @@ def test_a_partial_or_failed_run_is_not_a_successful_job(
     from campaign.jobs import run_job
     from tracer.runner import LeveledResult
 
-    runs = [
+    runs: list[dict[str, Any]] = [
         {"levels": "M", "status": "ok"},
         {"levels": "MF", "status": "partial", "status_reasons": ["a sink failed: refused"]},
     ]

@@ -73,7 +73,7 @@ def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Pa
     assert "failed after measuring" in (spec.out / "M.stderr.log").read_text()
     assert not (spec.out / "MF").exists() and not (spec.out / "MF.stderr.log").exists()
     manifest = json.loads((spec.out / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and len(manifest["runs"]) == 1
+    assert manifest["status"] == "error" and len(manifest["runs"]) == 1
 
 
 def _spec(
