@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from tracer import schema
 from tracer.errors import StoreError
-from tracer.store import Run, open_measurement
+from tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
 _EMPTY = pa.schema(
     [*schema.SPAN_SCHEMA, pa.field("run_index", pa.int32()), pa.field("levels", pa.string())]
@@ -29,7 +29,9 @@ class MeasurementStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.runs: list[Run] = open_measurement(self.root)
+        #: What the store's reader left out or guessed (a missing level set, no manifest).
+        self.warnings: list[str] = []
+        self.runs: list[Run] = open_measurement(self.root, self.warnings.append)
         self.memo: dict[Any, Any] = {}  # results analyses share (structural keys per run)
         tables = []
         for index, run in enumerate(self.runs):
@@ -42,6 +44,18 @@ class MeasurementStore:
         self.table = pa.concat_tables(tables) if tables else _EMPTY
         self.con = duckdb.connect()
         self.con.register("spans", self.table)
+
+    def require_spans(self) -> None:
+        """Raise StoreError naming the first level-set run without span files: a
+        reconstruction needs spans from every run it joins."""
+        for run in self.runs:
+            if not run.span_files:
+                status = run.meta.get("status")
+                why = run.meta.get("error") or ", ".join(run.meta.get("status_reasons") or [])
+                raise StoreError(
+                    f"{run.path}: no span files ({SPAN_FILE_PATTERN}); its run.json says "
+                    f"status {status!r}" + (f" ({why})" if why else "")
+                )
 
     def run_spans(self, index: int) -> pa.Table:
         """The spans of run ``index`` (schema.SPAN_SCHEMA columns)."""

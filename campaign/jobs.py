@@ -1,11 +1,12 @@
 """One campaign job: the leveled run of one workload at every level set (each level set in its
 own process), then a one-row summary of what it measured. Failures are results, never
-exceptions: the reason is classified (timeout, out of memory, unsupported model, ...) and the
+exceptions: the status is ok, partial (it measured, but something is missing: a level set's
+status says what), timeout (a level set ran past ``timeout_s`` and was killed with its process
+group) or failed, whose reason is classified (out of memory, unsupported model, ...); the
 campaign moves on."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,9 @@ def switched_on(variable: str) -> bool:
     fresh interpreter per level set, as xsp run starts them) and ``XSP_OVERLAP`` (0: each
     process and job starts only once the one before has ended; while they overlap, two
     processes hold GPU memory at once)."""
-    return os.environ.get(variable, "1") != "0"
+    from tracer import config
+
+    return config.switch(variable, True)
 
 
 def classify(output: str) -> str:
@@ -86,13 +89,22 @@ def run_job(
         return record
     record["wall_s"] = time.time() - started
     record["seconds_by_level_set"] = {run["levels"]: run.get("seconds") for run in result.runs}
+    record["runs"] = [
+        {k: run.get(k) for k in ("levels", "status", "status_reasons", "program", "cupti")}
+        for run in result.runs
+    ]
     if not result.ok:
         error = result.failure or "failed"
         logs = "\n".join(
             p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("*.stderr.log"))
         )
-        reason = "timeout" if "timed out" in error else classify(f"{error}\n{logs}")
-        record.update(status="failed", reason=reason, error=error[-500:])
+        if any(run.get("timed_out") for run in result.runs):
+            status, reason = "timeout", "timeout"
+        elif result.status == "partial":  # it measured, but something is missing
+            status, reason = "partial", "partial"
+        else:
+            status, reason = "failed", classify(f"{error}\n{logs}")
+        record.update(status=status, reason=reason, error=error[-500:])
         return record
     try:
         from campaign.summary import summarize

@@ -10,7 +10,7 @@
     level_sets = ["M", "MF"]
     iterations = 3
     warmup = 1
-    timeout_s = 900           # per job; a job past it is killed and recorded as timed out
+    timeout_s = 900           # per level set; past it, killed with its children: status timeout
 
     [models]
     names = ["torchvision:resnet18"]                       # by name

@@ -475,3 +475,52 @@ def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_fam
     assert family("timm:levit_128") == family("transformers:vit") == "Vision transformers"
     assert family("torchvision:mobilenet_v3_small") == "Mobile CNNs"
     assert family("torchvision:nosuchnet") == "Other torchvision"
+
+
+def test_a_campaign_whose_jobs_all_failed_exits_1_and_says_how_many(tmp_path: Path) -> None:
+    campaign_file = _toml(tmp_path / "c.toml", ["torchvision:nosuchnet"], batches=(1, 2))
+    done = _xsp(
+        "campaign", "run", str(campaign_file), "--out", str(tmp_path / "C"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = done.communicate(timeout=300)
+    assert done.returncode == 1, stderr
+    assert "2 of 2 jobs failed" in stderr.strip().splitlines()[-1]
+
+
+def test_a_level_set_past_the_time_limit_is_killed_and_the_job_recorded_as_timeout(
+    tmp_path: Path,
+) -> None:
+    section = {"device": "cpu", "batch_sizes": [1], "level_sets": ["M"], "iterations": 100_000}
+    section.update(warmup=0, timeout_s=1)
+    spec = from_dict({"campaign": section, "models": {"names": ["torchvision:squeezenet1_1"]}})
+    store = CampaignStore(tmp_path / "C")
+    store.begin(spec)
+    records: list[dict] = []
+    started = time.monotonic()
+    run_local(spec, store, spec.jobs(), records.append)
+    assert time.monotonic() - started < 60  # 100,000 iterations would take far longer
+    assert records[0]["status"] == "timeout" and records[0]["reason"] == "timeout"
+    assert "timed out after 1 s" in records[0]["error"]
+    assert [j.id for j in store.pending(spec.jobs())] == [spec.jobs()[0].id]  # retried
+
+
+def test_a_partial_or_failed_run_is_not_a_successful_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from campaign.jobs import run_job
+    from tracer.runner import LeveledResult
+
+    runs: list[dict[str, Any]] = [
+        {"levels": "M", "status": "ok"},
+        {"levels": "MF", "status": "partial", "status_reasons": ["a sink failed: refused"]},
+    ]
+    fake = LeveledResult(tmp_path / "R", "m", runs)
+    monkeypatch.setattr("tracer.runner.run_leveled", lambda *a, **k: fake)
+    spec = from_dict({"campaign": {"device": "cpu"}, "models": {"names": ["torchvision:resnet18"]}})
+    record = run_job(spec, spec.jobs()[0], tmp_path / "R")
+    assert record["status"] == "partial" and "a sink failed: refused" in record["error"]
+    assert [r["status"] for r in record["runs"]] == ["ok", "partial"]
+    runs[1].update(status="error", error="conversion failed: RuntimeError: forced")
+    record = run_job(spec, spec.jobs()[0], tmp_path / "R")
+    assert record["status"] == "failed" and "conversion failed" in record["error"]

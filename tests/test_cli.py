@@ -356,3 +356,104 @@ def test_analyze_reads_at_80_columns() -> None:
     assert "7.9 GiB" in text  # the monitor's memory in binary units, not 8,4...,536.000 bytes
     assert "<float" not in text and "<…>" in text  # template arguments elided
     assert "20 of 158 rows shown" not in text and "30 of 158 rows shown" in text  # cut rows noted
+
+
+ENDS = """
+    import os
+    import signal
+    import sys
+    import torch
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    if sys.argv[1] == "exit":
+        sys.exit(3)
+    os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("exit", 3), ("sigterm", 128 + 15)])
+def test_xsp_run_passes_the_programs_exit_code_on(tmp_path: Path, how: str, code: int) -> None:
+    script = tmp_path / "ends.py"
+    script.write_text(textwrap.dedent(ENDS))
+    out = tmp_path / "R"
+    done = xsp(
+        "run", "--levels", "M", "--iterations", "2", "--warmup", "0", "--out", str(out),
+        "--", "python", str(script), how,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    program = manifest["runs"][0]["program"]
+    assert program == (
+        {"exit_code": 3} if how == "exit" else {"signal": 15, "signal_name": "SIGTERM"}
+    )
+    assert json.loads((out / "M" / "run.json").read_text())["program"] == program
+
+
+SLOW_IN_MF = """
+    import os
+    import sys
+    import time
+    import torch
+    import xsp
+    for _ in range(2):
+        with xsp.iteration():
+            torch.ones(4).sum()
+    if xsp.current_session().levels == "MF":
+        with open(sys.argv[1], "w") as marker:
+            marker.write(str(os.getpid()))
+        time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("target", ["group", "parent"])
+def test_ctrl_c_stops_the_measurement_and_keeps_what_finished(tmp_path: Path, target: str) -> None:
+    import os
+    import signal
+    import time
+
+    from click.testing import CliRunner
+
+    from xsp.cli import main as cli_main
+
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent(SLOW_IN_MF))
+    marker, out = tmp_path / "mf.pid", tmp_path / "R"
+    command = [sys.executable, "-m", "xsp", "run", "--levels", "M,MF", "--iterations", "2"]
+    command += ["--warmup", "0", "--out", str(out), "--", "python", str(script), str(marker)]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=_env(), start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    child = int(marker.read_text())
+    if target == "group":
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal
+    else:
+        os.kill(proc.pid, signal.SIGINT)  # the runner alone
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Aborted!" not in stderr and "interrupted" in stderr.strip().splitlines()[-1]
+    try:
+        os.kill(child, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive  # no orphan left measuring
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert [(r["levels"], r["status"]) for r in manifest["runs"]] == [
+        ("M", "ok"),
+        ("MF", "interrupted"),
+    ]
+    assert json.loads((out / "MF" / "run.json").read_text())["status"] == "interrupted"
+    summary = CliRunner().invoke(cli_main, ["summary", str(out)])
+    assert summary.exit_code == 0, summary.output
+    assert "level set MF was interrupted; left out" in summary.stderr
+    analyzed = CliRunner().invoke(cli_main, ["analyze", str(out)])
+    assert analyzed.exit_code == 0, analyzed.output

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tracer.runner import LeveledSpec, run_leveled
 from tracer.store import open_measurement
 
@@ -71,4 +73,121 @@ def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Pa
     assert "failed after measuring" in (spec.out / "M.stderr.log").read_text()
     assert not (spec.out / "MF").exists() and not (spec.out / "MF.stderr.log").exists()
     manifest = json.loads((spec.out / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and len(manifest["runs"]) == 1
+    assert manifest["status"] == "error" and len(manifest["runs"]) == 1
+
+
+def _spec(
+    tmp_path: Path, body: str, level_sets: tuple[str, ...] = ("M",), **kw: object
+) -> LeveledSpec:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body.format(root=str(ROOT))))
+    return LeveledSpec(
+        out=tmp_path / "R",
+        level_sets=level_sets,
+        iterations=2,
+        warmup=0,
+        device="cpu",
+        command=(sys.executable, str(script)),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+CONVERSION_FAILS = """
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    import tracer.session
+    import xsp
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("forced conversion failure")
+
+    tracer.session.build_table = broken  # the fault: conversion fails in this process
+    for _ in range(2):
+        with xsp.iteration():
+            torch.ones(4).sum()
+"""
+
+
+def test_a_failed_conversion_is_not_counted_as_a_success(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, CONVERSION_FAILS)
+    result = run_leveled(spec)
+    assert not result.ok and result.status == "error" and result.exit_code == 1
+    entry = result.runs[0]
+    assert entry["status"] == "error" and entry["spans"] == 0
+    assert "conversion failed: RuntimeError: forced conversion failure" in entry["error"]
+    assert entry["status_reasons"][0] == entry["error"]
+    manifest = json.loads((spec.out / "manifest.json").read_text())
+    assert manifest["status"] == "error" and manifest["runs"][0]["status"] == "error"
+    assert "forced conversion failure" in (result.failure or "")
+
+
+ENDS = """
+    import os
+    import signal
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    import xsp
+
+    for _ in range(2):
+        with xsp.iteration():
+            torch.ones(4).sum()
+    how = {how!r}
+    if how == "os._exit":
+        os._exit(5)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "program", "code"),
+    [
+        ("os._exit", {"exit_code": 5}, 5),
+        ("sigkill", {"signal": 9, "signal_name": "SIGKILL"}, 128 + 9),
+        ("sys.exit", {"exit_code": 3}, 3),
+    ],
+)
+def test_the_program_end_is_recorded_and_passed_on(
+    tmp_path: Path, how: str, program: dict[str, object], code: int
+) -> None:
+    spec = _spec(tmp_path, ENDS.replace("{how!r}", repr(how)))
+    result = run_leveled(spec)
+    entry = result.runs[0]
+    assert entry["program"] == program and entry["status"] == "error"
+    assert result.exit_code == code
+    meta = json.loads((spec.out / "M" / "run.json").read_text())
+    assert meta["status"] == "error" and meta["program"] == program  # never left "running"
+    manifest = json.loads((spec.out / "manifest.json").read_text())
+    assert manifest["runs"][0]["program"] == program and manifest["status"] == "error"
+    if how != "sys.exit":
+        ended = "exited with 5" if how == "os._exit" else "was killed by SIGKILL"
+        assert f"the program {ended} before xsp stored its spans" in entry["error"]
+
+
+def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> None:
+    import time
+
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        level_sets=("M",),
+        iterations=100_000,
+        warmup=0,
+        device="cpu",
+        model="torchvision:squeezenet1_1",
+        fork_server=True,
+        timeout_s=1,
+    )
+    started = time.monotonic()
+    result = run_leveled(spec)
+    entry = result.runs[0]
+    assert entry["status"] == "error" and entry["timed_out"] is True
+    assert entry["program"] == {"signal": 9, "signal_name": "SIGKILL"}
+    assert "timed out after 1 s" in entry["error"]
+    assert time.monotonic() - started < 60
+    run_json = spec.out / "M" / "run.json"  # killed while starting up, it has none yet
+    if run_json.exists():
+        meta = json.loads(run_json.read_text())
+        assert meta["status"] == "error" and meta["timed_out"] is True

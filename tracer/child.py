@@ -3,7 +3,15 @@
 The leveled runner starts one of these per level set so that no level's state (hooks, profiler
 buffers, CUPTI subscriptions, allocator caches) leaks into the next. It runs either a zoo workload
 or a user's Python script under a ``Session``, writes ``RUN_DIR/<levels>/``, reports progress as
-lines on ``--progress-fd`` and exits with the workload's status.
+lines on ``--progress-fd`` and exits with the workload's status: 0, the script's own exit code
+(``sys.exit(3)`` exits 3), 1 when it raised, 2 for an xsp error, 3 when cancelled before its
+levels came on, 130 on Ctrl-C. ``run.json`` says how the program ended (``program``); when it ends
+too hard for that (``os._exit``, a signal), the leveled runner writes it there.
+
+Ctrl-C: the first SIGINT interrupts the workload; the run is closed and stored (status
+``interrupted``) while further SIGINTs are ignored, so that a second one, or the runner passing
+the first one on, cannot cut the store's writing short (the runner kills the process if it takes
+too long).
 """
 
 from __future__ import annotations
@@ -12,12 +20,14 @@ import argparse
 import logging
 import os
 import runpy
+import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
 from tracer import schema
+from tracer import session as sessions
 from tracer.errors import XspError
 from tracer.session import Session, fail_message
 from tracer.sinks import OtlpSink, Sink
@@ -28,6 +38,23 @@ log = logging.getLogger("xsp")
 EXIT_WORKLOAD_FAILED = 1
 EXIT_XSP_ERROR = 2
 EXIT_CANCELLED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """The first Ctrl-C interrupts the workload; later ones are ignored while the run is stored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    current = sessions.current()
+    if current is not None:
+        current.program = {"interrupted": True}
+        current.close(error="interrupted (Ctrl-C)", interrupted=True)
+    print("xsp: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _progress_writer(fd: int | None) -> Any:
@@ -87,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="xsp: %(message)s")
     command = [c for c in args.command if c != "--"] if args.command else []
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         if args.model:
             return _fast_exit(_run_zoo(args))
@@ -94,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)
         return EXIT_XSP_ERROR
+    except KeyboardInterrupt:
+        code = _interrupted()
+        return _fast_exit(code) if args.model else code
 
 
 def _fast_exit(code: int) -> int:
@@ -145,6 +177,8 @@ def _run_zoo(args: argparse.Namespace) -> int:
         while not session.done:
             with session.iteration():
                 workload.step()
+    except KeyboardInterrupt:
+        raise
     except Exception as exc:
         session.close(error=fail_message(exc))
         print(f"xsp: {args.model} failed: {fail_message(exc)}", file=sys.stderr)
@@ -175,16 +209,23 @@ def _run_script(args: argparse.Namespace, command: list[str]) -> int:
             runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        session.close(error=None if code == 0 else f"SystemExit: {exc.code}")
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)  # sys.exit("message") prints it, as Python does
+        session.program = {"exit_code": code}
+        session.close(error=None if code == 0 else f"the program exited with {code}")
         return code
     except XspError:
         session.close(error="xsp could not start the script")
         raise
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:
         traceback.print_exc()
+        session.program = {"exit_code": EXIT_WORKLOAD_FAILED, "exception": fail_message(exc)}
         session.close(error=fail_message(exc))
         print(f"xsp: the script raised {fail_message(exc)}", file=sys.stderr)
         return EXIT_WORKLOAD_FAILED
+    session.program = {"exit_code": 0}
     session.close()
     return code
 

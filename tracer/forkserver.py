@@ -38,9 +38,17 @@ def context() -> ForkServerContext:
 
 
 def _entry(
-    argv: list[str], env: dict[str, str], stderr_path: str | None, progress: Any, gate: Any
+    argv: list[str],
+    env: dict[str, str],
+    stderr_path: str | None,
+    progress: Any,
+    gate: Any,
+    own_group: bool = False,
 ) -> None:
-    """Runs in the forked child: the environment first, then ``python -m tracer.child``'s main."""
+    """Runs in the forked child: its own process group when asked (a time limit then kills its
+    children too), the environment, then ``python -m tracer.child``'s main."""
+    if own_group:
+        os.setsid()
     os.environ.clear()
     os.environ.update(env)
     if stderr_path:
@@ -61,7 +69,11 @@ def _entry(
 
 
 def start(
-    argv: Sequence[str], env: Mapping[str, str], stderr_path: Path | None, gated: bool
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    stderr_path: Path | None,
+    gated: bool,
+    own_group: bool = False,
 ) -> tuple[Any, int, int | None]:
     """Fork a level-set process running ``tracer.child`` with ``argv`` (its arguments, without the
     interpreter and module); return (process, read end of its progress pipe, write end of its
@@ -71,7 +83,14 @@ def start(
     gate_read, gate_write = ctx.Pipe(duplex=False) if gated else (None, None)
     process = ctx.Process(
         target=_entry,
-        args=(list(argv), dict(env), str(stderr_path) if stderr_path else None, write, gate_read),
+        args=(
+            list(argv),
+            dict(env),
+            str(stderr_path) if stderr_path else None,
+            write,
+            gate_read,
+            own_group,
+        ),
         daemon=False,
     )
     process.start()

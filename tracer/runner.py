@@ -4,6 +4,17 @@
 directory), then for each level set starts ``python -m tracer.child`` with a pipe for progress,
 waits for it, and records the run in ``RUN_DIR/manifest.json``. A failing level-set run stops the
 measurement; what it recorded stays in the store.
+
+Statuses (run.json, the manifest's runs, the manifest): ``ok``; ``partial`` (something is missing:
+fewer iterations, a failed sink, records CUPTI dropped); ``error`` (the program failed, or nothing
+usable was stored, or the process ended before xsp could store anything); ``interrupted``
+(Ctrl-C). Each run says how its program ended (``program``: ``exit_code``, ``exception``,
+``signal``), which ``LeveledResult.exit_code`` passes on.
+
+Ctrl-C (SIGINT to the runner alone or to its whole process group) stops the measurement: the
+level-set process running is passed the SIGINT and given ``INTERRUPT_GRACE_S`` to store what it
+recorded (a second Ctrl-C cuts that short), then killed; one started ahead of its turn is
+cancelled; the manifest lists what finished and says ``interrupted``.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tracer import schema, store
 from tracer.errors import ConfigError, StoreError
@@ -74,17 +85,55 @@ class LeveledResult:
     out: Path
     measurement_id: str
     runs: list[dict[str, Any]]
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
-        return all(r["status"] == "ok" for r in self.runs)
+        return not self.interrupted and all(r["status"] == "ok" for r in self.runs)
+
+    @property
+    def status(self) -> str:
+        """ok, partial, error or interrupted: the measurement's, as the manifest records it."""
+        if self.interrupted:
+            return "interrupted"
+        if self.ok:
+            return "ok"
+        return "error" if any(r["status"] == "error" for r in self.runs) else "partial"
 
     @property
     def failure(self) -> str | None:
         for run in self.runs:
             if run["status"] != "ok":
-                return f"level set {run['levels']}: {run.get('error') or run['status']}"
+                reasons = run.get("status_reasons") or []
+                why = run.get("error") or (reasons[0] if reasons else None) or run["status"]
+                return f"level set {run['levels']}: {run['status']}: {why}"
+        if self.interrupted:
+            return "interrupted"
         return None
+
+    @property
+    def exit_code(self) -> int:
+        """What ``xsp run`` exits with: 0 when every level set is ok, 130 when interrupted, the
+        program's own code when it exited nonzero, 128+N when signal N ended it, else 1."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        for run in self.runs:
+            if run["status"] == "ok":
+                continue
+            program = run.get("program") or {}
+            if isinstance(program.get("signal"), int):
+                return 128 + int(program["signal"])
+            code = program.get("exit_code")
+            if isinstance(code, int) and 0 < code < 256:
+                return code
+            return 1
+        return 0
+
+
+#: How long an interrupted level-set process gets to store what it recorded before it is
+#: killed (a CUPTI flush of a large MFLG run takes tens of seconds; measured 24 s on the H200).
+INTERRUPT_GRACE_S = 60.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def script_command(command: Sequence[str]) -> list[str]:
@@ -126,9 +175,11 @@ def validate(spec: LeveledSpec) -> list[str]:
             raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
     else:
         script_command(spec.command)
+    from tracer import config
     from tracer.levels import check_levels
     from tracer.session import resolve_device
 
+    config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
     device = resolve_device(spec.device)
     for levels in level_sets:
         check_levels(levels, device)
@@ -170,24 +221,84 @@ def run_leveled(
             measured = lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))  # noqa: E731
         return _launch(spec, level_sets[i], measurement_id, progress, gated, measured)
 
-    process = launch(0, gated=after is not None)
-    if after is not None:
-        after()
-        process.open()
-    for i in range(len(level_sets)):
-        entry = _complete(spec, process, progress)
-        manifest["runs"].append(entry)
-        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
-        following = handoffs[i].take()
-        if entry["status"] != "ok":
-            if following is not None:
+    process: _Process | None = None
+    i = 0
+    try:
+        process = launch(0, gated=after is not None)
+        if after is not None:
+            after()
+            process.open()
+        for i in range(len(level_sets)):
+            if process is None:  # never: each turn starts the next or breaks
+                break
+            entry = _complete(spec, process, progress)
+            process = None
+            manifest["runs"].append(entry)
+            store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+            following = handoffs[i].take()
+            if entry["status"] != "ok":
+                if following is not None:
+                    _cancel(spec, following)
+                break
+            if i + 1 < len(level_sets):
+                process = following.open() if following is not None else launch(i + 1, False)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        with _sigint_ignored():
+            following = handoffs[i].take() if i < len(handoffs) else None
+            if following is not None and following is not process:
+                following.signal(signal.SIGINT)
                 _cancel(spec, following)
-            break
-        if i + 1 < len(level_sets):
-            process = following.open() if following is not None else launch(i + 1, gated=False)
-    manifest["status"] = "ok" if result.ok else "failed"
+            if process is not None:
+                manifest["runs"].append(_interrupt(spec, process, progress))
+        manifest["interrupted_ns"] = time.time_ns()
+    manifest["status"] = result.status
     store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Any:
+    """While an interrupted measurement is put away: a second Ctrl-C kills the level-set
+    process at once (see ``_interrupt``) instead of cutting the manifest's writing short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, _second_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+_second_interrupt_seen = threading.Event()
+
+
+def _second_interrupt(signum: int, frame: Any) -> None:
+    _second_interrupt_seen.set()
+
+
+def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None) -> dict[str, Any]:
+    """Pass the interrupt on to a level-set process, give it ``INTERRUPT_GRACE_S`` (less after a
+    second Ctrl-C) to store what it recorded, then kill it; its manifest entry."""
+    _second_interrupt_seen.clear()
+    process.open_cancelled()
+    process.signal(signal.SIGINT)
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    returncode: int | None = None
+    while returncode is None and time.monotonic() < deadline:
+        if _second_interrupt_seen.is_set():
+            break
+        returncode, _ = process.wait(0.2, kill=False)
+    if returncode is None:
+        returncode, _ = process.wait(0, kill=True)
+    entry = _entry(spec, process, returncode, timed_out=False)
+    entry.update(status="interrupted", error="interrupted (Ctrl-C)")
+    _amend_run(spec, process.levels, entry)
+    if progress:
+        progress(process.levels, "end", returncode, spec.iterations)
+    return entry
 
 
 def child_argv(
@@ -231,9 +342,12 @@ def child_argv(
     return argv
 
 
-#: Waits for a level-set process for at most the given seconds (None: no limit), kills it past
-#: them; returns (exit status, timed out).
-Wait = Callable[[float | None], tuple[int, bool]]
+#: Waits for a level-set process for at most the given seconds (None: no limit) and, past them,
+#: kills it (its process group, when it has its own) or, with ``kill=False``, returns
+#: (None, True); returns (exit status, timed out).
+class Wait(Protocol):
+    def __call__(self, timeout: float | None, kill: bool = True) -> tuple[Any, bool]: ...
+
 
 #: How long a cancelled process gets to exit by itself before it is killed.
 CANCEL_GRACE_S = 30.0
@@ -249,6 +363,9 @@ class _Process:
     reader: threading.Thread
     spawned_ns: int
     gate: int | None = None
+    pid: int = 0
+    own_group: bool = False
+    opened_ns: int = 0  # when it could start measuring: its time limit counts from there
 
     def open(self) -> _Process:
         if self.gate is not None:
@@ -256,7 +373,18 @@ class _Process:
                 os.write(self.gate, b"g")
             os.close(self.gate)
             self.gate = None
+        self.opened_ns = time.time_ns()
         return self
+
+    def open_cancelled(self) -> None:
+        """Close the gate unopened: a process waiting there exits before its levels come on."""
+        if self.gate is not None:
+            os.close(self.gate)
+            self.gate = None
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the process (to its group when it has its own)."""
+        _send(self.pid, self.own_group, signum)
 
 
 class _Handoff:
@@ -300,50 +428,128 @@ def _launch(
         spec.out.mkdir(parents=True, exist_ok=True)
     spawned_ns = time.time_ns()
     start = _fork if spec.fork_server and spec.model else _spawn
-    wait, read_fd, gate = start(spec, levels, measurement_id, env, stderr_path, gated)
+    own_group = spec.timeout_s is not None  # so that a time limit takes its children too
+    wait, read_fd, gate, pid = start(spec, levels, measurement_id, env, stderr_path, gated)
     reader = threading.Thread(
         target=_read_progress, args=(read_fd, levels, progress, on_measured), daemon=True
     )
     reader.start()
-    return _Process(levels, wait, reader, spawned_ns, gate)
+    return _Process(levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns)
 
 
 def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None) -> dict[str, Any]:
-    """Wait for a level-set process (within the time limit) and make its manifest entry."""
+    """Wait for a level-set process (within the time limit, counted from when it could start
+    measuring) and make its manifest entry."""
+    limit = None
+    if spec.timeout_s is not None:
+        waited = (time.time_ns() - (process.opened_ns or process.spawned_ns)) / 1e9
+        limit = max(0.0, spec.timeout_s - waited)
+    returncode, timed_out = process.wait(limit)
+    entry = _entry(spec, process, returncode, timed_out)
+    _amend_run(spec, process.levels, entry)
+    if progress:
+        progress(process.levels, "end", returncode, spec.iterations)
+    return entry
+
+
+def _entry(
+    spec: LeveledSpec, process: _Process, returncode: int, timed_out: bool
+) -> dict[str, Any]:
+    """A finished level-set process's manifest entry: its run.json's status and counts, and how
+    its program ended; a process that ended before storing its run is an error that says how."""
     levels = process.levels
-    returncode, timed_out = process.wait(spec.timeout_s)
     process.reader.join(timeout=5)
     ended_ns = time.time_ns()
     entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
-    try:
+    meta: dict[str, Any] = {}
+    with contextlib.suppress(StoreError):
         meta = store.open_run(spec.out / levels).meta
+    program = program_end(returncode, meta.get("program"))
+    entry["program"] = program
+    if meta:
         entry.update(
             status=meta.get("status"),
             error=meta.get("error"),
+            status_reasons=list(meta.get("status_reasons") or []),
             iterations_measured=meta.get("iterations_measured"),
             spans=meta.get("spans"),
             seconds=_phase_seconds(meta, process.spawned_ns, ended_ns),
         )
-    except StoreError:
+        if meta.get("cupti") is not None:
+            entry["cupti"] = meta["cupti"]
+    if timed_out:
         entry.update(
             status="error",
-            error=f"the run process exited with {returncode} before writing its store",
+            timed_out=True,
+            error=f"timed out after {spec.timeout_s:.0f} s; killed",
         )
-    if timed_out:
-        entry.update(status="error", error=f"timed out after {spec.timeout_s:.0f} s; killed")
+    elif not meta or meta.get("status") == "running":
+        what = "before writing its store" if not meta else "before xsp stored its spans"
+        entry.update(status="error", error=f"the program {describe_end(program)} {what}")
     elif returncode != 0 and entry["status"] == "ok":
-        entry.update(status="error", error=f"the run process exited with {returncode}")
-    if progress:
-        progress(levels, "end", returncode, spec.iterations)
+        entry.update(status="error", error=f"the run process {describe_end(program)}")
     return entry
+
+
+def program_end(returncode: int, recorded: Any = None) -> dict[str, Any]:
+    """How a level-set process's program ended: what its run.json recorded (``exit_code``,
+    ``exception``, ``interrupted``), or the exit code, or the signal that killed it."""
+    if returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return {"signal": number, "signal_name": name}
+    if isinstance(recorded, dict) and recorded:
+        return dict(recorded)
+    return {"exit_code": returncode}
+
+
+def describe_end(program: dict[str, Any]) -> str:
+    """``was killed by SIGKILL``, ``exited with 5``, ``raised ValueError: ...``."""
+    if "signal" in program:
+        return f"was killed by {program.get('signal_name') or program['signal']}"
+    if program.get("interrupted"):
+        return "was interrupted"
+    if program.get("exception"):
+        return f"raised {program['exception']}"
+    return f"exited with {program.get('exit_code')}"
+
+
+def _amend_run(spec: LeveledSpec, levels: str, entry: dict[str, Any]) -> None:
+    """Make run.json agree with the manifest entry when the process could not say it itself
+    (it was killed, timed out, interrupted, or exited before xsp stored its spans)."""
+    path = spec.out / levels / store.RUN_META
+    try:
+        meta = store.read_json(path)
+    except StoreError:
+        return  # it never wrote one; the manifest says why
+    if meta.get("status") == entry["status"] and meta.get("program") == entry["program"]:
+        return
+    reasons = list(meta.get("status_reasons") or [])
+    if entry.get("error") and entry["error"] not in reasons:
+        reasons.insert(0, entry["error"])
+    meta.update(
+        status=entry["status"],
+        error=entry.get("error") or meta.get("error"),
+        program=entry["program"],
+        status_reasons=reasons,
+        finished_ns=meta.get("finished_ns") or time.time_ns(),
+    )
+    if entry.get("timed_out"):
+        meta["timed_out"] = True
+    entry["status_reasons"] = reasons
+    try:
+        store.write_json_atomic(path, meta)
+    except OSError as exc:
+        log.error("xsp: cannot update %s: %s", path, exc)
 
 
 def _cancel(spec: LeveledSpec, process: _Process) -> None:
     """Drop a process started ahead of its turn: its gate closes unopened, so it exits before
     its levels come on; what it wrote goes (the manifest never lists it)."""
-    if process.gate is not None:
-        os.close(process.gate)
-        process.gate = None
+    process.open_cancelled()
     process.wait(CANCEL_GRACE_S)
     process.reader.join(timeout=5)
     shutil.rmtree(spec.out / process.levels, ignore_errors=True)
@@ -358,19 +564,20 @@ def _spawn(
     env: dict[str, str],
     stderr_path: Path | None,
     gated: bool,
-) -> tuple[Wait, int, int | None]:
+) -> tuple[Wait, int, int | None, int]:
     """A fresh interpreter (``python -m tracer.child``); (its wait, its progress pipe, its gate
-    when ``gated``)."""
+    when ``gated``, its pid)."""
     read_fd, write_fd = os.pipe()
     gate_read, gate_write = os.pipe() if gated else (None, None)
     log = open(stderr_path, "wb") if stderr_path else None  # noqa: SIM115 - closed below
+    own_group = spec.timeout_s is not None
     try:
         proc = subprocess.Popen(
             child_argv(spec, levels, measurement_id, write_fd, gate_read),
             pass_fds=(write_fd,) if gate_read is None else (write_fd, gate_read),
             env=env,
             stderr=log,
-            start_new_session=spec.timeout_s is not None,
+            start_new_session=own_group,
         )
     finally:
         os.close(write_fd)
@@ -379,17 +586,37 @@ def _spawn(
         if log is not None:
             log.close()
 
-    def wait(timeout: float | None) -> tuple[int, bool]:
+    def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
-            if spec.timeout_s is not None:  # its own process group: take its children too
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
+            if not kill:
+                return None, True
+            _kill(proc.pid, own_group)
             return proc.wait(), True
 
-    return wait, read_fd, gate_write
+    return wait, read_fd, gate_write, proc.pid
+
+
+def _kill(pid: int, own_group: bool) -> None:
+    """SIGKILL a level-set process, and its whole process group when it has its own (the
+    program's own children: data-loader workers, subprocesses)."""
+    _send(pid, own_group, signal.SIGKILL)
+
+
+def _send(pid: int, own_group: bool, signum: int) -> None:
+    """Send ``signum`` to a level-set process (its group when it has its own: a forked one that
+    has not yet made its group gets it alone)."""
+    if not pid:
+        return
+    if own_group:
+        try:
+            os.killpg(pid, signum)
+            return
+        except (ProcessLookupError, PermissionError):
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
 
 
 def _fork(
@@ -399,24 +626,27 @@ def _fork(
     env: dict[str, str],
     stderr_path: Path | None,
     gated: bool,
-) -> tuple[Wait, int, int | None]:
+) -> tuple[Wait, int, int | None, int]:
     """A process forked from the preloaded fork server; (its wait, its progress pipe, its gate
-    when ``gated``)."""
+    when ``gated``, its pid). With a time limit it starts its own process group."""
     from tracer import forkserver
 
+    own_group = spec.timeout_s is not None
     argv = child_argv(spec, levels, measurement_id, None)[3:]  # drop "python -m tracer.child"
-    process, read_fd, gate = forkserver.start(argv, env, stderr_path, gated)
+    process, read_fd, gate = forkserver.start(argv, env, stderr_path, gated, own_group)
 
-    def wait(timeout: float | None) -> tuple[int, bool]:
+    def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
         process.join(timeout=timeout)
         timed_out = process.is_alive()
         if timed_out:
-            process.kill()
+            if not kill:
+                return None, True
+            _kill(process.pid, own_group)
             process.join()
         code = process.exitcode
         return (code if code is not None else -1), timed_out
 
-    return wait, read_fd, gate
+    return wait, read_fd, gate, int(process.pid)
 
 
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:

@@ -166,6 +166,9 @@ class Session:
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
         self._before_levels = before_levels
         self.result: dict[str, Any] | None = None
+        #: How the traced program ended, written into run.json (``exit_code``, ``exception``,
+        #: ``interrupted``; the leveled runner adds ``signal`` for a killed process).
+        self.program: dict[str, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Session:
@@ -195,9 +198,10 @@ class Session:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close(error=f"{exc_type.__name__}: {exc}" if exc_type is not None else None)
 
-    def close(self, error: str | None = None) -> dict[str, Any] | None:
+    def close(self, error: str | None = None, interrupted: bool = False) -> dict[str, Any] | None:
         """End the open iteration (marking it failed when ``error`` is given), export what was
-        recorded and write ``run.json``. Safe to call twice; returns the run's metadata."""
+        recorded and write ``run.json`` (status ``interrupted`` when ``interrupted``: Ctrl-C).
+        Safe to call twice; returns the run's metadata."""
         global _current
         if self._closed:
             return self.result
@@ -205,7 +209,7 @@ class Session:
         try:
             if self._open:
                 self.end_iteration(error=error or "the session closed inside this iteration")
-            self._finish(error)
+            self._finish(error, interrupted)
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -337,32 +341,51 @@ class Session:
                 self._level_failure = self._level_failure or message
         self._levels = enabled
 
-    def _finish(self, error: str | None) -> None:
-        """Switch levels off, convert what they recorded, export it, write run.json."""
+    def _finish(self, error: str | None, interrupted: bool = False) -> None:
+        """Switch levels off, convert what they recorded, export it, write run.json.
+
+        The status is honest about what got lost: ``error`` when the workload failed or nothing
+        usable was stored (no model level, conversion or the store failed), ``partial`` when
+        something is missing (fewer iterations, a level that failed to stop or drain, a sink
+        that failed, records CUPTI dropped or xsp could not decode), ``interrupted`` after a
+        Ctrl-C; ``status_reasons`` says why, one line each."""
         self._finish_pending = False
         if self.result is not None:
             return
         self._phase_ns["measured"] = time.time_ns()
         raw: dict[str, Any] = {}
         stopped = []
+        fatal: list[str] = []  # nothing usable stored: status error
+        missing: list[str] = []  # something lost: status partial
         for level in reversed(self._levels):
             try:
                 level.disable()
                 stopped.append(level)
             except Exception as exc:
-                self._errors.append(f"level {level.letter} failed to stop: {exc}")
+                message = f"level {level.letter} failed to stop: {exc}"
+                self._errors.append(message)
+                missing.append(message)
                 log.exception("xsp: level %s failed to stop", level.letter)
         self._phase_ns["stopped"] = time.time_ns()
+        counts: dict[str, Any] = {}
         for level in stopped:  # drains run once every level has stopped (see tracer.levels)
             try:
                 raw[level.letter] = level.drain()
             except Exception as exc:
-                self._errors.append(f"level {level.letter} failed to drain: {exc}")
+                message = f"level {level.letter} failed to drain: {exc}"
+                self._errors.append(message)
+                missing.append(message)
                 log.exception("xsp: level %s failed to drain", level.letter)
+            counts.update(self._level_counts(level))
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        counts: dict[str, Any] = {}
+        cupti = counts.get("cupti")
+        if cupti:
+            if cupti.get("dropped_records"):
+                missing.append(f"CUPTI dropped {cupti['dropped_records']} records (buffers full)")
+            if cupti.get("undecodable_records"):
+                missing.append(f"{cupti['undecodable_records']} CUPTI records could not be decoded")
         samples = self._monitor.stop() if self._monitor is not None else None
         if samples is not None:
             counts["monitor"] = {
@@ -372,7 +395,10 @@ class Session:
             }
             self._write_monitor(samples)
         self._phase_ns["drained"] = time.time_ns()
-        if "M" in raw:
+        counts["spans"] = 0
+        if "M" not in raw:
+            fatal.append("level M recorded nothing: no spans were converted")
+        else:
             try:
                 table, report = build_table(
                     self.run_id,
@@ -385,27 +411,60 @@ class Session:
                     monitor=samples,
                 )
                 self._phase_ns["converted"] = time.time_ns()
-                self._sink.export(SpanBatch.of(self.resource, table))
-                self._sink.force_flush()
                 counts.update(
                     spans=report.spans,
                     spans_by_level=report.counts_by_level,
                     events_outside_iterations=report.events_outside_iterations,
                 )
+                self._sink.export(SpanBatch.of(self.resource, table))
+                self._sink.force_flush()
             except Exception as exc:
-                self._errors.append(f"conversion failed: {type(exc).__name__}: {exc}")
+                message = f"conversion failed: {type(exc).__name__}: {exc}"
+                self._errors.append(message)
+                fatal.append(message)
+                counts["spans"] = 0
                 log.exception("xsp: converting the recorded spans failed")
         self._sink.shutdown()
         self._errors.extend(self._sink.errors)
+        for sink in self._sink.failed:
+            reasons = [e for e in self._sink.errors if e.startswith(type(sink).__name__ + ".")]
+            if sink is self._store_sink:
+                fatal.append(f"the spans could not be stored: {reasons[0] if reasons else sink}")
+                counts["spans"] = 0
+            else:
+                missing.append(f"a sink failed: {reasons[0] if reasons else sink}")
         measured = max(0, min(self._index - self.warmup, self.iterations))
-        error = error or self._level_failure
-        if error is not None:
+        if measured < self.iterations:
+            missing.append(f"{measured} of {self.iterations} iterations measured")
+        error = error or self._level_failure or (fatal[0] if fatal else None)
+        if interrupted:
+            status = "interrupted"
+        elif error is not None:
             status = "error"
-        elif measured < self.iterations:
+        elif missing:
             status = "partial"
         else:
             status = "ok"
-        self.result = self._write_meta(status, error=error, measured=measured, **counts)
+        reasons = [r for r in [error, *fatal, *missing] if r]
+        self.result = self._write_meta(
+            status,
+            error=error,
+            measured=measured,
+            status_reasons=list(dict.fromkeys(reasons)),
+            **counts,
+        )
+
+    def _level_counts(self, level: Level) -> dict[str, Any]:
+        """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""
+        counts = getattr(level, "counts", None)
+        if counts is None:
+            return {}
+        try:
+            return dict(counts())
+        except Exception as exc:
+            message = f"level {level.letter} could not count its losses: {exc}"
+            self._errors.append(message)
+            return {}
 
     def _write_monitor(self, samples: MonitorSamples) -> None:
         """Keep the raw samples beside the spans: RUN_DIR/<levels>/monitor.parquet."""
@@ -442,6 +501,7 @@ class Session:
             "phases_ns": dict(self._phase_ns),
             "finished_ns": time.time_ns() if status != "running" else None,
             "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
+            **({"program": dict(self.program)} if self.program is not None else {}),
             **extra,
         }
         if self.run_dir is not None:

@@ -136,21 +136,27 @@ class OtlpSink:
 class CompositeSink:
     """Fans every call out to several sinks; one failing sink does not stop the others.
 
-    Failures are logged and kept in ``errors`` (the session writes them into the run's manifest).
+    Failures are logged and kept in ``errors``, and the sinks that failed in ``failed`` (the
+    session writes them into run.json and makes the run's status say so). Any exception a sink
+    raises is caught: a buggy exporter must not cost the run its store.
     """
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.sinks = list(sinks)
         self.errors: list[str] = []
+        self.failed: list[Sink] = []
 
     def _each(self, method: str, *args: Any) -> None:
         for sink in self.sinks:
             try:
                 getattr(sink, method)(*args)
-            except (XspError, OSError) as exc:
-                message = f"{type(sink).__name__}.{method}: {exc}"
+            except Exception as exc:
+                detail = str(exc) if isinstance(exc, (XspError, OSError)) else repr(exc)
+                message = f"{type(sink).__name__}.{method}: {detail}"
                 log.error("%s", message)
                 self.errors.append(message)
+                if not any(s is sink for s in self.failed):
+                    self.failed.append(sink)
 
     def export(self, batch: SpanBatch) -> None:
         self._each("export", batch)

@@ -9,14 +9,19 @@ Layout::
       MF/...
 
 Parquet keeps the store columnar and embedded; DuckDB queries it in place
-(``SELECT * FROM read_parquet('RUN_DIR/*/spans-*.parquet')``). Every reader error names the file.
+(``SELECT * FROM read_parquet('RUN_DIR/*/spans-*.parquet')``). Every reader error names the file,
+and what a reader leaves out (a level set whose directory is missing, an interrupted one, a
+missing manifest) it says, as a warning line.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,16 @@ import pyarrow.parquet as pq
 from tracer import schema
 from tracer.errors import StoreError
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
 RUN_META = "run.json"
 #: Where ``xsp analyze --save-reconstruction`` stores a measurement's reconstruction.
 RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
 SPAN_FILE_PATTERN = "spans-*.parquet"
+#: Names that are a store's own files wherever they sit in a run directory.
+_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, SPAN_FILE_PATTERN)
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
 # and delta-encoded integer columns (ids and start times grow steadily).
@@ -184,18 +193,26 @@ def read_spans(files: list[Path]) -> pa.Table:
         missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise StoreError(f"{path}: not an xsp span file (missing columns {', '.join(missing)})")
-        tables.append(_conform(table))
+        tables.append(_conform(table, path))
     if not tables:
         return schema.SPAN_SCHEMA.empty_table()
     return pa.concat_tables(tables)
 
 
-def _conform(table: pa.Table) -> pa.Table:
-    """Add columns that an older writer did not know, so readers see one schema."""
+def _conform(table: pa.Table, path: Path | None = None) -> pa.Table:
+    """Add columns that an older writer did not know, so readers see one schema; a column of
+    the wrong type is a StoreError naming the file, the column and both types."""
     columns = []
     for field_ in schema.SPAN_SCHEMA:
         if field_.name in table.column_names:
-            columns.append(table.column(field_.name).cast(field_.type))
+            column = table.column(field_.name)
+            try:
+                columns.append(column.cast(field_.type))
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise StoreError(
+                    f"{path or 'span table'}: column {field_.name} is {column.type}, "
+                    f"expected {field_.type} ({str(exc).splitlines()[0]})"
+                ) from exc
         else:
             columns.append(pa.nulls(table.num_rows, field_.type))
     return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
@@ -206,26 +223,98 @@ def open_run(path: Path) -> Run:
     fmt = str(meta.get("format", ""))
     if fmt.split("/")[0] != schema.STORE_FORMAT.split("/")[0]:
         raise StoreError(f"{path / RUN_META}: unknown store format {fmt!r}")
+    if "levels" in meta:
+        levels = meta["levels"]
+        try:
+            if not isinstance(levels, str):
+                raise ValueError(f'expected a string such as "MF", found {levels!r}')
+            schema.parse_levels(levels)
+        except ValueError as exc:
+            raise StoreError(f"{path / RUN_META}: bad levels: {exc}") from exc
     return Run(path, meta)
 
 
-def open_measurement(root: Path) -> list[Run]:
+def _listed_levels(path: Path, manifest: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(level set, status) of each run a manifest lists, checked."""
+    runs = manifest.get("runs", [])
+    if not isinstance(runs, list):
+        raise StoreError(f"{path}: 'runs' is {type(runs).__name__}, expected a list")
+    listed = []
+    for index, entry in enumerate(runs):
+        levels = entry.get("levels") if isinstance(entry, dict) else None
+        if not isinstance(levels, str) or not levels:
+            raise StoreError(f"{path}: runs[{index}] has no 'levels' (a level set such as \"MF\")")
+        status = entry.get("status")
+        listed.append((levels, status if isinstance(status, str) else None))
+    return listed
+
+
+def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> list[Run]:
     """The level-set runs of a measurement directory, in the order the manifest lists them.
 
-    A directory that is itself one run (it holds run.json) is returned as a one-run list.
+    A directory that is itself one run (it holds run.json) is returned as a one-run list. What
+    is left out or guessed is said through ``warn`` (default: a logged warning): a level set
+    the manifest lists whose run.json is missing, one that was interrupted, runs found on disk
+    that the manifest does not list (its runner was killed), or no manifest at all.
     """
+    say = warn or (lambda message: log.warning("warning: %s", message))
     if not root.exists():
         raise StoreError(f"{root}: no such run directory")
+    if not root.is_dir():
+        raise StoreError(f"{root}: not a run directory (a file)")
     if (root / RUN_META).exists():
         return [open_run(root)]
+    on_disk = sorted(
+        p.parent.name for p in root.glob(f"*/{RUN_META}") if p.parent.name != RECONSTRUCTED
+    )
     if (root / MANIFEST).exists():
         manifest = read_json(root / MANIFEST)
-        names = [str(entry["levels"]) for entry in manifest.get("runs", [])]
+        listed = _listed_levels(root / MANIFEST, manifest)
+        names = []
+        for levels, status in listed:
+            if status == "interrupted":
+                say(f"level set {levels} was interrupted; left out")
+            else:
+                names.append(levels)
+        unlisted = [n for n in on_disk if n not in {levels for levels, _ in listed}]
+        if unlisted:
+            say(
+                f"{root / MANIFEST} does not list {', '.join(unlisted)} (its runner stopped "
+                f"early: status {manifest.get('status')!r}); read from their run.json"
+            )
+            names += unlisted
+        elif manifest.get("status") == "running":
+            say(f"{root / MANIFEST} says running: the measurement is unfinished or was killed")
     else:
-        names = sorted(
-            p.parent.name for p in root.glob(f"*/{RUN_META}") if p.parent.name != RECONSTRUCTED
-        )
-    runs = [open_run(root / name) for name in names if (root / name / RUN_META).exists()]
+        names = on_disk
+        if names:
+            say(f"{root}: no {MANIFEST}; reading the level sets found: {', '.join(names)}")
+    runs = []
+    for name in names:
+        if (root / name / RUN_META).exists():
+            runs.append(open_run(root / name))
+        else:
+            missing = root / name if not (root / name).exists() else root / name / RUN_META
+            say(f"level set {name}: {missing} is missing; left out")
     if not runs:
         raise StoreError(f"{root}: holds no xsp run (no */{RUN_META})")
     return runs
+
+
+def check_output(path: Path) -> None:
+    """Refuse an output file that would replace a run store's own files (a level-set run's
+    directory, or a store file's name beside a manifest), a directory, or one in a directory
+    that does not exist; the message names the path."""
+    target = Path(os.path.abspath(path))
+    parent = target.parent
+    if target.is_dir():
+        raise StoreError(f"cannot write {path}: it is a directory")
+    if not parent.is_dir():
+        raise StoreError(f"cannot write {path}: no such directory {parent}")
+    in_run = (parent / RUN_META).exists()
+    store_name = any(fnmatch.fnmatch(target.name, pattern) for pattern in _STORE_NAMES)
+    if in_run or (store_name and (parent / MANIFEST).exists()):
+        raise StoreError(
+            f"refusing to write {path}: it is inside the run store {parent} "
+            "(its files would be replaced); choose a path outside it"
+        )

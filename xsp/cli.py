@@ -7,7 +7,10 @@
     xsp models --source timm --filter vit
 
 Every failure prints one line, ``xsp: error: ...``, and exits with status 2 (bad input) or 1 (the
-workload failed; what it recorded is still in the store).
+workload failed; what it recorded is still in the store). ``xsp run`` passes the traced
+program's own exit code on (128+N when signal N killed it) and exits 130 when interrupted.
+What a reader leaves out of a store (a missing level set, no manifest) prints as
+``xsp: warning: ...``.
 """
 
 from __future__ import annotations
@@ -33,12 +36,22 @@ def _fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def _warn(message: str) -> None:
+    console.print(f"[yellow]xsp: warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+#: Ctrl-C: 128 + SIGINT, as a shell reports it.
+EXIT_INTERRUPTED = 130
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except XspError as exc:
             _fail(str(exc))
+        except KeyboardInterrupt:
+            _fail("interrupted", EXIT_INTERRUPTED)
 
 
 @click.group(cls=_Group)
@@ -92,6 +105,11 @@ def run(
 
     Each level set runs in a fresh process and writes RUN_DIR/<levels>/; RUN_DIR/manifest.json
     ties them into one leveled measurement. A summary is printed at the end.
+
+    Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
+    (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
+    bad input; 130 when interrupted (Ctrl-C stops the level-set process too; the manifest
+    keeps what finished).
     """
     import time
 
@@ -136,10 +154,15 @@ def run(
                 bar.update(tasks[levels], description=phase, completed=done, total=total or None)
 
         result = run_leveled(spec, progress)
-    _print_summary(out)
+    try:
+        _print_summary(out)
+    except XspError as exc:  # nothing finished (an interrupt, a crash): no summary to print
+        _warn(f"no summary: {exc}")
     console.print(f"spans stored in [bold]{out}[/]", highlight=False)
+    if result.interrupted:
+        _fail(f"interrupted; the finished level sets are in {out}", code=result.exit_code)
     if not result.ok:
-        _fail(f"{result.failure}; spans recorded so far are in {out}", code=1)
+        _fail(f"{result.failure}; spans recorded so far are in {out}", code=result.exit_code)
 
 
 @main.command()
@@ -166,9 +189,11 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
     from tracer.sinks import OtlpJsonFileSink, SpanBatch
-    from tracer.store import open_measurement
+    from tracer.store import check_output, open_measurement
 
-    runs = open_measurement(run_dir)
+    if output is not None:
+        check_output(output)  # never into the store's own files, nor a missing directory
+    runs = open_measurement(run_dir, _warn)
     if fmt == "otlp-metrics-json":
         _export_metrics(runs, output)
         return
@@ -184,7 +209,10 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
             raise XspError(f"cannot write {output}: {exc}") from exc
         console.print(f"wrote {count} spans to {output}", highlight=False)
         return
-    handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+    try:
+        handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise XspError(f"cannot write {output}: {exc.strerror or exc}") from exc
     try:
         sink = OtlpJsonFileSink(handle)
         for resource, spans in batches:
@@ -206,7 +234,8 @@ def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[
     from analysis.reconstruct import reconstruct, reconstructed_resource
     from analysis.store import MeasurementStore
 
-    store = MeasurementStore(run_dir)
+    store = MeasurementStore(run_dir)  # its warnings were printed as the runs were opened
+    store.require_spans()
     spans, mismatches = reconstruct(store)
     if mismatches.num_rows:
         console.print(
@@ -259,7 +288,7 @@ def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
     from tracer.store import open_measurement
     from tracer.transport import OtlpConfig, make_transport
 
-    runs = open_measurement(run_dir)
+    runs = open_measurement(run_dir, _warn)
     config = OtlpConfig.from_env(endpoint)
     if config is None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -385,9 +414,9 @@ def analyze(
     """
     from analysis.catalog import sections
     from analysis.reconstruct import reconstruct_with_report
-    from analysis.store import MeasurementStore
 
-    store = MeasurementStore(run_dir)
+    store = _open_store(run_dir)
+    store.require_spans()
     spans, mismatches, lanes = reconstruct_with_report(store)
     steps = spans.filter(pc.equal(spans.column("kind"), "step")).column("dur_ns")
     median_ms = pc.approximate_median(steps).as_py() / 1e6 if len(steps) else None
@@ -396,7 +425,7 @@ def analyze(
     if as_json:
         _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, lanes, store)
     else:
-        _print_summary(run_dir, store)
+        _print_summary(run_dir, store, warned=True)
         if median_ms is not None:
             console.print(
                 f"reconstructed: {spans.num_rows:,} spans, model latency median {median_ms:.3f} "
@@ -553,11 +582,51 @@ def _ratio(overhead: float | None) -> str:
     return f"{overhead:.3f}x" + (" (noise)" if overhead < 1.0 else "")
 
 
-def _print_summary(run_dir: Path, store: Any = None) -> None:
+def _open_store(run_dir: Path) -> Any:
+    """The measurement, its reader's warnings printed (what it left out or guessed)."""
     from analysis.store import MeasurementStore
+
+    store = MeasurementStore(run_dir)
+    for message in store.warnings:
+        _warn(message)
+    return store
+
+
+def run_warnings(run: Any) -> list[str]:
+    """Lines on what a level-set run lost: a status other than ok with its reasons, CUPTI's
+    dropped and undecodable records (the kernel and API counts are then not exact)."""
+    meta = run.meta
+    lines = []
+    status = meta.get("status")
+    if status != "ok":
+        reasons = meta.get("status_reasons") or ([meta["error"]] if meta.get("error") else [])
+        text = "; ".join(str(r) for r in reasons) or "no reason recorded"
+        lines.append(f"level set {run.levels}: {status}: {text}")
+    cupti = meta.get("cupti")
+    if isinstance(cupti, dict):
+        dropped, bad = cupti.get("dropped_records"), cupti.get("undecodable_records")
+        if dropped is None:
+            lines.append(f"level set {run.levels}: CUPTI could not report its dropped records")
+        elif dropped:
+            lines.append(
+                f"level set {run.levels}: CUPTI dropped {dropped} records (full buffers: raise "
+                "XSP_CUPTI_BUFFER_MB); kernel and API counts are short"
+            )
+        if bad:
+            lines.append(
+                f"level set {run.levels}: {bad} CUPTI records could not be decoded and are missing"
+            )
+    return lines
+
+
+def _print_summary(run_dir: Path, store: Any = None, warned: bool = False) -> None:
     from analysis.summary import level_sets, top_layers
 
-    store = store or MeasurementStore(run_dir)
+    if store is None:
+        store = _open_store(run_dir)
+    elif not warned:
+        for message in store.warnings:
+            _warn(message)
     rows = level_sets(store).to_pylist()
     table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
     for name in (
@@ -602,6 +671,9 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
         out_console.print(
             f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk", highlight=False
         )
+    for run_ in store.runs:
+        for line in run_warnings(run_):
+            _warn(line)
 
 
 @main.group()
@@ -680,6 +752,8 @@ def campaign_run(
     console.print(
         f"{len(pending) - failed} jobs ok, {failed} failed; results in {out}", highlight=False
     )
+    if failed:
+        _fail(f"{failed} of {len(pending)} jobs failed; their reasons are in {out}/jobs", code=1)
 
 
 @campaign.command("report")

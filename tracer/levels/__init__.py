@@ -7,6 +7,7 @@ A level captures one layer of the stack. Its life inside a session::
     end_iteration(i)         at each measured iteration's end, in reverse stack order (M last)
     disable()                after the last measured iteration (or when the session closes)
     drain() -> raw records   once, after every level of the session is disabled
+    counts() -> dict         optional, after drain: what the level lost (merged into run.json)
 
 All five are called from the thread that runs the user's training or inference loop; enable,
 disable and drain may block (they run outside the measured window), begin/end_iteration must only
@@ -17,7 +18,6 @@ Each level is one module plus one registry entry; `check_levels` says which comb
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,7 +79,9 @@ def framework_capture(ctx: LevelContext) -> str:
 
     if ctx.uses_cupti:
         return CAPTURE_NVTX
-    if ctx.on_cuda and os.environ.get("XSP_FRAMEWORK_CAPTURE") == CAPTURE_NVTX:
+    from tracer import config
+
+    if ctx.on_cuda and config.framework_capture() == CAPTURE_NVTX:
         return CAPTURE_NVTX
     return CAPTURE_KINETO
 
@@ -93,7 +95,9 @@ def _framework(ctx: LevelContext) -> Level:
         # Formatting shapes into every op's NVTX name costs ~6 µs per op against 0.5-1 µs without
         # (measured on the dev machine); the MF run records them, and the reconstruction takes
         # op details from it. XSP_NVTX_OP_SHAPES=1 records them here too.
-        shapes = shapes and os.environ.get("XSP_NVTX_OP_SHAPES") == "1"
+        from tracer import config
+
+        shapes = shapes and config.nvtx_op_shapes()
     return FrameworkLevel(record_shapes=shapes, capture=capture)
 
 

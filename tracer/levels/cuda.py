@@ -8,8 +8,8 @@
   (see tracer.levels.framework): one CUPTI owner, one clock, OS thread ids throughout.
 
 All of them share one CUPTI activity session per process: the driver allows one subscriber, and
-the last callback registration wins process-wide. Buffers are large (``BUFFER_BYTES``, 256 MB by
-default) so that none completes inside a measured iteration: records stay in CUPTI's buffers
+the last callback registration wins process-wide. Buffers are large (``XSP_CUPTI_BUFFER_MB``, 256
+MB by default, read by ``tracer.config`` when the levels are built) so that none completes inside a measured iteration: records stay in CUPTI's buffers
 until ``disable`` flushes them, and the completion callback decodes them into typed arrays then.
 At the end of the run CUPTI is finalized so that nothing stays attached to the process.
 """
@@ -22,6 +22,7 @@ import time
 from array import array
 from typing import Any
 
+from tracer import config
 from tracer.errors import DeviceError, XspError
 from tracer.records import (
     API_DRIVER,
@@ -36,10 +37,6 @@ from tracer.records import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Activity buffer size: measured on the H200, 8 MB buffers completing mid-iteration slowed
-#: ResNet-50 training up to 4.3x, 256 MB buffers decoded after the window cost 1.02x.
-BUFFER_BYTES = int(os.environ.get("XSP_CUPTI_BUFFER_MB", "256")) * 1024 * 1024
 
 #: Bookkeeping calls that launch no work but outnumber everything else (measured on ResNet-50
 #: training: ~6,700 cudaGetDevice and ~2,200 cuDevicePrimaryCtxGetState per step against ~1,600
@@ -112,6 +109,7 @@ class _CuptiSession:
     """The process's one CUPTI activity registration, shared by levels L and G."""
 
     def __init__(self) -> None:
+        self.buffer_bytes = config.cupti_buffer_bytes()
         self.api = ApiRecords()
         self.gpu = GpuRecords()
         self.ranges = RangeRecords()
@@ -122,7 +120,9 @@ class _CuptiSession:
         self._flushed = False
         self._api_names: dict[tuple[int, int], str] = {}
         self._offsets: list[int] = []
-        self.bad_records = 0
+        self.bad_records = 0  # records that could not be decoded (skipped)
+        self.bad_kinds: dict[str, int] = {}  # ... by activity kind
+        self.dropped_records: int | None = 0  # dropped by CUPTI (full buffers); None: unknown
         self._window = [0, 0]
         self._finalized = False
 
@@ -148,6 +148,7 @@ class _CuptiSession:
                 raise XspError(f"CUPTI refused to start: {exc}") from exc
             self._flushed = False
             self._finalized = False
+            self.bad_records, self.bad_kinds, self.dropped_records = 0, {}, 0
             self.ranges, self._open_ranges = RangeRecords(), {}
             self._offsets = [_clock_offset(cupti)]
             self._window = [time.time_ns(), 0]
@@ -160,7 +161,7 @@ class _CuptiSession:
             except Exception as exc:
                 raise XspError(f"CUPTI cannot record {name}: {exc}") from exc
             self._kinds.append(kind)
-            if name in ("RUNTIME", "DRIVER") and not os.environ.get("XSP_CUPTI_ALL_API"):
+            if name in ("RUNTIME", "DRIVER") and not config.cupti_all_api():
                 self._quiet(name == "RUNTIME")
         self._users += 1
 
@@ -185,6 +186,7 @@ class _CuptiSession:
             self._offsets.append(_clock_offset(cupti))
             cupti.activity_flush_all(1)
             self._flushed = True
+            self.dropped_records = dropped_records(cupti)
         self._users -= 1
         if self._users > 0:
             return
@@ -206,13 +208,23 @@ class _CuptiSession:
     # -- CUPTI callbacks (called by CUPTI's thread at flush, never inside a measured iteration
     #    while the buffer has room) --------------------------------------------------------------
     def _requested(self) -> tuple[int, int]:
-        return BUFFER_BYTES, 0
+        return self.buffer_bytes, 0
 
     def _completed(self, activities: list[Any]) -> None:
         try:
             self._decode(activities)
         except Exception:  # an exception must not escape into CUPTI's thread
+            self.bad_records += len(activities) if isinstance(activities, list) else 1
             log.exception("xsp: decoding CUPTI records failed")
+
+    def counts(self) -> dict[str, Any]:
+        """What CUPTI lost: records it dropped (its buffers were full) and records xsp could not
+        decode; both make the kernel and API counts of the run inexact. Goes into run.json."""
+        return {
+            "dropped_records": self.dropped_records,
+            "undecodable_records": self.bad_records,
+            "undecodable_by_kind": dict(self.bad_kinds),
+        }
 
     def _decode(self, activities: list[Any]) -> None:
         kinds = self._cupti.ActivityKind
@@ -229,6 +241,8 @@ class _CuptiSession:
                     self._decode_marker(record)
             except Exception:  # one odd record must not cost the rest of the buffer
                 self.bad_records += 1
+                name = str(getattr(getattr(record, "kind", None), "name", "unknown"))
+                self.bad_kinds[name] = self.bad_kinds.get(name, 0) + 1
                 if self.bad_records == 1:
                     log.exception("xsp: a CUPTI record could not be decoded; skipping such records")
 
@@ -372,11 +386,28 @@ class _CuptiSession:
         records, self.gpu = self.gpu, GpuRecords()
         _shift(records.start_ns, self.offset_ns)
         _shift(records.end_ns, self.offset_ns)
-        try:
-            records.dropped = int(self._module().activity_get_num_dropped_records(0, 0, 0) or 0)
-        except Exception:
-            records.dropped = 0
+        records.dropped = self.dropped_records or 0
         return records
+
+
+def dropped_records(cupti: Any) -> int | None:
+    """Records CUPTI dropped because no buffer had room, over CUPTI's global buffers (context 0,
+    stream 0: the ones the registered callbacks use). None when CUPTI cannot say, so that a run
+    never claims a count it could not read. cupti-python binds the C call 1:1; depending on the
+    release it returns the count or fills the ``size_t`` whose address it is given."""
+    try:
+        try:
+            count = cupti.activity_get_num_dropped_records(0, 0)
+        except TypeError:
+            import ctypes
+
+            out = ctypes.c_size_t(0)
+            count = cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(out))
+            count = out.value if count is None else count
+        return int(count or 0)
+    except Exception as exc:
+        log.warning("xsp: CUPTI cannot report its dropped records: %s", exc)
+        return None
 
 
 def _clock_offset(cupti: Any, samples: int = 7) -> int:
@@ -456,6 +487,10 @@ class LibraryLevel:
         records = self._session.take_api()
         self._session.release()
         return records
+
+    def counts(self) -> dict[str, Any]:
+        """CUPTI's losses for run.json (the session asks every level that has ``counts``)."""
+        return {"cupti": self._session.counts()}
 
 
 class GpuLevel(LibraryLevel):

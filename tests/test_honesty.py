@@ -1,0 +1,286 @@
+"""Issue 12, items 9-15: run status that says what was lost, CUPTI's losses counted without a
+GPU, the store readers' one-line errors and warnings, and configuration read when used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from analysis.store import MeasurementStore
+from tests.fixtures import fixture_table, write_run
+from tracer import config, store
+from tracer.errors import ConfigError, StoreError
+from tracer.session import Session
+from tracer.sinks import InMemorySink
+from xsp.cli import main
+
+
+def _run_session(tmp_path: Path, levels: str = "M", **options: Any) -> dict[str, Any]:
+    session = Session(
+        levels, iterations=2, warmup=0, out=tmp_path / levels, device="cpu", **options
+    )
+    session.start()
+    for _ in range(2):
+        with session.iteration():
+            pass
+    meta = session.close()
+    assert meta is not None
+    return meta
+
+
+# -- item 9: status is honest -------------------------------------------------------------------
+def test_a_failed_conversion_is_an_error_with_its_reason_not_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("forced conversion failure")
+
+    monkeypatch.setattr("tracer.session.build_table", broken)
+    meta = _run_session(tmp_path)
+    assert meta["status"] == "error" and meta["spans"] == 0 and meta["files"] == []
+    assert "conversion failed: RuntimeError: forced conversion failure" in meta["error"]
+    on_disk = json.loads((tmp_path / "M" / "run.json").read_text())
+    assert on_disk["status"] == "error" and on_disk["status_reasons"][0] == meta["error"]
+
+
+class _FlushFails(InMemorySink):
+    def force_flush(self) -> None:
+        raise RuntimeError("flush refused")
+
+
+def test_a_sink_whose_flush_raises_makes_the_run_partial_and_keeps_the_store(
+    tmp_path: Path,
+) -> None:
+    meta = _run_session(tmp_path, sinks=[_FlushFails()])
+    assert meta["status"] == "partial"
+    assert any("_FlushFails.force_flush" in r for r in meta["status_reasons"])
+    assert meta["spans"] == 2 and meta["files"] == ["spans-00000.parquet"]
+
+
+def test_a_store_that_cannot_be_written_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("cannot write spans-00000.parquet: disk full")
+
+    monkeypatch.setattr("tracer.sinks.store.write_span_part", refuse)
+    meta = _run_session(tmp_path)
+    assert meta["status"] == "error" and meta["spans"] == 0
+    assert "the spans could not be stored" in meta["error"] and "disk full" in meta["error"]
+
+
+class _Level:
+    """A level whose drain fails, or that reports CUPTI-style losses."""
+
+    def __init__(self, letter: str, drain_fails: bool = False, counts: Any = None) -> None:
+        self.letter, self._fails, self._counts = letter, drain_fails, counts
+
+    def enable(self) -> None: ...
+    def begin_iteration(self, index: int) -> None: ...
+    def end_iteration(self, index: int) -> None: ...
+    def disable(self) -> None: ...
+
+    def drain(self) -> Any:
+        if self._fails:
+            raise RuntimeError("drain broke")
+        return None
+
+    def counts(self) -> dict[str, Any]:
+        return self._counts or {}
+
+
+def test_a_failed_drain_and_cupti_losses_make_the_run_partial_with_counts(tmp_path: Path) -> None:
+    session = Session("M", iterations=1, warmup=0, out=tmp_path / "M", device="cpu")
+    cupti = {"dropped_records": 7, "undecodable_records": 2, "undecodable_by_kind": {"X": 2}}
+    session._levels += [_Level("F", drain_fails=True), _Level("G", counts={"cupti": cupti})]
+    session.start()
+    with session.iteration():
+        pass
+    meta = session.close()
+    assert meta is not None and meta["status"] == "partial"
+    assert meta["cupti"] == cupti
+    reasons = meta["status_reasons"]
+    assert "level F failed to drain: drain broke" in reasons
+    assert "CUPTI dropped 7 records (buffers full)" in reasons
+    assert "2 CUPTI records could not be decoded" in reasons
+
+
+def _fake_cupti(dropped: Any) -> Any:
+    kinds = SimpleNamespace(
+        CONCURRENT_KERNEL=SimpleNamespace(name="CONCURRENT_KERNEL"),
+        MEMCPY=SimpleNamespace(name="MEMCPY"),
+        MEMSET=SimpleNamespace(name="MEMSET"),
+        RUNTIME=SimpleNamespace(name="RUNTIME"),
+        DRIVER=SimpleNamespace(name="DRIVER"),
+        MARKER=SimpleNamespace(name="MARKER"),
+    )
+
+    def activity_get_num_dropped_records(context: int, stream: int) -> int:
+        if isinstance(dropped, Exception):
+            raise dropped
+        return int(dropped)
+
+    return SimpleNamespace(
+        ActivityKind=kinds,
+        activity_get_num_dropped_records=activity_get_num_dropped_records,
+    )
+
+
+def test_cupti_undecodable_and_dropped_records_are_counted_without_a_gpu() -> None:
+    from tracer.levels.cuda import _CuptiSession, dropped_records
+
+    session = _CuptiSession()
+    fake = _fake_cupti(5)
+    session._cupti = fake
+    kernel = fake.ActivityKind.CONCURRENT_KERNEL
+    broken = SimpleNamespace(kind=kernel)  # a kernel record without its fields
+    api = SimpleNamespace(kind=fake.ActivityKind.RUNTIME)  # nor its cbid
+    session._completed([broken, broken, api])
+    session.dropped_records = dropped_records(fake)
+    assert session.counts() == {
+        "dropped_records": 5,
+        "undecodable_records": 3,
+        "undecodable_by_kind": {"CONCURRENT_KERNEL": 2, "RUNTIME": 1},
+    }
+    assert dropped_records(_fake_cupti(RuntimeError("no such call"))) is None  # unknown, not 0
+
+    class _FillsAnAddress:  # bindings that fill a size_t at the address given
+        @staticmethod
+        def activity_get_num_dropped_records(context: int, stream: int, out: int) -> None:
+            import ctypes
+
+            ctypes.c_size_t.from_address(out).value = 11
+
+    assert dropped_records(_FillsAnAddress) == 11
+
+
+def test_the_summary_shows_status_reasons_and_cupti_losses(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "MF", fixture_table("resnet18_train_cpu", "MF", "run-s"))
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta.update(
+        status="partial",
+        status_reasons=["a sink failed: OtlpSink.export: refused"],
+        cupti={"dropped_records": 12, "undecodable_records": 3},
+    )
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    done = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert "level set MF: partial: a sink failed: OtlpSink.export: refused" in done.stderr
+    assert "CUPTI dropped 12 records" in done.stderr
+    assert "3 CUPTI records could not be decoded" in done.stderr
+
+
+# -- item 13: the store readers ----------------------------------------------------------------
+def _one_run(tmp_path: Path) -> Path:
+    return write_run(tmp_path, "MF", fixture_table("resnet18_train_cpu", "MF", "run-s"))
+
+
+def _cli_error(args: list[str]) -> str:
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 2, (done.exit_code, done.output, done.exception)
+    lines = done.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("xsp: error:"), done.stderr
+    assert "Traceback" not in done.output
+    return lines[-1]
+
+
+def test_a_span_column_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    run_dir = _one_run(tmp_path)
+    part = run_dir / "spans-00000.parquet"
+    table = pq.read_table(part)
+    index = table.column_names.index("start_ns")
+    table = table.set_column(index, "start_ns", pa.array(["x"] * table.num_rows))
+    pq.write_table(table, part)
+    with pytest.raises(StoreError, match=r"spans-00000\.parquet: column start_ns is string"):
+        MeasurementStore(tmp_path)
+    assert "column start_ns is string" in _cli_error(["summary", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    ("runs", "message"),
+    [
+        ({"M": 1}, "'runs' is dict, expected a list"),
+        ([{"status": "ok"}], "runs[0] has no 'levels'"),
+    ],
+)
+def test_a_malformed_manifest_is_named(tmp_path: Path, runs: Any, message: str) -> None:
+    _one_run(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"runs": runs}))
+    assert message in _cli_error(["summary", str(tmp_path)])
+    assert "manifest.json" in _cli_error(["analyze", str(tmp_path)])
+
+
+def test_run_json_with_null_levels_is_named(tmp_path: Path) -> None:
+    run_dir = _one_run(tmp_path)
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "levels": None}))
+    line = _cli_error(["analyze", str(tmp_path)])
+    assert "run.json: bad levels" in line and "None" in line
+
+
+def test_a_level_set_without_span_files_is_named_by_analyze_and_export(tmp_path: Path) -> None:
+    run_dir = _one_run(tmp_path)
+    (run_dir / "spans-00000.parquet").unlink()
+    assert "MF: no span files" in _cli_error(["analyze", str(tmp_path)])
+    out = tmp_path / "o.jsonl"
+    assert "MF: no span files" in _cli_error(
+        ["export", str(tmp_path), "--reconstructed", "-o", str(out)]
+    )
+
+
+def test_export_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    _one_run(tmp_path / "R")
+    line = _cli_error(["export", str(tmp_path / "R"), "-o", str(tmp_path / "nope" / "o.jsonl")])
+    assert "no such directory" in line and "nope" in line
+
+
+def test_missing_level_sets_and_manifests_are_said_not_skipped(tmp_path: Path) -> None:
+    for levels in ("M", "MF"):
+        write_run(tmp_path, levels, fixture_table("resnet18_train_cpu", levels, f"run-{levels}"))
+    warnings: list[str] = []
+    assert [r.levels for r in store.open_measurement(tmp_path, warnings.append)] == ["M", "MF"]
+    assert warnings == [f"{tmp_path}: no manifest.json; reading the level sets found: M, MF"]
+    manifest = {"status": "ok", "runs": [{"levels": "M"}, {"levels": "MF"}, {"levels": "MFL"}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    done = CliRunner().invoke(main, ["summary", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert f"xsp: warning: level set MFL: {tmp_path / 'MFL'} is missing; left out" in done.stderr
+
+
+# -- item 12: export never overwrites the store ----------------------------------------------------
+@pytest.mark.parametrize("target", ["MF/spans-00000.parquet", "MF/run.json", "manifest.json"])
+def test_export_refuses_to_write_into_the_store(tmp_path: Path, target: str) -> None:
+    root = tmp_path / "R"
+    _one_run(root)
+    (root / "manifest.json").write_text(json.dumps({"status": "ok", "runs": [{"levels": "MF"}]}))
+    before = (root / target).read_bytes()
+    line = _cli_error(["export", str(root), "-o", str(root / target)])
+    assert "refusing to write" in line and "inside the run store" in line
+    assert (root / target).read_bytes() == before
+
+
+# -- item 15: configuration read when used ---------------------------------------------------------
+def test_a_bad_cupti_buffer_size_is_a_config_error_when_used_not_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    import tracer.levels.cuda as cuda
+
+    monkeypatch.setenv("XSP_CUPTI_BUFFER_MB", "lots")
+    importlib.reload(cuda)  # importing reads nothing
+    with pytest.raises(ConfigError, match=r"XSP_CUPTI_BUFFER_MB='lots'"):
+        cuda._CuptiSession()
+    with pytest.raises(ConfigError, match=r"XSP_CUPTI_BUFFER_MB='lots'"):
+        config.check()
+    monkeypatch.setenv("XSP_CUPTI_BUFFER_MB", "64")
+    assert cuda._CuptiSession().buffer_bytes == 64 * 1024 * 1024
+    with pytest.raises(ConfigError, match=r"XSP_OVERLAP='maybe'"):
+        config.switch("XSP_OVERLAP", True, {"XSP_OVERLAP": "maybe"})
