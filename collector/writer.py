@@ -135,14 +135,13 @@ class SpanKeys:
     def load(cls, run_dir: Path, names: Iterable[str], skipped: dict[str, int]) -> SpanKeys:
         """Read the key columns of the parts ``names``."""
         keys = cls(run_dir)
+        keys.skipped = dict(skipped)
         hashes = []
         for name in sorted(names):
             path = _part_path(run_dir, name)
             table = _read_keys(path)
             keys.parts[name] = table.num_rows
             hashes.append(key_hashes(table))
-            if skipped.get(name):
-                keys.skipped[name] = skipped[name]
         known = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
         if len(known):
             keys._sorted = [np.sort(known)]
@@ -161,8 +160,11 @@ class SpanKeys:
             hit |= known[at] == hashes
         return hit
 
-    def add(self, part: str, hashes: np.ndarray, rows: int, skipped: int) -> None:
-        self.parts[part] = rows
+    def add(self, part: str, hashes: np.ndarray, rows: int | None, skipped: int) -> None:
+        """Record a part just written (``rows`` None: none was, all its spans were stored)."""
+        if rows is not None:
+            self.parts[part] = rows
+        self.skipped.pop(part, None)  # a part rewritten replaces its count
         if skipped:
             self.skipped[part] = skipped
         if len(hashes):
@@ -259,9 +261,11 @@ class StoreWriter:
             table = pa.concat_tables(tables, promote_options="permissive")
             keys = self._keys(run_dir, part_name)
             table, hashes, dropped = drop_stored(table, keys)
+            rows = None
             if table.num_rows or _part_path(run_dir, part_name).exists():
                 store.write_span_part(run_dir, table, name=part_name)
-            keys.add(part_name, hashes, table.num_rows, dropped)
+                rows = table.num_rows
+            keys.add(part_name, hashes, rows, dropped)
             try:
                 self._update_meta(run_dir, measurement, levels, resource, keys)
             except OSError as exc:
@@ -278,7 +282,9 @@ class StoreWriter:
         keys = self._indexes.pop(run_dir, None)
         if keys is None or set(keys.parts) != names or part_name in names:
             names.discard(part_name)
-            keys = SpanKeys.load(run_dir, names, _skipped_by_part(run_dir))
+            skipped = _skipped_by_part(run_dir)
+            skipped.pop(part_name, None)  # about to be counted again
+            keys = SpanKeys.load(run_dir, names, skipped)
         self._indexes[run_dir] = keys
         while len(self._indexes) > self._max_indexed:
             self._indexes.popitem(last=False)
