@@ -45,7 +45,7 @@ from collector.http_receiver import (
 )
 from collector.quarantine import QUARANTINE_DIR, Quarantine
 from collector.spool import Spool
-from collector.store_worker import Poison, store_in_worker, store_requests
+from collector.store_worker import Stored, store_in_worker, store_requests
 from collector.writer import StoreWriter
 from tracer import otlp
 from tracer.errors import ConfigError, ExportError, StoreError, XspError
@@ -129,6 +129,7 @@ class Collector:
         self.forward_errors = 0
         self.flush_failures = 0  # attempts to store a segment that failed (each retried)
         self.quarantined_requests = 0  # spooled requests that could not be converted
+        self.duplicate_spans = 0  # spans not stored again: their run already held them
         self._count_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flusher at a time: the loop, flush(), stop()
         self._queue: list[Path] = []  # closed segments not yet stored, oldest first
@@ -249,6 +250,18 @@ class Collector:
                 self._flush_queue()
 
     def _flush_queue(self) -> None:
+        duplicates = self.duplicate_spans
+        try:
+            self._flush_segments()
+        finally:
+            if self.duplicate_spans > duplicates:
+                log.warning(
+                    "xsp collector: %d spans received again were not stored twice (%d so far)",
+                    self.duplicate_spans - duplicates,
+                    self.duplicate_spans,
+                )
+
+    def _flush_segments(self) -> None:
         while self._queue:
             segment = self._queue[0]
             try:
@@ -270,7 +283,9 @@ class Collector:
 
     def _flush_segment(self, segment: Path) -> None:
         payloads = self.spool.read(segment)
-        poison = dict(self._store(Spool.part_name(segment), payloads))
+        stored = self._store(Spool.part_name(segment), payloads)
+        self.duplicate_spans += stored.duplicate_spans
+        poison = dict(stored.poison)
         for index, reason in poison.items():  # set aside; the rest of the segment is stored
             self.quarantined_requests += 1
             self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
@@ -285,7 +300,7 @@ class Collector:
                     log.error("xsp collector: forward failed: %s", exc)
         self.spool.remove(segment)
 
-    def _store(self, part_name: str, payloads: list[bytes]) -> list[Poison]:
+    def _store(self, part_name: str, payloads: list[bytes]) -> Stored:
         """Store a segment's requests, in the worker process when there is one."""
         if self._workers is None:
             return store_requests(self.writer, part_name, payloads)

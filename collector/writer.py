@@ -7,24 +7,52 @@ named after the segment, so replaying a segment after a crash rewrites the same 
 
 Conversion (``convert``, one request at a time) is separate from writing, so the flusher can set
 aside the one request that fails to convert and store the rest of its segment.
+
+The same span is never stored twice in a run directory: before a batch is written, the spans
+whose (trace_id, span_id) the directory already stores, or that come earlier in the batch, are
+dropped and counted (a sender that pushes one run twice, over two protocols, or across a
+collector restart). Algorithm:
+
+1. Each run directory written in this process has a ``SpanKeys`` index: the sorted 64-bit hashes
+   of the keys its parts hold, read once from their two key columns and then extended as parts
+   are written. The ``MAX_INDEXED_RUNS`` most recently written directories keep theirs; an
+   evicted one is read again when next written.
+2. A span whose hash is absent from the index (and unique in its batch) is new: one vectorised
+   ``searchsorted`` per sorted run of hashes, the whole cost of the normal path.
+3. Only spans whose hash hits are compared exactly, against the keys read back from the parts,
+   so a 64-bit collision never drops a span that is not stored.
+4. A part being rewritten (a segment replayed after a crash) is left out of the index, so its
+   own earlier copy never counts as already stored.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracer import otlp, schema, store
 from tracer.errors import StoreError
 
+log = logging.getLogger(__name__)
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = "otlp"
+#: Run directories whose key index stays in memory (8 bytes a stored span each).
+MAX_INDEXED_RUNS = 64
+#: run.json keys: spans left out because the run already stored them (total, and by part).
+META_DUPLICATES = "duplicate_spans_skipped"
+META_DUPLICATES_BY_PART = "duplicate_spans_skipped_by_part"
+_KEY_COLUMNS = ["trace_id", "span_id"]
 
 
 def _safe(name: str) -> str:
@@ -59,19 +87,170 @@ def convert(request: ExportTraceServiceRequest) -> Converted:
     return out
 
 
-class StoreWriter:
-    """Writes batches of converted requests into the store; used by the collector's one flusher
-    (it blocks on the disk)."""
+# -- span keys -------------------------------------------------------------------------------------
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
 
-    def __init__(self, root: Path) -> None:
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    # splitmix64's finaliser: every input bit reaches every output bit
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def key_hashes(table: pa.Table) -> np.ndarray:
+    """A 64-bit hash of each row's (trace_id, span_id), vectorised (no per-row Python)."""
+    trace = table.column("trace_id").combine_chunks()
+    if trace.null_count:
+        trace = pc.fill_null(trace, b"\0" * 16)
+    trace = trace.cast(pa.binary(16))
+    words = np.frombuffer(trace.buffers()[1], dtype="<u8")
+    words = words[2 * trace.offset : 2 * (trace.offset + len(trace))].reshape(-1, 2)
+    span = table.column("span_id").cast(pa.uint64()).fill_null(0).to_numpy()
+    return _mix(words[:, 0] ^ _mix(words[:, 1] ^ _mix(span.astype(np.uint64, copy=False))))
+
+
+def _exact_keys(table: pa.Table, rows: np.ndarray) -> list[tuple[bytes | None, int | None]]:
+    picked = table.select(_KEY_COLUMNS).take(pa.array(rows, pa.int64()))
+    traces = picked.column("trace_id").to_pylist()
+    spans = picked.column("span_id").to_pylist()
+    return list(zip(traces, spans, strict=True))
+
+
+class SpanKeys:
+    """The keys one run directory stores: hashes in a few sorted arrays (merged like a binary
+    counter, so adding a part costs about its own size and a lookup a few binary searches),
+    the row count and duplicates skipped of each part."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.parts: dict[str, int] = {}  # part name -> rows
+        self.skipped: dict[str, int] = {}  # part name -> duplicates left out when it was written
+        self._sorted: list[np.ndarray] = []
+
+    @classmethod
+    def load(cls, run_dir: Path, names: Iterable[str], skipped: dict[str, int]) -> SpanKeys:
+        """Read the key columns of the parts ``names``."""
+        keys = cls(run_dir)
+        keys.skipped = dict(skipped)
+        hashes = []
+        for name in sorted(names):
+            path = _part_path(run_dir, name)
+            table = _read_keys(path)
+            keys.parts[name] = table.num_rows
+            hashes.append(key_hashes(table))
+        known = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+        if len(known):
+            keys._sorted = [np.sort(known)]
+        return keys
+
+    @property
+    def spans(self) -> int:
+        return sum(self.parts.values())
+
+    def contains(self, hashes: np.ndarray) -> np.ndarray:
+        """Which of ``hashes`` the index holds (a hash hit: maybe a collision)."""
+        hit = np.zeros(len(hashes), dtype=bool)
+        for known in self._sorted:
+            at = np.searchsorted(known, hashes)
+            at[at == len(known)] = 0
+            hit |= known[at] == hashes
+        return hit
+
+    def add(self, part: str, hashes: np.ndarray, rows: int | None, skipped: int) -> None:
+        """Record a part just written (``rows`` None: none was, all its spans were stored)."""
+        if rows is not None:
+            self.parts[part] = rows
+        self.skipped.pop(part, None)  # a part rewritten replaces its count
+        if skipped:
+            self.skipped[part] = skipped
+        if len(hashes):
+            self._sorted.append(np.sort(hashes))
+        while len(self._sorted) > 1 and len(self._sorted[-2]) <= 2 * len(self._sorted[-1]):
+            newer = self._sorted.pop()
+            self._sorted[-1] = np.sort(np.concatenate([self._sorted[-1], newer]), kind="stable")
+
+    def stored_keys(self, hashes: np.ndarray) -> set[tuple[bytes | None, int | None]]:
+        """The exact keys the parts store whose hash is among ``hashes`` (the slow path, for
+        hash hits only: it reads the parts' key columns back)."""
+        found: set[tuple[bytes | None, int | None]] = set()
+        for name in self.parts:
+            table = _read_keys(_part_path(self.run_dir, name))
+            rows = np.flatnonzero(np.isin(key_hashes(table), hashes))
+            if len(rows):
+                found.update(_exact_keys(table, rows))
+        return found
+
+
+def drop_stored(table: pa.Table, keys: SpanKeys) -> tuple[pa.Table, np.ndarray, int]:
+    """``table`` without the spans ``keys`` already stores or that come earlier in the table;
+    returns the rows kept, their hashes and how many were dropped."""
+    hashes = key_hashes(table)
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    repeated = np.zeros(len(hashes), dtype=bool)  # hash shared with another row of the batch
+    same = ordered[1:] == ordered[:-1]
+    repeated[order[1:][same]] = True
+    repeated[order[:-1][same]] = True
+    stored_hit = keys.contains(hashes)
+    suspects = np.flatnonzero(repeated | stored_hit)
+    if not len(suspects):  # the normal path: every span is new
+        return table, hashes, 0
+    stored = keys.stored_keys(hashes[stored_hit]) if stored_hit.any() else set()
+    keep = np.ones(len(hashes), dtype=bool)
+    seen: set[tuple[bytes | None, int | None]] = set()
+    for row, key in zip(suspects, _exact_keys(table, suspects), strict=True):
+        if key in stored or key in seen:
+            keep[row] = False
+        seen.add(key)
+    dropped = int(len(keep) - keep.sum())
+    if not dropped:
+        return table, hashes, 0
+    return table.filter(pa.array(keep)), hashes[keep], dropped
+
+
+def _read_keys(path: Path) -> pa.Table:
+    """The key columns of one part; one that cannot be read counts as holding no span (its
+    spans may then be stored again, never lost)."""
+    try:
+        return pq.read_table(path, columns=_KEY_COLUMNS)
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("xsp collector: cannot read the span keys of %s: %s", path, exc)
+        return pa.table(
+            {"trace_id": pa.array([], pa.binary(16)), "span_id": pa.array([], pa.uint64())}
+        )
+
+
+def _part_path(run_dir: Path, name: str) -> Path:
+    return run_dir / f"spans-{name}.parquet"
+
+
+def _part_names(run_dir: Path) -> set[str]:
+    prefix, suffix = len("spans-"), len(".parquet")
+    return {p.name[prefix:-suffix] for p in run_dir.glob(store.SPAN_FILE_PATTERN)}
+
+
+class StoreWriter:
+    """Writes batches of converted requests into the store, each span once per run directory;
+    used by the collector's one flusher (it blocks on the disk), in one process at a time."""
+
+    def __init__(self, root: Path, max_indexed_runs: int = MAX_INDEXED_RUNS) -> None:
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the store {self.root}: {exc}") from exc
         self.spans_written = 0
+        self.duplicate_spans = 0  # spans left out because their run already stored them
+        self._max_indexed = max_indexed_runs
+        self._indexes: OrderedDict[Path, SpanKeys] = OrderedDict()  # least recently written first
 
     def write(self, part_name: str, converted: Iterable[Converted]) -> int:
+        """Write one part per run; returns the spans written (duplicates left out, counted in
+        ``duplicate_spans`` and the run's run.json)."""
         groups: dict[tuple[str, str], tuple[dict[str, Any], list[pa.Table]]] = {}
         for request in converted:
             for key, resource, table in request:
@@ -80,21 +259,40 @@ class StoreWriter:
         for (measurement, levels), (resource, tables) in groups.items():
             run_dir = self.root / measurement / levels
             table = pa.concat_tables(tables, promote_options="permissive")
-            store.write_span_part(run_dir, table, name=part_name)
+            keys = self._keys(run_dir, part_name)
+            table, hashes, dropped = drop_stored(table, keys)
+            rows = None
+            if table.num_rows or _part_path(run_dir, part_name).exists():
+                store.write_span_part(run_dir, table, name=part_name)
+                rows = table.num_rows
+            keys.add(part_name, hashes, rows, dropped)
             try:
-                self._update_meta(run_dir, measurement, levels, resource)
+                self._update_meta(run_dir, measurement, levels, resource, keys)
             except OSError as exc:
                 raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
             written += table.num_rows
+            self.duplicate_spans += dropped
         self.spans_written += written
         return written
 
+    def _keys(self, run_dir: Path, part_name: str) -> SpanKeys:
+        """The index of what ``run_dir`` stores apart from ``part_name`` (about to be written):
+        the cached one while it matches the parts on disk, else read from them."""
+        names = _part_names(run_dir) if run_dir.is_dir() else set()
+        keys = self._indexes.pop(run_dir, None)
+        if keys is None or set(keys.parts) != names or part_name in names:
+            names.discard(part_name)
+            skipped = _skipped_by_part(run_dir)
+            skipped.pop(part_name, None)  # about to be counted again
+            keys = SpanKeys.load(run_dir, names, skipped)
+        self._indexes[run_dir] = keys
+        while len(self._indexes) > self._max_indexed:
+            self._indexes.popitem(last=False)
+        return keys
+
     def _update_meta(
-        self, run_dir: Path, measurement: str, levels: str, resource: dict[str, Any]
+        self, run_dir: Path, measurement: str, levels: str, resource: dict[str, Any], keys: SpanKeys
     ) -> None:
-        spans = sum(
-            pq.ParquetFile(p).metadata.num_rows for p in run_dir.glob(store.SPAN_FILE_PATTERN)
-        )
         store.write_json_atomic(
             run_dir / store.RUN_META,
             {
@@ -105,7 +303,21 @@ class StoreWriter:
                 "workload": resource.get(schema.RES_WORKLOAD),
                 "resource": resource,
                 "status": "collected",
-                "spans": spans,
+                "spans": keys.spans,
+                META_DUPLICATES: sum(keys.skipped.values()),
+                META_DUPLICATES_BY_PART: dict(sorted(keys.skipped.items())),
                 "source": "collector",
             },
         )
+
+
+def _skipped_by_part(run_dir: Path) -> dict[str, int]:
+    """The duplicates each part left out, as an earlier process recorded them in run.json."""
+    try:
+        meta = store.read_json(run_dir / store.RUN_META)
+    except StoreError:
+        return {}
+    by_part = meta.get(META_DUPLICATES_BY_PART)
+    if not isinstance(by_part, dict):
+        return {}
+    return {str(k): int(v) for k, v in by_part.items() if isinstance(v, int)}

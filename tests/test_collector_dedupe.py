@@ -1,0 +1,208 @@
+"""The collector stores each (trace_id, span_id) of a run once, however often it is received
+(issue 12, item 14): over another protocol or batching, after a restart, through ``xsp push``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+from collector import writer
+from collector.server import Collector, CollectorConfig
+from collector.spool import Spool
+from collector.store_worker import store_requests
+from collector.writer import StoreWriter
+from tests.fixtures import fixture_table, free_ports, start_collector, write_run
+from tests.test_collector import _post, _resource, _table
+from tracer import otlp
+from tracer.store import RUN_META, read_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SPANS = 1791  # spans in one resnet18_train_cpu MF run
+
+
+def _make(tmp_path: Path, **kw: Any) -> Collector:
+    options: dict[str, Any] = {
+        "store": tmp_path / "store",
+        "grpc_address": "127.0.0.1:0",
+        "http_address": "127.0.0.1:0",
+        "flush_interval_s": 0.05,
+    }
+    options.update(kw)
+    return Collector(CollectorConfig(**options))
+
+
+def _keys(run_dir: Path) -> list[tuple[bytes, int]]:
+    rows = pa.concat_tables(
+        pq.read_table(p, columns=["trace_id", "span_id"])
+        for p in sorted(run_dir.glob("spans-*.parquet"))
+    )
+    return list(
+        zip(rows.column("trace_id").to_pylist(), rows.column("span_id").to_pylist(), strict=True)
+    )
+
+
+def _assert_once(run_dir: Path, table: pa.Table) -> None:
+    stored = _keys(run_dir)
+    expected = zip(
+        table.column("trace_id").to_pylist(), table.column("span_id").to_pylist(), strict=True
+    )
+    assert len(stored) == len(set(stored)) == table.num_rows
+    assert set(stored) == set(expected)
+    assert read_json(run_dir / RUN_META)["spans"] == table.num_rows
+
+
+def test_http_protobuf_then_grpc_in_other_batches_is_stored_once(tmp_path: Path) -> None:
+    table = _table("a")
+    c = _make(tmp_path).start()
+    try:
+        assert (
+            _post(c.http_port, otlp.encode_request(_resource("a"), table).SerializeToString())[0]
+            == 200
+        )
+        c.flush()
+        with grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            for first in range(0, SPANS, 700):  # the same spans, batched otherwise
+                part = table.slice(first, 700)
+                stub.Export(otlp.encode_request(_resource("a"), part), timeout=10)
+        backwards = table.take(pa.array(range(SPANS - 1, -1, -1)))  # else the spool's retry
+        as_json = json.dumps(otlp.request_to_json(otlp.encode_request(_resource("a"), backwards)))
+        assert _post(c.http_port, as_json.encode(), "application/json")[0] == 200
+    finally:
+        c.stop()
+    assert c.accepted_spans == 3 * SPANS  # every copy acknowledged
+    assert c.duplicate_spans == 2 * SPANS  # ... and the second and third left out
+    run_dir = tmp_path / "store" / "m-a" / "MF"
+    _assert_once(run_dir, table)
+    assert read_json(run_dir / RUN_META)["duplicate_spans_skipped"] == 2 * SPANS
+
+
+def test_a_restart_after_the_first_copy_was_flushed_stores_it_once(tmp_path: Path) -> None:
+    table = _table("r")
+    body = otlp.encode_request(_resource("r"), table).SerializeToString()
+    counts = []
+    for _ in range(3):  # the later starts know the parts only from the disk
+        c = _make(tmp_path).start()
+        try:
+            assert _post(c.http_port, body)[0] == 200
+        finally:
+            c.stop()
+        counts.append(c.duplicate_spans)
+    assert counts == [0, SPANS, SPANS]
+    run_dir = tmp_path / "store" / "m-r" / "MF"
+    _assert_once(run_dir, table)
+    assert read_json(run_dir / RUN_META)["duplicate_spans_skipped"] == 2 * SPANS
+
+
+def test_replaying_a_segment_already_written_keeps_its_spans(tmp_path: Path) -> None:
+    # killed after the segment's part was written but before the segment was removed: the
+    # replay rewrites that part, whose own spans must not count as already stored
+    table = _table("k")
+    c = _make(tmp_path, flush_interval_s=60)
+    c.spool.append(otlp.encode_request(_resource("k"), table).SerializeToString())
+    segment = c.spool.rotate()
+    assert segment is not None
+    stored = store_requests(c.writer, Spool.part_name(segment), c.spool.read(segment))
+    assert stored.duplicate_spans == 0
+    c.spool.close()  # no stop(): the segment stays, as after kill -9
+    again = _make(tmp_path).start()
+    again.stop()
+    assert again.duplicate_spans == 0
+    assert not segment.exists()
+    _assert_once(tmp_path / "store" / "m-k" / "MF", table)
+
+
+def test_xsp_push_twice_to_collector_serve_stores_each_span_once(tmp_path: Path) -> None:
+    table = fixture_table("resnet18_train_cpu", "MF", run_id="pushed")
+    resource = {**_resource("pushed"), "xsp.workload": "resnet18"}
+    write_run(tmp_path / "run", "MF", table, resource)
+    store, (port,) = tmp_path / "store", free_ports(1)
+
+    def push(protocol: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_EXPORTER_OTLP_PROTOCOL": protocol}
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "xsp", "push", str(tmp_path / "run" / "MF")),
+                *("--endpoint", f"http://127.0.0.1:{port}"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+
+    logs = []
+    for protocol in ("http/protobuf", "http/json", "http/protobuf"):
+        # xsp collector serve (a real store worker process), restarted between the pushes: the
+        # spool's digests of the first push are gone, the parts are read back from the disk
+        proc = start_collector(store, port)
+        try:
+            push(protocol)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        assert proc.stderr is not None
+        logs.append(proc.stderr.read().decode())
+    said = f"{table.num_rows} spans received again were not stored twice"
+    assert [said in log for log in logs] == [False, True, True]
+    run_dir = store / "m-pushed" / "MF"
+    _assert_once(run_dir, table)
+    assert read_json(run_dir / RUN_META)["duplicate_spans_skipped"] == 2 * table.num_rows
+
+
+def test_unique_spans_are_stored_whole_even_when_every_hash_collides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = _table("u")
+
+    def with_trace(table: pa.Table, n: int) -> pa.Table:
+        trace = pa.array([n.to_bytes(16, "big")] * table.num_rows, pa.binary(16))
+        return table.set_column(0, "trace_id", trace)
+
+    def converted(table: pa.Table) -> writer.Converted:
+        return writer.convert(otlp.encode_request(_resource("u"), table))
+
+    store = StoreWriter(tmp_path / "store")
+    assert store.write("p1", [converted(with_trace(base, 1))]) == SPANS
+    monkeypatch.setattr(writer, "key_hashes", lambda t: np.zeros(t.num_rows, np.uint64))
+    # every hash now hits the index and the batch: only the exact check can keep these
+    assert store.write("p2", [converted(with_trace(base, 2)), converted(with_trace(base, 3))]) == (
+        2 * SPANS
+    )
+    assert store.duplicate_spans == 0
+    # a real duplicate among them is still found: trace 1 again, trace 4 new, trace 4 repeated
+    batch = [converted(with_trace(base, 1)), converted(with_trace(base, 4))]
+    assert store.write("p3", [*batch, converted(with_trace(base, 4).slice(0, 10))]) == SPANS
+    assert store.duplicate_spans == SPANS + 10
+    run_dir = tmp_path / "store" / "m-u" / "MF"
+    everything = pa.concat_tables([with_trace(base, n) for n in (1, 2, 3, 4)])
+    _assert_once(run_dir, everything)
+    meta = read_json(run_dir / RUN_META)
+    assert meta["duplicate_spans_skipped"] == SPANS + 10
+    assert meta["duplicate_spans_skipped_by_part"] == {"p3": SPANS + 10}
+
+
+def test_the_index_is_bounded_and_reloaded_after_eviction(tmp_path: Path) -> None:
+    base = _table("e").slice(0, 50)
+    store = StoreWriter(tmp_path / "store", max_indexed_runs=2)
+
+    def request(run: str) -> writer.Converted:
+        return writer.convert(otlp.encode_request(_resource(run), base))
+
+    for part, run in enumerate("abcab"):
+        store.write(f"p{part}", [request(run)])
+    assert len(store._indexes) == 2
+    assert store.spans_written == 3 * 50 and store.duplicate_spans == 2 * 50
