@@ -117,7 +117,9 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     if name is None:
         name = f"{len(list(run_dir.glob(SPAN_FILE_PATTERN))):05d}"
     path = run_dir / f"spans-{name}.parquet"
-    tmp = path.with_suffix(".parquet.tmp")
+    # a writer's own temporary name: a killed collector's worker may still be finishing the
+    # same part while the restarted collector replays it
+    tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
     try:
         pq.write_table(table.cast(schema.SPAN_SCHEMA), tmp, **PARQUET_OPTIONS)
         with open(tmp, "rb") as handle:
