@@ -350,23 +350,10 @@ class Collector:
 
 
 def _worker_pool() -> ProcessPoolExecutor:
-    # spawn, not fork: the receivers' and gRPC's threads must not be forked
-    return ProcessPoolExecutor(
-        max_workers=1,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_die_with_parent,
-    )
-
-
-def _die_with_parent() -> None:
-    """A worker outlives a collector killed with SIGKILL only to write what the next collector
-    replays anyway: have the kernel end it with its parent (Linux; elsewhere it finishes)."""
-    import contextlib
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # spawn, not fork: the receivers' and gRPC's threads must not be forked. A worker that
+    # outlives a collector killed with SIGKILL finishes its part under its own temporary name
+    # (tracer.store.write_span_part), the same content the restarted collector's replay writes.
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def serve(config: CollectorConfig, ready: Any = None) -> None:

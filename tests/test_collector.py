@@ -322,3 +322,25 @@ def test_json_decoder_never_crashes(data: object) -> None:
             otlp.table_from_resource_spans(resource_spans)
     except otlp.DecodeError:
         pass
+
+
+def test_sigterm_stores_everything_acknowledged_through_the_worker_process(tmp_path: Path) -> None:
+    """`xsp collector serve` converts in a worker process; stopping must store every spooled
+    request before it exits, with nothing left in the spool for a next start."""
+    store, (port,) = tmp_path / "store", free_ports(1)
+    proc = start_collector(store, port)
+    base = _table("w").slice(0, 300)
+    sent = []
+    for i in range(40):
+        trace_id = (1000 + i).to_bytes(16, "big")
+        table = base.set_column(0, "trace_id", pa.array([trace_id] * base.num_rows, pa.binary(16)))
+        assert _post(port, otlp.encode_request(_resource("w"), table).SerializeToString())[0] == 200
+        sent.append(trace_id)
+        if i == 20:
+            time.sleep(1.0)  # a flush in between: the worker process is running
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    spans = open_measurement(store / "m-w")[0].spans()
+    assert spans.num_rows == 40 * 300
+    assert set(spans.column("trace_id").to_pylist()) == set(sent)
+    assert not list((store / ".spool").glob("seg-*"))
