@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-
-from analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore
 
 #: Row limits of the analyses that rank (the rest return every row).
 TOP_KERNELS = 25
@@ -30,11 +29,11 @@ class Section:
 
 def sections(store: MeasurementStore) -> list[Section]:
     """Every analysis of the measurement, suggestions first; empty tables included."""
-    from analysis import kernels, layers, library, summary
-    from analysis.charts import bar
-    from analysis.monitor import monitor_summary
-    from analysis.reconstruct import level_overhead
-    from analysis.suggestions import suggest
+    from xsp.analysis import kernels, layers, library, summary
+    from xsp.analysis.charts import bar
+    from xsp.analysis.monitor import monitor_summary
+    from xsp.analysis.reconstruct import level_overhead
+    from xsp.analysis.suggestions import suggest
 
     gpu_run = "from the deepest run with level G (traced)"
     return [

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-
-from analysis.present import KERNEL_COLUMNS, header, short_kernel, short_label
+from xsp.analysis.present import KERNEL_COLUMNS, header, short_kernel, short_label
 
 
 def bar(table: pa.Table, x: str, y: str, title: str, rows: int = 20) -> Any:

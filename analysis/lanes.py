@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from tracer.intervals import depths
+from xsp.tracer.convert.intervals import depths
 
 #: Bisection rounds for the gap factor; 2**-30 of a step is well under a nanosecond.
 _FACTOR_ROUNDS = 30

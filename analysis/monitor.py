@@ -5,9 +5,8 @@ only says that some kernel was running."""
 from __future__ import annotations
 
 import pyarrow as pa
-
-from analysis.store import MeasurementStore
-from tracer.schema import MONITOR_SUMMARIES
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer.schema import MONITOR_SUMMARIES
 
 
 def monitor_summary(store: MeasurementStore) -> pa.Table:

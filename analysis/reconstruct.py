@@ -10,7 +10,7 @@ Algorithm:
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
    is reported as a mismatch (a structure that differs between runs is reported, not guessed).
-3. Layout (``analysis.lanes``): host spans top-down inside their parents, gaps shrinking to fit;
+3. Layout (``xsp.analysis.lanes``): host spans top-down inside their parents, gaps shrinking to fit;
    GPU activities per (device, stream) lane, in order, with their G-run durations, gaps shrinking
    so that the lane fits the step, never before their launch call's reconstructed start.
 4. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from analysis.lanes import LaneReport, layout_host, layout_lane
-from analysis.store import MeasurementStore
-from tracer import schema
-from tracer.intervals import depths, find_rows
-from tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
+from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
+from xsp.tracer.convert.intervals import depths, find_rows
+from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -163,7 +162,7 @@ def _layout_gpu(
     gpu: np.ndarray,
     report: LaneReport,
 ) -> None:
-    """Lay out every (iteration, device, stream) lane in place (see ``analysis.lanes``)."""
+    """Lay out every (iteration, device, stream) lane in place (see ``xsp.analysis.lanes``)."""
     rows = np.nonzero(gpu)[0]
     if not len(rows):
         return

@@ -1,5 +1,5 @@
 """The self-contained HTML report of a measurement: the flame view and the timeline of one
-reconstructed iteration, then every analysis (``analysis.catalog``) as a chart and a table.
+reconstructed iteration, then every analysis (``xsp.analysis.catalog``) as a chart and a table.
 
 Tables are plain HTML with every row (in a scrolling box), headers as words with units and a
 note wherever an analysis ranks and keeps only its top rows; charts are plotly, whose script is
@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
-from analysis.catalog import sections
-from analysis.present import KERNEL_COLUMNS, cell, header, short_kernel
-from analysis.store import MeasurementStore
-from analysis.views import flame_figure, legend_html, timeline_figure
+from xsp.analysis.catalog import sections
+from xsp.analysis.present import KERNEL_COLUMNS, cell, header, short_kernel
+from xsp.analysis.store import MeasurementStore
+from xsp.analysis.views import flame_figure, legend_html, timeline_figure
 
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1500px}
@@ -56,7 +55,7 @@ def html_table(table: pa.Table) -> str:
 
 def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     """Write the report; return how many analysis sections it holds."""
-    from analysis.reconstruct import reconstruct_with_report
+    from xsp.analysis.reconstruct import reconstruct_with_report
 
     spans, mismatches, lanes = reconstruct_with_report(store)
     parts = [

@@ -14,10 +14,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from tracer import schema
-from tracer.errors import StoreError
-from tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
+from xsp.tracer import schema
+from xsp.tracer.errors import StoreError
+from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
 _EMPTY = pa.schema(
     [*schema.SPAN_SCHEMA, pa.field("run_index", pa.int32()), pa.field("levels", pa.string())]

@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
 SHORT_KERNEL_US = 10.0
@@ -38,7 +37,7 @@ class Suggestion:
 def _rebuilt(store: MeasurementStore) -> pa.Table:
     """The reconstruction, computed once per store and registered as the SQL table ``rebuilt``."""
     if "rebuilt" not in store.memo:
-        from analysis.reconstruct import reconstruct
+        from xsp.analysis.reconstruct import reconstruct
 
         spans, _ = reconstruct(store)
         store.con.register("rebuilt", spans)
@@ -56,7 +55,7 @@ def _steps(store: MeasurementStore) -> tuple[int, float]:
 def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
     """(reconstructed spans matching ``where``, ms per iteration they cover). Overlapping spans
     (nested ops, kernels on two streams) count once: the time covered never exceeds the step."""
-    from analysis.kernels import union_length
+    from xsp.analysis.kernels import union_length
 
     _rebuilt(store)
     found = store.sql(

@@ -4,8 +4,7 @@ run, spans per iteration and the slowest layers."""
 from __future__ import annotations
 
 import pyarrow as pa
-
-from analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore
 
 
 def level_sets(store: MeasurementStore) -> pa.Table:

@@ -33,14 +33,14 @@ def main() -> None:
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args()
 
-    from tracer.levels import LevelContext, level_environment
+    from xsp.tracer.capture.levels import LevelContext, level_environment
 
     for key, value in level_environment(LevelContext(args.device, args.levels)).items():
         os.environ.setdefault(key, value)
 
-    from tracer import zoo
-    from tracer.levels import cuda, framework
-    from tracer.session import Session
+    from xsp.tracer.capture.levels import cuda, framework
+    from xsp.tracer.capture.session import Session
+    from xsp.tracer.workloads import zoo
 
     seconds: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)

@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracer import zoo
-from tracer.session import Session
-from tracer.sinks import InMemorySink
+from xsp.tracer.capture.session import Session
+from xsp.tracer.export.sinks import InMemorySink
+from xsp.tracer.workloads import zoo
 
 
 def plain_cupti_kernels(workload: zoo.Workload, iterations: int) -> list[int]:
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--levels", default="MFLG")
     parser.add_argument("--out")
     args = parser.parse_args()
-    from tracer.levels.cuda import nvtx_environment
+    from xsp.tracer.capture.cupti import nvtx_environment
 
     os.environ.update(nvtx_environment())  # before cuBLAS, cuDNN and PyTorch first use NVTX
     workload = zoo.build(args.model, args.batch_size, "train", "cuda")

@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracer import zoo
-from tracer.session import Session
-from tracer.sinks import InMemorySink
+from xsp.tracer.capture.session import Session
+from xsp.tracer.export.sinks import InMemorySink
+from xsp.tracer.workloads import zoo
 
 CASES = [
     ("torchvision:resnet50", "train", 64),
@@ -167,7 +167,7 @@ def main() -> None:
     if cupti_configs and args.device.startswith("cuda"):
         # NVTX routing must be in place before the libraries start; it then applies to every
         # configuration of this process, the uninstrumented one included (fair to compare).
-        from tracer.levels.cuda import nvtx_environment
+        from xsp.tracer.capture.cupti import nvtx_environment
 
         os.environ.update(nvtx_environment())
     if args.rss_child:

@@ -8,7 +8,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from campaign.names import family, family_order, labels
+from xsp.campaign.names import family, family_order, labels
 
 Record = dict[str, Any]
 Workload = tuple[str, str]  # (model, mode)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from campaign.jobs import run_job, switched_on
-from campaign.spec import CampaignSpec, Job
-from campaign.store import CampaignStore
+from xsp.campaign.jobs import run_job, switched_on
+from xsp.campaign.spec import CampaignSpec, Job
+from xsp.campaign.store import CampaignStore
 
 OnDone = Callable[[dict[str, Any]], None]
 
@@ -112,7 +112,7 @@ def _remote_job(
     spec_dict: dict[str, Any], job_dict: dict[str, Any]
 ) -> tuple[dict[str, Any], bytes]:
     """Runs on a Ray worker: the job into a scratch directory, returned as (result, tar.gz)."""
-    from campaign.spec import from_record
+    from xsp.campaign.spec import from_record
 
     spec = from_record(spec_dict)
     job = Job(**job_dict)

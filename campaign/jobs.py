@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from campaign.spec import CampaignSpec, Job
+from xsp.campaign.spec import CampaignSpec, Job
 
 #: Reason classes, matched against the job's error output (first match wins).
 _REASONS = (
@@ -27,7 +27,7 @@ def switched_on(variable: str) -> bool:
     fresh interpreter per level set, as xsp run starts them) and ``XSP_OVERLAP`` (0: each
     process and job starts only once the one before has ended; while they overlap, two
     processes hold GPU memory at once)."""
-    from tracer import config
+    from xsp.tracer import config
 
     return config.switch(variable, True)
 
@@ -54,8 +54,8 @@ def run_job(
     in this process (each level set in its own process, forked from a server that imported
     torch once), so a job pays no interpreter start-up. Each level set's start-up and warm-up
     overlap the end of the one before, whose measurement is over by then."""
-    from tracer.errors import XspError
-    from tracer.runner import LeveledSpec, run_leveled
+    from xsp.tracer.errors import XspError
+    from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
     started = time.time()
     record: dict[str, Any] = {
@@ -107,7 +107,7 @@ def run_job(
         record.update(status=status, reason=reason, error=error[-500:])
         return record
     try:
-        from campaign.summary import summarize
+        from xsp.campaign.summary import summarize
 
         record.update(status="ok", reason=None, error=None, summary=summarize(out))
     except Exception as exc:  # a run we cannot read is a failed job, not a crashed campaign

@@ -1,7 +1,7 @@
 """``xsp campaign report``: one self-contained HTML page comparing every job of a campaign, in the
 style of XSP's section IV. Top to bottom:
 
-1. the findings, worked out from the job records (``campaign.compare.findings``);
+1. the findings, worked out from the job records (``xsp.campaign.compare.findings``);
 2. cross-model figures: throughput per model at the largest batch, GPU busy share per model at
    each batch size (launch-bound or compute-bound), convolution's share of layer time;
 3. batch-scaling curves as small multiples, one panel per model family;
@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.present import short_kernel
-from campaign import compare
-from campaign.compare import Record, optimal_batches
-from campaign.names import family_order
-from campaign.store import CampaignStore
-from campaign.summary import COMPUTE_BOUND_BUSY_PCT
+from xsp.analysis.present import short_kernel
+from xsp.campaign import compare
+from xsp.campaign.compare import Record, optimal_batches
+from xsp.campaign.names import family_order
+from xsp.campaign.store import CampaignStore
+from xsp.campaign.summary import COMPUTE_BOUND_BUSY_PCT
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

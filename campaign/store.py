@@ -20,11 +20,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-
-from campaign.spec import CampaignSpec, Job, from_record
-from campaign.summary import shares_text
-from tracer import store as run_store
-from tracer.errors import ConfigError, StoreError
+from xsp.campaign.spec import CampaignSpec, Job, from_record
+from xsp.campaign.summary import shares_text
+from xsp.tracer import store as run_store
+from xsp.tracer.errors import ConfigError, StoreError
 
 SPEC_FILE = "campaign.json"
 

@@ -6,8 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from analysis.store import MeasurementStore
-from analysis.suggestions import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
+from xsp.analysis.store import MeasurementStore
+from xsp.analysis.suggestions import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
 
 #: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the
 #: launch-bound rule's share, with short kernels, it waits on launches (analysis.suggestions).
@@ -15,10 +15,10 @@ COMPUTE_BOUND_BUSY_PCT = 80.0
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
-    from analysis import kernels, layers
-    from analysis.monitor import monitor_summary
-    from analysis.suggestions import suggest
-    from analysis.summary import level_sets
+    from xsp.analysis import kernels, layers
+    from xsp.analysis.monitor import monitor_summary
+    from xsp.analysis.suggestions import suggest
+    from xsp.analysis.summary import level_sets
 
     store = MeasurementStore(run_dir)
     step_ms = {

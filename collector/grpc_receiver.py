@@ -17,10 +17,9 @@ from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-from collector.http_receiver import RETRY_AFTER_S, Busy
-from tracer import otlp
-from tracer.errors import ConfigError
+from xsp.collector.http_receiver import RETRY_AFTER_S, Busy
+from xsp.tracer.errors import ConfigError
+from xsp.tracer.export import otlp
 
 log = logging.getLogger(__name__)
 

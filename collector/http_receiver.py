@@ -21,9 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-
-from tracer import otlp
-from tracer.errors import ConfigError
+from xsp.tracer.errors import ConfigError
+from xsp.tracer.export import otlp
 
 log = logging.getLogger(__name__)
 

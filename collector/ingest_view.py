@@ -1,6 +1,6 @@
 """A fast, read-only view of an OTLP trace request for checking it at ingest.
 
-``check`` does what ``tracer.otlp.validate`` does (same rules, same messages) on a mirror of the
+``check`` does what ``xsp.tracer.export.otlp.validate`` does (same rules, same messages) on a mirror of the
 OTLP messages that keeps only the fields it looks at and declares span attributes as a map
 (wire-compatible with ``repeated KeyValue``: a map entry is a message of key = 1, value = 2).
 The map lets the check look up the few numeric attributes of a span in C instead of walking all
@@ -13,8 +13,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401  (AnyValue in the pool)
-
-from tracer import otlp
+from xsp.tracer.export import otlp
 
 _PACKAGE = "xsp.ingest_view"
 _F = descriptor_pb2.FieldDescriptorProto

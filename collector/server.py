@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-
-from collector import ingest_view
-from collector.grpc_receiver import GrpcReceiver
-from collector.http_receiver import (
+from xsp.collector import ingest_view
+from xsp.collector.grpc_receiver import GrpcReceiver
+from xsp.collector.http_receiver import (
     RETRY_AFTER_S,
     TRACES_PATH,
     Busy,
@@ -43,13 +42,13 @@ from collector.http_receiver import (
     gunzip,
     rpc_status,
 )
-from collector.quarantine import QUARANTINE_DIR, Quarantine
-from collector.spool import Spool
-from collector.store_worker import Stored, store_in_worker, store_requests
-from collector.writer import StoreWriter
-from tracer import otlp
-from tracer.errors import ConfigError, ExportError, StoreError, XspError
-from tracer.transport import OtlpConfig, Transport, make_transport
+from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
+from xsp.collector.spool import Spool
+from xsp.collector.store_worker import Stored, store_in_worker, store_requests
+from xsp.collector.writer import StoreWriter
+from xsp.tracer.errors import ConfigError, ExportError, StoreError, XspError
+from xsp.tracer.export import otlp
+from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
 
 log = logging.getLogger(__name__)
 

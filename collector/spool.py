@@ -30,7 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import BinaryIO
 
-from collector.quarantine import Quarantine
+from xsp.collector.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from collector import writer
-from collector.writer import StoreWriter
-from tracer import otlp
+from xsp.collector import writer
+from xsp.collector.writer import StoreWriter
+from xsp.tracer.export import otlp
 
 #: (index of the request in its segment, why it could not be converted)
 Poison = tuple[int, str]

@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from tracer import otlp, schema, store
-from tracer.errors import StoreError
+from xsp.tracer import schema, store
+from xsp.tracer.errors import StoreError
+from xsp.tracer.export import otlp
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from tracer.records import (
+from xsp.tracer.convert.records import (
     ApiRecords,
     FrameworkRecords,
     GpuRecords,
@@ -33,9 +33,8 @@ def capture_raw(
     import os
 
     import torch
-
-    from tracer import zoo
-    from tracer.levels import LevelContext, build_levels, level_environment
+    from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
+    from xsp.tracer.workloads import zoo
 
     os.environ.update(level_environment(LevelContext(device, levels)))  # before libraries start
     workload = zoo.build(model, batch_size, mode, device)
@@ -137,7 +136,7 @@ def load_records(scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
     """The span table that conversion makes of a recorded scenario, at ``levels``."""
-    from tracer.convert import build_table
+    from xsp.tracer.convert.spans import build_table
 
     records, _ = load_records(scenario)
     return build_table(
@@ -152,7 +151,7 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
 
 def write_run(root: Path, levels: str, table: Any, resource: dict[str, Any] | None = None) -> Path:
     """Store ``table`` as the run ``root/levels`` (span part and run.json); returns its path."""
-    from tracer import store
+    from xsp.tracer import store
 
     return store.write_run(root / levels, table, levels, resource or {})
 

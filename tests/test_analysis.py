@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from xsp.analysis.kernels import kernels_by_name, temporal_breakdown, union_length
+from xsp.analysis.layers import layer_info, layer_latency, layer_types
+from xsp.analysis.store import MeasurementStore
 
-from analysis.kernels import kernels_by_name, temporal_breakdown, union_length
-from analysis.layers import layer_info, layer_latency, layer_types
-from analysis.store import MeasurementStore
 from tests.fixtures import fixture_table, write_run
 
 
@@ -64,7 +64,7 @@ H200_STORE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "r50-
 
 
 def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Path) -> None:
-    from analysis import kernels
+    from xsp.analysis import kernels
 
     measurement = _store(tmp_path, "resnet18_train_mflg_cuda", "MFLG")
     by_layer = {r["layer"]: r for r in kernels.kernels_by_layer(measurement, 100).to_pylist()}
@@ -83,7 +83,7 @@ def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Pat
     assert abs(idle["host_wait_ms"] + idle["kernel_wait_ms"] - idle["idle_ms"]) < 1e-9
     busy = kernels.temporal_breakdown(measurement).to_pylist()[0]
     assert idle["idle_ms"] <= busy["step_ms"]
-    from analysis.library import library_calls
+    from xsp.analysis.library import library_calls
 
     calls = {(r["library"], r["call"]): r for r in library_calls(measurement, 50).to_pylist()}
     conv = calls[("cuDNN", "cudnnBackendExecute")]
@@ -95,7 +95,7 @@ def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> No
     """Acceptance data from the H200 (ResNet-50 b64 training, 20 iterations per level set):
     every span of the MFLG run finds its counterpart, and the reconstructed model latency is
     the M run's (0.3% from the uninstrumented step of the overhead benchmark)."""
-    from analysis.reconstruct import level_overhead, reconstruct
+    from xsp.analysis.reconstruct import level_overhead, reconstruct
 
     measurement = MeasurementStore(H200_STORE)
     spans, mismatches = reconstruct(measurement)

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from campaign.executor import run_local
-from campaign.spec import CampaignSpec, from_dict, load
-from campaign.store import CampaignStore
-from tracer.errors import ConfigError
+from xsp.campaign.executor import run_local
+from xsp.campaign.files import from_dict, load
+from xsp.campaign.spec import CampaignSpec
+from xsp.campaign.store import CampaignStore
+from xsp.tracer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5", "torchvision:mnasnet0_5"]
@@ -185,8 +186,8 @@ def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("ray")
-    from campaign.executor import run_ray
-    from campaign.report import write_campaign_report
+    from xsp.campaign.executor import run_ray
+    from xsp.campaign.report import write_campaign_report
 
     spec = load(_toml(tmp_path / "c.toml", ["torchvision:squeezenet1_1"], (1, 2)))
     store = CampaignStore(tmp_path / "C")
@@ -310,7 +311,7 @@ SMALL_CAMPAIGN = [
 
 
 def _small_report(tmp_path: Path) -> str:
-    from campaign.report import write_campaign_report
+    from xsp.campaign.report import write_campaign_report
 
     models = sorted({r["model"] for r in SMALL_CAMPAIGN})
     spec = from_dict(
@@ -408,8 +409,8 @@ def test_campaign_report_leads_with_findings_then_one_row_per_model_then_every_j
 
 
 def test_batch_scaling_is_drawn_as_small_multiples_one_panel_per_family() -> None:
-    from campaign import compare
-    from campaign.report import plot_scaling
+    from xsp.campaign import compare
+    from xsp.campaign.report import plot_scaling
 
     rows = compare.per_model(SMALL_CAMPAIGN)
     figure = plot_scaling(rows, [1, 16], compare.display_names(SMALL_CAMPAIGN))
@@ -427,8 +428,8 @@ def test_batch_scaling_is_drawn_as_small_multiples_one_panel_per_family() -> Non
 def test_the_h200_campaign_report_has_one_row_per_model_and_a_panel_per_family(
     tmp_path: Path,
 ) -> None:
-    from campaign import compare
-    from campaign.report import plot_scaling, write_campaign_report
+    from xsp.campaign import compare
+    from xsp.campaign.report import plot_scaling, write_campaign_report
 
     store = CampaignStore(H200)
     out = tmp_path / "report.html"
@@ -448,9 +449,9 @@ def test_the_h200_campaign_report_has_one_row_per_model_and_a_panel_per_family(
 
 
 def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_families() -> None:
-    from analysis.present import short_kernel
-    from campaign.names import family
-    from campaign.report import number
+    from xsp.analysis.present import short_kernel
+    from xsp.campaign.names import family
+    from xsp.campaign.report import number
 
     assert short_kernel(CUTLASS) == "cutlass::Kernel<…>"
     assert short_kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x128x8") == (
@@ -508,15 +509,15 @@ def test_a_level_set_past_the_time_limit_is_killed_and_the_job_recorded_as_timeo
 def test_a_partial_or_failed_run_is_not_a_successful_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from campaign.jobs import run_job
-    from tracer.runner import LeveledResult
+    from xsp.campaign.jobs import run_job
+    from xsp.tracer.run.runner import LeveledResult
 
     runs: list[dict[str, Any]] = [
         {"levels": "M", "status": "ok"},
         {"levels": "MF", "status": "partial", "status_reasons": ["a sink failed: refused"]},
     ]
     fake = LeveledResult(tmp_path / "R", "m", runs)
-    monkeypatch.setattr("tracer.runner.run_leveled", lambda *a, **k: fake)
+    monkeypatch.setattr("xsp.tracer.run.runner.run_leveled", lambda *a, **k: fake)
     spec = from_dict({"campaign": {"device": "cpu"}, "models": {"names": ["torchvision:resnet18"]}})
     record = run_job(spec, spec.jobs()[0], tmp_path / "R")
     assert record["status"] == "partial" and "a sink failed: refused" in record["error"]

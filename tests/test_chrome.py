@@ -14,12 +14,12 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pytest
+from xsp.analysis.kernels import temporal_breakdown, union_length
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer.convert.spans import build_table
+from xsp.tracer.export.chrome import write_chrome_trace
 
-from analysis.kernels import temporal_breakdown, union_length
-from analysis.store import MeasurementStore
 from tests.fixtures import load_raw, load_records
-from tracer.chrome import write_chrome_trace
-from tracer.convert import build_table
 
 ROOT = Path(__file__).resolve().parents[1]
 R50 = ROOT / "benchmarks/data/r50-b64-train"
@@ -232,7 +232,7 @@ def test_holistic_trace_analysis_reads_the_export_as_xsp_measures_it(
     1. HTA counts one rank's GPU time over a window from the first GPU activity's start to the
        last one's end (``kernel_time``); idle is that window less the union of all activities,
        compute the union of the kernels, non-compute the rest of the busy time (the memsets).
-       ``analysis.kernels.temporal_breakdown`` counts per iteration, inside each step.
+       ``xsp.analysis.kernels.temporal_breakdown`` counts per iteration, inside each step.
     2. Summed over the 20 iterations, xsp's busy time is the same union (every activity of the
        run lies inside its step), so it must equal HTA's compute + non-compute time.
     3. xsp's summed step time differs from HTA's window by the time before the first activity

@@ -17,12 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from xsp.collector.server import Collector, CollectorConfig, rpc_status
+from xsp.tracer import schema
+from xsp.tracer.convert.spans import build_table
+from xsp.tracer.export import otlp
+from xsp.tracer.store import open_measurement
 
-from collector.server import Collector, CollectorConfig, rpc_status
 from tests.fixtures import free_ports, load_raw, start_collector
-from tracer import otlp, schema
-from tracer.convert import build_table
-from tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,14 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from xsp.collector.server import Collector, CollectorConfig
+from xsp.collector.spool import Spool
+from xsp.tracer.errors import StoreError
+from xsp.tracer.export import otlp
+from xsp.tracer.store import open_measurement
 
-from collector.server import Collector, CollectorConfig
-from collector.spool import Spool
 from tests.fixtures import free_ports, start_collector
 from tests.test_collector import _post, _resource, _table
-from tracer import otlp
-from tracer.errors import StoreError
-from tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest
@@ -148,7 +148,7 @@ def _segment_of(tmp_path: Path, count: int) -> tuple[Path, list[Request]]:
 
 
 def _quarantine(tmp_path: Path) -> Any:
-    from collector.quarantine import Quarantine
+    from xsp.collector.quarantine import Quarantine
 
     return Quarantine(tmp_path / "store" / ".quarantine")
 

@@ -13,11 +13,11 @@ from collections import Counter
 
 import pyarrow.compute as pc
 import pytest
+from xsp.tracer import schema
+from xsp.tracer.convert.spans import build_table
 
 from tests.conftest import ancestors, reachable_from_root
 from tests.fixtures import load_raw
-from tracer import schema
-from tracer.convert import build_table
 
 SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda", "resnet18_train_mflg_cuda"]
 
@@ -121,7 +121,7 @@ def test_failed_iteration_carries_its_error_and_ids_are_stable() -> None:
 
 
 def test_model_level_alone_gives_one_span_per_iteration() -> None:
-    from tracer.records import StepRecords
+    from xsp.tracer.convert.records import StepRecords
 
     steps = StepRecords(iteration=[0, 1], start_ns=[100, 300], end_ns=[250, 420])
     table, report = build_table("run-2", "M", steps)
@@ -224,7 +224,7 @@ def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
 
 
 def test_nvtx_op_names_give_name_sequence_number_and_shapes() -> None:
-    from tracer.levels.framework import parse_nvtx_name
+    from xsp.tracer.capture.levels.framework import parse_nvtx_name
 
     assert parse_nvtx_name("aten::add, seq = 7, op_id = 9, sizes = [[2, 3], []]") == (
         "aten::add",
@@ -238,7 +238,7 @@ def test_nvtx_op_names_give_name_sequence_number_and_shapes() -> None:
 
 
 def test_onednn_verbose_lines_become_timed_library_calls() -> None:
-    from tracer.levels.onednn import parse_verbose_line
+    from xsp.tracer.capture.levels.onednn import parse_verbose_line
 
     line = (
         "onednn_verbose,v1,1796009213936.961914,primitive,exec,cpu,convolution,jit:avx512_core,"
@@ -256,8 +256,8 @@ def test_onednn_verbose_lines_become_timed_library_calls() -> None:
 
 
 def test_nvtx_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
-    from tracer.levels.framework import copy_nvtx_ranges
-    from tracer.records import FrameworkRecords, RangeRecords
+    from xsp.tracer.capture.levels.framework import copy_nvtx_ranges
+    from xsp.tracer.convert.records import FrameworkRecords, RangeRecords
 
     ranges = RangeRecords()
     for name, start, end, thread in (

@@ -15,7 +15,7 @@ def test_public_surface_is_pinned() -> None:
         "session",
         "step",
     ]
-    from tracer.session import Session
+    from xsp.tracer.capture.session import Session
 
     assert xsp.Session is Session
     assert issubclass(xsp.ConfigError, ValueError) and issubclass(xsp.StoreError, xsp.XspError)

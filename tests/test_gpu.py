@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from xsp.tracer.capture.session import Session
+from xsp.tracer.export.sinks import InMemorySink
+from xsp.tracer.workloads import zoo
 
 from tests.conftest import ancestors, reachable_from_root
-from tracer import zoo
-from tracer.session import Session
-from tracer.sinks import InMemorySink
 
 
 def test_mf_training_on_cuda_nests_and_attributes_backward(cuda_device: str) -> None:
@@ -39,7 +39,7 @@ def _xsp_run(levels: str, device: str, out) -> pa.Table:  # type: ignore[no-unty
     import sys
     from pathlib import Path
 
-    from tracer.store import open_measurement
+    from xsp.tracer.store import open_measurement
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(

@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from analysis.store import MeasurementStore
 from tests.fixtures import fixture_table, write_run
-from tracer import config, store
-from tracer.errors import ConfigError, StoreError
-from tracer.session import Session
-from tracer.sinks import InMemorySink
+from xsp.analysis.store import MeasurementStore
 from xsp.cli import main
+from xsp.tracer import config, store
+from xsp.tracer.capture.session import Session
+from xsp.tracer.errors import ConfigError, StoreError
+from xsp.tracer.export.sinks import InMemorySink
 
 
 def _run_session(tmp_path: Path, levels: str = "M", **options: Any) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def test_a_failed_conversion_is_an_error_with_its_reason_not_ok(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("forced conversion failure")
 
-    monkeypatch.setattr("tracer.session.build_table", broken)
+    monkeypatch.setattr("xsp.tracer.capture.session.build_table", broken)
     meta = _run_session(tmp_path)
     assert meta["status"] == "error" and meta["spans"] == 0 and meta["files"] == []
     assert "conversion failed: RuntimeError: forced conversion failure" in meta["error"]
@@ -70,7 +70,7 @@ def test_a_store_that_cannot_be_written_is_an_error(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise StoreError("cannot write spans-00000.parquet: disk full")
 
-    monkeypatch.setattr("tracer.sinks.store.write_span_part", refuse)
+    monkeypatch.setattr("xsp.tracer.export.sinks.store.write_span_part", refuse)
     meta = _run_session(tmp_path)
     assert meta["status"] == "error" and meta["spans"] == 0
     assert "the spans could not be stored" in meta["error"] and "disk full" in meta["error"]
@@ -134,7 +134,7 @@ def _fake_cupti(dropped: Any) -> Any:
 
 
 def test_cupti_undecodable_and_dropped_records_are_counted_without_a_gpu() -> None:
-    from tracer.levels.cuda import _CuptiSession, dropped_records
+    from xsp.tracer.capture.cupti import _CuptiSession, dropped_records
 
     session = _CuptiSession()
     fake = _fake_cupti(5)
@@ -272,7 +272,7 @@ def test_a_bad_cupti_buffer_size_is_a_config_error_when_used_not_at_import(
 ) -> None:
     import importlib
 
-    import tracer.levels.cuda as cuda
+    from xsp.tracer.capture import cupti as cuda
 
     monkeypatch.setenv("XSP_CUPTI_BUFFER_MB", "lots")
     importlib.reload(cuda)  # importing reads nothing

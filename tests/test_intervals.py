@@ -3,8 +3,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
-
-from tracer.intervals import depths, inherit, nest
+from xsp.tracer.convert.intervals import depths, inherit, nest
 
 
 def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xsp.collector.server import Collector, CollectorConfig
+from xsp.tracer import schema, store
 
-from collector.server import Collector, CollectorConfig
 from tests.fixtures import fixture_table, free_ports, write_run
-from tracer import schema, store
 
 ROOT = Path(__file__).resolve().parents[1]
 JAEGER_BIN = Path(
@@ -220,8 +220,8 @@ def test_jaeger_shows_recorded_gpu_times_and_the_reconstruction_apart(pushed: Ja
     """MFLG kernels start after their launch call has ended (async), which Jaeger's clock-skew
     adjuster would 'correct'. It must leave every time as recorded and warn about nothing, and
     the reconstruction, pushed into the same Jaeger, must be traces of its own."""
-    from analysis.reconstruct import reconstruct
-    from analysis.store import MeasurementStore
+    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.store import MeasurementStore
 
     jaeger = pushed
     measured = store.open_run(MEASUREMENT / "MFLG").spans()

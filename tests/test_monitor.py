@@ -3,8 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tracer.monitor import FIELDS, GpuMonitor, MonitorSamples, summarize
+from xsp.tracer.capture.monitor import GpuMonitor
+from xsp.tracer.convert.monitor import summarize
+from xsp.tracer.convert.records import FIELDS, MonitorSamples
 
 
 def _samples(times: list[int], power: list[float | None]) -> MonitorSamples:
@@ -53,8 +54,7 @@ def test_real_h200_samples_summarize_onto_a_step() -> None:
 
 def test_h200_samples_export_as_otlp_metrics_with_hw_gpu_names() -> None:
     import pyarrow.parquet as pq
-
-    from tracer.metrics import encode_metrics, metrics_to_json
+    from xsp.tracer.export.metrics import encode_metrics, metrics_to_json
 
     columns = pq.read_table(
         Path(__file__).parent / "data/monitor_r50_train_b64_h200/monitor.parquet"

@@ -4,9 +4,8 @@ a bar per row even when names shorten alike."""
 from __future__ import annotations
 
 import pyarrow as pa
-
-from analysis.charts import bar
-from analysis.present import cell, header, short_kernel
+from xsp.analysis.charts import bar
+from xsp.analysis.present import cell, header, short_kernel
 
 
 def test_headers_are_words_with_units() -> None:

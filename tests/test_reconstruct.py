@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from xsp.analysis.lanes import LaneReport, layout_lane
+from xsp.analysis.reconstruct import level_overhead, reconstruct, reconstruct_with_report
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
 
-from analysis.lanes import LaneReport, layout_lane
-from analysis.reconstruct import level_overhead, reconstruct, reconstruct_with_report
-from analysis.store import MeasurementStore
 from tests.fixtures import write_run
-from tracer import schema
 
 MS = 1_000_000
 

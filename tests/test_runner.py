@@ -9,9 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tracer.runner import LeveledSpec, run_leveled
-from tracer.store import open_measurement
+from xsp.tracer.run.runner import LeveledSpec, run_leveled
+from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,13 +95,13 @@ CONVERSION_FAILS = """
     import sys
     sys.path.insert(0, {root!r})
     import torch
-    import tracer.session
+    import xsp.tracer.capture.session
     import xsp
 
     def broken(*args, **kwargs):
         raise RuntimeError("forced conversion failure")
 
-    tracer.session.build_table = broken  # the fault: conversion fails in this process
+    xsp.tracer.capture.session.build_table = broken  # the fault: conversion fails in this process
     for _ in range(2):
         with xsp.iteration():
             torch.ones(4).sum()

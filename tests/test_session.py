@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 import torch
+from xsp.tracer.capture.session import Session
+from xsp.tracer.errors import ConfigError, DeviceError
+from xsp.tracer.export.sinks import InMemorySink
+from xsp.tracer.store import open_run
 
 import xsp
 from tests.conftest import reachable_from_root
-from tracer.errors import ConfigError, DeviceError
-from tracer.session import Session
-from tracer.sinks import InMemorySink
-from tracer.store import open_run
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:

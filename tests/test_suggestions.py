@@ -7,9 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-
-from analysis.store import MeasurementStore
-from analysis.suggestions import (
+from xsp.analysis.store import MeasurementStore
+from xsp.analysis.suggestions import (
     fp32_matmuls_on_gpu,
     host_syncs,
     index_select,
@@ -17,8 +16,9 @@ from analysis.suggestions import (
     layout_transposes,
     suggest,
 )
+from xsp.tracer import schema
+
 from tests.fixtures import fixture_table, write_run
-from tracer import schema
 
 TRACE = b"\x01" * 16
 

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
+from xsp.analysis.reconstruct import reconstruct
+from xsp.analysis.report import write_report
+from xsp.analysis.store import MeasurementStore
+from xsp.analysis.views import median_iteration
 
-from analysis.reconstruct import reconstruct
-from analysis.report import write_report
-from analysis.store import MeasurementStore
-from analysis.views import median_iteration
 from tests.browser import dump_dom
 
 ROOT = Path(__file__).resolve().parents[1]

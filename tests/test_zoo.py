@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from tracer import zoo
-from tracer.errors import ConfigError, WorkloadError
+from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.tracer.workloads import zoo
 
 
 def test_names_resolve_and_unknown_ones_are_reported() -> None:

@@ -4,7 +4,7 @@ Each is read when it is used, never at import, so that a bad value fails as one 
 ``ConfigError`` that names the variable and the value (``XSP_CUPTI_BUFFER_MB='lots': ...``).
 ``check()`` reads them all, so that ``xsp run`` refuses a bad value before any process starts.
 The OpenTelemetry exporter variables (``OTEL_EXPORTER_OTLP_*``) are read by
-``tracer.transport.OtlpConfig``.
+``xsp.tracer.export.transport.OtlpConfig``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from tracer.errors import ConfigError
+from xsp.tracer.errors import ConfigError
 
 #: CUPTI activity buffer size in MB: measured on the H200, 8 MB buffers completing mid-iteration
 #: slowed ResNet-50 training up to 4.3x, 256 MB buffers decoded after the window cost 1.02x.
@@ -23,7 +23,7 @@ MAX_CUPTI_BUFFER_MB = 16 * 1024
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
-#: The framework capture switch's values (``tracer.levels.framework``'s capture names).
+#: The framework capture switch's values (``xsp.tracer.capture.levels.framework``'s capture names).
 FRAMEWORK_CAPTURES = ("kineto", "nvtx")
 
 

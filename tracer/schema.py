@@ -47,6 +47,7 @@ KIND_MEMSET: Final = "memset"  # gpu: a memset
 
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
+PHASE_OPTIMIZER: Final = "optimizer"
 
 # Attribute keys: the public contract, documented in the README.
 ATTR_LEVEL: Final = "xsp.level"
@@ -93,13 +94,13 @@ RES_PYTHON_VERSION: Final = "xsp.python.version"
 RES_XSP_VERSION: Final = "xsp.version"
 RES_RECONSTRUCTED: Final = "xsp.reconstructed"  # true on a leveled reconstruction
 RES_RECONSTRUCTED_FROM: Final = "xsp.reconstructed.from"  # its level sets, "M,MF,MFLG"
-#: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see tracer.otlp.
+#: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see xsp.tracer.export.otlp.
 RES_JAEGER_HOST_KEY: Final = "ip"
 
 SERVICE_NAME: Final = "xsp"
 
 
-#: GPU monitor metrics summarized onto each model span (see tracer.monitor).
+#: GPU monitor metrics summarized onto each model span (see xsp.tracer.capture.monitor).
 MONITOR_SUMMARIES: Final = (
     "power_w",
     "sm_clock_mhz",

@@ -28,9 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from tracer import schema
-from tracer.errors import StoreError
+from xsp.tracer import schema
+from xsp.tracer.errors import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ Algorithm notes:
     3. After the last measured iteration the levels switch off and their records become spans,
        nested by recorded ranges and autograd sequence numbers, then stored and exported.
 
-Errors: every exception xsp raises is an ``XspError`` (see ``xsp.errors``); the traced program
+Errors: every exception xsp raises is an ``XspError`` (see ``xsp.tracer.errors``); the traced program
 never sees one from the hot path.
 """
 
@@ -44,10 +44,17 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tracer.errors import ConfigError, DeviceError, ExportError, StoreError, WorkloadError, XspError
+from xsp.tracer.errors import (
+    ConfigError,
+    DeviceError,
+    ExportError,
+    StoreError,
+    WorkloadError,
+    XspError,
+)
 
 if TYPE_CHECKING:
-    from tracer.session import Session
+    from xsp.tracer.capture.session import Session
 
 __all__ = [
     "ConfigError",
@@ -68,7 +75,7 @@ _log = logging.getLogger(__name__)
 
 def __getattr__(name: str) -> Any:
     if name == "Session":  # deferred: it imports torch
-        from tracer.session import Session
+        from xsp.tracer.capture.session import Session
 
         return Session
     raise AttributeError(f"module 'xsp' has no attribute {name!r}")
@@ -76,13 +83,13 @@ def __getattr__(name: str) -> Any:
 
 def session(levels: str = "M", iterations: int = 10, warmup: int = 2, **options: Any) -> Session:
     """Create and start a tracing session; see the module docstring."""
-    from tracer.session import Session
+    from xsp.tracer.capture.session import Session
 
     return Session(levels, iterations, warmup, **options).start()
 
 
 def current_session() -> Session | None:
-    from tracer.session import current
+    from xsp.tracer.capture.session import current
 
     return current()
 

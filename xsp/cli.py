@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tracer.errors import XspError
+from xsp.tracer.errors import XspError
 
 console = Console(stderr=True)
 out_console = Console()
@@ -113,8 +113,8 @@ def run(
     """
     import time
 
-    from tracer import schema
-    from tracer.runner import LeveledSpec, run_leveled
+    from xsp.tracer import schema
+    from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
     try:
         level_sets = schema.parse_level_sets(levels)
@@ -188,8 +188,8 @@ def run(
 def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) -> None:
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
-    from tracer.sinks import OtlpJsonFileSink, SpanBatch
-    from tracer.store import check_output, open_measurement
+    from xsp.tracer.export.sinks import OtlpJsonFileSink, SpanBatch
+    from xsp.tracer.store import check_output, open_measurement
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
@@ -199,7 +199,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
         return
     batches = _batches(run_dir, runs, reconstructed)
     if fmt == "chrome":
-        from tracer.chrome import write_chrome_trace
+        from xsp.tracer.export.chrome import write_chrome_trace
 
         if output is None:
             raise XspError("--format chrome needs -o FILE (a .json or .json.gz file)")
@@ -231,8 +231,8 @@ def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[
     """(resource, spans) to export: each run's, or the one reconstructed measurement."""
     if not reconstructed:
         return [(r.resource, r.spans()) for r in runs]
-    from analysis.reconstruct import reconstruct, reconstructed_resource
-    from analysis.store import MeasurementStore
+    from xsp.analysis.reconstruct import reconstruct, reconstructed_resource
+    from xsp.analysis.store import MeasurementStore
 
     store = MeasurementStore(run_dir)  # its warnings were printed as the runs were opened
     store.require_spans()
@@ -249,8 +249,8 @@ def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[
 def _export_metrics(runs: list[Any], output: Path | None) -> None:
     import json
 
-    from tracer.metrics import encode_metrics, metrics_to_json
-    from tracer.monitor import MonitorSamples
+    from xsp.tracer.convert.records import MonitorSamples
+    from xsp.tracer.export.metrics import encode_metrics, metrics_to_json
 
     lines = []
     for run_ in runs:
@@ -284,9 +284,9 @@ def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
     One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
     OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout.
     """
-    from tracer.sinks import OtlpSink, SpanBatch
-    from tracer.store import open_measurement
-    from tracer.transport import OtlpConfig, make_transport
+    from xsp.tracer.export.sinks import OtlpSink, SpanBatch
+    from xsp.tracer.export.transport import OtlpConfig, make_transport
+    from xsp.tracer.store import open_measurement
 
     runs = open_measurement(run_dir, _warn)
     config = OtlpConfig.from_env(endpoint)
@@ -354,8 +354,8 @@ def serve(
     A request is acknowledged once its spans are in the write-ahead spool (fsync'ed), so a killed
     collector loses no acknowledged span: the next start stores what the spool holds.
     """
-    from collector.server import CollectorConfig
-    from collector.server import serve as run_server
+    from xsp.collector.server import CollectorConfig
+    from xsp.collector.server import serve as run_server
 
     config = CollectorConfig(
         store=store_dir,
@@ -412,8 +412,8 @@ def analyze(
     ``kernels_by_name``, ...), each with its ``title``, ``note`` and ``rows``; row keys are the
     analysis' column names, which carry their units (``gain_ms_per_iteration``, ``share_pct``).
     """
-    from analysis.catalog import sections
-    from analysis.reconstruct import reconstruct_with_report
+    from xsp.analysis.catalog import sections
+    from xsp.analysis.reconstruct import reconstruct_with_report
 
     store = _open_store(run_dir)
     store.require_spans()
@@ -437,7 +437,7 @@ def analyze(
             if section.table.num_rows and section.key not in skip:
                 _print_table(section.title, section.table, rows, section.note)
     if report is not None:
-        from analysis.report import write_report
+        from xsp.analysis.report import write_report
 
         try:
             count = write_report(store, report, f"xsp: {run_dir}")
@@ -453,7 +453,7 @@ def _print_json(
     import json
     import math
 
-    from analysis.catalog import sections
+    from xsp.analysis.catalog import sections
 
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -484,8 +484,8 @@ def _print_json(
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
-    from analysis.reconstruct import reconstructed_resource
-    from tracer import store as run_store
+    from xsp.analysis.reconstruct import reconstructed_resource
+    from xsp.tracer import store as run_store
 
     deepest = max(store.runs, key=lambda r: len(r.levels))
     out = run_dir / run_store.RECONSTRUCTED
@@ -506,7 +506,7 @@ def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
     """A table that reads at 80 columns: headers as words with units, numbers whole and never
     wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
     report keep them whole). A table too wide for the terminal prints one block per row."""
-    from analysis.present import display, header
+    from xsp.analysis.present import display, header
 
     records = table.slice(0, rows).to_pylist()
     cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
@@ -558,7 +558,7 @@ def summary(run_dir: Path) -> None:
 @click.option("--filter", "pattern", help="Substring or shell pattern, e.g. resnet or 'vit_*224'.")
 def models(source: str | None, pattern: str | None) -> None:
     """List the zoo models (random weights, synthetic inputs, nothing downloaded)."""
-    from tracer import zoo
+    from xsp.tracer.workloads import zoo
 
     entries = zoo.list_models(source, pattern)
     for entry in entries:
@@ -584,7 +584,7 @@ def _ratio(overhead: float | None) -> str:
 
 def _open_store(run_dir: Path) -> Any:
     """The measurement, its reader's warnings printed (what it left out or guessed)."""
-    from analysis.store import MeasurementStore
+    from xsp.analysis.store import MeasurementStore
 
     store = MeasurementStore(run_dir)
     for message in store.warnings:
@@ -620,7 +620,7 @@ def run_warnings(run: Any) -> list[str]:
 
 
 def _print_summary(run_dir: Path, store: Any = None, warned: bool = False) -> None:
-    from analysis.summary import level_sets, top_layers
+    from xsp.analysis.summary import level_sets, top_layers
 
     if store is None:
         store = _open_store(run_dir)
@@ -702,9 +702,9 @@ def campaign_run(
     job is recorded with its reason and the campaign moves on."""
     from rich.progress import TimeRemainingColumn
 
-    from campaign import executor as executors
-    from campaign.spec import load
-    from campaign.store import CampaignStore
+    from xsp.campaign import executor as executors
+    from xsp.campaign.files import load
+    from xsp.campaign.store import CampaignStore
 
     spec = load(campaign_file)
     store = CampaignStore(out)
@@ -767,8 +767,8 @@ def campaign_run(
 )
 def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) -> None:
     """Write the campaign's comparative HTML report."""
-    from campaign.report import write_campaign_report
-    from campaign.store import CampaignStore
+    from xsp.campaign.report import write_campaign_report
+    from xsp.campaign.store import CampaignStore
 
     output = output or campaign_dir / "report.html"
     count = write_campaign_report(CampaignStore(campaign_dir), output, run_reports)
@@ -784,7 +784,7 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
     with job, model, mode, batch_size and levels)."""
     import duckdb
 
-    from campaign.store import CampaignStore
+    from xsp.campaign.store import CampaignStore
 
     try:
         relation = CampaignStore(campaign_dir).connect().sql(query)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from tracer.records import StepRecords
+from xsp.tracer.convert.records import StepRecords
 
 
 class ModelLevel:

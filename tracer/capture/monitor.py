@@ -17,44 +17,13 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
+
+from xsp.tracer.convert.records import FIELDS, GPM_METRICS, MonitorSamples
 
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 0.1
-BASIC = (
-    "power_w",
-    "energy_j",
-    "sm_clock_mhz",
-    "memory_clock_mhz",
-    "clock_event_reasons",
-    "memory_used_bytes",
-    "utilization_pct",
-)
-#: GPM metric name -> NVML constant name.
-GPM_METRICS = {
-    "sm_active_pct": "NVML_GPM_METRIC_SM_UTIL",
-    "sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",
-    "graphics_active_pct": "NVML_GPM_METRIC_GRAPHICS_UTIL",
-    "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
-    "dram_bw_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
-    "fp32_active_pct": "NVML_GPM_METRIC_FP32_UTIL",
-    "fp16_active_pct": "NVML_GPM_METRIC_FP16_UTIL",
-    "pcie_tx_mb_per_s": "NVML_GPM_METRIC_PCIE_TX_PER_SEC",
-    "pcie_rx_mb_per_s": "NVML_GPM_METRIC_PCIE_RX_PER_SEC",
-}
-FIELDS = BASIC + tuple(GPM_METRICS)
-
-
-@dataclass
-class MonitorSamples:
-    """One row per sample; GPM values describe the window since the previous sample."""
-
-    time_ns: list[int] = field(default_factory=list)
-    values: dict[str, list[float | None]] = field(default_factory=lambda: {f: [] for f in FIELDS})
-    unavailable: str | None = None
-    gpm_unavailable: str | None = None
 
 
 class GpuMonitor:
@@ -164,24 +133,3 @@ class GpuMonitor:
             out = dict.fromkeys(GPM_METRICS)
         self._gpm = [current, previous]
         return out
-
-
-def summarize(
-    samples: MonitorSamples, starts: list[int], ends: list[int]
-) -> dict[str, list[float | None]]:
-    """Mean of each metric over each step: the samples taken inside it, or, for a step shorter
-    than the sampling interval, the first sample after it (whose window covers the step)."""
-    import numpy as np
-
-    times = np.asarray(samples.time_ns, dtype=np.int64)
-    out: dict[str, list[float | None]] = {name: [] for name in FIELDS}
-    for start, end in zip(starts, ends, strict=True):
-        rows = np.nonzero((times >= start) & (times <= end))[0]
-        if len(rows) == 0:
-            after = np.nonzero(times > end)[0]
-            rows = after[:1]
-        for name in FIELDS:
-            values = [samples.values[name][i] for i in rows]
-            present = [v for v in values if v is not None]
-            out[name].append(float(np.mean(present)) if present else None)
-    return out

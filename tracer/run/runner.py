@@ -1,7 +1,7 @@
 """The leveled runner: the same workload once per level set, each in a fresh process.
 
 ``run_leveled`` validates everything it can up front (level sets, model name, device, output
-directory), then for each level set starts ``python -m tracer.child`` with a pipe for progress,
+directory), then for each level set starts ``python -m xsp.tracer.run.child`` with a pipe for progress,
 waits for it, and records the run in ``RUN_DIR/manifest.json``. A failing level-set run stops the
 measurement; what it recorded stays in the store.
 
@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tracer import schema, store
-from tracer.errors import ConfigError, StoreError
-from tracer.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
+from xsp.tracer import schema, store
+from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
+from xsp.tracer.errors import ConfigError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def validate(spec: LeveledSpec) -> list[str]:
     if (spec.model is None) == (not spec.command):
         raise ConfigError("give either --model NAME or a Python command after --")
     if spec.model is not None:
-        from tracer import zoo
+        from xsp.tracer.workloads import zoo
 
         zoo.find(spec.model)
         if spec.mode not in zoo.MODES:
@@ -175,9 +175,9 @@ def validate(spec: LeveledSpec) -> list[str]:
             raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
     else:
         script_command(spec.command)
-    from tracer import config
-    from tracer.levels import check_levels
-    from tracer.session import resolve_device
+    from xsp.tracer import config
+    from xsp.tracer.capture.levels import check_levels
+    from xsp.tracer.capture.session import resolve_device
 
     config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
     device = resolve_device(spec.device)
@@ -311,7 +311,7 @@ def child_argv(
     argv = [
         sys.executable,
         "-m",
-        "tracer.child",
+        "xsp.tracer.run.child",
         "--levels",
         levels,
         "--out",
@@ -565,7 +565,7 @@ def _spawn(
     stderr_path: Path | None,
     gated: bool,
 ) -> tuple[Wait, int, int | None, int]:
-    """A fresh interpreter (``python -m tracer.child``); (its wait, its progress pipe, its gate
+    """A fresh interpreter (``python -m xsp.tracer.run.child``); (its wait, its progress pipe, its gate
     when ``gated``, its pid)."""
     read_fd, write_fd = os.pipe()
     gate_read, gate_write = os.pipe() if gated else (None, None)
@@ -629,10 +629,12 @@ def _fork(
 ) -> tuple[Wait, int, int | None, int]:
     """A process forked from the preloaded fork server; (its wait, its progress pipe, its gate
     when ``gated``, its pid). With a time limit it starts its own process group."""
-    from tracer import forkserver
+    from xsp.tracer.run import forkserver
 
     own_group = spec.timeout_s is not None
-    argv = child_argv(spec, levels, measurement_id, None)[3:]  # drop "python -m tracer.child"
+    argv = child_argv(spec, levels, measurement_id, None)[
+        3:
+    ]  # drop "python -m xsp.tracer.run.child"
     process, read_fd, gate = forkserver.start(argv, env, stderr_path, gated, own_group)
 
     def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
@@ -684,8 +686,8 @@ def _level_environment(
 ) -> dict[str, str]:
     """What the levels need in the environment before the child's libraries start; the user's
     own settings win."""
-    from tracer.levels import LevelContext, level_environment
-    from tracer.session import resolve_device
+    from xsp.tracer.capture.levels import LevelContext, level_environment
+    from xsp.tracer.capture.session import resolve_device
 
     device = resolve_device(spec.device)
     needed = level_environment(LevelContext(device, levels))

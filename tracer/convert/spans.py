@@ -16,20 +16,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracer import schema
-from tracer.intervals import depths, inherit, nest
-from tracer.monitor import MonitorSamples, summarize
-from tracer.records import (
+from xsp.tracer import schema
+from xsp.tracer.convert.columns import dictionary_column
+from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
+from xsp.tracer.convert.intervals import depths, inherit, nest
+from xsp.tracer.convert.monitor import summarize
+from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
     ApiRecords,
     FrameworkRecords,
     GpuRecords,
+    MonitorSamples,
     StepRecords,
 )
 
 OPTIMIZER_PREFIX = "Optimizer."
+#: Codes of the framework block's kind and phase columns: positions in these tuples.
+FRAMEWORK_KINDS = (schema.KIND_OP, schema.KIND_MODULE, schema.KIND_BACKWARD, schema.KIND_OPTIMIZER)
+PHASES = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD, schema.PHASE_OPTIMIZER)
+FORWARD = PHASES.index(schema.PHASE_FORWARD)
 STEP_SPAN_NAME = "step"
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
@@ -118,8 +125,6 @@ def build_table(
     api_iteration = np.zeros(0, dtype=np.int64)
     api_inherited: dict[str, Any] = {}
     if api is not None:
-        from tracer.convert_cuda import api_columns, library_columns
-
         ops = None
         if fw_block is not None:
             ops = {k: fw_block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
@@ -165,8 +170,6 @@ def build_table(
             )
         )
     if gpu is not None:
-        from tracer.convert_cuda import gpu_columns
-
         kept, gpu_iteration, columns, api_row = gpu_columns(
             gpu, steps, api_correlation, api_iteration
         )
@@ -267,18 +270,6 @@ def _step_block(steps: StepRecords, failures: dict[int, str]) -> _Block:
     )
 
 
-def dictionary_column(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
-    """A dictionary-encoded string column holding only the values in use; code -1 is null."""
-    valid = codes >= 0
-    used = np.zeros(len(values), dtype=bool)
-    used[codes[valid]] = True
-    remap = np.cumsum(used, dtype=np.int64) - 1
-    compact = np.where(valid, remap[np.maximum(codes, 0)], 0).astype(np.int32)
-    kept = [v for v, keep in zip(values, used.tolist(), strict=True) if keep]
-    indices = pa.array(compact, pa.int32(), mask=~valid)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(kept, pa.string()))
-
-
 def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     # Strings arrive as codes into small tables of distinct values, so every step below is a
     # numpy or arrow operation over whole columns: conversion must keep up with ~1M spans/s.
@@ -344,16 +335,18 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     own_module = np.full(m, -1, dtype=np.int64)
     own_module[module_rows] = call_module[call]
 
-    phase_code = np.full(m, -1, dtype=np.int8)  # 0 forward, 1 backward, 2 optimizer
-    phase_code[is_backward] = 1
-    phase_code[is_optimizer] = 2
-    phase_code[(parent < 0) & (phase_code < 0)] = 0
+    phase_code = np.full(m, -1, dtype=np.int8)
+    phase_code[is_backward] = PHASES.index(schema.PHASE_BACKWARD)
+    phase_code[is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
+    phase_code[(parent < 0) & (phase_code < 0)] = FORWARD
     phase_code = inherit(phase_code, parent, depth)
     module = inherit(own_module, parent, depth)
 
     # Backward attribution: an autograd node carries the sequence number of the forward op that
     # created it; that op ran inside a module on the forward thread.
-    forward_ops = np.nonzero((phase_code == 0) & (seq_nr >= 0) & (module >= 0) & ~is_module)[0]
+    forward_ops = np.nonzero((phase_code == FORWARD) & (seq_nr >= 0) & (module >= 0) & ~is_module)[
+        0
+    ]
     by_seq = dict(
         zip(
             zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=True),
@@ -368,12 +361,10 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
 
     infos = rec.modules
     typed = (is_module | is_backward) & (own_module >= 0)
-    kind_codes = np.zeros(m, dtype=np.int64)
-    kind_codes[is_module] = 1
-    kind_codes[is_backward] = 2
-    kind_codes[is_optimizer] = 3
-    kinds = [schema.KIND_OP, schema.KIND_MODULE, schema.KIND_BACKWARD, schema.KIND_OPTIMIZER]
-    phases = [schema.PHASE_FORWARD, schema.PHASE_BACKWARD, "optimizer"]
+    kind_codes = np.full(m, FRAMEWORK_KINDS.index(schema.KIND_OP), dtype=np.int64)
+    kind_codes[is_module] = FRAMEWORK_KINDS.index(schema.KIND_MODULE)
+    kind_codes[is_backward] = FRAMEWORK_KINDS.index(schema.KIND_BACKWARD)
+    kind_codes[is_optimizer] = FRAMEWORK_KINDS.index(schema.KIND_OPTIMIZER)
 
     # Module ranges take their per-call facts (path, shapes, source) instead of the profiler's.
     mods = [infos[i] for i in own_module[module_rows]]
@@ -414,8 +405,8 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
             "name": display,
             "start_ns": start,
             "dur_ns": end - start,
-            "kind": dictionary_column(kind_codes, kinds),
-            "phase": dictionary_column(phase_code.astype(np.int64), phases),
+            "kind": dictionary_column(kind_codes, list(FRAMEWORK_KINDS)),
+            "phase": dictionary_column(phase_code.astype(np.int64), list(PHASES)),
             "thread_id": thread,
             "module_path": dictionary_column(module, [i.path for i in infos]),
             "module_type": dictionary_column(

@@ -25,8 +25,8 @@ import tempfile
 import threading
 from typing import Any
 
-from tracer.errors import XspError
-from tracer.records import ApiRecords, RangeRecords
+from xsp.tracer.convert.records import ApiRecords, RangeRecords
+from xsp.tracer.errors import XspError
 
 log = logging.getLogger(__name__)
 

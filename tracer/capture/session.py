@@ -30,13 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from tracer import schema, store
-from tracer.convert import build_table
-from tracer.errors import ConfigError, DeviceError, XspError
-from tracer.levels import Level, LevelContext, build_levels, check_levels, level_environment
-from tracer.monitor import GpuMonitor, MonitorSamples
-from tracer.sinks import CompositeSink, Sink, SpanBatch, StoreSink
+from xsp.tracer import schema, store
+from xsp.tracer.capture.levels import (
+    Level,
+    LevelContext,
+    build_levels,
+    check_levels,
+    level_environment,
+)
+from xsp.tracer.capture.monitor import GpuMonitor
+from xsp.tracer.convert.records import MonitorSamples
+from xsp.tracer.convert.spans import build_table
+from xsp.tracer.errors import ConfigError, DeviceError, XspError
+from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch, StoreSink
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +374,9 @@ class Session:
                 log.exception("xsp: level %s failed to stop", level.letter)
         self._phase_ns["stopped"] = time.time_ns()
         counts: dict[str, Any] = {}
-        for level in stopped:  # drains run once every level has stopped (see tracer.levels)
+        for (
+            level
+        ) in stopped:  # drains run once every level has stopped (see xsp.tracer.capture.levels)
             try:
                 raw[level.letter] = level.drain()
             except Exception as exc:

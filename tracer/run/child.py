@@ -1,4 +1,4 @@
-"""One level-set run in its own process: ``python -m tracer.child``.
+"""One level-set run in its own process: ``python -m xsp.tracer.run.child``.
 
 The leveled runner starts one of these per level set so that no level's state (hooks, profiler
 buffers, CUPTI subscriptions, allocator caches) leaks into the next. It runs either a zoo workload
@@ -26,12 +26,12 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from tracer import schema
-from tracer import session as sessions
-from tracer.errors import XspError
-from tracer.session import Session, fail_message
-from tracer.sinks import OtlpSink, Sink
-from tracer.transport import OtlpConfig, make_transport
+from xsp.tracer import schema
+from xsp.tracer.capture import session as sessions
+from xsp.tracer.capture.session import Session, fail_message
+from xsp.tracer.errors import XspError
+from xsp.tracer.export.sinks import OtlpSink, Sink
+from xsp.tracer.export.transport import OtlpConfig, make_transport
 
 log = logging.getLogger("xsp")
 
@@ -91,7 +91,7 @@ def _sinks(endpoint: str | None) -> list[Sink]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tracer.child")
+    parser = argparse.ArgumentParser(prog="python -m xsp.tracer.run.child")
     parser.add_argument("--levels", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--iterations", type=int, required=True)
@@ -156,8 +156,8 @@ def _session(args: argparse.Namespace, **options: Any) -> Session:
 
 
 def _run_zoo(args: argparse.Namespace) -> int:
-    from tracer import zoo
-    from tracer.session import resolve_device
+    from xsp.tracer.capture.session import resolve_device
+    from xsp.tracer.workloads import zoo
 
     device = resolve_device(args.device)
     workload = zoo.build(

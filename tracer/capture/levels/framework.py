@@ -10,7 +10,7 @@ Capture uses two cheap sources that share one clock:
    ops they run. The hooks only append (module index, input shapes, output shapes) to lists.
 
 Nothing is turned into spans during the measured window; ``drain`` copies the profiler's events into
-plain lists after it, and ``tracer.convert`` nests them.
+plain lists after it, and ``xsp.tracer.convert.spans`` nests them.
 
 On CUDA, when level L or G runs in the same process, source 1 changes: Kineto would hold CUPTI
 (on CUDA builds its CPU activity records CUDA calls through CUPTI), and CUPTI has one owner per
@@ -42,9 +42,8 @@ from torch.autograd import (
     _prepare_profiler,
 )
 from torch.nn.modules import module as nn_module
-
-from tracer.errors import XspError
-from tracer.records import (
+from xsp.tracer.capture import cupti
+from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
@@ -52,6 +51,7 @@ from tracer.records import (
     ModuleInfo,
     RangeRecords,
 )
+from xsp.tracer.errors import XspError
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,6 @@ def _tensor_shapes(values: Any) -> tuple[Any, ...]:
     elif not isinstance(values, (tuple, list)):
         values = getattr(values, "values", lambda: ())()  # ModelOutput and other mappings
     return tuple(v.shape for v in values if isinstance(v, torch.Tensor))
-
-
-_owner: FrameworkLevel | None = None
-
-
-def owns_profiler() -> bool:
-    """True while xsp's own framework level is the one running the PyTorch profiler."""
-    return _owner is not None
 
 
 #: Capture backends of level F: the Kineto CPU activity, or NVTX ranges recorded by CUPTI.
@@ -122,16 +114,13 @@ class FrameworkLevel:
                 "torch.profiler and xsp's F level cannot record at the same time"
             )
         if self.capture == CAPTURE_NVTX:
-            from tracer.levels.cuda import cupti_session
-
-            cupti_session().start(("MARKER",))
+            cupti.cupti_session().start(("MARKER",))
             _enable_profiler(self._config, self._activities)
         else:
             with _quiet_native_stderr():
                 _prepare_profiler(self._config, self._activities)
                 _enable_profiler(self._config, self._activities)
-        global _owner
-        _owner = self
+        cupti.claim_profiler(self)
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre_hook),
             nn_module.register_module_forward_hook(self._post_hook, always_call=True),
@@ -153,24 +142,17 @@ class FrameworkLevel:
         self._handles = []
         while self._stack:  # ranges left open by an exception that skipped a post hook
             self._stack.pop()[2].__exit__(None, None, None)
-        global _owner
-        if _owner is self and torch.autograd._profiler_enabled():
+        if cupti.owns_profiler(self) and torch.autograd._profiler_enabled():
             with _quiet_native_stderr():
                 self._result = _disable_profiler()
-        if _owner is self:
-            _owner = None
-            if self.capture == CAPTURE_NVTX:
-                from tracer.levels.cuda import cupti_session
-
-                cupti_session().stop()
+        if cupti.release_profiler(self) and self.capture == CAPTURE_NVTX:
+            cupti.cupti_session().stop()
 
     def drain(self) -> FrameworkRecords:
         records, self._records = self._records, FrameworkRecords()
         result, self._result = self._result, None
         if self.capture == CAPTURE_NVTX:
-            from tracer.levels.cuda import cupti_session
-
-            session = cupti_session()
+            session = cupti.cupti_session()
             ranges = session.take_ranges(default_domain=True)
             session.release()
             if not len(ranges.start_ns) and self._records_expected:

@@ -3,8 +3,8 @@ conventions where one exists (utilization, memory usage, power, energy) and ``xs
 rest (the GPM metrics: SM active, occupancy, tensor active...). One data point per sample, stamped
 with the sample's time; GPM values describe the window since the previous sample.
 
-``xsp export RUN --format otlp-metrics-json`` writes them (OTLP JSON, one line per run) and
-``xsp push`` sends them next to the traces, to the endpoint's metrics path.
+``xsp export RUN --format otlp-metrics-json`` writes them (OTLP JSON, one line per run), which
+any OTLP collector's file receiver takes; ``xsp push`` sends traces only.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-
-from tracer.monitor import MonitorSamples
-from tracer.otlp import key_values
+from xsp.tracer.convert.records import MonitorSamples
+from xsp.tracer.export.otlp import key_values
 
 #: monitor field -> (metric name, unit, scale to the unit, attributes, monotonic sum?)
 METRICS: dict[str, tuple[str, str, float, dict[str, str], bool]] = {

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-from tracer.errors import ConfigError, ExportError
+from xsp.tracer.errors import ConfigError, ExportError
 
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 DEFAULT_PROTOCOL = "http/protobuf"
@@ -132,7 +131,7 @@ class HttpTransport:
         if self._config.protocol == "http/json":
             import json
 
-            from tracer.otlp import request_to_json
+            from xsp.tracer.export.otlp import request_to_json
 
             body = json.dumps(request_to_json(request)).encode()
             content_type = "application/json"

@@ -138,3 +138,40 @@ class GpuRecords:
     bytes: array[int] = field(default_factory=_int64s)  # copies and sets
     copy_kind: Interned = field(default_factory=Interned)
     dropped: int = 0
+
+
+# -- GPU monitor samples (capture: xsp.tracer.capture.monitor) ------------------------------
+
+#: NVML's basic readings, one value per sample.
+BASIC = (
+    "power_w",
+    "energy_j",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "clock_event_reasons",
+    "memory_used_bytes",
+    "utilization_pct",
+)
+#: GPM metric name -> NVML constant name.
+GPM_METRICS = {
+    "sm_active_pct": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "graphics_active_pct": "NVML_GPM_METRIC_GRAPHICS_UTIL",
+    "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_bw_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "fp32_active_pct": "NVML_GPM_METRIC_FP32_UTIL",
+    "fp16_active_pct": "NVML_GPM_METRIC_FP16_UTIL",
+    "pcie_tx_mb_per_s": "NVML_GPM_METRIC_PCIE_TX_PER_SEC",
+    "pcie_rx_mb_per_s": "NVML_GPM_METRIC_PCIE_RX_PER_SEC",
+}
+FIELDS = BASIC + tuple(GPM_METRICS)
+
+
+@dataclass
+class MonitorSamples:
+    """One row per sample; GPM values describe the window since the previous sample."""
+
+    time_ns: list[int] = field(default_factory=list)
+    values: dict[str, list[float | None]] = field(default_factory=lambda: {f: [] for f in FIELDS})
+    unavailable: str | None = None
+    gpm_unavailable: str | None = None

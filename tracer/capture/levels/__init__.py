@@ -11,7 +11,7 @@ A level captures one layer of the stack. Its life inside a session::
 
 All five are called from the thread that runs the user's training or inference loop; enable,
 disable and drain may block (they run outside the measured window), begin/end_iteration must only
-append to preallocated buffers. Raw records are turned into spans later by ``tracer.convert``.
+append to preallocated buffers. Raw records are turned into spans later by ``xsp.tracer.convert.spans``.
 
 Each level is one module plus one registry entry; `check_levels` says which combinations can run.
 """
@@ -66,7 +66,7 @@ class LevelContext:
 
 
 def _model(ctx: LevelContext) -> Level:
-    from tracer.levels.model import ModelLevel
+    from xsp.tracer.capture.levels.model import ModelLevel
 
     return ModelLevel(ctx.device)
 
@@ -75,11 +75,11 @@ def framework_capture(ctx: LevelContext) -> str:
     """Kineto's CPU activity, unless CUPTI already serves this process (L or G on CUDA): then
     NVTX ranges through CUPTI, since Kineto would claim CUPTI too. ``XSP_FRAMEWORK_CAPTURE=nvtx``
     selects NVTX on CUDA without L or G (for overhead comparisons)."""
-    from tracer.levels.framework import CAPTURE_KINETO, CAPTURE_NVTX
+    from xsp.tracer.capture.levels.framework import CAPTURE_KINETO, CAPTURE_NVTX
 
     if ctx.uses_cupti:
         return CAPTURE_NVTX
-    from tracer import config
+    from xsp.tracer import config
 
     if ctx.on_cuda and config.framework_capture() == CAPTURE_NVTX:
         return CAPTURE_NVTX
@@ -87,7 +87,7 @@ def framework_capture(ctx: LevelContext) -> str:
 
 
 def _framework(ctx: LevelContext) -> Level:
-    from tracer.levels.framework import CAPTURE_NVTX, FrameworkLevel
+    from xsp.tracer.capture.levels.framework import CAPTURE_NVTX, FrameworkLevel
 
     capture = framework_capture(ctx)
     shapes = ctx.op_shapes
@@ -95,7 +95,7 @@ def _framework(ctx: LevelContext) -> Level:
         # Formatting shapes into every op's NVTX name costs ~6 µs per op against 0.5-1 µs without
         # (measured on the dev machine); the MF run records them, and the reconstruction takes
         # op details from it. XSP_NVTX_OP_SHAPES=1 records them here too.
-        from tracer import config
+        from xsp.tracer import config
 
         shapes = shapes and config.nvtx_op_shapes()
     return FrameworkLevel(record_shapes=shapes, capture=capture)
@@ -103,20 +103,20 @@ def _framework(ctx: LevelContext) -> Level:
 
 def _library(ctx: LevelContext) -> Level:
     if not ctx.on_cuda:
-        from tracer.levels.onednn import OneDnnLevel
+        from xsp.tracer.capture.levels.onednn import OneDnnLevel
 
         return OneDnnLevel()
-    from tracer.levels.cuda import LibraryLevel
+    from xsp.tracer.capture.levels.cuda import LibraryLevel
 
     return LibraryLevel()
 
 
 def _gpu(ctx: LevelContext) -> Level:
     if not ctx.on_cuda:
-        from tracer.errors import ConfigError
+        from xsp.tracer.errors import ConfigError
 
         raise ConfigError("level G records GPU work: it needs --device cuda")
-    from tracer.levels.cuda import GpuLevel
+    from xsp.tracer.capture.levels.cuda import GpuLevel
 
     return GpuLevel()
 
@@ -128,7 +128,7 @@ REGISTRY: dict[str, LevelFactory] = {"M": _model, "F": _framework, "L": _library
 def check_levels(levels: str, device: str) -> None:
     """Raise ConfigError when a level of ``levels`` cannot run on ``device``."""
     if "G" in levels and not device.startswith("cuda"):
-        from tracer.errors import ConfigError
+        from xsp.tracer.errors import ConfigError
 
         raise ConfigError(
             f"level set {levels}: level G records GPU work and needs --device cuda "
@@ -141,11 +141,11 @@ def level_environment(ctx: LevelContext) -> dict[str, str]:
     injection into CUPTI and the libraries' NVTX switches on CUDA, oneDNN's verbose timestamps on
     CPU. Reading it imports nothing heavy."""
     if ctx.uses_cupti:
-        from tracer.levels.cuda import nvtx_environment
+        from xsp.tracer.capture.cupti import nvtx_environment
 
         return nvtx_environment()
     if "L" in ctx.levels and not ctx.on_cuda:
-        from tracer.levels.onednn import ONEDNN_ENV
+        from xsp.tracer.capture.levels.onednn import ONEDNN_ENV
 
         return dict(ONEDNN_ENV)
     return {}

@@ -1,17 +1,12 @@
-"""Levels L and G on CUDA, through NVIDIA's cupti-python Activity API.
+"""CUPTI's one owner in a process: the activity session that levels F (NVTX ranges), L and G all
+use, and the record of who runs the PyTorch profiler.
 
-- L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records) and the
-  cuBLAS, cuBLASLt and cuDNN calls around them, from the NVTX ranges those libraries emit when
-  ``CUBLAS_NVTX_LEVEL`` and friends are set and NVTX is injected into CUPTI (MARKER records).
-- G (gpu): kernels (CONCURRENT_KERNEL, never KERNEL, which serializes them), memcpy and memset.
-- F on CUDA, when L or G runs too, takes PyTorch's operator ranges from the same MARKER records
-  (see tracer.levels.framework): one CUPTI owner, one clock, OS thread ids throughout.
-
-All of them share one CUPTI activity session per process: the driver allows one subscriber, and
-the last callback registration wins process-wide. Buffers are large (``XSP_CUPTI_BUFFER_MB``, 256
-MB by default, read by ``tracer.config`` when the levels are built) so that none completes inside a measured iteration: records stay in CUPTI's buffers
-until ``disable`` flushes them, and the completion callback decodes them into typed arrays then.
-At the end of the run CUPTI is finalized so that nothing stays attached to the process.
+The driver allows one CUPTI subscriber per process, and the last callback registration wins
+process-wide, so every level goes through ``cupti_session()``. Buffers are large
+(``XSP_CUPTI_BUFFER_MB``, 256 MB by default, read by ``xsp.tracer.config`` when the session is
+built) so that none completes inside a measured iteration: records stay in CUPTI's buffers until
+the last user stops the session, and the completion callback decodes them into typed arrays
+then. At the end of the run CUPTI is finalized so that nothing stays attached to the process.
 """
 
 from __future__ import annotations
@@ -22,9 +17,8 @@ import time
 from array import array
 from typing import Any
 
-from tracer import config
-from tracer.errors import DeviceError, XspError
-from tracer.records import (
+from xsp.tracer import config
+from xsp.tracer.convert.records import (
     API_DRIVER,
     API_RUNTIME,
     DEFAULT_DOMAIN,
@@ -35,6 +29,7 @@ from tracer.records import (
     GpuRecords,
     RangeRecords,
 )
+from xsp.tracer.errors import DeviceError, XspError
 
 log = logging.getLogger(__name__)
 
@@ -437,9 +432,7 @@ def _check_exclusive() -> None:
     wins process-wide, so sharing would silently leave one of the two with nothing."""
     import torch
 
-    from tracer.levels import framework
-
-    if torch.autograd._profiler_enabled() and not framework.owns_profiler():
+    if torch.autograd._profiler_enabled() and _profiler_owner is None:
         raise XspError(
             "torch.profiler is running in this process; it and xsp's levels L and G "
             "cannot share CUPTI: stop the profiler or drop levels L and G"
@@ -462,44 +455,23 @@ def cupti_session() -> _CuptiSession:
     return _session
 
 
-class LibraryLevel:
-    """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges)."""
-
-    letter = "L"
-    kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER")
-
-    def __init__(self) -> None:
-        self._session = cupti_session()
-
-    def enable(self) -> None:
-        self._session.start(self.kinds)
-
-    def begin_iteration(self, index: int) -> None:
-        pass
-
-    def end_iteration(self, index: int) -> None:
-        pass
-
-    def disable(self) -> None:
-        self._session.stop()
-
-    def drain(self) -> ApiRecords:
-        records = self._session.take_api()
-        self._session.release()
-        return records
-
-    def counts(self) -> dict[str, Any]:
-        """CUPTI's losses for run.json (the session asks every level that has ``counts``)."""
-        return {"cupti": self._session.counts()}
+_profiler_owner: object | None = None
 
 
-class GpuLevel(LibraryLevel):
-    """Level G: kernels, memcpys and memsets."""
+def claim_profiler(owner: object) -> None:
+    """Level F runs the PyTorch profiler (Kineto or its NVTX observer) on xsp's behalf."""
+    global _profiler_owner
+    _profiler_owner = owner
 
-    letter = "G"
-    kinds: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET")
 
-    def drain(self) -> GpuRecords:  # type: ignore[override]
-        records = self._session.take_gpu()
-        self._session.release()
-        return records
+def release_profiler(owner: object) -> bool:
+    """Level F stopped its profiler; False when ``owner`` did not hold it."""
+    global _profiler_owner
+    if _profiler_owner is not owner:
+        return False
+    _profiler_owner = None
+    return True
+
+
+def owns_profiler(owner: object) -> bool:
+    return _profiler_owner is owner

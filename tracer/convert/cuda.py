@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-from tracer import schema
-from tracer.convert import dictionary_column
-from tracer.intervals import find_rows, nest
-from tracer.records import (
+from xsp.tracer import schema
+from xsp.tracer.convert.columns import dictionary_column
+from xsp.tracer.convert.intervals import find_rows, nest
+from xsp.tracer.convert.records import (
     API_RUNTIME,
     GPU_KERNEL,
     GPU_MEMCPY,

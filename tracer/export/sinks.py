@@ -20,10 +20,10 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import pyarrow as pa
-
-from tracer import otlp, store
-from tracer.errors import XspError
-from tracer.transport import Transport
+from xsp.tracer import store
+from xsp.tracer.errors import XspError
+from xsp.tracer.export import otlp
+from xsp.tracer.export.transport import Transport
 
 log = logging.getLogger(__name__)
 

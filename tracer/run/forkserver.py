@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 #: Imported once by the server (the zoo's sources and xsp's capture path).
-PRELOAD = ("torch", "torchvision", "timm", "transformers", "tracer.child", "tracer.zoo")
+PRELOAD = (
+    "torch",
+    "torchvision",
+    "timm",
+    "transformers",
+    "xsp.tracer.run.child",
+    "xsp.tracer.workloads.zoo",
+)
 
 _context: ForkServerContext | None = None
 _lock = threading.Lock()
@@ -46,7 +53,7 @@ def _entry(
     own_group: bool = False,
 ) -> None:
     """Runs in the forked child: its own process group when asked (a time limit then kills its
-    children too), the environment, then ``python -m tracer.child``'s main."""
+    children too), the environment, then ``python -m xsp.tracer.run.child``'s main."""
     if own_group:
         os.setsid()
     os.environ.clear()
@@ -60,7 +67,7 @@ def _entry(
     if gate is not None:
         argv = [*argv, "--gate-fd", str(os.dup(gate.fileno()))]
         gate.close()
-    from tracer import child
+    from xsp.tracer.run import child
 
     code = child.main([*argv, "--progress-fd", str(progress_fd)])
     sys.stdout.flush()
@@ -75,7 +82,7 @@ def start(
     gated: bool,
     own_group: bool = False,
 ) -> tuple[Any, int, int | None]:
-    """Fork a level-set process running ``tracer.child`` with ``argv`` (its arguments, without the
+    """Fork a level-set process running ``xsp.tracer.run.child`` with ``argv`` (its arguments, without the
     interpreter and module); return (process, read end of its progress pipe, write end of its
     gate when ``gated``), the ends as fds."""
     ctx = context()

@@ -1,0 +1,108 @@
+"""Campaign files (TOML), read and checked into a ``CampaignSpec``.
+
+::
+
+    [campaign]
+    name = "smoke"
+    device = "cpu"            # cpu or cuda
+    modes = ["infer"]         # infer, train
+    batch_sizes = [1, 2]
+    level_sets = ["M", "MF"]
+    iterations = 3
+    warmup = 1
+    timeout_s = 900           # per level set; past it, killed with its children: status timeout
+
+    [models]
+    names = ["torchvision:resnet18"]                       # by name
+    select = [{ source = "timm", pattern = "resnet1*" }]   # and/or by zoo filter
+
+Model names are kept even when the zoo does not know them (the job records that failure);
+zoo filters are resolved here, which is why reading a file needs the zoo and a stored spec
+(``xsp.campaign.spec.from_record``) does not.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from xsp.campaign.spec import DEFAULT_TIMEOUT_S, CampaignSpec
+from xsp.tracer import schema
+from xsp.tracer.errors import ConfigError
+from xsp.tracer.workloads import zoo
+
+
+def load(path: Path) -> CampaignSpec:
+    """Read and check a campaign file; ConfigError names the file and the bad value."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read campaign file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    try:
+        return from_dict(data, default_name=path.stem)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignSpec:
+    section = dict(data.get("campaign", {}))
+    unknown = set(section) - {
+        "name",
+        "device",
+        "modes",
+        "batch_sizes",
+        "level_sets",
+        "iterations",
+        "warmup",
+        "timeout_s",
+    }
+    if unknown:
+        raise ConfigError(f"unknown [campaign] keys {sorted(unknown)}")
+    models = _models(data.get("models", {}))
+    try:
+        level_sets = [schema.parse_levels(str(s)) for s in section.get("level_sets", ["M", "MF"])]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    modes = [str(m) for m in section.get("modes", ["infer"])]
+    bad_modes = [m for m in modes if m not in zoo.MODES]
+    if bad_modes:
+        raise ConfigError(f"bad modes {bad_modes}: use train and/or infer")
+    batch_sizes = [int(b) for b in section.get("batch_sizes", [1])]
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ConfigError(f"bad batch_sizes {batch_sizes}: give positive integers")
+    device = str(section.get("device", "cuda"))
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ConfigError(f"bad device {device!r}: use cpu or cuda")
+    spec = CampaignSpec(
+        name=str(section.get("name", default_name)),
+        models=models,
+        batch_sizes=batch_sizes,
+        modes=modes,
+        level_sets=level_sets,
+        iterations=int(section.get("iterations", 5)),
+        warmup=int(section.get("warmup", 2)),
+        device=device,
+        timeout_s=float(section.get("timeout_s", DEFAULT_TIMEOUT_S)),
+    )
+    if spec.iterations < 1 or spec.warmup < 0 or spec.timeout_s <= 0:
+        raise ConfigError("iterations must be >= 1, warmup >= 0 and timeout_s > 0")
+    return spec
+
+
+def _models(section: dict[str, Any]) -> list[str]:
+    """Model names in file order, then the zoo filters' matches; duplicates dropped. Names are
+    kept even when the zoo does not know them: the job records that failure and moves on."""
+    names = [str(n) for n in section.get("names", [])]
+    for selector in section.get("select", []):
+        if not isinstance(selector, dict) or set(selector) - {"source", "pattern", "task"}:
+            raise ConfigError(f"bad models.select entry {selector!r}: keys source, pattern, task")
+        entries = zoo.list_models(selector.get("source"), selector.get("pattern"))
+        task = selector.get("task")
+        names += [e.qualified for e in entries if task is None or e.task == task]
+    unique = list(dict.fromkeys(names))
+    if not unique:
+        raise ConfigError("no models: give [models] names or select")
+    return unique

@@ -1,0 +1,159 @@
+"""The package's shape, checked from the source: one top-level name, stages that import one way,
+no import cycles, and store-only commands that never load torch.
+
+The import graph is read statically from every ``import`` in ``xsp/`` (function-level imports
+included: a lazy import is still a dependency), so a test fails the day an arrow turns around.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "xsp"
+STAGE_FOLDERS = ("tracer", "collector", "analysis", "campaign")
+#: Code that may load torch or the capture machinery: never reached from the store readers.
+CAPTURE = ("xsp.tracer.capture", "xsp.tracer.run", "xsp.tracer.workloads", "torch")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    paths = [  # the stage folders through their links in xsp/
+        Path(folder) / file
+        for folder, _, files in os.walk(PACKAGE, followlinks=True)
+        for file in files
+        if file.endswith(".py")
+    ]
+    for path in paths:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> Iterator[str]:
+    """Every module ``name`` imports, as absolute dotted names."""
+    tree = ast.parse(MODULES[name].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                yield full if full in MODULES else node.module
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: set(_imports(name)) for name in MODULES}
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_one_top_level_name() -> None:
+    """The stage folders are imported only as xsp.<stage>: a bare ``import tracer`` would load a
+    second copy of every module next to xsp.tracer's."""
+    for name in MODULES:
+        for target in _imports(name):
+            assert target.split(".")[0] not in STAGE_FOLDERS, f"{name} imports {target}"
+    for folder in STAGE_FOLDERS:
+        assert (PACKAGE / folder).resolve() == ROOT / folder
+
+
+def test_no_import_cycles() -> None:
+    graph = {name: {t for t in targets if t in MODULES} for name, targets in _graph().items()}
+    cycles = sorted(name for name in graph if name in _reach(graph, name))
+    assert cycles == []
+
+
+def test_capture_never_imports_the_analyses_or_the_collector() -> None:
+    graph = _graph()
+    for name in MODULES:
+        if name.startswith("xsp.tracer.capture"):
+            reached = _reach(graph, name)
+            assert not {r for r in reached if r.startswith(("xsp.analysis", "xsp.collector"))}
+
+
+@pytest.mark.parametrize(
+    "start",
+    sorted(
+        n
+        for n in MODULES
+        if n.startswith(("xsp.analysis", "xsp.collector")) or n == "xsp.campaign.report"
+    ),
+)
+def test_store_readers_never_reach_torch_or_capture(start: str) -> None:
+    reached = _reach(_graph(), start)
+    assert not {r for r in reached if r.startswith(CAPTURE)}, start
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["summary", "benchmarks/data/r50-b64-train"],
+        ["analyze", "benchmarks/data/r50-b64-train", "--rows", "1"],
+        ["export", "benchmarks/data/r50-b64-train/M", "--format", "chrome", "-o", "{tmp}/t.json"],
+        ["campaign", "sql", "benchmarks/results/campaign-h200", "SELECT count(*) FROM jobs"],
+        [
+            "campaign",
+            "report",
+            "benchmarks/results/campaign-h200",
+            "--no-run-reports",
+            "-o",
+            "{tmp}/c.html",
+        ],
+    ],
+)
+def test_store_only_commands_load_no_torch(command: list[str], tmp_path: Path) -> None:
+    """What `python -X importtime -m xsp summary RUN` shows: no torch among the imports."""
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xsp", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert not {m for m in imported if m.split(".")[0] == "torch"}
+    assert not {m for m in imported if m.startswith(CAPTURE[:3])}
+
+
+def test_the_stage_folders_are_not_installed_as_top_level_packages() -> None:
+    """Installed, xsp puts one name into site-packages: outside the checkout, `import tracer`
+    (or analysis, campaign, collector) finds nothing, while xsp.tracer does."""
+    probe = "; ".join(
+        [
+            "import importlib.util as u",
+            "import xsp.tracer.schema",
+            f"print([n for n in {STAGE_FOLDERS!r} if u.find_spec(n) is not None])",
+        ]
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0 and "No module named 'xsp'" in done.stderr:
+        pytest.skip("xsp is not installed in this interpreter (make setup installs it)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

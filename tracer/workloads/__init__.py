@@ -1,0 +1,1 @@
+"""Workloads: the model zoo (random weights, synthetic inputs)."""
