@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
 from xsp.analysis.store import MeasurementStore
 
 #: Row limits of the analyses that rank (the rest return every row).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+
 from xsp.analysis.present import KERNEL_COLUMNS, header, short_kernel, short_label
 
 

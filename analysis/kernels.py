@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+
 from xsp.analysis.store import MeasurementStore
 
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from xsp.tracer.convert.intervals import depths
 
 #: Bisection rounds for the gap factor; 2**-30 of a step is well under a nanosecond.

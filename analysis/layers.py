@@ -6,6 +6,7 @@ They read the forward module spans of the deepest run that has level F. Columns 
 from __future__ import annotations
 
 import pyarrow as pa
+
 from xsp.analysis.store import MeasurementStore
 
 _FRAMEWORK_RUN = "(SELECT max(run_index) FROM spans WHERE kind = 'module')"

@@ -5,6 +5,7 @@ only says that some kernel was running."""
 from __future__ import annotations
 
 import pyarrow as pa
+
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.schema import MONITOR_SUMMARIES
 

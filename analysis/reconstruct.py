@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema

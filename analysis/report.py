@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from xsp.analysis.catalog import sections
 from xsp.analysis.present import KERNEL_COLUMNS, cell, header, short_kernel
 from xsp.analysis.store import MeasurementStore

@@ -14,6 +14,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from xsp.tracer import schema
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from xsp.analysis.store import MeasurementStore
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).

@@ -4,6 +4,7 @@ run, spans per iteration and the slowest layers."""
 from __future__ import annotations
 
 import pyarrow as pa
+
 from xsp.analysis.store import MeasurementStore
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from xsp.analysis.present import short_label
 from xsp.tracer import schema
 

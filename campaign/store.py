@@ -20,6 +20,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+
 from xsp.campaign.spec import CampaignSpec, Job, from_record
 from xsp.campaign.summary import shares_text
 from xsp.tracer import store as run_store

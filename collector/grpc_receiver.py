@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
 from xsp.collector.http_receiver import RETRY_AFTER_S, Busy
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.export import otlp

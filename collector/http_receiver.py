@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.export import otlp
 

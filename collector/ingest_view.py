@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401  (AnyValue in the pool)
+
 from xsp.tracer.export import otlp
 
 _PACKAGE = "xsp.ingest_view"

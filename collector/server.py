@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
 from xsp.collector import ingest_view
 from xsp.collector.grpc_receiver import GrpcReceiver
 from xsp.collector.http_receiver import (

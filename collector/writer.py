@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from xsp.tracer import schema, store
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export import otlp

@@ -33,6 +33,7 @@ def capture_raw(
     import os
 
     import torch
+
     from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
     from xsp.tracer.workloads import zoo
 

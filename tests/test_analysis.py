@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.fixtures import fixture_table, write_run
 from xsp.analysis.kernels import kernels_by_name, temporal_breakdown, union_length
 from xsp.analysis.layers import layer_info, layer_latency, layer_types
 from xsp.analysis.store import MeasurementStore
-
-from tests.fixtures import fixture_table, write_run
 
 
 def _store(root: Path, scenario: str, levels: str) -> MeasurementStore:

@@ -14,12 +14,12 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pytest
+
+from tests.fixtures import load_raw, load_records
 from xsp.analysis.kernels import temporal_breakdown, union_length
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export.chrome import write_chrome_trace
-
-from tests.fixtures import load_raw, load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 R50 = ROOT / "benchmarks/data/r50-b64-train"

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from tests.fixtures import free_ports, load_raw, start_collector
 from xsp.collector.server import Collector, CollectorConfig, rpc_status
 from xsp.tracer import schema
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export import otlp
 from xsp.tracer.store import open_measurement
-
-from tests.fixtures import free_ports, load_raw, start_collector
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+from tests.fixtures import fixture_table, free_ports, start_collector, write_run
+from tests.test_collector import _post, _resource, _table
 from xsp.collector import writer
 from xsp.collector.server import Collector, CollectorConfig
 from xsp.collector.spool import Spool
@@ -24,9 +27,6 @@ from xsp.collector.store_worker import store_requests
 from xsp.collector.writer import StoreWriter
 from xsp.tracer.export import otlp
 from xsp.tracer.store import RUN_META, read_json
-
-from tests.fixtures import fixture_table, free_ports, start_collector, write_run
-from tests.test_collector import _post, _resource, _table
 
 ROOT = Path(__file__).resolve().parents[1]
 SPANS = 1791  # spans in one resnet18_train_cpu MF run

@@ -23,14 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from tests.fixtures import free_ports, start_collector
+from tests.test_collector import _post, _resource, _table
 from xsp.collector.server import Collector, CollectorConfig
 from xsp.collector.spool import Spool
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export import otlp
 from xsp.tracer.store import open_measurement
-
-from tests.fixtures import free_ports, start_collector
-from tests.test_collector import _post, _resource, _table
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest

@@ -13,11 +13,11 @@ from collections import Counter
 
 import pyarrow.compute as pc
 import pytest
-from xsp.tracer import schema
-from xsp.tracer.convert.spans import build_table
 
 from tests.conftest import ancestors, reachable_from_root
 from tests.fixtures import load_raw
+from xsp.tracer import schema
+from xsp.tracer.convert.spans import build_table
 
 SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda", "resnet18_train_mflg_cuda"]
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+
 from xsp.tracer.convert.intervals import depths, inherit, nest
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xsp.collector.server import Collector, CollectorConfig
-from xsp.tracer import schema, store
 
 from tests.fixtures import fixture_table, free_ports, write_run
+from xsp.collector.server import Collector, CollectorConfig
+from xsp.tracer import schema, store
 
 ROOT = Path(__file__).resolve().parents[1]
 JAEGER_BIN = Path(

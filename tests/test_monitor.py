@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.convert.monitor import summarize
 from xsp.tracer.convert.records import FIELDS, MonitorSamples
@@ -54,6 +55,7 @@ def test_real_h200_samples_summarize_onto_a_step() -> None:
 
 def test_h200_samples_export_as_otlp_metrics_with_hw_gpu_names() -> None:
     import pyarrow.parquet as pq
+
     from xsp.tracer.export.metrics import encode_metrics, metrics_to_json
 
     columns = pq.read_table(

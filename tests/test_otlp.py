@@ -15,13 +15,13 @@ import pyarrow as pa
 import pytest
 from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from tests.fixtures import load_raw
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import ConfigError, ExportError
 from xsp.tracer.export import otlp
 from xsp.tracer.export.sinks import OtlpJsonFileSink, OtlpSink, SpanBatch
 from xsp.tracer.export.transport import GrpcTransport, HttpTransport, OtlpConfig, make_transport
-
-from tests.fixtures import load_raw
 
 RESOURCE = {
     "service.name": "xsp",

@@ -4,6 +4,7 @@ a bar per row even when names shorten alike."""
 from __future__ import annotations
 
 import pyarrow as pa
+
 from xsp.analysis.charts import bar
 from xsp.analysis.present import cell, header, short_kernel
 

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+
+from tests.fixtures import write_run
 from xsp.analysis.lanes import LaneReport, layout_lane
 from xsp.analysis.reconstruct import level_overhead, reconstruct, reconstruct_with_report
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-
-from tests.fixtures import write_run
 
 MS = 1_000_000
 

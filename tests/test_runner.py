@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.store import open_measurement
 

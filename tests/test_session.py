@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 import torch
+
+import xsp
+from tests.conftest import reachable_from_root
 from xsp.tracer.capture.session import Session
 from xsp.tracer.errors import ConfigError, DeviceError
 from xsp.tracer.export.sinks import InMemorySink
 from xsp.tracer.store import open_run
-
-import xsp
-from tests.conftest import reachable_from_root
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:

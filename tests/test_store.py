@@ -4,13 +4,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.summary import level_sets
 from xsp.tracer import store
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import StoreError
-
-from tests.fixtures import fixture_table, write_run
 
 
 def _write_run(root: Path, levels: str = "MF") -> Path:
@@ -77,6 +77,7 @@ def test_unwritable_directory_is_named(tmp_path: Path) -> None:
 def test_files_from_an_older_schema_still_query(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from xsp.analysis.monitor import monitor_summary
 
     run_dir = tmp_path / "M"

@@ -7,6 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+
+from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.suggestions import (
     fp32_matmuls_on_gpu,
@@ -17,8 +19,6 @@ from xsp.analysis.suggestions import (
     suggest,
 )
 from xsp.tracer import schema
-
-from tests.fixtures import fixture_table, write_run
 
 TRACE = b"\x01" * 16
 

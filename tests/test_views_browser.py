@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 
 import pytest
+
+from tests.browser import dump_dom
 from xsp.analysis.reconstruct import reconstruct
 from xsp.analysis.report import write_report
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.views import median_iteration
-
-from tests.browser import dump_dom
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENT = ROOT / "benchmarks/data/r50-b64-train"

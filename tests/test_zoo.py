@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from xsp.tracer.errors import ConfigError, WorkloadError
 from xsp.tracer.workloads import zoo
 

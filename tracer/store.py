@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from xsp.tracer import schema
 from xsp.tracer.errors import StoreError
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from xsp.tracer import schema, store
 from xsp.tracer.capture.levels import (
     Level,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import dictionary_column
 from xsp.tracer.convert.intervals import find_rows, nest

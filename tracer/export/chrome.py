@@ -37,6 +37,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from xsp.tracer import schema
 
 #: ``cat`` of each span kind (torch.profiler's names where it has the kind).

@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2
+
 from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.export.otlp import key_values
 

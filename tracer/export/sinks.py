@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import pyarrow as pa
+
 from xsp.tracer import store
 from xsp.tracer.errors import XspError
 from xsp.tracer.export import otlp

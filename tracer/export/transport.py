@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from xsp.tracer.errors import ConfigError, ExportError
 
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from xsp.tracer.errors import ConfigError, WorkloadError
 
 log = logging.getLogger(__name__)

@@ -42,6 +42,7 @@ from torch.autograd import (
     _prepare_profiler,
 )
 from torch.nn.modules import module as nn_module
+
 from xsp.tracer.capture import cupti
 from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
