@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from xsp.tracer.errors import XspError
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.store import open_measurement
 
@@ -191,3 +192,39 @@ def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> No
     if run_json.exists():
         meta = json.loads(run_json.read_text())
         assert meta["status"] == "error" and meta["timed_out"] is True
+
+
+def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
+    """The runner and the level-set process share one serialized object, not two argument
+    parsers kept in step: what the runner builds is what the child reads back."""
+    from xsp.tracer.run.protocol import ChildSpec
+    from xsp.tracer.run.runner import LeveledSpec, child_spec
+
+    spec = LeveledSpec(
+        out=tmp_path,
+        level_sets=["M", "MF"],
+        iterations=3,
+        warmup=1,
+        device="cpu",
+        model="torchvision:resnet18",
+        batch_size=2,
+        mode="train",
+        op_shapes=False,
+    )
+    sent = child_spec(spec, "MF", "m-1")
+    back = ChildSpec.from_argv(sent.to_argv())
+    assert back == sent and back.out == str(tmp_path / "MF") and not back.op_shapes
+    script = child_spec(
+        LeveledSpec(
+            out=tmp_path,
+            level_sets=["M"],
+            iterations=1,
+            warmup=0,
+            command=("python", "train.py", "--lr", "0.1"),
+        ),
+        "M",
+        "m-2",
+    )
+    assert ChildSpec.from_argv(script.to_argv()).command == ("train.py", "--lr", "0.1")
+    with pytest.raises(XspError, match="takes --spec JSON"):
+        ChildSpec.from_argv(["--levels", "M"])

@@ -80,28 +80,63 @@ def build_table(
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
     ``failures`` maps an iteration to the error that ended it; its model span gets that status.
-    Span ids are assigned block by block (model, framework, library, gpu), so a deeper block can
-    name its parents in an earlier one.
+    Span ids are assigned block by block (model, framework, library calls, API calls, GPU), so a
+    deeper block can name its parents in an earlier one.
     """
-    report = ConversionReport()
     step_block = _step_block(steps, failures or {})
     if monitor is not None and monitor.time_ns:
         summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
         for name in schema.MONITOR_SUMMARIES:
             step_block.columns[f"gpu_{name}"] = pa.array(summary[name], pa.float64())
-    step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
-    tables: list[pa.Table] = []
-    next_id = 1
+    table = _Table(run_id, levels, step_block)
+    framework_rows = None
+    if framework is not None:
+        fw_block, outside = _framework_block(framework)
+        table.report.events_outside_iterations += outside
+        framework_rows = _Placed(fw_block, table.add(fw_block))
+    launches = _Placed.none()
+    if api is not None:
+        calls = _library_call_block(table, api, steps, framework_rows)
+        launches = _api_block(table, api, steps, framework_rows, calls)
+    if gpu is not None:
+        _gpu_block(table, gpu, steps, launches)
+    return table.finish()
 
-    def add(block: _Block) -> np.ndarray:
-        nonlocal next_id
+
+@dataclass
+class _Placed:
+    """A block already in the table, with the span ids it was given."""
+
+    block: _Block
+    ids: np.ndarray
+
+    @staticmethod
+    def none() -> _Placed:
+        empty = _Block(schema.LEVEL_LIBRARY, np.zeros(0, np.int32), np.zeros(0, np.int64), {})
+        return _Placed(empty, np.zeros(0, dtype=np.uint64))
+
+
+class _Table:
+    """The span table being built: blocks in id order, each hung under its iteration's model
+    span unless it names its parents."""
+
+    def __init__(self, run_id: str, levels: str, step_block: _Block) -> None:
+        self.run_id, self.levels = run_id, levels
+        self.report = ConversionReport()
+        self.tables: list[pa.Table] = []
+        self.next_id = 1
+        self.step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
+        self.add(step_block)
+
+    def add(self, block: _Block) -> np.ndarray:
+        """Append ``block``; return the span ids its rows got."""
         n = len(block)
-        ids = np.arange(next_id, next_id + n, dtype=np.uint64)
-        next_id += n
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.uint64)
+        self.next_id += n
         if block.level == schema.LEVEL_MODEL:
             parent_ids = np.zeros(n, dtype=np.uint64)
         else:
-            step_of = _lookup(step_rows, block.iteration)
+            step_of = _lookup(self.step_rows, block.iteration)
             top = np.where(step_of >= 0, np.maximum(step_of, 0) + 1, 0).astype(np.uint64)
             if block.foreign_parent is not None:
                 top = np.where(block.foreign_parent > 0, block.foreign_parent, top).astype(
@@ -109,85 +144,99 @@ def build_table(
                 )
             local = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
             parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
-        tables.append(_block_table(run_id, levels, block, ids, parent_ids))
-        report.counts_by_level[block.level] = report.counts_by_level.get(block.level, 0) + n
+        self.tables.append(_block_table(self.run_id, self.levels, block, ids, parent_ids))
+        counts = self.report.counts_by_level
+        counts[block.level] = counts.get(block.level, 0) + n
         return ids
 
-    add(step_block)
-    fw_block: _Block | None = None
-    fw_ids = np.zeros(0, dtype=np.uint64)
-    if framework is not None:
-        fw_block, outside = _framework_block(framework)
-        report.events_outside_iterations += outside
-        fw_ids = add(fw_block)
-    api_ids = np.zeros(0, dtype=np.uint64)
-    api_correlation = np.zeros(0, dtype=np.int64)
-    api_iteration = np.zeros(0, dtype=np.int64)
-    api_inherited: dict[str, Any] = {}
-    if api is not None:
-        ops = None
-        if fw_block is not None:
-            ops = {k: fw_block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
-            ops["iteration"] = fw_block.iteration
-        kept, lib_iteration, columns, lib_parent, op_row = library_columns(api.library, steps, ops)
-        report.events_outside_iterations += len(api.library.start_ns) - len(kept)
-        if fw_block is not None:
-            for name in INHERITED:
-                columns[name] = _take(fw_block.columns[name], op_row)
-            depth = depths(lib_parent)
-            for name in INHERITED:  # nested calls take their caller's
-                codes = inherit(_codes(columns[name]), lib_parent, depth)
-                columns[name] = dictionary_column(codes, columns[name].dictionary.to_pylist())
-        lib_block = _Block(
-            schema.LEVEL_LIBRARY,
-            lib_iteration.astype(np.int32),
-            lib_parent,
-            columns,
-            _ids_of(fw_ids, op_row),
-        )
-        lib_ids = add(lib_block)
-        library = {k: columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
-        library["iteration"] = lib_iteration
+    def finish(self) -> tuple[pa.Table, ConversionReport]:
+        table = pa.concat_tables(self.tables, promote_options="permissive")
+        self.report.spans = table.num_rows
+        return table.cast(schema.SPAN_SCHEMA), self.report
 
-        kept, api_iteration, columns, lib_row, op_row = api_columns(api, steps, ops, library)
-        report.events_outside_iterations += len(api.start_ns) - len(kept)
-        if fw_block is not None:
-            is_lib = pa.array(lib_row >= 0)
-            for name in INHERITED:
-                from_op = _take(fw_block.columns[name], op_row).cast(pa.string())
-                from_lib = _take(lib_block.columns[name], lib_row).cast(pa.string())
-                columns[name] = pc.if_else(is_lib, from_lib, from_op).dictionary_encode()
-            api_inherited = {name: columns[name] for name in INHERITED}
-        api_correlation = np.asarray(columns["correlation_id"])
-        parents = np.where(lib_row >= 0, _ids_of(lib_ids, lib_row), _ids_of(fw_ids, op_row))
-        api_ids = add(
-            _Block(
-                schema.LEVEL_LIBRARY,
-                api_iteration.astype(np.int32),
-                np.full(len(kept), -1),
-                columns,
-                parents.astype(np.uint64),
-            )
-        )
-    if gpu is not None:
-        kept, gpu_iteration, columns, api_row = gpu_columns(
-            gpu, steps, api_correlation, api_iteration
-        )
-        report.events_outside_iterations += len(gpu.start_ns) - len(kept)
-        for name, column in api_inherited.items():
-            columns[name] = _take(column, api_row)
-        add(
-            _Block(
-                schema.LEVEL_GPU,
-                gpu_iteration.astype(np.int32),
-                np.full(len(kept), -1),
-                columns,
-                _ids_of(api_ids, api_row),
-            )
-        )
-    table = pa.concat_tables(tables, promote_options="permissive").cast(schema.SPAN_SCHEMA)
-    report.spans = table.num_rows
-    return table, report
+
+def _op_intervals(framework: _Placed | None) -> dict[str, Any] | None:
+    if framework is None:
+        return None
+    ops = {k: framework.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
+    ops["iteration"] = framework.block.iteration
+    return ops
+
+
+def _library_call_block(
+    table: _Table, api: ApiRecords, steps: StepRecords, framework: _Placed | None
+) -> _Placed:
+    """cuBLAS/cuDNN (NVTX) calls under the ops they ran in; nested calls take their caller's
+    layer and phase."""
+    kept, iteration, columns, parent, op_row = library_columns(
+        api.library, steps, _op_intervals(framework)
+    )
+    table.report.events_outside_iterations += len(api.library.start_ns) - len(kept)
+    if framework is not None:
+        for name in INHERITED:
+            columns[name] = _take(framework.block.columns[name], op_row)
+        depth = depths(parent)
+        for name in INHERITED:
+            codes = inherit(_codes(columns[name]), parent, depth)
+            columns[name] = dictionary_column(codes, columns[name].dictionary.to_pylist())
+    fw_ids = framework.ids if framework is not None else np.zeros(0, dtype=np.uint64)
+    block = _Block(
+        schema.LEVEL_LIBRARY, iteration.astype(np.int32), parent, columns, _ids_of(fw_ids, op_row)
+    )
+    return _Placed(block, table.add(block))
+
+
+def _api_block(
+    table: _Table,
+    api: ApiRecords,
+    steps: StepRecords,
+    framework: _Placed | None,
+    calls: _Placed,
+) -> _Placed:
+    """CUDA runtime and driver calls under the library call (else the op) they ran in."""
+    library = {k: calls.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
+    library["iteration"] = calls.block.iteration
+    kept, iteration, columns, lib_row, op_row = api_columns(
+        api, steps, _op_intervals(framework), library
+    )
+    table.report.events_outside_iterations += len(api.start_ns) - len(kept)
+    if framework is not None:
+        in_call = pa.array(lib_row >= 0)
+        for name in INHERITED:
+            from_op = _take(framework.block.columns[name], op_row).cast(pa.string())
+            from_call = _take(calls.block.columns[name], lib_row).cast(pa.string())
+            columns[name] = pc.if_else(in_call, from_call, from_op).dictionary_encode()
+    fw_ids = framework.ids if framework is not None else np.zeros(0, dtype=np.uint64)
+    parents = np.where(lib_row >= 0, _ids_of(calls.ids, lib_row), _ids_of(fw_ids, op_row))
+    block = _Block(
+        schema.LEVEL_LIBRARY,
+        iteration.astype(np.int32),
+        np.full(len(kept), -1),
+        columns,
+        parents.astype(np.uint64),
+    )
+    return _Placed(block, table.add(block))
+
+
+def _gpu_block(table: _Table, gpu: GpuRecords, steps: StepRecords, launches: _Placed) -> None:
+    """Kernels, copies and sets under the API call that launched them (CUPTI correlation id),
+    with that call's layer and phase."""
+    correlation = np.asarray(launches.block.columns.get("correlation_id", []), dtype=np.int64)
+    kept, iteration, columns, api_row = gpu_columns(
+        gpu, steps, correlation, launches.block.iteration.astype(np.int64)
+    )
+    table.report.events_outside_iterations += len(gpu.start_ns) - len(kept)
+    for name in INHERITED:
+        if name in launches.block.columns:
+            columns[name] = _take(launches.block.columns[name], api_row)
+    block = _Block(
+        schema.LEVEL_GPU,
+        iteration.astype(np.int32),
+        np.full(len(kept), -1),
+        columns,
+        _ids_of(launches.ids, api_row),
+    )
+    table.add(block)
 
 
 def _ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -271,8 +320,48 @@ def _step_block(steps: StepRecords, failures: dict[int, str]) -> _Block:
 
 
 def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
-    # Strings arrive as codes into small tables of distinct values, so every step below is a
-    # numpy or arrow operation over whole columns: conversion must keep up with ~1M spans/s.
+    """The framework level's rows: module calls, ops, autograd nodes and optimizer calls of the
+    measured iterations, nested by their recorded ranges; returns the block and how many events
+    fell outside every iteration.
+
+    Strings arrive as codes into small tables of distinct values, so every step is a numpy or
+    arrow operation over whole columns: conversion must keep up with ~1M spans/s."""
+    events = _framework_events(rec)
+    layers = _attribute_layers(rec, events)
+    block = _Block(
+        level=schema.LEVEL_FRAMEWORK,
+        iteration=events.iteration,
+        parent=events.parent,
+        columns=_framework_columns(rec, events, layers),
+    )
+    return block, events.outside
+
+
+@dataclass
+class _Events:
+    """The profiler events of the measured iterations (step ranges dropped), their nesting and
+    what their names say they are."""
+
+    rows: np.ndarray  # positions in the raw records
+    iteration: np.ndarray
+    parent: np.ndarray  # row of the enclosing event, -1 for the model span
+    name_codes: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    thread: np.ndarray
+    is_module: np.ndarray
+    is_backward: np.ndarray
+    is_optimizer: np.ndarray
+    seq_nr: np.ndarray
+    fwd_thread: np.ndarray
+    outside: int
+
+
+def _framework_events(rec: FrameworkRecords) -> _Events:
+    """Assign each event to the step range (same clock, any thread) in which it starts, nest the
+    events of each thread, and keep those inside an iteration except the step ranges themselves
+    (the model span replaces them). An optimizer range may end just after its step range: the
+    automatic iteration end runs in the optimizer's post-step hook, inside that range."""
     name_values = pa.array(rec.name.values, pa.string())
     name_codes = np.frombuffer(rec.name.codes, dtype=np.int32)
     start = np.frombuffer(rec.start_ns, dtype=np.int64)
@@ -284,22 +373,11 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
         by_value = pc.starts_with(name_values, prefix).to_numpy(zero_copy_only=False)
         return by_value[name_codes] if n else np.zeros(0, dtype=bool)
 
-    def suffix_ints(codes: np.ndarray, prefix: str) -> np.ndarray:
-        texts = [rec.name.values[c][len(prefix) :] for c in codes]
-        return np.array(texts, dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
-
     is_step = starts(STEP_RANGE_PREFIX)
-    is_module = starts(MODULE_RANGE_PREFIX)
-    is_backward = starts(BACKWARD_PREFIX)
-    is_optimizer = starts(OPTIMIZER_PREFIX)
-
-    # Iteration of each event: the step range (same clock, any thread) in which it starts. An
-    # optimizer range may end just after its step range: the automatic iteration end runs in the
-    # optimizer's post-step hook, inside that range.
     step_rows = np.nonzero(is_step)[0]
     order = step_rows[np.argsort(start[step_rows])]
     step_start, step_end = start[order], end[order]
-    step_iter = suffix_ints(name_codes[order], STEP_RANGE_PREFIX).astype(np.int32)
+    step_iter = _suffix_ints(rec, name_codes[order], STEP_RANGE_PREFIX).astype(np.int32)
     slot = np.searchsorted(step_start, start, side="right") - 1
     if len(order):
         inside = (slot >= 0) & (start <= step_end[np.maximum(slot, 0)])
@@ -310,65 +388,95 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
 
     parent = nest(thread, start, end)
     parent = np.where((parent >= 0) & is_step[np.maximum(parent, 0)], -1, parent)
-
-    # Keep events inside an iteration, except the step ranges themselves (the model span
-    # replaces them); re-index parents to the kept rows.
     keep = inside & ~is_step
     new_index = np.cumsum(keep) - 1
     parent = np.where(parent >= 0, new_index[np.maximum(parent, 0)], -1)
     rows = np.nonzero(keep)[0]
-    parent = parent[rows]
-    outside = int((~inside & ~is_step).sum())
+    return _Events(
+        rows=rows,
+        iteration=iteration[rows].astype(np.int32),
+        parent=parent[rows],
+        name_codes=name_codes[rows],
+        start=start[rows],
+        end=end[rows],
+        thread=thread[rows],
+        is_module=starts(MODULE_RANGE_PREFIX)[rows],
+        is_backward=starts(BACKWARD_PREFIX)[rows],
+        is_optimizer=starts(OPTIMIZER_PREFIX)[rows],
+        seq_nr=np.frombuffer(rec.seq_nr, dtype=np.int64)[rows],
+        fwd_thread=np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows],
+        outside=int((~inside & ~is_step).sum()),
+    )
 
-    name_codes = name_codes[rows]
-    start, end, thread = start[rows], end[rows], thread[rows]
-    is_module, is_backward, is_optimizer = is_module[rows], is_backward[rows], is_optimizer[rows]
-    seq_nr = np.frombuffer(rec.seq_nr, dtype=np.int64)[rows]
-    fwd_thread = np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows]
-    depth = depths(parent)
-    m = len(rows)
 
-    # Module of each row: its own for module ranges, else inherited from the nearest ancestor.
-    module_rows = np.nonzero(is_module)[0]
-    call = suffix_ints(name_codes[module_rows], MODULE_RANGE_PREFIX)
-    call_module = np.asarray(rec.call_module, dtype=np.int64)
+def _suffix_ints(rec: FrameworkRecords, codes: np.ndarray, prefix: str) -> np.ndarray:
+    """The integer after ``prefix`` in each name (step and module ranges are numbered)."""
+    texts = [rec.name.values[c][len(prefix) :] for c in codes]
+    return np.array(texts, dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class _Layers:
+    """Which layer (module) and phase each event belongs to."""
+
+    own_module: np.ndarray  # module ranges: their module; attributed backward nodes: theirs
+    module: np.ndarray  # own, else the nearest ancestor's
+    phase_code: np.ndarray  # positions in PHASES
+    module_rows: np.ndarray  # rows of module ranges
+    call: np.ndarray  # their module-call numbers
+
+
+def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
+    """Module and phase of each event: its own for module ranges, else inherited from the
+    nearest ancestor; an autograd node carries the sequence number of the forward op that
+    created it, and that op ran inside a module on the forward thread."""
+    depth = depths(ev.parent)
+    m = len(ev.rows)
+    module_rows = np.nonzero(ev.is_module)[0]
+    call = _suffix_ints(rec, ev.name_codes[module_rows], MODULE_RANGE_PREFIX)
     own_module = np.full(m, -1, dtype=np.int64)
-    own_module[module_rows] = call_module[call]
+    own_module[module_rows] = np.asarray(rec.call_module, dtype=np.int64)[call]
 
     phase_code = np.full(m, -1, dtype=np.int8)
-    phase_code[is_backward] = PHASES.index(schema.PHASE_BACKWARD)
-    phase_code[is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
-    phase_code[(parent < 0) & (phase_code < 0)] = FORWARD
-    phase_code = inherit(phase_code, parent, depth)
-    module = inherit(own_module, parent, depth)
+    phase_code[ev.is_backward] = PHASES.index(schema.PHASE_BACKWARD)
+    phase_code[ev.is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
+    phase_code[(ev.parent < 0) & (phase_code < 0)] = FORWARD
+    phase_code = inherit(phase_code, ev.parent, depth)
+    module = inherit(own_module, ev.parent, depth)
 
-    # Backward attribution: an autograd node carries the sequence number of the forward op that
-    # created it; that op ran inside a module on the forward thread.
-    forward_ops = np.nonzero((phase_code == FORWARD) & (seq_nr >= 0) & (module >= 0) & ~is_module)[
-        0
-    ]
-    by_seq = dict(
+    forward_ops = np.nonzero(
+        (phase_code == FORWARD) & (ev.seq_nr >= 0) & (module >= 0) & ~ev.is_module
+    )[0]
+    created_in = dict(
         zip(
-            zip(thread[forward_ops].tolist(), seq_nr[forward_ops].tolist(), strict=True),
+            zip(ev.thread[forward_ops].tolist(), ev.seq_nr[forward_ops].tolist(), strict=True),
             module[forward_ops].tolist(),
             strict=True,
         )
     )
-    backward_rows = np.nonzero(is_backward)[0]
-    keys = zip(fwd_thread[backward_rows].tolist(), seq_nr[backward_rows].tolist(), strict=True)
-    own_module[backward_rows] = [by_seq.get(key, -1) for key in keys]
-    module = inherit(own_module, parent, depth)
+    backward_rows = np.nonzero(ev.is_backward)[0]
+    keys = zip(
+        ev.fwd_thread[backward_rows].tolist(), ev.seq_nr[backward_rows].tolist(), strict=True
+    )
+    own_module[backward_rows] = [created_in.get(key, -1) for key in keys]
+    module = inherit(own_module, ev.parent, depth)
+    return _Layers(own_module, module, phase_code, module_rows, call)
 
+
+def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> dict[str, Any]:
+    """The span columns of the framework rows. Module ranges take their per-call facts (path,
+    shapes, source, parameters) instead of the profiler's."""
+    m = len(ev.rows)
     infos = rec.modules
-    typed = (is_module | is_backward) & (own_module >= 0)
+    own_module, module_rows = layers.own_module, layers.module_rows
+    typed = (ev.is_module | ev.is_backward) & (own_module >= 0)
     kind_codes = np.full(m, FRAMEWORK_KINDS.index(schema.KIND_OP), dtype=np.int64)
-    kind_codes[is_module] = FRAMEWORK_KINDS.index(schema.KIND_MODULE)
-    kind_codes[is_backward] = FRAMEWORK_KINDS.index(schema.KIND_BACKWARD)
-    kind_codes[is_optimizer] = FRAMEWORK_KINDS.index(schema.KIND_OPTIMIZER)
+    kind_codes[ev.is_module] = FRAMEWORK_KINDS.index(schema.KIND_MODULE)
+    kind_codes[ev.is_backward] = FRAMEWORK_KINDS.index(schema.KIND_BACKWARD)
+    kind_codes[ev.is_optimizer] = FRAMEWORK_KINDS.index(schema.KIND_OPTIMIZER)
 
-    # Module ranges take their per-call facts (path, shapes, source) instead of the profiler's.
     mods = [infos[i] for i in own_module[module_rows]]
-    calls = call.tolist()
+    calls = layers.call.tolist()
     per_call = np.full(m, -1, dtype=np.int64)
     per_call[module_rows] = np.arange(len(module_rows))
 
@@ -379,51 +487,43 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
         )
 
     base = len(rec.name.values)
-    display_codes = np.where(per_call >= 0, base + own_module, name_codes)
+    display_codes = np.where(per_call >= 0, base + own_module, ev.name_codes)
     display = dictionary_column(display_codes, rec.name.values + [i.path or i.type for i in infos])
-    op_codes = np.where(is_module, -1, name_codes)
+    op_codes = np.where(ev.is_module, -1, ev.name_codes)
 
     shape_values = rec.input_shapes.values
-    shape_codes = np.frombuffer(rec.input_shapes.codes, dtype=np.int32)[rows].astype(np.int64)
+    shape_codes = np.frombuffer(rec.input_shapes.codes, dtype=np.int32)[ev.rows].astype(np.int64)
     empty = shape_values.index("[]") if "[]" in shape_values else -2
     shape_codes[shape_codes == empty] = -1
     call_values, call_codes = _intern([_shape_text(rec.call_input_shapes[c]) for c in calls])
     shape_codes[module_rows] = len(shape_values) + call_codes
     dtype_values = rec.input_dtypes.values
-    dtype_codes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32)[rows].astype(np.int64)
+    dtype_codes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32)[ev.rows].astype(np.int64)
     blank = dtype_values.index("") if "" in dtype_values else -2
-    dtype_codes[(dtype_codes == blank) | is_module] = -1
+    dtype_codes[(dtype_codes == blank) | ev.is_module] = -1
 
     params = np.zeros(m, dtype=np.int64)
     params[module_rows] = [i.params for i in mods]
     out_shapes = rec.call_output_shapes
-    block = _Block(
-        level=schema.LEVEL_FRAMEWORK,
-        iteration=iteration[rows].astype(np.int32),
-        parent=parent,
-        columns={
-            "name": display,
-            "start_ns": start,
-            "dur_ns": end - start,
-            "kind": dictionary_column(kind_codes, list(FRAMEWORK_KINDS)),
-            "phase": dictionary_column(phase_code.astype(np.int64), list(PHASES)),
-            "thread_id": thread,
-            "module_path": dictionary_column(module, [i.path for i in infos]),
-            "module_type": dictionary_column(
-                np.where(typed, own_module, -1), [i.type for i in infos]
-            ),
-            "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
-            "op_name": dictionary_column(op_codes, rec.name.values),
-            "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
-            "input_dtypes": dictionary_column(dtype_codes, dtype_values),
-            "output_shapes": module_column(
-                [_shape_text(out_shapes[c]) if c in out_shapes else None for c in calls]
-            ),
-            "source": module_column([i.source for i in mods]),
-            "seq_nr": pa.array(seq_nr, pa.int64(), mask=seq_nr < 0),
-        },
-    )
-    return block, outside
+    return {
+        "name": display,
+        "start_ns": ev.start,
+        "dur_ns": ev.end - ev.start,
+        "kind": dictionary_column(kind_codes, list(FRAMEWORK_KINDS)),
+        "phase": dictionary_column(layers.phase_code.astype(np.int64), list(PHASES)),
+        "thread_id": ev.thread,
+        "module_path": dictionary_column(layers.module, [i.path for i in infos]),
+        "module_type": dictionary_column(np.where(typed, own_module, -1), [i.type for i in infos]),
+        "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
+        "op_name": dictionary_column(op_codes, rec.name.values),
+        "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
+        "input_dtypes": dictionary_column(dtype_codes, dtype_values),
+        "output_shapes": module_column(
+            [_shape_text(out_shapes[c]) if c in out_shapes else None for c in calls]
+        ),
+        "source": module_column([i.source for i in mods]),
+        "seq_nr": pa.array(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
+    }
 
 
 def _intern(texts: list[str | None]) -> tuple[list[str], np.ndarray]:

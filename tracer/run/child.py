@@ -1,9 +1,10 @@
-"""One level-set run in its own process: ``python -m xsp.tracer.run.child``.
+"""One level-set run in its own process: ``python -m xsp.tracer.run.child --spec JSON`` (a
+``ChildSpec``, ``xsp.tracer.run.protocol``), or forked from the fork server with the same spec.
 
 The leveled runner starts one of these per level set so that no level's state (hooks, profiler
 buffers, CUPTI subscriptions, allocator caches) leaks into the next. It runs either a zoo workload
 or a user's Python script under a ``Session``, writes ``RUN_DIR/<levels>/``, reports progress as
-lines on ``--progress-fd`` and exits with the workload's status: 0, the script's own exit code
+lines on its progress pipe and exits with the workload's status: 0, the script's own exit code
 (``sys.exit(3)`` exits 3), 1 when it raised, 2 for an xsp error, 3 when cancelled before its
 levels came on, 130 on Ctrl-C. ``run.json`` says how the program ended (``program``); when it ends
 too hard for that (``os._exit``, a signal), the leveled runner writes it there.
@@ -16,7 +17,6 @@ too long).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import runpy
@@ -32,6 +32,7 @@ from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import OtlpSink, Sink
 from xsp.tracer.export.transport import OtlpConfig, make_transport
+from xsp.tracer.run.protocol import ChildSpec
 
 log = logging.getLogger("xsp")
 
@@ -90,35 +91,19 @@ def _sinks(endpoint: str | None) -> list[Sink]:
     return [OtlpSink(make_transport(config))] if config is not None else []
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m xsp.tracer.run.child")
-    parser.add_argument("--levels", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--iterations", type=int, required=True)
-    parser.add_argument("--warmup", type=int, required=True)
-    parser.add_argument("--device")
-    parser.add_argument("--measurement-id")
-    parser.add_argument("--progress-fd", type=int)
-    parser.add_argument("--gate-fd", type=int)
-    parser.add_argument("--otlp-endpoint")
-    parser.add_argument("--no-op-shapes", action="store_true")
-    parser.add_argument("--model")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--mode", default="infer")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(spec: ChildSpec | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="xsp: %(message)s")
-    command = [c for c in args.command if c != "--"] if args.command else []
+    try:
+        args = spec or ChildSpec.from_argv(sys.argv[1:])
+    except XspError as exc:
+        print(f"xsp: {exc}", file=sys.stderr)
+        return EXIT_XSP_ERROR
+    command = [c for c in args.command if c != "--"]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
     try:
         if args.model:
-            return _fast_exit(_run_zoo(args))
+            return _fast_exit(_run_zoo(args, args.model))
         return _run_script(args, command)
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)
@@ -139,7 +124,7 @@ def _fast_exit(code: int) -> int:
     os._exit(code)
 
 
-def _session(args: argparse.Namespace, **options: Any) -> Session:
+def _session(args: ChildSpec, **options: Any) -> Session:
     """A started session with the options every level-set process shares."""
     return Session(
         args.levels,
@@ -149,23 +134,23 @@ def _session(args: argparse.Namespace, **options: Any) -> Session:
         sinks=_sinks(args.otlp_endpoint),
         measurement_id=args.measurement_id,
         progress=_progress_writer(args.progress_fd),
-        op_shapes=not args.no_op_shapes,
+        op_shapes=args.op_shapes,
         before_levels=_gate(args.gate_fd),
         **options,
     ).start()
 
 
-def _run_zoo(args: argparse.Namespace) -> int:
+def _run_zoo(args: ChildSpec, model: str) -> int:
     from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
 
     device = resolve_device(args.device)
     workload = zoo.build(
-        args.model, args.batch_size, args.mode, device, channels_last=args.channels_last
+        model, args.batch_size, args.mode, device, channels_last=args.channels_last
     )
     session = _session(
         args,
-        workload=args.model,
+        workload=model,
         device=device,
         resource={
             schema.RES_MODE: args.mode,
@@ -181,13 +166,13 @@ def _run_zoo(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:
         session.close(error=fail_message(exc))
-        print(f"xsp: {args.model} failed: {fail_message(exc)}", file=sys.stderr)
+        print(f"xsp: {model} failed: {fail_message(exc)}", file=sys.stderr)
         return EXIT_WORKLOAD_FAILED
     session.close()
     return 0
 
 
-def _run_script(args: argparse.Namespace, command: list[str]) -> int:
+def _run_script(args: ChildSpec, command: list[str]) -> int:
     if not command:
         raise XspError("nothing to run: give --model or a Python command after --")
     session = _session(

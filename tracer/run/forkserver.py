@@ -11,14 +11,17 @@ the child sets them, before any library starts.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
+
+from xsp.tracer.run.protocol import ChildSpec
 
 #: Imported once by the server (the zoo's sources and xsp's capture path).
 PRELOAD = (
@@ -45,7 +48,7 @@ def context() -> ForkServerContext:
 
 
 def _entry(
-    argv: list[str],
+    spec: ChildSpec,
     env: dict[str, str],
     stderr_path: str | None,
     progress: Any,
@@ -62,28 +65,27 @@ def _entry(
         fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
-    progress_fd = os.dup(progress.fileno())
+    spec = dataclasses.replace(spec, progress_fd=os.dup(progress.fileno()))
     progress.close()
     if gate is not None:
-        argv = [*argv, "--gate-fd", str(os.dup(gate.fileno()))]
+        spec = dataclasses.replace(spec, gate_fd=os.dup(gate.fileno()))
         gate.close()
     from xsp.tracer.run import child
 
-    code = child.main([*argv, "--progress-fd", str(progress_fd)])
+    code = child.main(spec)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
 def start(
-    argv: Sequence[str],
+    spec: ChildSpec,
     env: Mapping[str, str],
     stderr_path: Path | None,
     gated: bool,
     own_group: bool = False,
 ) -> tuple[Any, int, int | None]:
-    """Fork a level-set process running ``xsp.tracer.run.child`` with ``argv`` (its arguments, without the
-    interpreter and module); return (process, read end of its progress pipe, write end of its
+    """Fork a level-set process running ``xsp.tracer.run.child`` for ``spec``; return (process, read end of its progress pipe, write end of its
     gate when ``gated``), the ends as fds."""
     ctx = context()
     read, write = ctx.Pipe(duplex=False)
@@ -91,7 +93,7 @@ def start(
     process = ctx.Process(
         target=_entry,
         args=(
-            list(argv),
+            spec,
             dict(env),
             str(stderr_path) if stderr_path else None,
             write,

@@ -20,6 +20,7 @@ cancelled; the manifest lists what finished and says ``interrupted``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
+from xsp.tracer.run.protocol import ChildSpec
 
 log = logging.getLogger(__name__)
 
@@ -301,45 +303,27 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
     return entry
 
 
-def child_argv(
-    spec: LeveledSpec,
-    levels: str,
-    measurement_id: str,
-    progress_fd: int | None,
-    gate_fd: int | None = None,
-) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "xsp.tracer.run.child",
-        "--levels",
-        levels,
-        "--out",
-        str(spec.out / levels),
-        "--iterations",
-        str(spec.iterations),
-        "--warmup",
-        str(spec.warmup),
-        "--measurement-id",
-        measurement_id,
-    ]
-    if spec.device:
-        argv += ["--device", spec.device]
-    if progress_fd is not None:
-        argv += ["--progress-fd", str(progress_fd)]
-    if gate_fd is not None:
-        argv += ["--gate-fd", str(gate_fd)]
-    if spec.otlp_endpoint:
-        argv += ["--otlp-endpoint", spec.otlp_endpoint]
-    if not spec.op_shapes:
-        argv.append("--no-op-shapes")
+def child_spec(spec: LeveledSpec, levels: str, measurement_id: str) -> ChildSpec:
+    """What the level-set process of ``levels`` runs (its pipes are added where it starts)."""
+    run = ChildSpec(
+        levels=levels,
+        out=str(spec.out / levels),
+        iterations=spec.iterations,
+        warmup=spec.warmup,
+        measurement_id=measurement_id,
+        device=spec.device,
+        otlp_endpoint=spec.otlp_endpoint,
+        op_shapes=spec.op_shapes,
+    )
     if spec.model:
-        argv += ["--model", spec.model, "--batch-size", str(spec.batch_size), "--mode", spec.mode]
-        if spec.channels_last:
-            argv.append("--channels-last")
-    else:
-        argv += ["--", *script_command(spec.command)]
-    return argv
+        return dataclasses.replace(
+            run,
+            model=spec.model,
+            batch_size=spec.batch_size,
+            mode=spec.mode,
+            channels_last=spec.channels_last,
+        )
+    return dataclasses.replace(run, command=tuple(script_command(spec.command)))
 
 
 #: Waits for a level-set process for at most the given seconds (None: no limit) and, past them,
@@ -573,7 +557,16 @@ def _spawn(
     own_group = spec.timeout_s is not None
     try:
         proc = subprocess.Popen(
-            child_argv(spec, levels, measurement_id, write_fd, gate_read),
+            [
+                sys.executable,
+                "-m",
+                "xsp.tracer.run.child",
+                *dataclasses.replace(
+                    child_spec(spec, levels, measurement_id),
+                    progress_fd=write_fd,
+                    gate_fd=gate_read,
+                ).to_argv(),
+            ],
             pass_fds=(write_fd,) if gate_read is None else (write_fd, gate_read),
             env=env,
             stderr=log,
@@ -632,10 +625,9 @@ def _fork(
     from xsp.tracer.run import forkserver
 
     own_group = spec.timeout_s is not None
-    argv = child_argv(spec, levels, measurement_id, None)[
-        3:
-    ]  # drop "python -m xsp.tracer.run.child"
-    process, read_fd, gate = forkserver.start(argv, env, stderr_path, gated, own_group)
+    process, read_fd, gate = forkserver.start(
+        child_spec(spec, levels, measurement_id), env, stderr_path, gated, own_group
+    )
 
     def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
         process.join(timeout=timeout)

@@ -1,0 +1,51 @@
+"""What the runner hands one level-set process: a single ``ChildSpec``, serialized as JSON in the
+process's arguments, so that a fresh interpreter (``python -m xsp.tracer.run.child --spec …``)
+and a process forked from the fork server read the same object, and a field added here reaches
+both without a second argument parser to keep in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xsp.tracer.errors import ConfigError
+
+SPEC_FLAG = "--spec"
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    levels: str
+    out: str
+    iterations: int
+    warmup: int
+    measurement_id: str
+    device: str | None = None
+    otlp_endpoint: str | None = None
+    op_shapes: bool = True
+    #: a zoo workload (model, batch_size, mode, channels_last), or else a Python command
+    model: str | None = None
+    batch_size: int = 1
+    mode: str = "infer"
+    channels_last: bool = False
+    command: tuple[str, ...] = ()
+    #: file descriptors inherited from the runner: progress lines out, the gate's byte in
+    progress_fd: int | None = None
+    gate_fd: int | None = None
+
+    def to_argv(self) -> list[str]:
+        return [SPEC_FLAG, json.dumps(dataclasses.asdict(self), separators=(",", ":"))]
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> ChildSpec:
+        """The spec from ``--spec JSON``; ConfigError (one line) for anything else."""
+        if len(argv) != 2 or argv[0] != SPEC_FLAG:
+            raise ConfigError(f"a level-set process takes {SPEC_FLAG} JSON (from xsp run)")
+        try:
+            data = json.loads(argv[1])
+            data["command"] = tuple(data.get("command") or ())
+            return cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"bad {SPEC_FLAG}: {exc}") from exc
