@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import ssl
 import threading
 import time
@@ -74,6 +75,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 #: Back-off between attempts to store a segment that failed: doubles from the first to the cap.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+#: How often a store worker process checks that its collector is still there.
+WORKER_WATCH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -350,10 +353,26 @@ class Collector:
 
 
 def _worker_pool() -> ProcessPoolExecutor:
-    # spawn, not fork: the receivers' and gRPC's threads must not be forked. A worker that
-    # outlives a collector killed with SIGKILL finishes its part under its own temporary name
-    # (tracer.store.write_span_part), the same content the restarted collector's replay writes.
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    # spawn, not fork: the receivers' and gRPC's threads must not be forked
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_exit_with_collector,
+        initargs=(os.getpid(),),
+    )
+
+
+def _exit_with_collector(collector_pid: int) -> None:
+    """In the worker: end once the collector process is gone (killed with SIGKILL, its pool
+    never says stop). A part it was writing stays under its own temporary name
+    (tracer.store.write_span_part); the restarted collector's replay writes it whole."""
+
+    def watch() -> None:
+        while os.getppid() == collector_pid:
+            time.sleep(WORKER_WATCH_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="xsp-collector-watch", daemon=True).start()
 
 
 def serve(config: CollectorConfig, ready: Any = None) -> None:

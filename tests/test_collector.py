@@ -345,3 +345,51 @@ def test_sigterm_stores_everything_acknowledged_through_the_worker_process(tmp_p
     assert spans.num_rows == 40 * 300
     assert set(spans.column("trace_id").to_pylist()) == set(sent)
     assert not list((store / ".spool").glob("seg-*"))
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_store_worker_ends_with_a_killed_collector(tmp_path: Path) -> None:
+    """kill -9 leaves the collector's worker process an orphan: it must not linger (each one
+    holds ~150 MB) but end by itself."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc (Linux) to find the worker process")
+    store, (port,) = tmp_path / "store", free_ports(1)
+    proc = start_collector(store, port)
+    base = _table("o")
+    deadline = time.time() + 30
+    i = 0
+    # keep the worker busy, so that it is orphaned mid-conversion, as under load
+    while time.time() < deadline:
+        trace = pa.array([i.to_bytes(16, "big")] * base.num_rows, pa.binary(16))
+        body = otlp.encode_request(_resource("o"), base.set_column(0, "trace_id", trace))
+        assert _post(port, body.SerializeToString())[0] == 200
+        i += 1
+        workers = _children(proc.pid)
+        if workers and i >= 60:
+            break
+    assert workers, "the collector started no worker process"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while any(_alive(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(w) for w in workers)
