@@ -207,3 +207,18 @@ def start_collector(store_dir: Path, port: int) -> Any:
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"collector did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def make_collector(tmp_path: Path, **options: Any) -> Any:
+    """An in-process collector on free loopback ports (both receivers), flushing every 50 ms,
+    not yet started; ``options`` override CollectorConfig's fields."""
+    from xsp.collector.server import Collector, CollectorConfig
+
+    config: dict[str, Any] = {
+        "store": tmp_path / "store",
+        "grpc_address": "127.0.0.1:0",
+        "http_address": "127.0.0.1:0",
+        "flush_interval_s": 0.05,
+        **options,
+    }
+    return Collector(CollectorConfig(**config))

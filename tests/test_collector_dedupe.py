@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -18,10 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-from tests.fixtures import fixture_table, free_ports, start_collector, write_run
+from tests.fixtures import fixture_table, free_ports, make_collector, start_collector, write_run
 from tests.test_collector import _post, _resource, _table
 from xsp.collector import writer
-from xsp.collector.server import Collector, CollectorConfig
 from xsp.collector.spool import Spool
 from xsp.collector.store_worker import store_requests
 from xsp.collector.writer import StoreWriter
@@ -30,17 +28,6 @@ from xsp.tracer.store import RUN_META, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SPANS = 1791  # spans in one resnet18_train_cpu MF run
-
-
-def _make(tmp_path: Path, **kw: Any) -> Collector:
-    options: dict[str, Any] = {
-        "store": tmp_path / "store",
-        "grpc_address": "127.0.0.1:0",
-        "http_address": "127.0.0.1:0",
-        "flush_interval_s": 0.05,
-    }
-    options.update(kw)
-    return Collector(CollectorConfig(**options))
 
 
 def _keys(run_dir: Path) -> list[tuple[bytes, int]]:
@@ -65,7 +52,7 @@ def _assert_once(run_dir: Path, table: pa.Table) -> None:
 
 def test_http_protobuf_then_grpc_in_other_batches_is_stored_once(tmp_path: Path) -> None:
     table = _table("a")
-    c = _make(tmp_path).start()
+    c = make_collector(tmp_path).start()
     try:
         assert (
             _post(c.http_port, otlp.encode_request(_resource("a"), table).SerializeToString())[0]
@@ -94,7 +81,7 @@ def test_a_restart_after_the_first_copy_was_flushed_stores_it_once(tmp_path: Pat
     body = otlp.encode_request(_resource("r"), table).SerializeToString()
     counts = []
     for _ in range(3):  # the later starts know the parts only from the disk
-        c = _make(tmp_path).start()
+        c = make_collector(tmp_path).start()
         try:
             assert _post(c.http_port, body)[0] == 200
         finally:
@@ -110,14 +97,14 @@ def test_replaying_a_segment_already_written_keeps_its_spans(tmp_path: Path) -> 
     # killed after the segment's part was written but before the segment was removed: the
     # replay rewrites that part, whose own spans must not count as already stored
     table = _table("k")
-    c = _make(tmp_path, flush_interval_s=60)
+    c = make_collector(tmp_path, flush_interval_s=60)
     c.spool.append(otlp.encode_request(_resource("k"), table).SerializeToString())
     segment = c.spool.rotate()
     assert segment is not None
     stored = store_requests(c.writer, Spool.part_name(segment), c.spool.read(segment))
     assert stored.duplicate_spans == 0
     c.spool.close()  # no stop(): the segment stays, as after kill -9
-    again = _make(tmp_path).start()
+    again = make_collector(tmp_path).start()
     again.stop()
     assert again.duplicate_spans == 0
     assert not segment.exists()

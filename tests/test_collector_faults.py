@@ -24,9 +24,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from tests.fixtures import free_ports, start_collector
+from tests.fixtures import free_ports, make_collector, start_collector
 from tests.test_collector import _post, _resource, _table
-from xsp.collector.server import Collector, CollectorConfig
 from xsp.collector.spool import Spool
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export import otlp
@@ -34,17 +33,6 @@ from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest
-
-
-def _make(tmp_path: Path, **kw: Any) -> Collector:
-    options: dict[str, Any] = {
-        "store": tmp_path / "store",
-        "grpc_address": "127.0.0.1:0",
-        "http_address": "127.0.0.1:0",
-        "flush_interval_s": 0.05,
-    }
-    options.update(kw)
-    return Collector(CollectorConfig(**options))
 
 
 def _small(run_id: str, rows: int, first: int = 0) -> Request:
@@ -89,7 +77,7 @@ def _stored(store: Path, measurement: str) -> int:
     ],
 )
 def test_poison_span_is_refused_at_ingest(tmp_path: Path, kind: str, named: str) -> None:
-    c = _make(tmp_path).start()
+    c = make_collector(tmp_path).start()
     try:
         body = _poison(kind).SerializeToString()
         code, reply, _ = _post(c.http_port, body)
@@ -110,7 +98,7 @@ def test_poison_span_is_refused_at_ingest(tmp_path: Path, kind: str, named: str)
 
 
 def test_a_request_failing_at_flush_is_quarantined_not_blocking(tmp_path: Path) -> None:
-    c = _make(tmp_path, flush_interval_s=60)
+    c = make_collector(tmp_path, flush_interval_s=60)
     c.spool.append(_small("a", 4).SerializeToString())
     c.spool.append(_poison("iteration").SerializeToString())  # got past ingest somehow
     c.spool.append(_small("b", 3).SerializeToString())
@@ -127,7 +115,7 @@ def test_a_request_failing_at_flush_is_quarantined_not_blocking(tmp_path: Path) 
 def test_clean_restarts_never_overwrite_stored_spans(tmp_path: Path) -> None:
     first = 0
     for rows in (10, 7, 3):
-        c = _make(tmp_path).start()
+        c = make_collector(tmp_path).start()
         assert _post(c.http_port, _small("r", rows, first).SerializeToString())[0] == 200
         c.stop()
         first += rows
@@ -159,7 +147,7 @@ def test_a_flipped_byte_loses_only_its_record(tmp_path: Path) -> None:
     sizes = [12 + len(r.SerializeToString()) for r in requests]
     data[sum(sizes[:2]) + 40] ^= 0xFF  # inside record 3's payload
     segment.write_bytes(bytes(data))
-    c = _make(tmp_path).start()
+    c = make_collector(tmp_path).start()
     c.stop()
     stored = [_stored(tmp_path / "store", f"m-s{i}") for i in range(10)]
     assert stored == [2, 2, 0, 2, 2, 2, 2, 2, 2, 2]
@@ -173,7 +161,7 @@ def test_random_bytes_and_stray_files_are_quarantined(tmp_path: Path) -> None:
     garbage = os.urandom(5000)
     (spool_dir / "seg-0123456789abcdef-000001.log").write_bytes(garbage)
     (spool_dir / "seg-foo.log").write_text("not a segment")
-    c = _make(tmp_path).start()
+    c = make_collector(tmp_path).start()
     assert _post(c.http_port, _small("after", 2).SerializeToString())[0] == 200
     c.stop()
     names = sorted(p.name for p in (tmp_path / "store" / ".quarantine").iterdir())
@@ -185,7 +173,7 @@ def test_random_bytes_and_stray_files_are_quarantined(tmp_path: Path) -> None:
 
 # -- 4. a failed flush is retried while running -------------------------------------------------
 def test_failed_flush_is_retried_with_backoff(tmp_path: Path, monkeypatch: Any) -> None:
-    c = _make(tmp_path).start()
+    c = make_collector(tmp_path).start()
     real = c.writer.write
     failures = {"left": 2}
 
@@ -210,7 +198,7 @@ def test_failed_flush_is_retried_with_backoff(tmp_path: Path, monkeypatch: Any) 
 
 # -- 5. corrupt gzip, deep JSON -------------------------------------------------------------------
 def test_corrupt_gzip_and_deep_json_get_400(tmp_path: Path) -> None:
-    c = _make(tmp_path, grpc_address=None).start()
+    c = make_collector(tmp_path, grpc_address=None).start()
     try:
         body = bytearray(gzip.compress(_small("g", 50).SerializeToString()))
         body[len(body) // 2] ^= 0xFF
@@ -242,7 +230,7 @@ def _deep_protobuf(depth: int) -> bytes:
 
 
 def test_grpc_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
-    c = _make(tmp_path, http_address=None).start()
+    c = make_collector(tmp_path, http_address=None).start()
     non_utf8 = _small("u", 1)
     good_name = non_utf8.resource_spans[0].scope_spans[0].spans[0].name.encode()
     bad = non_utf8.SerializeToString().replace(good_name, b"\xff" * len(good_name), 1)
@@ -264,7 +252,7 @@ def test_grpc_malformed_requests_are_invalid_argument(tmp_path: Path) -> None:
 
 # -- 7. the HTTP server ----------------------------------------------------------------------------
 def test_a_stalled_body_times_out(tmp_path: Path) -> None:
-    c = _make(tmp_path, grpc_address=None, read_timeout_s=1.0).start()
+    c = make_collector(tmp_path, grpc_address=None, read_timeout_s=1.0).start()
     try:
         with socket.create_connection(("127.0.0.1", c.http_port), timeout=10) as sock:
             sock.sendall(
@@ -279,7 +267,9 @@ def test_a_stalled_body_times_out(tmp_path: Path) -> None:
 
 
 def test_unauthenticated_or_oversize_body_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    c = _make(tmp_path, grpc_address=None, token="secret", max_request_bytes=64 << 20).start()
+    c = make_collector(
+        tmp_path, grpc_address=None, token="secret", max_request_bytes=64 << 20
+    ).start()
     try:
         for headers, status in (
             (b"Content-Length: 41943040\r\n", b"401"),
@@ -296,7 +286,7 @@ def test_unauthenticated_or_oversize_body_is_refused_before_it_is_read(tmp_path:
 
 
 def test_many_slow_and_simultaneous_clients(tmp_path: Path) -> None:
-    c = _make(tmp_path, grpc_address=None).start()
+    c = make_collector(tmp_path, grpc_address=None).start()
     idle = []
     try:
         for _ in range(300):  # slow clients hold sockets, not threads
@@ -337,7 +327,7 @@ def test_an_idle_tls_client_does_not_block_https(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    c = _make(tmp_path, grpc_address=None, tls_cert=cert, tls_key=key).start()
+    c = make_collector(tmp_path, grpc_address=None, tls_cert=cert, tls_key=key).start()
     idle = socket.create_connection(("127.0.0.1", c.http_port))  # never says hello
     try:
         context = ssl.create_default_context(cafile=str(cert))
