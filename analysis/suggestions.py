@@ -23,6 +23,8 @@ from xsp.analysis.store import MeasurementStore
 SHORT_KERNEL_US = 10.0
 #: Below this GPU busy share, a step with mostly short kernels waits on launches.
 LAUNCH_BOUND_BUSY_PCT = 50.0
+#: Waiting for batches takes at least this share of the untraced step: the input pipeline bounds it.
+INPUT_BOUND_SHARE_PCT = 5.0
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
@@ -155,6 +157,22 @@ def host_syncs(store: MeasurementStore) -> Suggestion | None:
     return _costly(store, where, "host-syncs", advice, "synchronizing calls")
 
 
+def input_bound(store: MeasurementStore) -> Suggestion | None:
+    """The step waits for the DataLoader's next batch: the input pipeline, not the model, sets
+    the pace (PyTorch's DataLoader wraps each batch in a profiler range)."""
+    found = _costly(
+        store,
+        "kind = 'data_loading'",
+        "input-bound",
+        "load batches in parallel and ahead: DataLoader(num_workers=N, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor=2); cache or pre-decode costly samples",
+        "DataLoader batches",
+    )
+    if found is None or (found.share_pct or 0.0) < INPUT_BOUND_SHARE_PCT:
+        return None
+    return found
+
+
 def index_select(store: MeasurementStore) -> Suggestion | None:
     """aten::index with one 1-D index tensor does what the cheaper aten::index_select does."""
     return _costly(
@@ -176,6 +194,7 @@ RULES: tuple[Callable[[MeasurementStore], Suggestion | None], ...] = (
     fp32_matmuls_on_gpu,
     launch_bound,
     host_syncs,
+    input_bound,
     index_select,
 )
 

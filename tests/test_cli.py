@@ -457,3 +457,52 @@ def test_ctrl_c_stops_the_measurement_and_keeps_what_finished(tmp_path: Path, ta
     assert "level set MF was interrupted; left out" in summary.stderr
     analyzed = CliRunner().invoke(cli_main, ["analyze", str(out)])
     assert analyzed.exit_code == 0, analyzed.output
+
+
+INPUT_BOUND_SCRIPT = """
+    import time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            time.sleep(0.010)  # 10 ms to read and decode one sample
+            return torch.randn(16), torch.randn(1)
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in DataLoader(Slow(), batch_size=4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+
+def test_an_input_bound_loop_shows_its_loading_inside_the_step(tmp_path: Path) -> None:
+    """An unmodified loop whose dataset takes 10 ms a sample (batch 4): the step runs from one
+    optimizer step to the next, so the M step holds the ~40 ms of loading; the MF run shows it
+    as data-loading spans, and the input-bound suggestion names it, measured on the untraced
+    step."""
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent(INPUT_BOUND_SCRIPT))
+    out = tmp_path / "I"
+    done = xsp(
+        "run", "--levels", "M,MF", "--iterations", "4", "--warmup", "1", "--out", str(out),
+        "--", "python", str(script),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = {r.levels: r for r in open_measurement(out)}
+    steps = [r for r in runs["M"].spans().to_pylist() if r["kind"] == "step"]
+    assert len(steps) == 4 and min(s["dur_ns"] for s in steps) > 40e6  # 4 samples x 10 ms
+    loading = [r for r in runs["MF"].spans().to_pylist() if r["kind"] == "data_loading"]
+    assert len(loading) == 4 and all(r["phase"] == "data" for r in loading)
+    assert all(r["name"].startswith("enumerate(DataLoader)#") for r in loading)
+    assert min(r["dur_ns"] for r in loading) > 40e6
+    analyzed = xsp("analyze", str(out), "--json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    rows = json.loads(analyzed.stdout)["analyses"]["suggestions"]["rows"]
+    found = {r["rule"]: r for r in rows}["input-bound"]
+    assert found["evidence"] == "1 DataLoader batches per iteration"
+    assert found["gain_ms_per_iteration"] > 40 and 50 < found["share_pct"] <= 100

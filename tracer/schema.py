@@ -38,6 +38,7 @@ KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
 KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
 KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward
 KIND_OPTIMIZER: Final = "optimizer"  # framework: optimizer.step / zero_grad
+KIND_DATA_LOADING: Final = "data_loading"  # framework: a DataLoader handing out one batch
 KIND_LIBRARY_CALL: Final = "library_call"  # library: a cuBLAS/cuDNN/oneDNN call
 KIND_RUNTIME: Final = "runtime"  # library: a CUDA runtime API call
 KIND_DRIVER: Final = "driver"  # library: a CUDA driver API call
@@ -48,6 +49,7 @@ KIND_MEMSET: Final = "memset"  # gpu: a memset
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
 PHASE_OPTIMIZER: Final = "optimizer"
+PHASE_DATA: Final = "data"  # loading the next batch
 
 # Attribute keys: the public contract, documented in the README.
 ATTR_LEVEL: Final = "xsp.level"

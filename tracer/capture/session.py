@@ -4,9 +4,11 @@ Iterations are marked in one of three ways, all ending in ``begin_iteration``/``
 
 1. ``session.step()`` (``xsp.step()``): ends the open iteration, if any, and begins the next;
 2. ``with session.iteration():`` (``xsp.iteration()``) around one iteration;
-3. automatically, for unmodified training scripts: an iteration begins at the first nn.Module
-   call while none is open and ends when an optimizer finishes ``step()`` (a global optimizer
-   hook), so every optimizer step yields one model span. An explicit marker switches this off.
+3. automatically, for unmodified training scripts: an iteration runs from one optimizer step to
+   the next (a global optimizer hook), as Nsight's and torch.profiler's step ranges do, so data
+   loading, host-to-device copies and the syncs between steps fall inside it; the first one
+   begins at the first nn.Module call (a global module hook, removed once it has fired, so later
+   module calls pay nothing). An explicit marker switches this off.
 
 Levels are switched on between iterations, before the first measured one, and switched off,
 drained, converted and exported once the last measured iteration is over (at the next marker or
@@ -153,6 +155,7 @@ class Session:
             os.environ.setdefault(key, value)
         self._levels: list[Level] = build_levels(self.levels, context)
         self._auto = auto_iterations
+        self._first_call_hook: Any = None
         self._progress = progress
         self._index = 0  # iterations begun so far, warm-up included
         self._open = False
@@ -189,10 +192,8 @@ class Session:
             from torch.nn.modules import module as nn_module
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            self._hooks = [
-                nn_module.register_module_forward_pre_hook(self._auto_begin),
-                register_optimizer_step_post_hook(self._auto_end),
-            ]
+            self._first_call_hook = nn_module.register_module_forward_pre_hook(self._auto_begin)
+            self._hooks = [self._first_call_hook, register_optimizer_step_post_hook(self._auto_end)]
         self._write_meta("running")
         atexit.register(self.close)
         if self.warmup <= 1:
@@ -289,6 +290,11 @@ class Session:
 
     # -- internals ----------------------------------------------------------------------------------
     def _auto_begin(self, module: Any, args: Any) -> None:
+        """The first module call begins the first iteration; later ones come from the steps."""
+        if self._first_call_hook is not None:
+            self._first_call_hook.remove()
+            self._hooks.remove(self._first_call_hook)
+            self._first_call_hook = None
         if not self._open:
             try:
                 self.begin_iteration()
@@ -296,8 +302,10 @@ class Session:
                 self._misuse("automatic iteration start failed")
 
     def _auto_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """An optimizer step ends the iteration and begins the next one."""
         try:
             self.end_iteration()
+            self.begin_iteration()
         except Exception:
             self._misuse("automatic iteration end failed")
 
@@ -307,6 +315,7 @@ class Session:
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
+            self._first_call_hook = None
             log.info("xsp: explicit iteration markers found; optimizer-step detection is off")
 
     def _misuse(self, what: str) -> None:

@@ -33,9 +33,17 @@ from xsp.tracer.convert.records import (
 )
 
 OPTIMIZER_PREFIX = "Optimizer."
+#: PyTorch's DataLoader wraps each batch it hands out in a profiler range of this name.
+DATA_LOADER_PREFIX = "enumerate(DataLoader)#"
 #: Codes of the framework block's kind and phase columns: positions in these tuples.
-FRAMEWORK_KINDS = (schema.KIND_OP, schema.KIND_MODULE, schema.KIND_BACKWARD, schema.KIND_OPTIMIZER)
-PHASES = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD, schema.PHASE_OPTIMIZER)
+FRAMEWORK_KINDS = (
+    schema.KIND_OP,
+    schema.KIND_MODULE,
+    schema.KIND_BACKWARD,
+    schema.KIND_OPTIMIZER,
+    schema.KIND_DATA_LOADING,
+)
+PHASES = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD, schema.PHASE_OPTIMIZER, schema.PHASE_DATA)
 FORWARD = PHASES.index(schema.PHASE_FORWARD)
 STEP_SPAN_NAME = "step"
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
@@ -352,6 +360,7 @@ class _Events:
     is_module: np.ndarray
     is_backward: np.ndarray
     is_optimizer: np.ndarray
+    is_data: np.ndarray
     seq_nr: np.ndarray
     fwd_thread: np.ndarray
     outside: int
@@ -403,6 +412,7 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
         is_module=starts(MODULE_RANGE_PREFIX)[rows],
         is_backward=starts(BACKWARD_PREFIX)[rows],
         is_optimizer=starts(OPTIMIZER_PREFIX)[rows],
+        is_data=starts(DATA_LOADER_PREFIX)[rows],
         seq_nr=np.frombuffer(rec.seq_nr, dtype=np.int64)[rows],
         fwd_thread=np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows],
         outside=int((~inside & ~is_step).sum()),
@@ -440,6 +450,7 @@ def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
     phase_code = np.full(m, -1, dtype=np.int8)
     phase_code[ev.is_backward] = PHASES.index(schema.PHASE_BACKWARD)
     phase_code[ev.is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
+    phase_code[ev.is_data] = PHASES.index(schema.PHASE_DATA)
     phase_code[(ev.parent < 0) & (phase_code < 0)] = FORWARD
     phase_code = inherit(phase_code, ev.parent, depth)
     module = inherit(own_module, ev.parent, depth)
@@ -474,6 +485,7 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
     kind_codes[ev.is_module] = FRAMEWORK_KINDS.index(schema.KIND_MODULE)
     kind_codes[ev.is_backward] = FRAMEWORK_KINDS.index(schema.KIND_BACKWARD)
     kind_codes[ev.is_optimizer] = FRAMEWORK_KINDS.index(schema.KIND_OPTIMIZER)
+    kind_codes[ev.is_data] = FRAMEWORK_KINDS.index(schema.KIND_DATA_LOADING)
 
     mods = [infos[i] for i in own_module[module_rows]]
     calls = layers.call.tolist()
