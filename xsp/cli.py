@@ -425,7 +425,7 @@ def analyze(
     if as_json:
         _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, lanes, store)
     else:
-        _print_summary(run_dir, store, warned=True)
+        _print_summary(run_dir, store)
         if median_ms is not None:
             console.print(
                 f"reconstructed: {spans.num_rows:,} spans, model latency median {median_ms:.3f} "
@@ -619,14 +619,12 @@ def run_warnings(run: Any) -> list[str]:
     return lines
 
 
-def _print_summary(run_dir: Path, store: Any = None, warned: bool = False) -> None:
+def _print_summary(run_dir: Path, store: Any = None) -> None:
+    """The measurement's summary; a ``store`` given was opened by ``_open_store``, which printed
+    its reader's warnings."""
     from xsp.analysis.summary import level_sets, top_layers
 
-    if store is None:
-        store = _open_store(run_dir)
-    elif not warned:
-        for message in store.warnings:
-            _warn(message)
+    store = store or _open_store(run_dir)
     rows = level_sets(store).to_pylist()
     table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
     for name in (
