@@ -1,15 +1,20 @@
-"""Per-iteration overhead of xsp's level sets against the uninstrumented step, with
-torch.profiler measured in the same process for comparison, and peak host memory (``--rss``:
-one fresh process per configuration, since peak RSS only grows within a process).
+"""What xsp's level sets cost against the uninstrumented loop, with torch.profiler alongside.
 
-Method: for each case, ROUNDS rounds; in each round every configuration runs WARMUP untimed and
-ITERS timed iterations, in a freshly shuffled order (the machine is noisy, so configurations are
-interleaved and repeated). Every configuration times an iteration the same way M does: device
-synchronization, then the wall clock, at both ends. A configuration's figure in a round is its
-median iteration; its ratio is that median over the uninstrumented median of the same round. We
+Method: one fresh process per (round, case, configuration), so that nothing one tool leaves in a
+process (hooks, CUPTI, allocator state, NVTX injection) reaches another; ROUNDS rounds, each
+running every configuration of a case in a freshly shuffled order. Each process builds the
+workload, runs WARMUP untimed and ITERS timed iterations, and reports:
+
+- ``step_ms``: its median iteration, timed as level M times one (device synchronization, then
+  the wall clock, at both ends);
+- ``end_to_end_s``: the whole loop, warm-up included, plus the tool's own finish: xsp's
+  conversion and store (into a temporary run directory), torch.profiler's Chrome-trace export;
+- ``peak_rss_mb``: the process's peak resident memory.
+
+A configuration's ratio in a round is its figure over the same round's uninstrumented figure; we
 report the median ratio across rounds with its min-max spread.
 
-    python benchmarks/overhead.py [--device cuda] [--rounds 5] [--iters 20] [--out FILE.json]
+    python benchmarks/overhead.py [--device cuda] [--rounds 3] [--iters 30] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -22,40 +27,71 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xsp.tracer.capture.session import Session
-from xsp.tracer.export.sinks import InMemorySink
-from xsp.tracer.workloads import zoo
-
-CASES = [
-    ("torchvision:resnet50", "train", 64),
-    ("torchvision:resnet50", "infer", 1),
-    ("torchvision:mobilenet_v2", "infer", 1),
-]
-CONFIGS = (
-    "none",
-    "M",
-    "M(no monitor)",
-    "MF",
-    "MF(no op shapes)",
-    "MF(nvtx)",
-    "MLG",
-    "MFL",
-    "MFLG",
-    "torch.profiler(cpu)",
-    "torch.profiler(cpu,shapes)",
-    "torch.profiler(cpu+cuda)",
+CASES = (
+    "torchvision:resnet50/train/64",
+    "torchvision:resnet50/infer/1",
+    "torchvision:mobilenet_v2/infer/1",
+    "gpt-lm/train/16",
+    "compiled:torchvision:resnet18/train/32",
 )
+CONFIGS = ("none", "MF", "MFLG", "torch.profiler(cpu+cuda)", "torch.profiler(full)")
+FIGURES = ("step_ms", "end_to_end_s", "peak_rss_mb")
 
 
-def _timed(step: Any, sync: Any, iters: int) -> list[float]:
+def _sync(device: str) -> Callable[[], None]:
+    import torch
+
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def build_step(case: str, device: str) -> Callable[[], None]:
+    """One training or inference step of ``case`` (``model/mode/batch``): a zoo model, the
+    small GPT language model of benchmarks/workloads (bf16 autocast, AdamW, 256 tokens), or a
+    zoo model under torch.compile (``compiled:<model>``)."""
+    import torch
+
+    model, mode, batch = case.rsplit("/", 2)
+    if model == "gpt-lm":
+        return _gpt_step(int(batch), device)
+    from xsp.tracer.workloads import zoo
+
+    compiled = model.startswith("compiled:")
+    workload = zoo.build(model.removeprefix("compiled:"), int(batch), mode, device)
+    if compiled:
+        workload.model = torch.compile(workload.model)  # type: ignore[assignment]
+    return workload.step
+
+
+def _gpt_step(batch: int, device: str) -> Callable[[], None]:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=6, n_embd=512, n_head=8, n_positions=256, vocab_size=8192)
+    model = GPT2LMHeadModel(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    tokens = torch.randint(0, config.vocab_size, (batch, 256), device=device)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+
+    def step() -> None:
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _timed(step: Callable[[], None], sync: Callable[[], None], iters: int) -> list[float]:
     times = []
     for _ in range(iters):
         sync()
@@ -66,178 +102,159 @@ def _timed(step: Any, sync: Any, iters: int) -> list[float]:
     return times
 
 
-def run_config(
-    config: str, workload: zoo.Workload, device: str, warmup: int, iters: int
+def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> dict[str, Any]:
+    """Run one configuration of one case in this (fresh) process."""
+    if "L" in config.split("(")[0] and device.startswith("cuda"):
+        from xsp.tracer.capture.cupti import nvtx_environment
+
+        os.environ.update(nvtx_environment())  # before the libraries first use NVTX
+    import torch
+
+    step = build_step(case, device)
+    sync = _sync(device)
+    spans = 0
+    with tempfile.TemporaryDirectory(prefix="xsp-overhead-") as tmp:
+        began = time.perf_counter()
+        if config == "none":
+            _timed(step, sync, warmup)
+            times = _timed(step, sync, iters)
+        elif config.startswith("torch.profiler"):
+            _timed(step, sync, warmup)
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.startswith("cuda"):
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            full = "full" in config
+            with torch.profiler.profile(
+                activities=activities,
+                record_shapes=full,
+                with_stack=full,
+                profile_memory=full,
+            ) as prof:
+                times = _timed(step, sync, iters)
+            prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+            spans = len(prof.profiler.kineto_results.events())
+        else:
+            times, spans = _xsp(config, step, device, warmup, iters, Path(tmp) / config)
+        end_to_end = time.perf_counter() - began
+    return {
+        "step_ms": statistics.median(times),
+        "end_to_end_s": end_to_end,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "spans": spans,
+    }
+
+
+def _xsp(
+    levels: str, step: Callable[[], None], device: str, warmup: int, iters: int, out: Path
 ) -> tuple[list[float], int]:
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    if config == "none":
-        _timed(workload.step, sync, warmup)
-        return _timed(workload.step, sync, iters), 0
-    if config.startswith("torch.profiler"):
-        _timed(workload.step, sync, warmup)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if "cuda" in config:
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(
-            activities=activities, record_shapes="shapes" in config
-        ) as prof:
-            times = _timed(workload.step, sync, iters)
-        return times, len(prof.profiler.kineto_results.events())
-    sink = InMemorySink()
-    levels, _, variant = config.partition("(")
-    if "nvtx" in variant:
-        os.environ["XSP_FRAMEWORK_CAPTURE"] = "nvtx"
-    else:
-        os.environ.pop("XSP_FRAMEWORK_CAPTURE", None)
-    session = Session(
-        levels,
-        iterations=iters,
-        warmup=warmup,
-        sinks=[sink],
-        device=device,
-        op_shapes="no op shapes" not in variant,
-        monitor="no monitor" not in variant,
-    ).start()
+    from xsp.tracer import store
+    from xsp.tracer.capture.session import Session
+
+    session = Session(levels, iterations=iters, warmup=warmup, out=out, device=device).start()
     while not session.done:
         with session.iteration():
-            workload.step()
-    session.close()
-    table = sink.table()
-    steps = [
-        d / 1e6
-        for d, k in zip(
-            table.column("dur_ns").to_pylist(), table.column("kind").to_pylist(), strict=False
-        )
-        if k == "step"
-    ]
+            step()
+    meta = session.close() or {}
+    if meta.get("status") != "ok":
+        raise SystemExit(f"xsp {levels}: {meta.get('status')}: {meta.get('status_reasons')}")
+    table = store.open_run(out).spans()
+    kinds = table.column("kind").to_pylist()
+    durations = table.column("dur_ns").to_pylist()
+    steps = [d / 1e6 for d, k in zip(durations, kinds, strict=True) if k == "step"]
     return steps, table.num_rows
 
 
-def peak_rss(case: str, configs: list[str], device: str, iters: int) -> dict[str, float]:
-    """Peak host RSS (MB) of a fresh process that runs ``case`` under each configuration."""
-    peaks = {}
+def _spawn(config: str, case: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", config, "--cases", case]
+    command += ["--device", args.device, "--warmup", str(args.warmup), "--iters", str(args.iters)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout)[-1500:]
+        print(f"  {case} {config}: FAILED ({done.returncode}): {tail}", file=sys.stderr)
+        return {"failed": tail}
+    return dict(json.loads(lines[-1]))
+
+
+def _summary(rounds: list[dict[str, dict[str, Any]]], configs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for config in configs:
-        done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--rss-child",
-                config,
-                "--cases",
-                case,
-                "--device",
-                device,
-                "--iters",
-                str(iters),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            raise SystemExit(f"rss child {config} failed: {done.stderr[-2000:]}")
-        peaks[config] = float(lines[-1])
-    return peaks
-
-
-def _rss_child(config: str, case: str, device: str, iters: int) -> None:
-    model, mode, batch = case.split("/")
-    workload = zoo.build(model, int(batch), mode, device)
-    run_config(config, workload, device, 5, iters)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        entry: dict[str, Any] = {}
+        for figure in FIGURES:
+            ratios = [
+                r[config][figure] / r["none"][figure]
+                for r in rounds
+                if figure in r.get(config, {}) and figure in r.get("none", {})
+            ]
+            values = [r[config][figure] for r in rounds if figure in r.get(config, {})]
+            if ratios:
+                entry[figure] = {
+                    "median": statistics.median(values),
+                    "ratio": statistics.median(ratios),
+                    "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                }
+        entry["spans"] = max((r.get(config, {}).get("spans", 0) for r in rounds), default=0)
+        out[config] = entry
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rss", action="store_true", help="measure peak RSS per configuration")
-    parser.add_argument("--rss-child", help=argparse.SUPPRESS)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--cases", default=",".join(f"{m}/{mode}/{b}" for m, mode, b in CASES))
-    parser.add_argument(
-        "--configs", default=",".join(CONFIGS), help="a subset of: " + ", ".join(CONFIGS)
-    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="of: " + ", ".join(CONFIGS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out")
     args = parser.parse_args()
-    configs_all = [c for c in (args.rss_child or args.configs).split(",") if c]
-    cupti_configs = [c for c in configs_all if "L" in c.split("(")[0] or "G" in c.split("(")[0]]
-    if cupti_configs and args.device.startswith("cuda"):
-        # NVTX routing must be in place before the libraries start; it then applies to every
-        # configuration of this process, the uninstrumented one included (fair to compare).
-        from xsp.tracer.capture.cupti import nvtx_environment
+    if args.child:
+        print(json.dumps(run_child(args.child, args.cases, args.device, args.warmup, args.iters)))
+        return
+    configs = [c for c in args.configs.split(",") if c]
+    if "none" not in configs:
+        configs.insert(0, "none")
+    import torch
 
-        os.environ.update(nvtx_environment())
-    if args.rss_child:
-        _rss_child(args.rss_child, args.cases, args.device, args.iters)
-        return
-    if args.rss:
-        configs = [c for c in args.configs.split(",") if c]
-        report = {}
-        for case in args.cases.split(","):
-            peaks = peak_rss(case, configs, args.device, args.iters)
-            report[case] = peaks
-            print(f"\npeak RSS, {case}")
-            for config, mb in peaks.items():
-                print(f"{config:<28}{mb:>10.0f} MB{mb / peaks['none']:>8.3f}x")
-        if args.out:
-            Path(args.out).write_text(json.dumps({"peak_rss_mb": report}, indent=1))
-        return
     results: dict[str, Any] = {
-        "nvtx_environment": bool(cupti_configs),
+        "method": "fresh process per (round, case, configuration); shuffled within a round",
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "rounds": args.rounds,
         "iters": args.iters,
         "warmup": args.warmup,
-        "cases": [],
+        "cases": {},
     }
     random.seed(0)
     for case in args.cases.split(","):
-        model, mode, batch = case.split("/")
-        workload = zoo.build(model, int(batch), mode, args.device)
-        configs = [c for c in args.configs.split(",") if c]
-        unknown = set(configs) - set(CONFIGS)
-        if unknown or "none" not in configs:
-            raise SystemExit(f"--configs: unknown {sorted(unknown)} (and 'none' is required)")
-        per_round: dict[str, list[float]] = {c: [] for c in configs}
-        ratios: dict[str, list[float]] = {c: [] for c in configs}
-        spans: dict[str, int] = {}
-        for _ in range(args.rounds):
-            order = list(configs)
-            random.shuffle(order)
-            medians = {}
-            for config in order:
-                times, count = run_config(config, workload, args.device, args.warmup, args.iters)
-                medians[config] = statistics.median(times)
-                spans[config] = count
-            for config in configs:
-                per_round[config].append(medians[config])
-                ratios[config].append(medians[config] / medians["none"])
-        row = {"case": case, "configs": {}}
-        for config in configs:
-            row["configs"][config] = {
-                "median_ms": statistics.median(per_round[config]),
-                "ratio_median": statistics.median(ratios[config]),
-                "ratio_min": min(ratios[config]),
-                "ratio_max": max(ratios[config]),
-                "spans_or_events_per_run": spans[config],
-            }
-        results["cases"].append(row)
-        print(f"\n{case} on {results['device']}")
-        print(f"{'config':<22}{'median ms':>10}{'ratio':>8}{'spread':>16}")
-        for config, r in row["configs"].items():
-            print(
-                f"{config:<22}{r['median_ms']:>10.2f}{r['ratio_median']:>8.3f}"
-                f"   [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]"
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for index in range(args.rounds):
+            order = random.sample(configs, len(configs))
+            print(f"{case} round {index + 1}/{args.rounds}: {', '.join(order)}", flush=True)
+            rounds.append({config: _spawn(config, case, args) for config in order})
+        summary = _summary(rounds, configs)
+        results["cases"][case] = {"rounds": rounds, "summary": summary}
+        _print_case(case, summary)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def _print_case(case: str, summary: dict[str, Any]) -> None:
+    print(f"\n{case}")
+    print(f"{'configuration':<26}" + "".join(f"{f:>30}" for f in FIGURES) + f"{'spans':>10}")
+    for config, entry in summary.items():
+        cells = []
+        for figure in FIGURES:
+            f = entry.get(figure)
+            cells.append(
+                f"{f['median']:>9.2f} {f['ratio']:.3f}x [{f['ratio_min']:.2f}-{f['ratio_max']:.2f}]"
+                if f
+                else "failed"
             )
-        del workload
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        print(f"{config:<26}" + "".join(f"{c:>30}" for c in cells) + f"{entry['spans']:>10}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

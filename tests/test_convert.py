@@ -223,20 +223,6 @@ def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
     assert report.counts_by_level["gpu"] == 339
 
 
-def test_nvtx_op_names_give_name_sequence_number_and_shapes() -> None:
-    from xsp.tracer.capture.levels.framework import parse_nvtx_name
-
-    assert parse_nvtx_name("aten::add, seq = 7, op_id = 9, sizes = [[2, 3], []]") == (
-        "aten::add",
-        7,
-        "[[2,3],[]]",
-    )
-    assert parse_nvtx_name(
-        "aten::mm, op_id = 3, sizes = [[4, 5], [5, 6]], input_op_ids = [(1, 0)]"
-    ) == ("aten::mm", -1, "[[4,5],[5,6]]")
-    assert parse_nvtx_name("xsp::module::12") == ("xsp::module::12", -1, "[]")
-
-
 def test_onednn_verbose_lines_become_timed_library_calls() -> None:
     from xsp.tracer.capture.levels.onednn import parse_verbose_line
 
@@ -255,25 +241,23 @@ def test_onednn_verbose_lines_become_timed_library_calls() -> None:
     assert parse_verbose_line(untimed) is None
 
 
-def test_nvtx_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
-    from xsp.tracer.capture.levels.framework import copy_nvtx_ranges
-    from xsp.tracer.convert.records import FrameworkRecords, RangeRecords
+def test_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
+    from xsp.tracer.convert.arena import link_backward_nodes
+    from xsp.tracer.convert.records import FrameworkRecords
 
-    ranges = RangeRecords()
-    for name, start, end, thread in (
-        ("aten::mm, seq = 5, op_id = 1, sizes = [[2, 3], [3, 4]]", 0, 5, 11),
-        ("autograd::engine::evaluate_function: MmBackward0", 10, 20, 22),
-        ("MmBackward0, seq = 5, op_id = 7", 11, 19, 22),
-        ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 21, 22, 22),
-    ):
-        ranges.domain.append("")
-        ranges.name.append(name)
-        ranges.start_ns.append(start)
-        ranges.end_ns.append(end)
-        ranges.thread.append(thread)
-        ranges.detail.append("")
     records = FrameworkRecords()
-    copy_nvtx_ranges(ranges, records)
+    for name, start, end, thread, seq in (
+        ("aten::mm", 0, 5, 11, 5),
+        ("autograd::engine::evaluate_function: MmBackward0", 10, 20, 22, -1),
+        ("MmBackward0", 11, 19, 22, 5),
+        ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 21, 22, 22, -1),
+    ):
+        records.name.append(name)
+        records.start_ns.append(start)
+        records.end_ns.append(end)
+        records.thread.append(thread)
+        records.fwd_thread.append(-1)
+        records.seq_nr.append(seq)
+    link_backward_nodes(records)
     assert list(records.seq_nr) == [5, 5, 5, -1]
     assert list(records.fwd_thread) == [-1, 11, -1, -1]
-    assert records.input_shapes.to_list()[0] == "[[2,3],[3,4]]"

@@ -23,8 +23,9 @@ MAX_CUPTI_BUFFER_MB = 16 * 1024
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
-#: The framework capture switch's values (``xsp.tracer.capture.levels.framework``'s capture names).
-FRAMEWORK_CAPTURES = ("kineto", "nvtx")
+#: The capture arena (``xsp.tracer.capture.arena``): ~10M records by default.
+DEFAULT_ARENA_MB = 512
+MAX_ARENA_MB = 64 * 1024
 
 
 def _get(name: str, env: Mapping[str, str] | None) -> str | None:
@@ -44,21 +45,30 @@ def switch(name: str, default: bool, env: Mapping[str, str] | None = None) -> bo
     raise ConfigError(f"bad {name}={value!r}: use 1 or 0")
 
 
-def cupti_buffer_bytes(env: Mapping[str, str] | None = None) -> int:
-    """``XSP_CUPTI_BUFFER_MB`` (default 256) in bytes."""
-    value = _get("XSP_CUPTI_BUFFER_MB", env)
+def _megabytes(name: str, default: int, maximum: int, env: Mapping[str, str] | None) -> int:
+    value = _get(name, env)
     if value is None:
-        return DEFAULT_CUPTI_BUFFER_MB * 1024 * 1024
+        return default * 1024 * 1024
     try:
         mb = int(value)
     except ValueError:
         mb = -1
-    if not 1 <= mb <= MAX_CUPTI_BUFFER_MB:
+    if not 1 <= mb <= maximum:
         raise ConfigError(
-            f"bad XSP_CUPTI_BUFFER_MB={value!r}: a whole number of MB from 1 to "
-            f"{MAX_CUPTI_BUFFER_MB} (default {DEFAULT_CUPTI_BUFFER_MB})"
+            f"bad {name}={value!r}: a whole number of MB from 1 to {maximum} (default {default})"
         )
     return mb * 1024 * 1024
+
+
+def cupti_buffer_bytes(env: Mapping[str, str] | None = None) -> int:
+    """``XSP_CUPTI_BUFFER_MB`` (default 256): the size of each CUPTI activity buffer."""
+    return _megabytes("XSP_CUPTI_BUFFER_MB", DEFAULT_CUPTI_BUFFER_MB, MAX_CUPTI_BUFFER_MB, env)
+
+
+def arena_bytes(env: Mapping[str, str] | None = None) -> int:
+    """``XSP_ARENA_MB`` (default 512): the capture arena's size, a sparse file of which only
+    what is written takes disk and memory (48 bytes per op, module call or range)."""
+    return _megabytes("XSP_ARENA_MB", DEFAULT_ARENA_MB, MAX_ARENA_MB, env)
 
 
 def cupti_all_api(env: Mapping[str, str] | None = None) -> bool:
@@ -66,28 +76,10 @@ def cupti_all_api(env: Mapping[str, str] | None = None) -> bool:
     return switch("XSP_CUPTI_ALL_API", False, env)
 
 
-def nvtx_op_shapes(env: Mapping[str, str] | None = None) -> bool:
-    """``XSP_NVTX_OP_SHAPES=1``: op shapes in NVTX names when F runs through CUPTI."""
-    return switch("XSP_NVTX_OP_SHAPES", False, env)
-
-
-def framework_capture(env: Mapping[str, str] | None = None) -> str | None:
-    """``XSP_FRAMEWORK_CAPTURE``: kineto or nvtx (None: unset, xsp chooses)."""
-    value = _get("XSP_FRAMEWORK_CAPTURE", env)
-    if value is None:
-        return None
-    if value not in FRAMEWORK_CAPTURES:
-        raise ConfigError(
-            f"bad XSP_FRAMEWORK_CAPTURE={value!r}: use {' or '.join(FRAMEWORK_CAPTURES)}"
-        )
-    return value
-
-
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
+    arena_bytes(env)
     cupti_all_api(env)
-    nvtx_op_shapes(env)
-    framework_capture(env)
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)

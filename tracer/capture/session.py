@@ -149,8 +149,9 @@ class Session:
         self._store_sink = StoreSink(self.run_dir) if self.run_dir is not None else None
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
-        context = LevelContext(self.device, self.levels, op_shapes=op_shapes)
         check_levels(self.levels, self.device)
+        context = LevelContext(self.device, self.levels, op_shapes=op_shapes, run_dir=self.run_dir)
+        self._context = context
         for key, value in level_environment(context).items():  # xsp run sets them earlier
             os.environ.setdefault(key, value)
         self._levels: list[Level] = build_levels(self.levels, context)
@@ -398,6 +399,17 @@ class Session:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        arena = counts.get("arena") or {}
+        if arena.get("dropped_records"):
+            missing.append(
+                f"the capture arena was full: {arena['dropped_records']} records dropped "
+                "(raise XSP_ARENA_MB)"
+            )
+        if arena.get("callback_errors"):
+            missing.append(
+                f"{arena['callback_errors']} op records failed inside the callback "
+                f"(first: {arena.get('first_callback_error')})"
+            )
         cupti = counts.get("cupti")
         if cupti:
             if cupti.get("dropped_records"):
@@ -434,6 +446,12 @@ class Session:
                     spans_by_level=report.counts_by_level,
                     events_outside_iterations=report.events_outside_iterations,
                 )
+                if api_joined := report.api_ops_by_id + report.api_ops_by_time:
+                    counts["api_ops"] = {
+                        "by_correlation_id": report.api_ops_by_id,
+                        "by_time": report.api_ops_by_time,
+                        "by_correlation_id_pct": round(100 * report.api_ops_by_id / api_joined, 3),
+                    }
                 self._sink.export(SpanBatch.of(self.resource, table))
                 self._sink.force_flush()
             except Exception as exc:
@@ -471,6 +489,7 @@ class Session:
             status_reasons=list(dict.fromkeys(reasons)),
             **counts,
         )
+        self._context.discard_arena()  # stored (or its failure recorded): the raw records go
 
     def _level_counts(self, level: Level) -> dict[str, Any]:
         """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""

@@ -120,20 +120,40 @@ def library_columns(
     return keep, iteration[keep], columns, parent, op_row
 
 
+def _op_of_call(
+    api: ApiRecords, thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(op row or -1, reached by id) for each API call: the op whose record id the call's
+    external correlation id names, else the innermost op containing it on its thread (records
+    captured without ids)."""
+    by_id = np.zeros(len(start), dtype=bool)
+    op_row = np.full(len(start), -1, dtype=np.int64)
+    external = np.frombuffer(api.external_id, dtype=np.int64)
+    if ops is not None and ops.get("external_id") is not None and len(external) == len(start):
+        op_row = find_rows(np.asarray(ops["external_id"]), np.where(external > 0, external, -1))
+        by_id = op_row >= 0
+    rest = np.nonzero(~by_id)[0]
+    if len(rest):
+        op_row[rest] = _containing_op(thread[rest], start[rest], end[rest], ops)
+    return op_row, by_id
+
+
 def api_columns(
     api: ApiRecords,
     steps: StepRecords,
     ops: dict[str, Any] | None,
     library: dict[str, Any] | None,
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
-    """(rows kept, iteration, columns, library row or -1, op row or -1) for the API calls: each
-    hangs under the innermost library call containing it on its thread, else under the
-    innermost op (both recorded on the CUPTI clock with OS thread ids)."""
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """(rows kept, iteration, columns, library row or -1, op row or -1, op reached by id) for
+    the API calls: each hangs under the innermost library call containing it on its thread,
+    else under its op (both recorded on one clock with OS thread ids)."""
     start = np.frombuffer(api.start_ns, dtype=np.int64)
     end = np.frombuffer(api.end_ns, dtype=np.int64)
     thread = np.frombuffer(api.thread, dtype=np.int64)
     lib_row = _containing_op(thread, start, end, library)
-    op_row = np.where(lib_row >= 0, -1, _containing_op(thread, start, end, ops))
+    op_row, by_id = _op_of_call(api, thread, start, end, ops)
+    op_row = np.where(lib_row >= 0, -1, op_row)
+    by_id &= lib_row < 0
     iteration = _step_iteration(steps, start)
     for rows, host in ((op_row, ops), (lib_row, library)):
         if host is not None and len(host["start_ns"]):
@@ -151,7 +171,7 @@ def api_columns(
         "thread_id": thread[keep],
         "correlation_id": np.frombuffer(api.correlation, dtype=np.int64)[keep],
     }
-    return keep, iteration[keep], columns, lib_row[keep], op_row[keep]
+    return keep, iteration[keep], columns, lib_row[keep], op_row[keep], by_id[keep]
 
 
 def gpu_columns(

@@ -62,6 +62,15 @@ class Interned:
             self.values.append(value)
         self.codes.append(code)
 
+    @classmethod
+    def from_codes(cls, codes: Any, values: list[str]) -> Interned:
+        """A column from int32 codes (anything with ``tobytes``) into distinct ``values``."""
+        column = cls()
+        column.codes.frombytes(codes.astype("int32").tobytes())
+        column.values = list(values)
+        column._index = {v: i for i, v in enumerate(column.values)}
+        return column
+
     def __len__(self) -> int:
         return len(self.codes)
 
@@ -85,11 +94,14 @@ class FrameworkRecords:
     seq_nr: array[int] = field(default_factory=_int64s)
     input_shapes: Interned = field(default_factory=Interned)
     input_dtypes: Interned = field(default_factory=Interned)
+    #: The id the op callback pushed to CUPTI as external correlation id; 0 for non-ops.
+    external_id: array[int] = field(default_factory=_int64s)
     modules: list[ModuleInfo] = field(default_factory=list)
-    # Per module call, indexed by the <call> number in the range name.
+    # Per module call, indexed by the <call> number in the range name: module index, and the
+    # shapes of the tensors in its arguments and output (``[[2,3],[4]]``).
     call_module: list[int] = field(default_factory=list)
-    call_input_shapes: list[tuple[Any, ...]] = field(default_factory=list)
-    call_output_shapes: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    call_input_shapes: list[str] = field(default_factory=list)
+    call_output_shapes: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,6 +129,8 @@ class ApiRecords:
     end_ns: array[int] = field(default_factory=_int64s)
     correlation: array[int] = field(default_factory=_int64s)
     thread: array[int] = field(default_factory=_int64s)
+    #: The op's external correlation id (``FrameworkRecords.external_id``); 0: none recorded.
+    external_id: array[int] = field(default_factory=_int64s)
     library: RangeRecords = field(default_factory=RangeRecords)
 
 

@@ -57,6 +57,10 @@ class ConversionReport:
     spans: int = 0
     events_outside_iterations: int = 0
     counts_by_level: dict[str, int] = field(default_factory=dict)
+    #: API calls (outside library calls) that reached their op by external correlation id,
+    #: and those that fell back to time containment on their thread.
+    api_ops_by_id: int = 0
+    api_ops_by_time: int = 0
 
 
 @dataclass
@@ -70,6 +74,7 @@ class _Block:
     parent: np.ndarray
     columns: dict[str, Any]
     foreign_parent: np.ndarray | None = None
+    external_id: np.ndarray | None = None  # framework ops: their CUPTI external correlation id
 
     def __len__(self) -> int:
         return len(self.iteration)
@@ -168,6 +173,7 @@ def _op_intervals(framework: _Placed | None) -> dict[str, Any] | None:
         return None
     ops = {k: framework.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
     ops["iteration"] = framework.block.iteration
+    ops["external_id"] = framework.block.external_id
     return ops
 
 
@@ -204,10 +210,12 @@ def _api_block(
     """CUDA runtime and driver calls under the library call (else the op) they ran in."""
     library = {k: calls.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
     library["iteration"] = calls.block.iteration
-    kept, iteration, columns, lib_row, op_row = api_columns(
+    kept, iteration, columns, lib_row, op_row, by_id = api_columns(
         api, steps, _op_intervals(framework), library
     )
     table.report.events_outside_iterations += len(api.start_ns) - len(kept)
+    table.report.api_ops_by_id += int(by_id.sum())
+    table.report.api_ops_by_time += int(((op_row >= 0) & ~by_id).sum())
     if framework is not None:
         in_call = pa.array(lib_row >= 0)
         for name in INHERITED:
@@ -336,11 +344,13 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     arrow operation over whole columns: conversion must keep up with ~1M spans/s."""
     events = _framework_events(rec)
     layers = _attribute_layers(rec, events)
+    external = np.frombuffer(rec.external_id, dtype=np.int64)
     block = _Block(
         level=schema.LEVEL_FRAMEWORK,
         iteration=events.iteration,
         parent=events.parent,
         columns=_framework_columns(rec, events, layers),
+        external_id=external[events.rows] if len(external) == len(rec.start_ns) else None,
     )
     return block, events.outside
 
@@ -507,7 +517,7 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
     shape_codes = np.frombuffer(rec.input_shapes.codes, dtype=np.int32)[ev.rows].astype(np.int64)
     empty = shape_values.index("[]") if "[]" in shape_values else -2
     shape_codes[shape_codes == empty] = -1
-    call_values, call_codes = _intern([_shape_text(rec.call_input_shapes[c]) for c in calls])
+    call_values, call_codes = _intern([rec.call_input_shapes[c] for c in calls])
     shape_codes[module_rows] = len(shape_values) + call_codes
     dtype_values = rec.input_dtypes.values
     dtype_codes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32)[ev.rows].astype(np.int64)
@@ -530,9 +540,7 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "op_name": dictionary_column(op_codes, rec.name.values),
         "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
         "input_dtypes": dictionary_column(dtype_codes, dtype_values),
-        "output_shapes": module_column(
-            [_shape_text(out_shapes[c]) if c in out_shapes else None for c in calls]
-        ),
+        "output_shapes": module_column([out_shapes.get(c) for c in calls]),
         "source": module_column([i.source for i in mods]),
         "seq_nr": pa.array(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
     }
@@ -545,9 +553,3 @@ def _intern(texts: list[str | None]) -> tuple[list[str], np.ndarray]:
         [-1 if t is None else index.setdefault(t, len(index)) for t in texts], dtype=np.int64
     )
     return list(index), codes
-
-
-@functools.lru_cache(maxsize=4096)
-def _shape_text(shapes: tuple[Any, ...]) -> str:
-    """``[[2,3,224,224]]``: the profiler's notation for a list of shapes (cached: few distinct)."""
-    return str([list(s) for s in shapes]).replace(" ", "")

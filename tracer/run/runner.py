@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
+from xsp.tracer.run.recover import recover_run
 from xsp.tracer.run.protocol import ChildSpec
 
 log = logging.getLogger(__name__)
@@ -450,6 +451,8 @@ def _entry(
         meta = store.open_run(spec.out / levels).meta
     program = program_end(returncode, meta.get("program"))
     entry["program"] = program
+    if meta.get("status") == "running" and not timed_out:
+        meta = recover_run(spec.out / levels, describe_end(program)) or meta
     if meta:
         entry.update(
             status=meta.get("status"),
@@ -467,6 +470,8 @@ def _entry(
             timed_out=True,
             error=f"timed out after {spec.timeout_s:.0f} s; killed",
         )
+    elif meta.get("recovered"):
+        entry.update(error=f"the program {describe_end(program)}")
     elif not meta or meta.get("status") == "running":
         what = "before writing its store" if not meta else "before xsp stored its spans"
         entry.update(status="error", error=f"the program {describe_end(program)} {what}")

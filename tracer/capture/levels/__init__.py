@@ -19,8 +19,12 @@ Each level is one module plus one registry entry; `check_levels` says which comb
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from xsp.tracer.capture.arena import CaptureArena
 
 
 class Level(Protocol):
@@ -46,14 +50,17 @@ LevelFactory = Callable[["LevelContext"], Level]
 class LevelContext:
     """What a level needs to know about its session when it is built.
 
-    ``levels``: the whole level set of the session (level F picks its capture from it).
+    ``levels``: the whole level set of the session.
     ``op_shapes``: record aten ops' input shapes and dtypes (level F). On by default; off saves
     a little per-op cost on the host.
+    ``arena``: the session's capture arena (levels M and F write into it); built on first use.
     """
 
     device: str
     levels: str = ""
     op_shapes: bool = True
+    run_dir: Path | None = None
+    _arena: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def on_cuda(self) -> bool:
@@ -61,44 +68,33 @@ class LevelContext:
 
     @property
     def uses_cupti(self) -> bool:
-        """Levels L or G on CUDA: CUPTI is then this process's one source of host ranges too."""
+        """Levels L or G on CUDA."""
         return self.on_cuda and ("L" in self.levels or "G" in self.levels)
+
+    @property
+    def arena(self) -> CaptureArena:
+        if not self._arena:
+            from xsp.tracer.capture.arena import CaptureArena
+
+            self._arena.append(CaptureArena(self.run_dir))
+        arena: CaptureArena = self._arena[0]
+        return arena
+
+    def discard_arena(self) -> None:
+        if self._arena:
+            self._arena[0].discard()
 
 
 def _model(ctx: LevelContext) -> Level:
     from xsp.tracer.capture.levels.model import ModelLevel
 
-    return ModelLevel(ctx.device)
-
-
-def framework_capture(ctx: LevelContext) -> str:
-    """Kineto's CPU activity, unless CUPTI already serves this process (L or G on CUDA): then
-    NVTX ranges through CUPTI, since Kineto would claim CUPTI too. ``XSP_FRAMEWORK_CAPTURE=nvtx``
-    selects NVTX on CUDA without L or G (for overhead comparisons)."""
-    from xsp.tracer.capture.levels.framework import CAPTURE_KINETO, CAPTURE_NVTX
-
-    if ctx.uses_cupti:
-        return CAPTURE_NVTX
-    from xsp.tracer import config
-
-    if ctx.on_cuda and config.framework_capture() == CAPTURE_NVTX:
-        return CAPTURE_NVTX
-    return CAPTURE_KINETO
+    return ModelLevel(ctx.device, ctx.arena)
 
 
 def _framework(ctx: LevelContext) -> Level:
-    from xsp.tracer.capture.levels.framework import CAPTURE_NVTX, FrameworkLevel
+    from xsp.tracer.capture.levels.framework import FrameworkLevel
 
-    capture = framework_capture(ctx)
-    shapes = ctx.op_shapes
-    if capture == CAPTURE_NVTX:
-        # Formatting shapes into every op's NVTX name costs ~6 µs per op against 0.5-1 µs without
-        # (measured on the dev machine); the MF run records them, and the reconstruction takes
-        # op details from it. XSP_NVTX_OP_SHAPES=1 records them here too.
-        from xsp.tracer import config
-
-        shapes = shapes and config.nvtx_op_shapes()
-    return FrameworkLevel(record_shapes=shapes, capture=capture)
+    return FrameworkLevel(ctx.arena, record_shapes=ctx.op_shapes)
 
 
 def _library(ctx: LevelContext) -> Level:
@@ -108,7 +104,7 @@ def _library(ctx: LevelContext) -> Level:
         return OneDnnLevel()
     from xsp.tracer.capture.levels.cuda import LibraryLevel
 
-    return LibraryLevel()
+    return LibraryLevel(with_ops="F" in ctx.levels)
 
 
 def _gpu(ctx: LevelContext) -> Level:
@@ -118,7 +114,7 @@ def _gpu(ctx: LevelContext) -> Level:
         raise ConfigError("level G records GPU work: it needs --device cuda")
     from xsp.tracer.capture.levels.cuda import GpuLevel
 
-    return GpuLevel()
+    return GpuLevel(with_ops="F" in ctx.levels)
 
 
 #: Level letter -> factory. Imports are deferred so that reading the registry stays cheap.
@@ -138,8 +134,8 @@ def check_levels(levels: str, device: str) -> None:
 
 def level_environment(ctx: LevelContext) -> dict[str, str]:
     """Environment variables the levels need set before the libraries they watch start: NVTX
-    injection into CUPTI and the libraries' NVTX switches on CUDA, oneDNN's verbose timestamps on
-    CPU. Reading it imports nothing heavy."""
+    injection into CUPTI and the libraries' NVTX switches on CUDA (cuBLAS and cuDNN calls are
+    NVTX ranges), oneDNN's verbose timestamps on CPU. Reading it imports nothing heavy."""
     if ctx.uses_cupti:
         from xsp.tracer.capture.cupti import nvtx_environment
 

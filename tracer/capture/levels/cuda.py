@@ -1,13 +1,12 @@
-"""Levels L and G on CUDA, through NVIDIA's cupti-python Activity API.
+"""Levels L and G on CUDA, through CUPTI's Activity API, owned by xsp's native core.
 
 - L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records) and the
   cuBLAS, cuBLASLt and cuDNN calls around them, from the NVTX ranges those libraries emit when
   ``CUBLAS_NVTX_LEVEL`` and friends are set and NVTX is injected into CUPTI (MARKER records).
+  With level F in the process, EXTERNAL_CORRELATION records name the op of each API call.
 - G (gpu): kernels (CONCURRENT_KERNEL, never KERNEL, which serializes them), memcpy and memset.
-- F on CUDA, when L or G runs too, takes PyTorch's operator ranges from the same MARKER records
-  (see xsp.tracer.capture.levels.framework): one CUPTI owner, one clock, OS thread ids throughout.
 
-All of them share the process's one CUPTI activity session, ``xsp.tracer.capture.cupti``.
+Both share the process's one CUPTI activity session, ``xsp.tracer.capture.cupti``.
 """
 
 from __future__ import annotations
@@ -30,11 +29,12 @@ class LibraryLevel:
     letter = "L"
     kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER")
 
-    def __init__(self) -> None:
+    def __init__(self, with_ops: bool = False) -> None:
         self._session = cupti_session()
+        self._kinds = self.kinds + (("EXTERNAL_CORRELATION",) if with_ops else ())
 
     def enable(self) -> None:
-        self._session.start(self.kinds)
+        self._session.start(self._kinds)
 
     def begin_iteration(self, index: int) -> None:
         pass

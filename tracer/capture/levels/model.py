@@ -1,27 +1,31 @@
 """Level M: one root span per iteration, bounded by device synchronization.
 
 The iteration's start and end are read with ``time.time_ns()`` (CLOCK_REALTIME, the clock of the
-profiler's and CUPTI's records) right after the device has drained, so the span's duration is the
-true step latency, with no queued GPU work spilling into the next iteration.
+native op records, with CUPTI's shifted onto it) right after the device has drained, so the
+span's duration is the true step latency, with no queued GPU work spilling into the next
+iteration. Each finished iteration goes into the capture arena at once, so it survives a program
+that dies later.
 """
 
 from __future__ import annotations
 
 import time
 
+from xsp.tracer.capture.arena import CaptureArena
+from xsp.tracer.convert.arena import step_records
 from xsp.tracer.convert.records import StepRecords
 
 
 class ModelLevel:
     letter = "M"
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, arena: CaptureArena) -> None:
         self._sync = _synchronizer(device)
-        self._records = StepRecords()
+        self._arena = arena
         self._open: tuple[int, int] | None = None
 
     def enable(self) -> None:
-        pass
+        self._arena.open()
 
     def begin_iteration(self, index: int) -> None:
         self._sync()
@@ -34,16 +38,17 @@ class ModelLevel:
             return
         start_index, start = self._open
         self._open = None
-        self._records.iteration.append(start_index)
-        self._records.start_ns.append(start)
-        self._records.end_ns.append(end)
+        self._arena.native.step(start_index, start, end)
 
     def disable(self) -> None:
         pass
 
     def drain(self) -> StepRecords:
-        records, self._records = self._records, StepRecords()
-        return records
+        return step_records(self._arena.contents())
+
+    def counts(self) -> dict[str, int]:
+        """What the arena could not hold (merged into run.json)."""
+        return {"arena": dict(self._arena.contents().counts)}
 
 
 def _synchronizer(device: str):  # type: ignore[no-untyped-def]

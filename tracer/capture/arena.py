@@ -1,0 +1,59 @@
+"""The level-set process's capture arena: where levels M and F write their records natively.
+
+It is a sparse file (``capture.arena`` in the run directory, or a temporary file for a session
+without one), mapped shared, so that if the program dies the runner still reads every iteration
+that finished (``xsp.tracer.run.recover``). Opened when the levels come on, read once after they
+are off, removed once the run is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from xsp.tracer import config
+from xsp.tracer.convert.arena import ARENA_FILE, ArenaContents, read_arena
+
+
+class CaptureArena:
+    def __init__(self, run_dir: Path | None) -> None:
+        from xsp.tracer.native.build import load
+
+        self.native: ModuleType = load()
+        if run_dir is not None:
+            self.path = run_dir / ARENA_FILE
+            self._temporary = False
+        else:
+            handle, name = tempfile.mkstemp(prefix="xsp-", suffix=".arena")
+            os.close(handle)
+            self.path, self._temporary = Path(name), True
+        self._open = False
+        self._contents: ArenaContents | None = None
+
+    def open(self) -> None:
+        if not self._open and self._contents is None:
+            self.native.arena_open(str(self.path), config.arena_bytes())
+            self._open = True
+
+    def contents(self) -> ArenaContents:
+        """Stop recording and read what was recorded (once; later calls return the same)."""
+        if self._contents is None:
+            counts = dict(self.native.arena_counts()) if self._open else {}
+            self.close()
+            self._contents = read_arena(self.path)
+            self._contents.counts.update(counts)
+        return self._contents
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.native.arena_close()
+
+    def discard(self) -> None:
+        """Remove the file: the run is stored (or there is no run directory to recover into)."""
+        self.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()

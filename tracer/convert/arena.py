@@ -1,0 +1,259 @@
+"""Read a capture arena (written by ``tracer/native/capture.cpp``) into level records.
+
+The arena is a file: a header, a region of length-prefixed strings, then chunks of fixed-size
+records, each chunk owned by one thread. A record counts once its kind is set, and an op, module
+call or range once its end is; the process that wrote it may have died since (the runner reads
+arenas of killed programs). Numpy only: no torch, no extension.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xsp.tracer.convert.records import (
+    BACKWARD_PREFIX,
+    MODULE_RANGE_PREFIX,
+    FrameworkRecords,
+    Interned,
+    ModuleInfo,
+    StepRecords,
+)
+from xsp.tracer.errors import StoreError
+
+MAGIC = b"XSPARENA"
+VERSION = 1
+KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO = 1, 2, 3, 4, 5
+
+HEADER = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("record_bytes", "<u4"),
+        ("chunk_records", "<u8"),
+        ("chunk_capacity", "<u8"),
+        ("chunks_offset", "<u8"),
+        ("strings_offset", "<u8"),
+        ("strings_capacity", "<u8"),
+        ("pid", "<i8"),
+        ("chunks_used", "<u8"),
+        ("strings_count", "<u8"),
+        ("strings_bytes", "<u8"),
+        ("dropped_records", "<u8"),
+        ("dropped_strings", "<u8"),
+        ("callback_errors", "<u8"),
+    ]
+)
+CHUNK = np.dtype([("os_thread", "<i8"), ("rf_thread", "<i8"), ("used", "<u8"), ("pad", "<u8")])
+RECORD = np.dtype(
+    [
+        ("start_ns", "<i8"),
+        ("end_ns", "<i8"),
+        ("seq_nr", "<i8"),
+        ("aux", "<i8"),
+        ("name", "<i4"),
+        ("shapes", "<i4"),
+        ("dtypes", "<i4"),
+        ("scope", "u1"),
+        ("pad", "u1", (2,)),
+        ("kind", "u1"),
+    ]
+)
+ARENA_FILE = "capture.arena"
+
+
+@dataclass
+class ArenaContents:
+    """Every complete record of an arena, with its thread and its id (what the op callback
+    pushed to CUPTI as external correlation id: chunk * chunk_records + slot + 1)."""
+
+    records: np.ndarray  # RECORD rows
+    thread: np.ndarray  # OS thread id of each row
+    record_id: np.ndarray
+    rf_to_os: dict[int, int]  # RecordFunction thread id -> OS thread id
+    strings: list[str]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def of_kind(self, kind: int) -> np.ndarray:
+        return np.nonzero(self.records["kind"] == kind)[0]
+
+
+def read_arena(path: Path) -> ArenaContents:
+    """The complete records of the arena at ``path``; StoreError names a bad file."""
+    try:
+        with open(path, "rb") as handle:
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read the capture arena {path}: {exc}") from exc
+    try:
+        return _parse(memoryview(data), path)
+    finally:
+        data.close()
+
+
+def _parse(data: memoryview, path: Path) -> ArenaContents:
+    if len(data) < HEADER.itemsize:
+        raise StoreError(f"capture arena {path} is truncated ({len(data)} bytes)")
+    head = np.frombuffer(data, HEADER, count=1)[0]
+    if bytes(head["magic"]) != MAGIC or int(head["version"]) != VERSION:
+        raise StoreError(f"{path} is not an xsp capture arena of version {VERSION}")
+    if int(head["record_bytes"]) != RECORD.itemsize:
+        raise StoreError(f"capture arena {path} has {head['record_bytes']}-byte records")
+    strings = _strings(data, int(head["strings_offset"]), int(head["strings_count"]))
+    per_chunk = int(head["chunk_records"])
+    chunk_bytes = CHUNK.itemsize + per_chunk * RECORD.itemsize
+    used_chunks = min(int(head["chunks_used"]), int(head["chunk_capacity"]))
+    offset = int(head["chunks_offset"])
+    if offset + used_chunks * chunk_bytes > len(data):
+        raise StoreError(f"capture arena {path} is truncated")
+    parts, threads, ids, rf_to_os = [], [], [], {}
+    for index in range(used_chunks):
+        at = offset + index * chunk_bytes
+        chunk = np.frombuffer(data, CHUNK, count=1, offset=at)[0]
+        used = min(int(chunk["used"]), per_chunk)
+        rows = np.frombuffer(data, RECORD, count=used, offset=at + CHUNK.itemsize)
+        parts.append(rows.copy())
+        threads.append(np.full(used, int(chunk["os_thread"]), dtype=np.int64))
+        ids.append(index * per_chunk + np.arange(used, dtype=np.int64) + 1)
+        rf_to_os.setdefault(int(chunk["rf_thread"]), int(chunk["os_thread"]))
+    records = np.concatenate(parts) if parts else np.zeros(0, RECORD)
+    thread = np.concatenate(threads) if threads else np.zeros(0, np.int64)
+    record_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    complete = records["kind"] != 0
+    closed = complete & ((records["end_ns"] != 0) | (records["kind"] == KIND_STEP))
+    counts = {
+        "dropped_records": int(head["dropped_records"]),
+        "dropped_strings": int(head["dropped_strings"]),
+        "callback_errors": int(head["callback_errors"]),
+        "open_records": int((complete & ~closed).sum()),
+    }
+    return ArenaContents(
+        records[closed], thread[closed], record_id[closed], rf_to_os, strings, counts
+    )
+
+
+def _strings(data: memoryview, offset: int, count: int) -> list[str]:
+    out = []
+    at = offset
+    for _ in range(count):
+        length = int.from_bytes(data[at : at + 4], "little")
+        out.append(bytes(data[at + 4 : at + 4 + length]).decode("utf-8", errors="replace"))
+        at += (4 + length + 3) & ~3
+    return out
+
+
+def step_records(arena: ArenaContents) -> StepRecords:
+    """Level M's iterations, in iteration order."""
+    rows = arena.of_kind(KIND_STEP)
+    rows = rows[np.argsort(arena.records["seq_nr"][rows], kind="stable")]
+    steps = StepRecords()
+    steps.iteration = arena.records["seq_nr"][rows].tolist()
+    steps.start_ns = arena.records["start_ns"][rows].tolist()
+    steps.end_ns = arena.records["end_ns"][rows].tolist()
+    return steps
+
+
+def framework_records(arena: ArenaContents) -> FrameworkRecords:
+    """Level F's records in the form conversion reads: ops and ranges as they are, module calls
+    as ranges ``xsp::module::<call>`` numbered in call order, with their module table."""
+    rec, strings = arena.records, arena.strings
+    kind = rec["kind"]
+    rows = np.nonzero((kind == KIND_OP) | (kind == KIND_RANGE) | (kind == KIND_MODULE))[0]
+    rows = rows[np.argsort(arena.record_id[rows], kind="stable")]
+    is_module = kind[rows] == KIND_MODULE
+    module_rows = rows[is_module]
+    calls = len(module_rows)
+
+    out = FrameworkRecords()
+    names = list(strings) + [f"{MODULE_RANGE_PREFIX}{c}" for c in range(calls)]
+    name_codes = rec["name"][rows].astype(np.int32)
+    name_codes[is_module] = len(strings) + np.arange(calls, dtype=np.int32)
+    out.name = Interned.from_codes(name_codes, names)
+    out.start_ns = _int64s(rec["start_ns"][rows])
+    out.end_ns = _int64s(rec["end_ns"][rows])
+    out.thread = _int64s(arena.thread[rows])
+    forward = rec["aux"][rows]
+    lookup = arena.rf_to_os
+    out.fwd_thread = _int64s(
+        np.array([lookup.get(int(t), -1) if t > 0 else -1 for t in forward.tolist()])
+        if len(forward)
+        else forward
+    )
+    seq = rec["seq_nr"][rows].copy()
+    seq[is_module] = -1
+    out.seq_nr = _int64s(seq)
+    out.external_id = _int64s(np.where(kind[rows] == KIND_OP, arena.record_id[rows], 0))
+    shape_codes = rec["shapes"][rows].astype(np.int32)
+    dtype_codes = np.where(is_module, -1, rec["dtypes"][rows]).astype(np.int32)
+    out.input_shapes = Interned.from_codes(*_with_blank(shape_codes, strings, "[]"))
+    out.input_dtypes = Interned.from_codes(*_with_blank(dtype_codes, strings, ""))
+
+    infos = arena.of_kind(KIND_MODULE_INFO)
+    table: dict[int, ModuleInfo] = {}
+    for row in infos.tolist():
+        fields: dict[str, Any] = json.loads(strings[rec["name"][row]])
+        table[int(rec["seq_nr"][row])] = ModuleInfo(**fields)
+    if sorted(table) != list(range(len(table))):
+        raise StoreError("the capture arena's module table has gaps")
+    out.modules = [table[i] for i in range(len(table))]
+    out.call_module = rec["seq_nr"][module_rows].tolist()
+    out.call_input_shapes = [_text(strings, c, "[]") for c in rec["shapes"][module_rows].tolist()]
+    out.call_output_shapes = {
+        call: _text(strings, code, "[]")
+        for call, code in enumerate(rec["dtypes"][module_rows].tolist())
+        if code >= 0
+    }
+    link_backward_nodes(out)
+    return out
+
+
+def _text(strings: list[str], code: int, blank: str) -> str:
+    return strings[code] if 0 <= code < len(strings) else blank
+
+
+def _with_blank(codes: np.ndarray, strings: list[str], blank: str) -> tuple[np.ndarray, list[str]]:
+    """Codes into ``strings``, with ``blank`` (appended when it is not there) for the rows
+    without one: conversion reads a blank value as no value."""
+    values = list(strings)
+    if blank not in values:
+        values.append(blank)
+    return np.where(codes >= 0, codes, values.index(blank)).astype(np.int32), values
+
+
+def _int64s(values: np.ndarray) -> array[int]:
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64).tobytes())
+    return out
+
+
+def link_backward_nodes(records: FrameworkRecords) -> None:
+    """Give each backward node's ``evaluate_function`` range what its record may lack: its
+    sequence number, which the node's own range carries (the next range on the same thread,
+    ``ConvolutionBackward0``), and, where none was recorded, its forward thread: the thread of
+    the earliest range with that sequence number (forward runs before backward)."""
+    names = records.name.values
+    evaluate = np.array([n.startswith(BACKWARD_PREFIX) for n in names] or [False])
+    code = np.frombuffer(records.name.codes, dtype=np.int32)
+    start = np.frombuffer(records.start_ns, dtype=np.int64)
+    thread = np.frombuffer(records.thread, dtype=np.int64)
+    seq = np.frombuffer(records.seq_nr, dtype=np.int64)
+    fwd_thread = np.frombuffer(records.fwd_thread, dtype=np.int64)
+    order = np.lexsort((start, thread))
+    for at in np.nonzero(evaluate[code[order]] & (seq[order] < 0))[0].tolist():
+        row, node = order[at], order[min(at + 1, len(order) - 1)]
+        own_name = names[code[row]][len(BACKWARD_PREFIX) :]
+        if thread[node] == thread[row] and names[code[node]] == own_name:
+            seq[row] = seq[node]
+    by_time = np.argsort(start, kind="stable")
+    with_seq = by_time[seq[by_time] >= 0]
+    seqs, first = np.unique(seq[with_seq], return_index=True)
+    first_thread = thread[with_seq[first]]
+    backward = np.nonzero(evaluate[code] & (seq >= 0) & (fwd_thread < 0))[0]
+    slot = np.searchsorted(seqs, seq[backward])
+    fwd_thread[backward] = first_thread[slot]

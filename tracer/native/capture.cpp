@@ -1,0 +1,956 @@
+// xsp's native capture core: level F's records (aten ops, autograd nodes, user ranges, module
+// calls, iterations) in a memory-mapped arena, and levels L and G's CUPTI activity buffers.
+//
+// The arena is a file the level-set process maps shared. Each thread claims fixed-size chunks of
+// records from it and writes a record's fields before its kind, so what the runner reads after
+// the process died (os._exit, SIGKILL, a segfault) holds every record that was complete. Names
+// are interned into the arena's string region once per distinct string. Its layout is read by
+// tracer/convert/arena.py with numpy, without this extension (the runner never imports torch).
+//
+// CUPTI's buffers come from a pool of large buffers; completion only queues them, and decoding
+// into columns happens once, after the measured window (cupti_decode).
+
+#include <torch/extension.h>
+
+#include <ATen/record_function.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#ifdef XSP_WITH_CUPTI
+#include <cupti.h>
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// -- arena layout (tracer/convert/arena.py mirrors it) ---------------------------------------
+constexpr char kMagic[8] = {'X', 'S', 'P', 'A', 'R', 'E', 'N', 'A'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint64_t kChunkRecords = 4096;
+
+enum Kind : uint8_t { kOp = 1, kModule = 2, kRange = 3, kStep = 4, kModuleInfo = 5 };
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t record_bytes;
+  uint64_t chunk_records;
+  uint64_t chunk_capacity;
+  uint64_t chunks_offset;
+  uint64_t strings_offset;
+  uint64_t strings_capacity;
+  int64_t pid;
+  std::atomic<uint64_t> chunks_used;
+  std::atomic<uint64_t> strings_count;
+  std::atomic<uint64_t> strings_bytes;
+  std::atomic<uint64_t> dropped_records;  // arena full
+  std::atomic<uint64_t> dropped_strings;  // string region full
+  std::atomic<uint64_t> callback_errors;  // exceptions caught inside a callback
+};
+
+struct ChunkHead {
+  int64_t os_thread;  // gettid(): the id CUPTI's records carry
+  int64_t rf_thread;  // RecordFunction's thread id: what forwardThreadId() refers to
+  std::atomic<uint64_t> used;
+  uint64_t pad;
+};
+
+struct Record {
+  int64_t start_ns;
+  int64_t end_ns;   // 0 while open
+  int64_t seq_nr;   // op: autograd sequence number; module: module index; step: iteration
+  int64_t aux;      // op: forward thread (RecordFunction id)
+  int32_t name;     // string id, -1 unknown
+  int32_t shapes;   // op/module: input shapes; -1 none
+  int32_t dtypes;   // op: input dtypes; module: output shapes
+  uint8_t scope;    // RecordScope of ops
+  uint8_t pad[2];
+  uint8_t kind;     // written last: 0 means the slot is empty
+};
+static_assert(sizeof(Record) == 48, "arena record layout");
+static_assert(sizeof(ChunkHead) == 32, "arena chunk layout");
+
+struct Arena {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  Header* header = nullptr;
+  int fd = -1;
+};
+
+Arena g_arena;
+std::atomic<uint64_t> g_generation{1};  // bumped at each open: thread-local state goes stale
+std::mutex g_strings_mutex;
+std::unordered_map<std::string, int32_t> g_strings;
+bool g_record_shapes = false;
+std::atomic<bool> g_push_correlation{false};
+at::CallbackHandle g_callback = 0;
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+uint64_t fnv(const void* data, size_t n, uint64_t h = 1469598103934665603ULL) {
+  auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+struct ThreadState {
+  uint64_t generation = 0;
+  ChunkHead* chunk = nullptr;
+  uint64_t chunk_index = 0;
+  uint64_t used = 0;
+  int64_t os_thread = 0;
+  std::unordered_map<uint64_t, std::pair<int32_t, std::string>> names;
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> shapes;
+  std::vector<Record*> modules;  // open module calls
+  std::vector<Record*> ranges;   // open xsp ranges (iterations)
+};
+
+ThreadState& state() {
+  thread_local ThreadState t;
+  uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (t.generation != generation) {
+    t = ThreadState();
+    t.generation = generation;
+    t.os_thread = int64_t(syscall(SYS_gettid));
+  }
+  return t;
+}
+
+Record* records_of(ChunkHead* chunk) { return reinterpret_cast<Record*>(chunk + 1); }
+
+// A free slot on this thread, or nullptr when no arena is open or it is full.
+Record* claim(ThreadState& t, uint64_t* global_index = nullptr) {
+  Header* h = g_arena.header;
+  if (h == nullptr) return nullptr;
+  if (t.chunk == nullptr || t.used == h->chunk_records) {
+    uint64_t index = h->chunks_used.fetch_add(1);
+    if (index >= h->chunk_capacity) {
+      h->chunks_used.store(h->chunk_capacity);
+      h->dropped_records.fetch_add(1);
+      t.chunk = nullptr;
+      return nullptr;
+    }
+    uint64_t chunk_bytes = sizeof(ChunkHead) + h->chunk_records * sizeof(Record);
+    t.chunk = reinterpret_cast<ChunkHead*>(g_arena.base + h->chunks_offset + index * chunk_bytes);
+    t.chunk->os_thread = t.os_thread;
+    t.chunk->rf_thread = int64_t(at::RecordFunction::currentThreadId());
+    t.chunk_index = index;
+    t.used = 0;
+  }
+  if (global_index != nullptr) *global_index = t.chunk_index * h->chunk_records + t.used;
+  Record* r = records_of(t.chunk) + t.used++;
+  t.chunk->used.store(t.used, std::memory_order_release);
+  return r;
+}
+
+void publish(Record* r, Kind kind) { __atomic_store_n(&r->kind, uint8_t(kind), __ATOMIC_RELEASE); }
+
+// The id of ``text`` in the arena's string region, writing it there the first time.
+int32_t intern_global(const char* text, size_t n) {
+  std::lock_guard<std::mutex> lock(g_strings_mutex);
+  std::string key(text, n);
+  auto found = g_strings.find(key);
+  if (found != g_strings.end()) return found->second;
+  Header* h = g_arena.header;
+  if (h == nullptr) return -1;
+  uint64_t at = h->strings_bytes.load();
+  uint64_t need = (4 + n + 3) & ~uint64_t(3);
+  if (at + need > h->strings_capacity) {
+    h->dropped_strings.fetch_add(1);
+    return -1;
+  }
+  uint8_t* slot = g_arena.base + h->strings_offset + at;
+  uint32_t len = uint32_t(n);
+  std::memcpy(slot, &len, 4);
+  std::memcpy(slot + 4, text, n);
+  h->strings_bytes.store(at + need, std::memory_order_release);
+  int32_t id = int32_t(h->strings_count.load());
+  h->strings_count.store(uint64_t(id) + 1, std::memory_order_release);
+  g_strings.emplace(std::move(key), id);
+  return id;
+}
+
+int32_t intern(ThreadState& t, const char* text, size_t n) {
+  uint64_t key = fnv(text, n);
+  auto found = t.names.find(key);
+  if (found != t.names.end() && found->second.second.size() == n &&
+      std::memcmp(found->second.second.data(), text, n) == 0) {
+    return found->second.first;
+  }
+  int32_t id = intern_global(text, n);
+  if (id >= 0) t.names[key] = {id, std::string(text, n)};
+  return id;
+}
+
+int32_t intern(ThreadState& t, const std::string& text) { return intern(t, text.data(), text.size()); }
+
+// -- input shapes and dtypes, in the profiler's notation: [[2,3],[]] and float,Scalar ---------
+void append_dims(std::string& out, c10::IntArrayRef dims) {
+  out += '[';
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(dims[i]);
+  }
+  out += ']';
+}
+
+bool plain_sizes(const at::Tensor& t) {
+  return t.defined() && !t.is_nested() && !t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
+void hash_inputs(c10::ArrayRef<c10::IValue> inputs, uint64_t& h) {
+  for (const auto& v : inputs) {
+    uint8_t tag = v.isTensor() ? 1 : v.isScalar() ? 2 : v.isTensorList() ? 3 : 0;
+    h = fnv(&tag, 1, h);
+    if (tag == 1) {
+      const auto& t = v.toTensor();
+      if (plain_sizes(t)) {
+        auto dims = t.sizes();
+        h = fnv(dims.data(), dims.size() * sizeof(int64_t), h);
+        auto type = int8_t(t.scalar_type());
+        h = fnv(&type, 1, h);
+      }
+    }
+  }
+}
+
+std::pair<int32_t, int32_t> input_ids(ThreadState& t, c10::ArrayRef<c10::IValue> inputs) {
+  uint64_t h = 1469598103934665603ULL;
+  hash_inputs(inputs, h);
+  auto found = t.shapes.find(h);
+  if (found != t.shapes.end()) return found->second;
+  std::string shapes = "[", dtypes;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& v = inputs[i];
+    if (i) {
+      shapes += ',';
+      dtypes += ',';
+    }
+    if (v.isTensor()) {
+      const auto& tensor = v.toTensor();
+      if (plain_sizes(tensor)) {
+        append_dims(shapes, tensor.sizes());
+        dtypes += std::string(c10::scalarTypeToTypeMeta(tensor.scalar_type()).name());
+      } else {
+        shapes += "[]";
+        dtypes += tensor.defined() ? "Tensor" : "";
+      }
+    } else {
+      shapes += "[]";
+      dtypes += v.isScalar() ? "Scalar" : v.isTensorList() ? "TensorList" : "";
+    }
+  }
+  shapes += ']';
+  std::pair<int32_t, int32_t> ids{intern(t, shapes), intern(t, dtypes)};
+  t.shapes[h] = ids;
+  return ids;
+}
+
+// Shapes of the tensors directly inside a Python value (a module call's arguments or output).
+int32_t python_shapes(ThreadState& t, py::handle value) {
+  std::string out = "[";
+  bool first = true;
+  auto add = [&](py::handle item) {
+    if (!THPVariable_Check(item.ptr())) return;
+    const auto& tensor = THPVariable_Unpack(item.ptr());
+    if (!first) out += ',';
+    first = false;
+    if (plain_sizes(tensor)) {
+      append_dims(out, tensor.sizes());
+    } else {
+      out += "[]";
+    }
+  };
+  if (THPVariable_Check(value.ptr())) {
+    add(value);
+  } else if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) {
+    for (auto item : value) add(item);
+  } else if (py::isinstance<py::dict>(value)) {
+    for (auto item : value.cast<py::dict>()) add(item.second);
+  }
+  out += ']';
+  return intern(t, out);
+}
+
+// -- the RecordFunction callback --------------------------------------------------------------
+struct OpContext : at::ObserverContext {
+  Record* record = nullptr;
+  uint64_t generation = 0;
+  bool pushed = false;
+};
+
+std::mutex g_error_mutex;
+std::string g_first_error;
+
+void callback_failed(const char* what) {
+  if (g_arena.header) g_arena.header->callback_errors.fetch_add(1);
+  std::lock_guard<std::mutex> lock(g_error_mutex);
+  if (g_first_error.empty()) g_first_error = what;
+}
+
+#ifdef XSP_WITH_CUPTI
+void push_correlation(uint64_t id) {
+  cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id);
+}
+void pop_correlation() {
+  uint64_t last = 0;
+  cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &last);
+}
+#else
+void push_correlation(uint64_t) {}
+void pop_correlation() {}
+#endif
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  try {
+    auto& t = state();
+    uint64_t index = 0;
+    Record* r = claim(t, &index);
+    if (r == nullptr) return nullptr;
+    auto ctx = std::make_unique<OpContext>();
+    ctx->record = r;
+    ctx->generation = t.generation;
+    const char* name = fn.name();
+    r->name = intern(t, name, std::strlen(name));
+    r->seq_nr = fn.seqNr();
+    r->aux = int64_t(fn.forwardThreadId());
+    r->scope = uint8_t(fn.scope());
+    r->shapes = r->dtypes = -1;
+    if (g_record_shapes && fn.needsInputs()) {
+      auto ids = input_ids(t, fn.inputs());
+      r->shapes = ids.first;
+      r->dtypes = ids.second;
+    }
+    r->end_ns = 0;
+    if (g_push_correlation.load(std::memory_order_relaxed)) {
+      push_correlation(index + 1);
+      ctx->pushed = true;
+    }
+    r->start_ns = now_ns();
+    publish(r, kOp);
+    return ctx;
+  } catch (const std::exception& e) {
+    callback_failed(e.what());
+    return nullptr;
+  } catch (...) {
+    callback_failed("unknown exception");
+    return nullptr;
+  }
+}
+
+void on_exit(const at::RecordFunction&, at::ObserverContext* base) {
+  auto* ctx = static_cast<OpContext*>(base);
+  if (ctx == nullptr || ctx->record == nullptr) return;
+  int64_t end = now_ns();
+  if (ctx->pushed) pop_correlation();
+  // An op that began before its arena closed (the optimizer range around the step that ends
+  // the run) ends after it: its slot is still mapped, but no longer read.
+  if (ctx->generation != g_generation.load(std::memory_order_acquire)) return;
+  __atomic_store_n(&ctx->record->end_ns, end, __ATOMIC_RELEASE);
+}
+
+void on_fork_child() {
+  // A forked child (a DataLoader worker) must not write into its parent's arena.
+  if (g_callback != 0) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
+  g_arena = Arena();
+  g_generation.fetch_add(1);
+  new (&g_strings_mutex) std::mutex();
+  g_strings.clear();
+  g_push_correlation.store(false);
+}
+
+// -- Python API: arena ------------------------------------------------------------------------
+void arena_open(const std::string& path, uint64_t capacity_bytes) {
+  if (g_arena.header != nullptr) throw std::runtime_error("an xsp capture arena is already open");
+  uint64_t strings = std::max<uint64_t>(capacity_bytes / 16, 1 << 20);
+  uint64_t chunk_bytes = sizeof(ChunkHead) + kChunkRecords * sizeof(Record);
+  uint64_t chunks = std::max<uint64_t>((capacity_bytes - strings) / chunk_bytes, 4);
+  uint64_t total = kHeaderBytes + strings + chunks * chunk_bytes;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create the capture arena " + path + ": " + strerror(errno));
+  if (ftruncate(fd, off_t(total)) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot size the capture arena " + path + ": " + strerror(errno));
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    ::close(fd);
+    throw std::runtime_error("cannot map the capture arena " + path + ": " + strerror(errno));
+  }
+  auto* h = new (base) Header();
+  std::memcpy(h->magic, kMagic, 8);
+  h->version = kVersion;
+  h->record_bytes = sizeof(Record);
+  h->chunk_records = kChunkRecords;
+  h->chunk_capacity = chunks;
+  h->strings_offset = kHeaderBytes;
+  h->strings_capacity = strings;
+  h->chunks_offset = kHeaderBytes + strings;
+  h->pid = getpid();
+  {
+    std::lock_guard<std::mutex> lock(g_strings_mutex);
+    g_strings.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_error_mutex);
+    g_first_error.clear();
+  }
+  g_arena.base = static_cast<uint8_t*>(base);
+  g_arena.bytes = total;
+  g_arena.fd = fd;
+  g_generation.fetch_add(1, std::memory_order_release);
+  g_arena.header = h;
+}
+
+void ops_stop();
+
+// Stops recording into the arena. The mapping stays: ops that began before may still end, on
+// any thread, and write their end into it; its pages are given back to the file instead.
+void arena_close() {
+  ops_stop();
+  if (g_arena.header == nullptr) return;
+  Arena closing = g_arena;
+  g_arena.header = nullptr;
+  g_generation.fetch_add(1, std::memory_order_release);
+  msync(closing.base, closing.bytes, MS_SYNC);
+  madvise(closing.base, closing.bytes, MADV_DONTNEED);
+  ::close(closing.fd);
+  g_arena = Arena();
+}
+
+void ops_start(bool record_shapes) {
+  if (g_arena.header == nullptr) throw std::runtime_error("open the capture arena first");
+  if (g_callback != 0) return;
+  g_record_shapes = record_shapes;
+  g_callback = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(record_shapes));
+}
+
+void ops_stop() {
+  if (g_callback == 0) return;
+  at::removeCallback(g_callback);
+  g_callback = 0;
+}
+
+void module_enter(int64_t index, py::handle args) {
+  auto& t = state();
+  Record* r = claim(t);
+  if (r == nullptr) {
+    t.modules.push_back(nullptr);
+    return;
+  }
+  r->seq_nr = index;
+  r->aux = -1;
+  r->name = -1;
+  r->scope = 0;
+  r->shapes = g_record_shapes ? python_shapes(t, args) : -1;
+  r->dtypes = -1;
+  r->end_ns = 0;
+  r->start_ns = now_ns();
+  publish(r, kModule);
+  t.modules.push_back(r);
+}
+
+void module_exit(py::handle output) {
+  int64_t end = now_ns();
+  auto& t = state();
+  if (t.modules.empty()) return;
+  Record* r = t.modules.back();
+  t.modules.pop_back();
+  if (r == nullptr) return;
+  if (g_record_shapes) r->dtypes = python_shapes(t, output);
+  __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
+}
+
+// The module index of the innermost open module call on this thread, -1 for none.
+int64_t current_module() {
+  auto& t = state();
+  for (auto it = t.modules.rbegin(); it != t.modules.rend(); ++it)
+    if (*it != nullptr) return (*it)->seq_nr;
+  return -1;
+}
+
+// Closes the module calls an exception left open; returns how many.
+int64_t modules_unwind() {
+  auto& t = state();
+  int64_t open = int64_t(t.modules.size());
+  int64_t end = now_ns();
+  for (Record* r : t.modules)
+    if (r != nullptr) __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
+  t.modules.clear();
+  return open;
+}
+
+void range_begin(const std::string& name) {
+  auto& t = state();
+  Record* r = claim(t);
+  t.ranges.push_back(r);
+  if (r == nullptr) return;
+  r->name = intern(t, name);
+  r->seq_nr = r->aux = -1;
+  r->shapes = r->dtypes = -1;
+  r->scope = 0;
+  r->end_ns = 0;
+  r->start_ns = now_ns();
+  publish(r, kRange);
+}
+
+void range_end() {
+  int64_t end = now_ns();
+  auto& t = state();
+  if (t.ranges.empty()) return;
+  Record* r = t.ranges.back();
+  t.ranges.pop_back();
+  if (r != nullptr) __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
+}
+
+void step(int64_t iteration, int64_t start_ns, int64_t end_ns) {
+  auto& t = state();
+  Record* r = claim(t);
+  if (r == nullptr) return;
+  r->seq_nr = iteration;
+  r->aux = -1;
+  r->name = r->shapes = r->dtypes = -1;
+  r->scope = 0;
+  r->start_ns = start_ns;
+  r->end_ns = end_ns;
+  publish(r, kStep);
+}
+
+void module_info(int64_t index, const std::string& text) {
+  auto& t = state();
+  Record* r = claim(t);
+  if (r == nullptr) return;
+  r->seq_nr = index;
+  r->aux = -1;
+  r->name = intern(t, text);
+  r->shapes = r->dtypes = -1;
+  r->scope = 0;
+  r->start_ns = r->end_ns = now_ns();
+  publish(r, kModuleInfo);
+}
+
+py::dict arena_counts() {
+  py::dict out;
+  Header* h = g_arena.header;
+  if (h == nullptr) return out;
+  out["dropped_records"] = h->dropped_records.load();
+  out["dropped_strings"] = h->dropped_strings.load();
+  out["callback_errors"] = h->callback_errors.load();
+  out["chunks_used"] = std::min(h->chunks_used.load(), h->chunk_capacity);
+  std::lock_guard<std::mutex> lock(g_error_mutex);
+  if (!g_first_error.empty()) out["first_callback_error"] = g_first_error.substr(0, 300);
+  return out;
+}
+
+#ifdef XSP_WITH_CUPTI
+// -- CUPTI ------------------------------------------------------------------------------------
+struct Completed {
+  uint8_t* buffer;
+  size_t valid;
+};
+
+struct Cupti {
+  std::mutex mutex;
+  std::vector<uint8_t*> pool;  // free buffers
+  std::vector<uint8_t*> owned;
+  std::vector<Completed> completed;
+  size_t buffer_bytes = 64 << 20;
+  uint64_t requested = 0, grown = 0, completed_while_measuring = 0;
+  std::atomic<bool> measuring{false};
+  bool registered = false;
+  std::vector<CUpti_ActivityKind> enabled;
+} g_cupti;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  std::lock_guard<std::mutex> lock(g_cupti.mutex);
+  g_cupti.requested++;
+  uint8_t* b = nullptr;
+  if (!g_cupti.pool.empty()) {
+    b = g_cupti.pool.back();
+    g_cupti.pool.pop_back();
+  } else {
+    b = static_cast<uint8_t*>(aligned_alloc(8, g_cupti.buffer_bytes));
+    if (b != nullptr) {
+      g_cupti.owned.push_back(b);
+      g_cupti.grown++;
+    }
+  }
+  *buffer = b;
+  *size = b ? g_cupti.buffer_bytes : 0;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  std::lock_guard<std::mutex> lock(g_cupti.mutex);
+  if (g_cupti.measuring.load()) g_cupti.completed_while_measuring++;
+  g_cupti.completed.push_back({buffer, valid});
+}
+
+void check(CUptiResult status, const char* what) {
+  if (status == CUPTI_SUCCESS) return;
+  const char* text = nullptr;
+  cuptiGetResultString(status, &text);
+  throw std::runtime_error(std::string(what) + ": " + (text ? text : "CUPTI error"));
+}
+
+CUpti_ActivityKind kind_of(const std::string& name) {
+  if (name == "CONCURRENT_KERNEL") return CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  if (name == "MEMCPY") return CUPTI_ACTIVITY_KIND_MEMCPY;
+  if (name == "MEMSET") return CUPTI_ACTIVITY_KIND_MEMSET;
+  if (name == "RUNTIME") return CUPTI_ACTIVITY_KIND_RUNTIME;
+  if (name == "DRIVER") return CUPTI_ACTIVITY_KIND_DRIVER;
+  if (name == "MARKER") return CUPTI_ACTIVITY_KIND_MARKER;
+  if (name == "EXTERNAL_CORRELATION") return CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+  throw std::runtime_error("unknown CUPTI activity kind " + name);
+}
+
+std::string api_name(CUpti_CallbackDomain domain, uint32_t cbid) {
+  const char* name = nullptr;
+  if (cuptiGetCallbackName(domain, cbid, &name) != CUPTI_SUCCESS || name == nullptr) {
+    return std::string(domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "cudaAPI#" : "cuAPI#") +
+           std::to_string(cbid);
+  }
+  std::string text(name);
+  auto cut = text.rfind("_v");
+  if (cut != std::string::npos && cut + 2 < text.size() &&
+      text.find_first_not_of("0123456789", cut + 2) == std::string::npos)
+    text.resize(cut);  // cudaLaunchKernel_v7000 -> cudaLaunchKernel
+  return text;
+}
+
+// Switches off the bookkeeping calls named in ``quiet``; returns how many.
+int quiet_calls(CUpti_CallbackDomain domain, uint32_t count, const std::vector<std::string>& quiet) {
+  int off = 0;
+  for (uint32_t cbid = 1; cbid < count; ++cbid) {
+    std::string name = api_name(domain, cbid);
+    if (std::find(quiet.begin(), quiet.end(), name) == quiet.end()) continue;
+    CUptiResult status = domain == CUPTI_CB_DOMAIN_RUNTIME_API
+                             ? cuptiActivityEnableRuntimeApi(cbid, 0)
+                             : cuptiActivityEnableDriverApi(cbid, 0);
+    if (status == CUPTI_SUCCESS) off++;
+  }
+  return off;
+}
+
+int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, int64_t pool_buffers,
+                const std::vector<std::string>& quiet) {
+  int quieted = 0;
+  if (!g_cupti.registered) {
+    check(cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM), "CUPTI thread ids");
+    {
+      std::lock_guard<std::mutex> lock(g_cupti.mutex);
+      g_cupti.buffer_bytes = buffer_bytes;
+      g_cupti.requested = g_cupti.grown = g_cupti.completed_while_measuring = 0;
+      for (int64_t i = int64_t(g_cupti.owned.size()); i < pool_buffers; ++i) {
+        auto* b = static_cast<uint8_t*>(aligned_alloc(8, buffer_bytes));
+        if (b == nullptr) break;
+        g_cupti.owned.push_back(b);
+        g_cupti.pool.push_back(b);
+      }
+    }
+    check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "CUPTI callbacks");
+    g_cupti.registered = true;
+  }
+  for (const auto& name : kinds) {
+    CUpti_ActivityKind kind = kind_of(name);
+    if (std::find(g_cupti.enabled.begin(), g_cupti.enabled.end(), kind) != g_cupti.enabled.end())
+      continue;
+    check(cuptiActivityEnable(kind), ("CUPTI cannot record " + name).c_str());
+    g_cupti.enabled.push_back(kind);
+    if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_RUNTIME)
+      quieted += quiet_calls(CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_SIZE, quiet);
+    if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_DRIVER)
+      quieted += quiet_calls(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE, quiet);
+  }
+  g_push_correlation.store(std::find(g_cupti.enabled.begin(), g_cupti.enabled.end(),
+                                     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) !=
+                           g_cupti.enabled.end());
+  return quieted;
+}
+
+void cupti_measuring(bool on) { g_cupti.measuring.store(on); }
+
+uint64_t cupti_stop() {
+  g_push_correlation.store(false);
+  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "CUPTI flush");
+  size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
+  for (auto kind : g_cupti.enabled) cuptiActivityDisable(kind);
+  g_cupti.enabled.clear();
+  return dropped;
+}
+
+uint64_t cupti_timestamp() {
+  uint64_t t = 0;
+  check(cuptiGetTimestamp(&t), "CUPTI timestamp");
+  return t;
+}
+
+void cupti_finalize() {
+  if (!g_cupti.registered) return;
+  g_cupti.registered = false;
+  check(cuptiFinalize(), "CUPTI finalize");
+}
+
+template <typename T>
+py::bytes column(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+struct Strings {
+  std::unordered_map<std::string, int32_t> index;
+  std::vector<std::string> values;
+  int32_t operator()(const char* text) {
+    std::string key(text ? text : "");
+    auto found = index.find(key);
+    if (found != index.end()) return found->second;
+    int32_t id = int32_t(values.size());
+    index.emplace(key, id);
+    values.push_back(std::move(key));
+    return id;
+  }
+};
+
+// Every completed buffer, decoded into columns; the buffers go back to the pool.
+py::dict cupti_decode() {
+  std::vector<Completed> buffers;
+  {
+    std::lock_guard<std::mutex> lock(g_cupti.mutex);
+    buffers.swap(g_cupti.completed);
+  }
+  std::vector<int8_t> g_kind, g_copy;
+  std::vector<int32_t> g_name;
+  std::vector<int64_t> g_start, g_end, g_corr, g_device, g_stream, g_regs, g_shared, g_bytes;
+  std::vector<int32_t> g_grid, g_block;  // x,y,z triples
+  std::vector<int8_t> a_kind;
+  std::vector<int32_t> a_name;
+  std::vector<int64_t> a_start, a_end, a_corr, a_thread;
+  std::vector<int32_t> m_domain, m_name;
+  std::vector<int64_t> m_start, m_end, m_thread;
+  std::vector<int64_t> x_corr, x_external;
+  std::unordered_map<uint32_t, size_t> open_markers;
+  std::unordered_map<uint64_t, int32_t> api_names;
+  Strings kernel_names, api_strings, marker_names, domains;
+  uint64_t records = 0, unknown = 0, unpaired = 0;
+  for (auto& done : buffers) {
+    CUpti_Activity* record = nullptr;
+    while (cuptiActivityGetNextRecord(done.buffer, done.valid, &record) == CUPTI_SUCCESS) {
+      records++;
+      switch (record->kind) {
+        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+        case CUPTI_ACTIVITY_KIND_KERNEL: {
+          auto* k = reinterpret_cast<CUpti_ActivityKernel4*>(record);
+          g_kind.push_back(0);
+          g_name.push_back(kernel_names(k->name ? k->name : "?"));
+          g_start.push_back(int64_t(k->start));
+          g_end.push_back(int64_t(k->end));
+          g_corr.push_back(k->correlationId);
+          g_device.push_back(k->deviceId);
+          g_stream.push_back(k->streamId);
+          g_grid.insert(g_grid.end(), {k->gridX, k->gridY, k->gridZ});
+          g_block.insert(g_block.end(), {k->blockX, k->blockY, k->blockZ});
+          g_regs.push_back(k->registersPerThread);
+          g_shared.push_back(int64_t(k->staticSharedMemory) + int64_t(k->dynamicSharedMemory));
+          g_bytes.push_back(-1);
+          g_copy.push_back(-1);
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+          auto* c = reinterpret_cast<CUpti_ActivityMemcpy*>(record);
+          g_kind.push_back(1);
+          g_name.push_back(-1);
+          g_start.push_back(int64_t(c->start));
+          g_end.push_back(int64_t(c->end));
+          g_corr.push_back(c->correlationId);
+          g_device.push_back(c->deviceId);
+          g_stream.push_back(c->streamId);
+          g_grid.insert(g_grid.end(), {0, 0, 0});
+          g_block.insert(g_block.end(), {0, 0, 0});
+          g_regs.push_back(-1);
+          g_shared.push_back(-1);
+          g_bytes.push_back(int64_t(c->bytes));
+          g_copy.push_back(int8_t(c->copyKind));
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+          auto* s = reinterpret_cast<CUpti_ActivityMemset*>(record);
+          g_kind.push_back(2);
+          g_name.push_back(-1);
+          g_start.push_back(int64_t(s->start));
+          g_end.push_back(int64_t(s->end));
+          g_corr.push_back(s->correlationId);
+          g_device.push_back(s->deviceId);
+          g_stream.push_back(s->streamId);
+          g_grid.insert(g_grid.end(), {0, 0, 0});
+          g_block.insert(g_block.end(), {0, 0, 0});
+          g_regs.push_back(-1);
+          g_shared.push_back(-1);
+          g_bytes.push_back(int64_t(s->bytes));
+          g_copy.push_back(-1);
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_RUNTIME:
+        case CUPTI_ACTIVITY_KIND_DRIVER: {
+          auto* a = reinterpret_cast<CUpti_ActivityAPI*>(record);
+          bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+          uint64_t key = (uint64_t(runtime) << 32) | a->cbid;
+          auto found = api_names.find(key);
+          int32_t name;
+          if (found == api_names.end()) {
+            std::string text = api_name(
+                runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid);
+            name = api_strings(text.c_str());
+            api_names.emplace(key, name);
+          } else {
+            name = found->second;
+          }
+          a_kind.push_back(runtime ? 0 : 1);
+          a_name.push_back(name);
+          a_start.push_back(int64_t(a->start));
+          a_end.push_back(int64_t(a->end));
+          a_corr.push_back(a->correlationId);
+          a_thread.push_back(a->threadId);
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_MARKER: {
+          auto* m = reinterpret_cast<CUpti_ActivityMarker2*>(record);
+          if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_START) {
+            open_markers[m->id] = m_start.size();
+            m_domain.push_back(domains(m->domain ? m->domain : ""));
+            m_name.push_back(marker_names(m->name ? m->name : ""));
+            m_start.push_back(int64_t(m->timestamp));
+            m_end.push_back(0);
+            m_thread.push_back(int64_t(m->objectId.pt.threadId));
+          } else if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_END) {
+            auto found = open_markers.find(m->id);
+            if (found == open_markers.end()) {
+              unpaired++;
+            } else {
+              m_end[found->second] = int64_t(m->timestamp);
+              open_markers.erase(found);
+            }
+          }
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+          auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(record);
+          if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
+            x_corr.push_back(x->correlationId);
+            x_external.push_back(int64_t(x->externalId));
+          }
+          break;
+        }
+        default:
+          unknown++;
+      }
+    }
+    std::lock_guard<std::mutex> lock(g_cupti.mutex);
+    g_cupti.pool.push_back(done.buffer);
+  }
+  py::dict gpu, api, markers, external, counts;
+  gpu["kind"] = column(g_kind);
+  gpu["name"] = column(g_name);
+  gpu["names"] = kernel_names.values;
+  gpu["start_ns"] = column(g_start);
+  gpu["end_ns"] = column(g_end);
+  gpu["correlation"] = column(g_corr);
+  gpu["device"] = column(g_device);
+  gpu["stream"] = column(g_stream);
+  gpu["grid"] = column(g_grid);
+  gpu["block"] = column(g_block);
+  gpu["registers"] = column(g_regs);
+  gpu["shared_memory"] = column(g_shared);
+  gpu["bytes"] = column(g_bytes);
+  gpu["copy_kind"] = column(g_copy);
+  api["kind"] = column(a_kind);
+  api["name"] = column(a_name);
+  api["names"] = api_strings.values;
+  api["start_ns"] = column(a_start);
+  api["end_ns"] = column(a_end);
+  api["correlation"] = column(a_corr);
+  api["thread"] = column(a_thread);
+  markers["domain"] = column(m_domain);
+  markers["domains"] = domains.values;
+  markers["name"] = column(m_name);
+  markers["names"] = marker_names.values;
+  markers["start_ns"] = column(m_start);
+  markers["end_ns"] = column(m_end);
+  markers["thread"] = column(m_thread);
+  external["correlation"] = column(x_corr);
+  external["external"] = column(x_external);
+  {
+    std::lock_guard<std::mutex> lock(g_cupti.mutex);
+    counts["buffers"] = buffers.size();
+    counts["buffers_requested"] = g_cupti.requested;
+    counts["buffers_grown"] = g_cupti.grown;
+    counts["buffers_completed_while_measuring"] = g_cupti.completed_while_measuring;
+  }
+  counts["records"] = records;
+  counts["unknown_records"] = unknown;
+  counts["unpaired_markers"] = unpaired + open_markers.size();
+  py::dict out;
+  out["gpu"] = gpu;
+  out["api"] = api;
+  out["markers"] = markers;
+  out["external"] = external;
+  out["counts"] = counts;
+  return out;
+}
+#endif  // XSP_WITH_CUPTI
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "xsp's native capture core";
+  pthread_atfork(nullptr, nullptr, on_fork_child);
+  m.attr("ARENA_VERSION") = kVersion;
+  m.attr("WITH_CUPTI") =
+#ifdef XSP_WITH_CUPTI
+      true;
+#else
+      false;
+#endif
+  m.def("arena_open", &arena_open, py::arg("path"), py::arg("capacity_bytes"));
+  m.def("arena_close", &arena_close);
+  m.def("arena_counts", &arena_counts);
+  m.def("ops_start", &ops_start, py::arg("record_shapes"));
+  m.def("ops_stop", &ops_stop);
+  m.def("module_enter", &module_enter);
+  m.def("module_exit", &module_exit);
+  m.def("modules_unwind", &modules_unwind);
+  m.def("current_module", &current_module);
+  m.def("range_begin", &range_begin);
+  m.def("range_end", &range_end);
+  m.def("step", &step);
+  m.def("module_info", &module_info);
+  m.def("now_ns", &now_ns);
+#ifdef XSP_WITH_CUPTI
+  m.def("cupti_start", &cupti_start);
+  m.def("cupti_measuring", &cupti_measuring);
+  m.def("cupti_stop", &cupti_stop);
+  m.def("cupti_decode", &cupti_decode);
+  m.def("cupti_timestamp", &cupti_timestamp);
+  m.def("cupti_finalize", &cupti_finalize);
+#endif
+}
