@@ -25,15 +25,15 @@ from xsp.tracer.workloads import zoo
 
 
 def plain_cupti_kernels(workload: zoo.Workload, iterations: int) -> list[int]:
-    """Kernels per iteration as CUPTI alone counts them (no xsp level active)."""
-    from cupti import cupti
+    """Kernels per iteration as CUPTI alone counts them (no xsp level active), through the
+    native core's CUPTI buffers."""
+    import numpy as np
 
-    counts: list[int] = []
-    kernels: list[tuple[int, int]] = []
-    cupti.activity_register_callbacks(
-        lambda: (256 * 1024 * 1024, 0), lambda acts: kernels.extend((a.start, a.end) for a in acts)
-    )
-    cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+    from xsp.tracer.native.build import load
+
+    native = load()
+    offset = time.time_ns() - native.cupti_timestamp()
+    native.cupti_start(["CONCURRENT_KERNEL"], 256 * 1024 * 1024, 1, [])
     bounds = []
     for _ in range(iterations):
         torch.cuda.synchronize()
@@ -41,12 +41,10 @@ def plain_cupti_kernels(workload: zoo.Workload, iterations: int) -> list[int]:
         workload.step()
         torch.cuda.synchronize()
         bounds.append((t0, time.time_ns()))
-    cupti.activity_flush_all(1)
-    cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
-    cupti.finalize()
-    for t0, t1 in bounds:
-        counts.append(sum(1 for s, _ in kernels if t0 <= s <= t1))
-    return counts
+    native.cupti_stop()
+    starts = np.frombuffer(native.cupti_decode()["gpu"]["start_ns"], dtype=np.int64) + offset
+    native.cupti_finalize()
+    return [int(((starts >= t0) & (starts <= t1)).sum()) for t0, t1 in bounds]
 
 
 def main() -> None:
@@ -92,12 +90,18 @@ def main() -> None:
             parents_of_kernels.add(span["span_id"])
     under_op = sum(1 for c in chains if "op" in c or "backward" in c or "optimizer" in c)
     under_module = sum(1 for k in kernels if k["module_path"] is not None)
+    backward = [r for r in rows.values() if r["kind"] == "backward"]
     result = {
         "model": args.model,
         "batch_size": args.batch_size,
         "status": meta.get("status"),
         "errors": meta.get("errors"),
         "spans_by_level": meta.get("spans_by_level"),
+        "api_ops": meta.get("api_ops"),
+        "cupti": meta.get("cupti"),
+        "arena": meta.get("arena"),
+        "backward_nodes": len(backward),
+        "backward_nodes_with_layer": sum(1 for r in backward if r["module_path"] is not None),
         "kernels_per_iteration_xsp": [per_iteration[i] for i in range(args.iterations)],
         "kernels_per_iteration_plain_cupti": reference,
         "kernels_under_api_call": sum(1 for c in chains if c and c[0] in ("runtime", "driver")),

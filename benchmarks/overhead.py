@@ -134,19 +134,22 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
             prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
             spans = len(prof.profiler.kineto_results.events())
         else:
-            times, spans = _xsp(config, step, device, warmup, iters, Path(tmp) / config)
+            times, spans, finish = _xsp(config, step, device, warmup, iters, Path(tmp) / config)
         end_to_end = time.perf_counter() - began
-    return {
+    result = {
         "step_ms": statistics.median(times),
         "end_to_end_s": end_to_end,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "spans": spans,
     }
+    if config.startswith("M"):
+        result.update(finish)
+    return result
 
 
 def _xsp(
     levels: str, step: Callable[[], None], device: str, warmup: int, iters: int, out: Path
-) -> tuple[list[float], int]:
+) -> tuple[list[float], int, dict[str, Any]]:
     from xsp.tracer import store
     from xsp.tracer.capture.session import Session
 
@@ -161,7 +164,16 @@ def _xsp(
     kinds = table.column("kind").to_pylist()
     durations = table.column("dur_ns").to_pylist()
     steps = [d / 1e6 for d, k in zip(durations, kinds, strict=True) if k == "step"]
-    return steps, table.num_rows
+    phases = meta.get("phases_ns") or {}
+    finish_s = (int(meta["finished_ns"]) - int(phases["measured"])) / 1e9
+    finish = {
+        "finish_s": finish_s,  # levels off, CUPTI flush, decode, conversion, store
+        "finish_us_per_span": 1e6 * finish_s / max(table.num_rows, 1),
+        "phases_s": {k: (int(v) - int(phases["measured"])) / 1e9 for k, v in phases.items()},
+        "api_ops": meta.get("api_ops"),
+        "cupti": meta.get("cupti"),
+    }
+    return steps, table.num_rows, finish
 
 
 def _spawn(config: str, case: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -9,11 +9,10 @@ arenas of killed programs). Numpy only: no torch, no extension.
 from __future__ import annotations
 
 import json
-import mmap
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from xsp.tracer.convert.records import (
     ModuleInfo,
     StepRecords,
 )
+from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.errors import StoreError
 
 MAGIC = b"XSPARENA"
@@ -85,40 +85,41 @@ class ArenaContents:
 
 
 def read_arena(path: Path) -> ArenaContents:
-    """The complete records of the arena at ``path``; StoreError names a bad file."""
+    """The complete records of the arena at ``path``; StoreError names a bad file. Reads only
+    the parts in use (the file is sparse and mostly empty)."""
     try:
         with open(path, "rb") as handle:
-            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as exc:
+            return _parse(handle, path)
+    except OSError as exc:
         raise StoreError(f"cannot read the capture arena {path}: {exc}") from exc
-    try:
-        return _parse(memoryview(data), path)
-    finally:
-        data.close()
 
 
-def _parse(data: memoryview, path: Path) -> ArenaContents:
-    if len(data) < HEADER.itemsize:
-        raise StoreError(f"capture arena {path} is truncated ({len(data)} bytes)")
-    head = np.frombuffer(data, HEADER, count=1)[0]
+def _read(handle: BinaryIO, offset: int, size: int, path: Path) -> bytes:
+    handle.seek(offset)
+    data = handle.read(size)
+    if len(data) < size:
+        raise StoreError(f"capture arena {path} is truncated ({offset + len(data)} bytes)")
+    return data
+
+
+def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
+    head = np.frombuffer(_read(handle, 0, HEADER.itemsize, path), HEADER, count=1)[0]
     if bytes(head["magic"]) != MAGIC or int(head["version"]) != VERSION:
         raise StoreError(f"{path} is not an xsp capture arena of version {VERSION}")
     if int(head["record_bytes"]) != RECORD.itemsize:
         raise StoreError(f"capture arena {path} has {head['record_bytes']}-byte records")
-    strings = _strings(data, int(head["strings_offset"]), int(head["strings_count"]))
+    region = _read(handle, int(head["strings_offset"]), int(head["strings_bytes"]), path)
+    strings = _strings(region, int(head["strings_count"]))
     per_chunk = int(head["chunk_records"])
     chunk_bytes = CHUNK.itemsize + per_chunk * RECORD.itemsize
     used_chunks = min(int(head["chunks_used"]), int(head["chunk_capacity"]))
-    offset = int(head["chunks_offset"])
-    if offset + used_chunks * chunk_bytes > len(data):
-        raise StoreError(f"capture arena {path} is truncated")
+    data = _read(handle, int(head["chunks_offset"]), used_chunks * chunk_bytes, path)
     parts, threads, ids, rf_to_os = [], [], [], {}
     for index in range(used_chunks):
-        at = offset + index * chunk_bytes
+        at = index * chunk_bytes
         chunk = np.frombuffer(data, CHUNK, count=1, offset=at)[0]
         used = min(int(chunk["used"]), per_chunk)
-        rows = np.frombuffer(data, RECORD, count=used, offset=at + CHUNK.itemsize)
-        parts.append(rows.copy())
+        parts.append(np.frombuffer(data, RECORD, count=used, offset=at + CHUNK.itemsize))
         threads.append(np.full(used, int(chunk["os_thread"]), dtype=np.int64))
         ids.append(index * per_chunk + np.arange(used, dtype=np.int64) + 1)
         rf_to_os.setdefault(int(chunk["rf_thread"]), int(chunk["os_thread"]))
@@ -138,12 +139,12 @@ def _parse(data: memoryview, path: Path) -> ArenaContents:
     )
 
 
-def _strings(data: memoryview, offset: int, count: int) -> list[str]:
+def _strings(region: bytes, count: int) -> list[str]:
     out = []
-    at = offset
+    at = 0
     for _ in range(count):
-        length = int.from_bytes(data[at : at + 4], "little")
-        out.append(bytes(data[at + 4 : at + 4 + length]).decode("utf-8", errors="replace"))
+        length = int.from_bytes(region[at : at + 4], "little")
+        out.append(region[at + 4 : at + 4 + length].decode("utf-8", errors="replace"))
         at += (4 + length + 3) & ~3
     return out
 
@@ -178,13 +179,7 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
     out.start_ns = _int64s(rec["start_ns"][rows])
     out.end_ns = _int64s(rec["end_ns"][rows])
     out.thread = _int64s(arena.thread[rows])
-    forward = rec["aux"][rows]
-    lookup = arena.rf_to_os
-    out.fwd_thread = _int64s(
-        np.array([lookup.get(int(t), -1) if t > 0 else -1 for t in forward.tolist()])
-        if len(forward)
-        else forward
-    )
+    out.fwd_thread = _int64s(_os_threads(rec["aux"][rows], arena.rf_to_os))
     seq = rec["seq_nr"][rows].copy()
     seq[is_module] = -1
     out.seq_nr = _int64s(seq)
@@ -211,6 +206,14 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
     }
     link_backward_nodes(out)
     return out
+
+
+def _os_threads(rf_threads: np.ndarray, rf_to_os: dict[int, int]) -> np.ndarray:
+    """RecordFunction thread ids -> OS thread ids (-1 where unknown or unset)."""
+    keys = np.array(sorted(rf_to_os), dtype=np.int64)
+    values = np.array([rf_to_os[k] for k in keys.tolist()], dtype=np.int64)
+    slot = find_rows(keys, rf_threads)
+    return np.where((slot >= 0) & (rf_threads > 0), values[np.maximum(slot, 0)], -1)
 
 
 def _text(strings: list[str], code: int, blank: str) -> str:

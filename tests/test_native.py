@@ -1,0 +1,228 @@
+"""The native capture core: what it records, what survives a dead program, how it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fixtures import fixture_table, load_records
+from xsp.tracer import store
+from xsp.tracer.capture.session import Session
+from xsp.tracer.convert.arena import read_arena
+from xsp.tracer.errors import StoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 8)
+        self.second = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+def _train(session: Session, model: torch.nn.Module) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+    while not session.done:
+        with session.iteration():
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+
+def test_ops_modules_and_backward_nodes_come_from_the_native_callback(tmp_path: Path) -> None:
+    session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    _train(session, TwoLayers())
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    assert meta["arena"]["dropped_records"] == 0 and meta["arena"]["callback_errors"] == 0
+    assert not (tmp_path / "MF" / "capture.arena").exists()  # stored: the raw records went
+    spans = store.open_run(tmp_path / "MF").spans().to_pylist()
+    addmm = [s for s in spans if s["op_name"] == "aten::addmm" and s["phase"] == "forward"]
+    # per iteration, one addmm per Linear: bias [8], input [5,4], weight^T [4,8] for the first
+    assert len(addmm) == 4
+    first = [s for s in addmm if s["module_path"] == "first"]
+    assert {s["input_shapes"] for s in first} == {"[[8],[5,4],[4,8],[],[]]"}
+    assert all(s["input_dtypes"].startswith("float,float,float") for s in first)
+    layers = {
+        (s["module_path"], s["input_shapes"], s["output_shapes"])
+        for s in spans
+        if s["kind"] == "module"
+    }
+    assert ("second", "[[5,8]]", "[[5,2]]") in layers
+    # AddmmBackward0 of each Linear is attributed to that layer through its sequence number
+    backward = [s for s in spans if s["kind"] == "backward" and "AddmmBackward0" in s["name"]]
+    assert sorted(s["module_path"] for s in backward) == ["first", "first", "second", "second"]
+    assert all(s["phase"] == "backward" for s in backward)
+
+
+def test_a_second_session_in_one_process_records_afresh(tmp_path: Path) -> None:
+    for run in ("a", "b"):
+        session = Session("MF", iterations=1, warmup=0, out=tmp_path / run, device="cpu").start()
+        _train(session, TwoLayers())
+        assert (session.close() or {})["status"] == "ok"
+    counts = [
+        sum(1 for s in store.open_run(tmp_path / r).spans().to_pylist() if s["kind"] == "module")
+        for r in ("a", "b")
+    ]
+    assert counts == [3, 3]  # the model and its two layers, once each
+
+
+DYING_SCRIPT = """
+import os, signal, sys
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(5, 4)
+for i in range(10):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+    if i == 3:
+        sys.stdout.flush()
+        if sys.argv[1] == "exit":
+            os._exit(7)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("how", "ended"), [("exit", "exited with 7"), ("kill", "SIGKILL")])
+def test_iterations_finished_before_the_program_died_are_stored(
+    tmp_path: Path, how: str, ended: str
+) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text(textwrap.dedent(DYING_SCRIPT))
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "run", "--levels", "MF", "--iterations", "8"]
+        + ["--warmup", "0", "--out", str(out), "--", "python", str(script), how],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode != 0
+    for levels in ("MF",):
+        meta = json.loads((out / levels / "run.json").read_text())
+        assert meta["status"] == "partial" and meta["recovered"] is True
+        assert any(ended in r for r in meta["status_reasons"]), meta["status_reasons"]
+        # four optimizer steps happened, each ending an iteration (the first began at the first
+        # module call); the fifth iteration never began
+        assert meta["iterations_measured"] == 4
+        spans = store.open_run(out / levels).spans().to_pylist()
+        assert sorted(s["iteration"] for s in spans if s["kind"] == "step") == [0, 1, 2, 3]
+        assert not (out / levels / "capture.arena").exists()
+    framework = store.open_run(out / "MF").spans().to_pylist()
+    assert sum(1 for s in framework if s["kind"] == "module" and s["module_path"] == "0") == 4
+
+
+def test_a_missing_compiler_is_one_line(tmp_path: Path) -> None:
+    code = (
+        "from xsp.tracer.native.build import load\n"
+        "try:\n    load()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    env = dict(os.environ, CXX="/nonexistent/c++", XSP_NATIVE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    assert done.stdout.strip() == (
+        "NativeBuildError xsp's native capture needs a C++ compiler and none was found "
+        "(/nonexistent/c++): install g++ or set CXX"
+    )
+
+
+def test_a_truncated_arena_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "capture.arena"
+    bad.write_bytes(b"XSPARENA" + b"\0" * 20)
+    with pytest.raises(StoreError, match="is truncated"):
+        read_arena(bad)
+    bad.write_bytes(b"NOTANARENA" * 100)
+    with pytest.raises(StoreError, match="not an xsp capture arena"):
+        read_arena(bad)
+
+
+# -- real captures recorded with the native path on the H200 (tests/record_fixture.py) ----------
+
+
+def test_native_cuda_capture_joins_every_api_call_to_its_op_by_id() -> None:
+    records, _ = load_records("resnet18_train_mflg_cuda_native")
+    api = records["L"]
+    table, report = _convert("resnet18_train_mflg_cuda_native", "MFLG")
+    assert report.api_ops_by_id / (report.api_ops_by_id + report.api_ops_by_time) >= 0.999
+    # every API call outside a cuBLAS/cuDNN range hangs under its op by id, none by time
+    assert (report.api_ops_by_id, report.api_ops_by_time) == (90, 0)
+    assert len(np.nonzero(np.asarray(api.external_id))[0]) >= report.api_ops_by_id
+    rows = {r["span_id"]: r for r in table.to_pylist()}
+    kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    recorded = [k for k in records["G"].kind if k == 0]
+    assert len(kernels) == len(recorded) == 324  # every kernel CUPTI recorded in the iteration
+
+    def ancestors(span: dict) -> list[str]:
+        kinds = []
+        while span["parent_span_id"]:
+            span = rows[span["parent_span_id"]]
+            kinds.append(span["kind"])
+        return kinds
+
+    chains = [ancestors(k) for k in kernels]
+    assert all(c[0] in ("runtime", "driver") for c in chains)  # under its launch call
+    assert all({"op", "backward", "optimizer"} & set(c) for c in chains)  # and under its op
+
+
+def test_native_capture_attributes_backward_nodes_to_forward_layers() -> None:
+    table = fixture_table("resnet18_train_mf_cuda_native", "MF")
+    backward = [
+        r
+        for r in table.to_pylist()
+        if r["kind"] == "backward" and "AccumulateGrad" not in r["name"]
+    ]
+    assert len(backward) > 50
+    # all but the loss's two nodes (cross-entropy runs outside the model) reach their layer
+    outside = sorted(r["name"].rsplit(" ", 1)[-1] for r in backward if r["module_path"] is None)
+    assert outside == ["LogSoftmaxBackward0", "NllLossBackward0"]
+    convs = [r for r in backward if "ConvolutionBackward0" in r["name"]]
+    assert len(convs) == 20 and all(r["module_type"] == "Conv2d" for r in convs)
+
+
+def _convert(scenario: str, levels: str):  # type: ignore[no-untyped-def]
+    from xsp.tracer.convert.spans import build_table
+
+    records, _ = load_records(scenario)
+    return build_table(
+        "run-n", levels, records["M"], records.get("F"), api=records.get("L"), gpu=records.get("G")
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the H200)")
+def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
+    from benchmarks.gpu_check import plain_cupti_kernels
+    from xsp.tracer.workloads import zoo
+
+    workload = zoo.build("torchvision:resnet18", 4, "train", "cuda")
+    for _ in range(2):
+        workload.step()
+    reference = plain_cupti_kernels(workload, 2)
+    session = Session("MFLG", iterations=2, warmup=1, out=tmp_path / "g", device="cuda").start()
+    while not session.done:
+        with session.iteration():
+            workload.step()
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    spans = store.open_run(tmp_path / "g").spans().to_pylist()
+    per_iteration = [
+        sum(1 for s in spans if s["kind"] == "kernel" and s["iteration"] == i) for i in (0, 1)
+    ]
+    assert per_iteration == reference
+    assert meta["api_ops"]["by_correlation_id_pct"] >= 99.9
