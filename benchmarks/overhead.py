@@ -103,8 +103,12 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], iters: int) -> li
 
 
 def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> dict[str, Any]:
-    """Run one configuration of one case in this (fresh) process."""
-    if "L" in config.split("(")[0] and device.startswith("cuda"):
+    """Run one configuration of one case in this (fresh) process. An xsp configuration is a
+    level set, optionally with a CUPTI buffer size: ``MFLG(cupti 16MB)``."""
+    levels, _, variant = config.partition("(")
+    if variant.startswith("cupti "):
+        os.environ["XSP_CUPTI_BUFFER_MB"] = variant.split()[1].removesuffix(")").removesuffix("MB")
+    if "L" in levels and device.startswith("cuda"):
         from xsp.tracer.capture.cupti import nvtx_environment
 
         os.environ.update(nvtx_environment())  # before the libraries first use NVTX
@@ -112,7 +116,7 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
 
     step = build_step(case, device)
     sync = _sync(device)
-    spans = 0
+    spans, finish = 0, {}
     with tempfile.TemporaryDirectory(prefix="xsp-overhead-") as tmp:
         began = time.perf_counter()
         if config == "none":
@@ -134,17 +138,21 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
             prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
             spans = len(prof.profiler.kineto_results.events())
         else:
-            times, spans, finish = _xsp(config, step, device, warmup, iters, Path(tmp) / config)
+            times, spans, finish = _xsp(levels, step, device, warmup, iters, Path(tmp) / "run")
         end_to_end = time.perf_counter() - began
     result = {
         "step_ms": statistics.median(times),
         "end_to_end_s": end_to_end,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": finish.pop("peak_rss_mb", _peak_rss_mb()),
         "spans": spans,
     }
     if config.startswith("M"):
         result.update(finish)
     return result
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _xsp(
@@ -158,6 +166,7 @@ def _xsp(
         with session.iteration():
             step()
     meta = session.close() or {}
+    peak = _peak_rss_mb()  # before this benchmark reads the spans back
     if meta.get("status") != "ok":
         raise SystemExit(f"xsp {levels}: {meta.get('status')}: {meta.get('status_reasons')}")
     table = store.open_run(out).spans()
@@ -172,6 +181,7 @@ def _xsp(
         "phases_s": {k: (int(v) - int(phases["measured"])) / 1e9 for k, v in phases.items()},
         "api_ops": meta.get("api_ops"),
         "cupti": meta.get("cupti"),
+        "peak_rss_mb": peak,
     }
     return steps, table.num_rows, finish
 
@@ -223,7 +233,8 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(args.child, args.cases, args.device, args.warmup, args.iters)))
+        result = run_child(args.child, args.cases, args.device, args.warmup, args.iters)
+        print(json.dumps(result))
         return
     configs = [c for c in args.configs.split(",") if c]
     if "none" not in configs:

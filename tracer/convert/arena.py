@@ -114,7 +114,8 @@ def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
     chunk_bytes = CHUNK.itemsize + per_chunk * RECORD.itemsize
     used_chunks = min(int(head["chunks_used"]), int(head["chunk_capacity"]))
     data = _read(handle, int(head["chunks_offset"]), used_chunks * chunk_bytes, path)
-    parts, threads, ids, rf_to_os = [], [], [], {}
+    parts, threads, ids = [], [], []
+    rf_to_os: dict[int, int] = {}
     for index in range(used_chunks):
         at = index * chunk_bytes
         chunk = np.frombuffer(data, CHUNK, count=1, offset=at)[0]

@@ -116,14 +116,15 @@ class FrameworkLevel:
                 for name, sub in module.named_modules(remove_duplicate=True):
                     self._paths.setdefault(id(sub), name)
         index = len(self._module_paths)
+        path = self._paths[key]
         info = {
-            "path": self._paths[key],
+            "path": path,
             "type": type(module).__name__,
             "params": sum(p.numel() for p in module.parameters()),
             "source": _source_of(type(module)),
         }
         self._native.module_info(index, json.dumps(info))
-        self._module_paths.append(info["path"])
+        self._module_paths.append(path)
         self._module_index[key] = index
         return index
 

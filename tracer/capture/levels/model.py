@@ -10,6 +10,7 @@ that dies later.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.convert.arena import step_records
@@ -46,7 +47,7 @@ class ModelLevel:
     def drain(self) -> StepRecords:
         return step_records(self._arena.contents())
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
         """What the arena could not hold (merged into run.json)."""
         return {"arena": dict(self._arena.contents().counts)}
 
