@@ -26,6 +26,8 @@ class Section:
     table: pa.Table
     note: str = ""
     chart: Callable[[pa.Table], Any] | None = None
+    #: the section stands for analyses this measurement cannot have; ``note`` says why
+    absent: bool = False
 
 
 def sections(store: MeasurementStore) -> list[Section]:
@@ -122,5 +124,74 @@ def sections(store: MeasurementStore) -> list[Section]:
             chart=lambda t: bar(
                 t, "bucket", "share_of_time_pct", "Share of kernel time by duration"
             ),
+        ),
+        *counter_sections(store),
+    ]
+
+
+#: The hardware-counter analyses' keys (present together, or absent with one note).
+COUNTER_KEYS = (
+    "counter_matching",
+    "peaks",
+    "kernel_info",
+    "kernel_roofline",
+    "layer_metrics",
+    "layer_roofline",
+    "model_metrics",
+)
+
+
+def counter_sections(store: MeasurementStore) -> list[Section]:
+    """A8, A9, A12, A14 and A15 with the join and the roofs they rest on; without a counter run
+    (or a G run to join it onto), one empty ``hardware_counters`` section whose note says so."""
+    from xsp.analysis import counters
+    from xsp.analysis.roofline import plot_roofline
+
+    reason = counters.unavailable(store)
+    if reason is not None:
+        return [
+            Section(
+                "hardware_counters",
+                "Hardware counters (A8, A9, A12, A14, A15)",
+                pa.table({}),
+                reason,
+                absent=True,
+            )
+        ]
+    peaks = counters.store_peaks(store)
+    source = f"latency from the G run, counters from the counter run; {peaks.summary}"
+    return [
+        Section(
+            "counter_matching",
+            "Hardware counters: the counter run matched to the G run",
+            counters.counter_matching(store),
+            counters.matching_note(store),
+        ),
+        Section(
+            "peaks", "Roofs: peak FLOP/s and DRAM bandwidth", counters.peaks(store), peaks.summary
+        ),
+        Section("kernel_info", "Kernel info (A8)", counters.kernel_info(store), source),
+        Section(
+            "kernel_roofline",
+            "Kernel roofline (A9)",
+            counters.kernel_roofline(store),
+            "kernels that did floating-point work; " + source,
+            chart=lambda t: plot_roofline(t, peaks, "Kernel roofline (A9)"),
+        ),
+        Section(
+            "layer_metrics", "GPU metrics per layer (A12)", counters.layer_metrics(store), source
+        ),
+        Section(
+            "layer_roofline",
+            "Layer roofline (A14)",
+            counters.layer_roofline(store),
+            source,
+            chart=lambda t: plot_roofline(t, peaks, "Layer roofline (A14)"),
+        ),
+        Section(
+            "model_metrics",
+            "The model's aggregate and bound (A15)",
+            counters.model_metrics(store),
+            source,
         ),
     ]

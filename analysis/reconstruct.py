@@ -13,7 +13,9 @@ Algorithm:
 3. Layout (``xsp.analysis.lanes``): host spans top-down inside their parents, gaps shrinking to fit;
    GPU activities per (device, stream) lane, in order, with their G-run durations, gaps shrinking
    so that the lane fits the step, never before their launch call's reconstructed start.
-4. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
+4. Hardware counters (the counter run, level set MH) join the kernels by structure too, as
+   ``hw_*`` columns (``xsp.analysis.counters``); the counter run's own times are never used.
+5. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
    and the iteration, and a span's id is its structural key, so it never merges with a measured
    trace and two reconstructions of one measurement agree.
 """
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
@@ -95,7 +98,8 @@ def _sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, 
     source_of: dict[str, int] = {}
     for index, run in runs:
         for letter in run.levels:
-            source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
+            if letter in schema.LEVEL_BY_LETTER:  # H (counters) times nothing
+                source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
     return runs, source_of
 
 
@@ -138,6 +142,9 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
     _layout_gpu(deep, parent, start, new_start, new_dur, gpu, report)
     spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
+    # the counter run's values join the kernels by structure (xsp.analysis.counters)
+    for name, values in (counter_columns(store, deep) or {}).items():
+        spans = _replace(spans, f"hw_{name}", values)
     spans = _own_identity(spans, store, key, parent).cast(schema.SPAN_SCHEMA)
     rows = pa.array(np.nonzero(missing)[0])
     miss = pa.table(
@@ -263,7 +270,7 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     out = []
     for name, source in source_of.items():
         for index, run in runs:
-            if index == source or name not in {schema.LEVEL_BY_LETTER[c] for c in run.levels}:
+            if index == source or name not in {schema.LEVEL_BY_LETTER.get(c) for c in run.levels}:
                 continue
             keys, dur, level = keyed[index]
             rows = level == name

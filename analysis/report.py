@@ -80,6 +80,10 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         place(timeline_figure(spans))
     count = 0
     for section in sections(store):
+        if section.absent:
+            parts.append(f"<h2 id='{section.key}'>{html.escape(section.title)}</h2>")
+            parts.append(f"<p class='note'>{html.escape(section.note)}</p>")
+            continue
         if not section.table.num_rows:
             continue
         count += 1

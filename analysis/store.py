@@ -25,13 +25,20 @@ _EMPTY = pa.schema(
 
 
 class MeasurementStore:
-    """The runs of one measurement directory, queryable with SQL."""
+    """The runs of one measurement directory, queryable with SQL.
+
+    ``runs`` are the timing runs (M, MF, MFL, MFLG, ...), whose spans the ``spans`` table holds;
+    the hardware-counter run (MH), whose step times are those of kernel replay, is kept apart in
+    ``counter_runs``: only its counter tables join the analyses (``xsp.analysis.counters``)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         #: What the store's reader left out or guessed (a missing level set, no manifest).
         self.warnings: list[str] = []
-        self.runs: list[Run] = open_measurement(self.root, self.warnings.append)
+        every = open_measurement(self.root, self.warnings.append)
+        self.counter_runs: list[Run] = [r for r in every if r.is_counter_run]
+        # a measurement of counters alone keeps its counter run as the timing run too
+        self.runs: list[Run] = [r for r in every if not r.is_counter_run] or every
         self.memo: dict[Any, Any] = {}  # results analyses share (structural keys per run)
         tables = []
         for index, run in enumerate(self.runs):

@@ -76,6 +76,12 @@ def cupti_all_api(env: Mapping[str, str] | None = None) -> bool:
     return switch("XSP_CUPTI_ALL_API", False, env)
 
 
+def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
+    """``XSP_NCU``: the Nsight Compute command line (``ncu``) for the hardware-counter level set
+    MH (None: unset; xsp looks on PATH and in CUDA's and Nsight Compute's install folders)."""
+    return _get("XSP_NCU", env)
+
+
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
@@ -83,3 +89,4 @@ def check(env: Mapping[str, str] | None = None) -> None:
     cupti_all_api(env)
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)
+    ncu_path(env)

@@ -31,6 +31,12 @@ LEVEL_BY_LETTER: Final = {
     "G": LEVEL_GPU,
 }
 LEVEL_ORDER: Final = "MFLG"
+#: The hardware-counter level (opt-in): its only level set is ``MH``, run under Nsight Compute,
+#: which replays every kernel of the measured iterations to read its counters. Its durations are
+#: discarded; its counter values join the other runs' kernels by structure (iteration, kernel
+#: name, ordinal), so it never mixes with the levels whose timing it would distort.
+COUNTER_LETTER: Final = "H"
+COUNTER_LEVEL_SET: Final = "MH"
 
 # Span kinds (attribute xsp.kind): what a span stands for inside its level.
 KIND_STEP: Final = "step"  # model level: one iteration
@@ -114,6 +120,19 @@ MONITOR_SUMMARIES: Final = (
     "memory_used_bytes",
 )
 
+#: Hardware counters joined onto reconstructed kernel spans from the counter run (level H):
+#: column name and attribute suffix (``xsp.hw.<name>``). Null on every other span.
+COUNTER_SUMMARIES: Final = (
+    ("flops", pa.float64()),  # floating-point operations, every precision, tensor cores included
+    ("flops_precision", pa.dictionary(pa.int32(), pa.string())),  # the precision of most of them
+    ("dram_read_bytes", pa.float64()),
+    ("dram_write_bytes", pa.float64()),
+    ("l2_bytes", pa.float64()),
+    ("occupancy_pct", pa.float64()),  # achieved: active warps against the SM's maximum
+    ("sm_throughput_pct", pa.float64()),  # of peak, as Nsight Compute's speed of light says
+    ("memory_throughput_pct", pa.float64()),
+)
+
 
 @dataclass(frozen=True)
 class Column:
@@ -164,6 +183,8 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
     # GPU monitor summaries, on model spans only (means over the iteration).
     *(Column(f"gpu_{name}", pa.float64(), f"xsp.gpu.{name}") for name in MONITOR_SUMMARIES),
+    # Hardware counters, on reconstructed kernel spans only (see COUNTER_SUMMARIES).
+    *(Column(f"hw_{name}", type_, f"xsp.hw.{name}") for name, type_ in COUNTER_SUMMARIES),
 )
 
 SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
@@ -175,11 +196,22 @@ def parse_levels(text: str) -> str:
     """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
 
     A level set is a subset of MFLG in stack order that includes M, because the model span is
-    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level).
+    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level). The
+    hardware-counter level H runs in a level set of its own, MH (see ``COUNTER_LETTER``).
     """
     letters = text.strip().upper()
+    if COUNTER_LETTER in letters:
+        if "".join(sorted(letters)) != "".join(sorted(COUNTER_LEVEL_SET)):
+            raise ValueError(
+                f"bad level set {text!r}: the hardware-counter level H runs alone with M, as "
+                f"{COUNTER_LEVEL_SET} (its kernel replay would distort every other level's timing)"
+            )
+        return COUNTER_LEVEL_SET
     if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):
-        raise ValueError(f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF")
+        raise ValueError(
+            f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF "
+            f"(or {COUNTER_LEVEL_SET} for hardware counters)"
+        )
     if len(set(letters)) != len(letters):
         raise ValueError(f"bad level set {text!r}: a level letter repeats")
     ordered = "".join(ch for ch in LEVEL_ORDER if ch in letters)
@@ -196,6 +228,11 @@ def parse_level_sets(text: str) -> list[str]:
     if len(set(sets)) != len(sets):
         raise ValueError(f"bad level sets {text!r}: a level set repeats")
     return sets
+
+
+def is_counter_levels(levels: str) -> bool:
+    """True for the hardware-counter level set (MH)."""
+    return COUNTER_LETTER in levels.upper()
 
 
 def trace_id_for(run_id: str, levels: str, iteration: int) -> bytes:

@@ -7,6 +7,8 @@ Layout::
       M/run.json             one level-set run: resource attributes, status, counts, files
       M/spans-00000.parquet  span rows following tracer.schema.SPAN_SCHEMA (zstd, dictionaries)
       MF/...
+      MH/counters.parquet    the hardware-counter run: one row per kernel (tracer.convert.ncu),
+                             beside its Nsight Compute report (counters.ncu-rep) and log
 
 Parquet keeps the store columnar and embedded; DuckDB queries it in place
 (``SELECT * FROM read_parquet('RUN_DIR/*/spans-*.parquet')``). Every reader error names the file,
@@ -39,9 +41,13 @@ RUN_META = "run.json"
 #: Where ``xsp analyze --save-reconstruction`` stores a measurement's reconstruction.
 RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
+#: A hardware-counter run's tables and Nsight Compute's own files (``xsp.tracer.run.ncu``).
+COUNTERS = "counters.parquet"
+NCU_REPORT = "counters.ncu-rep"
+NCU_LOG = "ncu.log"
 SPAN_FILE_PATTERN = "spans-*.parquet"
 #: Names that are a store's own files wherever they sit in a run directory.
-_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, SPAN_FILE_PATTERN)
+_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, COUNTERS, NCU_REPORT, NCU_LOG, SPAN_FILE_PATTERN)
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
 # and delta-encoded integer columns (ids and start times grow steadily).
@@ -103,7 +109,12 @@ def check_writable(directory: Path) -> None:
 def reset_run_dir(run_dir: Path) -> None:
     """Remove the span files and run.json an earlier run left in ``run_dir`` (a re-run replaces
     its level-set run; nothing else in the directory is touched)."""
-    for path in [*run_dir.glob(SPAN_FILE_PATTERN), run_dir / RUN_META, run_dir / MONITOR]:
+    for path in [
+        *run_dir.glob(SPAN_FILE_PATTERN),
+        run_dir / RUN_META,
+        run_dir / MONITOR,
+        run_dir / COUNTERS,
+    ]:
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:
@@ -183,6 +194,22 @@ class Run:
             return pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"{path}: corrupt or truncated monitor file ({exc})") from exc
+
+    @property
+    def is_counter_run(self) -> bool:
+        """The hardware-counter run (level set MH): its step times are those of kernel replay."""
+        return schema.is_counter_levels(self.levels)
+
+    def counters(self) -> pa.Table | None:
+        """A hardware-counter run's counter table (one row per profiled kernel; columns in
+        ``xsp.tracer.convert.ncu``), None when it has none."""
+        path = self.path / COUNTERS
+        if not path.exists():
+            return None
+        try:
+            return pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{path}: corrupt or truncated counter file ({exc})") from exc
 
 
 def read_spans(files: list[Path]) -> pa.Table:

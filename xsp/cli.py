@@ -86,6 +86,13 @@ def main() -> None:
 @click.option(
     "--channels-last", is_flag=True, help="Zoo models: NHWC (channels_last) weights and inputs."
 )
+@click.option(
+    "--counter-iterations",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Iterations the hardware-counter level set (MH, under ncu) measures.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -99,9 +106,14 @@ def run(
     otlp_endpoint: str | None,
     op_shapes: bool,
     channels_last: bool,
+    counter_iterations: int,
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
+
+    Level set MH reads hardware counters (FLOPs by precision, DRAM and L2 bytes, occupancy,
+    throughput) of every kernel of its measured iterations under Nsight Compute (ncu, which
+    replays each kernel); without ncu it is skipped with one line and the others run.
 
     Each level set runs in a fresh process and writes RUN_DIR/<levels>/; RUN_DIR/manifest.json
     ties them into one leveled measurement. A summary is printed at the end.
@@ -134,6 +146,7 @@ def run(
         otlp_endpoint=otlp_endpoint,
         op_shapes=op_shapes,
         channels_last=channels_last,
+        counter_iterations=counter_iterations,
     )
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),
@@ -436,6 +449,8 @@ def analyze(
         for section in sections(store):
             if section.table.num_rows and section.key not in skip:
                 _print_table(section.title, section.table, rows, section.note)
+            elif section.absent:
+                console.print(f"{section.title}: {section.note}", highlight=False)
     if report is not None:
         from xsp.analysis.report import write_report
 

@@ -136,6 +136,8 @@ def _session(args: ChildSpec, **options: Any) -> Session:
         progress=_progress_writer(args.progress_fd),
         op_shapes=args.op_shapes,
         before_levels=_gate(args.gate_fd),
+        # kernel replay makes the monitor's samples meaningless (and it would run for minutes)
+        monitor=not schema.is_counter_levels(args.levels),
         **options,
     ).start()
 

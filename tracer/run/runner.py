@@ -77,6 +77,9 @@ class LeveledSpec:
     # its levels on only once the one before has exited, so no measurement overlaps another
     # process's work.
     overlap: bool = False
+    # The hardware-counter level set (MH) measures at most this many iterations: Nsight Compute
+    # replays each of their kernels once per pass (minutes for a ResNet-50 training step).
+    counter_iterations: int = 1
 
     @property
     def workload(self) -> str:
@@ -89,6 +92,8 @@ class LeveledResult:
     measurement_id: str
     runs: list[dict[str, Any]]
     interrupted: bool = False
+    #: level sets left out, one line each (the hardware-counter level without a counter tool)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -183,11 +188,34 @@ def validate(spec: LeveledSpec) -> list[str]:
     from xsp.tracer.capture.session import resolve_device
 
     config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
+    skipped = counter_skips(level_sets)
+    level_sets = [levels for levels in level_sets if levels not in skipped]
+    if not level_sets:
+        raise ConfigError(f"nothing to run: {'; '.join(skipped.values())}")
+    if spec.counter_iterations < 1:
+        raise ConfigError(f"bad counter iterations {spec.counter_iterations}: at least 1")
     device = resolve_device(spec.device)
     for levels in level_sets:
         check_levels(levels, device)
     store.check_writable(spec.out)
     return level_sets
+
+
+def counter_skips(level_sets: Sequence[str]) -> dict[str, str]:
+    """The hardware-counter level sets that cannot run here, with the one-line reason (no
+    counter tool): they are left out, and every other level set runs."""
+    if not any(schema.is_counter_levels(levels) for levels in level_sets):
+        return {}
+    from xsp.tracer.run import ncu
+
+    reason = ncu.unavailable()
+    if reason is None:
+        return {}
+    return {
+        levels: f"level set {levels} skipped: {reason}"
+        for levels in level_sets
+        if schema.is_counter_levels(levels)
+    }
 
 
 def run_leveled(
@@ -200,7 +228,10 @@ def run_leveled(
     (a campaign's job before on the same GPU has ended): the first process starts at once but
     switches its levels on only after it returns. ``on_measured`` is called once the last level
     set has measured (the next job may start then)."""
+    skipped = counter_skips(spec.level_sets)
     level_sets = validate(spec)
+    for reason in skipped.values():
+        log.warning("xsp: %s", reason)
     measurement_id = uuid.uuid4().hex
     manifest: dict[str, Any] = {
         "format": schema.STORE_FORMAT,
@@ -212,15 +243,18 @@ def run_leveled(
         "runs": [],
         "status": "running",
     }
+    if skipped:
+        manifest["skipped"] = [{"levels": k, "reason": v} for k, v in skipped.items()]
     store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     result = LeveledResult(spec.out, measurement_id, manifest["runs"])
+    result.skipped = list(skipped.values())
     handoffs = [_Handoff() for _ in level_sets]
 
     def launch(i: int, gated: bool) -> _Process:
         measured: Callable[[], None] | None = None
         if i + 1 == len(level_sets):
             measured = on_measured  # the caller's: the next job may start
-        elif spec.overlap:
+        elif spec.overlap and not schema.is_counter_levels(level_sets[i + 1]):
             measured = lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))  # noqa: E731
         return _launch(spec, level_sets[i], measurement_id, progress, gated, measured)
 
@@ -306,10 +340,13 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
 
 def child_spec(spec: LeveledSpec, levels: str, measurement_id: str) -> ChildSpec:
     """What the level-set process of ``levels`` runs (its pipes are added where it starts)."""
+    iterations = spec.iterations
+    if schema.is_counter_levels(levels):
+        iterations = min(iterations, spec.counter_iterations)
     run = ChildSpec(
         levels=levels,
         out=str(spec.out / levels),
-        iterations=spec.iterations,
+        iterations=iterations,
         warmup=spec.warmup,
         measurement_id=measurement_id,
         device=spec.device,
@@ -351,6 +388,9 @@ class _Process:
     pid: int = 0
     own_group: bool = False
     opened_ns: int = 0  # when it could start measuring: its time limit counts from there
+    #: a process without a progress pipe (under ncu) has measured once it has exited
+    on_exit: Callable[[], None] | None = None
+    ncu: str | None = None  # the Nsight Compute that runs it (hardware-counter level set)
 
     def open(self) -> _Process:
         if self.gate is not None:
@@ -412,14 +452,24 @@ def _launch(
     if stderr_path is not None:
         spec.out.mkdir(parents=True, exist_ok=True)
     spawned_ns = time.time_ns()
-    start = _fork if spec.fork_server and spec.model else _spawn
+    counted = schema.is_counter_levels(levels)  # under ncu: a fresh process, no pipes
+    start = _fork if spec.fork_server and spec.model and not counted else _spawn
     own_group = spec.timeout_s is not None  # so that a time limit takes its children too
     wait, read_fd, gate, pid = start(spec, levels, measurement_id, env, stderr_path, gated)
     reader = threading.Thread(
-        target=_read_progress, args=(read_fd, levels, progress, on_measured), daemon=True
+        target=_read_progress,
+        args=(read_fd, levels, progress, None if counted else on_measured),
+        daemon=True,
     )
     reader.start()
-    return _Process(levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns)
+    process = _Process(levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns)
+    if counted:
+        from xsp.tracer.run import ncu
+
+        process.on_exit, process.ncu = on_measured, ncu.find()
+        if progress:
+            progress(levels, "replaying kernels (ncu)", 0, spec.iterations)
+    return process
 
 
 def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None) -> dict[str, Any]:
@@ -432,6 +482,14 @@ def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None)
     returncode, timed_out = process.wait(limit)
     entry = _entry(spec, process, returncode, timed_out)
     _amend_run(spec, process.levels, entry)
+    if process.ncu is not None:
+        from xsp.tracer.run import ncu
+
+        if progress:
+            progress(process.levels, "importing counters", 0, spec.iterations)
+        entry = ncu.finish(spec.out / process.levels, entry, process.ncu)
+    if process.on_exit is not None:
+        process.on_exit()
     if progress:
         progress(process.levels, "end", returncode, spec.iterations)
     return entry
@@ -556,23 +614,36 @@ def _spawn(
 ) -> tuple[Wait, int, int | None, int]:
     """A fresh interpreter (``python -m xsp.tracer.run.child``); (its wait, its progress pipe, its gate
     when ``gated``, its pid)."""
+    # Under ncu (the hardware-counter level set) the process gets no pipes: ncu starts it, and
+    # what it inherits is ncu's to decide; its progress pipe closes at once.
+    counted = schema.is_counter_levels(levels)
     read_fd, write_fd = os.pipe()
-    gate_read, gate_write = os.pipe() if gated else (None, None)
+    gate_read, gate_write = os.pipe() if gated and not counted else (None, None)
     log = open(stderr_path, "wb") if stderr_path else None  # noqa: SIM115 - closed below
     own_group = spec.timeout_s is not None
+    argv = [
+        sys.executable,
+        "-m",
+        "xsp.tracer.run.child",
+        *dataclasses.replace(
+            child_spec(spec, levels, measurement_id),
+            progress_fd=None if counted else write_fd,
+            gate_fd=gate_read,
+        ).to_argv(),
+    ]
+    fds: tuple[int, ...] = (write_fd,) if gate_read is None else (write_fd, gate_read)
+    if counted:
+        from xsp.tracer.run import ncu
+
+        tool = ncu.find()
+        if tool is None:  # validate() left it out; found missing since
+            raise ConfigError(f"level set {levels}: {ncu.unavailable()}")
+        (spec.out / levels).mkdir(parents=True, exist_ok=True)
+        argv, fds = ncu.profile_command(tool, spec.out / levels, argv), ()
     try:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "xsp.tracer.run.child",
-                *dataclasses.replace(
-                    child_spec(spec, levels, measurement_id),
-                    progress_fd=write_fd,
-                    gate_fd=gate_read,
-                ).to_argv(),
-            ],
-            pass_fds=(write_fd,) if gate_read is None else (write_fd, gate_read),
+            argv,
+            pass_fds=fds,
             env=env,
             stderr=log,
             start_new_session=own_group,

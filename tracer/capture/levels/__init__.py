@@ -117,8 +117,24 @@ def _gpu(ctx: LevelContext) -> Level:
     return GpuLevel(with_ops="F" in ctx.levels)
 
 
+def _counters(ctx: LevelContext) -> Level:
+    if not ctx.on_cuda:
+        from xsp.tracer.errors import ConfigError
+
+        raise ConfigError("level H reads GPU hardware counters: it needs --device cuda")
+    from xsp.tracer.capture.levels.counters import CounterLevel
+
+    return CounterLevel(ctx.device)
+
+
 #: Level letter -> factory. Imports are deferred so that reading the registry stays cheap.
-REGISTRY: dict[str, LevelFactory] = {"M": _model, "F": _framework, "L": _library, "G": _gpu}
+REGISTRY: dict[str, LevelFactory] = {
+    "M": _model,
+    "F": _framework,
+    "L": _library,
+    "G": _gpu,
+    "H": _counters,  # level set MH only, under Nsight Compute (xsp.tracer.run.ncu)
+}
 
 
 def check_levels(levels: str, device: str) -> None:
@@ -129,6 +145,12 @@ def check_levels(levels: str, device: str) -> None:
         raise ConfigError(
             f"level set {levels}: level G records GPU work and needs --device cuda "
             "(on CPU, use M, MF or MFL)"
+        )
+    if "H" in levels and not device.startswith("cuda"):
+        from xsp.tracer.errors import ConfigError
+
+        raise ConfigError(
+            f"level set {levels}: level H reads GPU hardware counters and needs --device cuda"
         )
 
 

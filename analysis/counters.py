@@ -1,0 +1,618 @@
+"""Hardware-counter analyses: XSP's A8 (kernel information), A9 (kernel roofline), A12 (GPU
+metrics per layer), A14 (layer roofline) and A15 (the model's aggregate), from the counter run
+(level set MH, Nsight Compute) joined onto the G run's kernels.
+
+The counter run replays every kernel, so its durations mean nothing; its counters join the
+kernels of the deepest run with level G by structure, never by time (algorithm notes):
+
+1. Each kernel gets a key: its iteration, its name as both tools spell it
+   (``xsp.tracer.convert.ncu.kernel_key``) and its ordinal among same-named kernels of that
+   iteration in launch order (CUPTI correlation ids in the G run, ncu's result order in the
+   counter run), so repeated identical kernels stay distinct and one extra kernel shifts
+   nothing else.
+2. Counted iterations are matched to the G run's iterations of the same number; what either
+   side has alone is reported (``counter_matching``). Should fewer than 95% of names agree,
+   names without template arguments are tried and used if they match more.
+3. The analyses describe one typical iteration: each kernel of the G run's reference iteration
+   (the first counted one) with its median duration over every G iteration of the same key and
+   its counter values averaged over the counted iterations of the same key.
+4. Rates are counters over G-run durations: achieved GFLOP/s = FLOPs / duration; arithmetic
+   intensity = FLOPs / DRAM bytes (read + written); a kernel is compute-bound when its intensity
+   reaches the ridge point (peak FLOP/s / DRAM bandwidth) of the roof of its precision, else
+   memory-bound. Roofs come from ``xsp.analysis.peaks`` (measured or datasheet; it says which).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from xsp.analysis.peaks import Peaks, peaks_table, resolve
+from xsp.analysis.present import short_kernel
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
+from xsp.tracer.convert.ncu import PRECISIONS, kernel_key
+
+#: Below this share of agreeing names, names without template arguments are tried.
+NAME_MATCH_SHARE = 0.95
+#: Counter columns averaged per kernel and carried into the analyses.
+VALUES = (
+    *(f"flops_{p}" for p in PRECISIONS),
+    "tensor_flops",
+    "flops",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "l2_bytes",
+    "occupancy_pct",
+    "sm_throughput_pct",
+    "memory_throughput_pct",
+)
+#: Rates that aggregate weighted by kernel time (the rest are sums).
+WEIGHTED = ("occupancy_pct", "sm_throughput_pct", "memory_throughput_pct")
+#: Precisions that exist only on tensor cores.
+TENSOR_ONLY = ("tf32", "bf16", "fp8")
+NO_COUNTERS = (
+    "no hardware counters: this measurement has no counter run (add level set "
+    f"{schema.COUNTER_LEVEL_SET} to xsp run; it needs Nsight Compute's ncu)"
+)
+
+
+@dataclass
+class CounterJoin:
+    """The counter run joined onto the G run (see the module notes)."""
+
+    kernels: list[dict[str, Any]]  # the typical iteration, in launch order
+    matching: pa.Table
+    peaks: Peaks
+    counter_levels: str
+    key_mode: str = "full name"
+    counted_iterations: list[int] = field(default_factory=list)
+    gpu_iterations: int = 0
+    note: str = ""
+
+
+def unavailable(store: MeasurementStore) -> str | None:
+    """Why the counter analyses are absent (one line), or None when they are there."""
+    join = counter_join(store)
+    if join is None:
+        return NO_COUNTERS
+    if not join.kernels:
+        return join.note
+    return None
+
+
+def counter_join(store: MeasurementStore) -> CounterJoin | None:
+    """The join, computed once per store; None without a counter table."""
+    if "counter_join" not in store.memo:
+        store.memo["counter_join"] = _join(store)
+    result: CounterJoin | None = store.memo["counter_join"]
+    return result
+
+
+def _counter_source(store: MeasurementStore) -> tuple[Any, pa.Table] | None:
+    for run in store.counter_runs:
+        table = run.counters()
+        if table is not None and table.num_rows:
+            return run, table
+    return None
+
+
+def _device(store: MeasurementStore) -> str:
+    for run in [*store.counter_runs, *store.runs]:
+        name = run.resource.get(schema.RES_DEVICE_NAME)
+        if name:
+            return str(name)
+    return "unknown device"
+
+
+def store_peaks(store: MeasurementStore) -> Peaks:
+    """The roofs of this measurement: measured by its counter run where it did, else the
+    datasheet's for its device."""
+    measured: dict[str, Any] = {}
+    for run in store.counter_runs:
+        counters = run.meta.get("counters") or {}
+        measured = dict(counters.get("peaks_measured") or {}) or measured
+    return resolve(_device(store), measured)
+
+
+def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
+    return store.sql(
+        """
+        SELECT iteration, name, dur_ns, module_path, phase
+        FROM spans WHERE run_index = (SELECT max(run_index) FROM spans WHERE level = 'gpu')
+          AND kind = 'kernel' AND iteration IS NOT NULL
+        ORDER BY iteration, correlation_id NULLS LAST, start_ns
+        """
+    ).to_pylist()
+
+
+def _short_key(name: str) -> str:
+    return short_kernel(name, limit=1 << 20)
+
+
+def keyed(
+    rows: Iterable[dict[str, Any]], name: str, short: bool = False
+) -> list[tuple[int, str, int]]:
+    """(iteration, key, ordinal among same-key kernels of the iteration) per row, rows given in
+    launch order within each iteration."""
+    seen: dict[tuple[int, str], int] = {}
+    out = []
+    for row in rows:
+        text = str(row[name])
+        key = _short_key(text) if short else kernel_key(text)
+        it = int(row["iteration"])
+        ordinal = seen.get((it, key), 0)
+        seen[(it, key)] = ordinal + 1
+        out.append((it, key, ordinal))
+    return out
+
+
+def match_iterations(
+    gpu: list[tuple[int, str, int]], counted: list[tuple[int, str, int]]
+) -> pa.Table:
+    """Per counted iteration: kernels in the G run and the counter run, how many keys agree,
+    what either has alone, and the first kernel of each that the other lacks."""
+    rows = []
+    by_iteration: dict[int, list[tuple[str, int]]] = {}
+    for it, key, ordinal in gpu:
+        by_iteration.setdefault(it, []).append((key, ordinal))
+    counted_by: dict[int, list[tuple[str, int]]] = {}
+    for it, key, ordinal in counted:
+        counted_by.setdefault(it, []).append((key, ordinal))
+    for it in sorted(counted_by):
+        g, c = by_iteration.get(it, []), counted_by[it]
+        gs, cs = set(g), set(c)
+        only_g = [k for k in g if k not in cs]
+        only_c = [k for k in c if k not in gs]
+        rows.append(
+            {
+                "iteration": it,
+                "gpu_run_kernels": len(g),
+                "counter_run_kernels": len(c),
+                "matched": len(gs & cs),
+                "only_in_gpu_run": len(only_g),
+                "only_in_counter_run": len(only_c),
+                "first_only_in_gpu_run": only_g[0][0] if only_g else None,
+                "first_only_in_counter_run": only_c[0][0] if only_c else None,
+            }
+        )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("iteration", pa.int64()),
+                ("gpu_run_kernels", pa.int64()),
+                ("counter_run_kernels", pa.int64()),
+                ("matched", pa.int64()),
+                ("only_in_gpu_run", pa.int64()),
+                ("only_in_counter_run", pa.int64()),
+                ("first_only_in_gpu_run", pa.string()),
+                ("first_only_in_counter_run", pa.string()),
+            ]
+        ),
+    )
+
+
+def _join(store: MeasurementStore) -> CounterJoin | None:
+    source = _counter_source(store)
+    if source is None:
+        return None
+    run, table = source
+    peaks = store_peaks(store)
+    counter_rows = table.sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
+    counter_rows = [r for r in counter_rows if r["iteration"] is not None and r["iteration"] >= 0]
+    counted = sorted({int(r["iteration"]) for r in counter_rows})
+    gpu_rows = _gpu_kernels(store)
+    if not gpu_rows:
+        return CounterJoin(
+            [],
+            match_iterations([], keyed(counter_rows, "kernel")),
+            peaks,
+            run.levels,
+            counted_iterations=counted,
+            note=(
+                "hardware counters found, but no run with level G to join them onto (add "
+                "MFLG or MLG): latencies come from G"
+            ),
+        )
+    modes = []
+    for short in (False, True):
+        g_keys, c_keys = keyed(gpu_rows, "name", short), keyed(counter_rows, "kernel", short)
+        matching = match_iterations(g_keys, c_keys)
+        agreed = sum(matching.column("matched").to_pylist())
+        total = max(1, sum(matching.column("counter_run_kernels").to_pylist()))
+        modes.append((agreed / total, short, g_keys, c_keys, matching))
+        if agreed / total >= NAME_MATCH_SHARE:
+            break
+    _, short, g_keys, c_keys, matching = max(modes, key=lambda m: m[0])
+    means = _means(counter_rows, c_keys)
+    gpu_iterations = sorted({k[0] for k in g_keys})
+    reference = counted[0] if counted and counted[0] in gpu_iterations else gpu_iterations[0]
+    durations: dict[tuple[str, int], list[int]] = {}
+    for (_, key, ordinal), row in zip(g_keys, gpu_rows, strict=True):
+        durations.setdefault((key, ordinal), []).append(int(row["dur_ns"]))
+    kernels = []
+    position = 0
+    for (it, key, ordinal), row in zip(g_keys, gpu_rows, strict=True):
+        if it != reference:
+            continue
+        values = means.get((key, ordinal))
+        kernels.append(
+            {
+                "ordinal": position,
+                "kernel": row["name"],
+                "layer": row["module_path"],
+                "phase": row["phase"],
+                "latency_ns": statistics.median(durations[(key, ordinal)]),
+                "counted": values is not None,
+                **(values or dict.fromkeys(VALUES)),
+            }
+        )
+        position += 1
+    return CounterJoin(
+        kernels,
+        matching,
+        peaks,
+        run.levels,
+        "name without template arguments" if short else "full name",
+        counted,
+        len(gpu_iterations),
+    )
+
+
+def _means(
+    rows: list[dict[str, Any]], keys: list[tuple[int, str, int]]
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """Counter values per (key, ordinal), averaged over the counted iterations."""
+    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for (_, name_key, ordinal), row in zip(keys, rows, strict=True):
+        grouped.setdefault((name_key, ordinal), []).append(row)
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for key, members in grouped.items():
+        entry: dict[str, Any] = {}
+        for name in VALUES:
+            present = [m[name] for m in members if m.get(name) is not None]
+            entry[name] = statistics.fmean(present) if present else None
+        out[key] = entry
+    return out
+
+
+def precision_of(values: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(precision of most FLOPs, its roof key) of one kernel's or an aggregate's counters."""
+    flops = {p: values.get(f"flops_{p}") or 0.0 for p in PRECISIONS}
+    precision = max(flops, key=lambda p: flops[p])
+    if not flops[precision]:
+        return None, None
+    tensor = values.get("tensor_flops") or 0.0
+    on_tensor = precision in TENSOR_ONLY or tensor >= 0.5 * (values.get("flops") or 0.0)
+    return precision, (f"{precision}_tensor" if on_tensor else precision)
+
+
+def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> dict[str, Any]:
+    """Work, intensity, achieved rate, roof and bound of one kernel or aggregate."""
+    flops = values.get("flops")
+    dram = (values.get("dram_read_bytes") or 0.0) + (values.get("dram_write_bytes") or 0.0)
+    precision, roof = precision_of(values)
+    intensity = flops / dram if flops is not None and dram > 0 else None
+    achieved = flops / latency_ns if flops is not None and latency_ns else None  # FLOP/ns = G/s
+    ceiling = peaks.values.get(roof) if roof else None
+    attainable = None
+    if ceiling and peaks.dram and intensity is not None:
+        attainable = min(ceiling, intensity * peaks.dram) / 1e9
+    elif ceiling and not dram:
+        attainable = ceiling / 1e9
+    ridge = peaks.ridge(roof) if roof else None
+    if not flops:
+        bound = "memory-bound" if dram > 0 else None
+    elif ridge is None:
+        bound = None
+    else:
+        bound = "compute-bound" if intensity is None or intensity >= ridge else "memory-bound"
+    label = None
+    if precision:
+        label = precision + (" tensor" if roof and roof.endswith("_tensor") else "")
+    return {
+        "gflop": flops / 1e9 if flops is not None else None,
+        "achieved_gflop_per_s": achieved,
+        "arithmetic_intensity_flop_per_byte": intensity,
+        "attainable_gflop_per_s": attainable,
+        "precision": label,
+        "roof": roof,
+        "bound": bound,
+    }
+
+
+_KERNEL_SCHEMA = pa.schema(
+    [
+        ("ordinal", pa.int64()),
+        ("kernel", pa.string()),
+        ("layer", pa.string()),
+        ("phase", pa.string()),
+        ("latency_us", pa.float64()),
+        ("gflop", pa.float64()),
+        ("achieved_gflop_per_s", pa.float64()),
+        ("dram_read_bytes", pa.float64()),
+        ("dram_write_bytes", pa.float64()),
+        ("l2_bytes", pa.float64()),
+        ("arithmetic_intensity_flop_per_byte", pa.float64()),
+        ("occupancy_pct", pa.float64()),
+        ("sm_throughput_pct", pa.float64()),
+        ("memory_throughput_pct", pa.float64()),
+        ("precision", pa.string()),
+        ("bound", pa.string()),
+    ]
+)
+
+
+def kernel_info(store: MeasurementStore) -> pa.Table:
+    """A8: each kernel of a typical iteration, in launch order: latency from the G run, work
+    (GFLOP), achieved GFLOP/s, DRAM bytes read and written, L2 bytes, arithmetic intensity,
+    achieved occupancy, SM and memory throughput (% of peak), precision, and memory- or
+    compute-bound. Empty without counters (``unavailable`` says why)."""
+    join = counter_join(store)
+    rows = []
+    for k in join.kernels if join else []:
+        rates = _rates(k, k["latency_ns"], join.peaks) if join else {}
+        rows.append(
+            {
+                "ordinal": k["ordinal"],
+                "kernel": k["kernel"],
+                "layer": k["layer"],
+                "phase": k["phase"],
+                "latency_us": k["latency_ns"] / 1e3,
+                **{name: k.get(name) for name in _KERNEL_SCHEMA.names if name in k},
+                **{name: rates[name] for name in _KERNEL_SCHEMA.names if name in rates},
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=_KERNEL_SCHEMA)
+
+
+_ROOFLINE_SCHEMA = pa.schema(
+    [
+        ("name", pa.string()),
+        ("layer", pa.string()),
+        ("latency_us", pa.float64()),
+        ("arithmetic_intensity_flop_per_byte", pa.float64()),
+        ("achieved_gflop_per_s", pa.float64()),
+        ("attainable_gflop_per_s", pa.float64()),
+        ("of_attainable_pct", pa.float64()),
+        ("roof", pa.string()),
+        ("bound", pa.string()),
+    ]
+)
+
+
+def kernel_roofline(store: MeasurementStore) -> pa.Table:
+    """A9: the kernel roofline's points, one per kernel that did floating-point work: its
+    intensity, achieved and attainable GFLOP/s (the roof of its precision, or DRAM bandwidth
+    times its intensity, whichever is lower), and how close it came."""
+    join = counter_join(store)
+    rows = []
+    for k in join.kernels if join else []:
+        rates = _rates(k, k["latency_ns"], join.peaks) if join else {}
+        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["gflop"]:
+            continue
+        rows.append(_point(k["kernel"], k["layer"], k["latency_ns"], rates))
+    return pa.Table.from_pylist(rows, schema=_ROOFLINE_SCHEMA)
+
+
+def _point(name: str, layer: Any, latency_ns: float, rates: dict[str, Any]) -> dict[str, Any]:
+    achieved, attainable = rates["achieved_gflop_per_s"], rates["attainable_gflop_per_s"]
+    return {
+        "name": name,
+        "layer": layer,
+        "latency_us": latency_ns / 1e3,
+        "arithmetic_intensity_flop_per_byte": rates["arithmetic_intensity_flop_per_byte"],
+        "achieved_gflop_per_s": achieved,
+        "attainable_gflop_per_s": attainable,
+        "of_attainable_pct": 100.0 * achieved / attainable if achieved and attainable else None,
+        "roof": rates["roof"],
+        "bound": rates["bound"],
+    }
+
+
+def _aggregate(kernels: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    """Summed counters (time-weighted rates) of counted kernels, and their summed latency."""
+    counted = [k for k in kernels if k["counted"]]
+    total_ns = float(sum(k["latency_ns"] for k in counted))
+    out: dict[str, Any] = {}
+    for name in VALUES:
+        present = [k for k in counted if k.get(name) is not None]
+        if not present:
+            out[name] = None
+        elif name in WEIGHTED:
+            weight = sum(k["latency_ns"] for k in present)
+            out[name] = sum(k[name] * k["latency_ns"] for k in present) / weight if weight else None
+        else:
+            out[name] = float(sum(k[name] for k in present))
+    return out, total_ns
+
+
+_LAYER_SCHEMA = pa.schema(
+    [
+        ("layer", pa.string()),
+        ("kernels", pa.int64()),
+        ("kernel_ms", pa.float64()),
+        ("gflop", pa.float64()),
+        ("achieved_gflop_per_s", pa.float64()),
+        ("dram_read_bytes", pa.float64()),
+        ("dram_write_bytes", pa.float64()),
+        ("arithmetic_intensity_flop_per_byte", pa.float64()),
+        ("occupancy_pct", pa.float64()),
+        ("sm_throughput_pct", pa.float64()),
+        ("memory_throughput_pct", pa.float64()),
+        ("precision", pa.string()),
+        ("bound", pa.string()),
+    ]
+)
+
+
+def _by_layer(join: CounterJoin) -> list[tuple[str, list[dict[str, Any]]]]:
+    layers: dict[str, list[dict[str, Any]]] = {}
+    for k in join.kernels:
+        if k["layer"] is not None:
+            layers.setdefault(str(k["layer"]), []).append(k)
+    return list(layers.items())
+
+
+def layer_metrics(store: MeasurementStore) -> pa.Table:
+    """A12: GPU metrics per layer (the layer whose op launched each kernel; backward kernels
+    count for the layer whose gradient they compute), per typical iteration: kernels, kernel
+    time (G run), work, achieved GFLOP/s over that time, DRAM bytes, intensity, time-weighted
+    occupancy and throughputs, precision and bound; slowest layer first."""
+    join = counter_join(store)
+    rows = []
+    for layer, members in _by_layer(join) if join else []:
+        values, total_ns = _aggregate(members)
+        rates = _rates(values, total_ns, join.peaks) if join else {}
+        rows.append(
+            {
+                "layer": layer,
+                "kernels": len(members),
+                "kernel_ms": sum(k["latency_ns"] for k in members) / 1e6,
+                **{name: values.get(name) for name in _LAYER_SCHEMA.names if name in values},
+                **{name: rates[name] for name in _LAYER_SCHEMA.names if name in rates},
+            }
+        )
+    rows.sort(key=lambda r: -r["kernel_ms"])
+    return pa.Table.from_pylist(rows, schema=_LAYER_SCHEMA)
+
+
+def layer_roofline(store: MeasurementStore) -> pa.Table:
+    """A14: the layer roofline's points (``kernel_roofline``'s columns, one per layer)."""
+    join = counter_join(store)
+    rows = []
+    for layer, members in _by_layer(join) if join else []:
+        values, total_ns = _aggregate(members)
+        rates = _rates(values, total_ns, join.peaks) if join else {}
+        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["gflop"]:
+            continue
+        rows.append(_point(layer, layer, total_ns, rates))
+    return pa.Table.from_pylist(rows, schema=_ROOFLINE_SCHEMA)
+
+
+def model_metrics(store: MeasurementStore) -> pa.Table:
+    """A15: the whole model per iteration: kernels (counted of them), kernel time (G run) and
+    the untraced step (M run), work by precision, DRAM and L2 bytes, intensity, achieved
+    GFLOP/s over kernel time and over the step, the share of the attainable rate, precision,
+    bound, and where the peaks came from."""
+    join = counter_join(store)
+    if join is None or not join.kernels:
+        return pa.Table.from_pylist([])
+    values, counted_ns = _aggregate(join.kernels)
+    rates = _rates(values, counted_ns, join.peaks)
+    step_ms = _step_ms(store)
+    flops = values.get("flops")
+    row: dict[str, Any] = {
+        "kernels": len(join.kernels),
+        "counted_kernels": sum(1 for k in join.kernels if k["counted"]),
+        "kernel_ms": sum(k["latency_ns"] for k in join.kernels) / 1e6,
+        "step_ms": step_ms,
+        "gflop": rates["gflop"],
+        **{
+            f"gflop_{p}": (values[f"flops_{p}"] / 1e9 if values.get(f"flops_{p}") else 0.0)
+            for p in PRECISIONS
+        },
+        "tensor_share_pct": (
+            100.0 * (values.get("tensor_flops") or 0.0) / flops if flops else None
+        ),
+        "dram_read_bytes": values.get("dram_read_bytes"),
+        "dram_write_bytes": values.get("dram_write_bytes"),
+        "l2_bytes": values.get("l2_bytes"),
+        "arithmetic_intensity_flop_per_byte": rates["arithmetic_intensity_flop_per_byte"],
+        "achieved_gflop_per_s": rates["achieved_gflop_per_s"],
+        "over_step_gflop_per_s": flops / (step_ms * 1e6) if flops and step_ms else None,
+        "attainable_gflop_per_s": rates["attainable_gflop_per_s"],
+        "of_attainable_pct": (
+            100.0 * rates["achieved_gflop_per_s"] / rates["attainable_gflop_per_s"]
+            if rates["achieved_gflop_per_s"] and rates["attainable_gflop_per_s"]
+            else None
+        ),
+        "occupancy_pct": values.get("occupancy_pct"),
+        "sm_throughput_pct": values.get("sm_throughput_pct"),
+        "memory_throughput_pct": values.get("memory_throughput_pct"),
+        "precision": rates["precision"],
+        "roof": rates["roof"],
+        "bound": rates["bound"],
+        "peaks": join.peaks.summary,
+    }
+    return pa.Table.from_pylist([row])
+
+
+def _step_ms(store: MeasurementStore) -> float | None:
+    """The untraced step: median model span of the shallowest run with level M."""
+    rows = store.sql(
+        """
+        WITH r AS (SELECT run_index FROM spans WHERE kind = 'step'
+                   GROUP BY run_index, levels ORDER BY length(levels), run_index LIMIT 1)
+        SELECT median(dur_ns) / 1e6 AS ms FROM spans
+        WHERE kind = 'step' AND run_index = (SELECT run_index FROM r)
+        """
+    ).to_pylist()
+    return rows[0]["ms"] if rows else None
+
+
+def counter_matching(store: MeasurementStore) -> pa.Table:
+    """How the counter run's kernels matched the G run's, per counted iteration (see the
+    module notes); empty without counters."""
+    join = counter_join(store)
+    return join.matching if join else match_iterations([], [])
+
+
+def peaks(store: MeasurementStore) -> pa.Table:
+    """The roofs: datasheet and measured values, the one used, and its source."""
+    return peaks_table(store_peaks(store))
+
+
+def matching_note(store: MeasurementStore) -> str:
+    """One line on the join: counter run, counted iterations, keys, and the roofs' source."""
+    join = counter_join(store)
+    if join is None:
+        return NO_COUNTERS
+    counted = ", ".join(map(str, join.counted_iterations)) or "none"
+    return (
+        f"counter run {join.counter_levels} (Nsight Compute, kernel replay: its durations are "
+        f"discarded), iterations {counted}, matched to the G run's by (iteration, kernel "
+        f"{join.key_mode}, ordinal); {join.peaks.summary}"
+    )
+
+
+def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Array] | None:
+    """Counter values for the kernel rows of ``spans`` (a run's span table, such as the one a
+    reconstruction starts from), by structure: the ``hw_*`` columns of
+    ``schema.COUNTER_SUMMARIES``, null on every other row; None without counters."""
+    join = counter_join(store)
+    if join is None or not join.kernels or not spans.num_rows:
+        return None
+    source = _counter_source(store)
+    if source is None:
+        return None
+    rows = source[1].sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
+    rows = [r for r in rows if r["iteration"] is not None and r["iteration"] >= 0]
+    short = join.key_mode != "full name"
+    means = _means(rows, keyed(rows, "kernel", short))
+    kind = spans.column("kind").to_pylist()
+    iteration = [it or 0 for it in spans.column("iteration").to_pylist()]
+    correlation = [c or 0 for c in spans.column("correlation_id").to_pylist()]
+    start = spans.column("start_ns").to_pylist()
+    names = spans.column("name").to_pylist()
+    order = sorted(
+        (i for i, k in enumerate(kind) if k == schema.KIND_KERNEL),
+        key=lambda i: (iteration[i], correlation[i], start[i]),
+    )
+    picked = [{"name": names[i], "iteration": iteration[i]} for i in order]
+    values: list[dict[str, Any] | None] = [None] * spans.num_rows
+    for i, (_, key, ordinal) in zip(order, keyed(picked, "name", short), strict=True):
+        values[i] = means.get((key, ordinal))
+    out: dict[str, pa.Array] = {}
+    for name, type_ in schema.COUNTER_SUMMARIES:
+        if name == "flops_precision":
+            column = [precision_of(v)[0] if v else None for v in values]
+            out[name] = pa.array(column, pa.string()).dictionary_encode().cast(type_)
+        else:
+            out[name] = pa.array([v.get(name) if v else None for v in values], type_)
+    return out
