@@ -316,7 +316,7 @@ def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> di
     if precision:
         label = precision + (" tensor" if roof and roof.endswith("_tensor") else "")
     return {
-        "gflop": flops / 1e9 if flops is not None else None,
+        "work_gflop": flops / 1e9 if flops is not None else None,
         "achieved_gflop_per_s": achieved,
         "arithmetic_intensity_flop_per_byte": intensity,
         "attainable_gflop_per_s": attainable,
@@ -333,7 +333,7 @@ _KERNEL_SCHEMA = pa.schema(
         ("layer", pa.string()),
         ("phase", pa.string()),
         ("latency_us", pa.float64()),
-        ("gflop", pa.float64()),
+        ("work_gflop", pa.float64()),
         ("achieved_gflop_per_s", pa.float64()),
         ("dram_read_bytes", pa.float64()),
         ("dram_write_bytes", pa.float64()),
@@ -394,7 +394,7 @@ def kernel_roofline(store: MeasurementStore) -> pa.Table:
     rows = []
     for k in join.kernels if join else []:
         rates = _rates(k, k["latency_ns"], join.peaks) if join else {}
-        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["gflop"]:
+        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["work_gflop"]:
             continue
         rows.append(_point(k["kernel"], k["layer"], k["latency_ns"], rates))
     return pa.Table.from_pylist(rows, schema=_ROOFLINE_SCHEMA)
@@ -437,7 +437,7 @@ _LAYER_SCHEMA = pa.schema(
         ("layer", pa.string()),
         ("kernels", pa.int64()),
         ("kernel_ms", pa.float64()),
-        ("gflop", pa.float64()),
+        ("work_gflop", pa.float64()),
         ("achieved_gflop_per_s", pa.float64()),
         ("dram_read_bytes", pa.float64()),
         ("dram_write_bytes", pa.float64()),
@@ -489,7 +489,7 @@ def layer_roofline(store: MeasurementStore) -> pa.Table:
     for layer, members in _by_layer(join) if join else []:
         values, total_ns = _aggregate(members)
         rates = _rates(values, total_ns, join.peaks) if join else {}
-        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["gflop"]:
+        if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["work_gflop"]:
             continue
         rows.append(_point(layer, layer, total_ns, rates))
     return pa.Table.from_pylist(rows, schema=_ROOFLINE_SCHEMA)
@@ -512,9 +512,9 @@ def model_metrics(store: MeasurementStore) -> pa.Table:
         "counted_kernels": sum(1 for k in join.kernels if k["counted"]),
         "kernel_ms": sum(k["latency_ns"] for k in join.kernels) / 1e6,
         "step_ms": step_ms,
-        "gflop": rates["gflop"],
+        "work_gflop": rates["work_gflop"],
         **{
-            f"gflop_{p}": (values[f"flops_{p}"] / 1e9 if values.get(f"flops_{p}") else 0.0)
+            f"{p}_gflop": (values[f"flops_{p}"] / 1e9 if values.get(f"flops_{p}") else 0.0)
             for p in PRECISIONS
         },
         "tensor_share_pct": (

@@ -18,9 +18,21 @@ UNITS = {
     "mhz": "MHz",
     "w": "W",
     "j": "J",
+    "flop": "FLOP",
+    "gflop": "GFLOP",
+    "tflop": "TFLOP",
 }
 #: Words a header writes differently from its column name.
-WORDS = {"gpu": "GPU", "cpu": "CPU", "sm": "SM", "dram": "DRAM", "p50": "p50", "p90": "p90"}
+WORDS = {
+    "gpu": "GPU",
+    "cpu": "CPU",
+    "sm": "SM",
+    "dram": "DRAM",
+    "p50": "p50",
+    "p90": "p90",
+    "l2": "L2",
+    **{p: p.upper() for p in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")},
+}
 KERNEL_CHARS = 60
 ANONYMOUS = "(anonymous namespace)::"
 
