@@ -16,6 +16,11 @@
     names = ["torchvision:resnet18"]                       # by name
     select = [{ source = "timm", pattern = "resnet1*" }]   # and/or by zoo filter
 
+    [counters]                # optional: hardware counters (level set MH, Nsight Compute)
+    batch_sizes = [64]        # jobs at these batch sizes get a counter run
+    models = ["torchvision:resnet*"]   # of these models (shell patterns; default: all)
+    iterations = 1            # iterations it measures (each kernel replayed per pass)
+
 Model names are kept even when the zoo does not know them (the job records that failure);
 zoo filters are resolved here, which is why reading a file needs the zoo and a stored spec
 (``xsp.campaign.spec.from_record``) does not.
@@ -89,7 +94,23 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
     )
     if spec.iterations < 1 or spec.warmup < 0 or spec.timeout_s <= 0:
         raise ConfigError("iterations must be >= 1, warmup >= 0 and timeout_s > 0")
+    _counters(dict(data.get("counters", {})), spec)
     return spec
+
+
+def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
+    """The optional [counters] table onto ``spec``."""
+    unknown = set(section) - {"batch_sizes", "models", "iterations"}
+    if unknown:
+        raise ConfigError(f"unknown [counters] keys {sorted(unknown)}")
+    try:
+        spec.counter_batch_sizes = [int(b) for b in section.get("batch_sizes", [])]
+        spec.counter_models = [str(m) for m in section.get("models", [])]
+        spec.counter_iterations = int(section.get("iterations", 1))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad [counters]: {exc}") from exc
+    if spec.counter_iterations < 1 or any(b < 1 for b in spec.counter_batch_sizes):
+        raise ConfigError("[counters] iterations and batch_sizes must be positive")
 
 
 def _models(section: dict[str, Any]) -> list[str]:

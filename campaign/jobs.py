@@ -68,7 +68,7 @@ def run_job(
     }
     leveled = LeveledSpec(
         out=out,
-        level_sets=spec.level_sets,
+        level_sets=spec.level_sets_of(job),
         iterations=spec.iterations,
         warmup=spec.warmup,
         device="cuda" if gpu is not None else spec.device,
@@ -80,6 +80,7 @@ def run_job(
         log_stderr=True,
         fork_server=switched_on("XSP_FORK_SERVER"),
         overlap=switched_on("XSP_OVERLAP"),
+        counter_iterations=spec.counter_iterations,
     )
     try:
         result = run_leveled(leveled, after=after, on_measured=on_measured)
@@ -90,9 +91,15 @@ def run_job(
     record["wall_s"] = time.time() - started
     record["seconds_by_level_set"] = {run["levels"]: run.get("seconds") for run in result.runs}
     record["runs"] = [
-        {k: run.get(k) for k in ("levels", "status", "status_reasons", "program", "cupti")}
+        {
+            k: run.get(k)
+            for k in ("levels", "status", "status_reasons", "program", "cupti", "counters")
+            if k in run or k != "counters"
+        }
         for run in result.runs
     ]
+    if result.skipped:
+        record["skipped"] = list(result.skipped)
     if not result.ok:
         error = result.failure or "failed"
         logs = "\n".join(

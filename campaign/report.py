@@ -480,6 +480,30 @@ def plot_scaling(
 
 
 # -- the page --------------------------------------------------------------------------------
+def plot_models_roofline(counted: list[Record], names: dict[Any, str]) -> go.Figure:
+    """XSP's cross-model roofline: one point per counted job (A15: the model's FLOPs over its
+    DRAM bytes against its achieved GFLOP/s over kernel time), under the roofs of the first
+    job's device (measured by its counter run where it did, else the datasheet's)."""
+    from xsp.analysis.peaks import resolve
+    from xsp.analysis.roofline import roofline_figure
+
+    first = counted[0]["summary"]["counters"]
+    peaks = resolve(str(first.get("device") or ""), first.get("peaks_measured") or {})
+    points = []
+    for r in counted:
+        c = r["summary"]["counters"]
+        points.append(
+            {
+                "name": f"{names[(r['model'], r['mode'])]} b{r['batch_size']}",
+                "arithmetic_intensity_flop_per_byte": c.get("arithmetic_intensity_flop_per_byte"),
+                "achieved_gflop_per_s": c.get("achieved_gflop_per_s"),
+                "roof": c.get("roof"),
+                "latency_us": (c.get("kernel_ms") or 0.0) * 1e3,
+            }
+        )
+    return roofline_figure(points, peaks, "Models on the roofline (A15 per job)")
+
+
 def _findings_section(results: list[Record], store: CampaignStore, out: Path) -> str:
     items = [
         f"<li><b>{html.escape(lead)}</b>: {html.escape(text)}</li>"
@@ -532,6 +556,16 @@ def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = T
                     "Convolution's share of layer time, largest batch of each model "
                     "(models without convolutions left out)",
                     plot_ranked(rows, "conv_share_pct", names, "conv share (%)"),
+                )
+            )
+        counted = [r for r in ok if (r.get("summary") or {}).get("counters")]
+        if counted:
+            figures.append(
+                (
+                    "figures",
+                    "Roofline across models: each counted job's iteration as one point "
+                    "(FLOPs and DRAM bytes from its counter run, kernel time from its G run)",
+                    plot_models_roofline(counted, names),
                 )
             )
         figures.append(

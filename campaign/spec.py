@@ -7,6 +7,7 @@ A job is one workload (model, mode, batch size) measured at every level set, in 
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -38,6 +39,26 @@ class CampaignSpec:
     warmup: int = 2
     device: str = "cuda"
     timeout_s: float = DEFAULT_TIMEOUT_S
+    #: Jobs that also get the hardware-counter run (level set MH, under ncu): those at these
+    #: batch sizes whose model matches one of ``counter_models`` (shell patterns; none: all).
+    counter_batch_sizes: list[int] = field(default_factory=list)
+    counter_models: list[str] = field(default_factory=list)
+    counter_iterations: int = 1
+
+    def counted(self, job: Job) -> bool:
+        """Whether ``job`` gets a counter run."""
+        if job.batch_size not in self.counter_batch_sizes:
+            return False
+        return not self.counter_models or any(
+            fnmatch.fnmatch(job.model, pattern) for pattern in self.counter_models
+        )
+
+    def level_sets_of(self, job: Job) -> list[str]:
+        """The level sets ``job`` runs: the campaign's, plus MH when it is counted."""
+        from xsp.tracer.schema import COUNTER_LEVEL_SET
+
+        extra = [COUNTER_LEVEL_SET] if self.counted(job) else []
+        return [s for s in self.level_sets if s != COUNTER_LEVEL_SET] + extra
 
     def jobs(self) -> list[Job]:
         """Every (model, mode, batch size), models outermost, smallest batch first."""

@@ -105,8 +105,8 @@ def _flatten(record: dict[str, Any]) -> dict[str, Any]:
     row = {k: v for k, v in record.items() if k != "summary"}
     for key, value in (record.get("summary") or {}).items():
         if isinstance(value, dict):
-            for inner, item in value.items():
-                row[f"{key}_{inner}"] = item
+            for inner, item in value.items():  # nested tables (a counter run's roofs) as JSON
+                row[f"{key}_{inner}"] = json.dumps(item) if isinstance(item, dict) else item
         elif isinstance(value, list):
             row[key] = shares_text(value)
         else:

@@ -63,7 +63,49 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         # the shallowest run's samples: the GPU as the uninstrumented workload drives it
         out["monitor"] = {k: v for k, v in monitor[0].items() if isinstance(v, (int, float))}
     out["suggestions"] = [r["rule"] for r in suggest(store).to_pylist()]
+    counted = _counters(store)
+    if counted:
+        out["counters"] = counted
     return out
+
+
+#: What a job summary keeps of A15 (the model's aggregate from the counter run).
+COUNTER_FIELDS = (
+    "work_gflop",
+    "fp32_gflop",
+    "tf32_gflop",
+    "bf16_gflop",
+    "fp16_gflop",
+    "tensor_share_pct",
+    "dram_read_bytes",
+    "dram_write_bytes",
+    "arithmetic_intensity_flop_per_byte",
+    "achieved_gflop_per_s",
+    "attainable_gflop_per_s",
+    "of_attainable_pct",
+    "kernel_ms",
+    "precision",
+    "roof",
+    "bound",
+)
+
+
+def _counters(store: MeasurementStore) -> dict[str, Any] | None:
+    """A15 of a job with a counter run, and the roofs it was set against (for the campaign's
+    cross-model roofline)."""
+    from xsp.analysis import counters
+
+    rows = counters.model_metrics(store).to_pylist()
+    if not rows:
+        return None
+    peaks = counters.store_peaks(store)
+    return {
+        **{k: rows[0].get(k) for k in COUNTER_FIELDS},
+        "device": peaks.device,
+        "peaks": dict(peaks.values),
+        "peak_sources": dict(peaks.sources),
+        "peaks_measured": dict(peaks.measured),
+    }
 
 
 def _bound(busy_pct: float | None, median_kernel_us: float | None) -> str | None:

@@ -311,3 +311,35 @@ def test_the_committed_calibration_counts_gemm_flops_and_copy_bytes() -> None:
         assert abs(cases[case]["flops_ratio"] - 1) <= 0.01, cases[case]
     assert cases["gemm_bf16"]["fp32_ffma_per_output"] <= 1.0  # its epilogue only
     assert abs(cases["copy"]["dram_bytes_ratio"] - 1) <= 0.05, cases["copy"]
+
+
+def test_a_campaign_adds_the_counter_run_to_the_jobs_it_names(tmp_path: Path) -> None:
+    from xsp.campaign.files import from_dict, load
+    from xsp.tracer.errors import ConfigError
+
+    spec = load(ROOT / "campaigns" / "counters.toml")
+    assert all(spec.counted(job) for job in spec.jobs()) and len(spec.jobs()) == 8
+    assert spec.level_sets_of(spec.jobs()[0]) == ["M", "MFLG", "MH"]
+    spec = from_dict(
+        {
+            "campaign": {"batch_sizes": [1, 64], "level_sets": ["M", "MF"]},
+            "models": {"names": ["torchvision:resnet50", "torchvision:vit_b_16"]},
+            "counters": {"batch_sizes": [64], "models": ["*resnet*"], "iterations": 2},
+        }
+    )
+    counted = [(j.model, j.batch_size) for j in spec.jobs() if spec.counted(j)]
+    assert counted == [("torchvision:resnet50", 64)] and spec.counter_iterations == 2
+    with pytest.raises(ConfigError, match=r"unknown \[counters\] keys \['batch'\]"):
+        from_dict({"models": {"names": ["x"]}, "counters": {"batch": [64]}})
+
+
+@needs_counted
+def test_the_campaign_report_sets_counted_models_on_one_roofline() -> None:
+    from xsp.campaign.report import plot_models_roofline
+    from xsp.campaign.summary import summarize
+
+    summary = summarize(COUNTED)
+    assert summary["counters"]["bound"] in ("compute-bound", "memory-bound")
+    record = {"model": "torchvision:resnet50", "mode": "train", "batch_size": 64, "summary": summary}
+    figure = plot_models_roofline([record], {("torchvision:resnet50", "train"): "ResNet-50"})
+    assert "ResNet-50 b64" in figure.to_html(full_html=False, include_plotlyjs=False)
