@@ -104,8 +104,9 @@ def roofline_figure(
                 hovertemplate="%{text}<br>%{x:.3g} FLOP/byte<br>%{y:,.1f} GFLOP/s<extra></extra>",
             )
         )
+    slope = f"; DRAM slope {dram / 1e12:,.2f} TB/s" if dram else ""
     figure.update_layout(
-        title={"text": f"{title}<br><sup>{peaks.summary}</sup>"},
+        title={"text": f"{title}<br><sup>{peaks.summary}{slope}</sup>"},
         xaxis={"type": "log", "title": "Arithmetic intensity (FLOP/byte, DRAM)"},
         yaxis={"type": "log", "title": "Achieved (GFLOP/s)"},
         margin={"t": 70, "l": 5, "r": 5, "b": 5},

@@ -6,8 +6,9 @@
 #   benchmarks/device_run_counters.sh all               # the three (may pass 10 minutes)
 #
 # probe:     ncu's version and the metrics the GPU offers (--query-metrics) into $OUT, the metrics
-#            xsp picks from them, and one tiny kernel profiled with the whole set; if ncu refuses
-#            the set, every metric is tried alone and the bad ones are named (the job goes on).
+#            xsp picks from them, and one tiny kernel profiled with the whole set (and the lean
+#            one: its replay passes); if ncu refuses the set, every metric is tried alone and the
+#            bad ones are named (the job goes on).
 # calibrate: benchmarks/counter_calibration.py: GEMMs of known shape (fp32, tf32, bf16, fp16)
 #            and a 2 GiB copy kernel under ncu against 2*M*N*K and the bytes moved.
 # measure:   xsp run of ResNet-50 b64 training at M, MF, MFLG and the counter run MH (one
@@ -48,6 +49,9 @@ PY
         --csv --page raw --print-units base python3 -c "$TINY" > "$OUT/ncu-tiny.csv" 2> "$OUT/ncu-tiny.err"; then
         echo "the whole metric set profiles: $(grep -c '^"[0-9]' "$OUT/ncu-tiny.csv") kernels"
         grep -h "passes" "$OUT/ncu-tiny.csv" "$OUT/ncu-tiny.err" | head -3
+        LEAN=$(XSP_COUNTER_METRICS=lean python3 -c 'from xsp.tracer.run import ncu; print(",".join(ncu.selection(ncu.find())[0]))')
+        echo "lean set (XSP_COUNTER_METRICS=lean):"
+        "$NCU" --profile-from-start off --metrics "$LEAN" python3 -c "$TINY" 2>&1 | grep passes | head -3
     else
         echo "ncu refused the set: $(grep -h ERROR "$OUT/ncu-tiny.csv" "$OUT/ncu-tiny.err" | head -3)"
         for m in ${METRICS//,/ }; do

@@ -110,6 +110,21 @@ def test_metrics_are_chosen_from_what_the_device_offers() -> None:
     assert missing == ["tensor_fp64_ops", "tensor_fp8_ops"]
 
 
+def test_the_lean_set_leaves_the_throughput_breakdowns_out() -> None:
+    from xsp.tracer import config
+    from xsp.tracer.errors import ConfigError
+
+    lean, _ = ncu.requested_metrics(lean=True)
+    full, _ = ncu.requested_metrics()
+    assert set(full) - set(lean) == {
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    }
+    assert config.counter_set({"XSP_COUNTER_METRICS": "lean"}) == "lean"
+    with pytest.raises(ConfigError, match="XSP_COUNTER_METRICS='few'"):
+        config.counter_set({"XSP_COUNTER_METRICS": "few"})
+
+
 def test_query_output_lists_base_metric_names() -> None:
     text = textwrap.dedent(
         """\
@@ -340,6 +355,11 @@ def test_the_campaign_report_sets_counted_models_on_one_roofline() -> None:
 
     summary = summarize(COUNTED)
     assert summary["counters"]["bound"] in ("compute-bound", "memory-bound")
-    record = {"model": "torchvision:resnet50", "mode": "train", "batch_size": 64, "summary": summary}
+    record = {
+        "model": "torchvision:resnet50",
+        "mode": "train",
+        "batch_size": 64,
+        "summary": summary,
+    }
     figure = plot_models_roofline([record], {("torchvision:resnet50", "train"): "ResNet-50"})
     assert "ResNet-50 b64" in figure.to_html(full_html=False, include_plotlyjs=False)

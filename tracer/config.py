@@ -82,6 +82,21 @@ def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
     return _get("XSP_NCU", env)
 
 
+#: The hardware-counter metric sets: ``full`` (every quantity), ``lean`` (without the SM and memory
+#: throughput breakdowns, which take the most replay passes).
+COUNTER_SETS = ("full", "lean")
+
+
+def counter_set(env: Mapping[str, str] | None = None) -> str:
+    """``XSP_COUNTER_METRICS``: full (default) or lean."""
+    value = _get("XSP_COUNTER_METRICS", env)
+    if value is None:
+        return "full"
+    if value not in COUNTER_SETS:
+        raise ConfigError(f"bad XSP_COUNTER_METRICS={value!r}: use {' or '.join(COUNTER_SETS)}")
+    return value
+
+
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
@@ -90,3 +105,4 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)
     ncu_path(env)
+    counter_set(env)

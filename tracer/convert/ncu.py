@@ -123,14 +123,23 @@ DERIVED = (
 )
 
 
-def requested_metrics(available: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+#: Left out of the ``lean`` metric set: breakdown metrics whose many sub-metrics take the most
+#: replay passes.
+LEAN_OMITS = ("sm_throughput_pct", "memory_throughput_pct")
+
+
+def requested_metrics(
+    available: Iterable[str] | None = None, lean: bool = False
+) -> tuple[list[str], list[str]]:
     """(metrics to ask ncu for, quantity parts the device offers no metric for). ``available``
     holds the base names the device offers (``ncu --query-metrics``); None takes each part's
-    first alternative."""
+    first alternative. ``lean`` leaves out ``LEAN_OMITS``."""
     known = None if available is None else set(available)
     chosen: list[str] = []
     missing: list[str] = []
     for quantity, parts in QUANTITIES.items():
+        if lean and quantity in LEAN_OMITS:
+            continue
         for index, alternatives in enumerate(parts):
             pick = next(
                 (

@@ -103,7 +103,9 @@ def main(spec: ChildSpec | None = None) -> int:
         signal.signal(signal.SIGINT, _on_sigint)
     try:
         if args.model:
-            return _fast_exit(_run_zoo(args, args.model))
+            code = _run_zoo(args, args.model)
+            # under ncu, a normal exit: ncu's injection sees the process end as it expects
+            return code if schema.is_counter_levels(args.levels) else _fast_exit(code)
         return _run_script(args, command)
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)

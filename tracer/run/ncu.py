@@ -103,7 +103,7 @@ def selection(ncu: str) -> tuple[list[str], list[str], bool]:
     """(metrics to collect, quantities the device has no metric for, whether the device's list
     was read)."""
     offered = available_metrics(ncu)
-    metrics, missing = counters.requested_metrics(offered)
+    metrics, missing = counters.requested_metrics(offered, lean=config.counter_set() == "lean")
     return metrics, missing, offered is not None
 
 
@@ -177,6 +177,7 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
         tool_path=ncu,
         tool_version=version(ncu),
         flags=list(PROFILE_FLAGS),
+        metric_set=config.counter_set(),
         metrics_requested=metrics,
         quantities_without_metric=missing,
         metrics_checked_against_device=listed,
