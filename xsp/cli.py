@@ -687,9 +687,27 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
         out_console.print(
             f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk", highlight=False
         )
-    for run_ in store.runs:
+    for run_ in store.counter_runs:
+        out_console.print(counter_line(run_), highlight=False)
+    for run_ in [*store.runs, *store.counter_runs]:
         for line in run_warnings(run_):
             _warn(line)
+
+
+def counter_line(run: Any) -> str:
+    """One line on a hardware-counter run: kernels, iterations, replay passes, time."""
+    counters = run.meta.get("counters") or {}
+    passes = counters.get("passes") or {}
+    seconds = (run.meta.get("finished_ns") or 0) - (run.meta.get("started_ns") or 0)
+    parts = [
+        f"counter run {run.levels}: {counters.get('kernels', 0):,} kernels",
+        f"{run.meta.get('iterations_measured', 0)} iteration(s) under {counters.get('tool', 'ncu')}",
+    ]
+    if passes:
+        parts.append(f"{passes.get('median')} replay passes per kernel (median)")
+    if seconds > 0:
+        parts.append(f"{seconds / 1e9:.0f} s")
+    return ", ".join(parts)
 
 
 @main.group()
