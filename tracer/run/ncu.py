@@ -137,7 +137,8 @@ def version(ncu: str) -> str | None:
 def import_csv(ncu: str, report: Path) -> str:
     """The report's raw page as CSV, one row per kernel, demangled names, base units."""
     base = [ncu, "--import", str(report), *IMPORT_FLAGS]
-    attempts = [[*base, "--print-kernel-base", "demangled"], base]  # older ncu: no such option
+    # an ncu without one of the printing options still exports: the parser scales units itself
+    attempts = [[*base, "--print-kernel-base", "demangled"], base, base[: -len(IMPORT_FLAGS) + 3]]
     failure = ""
     for argv in attempts:
         try:
