@@ -38,8 +38,8 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
-from xsp.tracer.run.recover import recover_run
 from xsp.tracer.run.protocol import ChildSpec
+from xsp.tracer.run.recover import recover_run
 
 log = logging.getLogger(__name__)
 
