@@ -14,9 +14,11 @@ from collections.abc import Mapping
 
 from xsp.tracer.errors import ConfigError
 
-#: CUPTI activity buffer size in MB: measured on the H200, 8 MB buffers completing mid-iteration
-#: slowed ResNet-50 training up to 4.3x, 256 MB buffers decoded after the window cost 1.02x.
-DEFAULT_CUPTI_BUFFER_MB = 256
+#: CUPTI activity buffer size in MB. CUPTI touches every buffer it is given, so the size is
+#: resident memory: on the H200 (ResNet-50 b64 training, MFLG) 256 MB buffers took peak RSS to
+#: 1.55x the untraced run, 16 MB buffers to 1.17x. A full buffer only joins a queue (the
+#: records are decoded after the window), and the next comes from the native pool.
+DEFAULT_CUPTI_BUFFER_MB = 16
 #: More than this is surely a typo (CUPTI asks for a buffer per completion).
 MAX_CUPTI_BUFFER_MB = 16 * 1024
 

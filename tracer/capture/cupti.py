@@ -2,9 +2,9 @@
 
 The driver allows one CUPTI subscriber per process, so both levels go through
 ``cupti_session()``. Buffers are owned natively (``tracer/native/capture.cpp``): a pool of large
-buffers (``XSP_CUPTI_BUFFER_MB`` each, 256 MB by default) so that none completes inside a
-measured iteration; completion only queues a buffer, and the records are decoded into columns
-once, after the window, never one Python object per record. When level F runs too, each op
+buffers (``XSP_CUPTI_BUFFER_MB`` each, 16 MB by default); a full buffer only joins a queue and
+the next comes from the pool, so nothing is decoded inside the measured window: the records are
+decoded into columns once, after it, never one Python object per record. When level F runs too, each op
 pushes its record id as CUPTI external correlation id, and CUPTI's EXTERNAL_CORRELATION records
 join every API call to its op by id. At the end of the run CUPTI is finalized so that nothing
 stays attached to the process.
@@ -59,6 +59,9 @@ QUIET_API_CALLS = frozenset(
         "cuGetErrorString",
     }
 )
+
+#: Buffers allocated before the window; more are allocated if CUPTI asks for them.
+POOL_BUFFERS = 4
 
 #: What makes cuBLAS, cuBLASLt and cuDNN emit NVTX ranges named after their API calls.
 LIBRARY_NVTX_ENV = {"CUBLAS_NVTX_LEVEL": "1", "CUBLASLT_NVTX_LEVEL": "1", "CUDNN_NVTX_LEVEL": "1"}
@@ -123,7 +126,7 @@ class _CuptiSession:
             self._window = [time.time_ns(), 0]
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
         try:
-            native.cupti_start(list(kinds), self.buffer_bytes, 1, quiet)
+            native.cupti_start(list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet)
         except RuntimeError as exc:
             raise XspError(f"CUPTI refused to start: {exc}") from exc
         native.cupti_measuring(True)
