@@ -228,3 +228,48 @@ def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
     assert ChildSpec.from_argv(script.to_argv()).command == ("train.py", "--lr", "0.1")
     with pytest.raises(XspError, match="takes --spec JSON"):
         ChildSpec.from_argv(["--levels", "M"])
+
+
+WRITES_ITS_ENVIRONMENT = """
+    import json
+    import os
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    import xsp
+
+    names = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    with open(os.environ["ENV_OUT"], "w") as out:
+        json.dump({{name: os.environ.get(name) for name in names}}, out)
+    for _ in range(2):
+        with xsp.iteration():
+            torch.ones(4).sum()
+"""
+
+
+def test_every_process_the_runner_starts_has_nvlink_multicast_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 reach
+    the program even when the caller's environment and the spec's own say otherwise."""
+    from xsp.tracer.run.runner import SHARED_HOST_ENV, child_environment
+
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
+    env_out = tmp_path / "env.json"
+    spec = _spec(
+        tmp_path,
+        WRITES_ITS_ENVIRONMENT,
+        env={"NVSHMEM_DISABLE_NVLS": "0", "ENV_OUT": str(env_out)},
+    )
+    result = run_leveled(spec)
+    assert result.ok, result.failure
+    assert json.loads(env_out.read_text()) == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+    # a forked zoo process gets the same environment (the fork server's child replaces its own)
+    zoo = LeveledSpec(out=tmp_path / "Z", model="torchvision:resnet18", env=dict(spec.env))
+    forced = child_environment(zoo, "M")
+    assert {k: forced[k] for k in SHARED_HOST_ENV} == SHARED_HOST_ENV

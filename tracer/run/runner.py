@@ -45,6 +45,15 @@ log = logging.getLogger(__name__)
 
 PYTHON_NAMES = ("python", "python3")
 
+#: Forced into every process the runner starts, whatever the caller's environment or a spec's
+#: own says: NVLink multicast (NVLS) in NCCL, PyTorch's symmetric memory and NVSHMEM can put a
+#: shared host's GPUs out of service for everyone, so xsp never lets a traced job switch it on.
+SHARED_HOST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
 #: (level set, phase, done, total) -> None; phase is "start", "warmup", "measure" or "end".
 ProgressFn = Callable[[str, str, int, int], None]
 
@@ -446,8 +455,7 @@ def _launch(
 ) -> _Process:
     if progress:
         progress(levels, "start", 0, spec.iterations)
-    env = {**os.environ, **spec.env}
-    env.update({**_level_environment(spec, levels, env), "PYTHONUNBUFFERED": "1"})
+    env = child_environment(spec, levels)
     stderr_path = spec.out / f"{levels}.stderr.log" if spec.log_stderr else None
     if stderr_path is not None:
         spec.out.mkdir(parents=True, exist_ok=True)
@@ -747,6 +755,15 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
             previous = mark
     seconds["total"] = round((ended_ns - spawned_ns) / 1e9, 3)
     return seconds
+
+
+def child_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
+    """The environment of the level-set process of ``levels``: the runner's, the spec's own
+    (a campaign's CUDA_VISIBLE_DEVICES), what the levels need, and ``SHARED_HOST_ENV`` last, so
+    that nothing overrides it."""
+    env = {**os.environ, **spec.env}
+    env.update(_level_environment(spec, levels, env))
+    return {**env, "PYTHONUNBUFFERED": "1", **SHARED_HOST_ENV}
 
 
 def _level_environment(
