@@ -39,12 +39,14 @@ COUNTER_LETTER: Final = "H"
 COUNTER_LEVEL_SET: Final = "MH"
 
 # Span kinds (attribute xsp.kind): what a span stands for inside its level.
-KIND_STEP: Final = "step"  # model level: one iteration
+KIND_STEP: Final = "step"  # model level: one iteration (of one rank, in a multi-rank job)
+KIND_ITERATION: Final = "iteration"  # model level: a multi-rank iteration, every rank's step
 KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
 KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
 KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward
 KIND_OPTIMIZER: Final = "optimizer"  # framework: optimizer.step / zero_grad
 KIND_DATA_LOADING: Final = "data_loading"  # framework: a DataLoader handing out one batch
+KIND_COLLECTIVE: Final = "collective"  # framework: a c10d collective call or its backend's work
 KIND_LIBRARY_CALL: Final = "library_call"  # library: a cuBLAS/cuDNN/oneDNN call
 KIND_RUNTIME: Final = "runtime"  # library: a CUDA runtime API call
 KIND_DRIVER: Final = "driver"  # library: a CUDA driver API call
@@ -83,6 +85,10 @@ ATTR_GPU_REGISTERS: Final = "xsp.gpu.registers_per_thread"
 ATTR_GPU_SHARED_MEMORY: Final = "xsp.gpu.shared_memory_bytes"
 ATTR_GPU_BYTES: Final = "xsp.gpu.bytes"
 ATTR_GPU_COPY_KIND: Final = "xsp.gpu.copy_kind"
+ATTR_RANK: Final = "xsp.rank"
+ATTR_WORLD_SIZE: Final = "xsp.world_size"
+ATTR_COLLECTIVE: Final = "xsp.collective.name"
+ATTR_COLLECTIVE_BYTES: Final = "xsp.collective.bytes"
 
 # Resource attribute keys.
 RES_SERVICE_NAME: Final = "service.name"
@@ -100,6 +106,8 @@ RES_TORCH_VERSION: Final = "xsp.torch.version"
 RES_CUDA_VERSION: Final = "xsp.cuda.version"
 RES_PYTHON_VERSION: Final = "xsp.python.version"
 RES_XSP_VERSION: Final = "xsp.version"
+RES_RANK: Final = "xsp.rank"  # a rank process's own resource
+RES_WORLD_SIZE: Final = "xsp.world_size"  # a multi-rank job's level-set run and its ranks
 RES_RECONSTRUCTED: Final = "xsp.reconstructed"  # true on a leveled reconstruction
 RES_RECONSTRUCTED_FROM: Final = "xsp.reconstructed.from"  # its level sets, "M,MF,MFLG"
 #: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see xsp.tracer.export.otlp.
@@ -158,6 +166,9 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("status_message", _STR),  # null when the span ended normally
     Column("level", _DICT, ATTR_LEVEL),
     Column("iteration", pa.int32(), ATTR_ITERATION),
+    # multi-rank jobs: the rank on every span of a rank, the world size on its step and the root
+    Column("rank", pa.int32(), ATTR_RANK),
+    Column("world_size", pa.int32(), ATTR_WORLD_SIZE),
     Column("kind", _DICT, ATTR_KIND),
     Column("phase", _DICT, ATTR_PHASE),
     Column("thread_id", pa.int64(), ATTR_THREAD_ID),
@@ -181,6 +192,9 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("shared_memory_bytes", pa.int64(), ATTR_GPU_SHARED_MEMORY),
     Column("bytes", pa.int64(), ATTR_GPU_BYTES),
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
+    # collectives: the operation ("allreduce", "broadcast") and the bytes of its tensors
+    Column("collective", _DICT, ATTR_COLLECTIVE),
+    Column("collective_bytes", pa.int64(), ATTR_COLLECTIVE_BYTES),
     # GPU monitor summaries, on model spans only (means over the iteration).
     *(Column(f"gpu_{name}", pa.float64(), f"xsp.gpu.{name}") for name in MONITOR_SUMMARIES),
     # Hardware counters, on reconstructed kernel spans only (see COUNTER_SUMMARIES).
@@ -236,5 +250,23 @@ def is_counter_levels(levels: str) -> bool:
 
 
 def trace_id_for(run_id: str, levels: str, iteration: int) -> bytes:
-    """The trace id of one iteration of one level-set run: stable, so re-exports agree."""
+    """The trace id of one iteration of one level-set run: stable, so re-exports agree. The
+    ranks of a multi-rank job share their level set's run id, so an iteration is one trace
+    across ranks."""
     return hashlib.blake2b(f"{run_id}/{levels}/{iteration}".encode(), digest_size=16).digest()
+
+
+#: Span ids of rank r start above (r + 1) << RANK_ID_SHIFT, so that the ranks of one trace never
+#: share an id (each numbers its spans from 1) and ids below 1 << RANK_ID_SHIFT stay free for
+#: the roots that join them; a single-rank run keeps its ids from 1.
+RANK_ID_SHIFT: Final = 40
+
+
+def rank_span_id_base(rank: int | None) -> int:
+    """What a rank adds to its own span numbers (0 for a single-rank run)."""
+    return 0 if rank is None else (rank + 1) << RANK_ID_SHIFT
+
+
+def iteration_root_id(iteration: int) -> int:
+    """The span id of a multi-rank iteration's root, the parent of every rank's step."""
+    return iteration + 1

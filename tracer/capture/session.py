@@ -108,6 +108,8 @@ class Session:
             the samples onto each model span.
         before_levels: called just before the levels come on, after the untraced warm-up
             (the leveled runner waits there for the level set before to exit).
+        rank, world_size: this process's rank in a multi-rank job and the job's size; its
+            spans then join the other ranks' in one trace per iteration (same ``run_id``).
     """
 
     def __init__(
@@ -127,6 +129,8 @@ class Session:
         op_shapes: bool = True,
         monitor: bool = True,
         before_levels: Callable[[], None] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         try:
             self.levels = schema.parse_levels(levels)
@@ -142,6 +146,9 @@ class Session:
         self.run_id = run_id or uuid.uuid4().hex
         self.measurement_id = measurement_id or self.run_id
         self.workload = workload
+        if rank is not None and (world_size is None or not 0 <= rank < world_size):
+            raise ConfigError(f"bad rank {rank} of world size {world_size}")
+        self.rank, self.world_size = rank, world_size
         self.run_dir = Path(out) if out is not None else None
         if self.run_dir is not None:
             store.check_writable(self.run_dir)
@@ -439,6 +446,8 @@ class Session:
                     api=raw.get("L"),
                     gpu=raw.get("G"),
                     monitor=samples,
+                    rank=self.rank,
+                    world_size=self.world_size,
                 )
                 self._phase_ns["converted"] = time.time_ns()
                 counts.update(
@@ -541,6 +550,7 @@ class Session:
             "finished_ns": time.time_ns() if status != "running" else None,
             "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
             **({"program": dict(self.program)} if self.program is not None else {}),
+            **({"rank": self.rank, "world_size": self.world_size} if self.rank is not None else {}),
             **extra,
         }
         if self.run_dir is not None:
@@ -572,6 +582,8 @@ class Session:
             "process.pid": os.getpid(),
             "process.command_line": " ".join(sys.argv)[:500],
         }
+        if self.rank is not None:
+            resource.update({schema.RES_RANK: self.rank, schema.RES_WORLD_SIZE: self.world_size})
         resource.update(extra)
         return resource
 

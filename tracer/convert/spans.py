@@ -9,6 +9,7 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.tracer import schema
+from xsp.tracer.convert import collectives
 from xsp.tracer.convert.columns import dictionary_column
 from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
 from xsp.tracer.convert.intervals import depths, inherit, nest
@@ -42,10 +44,14 @@ FRAMEWORK_KINDS = (
     schema.KIND_BACKWARD,
     schema.KIND_OPTIMIZER,
     schema.KIND_DATA_LOADING,
+    schema.KIND_COLLECTIVE,
 )
 PHASES = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD, schema.PHASE_OPTIMIZER, schema.PHASE_DATA)
 FORWARD = PHASES.index(schema.PHASE_FORWARD)
 STEP_SPAN_NAME = "step"
+#: A rank's step in a multi-rank job: named after its rank, so that Jaeger's tree reads
+#: iteration -> rank 0, rank 1 and the reconstruction matches each rank's step by name.
+RANK_STEP_NAME = "rank {rank}"
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
 
@@ -89,19 +95,26 @@ def build_table(
     api: ApiRecords | None = None,
     gpu: GpuRecords | None = None,
     monitor: MonitorSamples | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> tuple[pa.Table, ConversionReport]:
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
     ``failures`` maps an iteration to the error that ended it; its model span gets that status.
     Span ids are assigned block by block (model, framework, library calls, API calls, GPU), so a
     deeper block can name its parents in an earlier one.
+
+    A rank of a multi-rank job (``rank``, ``world_size``) numbers its spans above
+    ``schema.rank_span_id_base(rank)``, marks every span with its rank, names its steps
+    ``rank N`` and hangs them under ``schema.iteration_root_id(iteration)``, the root that
+    joining the ranks adds (``xsp.tracer.convert.ranks``).
     """
-    step_block = _step_block(steps, failures or {})
+    step_block = _step_block(steps, failures or {}, rank, world_size)
     if monitor is not None and monitor.time_ns:
         summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
         for name in schema.MONITOR_SUMMARIES:
             step_block.columns[f"gpu_{name}"] = pa.array(summary[name], pa.float64())
-    table = _Table(run_id, levels, step_block)
+    table = _Table(run_id, levels, step_block, rank)
     framework_rows = None
     if framework is not None:
         fw_block, outside = _framework_block(framework)
@@ -133,13 +146,15 @@ class _Table:
     """The span table being built: blocks in id order, each hung under its iteration's model
     span unless it names its parents."""
 
-    def __init__(self, run_id: str, levels: str, step_block: _Block) -> None:
-        self.run_id, self.levels = run_id, levels
+    def __init__(
+        self, run_id: str, levels: str, step_block: _Block, rank: int | None = None
+    ) -> None:
+        self.run_id, self.levels, self.rank = run_id, levels, rank
         self.report = ConversionReport()
         self.tables: list[pa.Table] = []
-        self.next_id = 1
+        self.next_id = schema.rank_span_id_base(rank) + 1
         self.step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
-        self.add(step_block)
+        self.step_ids = self.add(step_block)
 
     def add(self, block: _Block) -> np.ndarray:
         """Append ``block``; return the span ids its rows got."""
@@ -147,16 +162,19 @@ class _Table:
         ids = np.arange(self.next_id, self.next_id + n, dtype=np.uint64)
         self.next_id += n
         if block.level == schema.LEVEL_MODEL:
-            parent_ids = np.zeros(n, dtype=np.uint64)
+            roots = block.iteration.astype(np.int64) + schema.iteration_root_id(0)
+            parent_ids = (roots if self.rank is not None else np.zeros(n)).astype(np.uint64)
         else:
             step_of = _lookup(self.step_rows, block.iteration)
-            top = np.where(step_of >= 0, np.maximum(step_of, 0) + 1, 0).astype(np.uint64)
+            top = _ids_of(self.step_ids, step_of)
             if block.foreign_parent is not None:
                 top = np.where(block.foreign_parent > 0, block.foreign_parent, top).astype(
                     np.uint64
                 )
             local = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
             parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
+        if self.rank is not None:
+            block.columns["rank"] = pa.array(np.full(n, self.rank, np.int32))
         self.tables.append(_block_table(self.run_id, self.levels, block, ids, parent_ids))
         counts = self.report.counts_by_level
         counts[block.level] = counts.get(block.level, 0) + n
@@ -316,22 +334,31 @@ def _as_arrow(value: Any, type_: pa.DataType) -> pa.Array:
     return pa.array(value, type_)
 
 
-def _step_block(steps: StepRecords, failures: dict[int, str]) -> _Block:
+def _step_block(
+    steps: StepRecords,
+    failures: dict[int, str],
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> _Block:
     iteration = np.asarray(steps.iteration, dtype=np.int32)
     start = np.asarray(steps.start_ns, dtype=np.int64)
     end = np.asarray(steps.end_ns, dtype=np.int64)
     n = len(iteration)
+    name = STEP_SPAN_NAME if rank is None else RANK_STEP_NAME.format(rank=rank)
+    columns: dict[str, Any] = {
+        "name": [name] * n,
+        "start_ns": start,
+        "dur_ns": end - start,
+        "kind": [schema.KIND_STEP] * n,
+        "status_message": [failures.get(int(it)) for it in iteration],
+    }
+    if world_size is not None:
+        columns["world_size"] = pa.array(np.full(n, world_size, np.int32))
     return _Block(
         level=schema.LEVEL_MODEL,
         iteration=iteration,
         parent=np.full(n, -1, dtype=np.int64),
-        columns={
-            "name": [STEP_SPAN_NAME] * n,
-            "start_ns": start,
-            "dur_ns": end - start,
-            "kind": [schema.KIND_STEP] * n,
-            "status_message": [failures.get(int(it)) for it in iteration],
-        },
+        columns=columns,
     )
 
 
@@ -371,6 +398,7 @@ class _Events:
     is_backward: np.ndarray
     is_optimizer: np.ndarray
     is_data: np.ndarray
+    is_collective: np.ndarray
     seq_nr: np.ndarray
     fwd_thread: np.ndarray
     outside: int
@@ -423,6 +451,7 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
         is_backward=starts(BACKWARD_PREFIX)[rows],
         is_optimizer=starts(OPTIMIZER_PREFIX)[rows],
         is_data=starts(DATA_LOADER_PREFIX)[rows],
+        is_collective=np.logical_or.reduce([starts(p)[rows] for p in collectives.PREFIXES]),
         seq_nr=np.frombuffer(rec.seq_nr, dtype=np.int64)[rows],
         fwd_thread=np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows],
         outside=int((~inside & ~is_step).sum()),
@@ -461,7 +490,8 @@ def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
     phase_code[ev.is_backward] = PHASES.index(schema.PHASE_BACKWARD)
     phase_code[ev.is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
     phase_code[ev.is_data] = PHASES.index(schema.PHASE_DATA)
-    phase_code[(ev.parent < 0) & (phase_code < 0)] = FORWARD
+    # a collective's work range runs on the backend's own thread, outside any phase
+    phase_code[(ev.parent < 0) & (phase_code < 0) & ~ev.is_collective] = FORWARD
     phase_code = inherit(phase_code, ev.parent, depth)
     module = inherit(own_module, ev.parent, depth)
 
@@ -496,6 +526,7 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
     kind_codes[ev.is_backward] = FRAMEWORK_KINDS.index(schema.KIND_BACKWARD)
     kind_codes[ev.is_optimizer] = FRAMEWORK_KINDS.index(schema.KIND_OPTIMIZER)
     kind_codes[ev.is_data] = FRAMEWORK_KINDS.index(schema.KIND_DATA_LOADING)
+    kind_codes[ev.is_collective] = FRAMEWORK_KINDS.index(schema.KIND_COLLECTIVE)
 
     mods = [infos[i] for i in own_module[module_rows]]
     calls = layers.call.tolist()
@@ -543,10 +574,40 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "output_shapes": module_column([out_shapes.get(c) for c in calls]),
         "source": module_column([i.source for i in mods]),
         "seq_nr": pa.array(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
+        **_collective_columns(rec, ev),
     }
 
 
-def _intern(texts: list[str | None]) -> tuple[list[str], np.ndarray]:
+def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Array]:
+    """The operation and the bytes of each collective row (``xsp.tracer.convert.collectives``);
+    null on every other row."""
+    m = len(ev.rows)
+    rows = np.nonzero(ev.is_collective)[0]
+    if not len(rows):
+        return {}
+    names = [rec.name.values[c] for c in ev.name_codes[rows]]
+    operations = [collectives.operation(n) or "" for n in names]
+    raw = ev.rows[rows]
+    shapes, dtypes = rec.input_shapes, rec.input_dtypes
+    found = [
+        collectives.tensor_bytes(shapes.values[shapes.codes[r]], dtypes.values[dtypes.codes[r]])
+        for r in raw.tolist()
+    ]
+    own = np.array([-1 if b is None else b for b in found], dtype=np.int64)
+    is_call = np.array([n.startswith(collectives.CALL_PREFIX) for n in names], dtype=bool)
+    sizes = collectives.pair_bytes(operations, is_call, ev.iteration[rows], ev.start[rows], own)
+    values, codes = _intern(operations)
+    op_codes = np.full(m, -1, dtype=np.int64)
+    op_codes[rows] = codes
+    size_column = np.full(m, -1, dtype=np.int64)
+    size_column[rows] = sizes
+    return {
+        "collective": dictionary_column(op_codes, values),
+        "collective_bytes": pa.array(size_column, pa.int64(), mask=size_column < 0),
+    }
+
+
+def _intern(texts: Sequence[str | None]) -> tuple[list[str], np.ndarray]:
     """Distinct values of ``texts`` and each entry's code (-1 for None)."""
     index: dict[str, int] = {}
     codes = np.array(

@@ -24,6 +24,8 @@ from xsp.tracer import schema
 
 SCOPE_NAME = "xsp"
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
+#: A trace's root takes its title (a single-rank step, or the iteration above the ranks).
+_ROOT_KINDS = (schema.KIND_STEP, schema.KIND_ITERATION)
 
 
 def any_value(value: Any) -> AnyValue:
@@ -41,9 +43,10 @@ def key_values(attributes: Mapping[str, Any]) -> list[KeyValue]:
 
 
 def trace_title(resource: Mapping[str, Any], iteration: int | None) -> str:
-    """The model span's name on the wire, which Jaeger lists traces by: workload, mode and batch,
-    level set (or "reconstructed") and iteration, e.g. "torchvision:resnet50 train b64 · MFLG ·
-    iteration 3". The store keeps the plain name "step"."""
+    """The root's name on the wire, which Jaeger lists traces by: workload, mode and batch, the
+    ranks of a multi-rank job, level set (or "reconstructed") and iteration, e.g.
+    "torchvision:resnet50 train b64 · MFLG · iteration 3" or "train.py · 2 ranks · MF ·
+    iteration 3". The store keeps the plain name ("step", or "iteration" above the ranks)."""
     workload = " ".join(
         str(part)
         for part in (
@@ -53,7 +56,9 @@ def trace_title(resource: Mapping[str, Any], iteration: int | None) -> str:
         )
         if part
     )
-    parts = (workload, resource.get(schema.RES_LEVELS), f"iteration {iteration}")
+    world_size = resource.get(schema.RES_WORLD_SIZE)
+    ranks = f"{world_size} ranks" if isinstance(world_size, int) and world_size > 1 else None
+    parts = (workload, ranks, resource.get(schema.RES_LEVELS), f"iteration {iteration}")
     return " · ".join(str(p) for p in parts if p)
 
 
@@ -102,7 +107,7 @@ def encode_resource_spans(
                 parent_span_id=parent.to_bytes(8, "big") if parent else b"",
                 name=(
                     trace_title(resource, iterations[row])
-                    if kinds[row] == schema.KIND_STEP
+                    if kinds[row] in _ROOT_KINDS and not parent
                     else cols["name"][row]
                 ),
                 kind=Span.SPAN_KIND_INTERNAL,
