@@ -9,6 +9,10 @@ lines on its progress pipe and exits with the workload's status: 0, the script's
 levels came on, 130 on Ctrl-C. ``run.json`` says how the program ended (``program``); when it ends
 too hard for that (``os._exit``, a signal), the leveled runner writes it there.
 
+A multi-rank job (``torchrun …``, ``python -m torch.distributed.run …``) runs its launcher here
+instead, whose workers each trace their rank (``xsp.tracer.run.launcher``, ``.rank``); once they
+have ended, their runs are joined into this level set's run (``xsp.tracer.run.ranks``).
+
 Ctrl-C: the first SIGINT interrupts the workload; the run is closed and stored (status
 ``interrupted``) while further SIGINTs are ignored, so that a second one, or the runner passing
 the first one on, cannot cut the store's writing short (the runner kills the process if it takes
@@ -42,9 +46,10 @@ EXIT_CANCELLED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
-    """The first Ctrl-C interrupts the workload; later ones are ignored while the run is stored."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def on_interrupt(signum: int, frame: Any) -> None:
+    """The first Ctrl-C (or, in a rank, SIGTERM) interrupts the workload; later ones are ignored
+    while the run is stored."""
+    signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -58,10 +63,19 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
-def _progress_writer(fd: int | None) -> Any:
-    if fd is None:
+def _progress_writer(fd: int | None, path: str | None = None) -> Any:
+    """Progress lines to the runner: through an inherited pipe, or (rank 0 of a multi-rank job,
+    whose launcher passes no descriptors on) through that pipe's path."""
+    if fd is not None:
+        stream: TextIO = os.fdopen(fd, "w", buffering=1)
+    elif path is not None:
+        try:
+            stream = open(path, "w", buffering=1)  # noqa: SIM115 - open while the process runs
+        except OSError as exc:
+            log.warning("xsp: no progress lines: cannot open %s: %s", path, exc)
+            return None
+    else:
         return None
-    stream: TextIO = os.fdopen(fd, "w", buffering=1)
 
     def report(phase: str, done: int, total: int) -> None:
         stream.write(f"{phase} {done} {total}\n")
@@ -100,7 +114,7 @@ def main(spec: ChildSpec | None = None) -> int:
         return EXIT_XSP_ERROR
     command = [c for c in args.command if c != "--"]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+        signal.signal(signal.SIGINT, on_interrupt)
     try:
         if args.model:
             code = _run_zoo(args, args.model)
@@ -133,13 +147,17 @@ def _session(args: ChildSpec, **options: Any) -> Session:
         args.iterations,
         args.warmup,
         out=args.out,
-        sinks=_sinks(args.otlp_endpoint),
+        # a rank sends nothing: the joined run is sent whole (xsp.tracer.run.ranks)
+        sinks=_sinks(args.otlp_endpoint) if args.rank is None else [],
+        run_id=args.run_id,
         measurement_id=args.measurement_id,
-        progress=_progress_writer(args.progress_fd),
+        progress=_progress_writer(args.progress_fd, args.progress_path),
         op_shapes=args.op_shapes,
         before_levels=_gate(args.gate_fd),
         # kernel replay makes the monitor's samples meaningless (and it would run for minutes)
         monitor=not schema.is_counter_levels(args.levels),
+        rank=args.rank,
+        world_size=args.world_size,
         **options,
     ).start()
 
@@ -176,12 +194,37 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     return 0
 
 
+def _run_launcher(args: ChildSpec, command: list[str]) -> int:
+    """A multi-rank job: run its launcher, whose workers trace their ranks, then join their
+    runs into this level set's; exit as the job did."""
+    from xsp.tracer.run import launcher
+    from xsp.tracer.run.ranks import RankedRun
+
+    arguments = launcher.worker_arguments(command)  # refused before anything runs
+    job = RankedRun(args, workload=" ".join(arguments.training_script_args)[:200])
+    job.begin()
+    wait = _gate(args.gate_fd)
+    if wait is not None:
+        wait()
+    program = launcher.run_workers(arguments, job.rank_environment())
+    meta = job.finish(program, _sinks(args.otlp_endpoint))
+    if meta["status"] == "interrupted" or program.get("interrupted"):
+        return EXIT_INTERRUPTED
+    code = meta["program"].get("exit_code")
+    if isinstance(code, int) and code != 0:
+        return code
+    return 0 if meta["status"] in ("ok", "partial") else EXIT_WORKLOAD_FAILED
+
+
 def _run_script(args: ChildSpec, command: list[str]) -> int:
     if not command:
         raise XspError("nothing to run: give --model or a Python command after --")
-    session = _session(
-        args, workload=" ".join(command)[:200], device=args.device, auto_iterations=True
-    )
+    from xsp.tracer.run import launcher
+
+    if args.rank is None and launcher.is_launcher(command):
+        return _run_launcher(args, command)
+    workload = args.workload or " ".join(command)[:200]
+    session = _session(args, workload=workload, device=args.device, auto_iterations=True)
     sys.argv = list(command)
     code = 0
     try:

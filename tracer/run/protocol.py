@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from xsp.tracer.errors import ConfigError
 
 SPEC_FLAG = "--spec"
+#: The environment variable through which a multi-rank job's level-set process hands its spec
+#: to the rank processes that the launcher (torchrun) starts: they inherit its environment, not
+#: its arguments.
+RANK_SPEC_ENV = "XSP_RANK_SPEC"
 
 
 @dataclass(frozen=True)
@@ -34,18 +38,34 @@ class ChildSpec:
     #: file descriptors inherited from the runner: progress lines out, the gate's byte in
     progress_fd: int | None = None
     gate_fd: int | None = None
+    #: a rank of a multi-rank job: its level set's shared run id (one trace per iteration
+    #: across ranks), its rank and the world size, the workload's name, and where rank 0 writes
+    #: its progress lines (the level-set process's progress pipe, by path)
+    run_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    workload: str | None = None
+    progress_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     def to_argv(self) -> list[str]:
-        return [SPEC_FLAG, json.dumps(dataclasses.asdict(self), separators=(",", ":"))]
+        return [SPEC_FLAG, self.to_json()]
+
+    @classmethod
+    def from_json(cls, text: str, what: str = SPEC_FLAG) -> ChildSpec:
+        """The spec from its JSON; ConfigError naming ``what`` for anything else."""
+        try:
+            data = json.loads(text)
+            data["command"] = tuple(data.get("command") or ())
+            return cls(**data)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"bad {what}: {exc}") from exc
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> ChildSpec:
         """The spec from ``--spec JSON``; ConfigError (one line) for anything else."""
         if len(argv) != 2 or argv[0] != SPEC_FLAG:
             raise ConfigError(f"a level-set process takes {SPEC_FLAG} JSON (from xsp run)")
-        try:
-            data = json.loads(argv[1])
-            data["command"] = tuple(data.get("command") or ())
-            return cls(**data)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"bad {SPEC_FLAG}: {exc}") from exc
+        return cls.from_json(argv[1])

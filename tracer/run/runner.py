@@ -44,6 +44,8 @@ from xsp.tracer.run.recover import recover_run
 log = logging.getLogger(__name__)
 
 PYTHON_NAMES = ("python", "python3")
+#: torch's launcher script: ``python -m torch.distributed.run``.
+TORCHRUN = "torchrun"
 
 #: Forced into every process the runner starts, whatever the caller's environment or a spec's
 #: own says: NVLink multicast (NVLS) in NCCL, PyTorch's symmetric memory and NVSHMEM can put a
@@ -155,14 +157,17 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 def script_command(command: Sequence[str]) -> list[str]:
     """Strip the interpreter from ``python script.py ...`` / ``python -m mod ...``: the child
-    runs the script in-process with xsp's own interpreter."""
+    runs the script in-process with xsp's own interpreter. ``torchrun ...`` is the launcher's
+    module, ``-m torch.distributed.run ...``, run the same way (its workers trace their ranks)."""
     if not command:
         raise ConfigError("no command after --: give e.g. `-- python train.py`")
     head = Path(command[0]).name
+    if head == TORCHRUN:
+        return ["-m", "torch.distributed.run", *command[1:]]
     if not (head.startswith(PYTHON_NAMES) or command[0] == sys.executable):
         raise ConfigError(
             f"cannot trace {command[0]!r}: xsp run -- expects a Python command "
-            "(python script.py ... or python -m module ...)"
+            "(python script.py ..., python -m module ... or torchrun ...)"
         )
     rest = list(command[1:])
     if not rest:
