@@ -31,7 +31,13 @@ class Section:
 
 
 def sections(store: MeasurementStore) -> list[Section]:
-    """Every analysis of the measurement, suggestions first; empty tables included."""
+    """Every analysis of the measurement, suggestions first; empty tables included. The
+    multi-rank analyses (``ranks``, ``communication_overlap``, ``collective_skew``) are there
+    only for a multi-rank job."""
+    return [*_every_measurement(store), *_multi_rank(store)]
+
+
+def _every_measurement(store: MeasurementStore) -> list[Section]:
     from xsp.analysis import kernels, layers, library, summary
     from xsp.analysis.charts import bar
     from xsp.analysis.monitor import monitor_summary
@@ -193,5 +199,50 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
             "The model's aggregate and bound (A15)",
             counters.model_metrics(store),
             source,
+        ),
+    ]
+
+
+def _multi_rank(store: MeasurementStore) -> list[Section]:
+    """The analyses of a multi-rank job; none for a single-rank measurement."""
+    from xsp.analysis import distributed
+    from xsp.analysis.charts import bar, stacked_bars
+
+    if not distributed.is_multi_rank(store):
+        return []
+    clock = "ranks are compared on their hosts' clocks (one host: one clock)"
+    return [
+        Section(
+            "ranks",
+            "Ranks: step per rank, measured and reconstructed; stragglers",
+            distributed.rank_summary(store),
+            "steps from the shallowest run with M and from the leveled reconstruction; "
+            "collectives and waits from the shallowest run that recorded collectives",
+            chart=lambda t: bar(
+                t, "rank", "wait_ms_per_iteration", "Time each rank waited for the others"
+            ),
+        ),
+        Section(
+            "communication_overlap",
+            "Communication against computation per rank, and their overlap (HTA)",
+            distributed.communication_overlap(store),
+            "overlap_pct is the share of communication time with computation beside it; "
+            "exposed communication has none",
+            chart=lambda t: stacked_bars(
+                t,
+                "rank",
+                [
+                    "compute_ms_per_iteration",
+                    "exposed_communication_ms_per_iteration",
+                ],
+                "Computation and exposed communication per rank",
+            ),
+        ),
+        Section(
+            "collective_skew",
+            "Collectives across ranks: skew, wait and the straggler",
+            distributed.collective_skew(store),
+            "matched across ranks by ordinal among each rank's c10d calls of the iteration; "
+            f"the straggler arrived last and the others waited for it; {clock}",
         ),
     ]

@@ -33,3 +33,22 @@ def bar(table: pa.Table, x: str, y: str, title: str, rows: int = 20) -> Any:
         height=420,
     )
     return figure
+
+
+def stacked_bars(table: pa.Table, x: str, ys: list[str], title: str) -> Any:
+    """One bar per row of ``table`` by ``x``, stacked from the ``ys`` columns (the parts of one
+    whole, such as a rank's step split into computation and communication)."""
+    import plotly.graph_objects as go
+
+    data = table.to_pydict()
+    labels = [str(v) for v in data[x]]
+    figure = go.Figure([go.Bar(name=header(y), x=labels, y=data[y]) for y in ys])
+    figure.update_layout(
+        title=title,
+        barmode="stack",
+        xaxis_title=header(x),
+        xaxis={"type": "category"},
+        margin={"t": 40, "l": 5, "r": 5, "b": 5},
+        height=420,
+    )
+    return figure

@@ -17,7 +17,7 @@ def kernels_by_name(store: MeasurementStore, limit: int = 20) -> pa.Table:
     return store.sql(
         f"""
         WITH k AS (SELECT * FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'kernel'),
-        n AS (SELECT count(DISTINCT iteration) AS iterations FROM k)
+        n AS (SELECT count(DISTINCT (iteration, rank)) AS iterations FROM k)
         SELECT name AS kernel, count(*) / any_value(n.iterations) AS calls_per_iteration,
                sum(dur_ns) / any_value(n.iterations) / 1e6 AS total_ms_per_iteration,
                avg(dur_ns) / 1e3 AS mean_us,
@@ -100,7 +100,7 @@ def kernels_by_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
         f"""
         WITH k AS (SELECT * FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'kernel'
                    AND module_path IS NOT NULL),
-        n AS (SELECT greatest(count(DISTINCT iteration), 1) AS iterations
+        n AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS iterations
               FROM spans WHERE run_index = {_GPU_RUN} AND kind = 'step'),
         per AS (SELECT module_path, name, count(*) AS calls, sum(dur_ns) AS ns
                 FROM k GROUP BY ALL)
@@ -119,9 +119,9 @@ def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
     return store.sql(
         f"""
         WITH fw AS (SELECT max(run_index) AS r FROM spans WHERE level = 'framework'),
-        n AS (SELECT greatest(count(DISTINCT iteration), 1) AS it FROM spans
+        n AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans
               WHERE run_index = (SELECT r FROM fw) AND kind = 'step'),
-        ng AS (SELECT greatest(count(DISTINCT iteration), 1) AS it FROM spans
+        ng AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans
                WHERE run_index = {_GPU_RUN} AND kind = 'step'),
         lat AS (SELECT module_path, any_value(module_type) AS type,
                        sum(dur_ns) / any_value(n.it) / 1e6 AS latency_ms

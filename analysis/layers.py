@@ -1,6 +1,8 @@
 """Layer analyses (XSP's A2, A3, A5): pure functions from a measurement store to tables.
 
 They read the forward module spans of the deepest run that has level F. Columns carry units.
+In a multi-rank job, "per iteration" means per iteration of one rank (a rank's step), calls are
+matched by their position in a rank's iteration, and the layer info is the lowest rank's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ _LEAVES = f"""
         WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
     ),
     leaves AS (
-        SELECT m.*, row_number() OVER (PARTITION BY m.iteration ORDER BY m.start_ns) - 1 AS call_index
+        SELECT m.*, row_number() OVER (PARTITION BY m.iteration, m.rank ORDER BY m.start_ns)
+               - 1 AS call_index
         FROM mods m
         WHERE NOT EXISTS (SELECT 1 FROM mods c WHERE c.parent_span_id = m.span_id
                           AND c.trace_id = m.trace_id)
@@ -35,6 +38,8 @@ def layer_info(store: MeasurementStore) -> pa.Table:
         FROM spans
         WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
           AND iteration = (SELECT min(iteration) FROM spans WHERE run_index = {_FRAMEWORK_RUN})
+          AND rank IS NOT DISTINCT FROM
+              (SELECT min(rank) FROM spans WHERE run_index = {_FRAMEWORK_RUN})
         ORDER BY start_ns
         """
     )
@@ -62,7 +67,7 @@ def layer_types(store: MeasurementStore) -> pa.Table:
     share_pct (of the leaf layers' forward time)."""
     return store.sql(
         f"""{_LEAVES},
-        n AS (SELECT count(DISTINCT iteration) AS iterations FROM leaves)
+        n AS (SELECT count(DISTINCT (iteration, rank)) AS iterations FROM leaves)
         SELECT module_type, count(*) / any_value(n.iterations) AS calls_per_iteration,
                sum(dur_ns) / any_value(n.iterations) / 1e6 AS latency_ms_per_iteration,
                100.0 * sum(dur_ns) / (SELECT sum(dur_ns) FROM leaves) AS share_pct

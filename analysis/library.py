@@ -15,7 +15,7 @@ def library_calls(store: MeasurementStore, limit: int = 20) -> pa.Table:
     return store.sql(
         f"""
         WITH c AS (SELECT * FROM spans WHERE run_index = {_LIB_RUN} AND kind = 'library_call'),
-        n AS (SELECT greatest(count(DISTINCT iteration), 1) AS it FROM spans
+        n AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans
               WHERE run_index = {_LIB_RUN} AND kind = 'step'),
         per AS (SELECT library, name, module_path, count(*) AS calls, sum(dur_ns) AS ns
                 FROM c GROUP BY ALL)

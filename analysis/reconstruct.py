@@ -15,7 +15,10 @@ Algorithm:
    so that the lane fits the step, never before their launch call's reconstructed start.
 4. Hardware counters (the counter run, level set MH) join the kernels by structure too, as
    ``hw_*`` columns (``xsp.analysis.counters``); the counter run's own times are never used.
-5. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
+5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, so each
+   rank's step is laid out as a root of its own, placed where the M run measured it from the
+   iteration's start, its subtree moved with it; the iteration keeps M's duration.
+6. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
    and the iteration, and a span's id is its structural key, so it never merges with a measured
    trace and two reconstructions of one measurement agree.
 """
@@ -136,10 +139,17 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         if name == schema.LEVEL_FRAMEWORK and source != deepest_index:
             spans = _fill_details(spans, table, rows, found)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    ranked = np.nonzero((kind == schema.KIND_STEP) & (parent >= 0))[0]
+    layout_parent = parent.copy()
+    if len(ranked):
+        model = source_of.get(schema.LEVEL_MODEL, deepest_index)
+        start = _ranks_where_measured(store, model, key, parent, ranked, start)
+        layout_parent[ranked] = -1
     gpu = level == schema.LEVEL_GPU
-    new_start, new_dur = layout_host(parent, start, dur, new_dur, ~gpu)
+    new_start, new_dur = layout_host(layout_parent, start, dur, new_dur, ~gpu)
     report = LaneReport()
-    _layout_gpu(deep, parent, start, new_start, new_dur, gpu, report)
+    _layout_gpu(deep, layout_parent, start, new_start, new_dur, gpu, report)
     spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
@@ -155,6 +165,36 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         }
     )
     return spans, miss, report
+
+
+def _ranks_where_measured(
+    store: MeasurementStore,
+    model: int,
+    key: np.ndarray,
+    parent: np.ndarray,
+    ranked: np.ndarray,
+    start: np.ndarray,
+) -> np.ndarray:
+    """The deep run's start times with each rank's step, and everything under it, moved to
+    where run ``model`` (the shallowest with M) measured that step from its iteration's start;
+    a step without a counterpart there stays where the deep run has it."""
+    source, source_keys, _ = _keyed(store, model)
+    source_start = np.asarray(source.column("start_ns"), dtype=np.int64)
+    found = find_rows(source_keys, key[ranked])
+    root = find_rows(source_keys, key[parent[ranked]])
+    placed = (
+        start[parent[ranked]]
+        + source_start[np.maximum(found, 0)]
+        - source_start[np.maximum(root, 0)]
+    )
+    shift = np.zeros(len(start), dtype=np.int64)
+    shift[ranked] = np.where((found >= 0) & (root >= 0), placed - start[ranked], 0)
+    owner = np.arange(len(start))  # each row's rank step: climb until one is reached
+    is_rank = np.zeros(len(start), dtype=bool)
+    is_rank[ranked] = True
+    while (climb := ~is_rank[owner] & (parent[owner] >= 0)).any():
+        owner = np.where(climb, parent[owner], owner)
+    return start + np.where(is_rank[owner], shift[owner], 0)
 
 
 def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:

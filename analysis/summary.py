@@ -14,11 +14,12 @@ def level_sets(store: MeasurementStore) -> pa.Table:
     stats = store.sql(
         """
         SELECT levels, run_index,
-               count(*) FILTER (WHERE kind = 'step') AS iterations,
+               count(DISTINCT trace_id) FILTER (WHERE kind = 'step') AS iterations,
                median(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_median_ms,
                min(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_min_ms,
                max(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_max_ms,
-               count(*) / greatest(count(*) FILTER (WHERE kind = 'step'), 1) AS spans_per_iteration
+               count(*) / greatest(count(DISTINCT trace_id) FILTER (WHERE kind = 'step'), 1)
+                   AS spans_per_iteration
         FROM spans GROUP BY levels, run_index ORDER BY run_index
         """
     ).to_pylist()

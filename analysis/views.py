@@ -75,7 +75,7 @@ def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
     rows = {c: np.asarray(one.column(c).fill_null(0)) for c in columns}
     for c in ("name", "level", "kind", "phase"):
         rows[c] = np.asarray(one.column(c).cast(pa.string()).fill_null(""), dtype=object)
-    for c in ("thread_id", "gpu_device", "gpu_stream"):
+    for c in ("thread_id", "gpu_device", "gpu_stream", "rank"):
         rows[c] = np.asarray(one.column(c).fill_null(-1), dtype=np.int64)
     return rows
 
@@ -114,7 +114,10 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
     def visit(i: int, parent: str) -> None:
         box = str(int(rows["span_id"][i]))
         name = str(rows["name"][i])
-        label = name if rows["kind"][i] != schema.KIND_STEP else f"step {iteration}"
+        label = name
+        if not rows["parent_span_id"][i]:  # the root: "step 3", or "iteration 3" above ranks
+            root = "iteration" if rows["kind"][i] == schema.KIND_ITERATION else "step"
+            label = f"{root} {iteration}"
         add(box, parent, short_label(label), name, int(rows["dur_ns"][i]), str(rows["level"][i]))
         kids = children.get(int(rows["span_id"][i]), [])
         phases = {rows["phase"][k] for k in kids}
@@ -201,18 +204,22 @@ def timeline_figure(spans: pa.Table) -> Any:
     if iteration is None:
         return None
     rows = _iteration_rows(spans, iteration)
-    step = int(np.nonzero(rows["kind"] == schema.KIND_STEP)[0][0])
-    origin = int(rows["start_ns"][step])
+    root = int(np.nonzero(rows["parent_span_id"] == 0)[0][0])
+    origin = int(rows["start_ns"][root])
     depth = _depths(rows["span_id"], rows["parent_span_id"])
     gpu = rows["level"] == schema.LEVEL_GPU
     lane = np.empty(len(depth), dtype=object)
     for i in range(len(depth)):
+        # the ranks of a multi-rank job are processes of their own: their threads are distinct
+        rank = f"rank {rows['rank'][i]} · " if rows["rank"][i] >= 0 else ""
         if gpu[i]:
-            lane[i] = f"GPU {rows['gpu_device'][i]} · stream {rows['gpu_stream'][i]}"
+            lane[i] = f"{rank}GPU {rows['gpu_device'][i]} · stream {rows['gpu_stream'][i]}"
         elif depth[i] == 0:
             lane[i] = "step"
+        elif rows["kind"][i] == schema.KIND_STEP:
+            lane[i] = f"{rank}step"
         else:
-            lane[i] = f"thread {rows['thread_id'][i]} · depth {depth[i]}"
+            lane[i] = f"{rank}thread {rows['thread_id'][i]} · depth {depth[i]}"
     shown = gpu | (depth <= TIMELINE_HOST_DEPTHS)
     order = sorted(
         set(lane[shown]),
