@@ -212,12 +212,19 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
         return
     batches = _batches(run_dir, runs, reconstructed)
     if fmt == "chrome":
-        from xsp.tracer.export.chrome import write_chrome_trace
+        from xsp.tracer.export.chrome import split_ranks, write_chrome_trace
 
         if output is None:
             raise XspError("--format chrome needs -o FILE (a .json or .json.gz file)")
+        # the ranks of a multi-rank job are processes of their own, with their own pids
+        pids = [_rank_pids(run.meta) for run in runs] if not reconstructed else [{}]
+        parts = [
+            part
+            for (resource, spans), own in zip(batches, pids, strict=True)
+            for part in split_ranks(resource, spans, own)
+        ]
         try:
-            count = write_chrome_trace(output, batches)
+            count = write_chrome_trace(output, parts)
         except OSError as exc:
             raise XspError(f"cannot write {output}: {exc}") from exc
         console.print(f"wrote {count} spans to {output}", highlight=False)
@@ -238,6 +245,15 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
             handle.close()
     if output:
         console.print(f"wrote {sink.lines} traces to {output}", highlight=False)
+
+
+def _rank_pids(meta: dict[str, Any]) -> dict[int, int]:
+    """Rank -> OS pid of a multi-rank run (its run.json's ``ranks``)."""
+    return {
+        int(rank["rank"]): int(rank["pid"])
+        for rank in meta.get("ranks") or []
+        if isinstance(rank, dict) and isinstance(rank.get("pid"), int)
+    }
 
 
 def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[Any, Any]]:

@@ -7,7 +7,9 @@ Layout, as Kineto writes it, plus what xsp has that torch.profiler lacks:
    track (tid) per thread; its model spans (``ProfilerStep#N``) sit on the main thread. The run's
    GPU work sits in its own process per device, pid = device index as Kineto has it, one track
    per CUDA stream (tid = stream). Later runs of a multi-run export take the next free pids, and
-   every process is named after its run's level set, so runs stay apart.
+   every process is named after its run's level set, so runs stay apart. The ranks of a
+   multi-rank job are processes of their own (``split_ranks``: one run per rank, pid = the
+   rank's OS pid, named with its rank), without the iteration roots that join them in OTLP.
 2. Categories (``cat``) are torch.profiler's: ``user_annotation`` (steps, optimizer calls),
    ``cpu_op`` (aten ops, autograd nodes), ``python_function`` (nn.Module calls, as with
    ``with_modules``), ``cuda_runtime``, ``cuda_driver``, ``kernel``, ``gpu_memcpy``,
@@ -47,6 +49,7 @@ CATEGORY_BY_KIND: Final = {
     schema.KIND_OP: "cpu_op",
     schema.KIND_BACKWARD: "cpu_op",
     schema.KIND_OPTIMIZER: "user_annotation",
+    schema.KIND_COLLECTIVE: "cpu_op",  # as Kineto records c10d's ops
     schema.KIND_LIBRARY_CALL: "library",
     schema.KIND_RUNTIME: "cuda_runtime",
     schema.KIND_DRIVER: "cuda_driver",
@@ -68,6 +71,24 @@ HOST_PID_FALLBACK: Final = 1000  # a run that recorded no process.pid
 GPU_PID_STRIDE: Final = 100  # run k's device d wants pid k * stride + d
 FLOW_ID_RUN_SHIFT: Final = 32
 RES_PROCESS_PID: Final = "process.pid"  # OpenTelemetry's resource key, set by the child runner
+
+
+def split_ranks(
+    resource: Mapping[str, Any], table: pa.Table, pids: Mapping[int, int] | None = None
+) -> list[tuple[dict[str, Any], pa.Table]]:
+    """A multi-rank run as one run per rank (its rank and, from ``pids``, its OS pid in the
+    resource), the iteration roots left out; a single-rank run as it is."""
+    ranks = pc.unique(table.column("rank").drop_null()).to_pylist()
+    if not ranks:
+        return [(dict(resource), table)]
+    out = []
+    for rank in sorted(ranks):
+        part = {**resource, schema.RES_RANK: rank}
+        part.pop(RES_PROCESS_PID, None)
+        if pids and rank in pids:
+            part[RES_PROCESS_PID] = pids[rank]
+        out.append((part, table.filter(pc.equal(table.column("rank"), rank))))
+    return out
 
 
 def chrome_trace(runs: Iterable[tuple[Mapping[str, Any], pa.Table]]) -> dict[str, Any]:
@@ -129,6 +150,9 @@ class _RunExport:
         self.cols = table.to_pydict()
         self.rows = table.num_rows
         levels, workload = resource.get(schema.RES_LEVELS, "?"), resource.get(schema.RES_WORKLOAD)
+        rank = resource.get(schema.RES_RANK)
+        if rank is not None:
+            levels = f"{levels} · rank {rank}"
         self.label = f"xsp {levels} · {workload}" if workload else f"xsp {levels}"
         os_pid = resource.get(RES_PROCESS_PID)
         if isinstance(os_pid, int):  # Linux: the main thread's tid is the process id
