@@ -399,6 +399,7 @@ class _Events:
     is_optimizer: np.ndarray
     is_data: np.ndarray
     is_collective: np.ndarray
+    is_collective_work: np.ndarray  # the backend's (gloo:, nccl:), not c10d's call
     seq_nr: np.ndarray
     fwd_thread: np.ndarray
     outside: int
@@ -452,6 +453,9 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
         is_optimizer=starts(OPTIMIZER_PREFIX)[rows],
         is_data=starts(DATA_LOADER_PREFIX)[rows],
         is_collective=np.logical_or.reduce([starts(p)[rows] for p in collectives.PREFIXES]),
+        is_collective_work=np.logical_or.reduce(
+            [starts(p)[rows] for p in collectives.WORK_PREFIXES]
+        ),
         seq_nr=np.frombuffer(rec.seq_nr, dtype=np.int64)[rows],
         fwd_thread=np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows],
         outside=int((~inside & ~is_step).sum()),
@@ -491,7 +495,7 @@ def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
     phase_code[ev.is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
     phase_code[ev.is_data] = PHASES.index(schema.PHASE_DATA)
     # a collective's work range runs on the backend's own thread, outside any phase
-    phase_code[(ev.parent < 0) & (phase_code < 0) & ~ev.is_collective] = FORWARD
+    phase_code[(ev.parent < 0) & (phase_code < 0) & ~ev.is_collective_work] = FORWARD
     phase_code = inherit(phase_code, ev.parent, depth)
     module = inherit(own_module, ev.parent, depth)
 

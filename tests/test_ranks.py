@@ -1,0 +1,493 @@
+"""Multi-rank jobs: a synthetic two-rank measurement whose numbers are worked out by hand, the
+launcher's rewrite, the ranks' join, and a real two-rank DDP job on CPU (gloo) end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from tests.conftest import reachable_from_root
+from xsp.tracer import schema, store
+from xsp.tracer.convert import collectives
+from xsp.tracer.convert.ranks import join_ranks
+from xsp.tracer.convert.records import FrameworkRecords, ModuleInfo, StepRecords
+from xsp.tracer.convert.spans import build_table
+from xsp.tracer.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_collectives_are_named_by_operation_and_sized_from_their_tensors() -> None:
+    assert collectives.operation("c10d::allreduce_") == "allreduce"
+    assert collectives.operation("gloo:all_reduce") == "allreduce"
+    assert collectives.operation("nccl:all_gather") == "allgather"
+    assert collectives.operation("c10d::_allgather_base_") == "allgather"
+    assert collectives.operation("aten::mm") is None
+    assert collectives.tensor_bytes("[[2372]]", "float") == 2372 * 4
+    assert collectives.tensor_bytes("[[2,3],[]]", "c10::BFloat16,Scalar") == 12
+    assert collectives.tensor_bytes("[[],[],[]]", "TensorList,,") is None  # c10d's own call
+
+
+# -- a synthetic two-rank measurement ---------------------------------------------------------
+# Rank 0 computes (mm, then add while gloo moves its 1,000 floats) and arrives at the all-reduce
+# at 3,000 ns; rank 1 computes longer and arrives at 5,000 ns: rank 1 is the straggler. The
+# model's one module call spans each rank's mm.
+RANK_EVENTS = {
+    0: [
+        ("xsp::step::0", 1000, 9000, 1, "[]", ""),
+        ("xsp::module::0", 1100, 3000, 1, "[]", ""),
+        ("aten::mm", 1100, 3000, 1, "[[4,4],[4,4]]", "float,float"),
+        ("c10d::allreduce_", 3000, 3100, 1, "[[],[],[]]", "TensorList,,"),
+        ("aten::add", 4000, 4500, 1, "[[4],[4]]", "float,float"),
+        ("gloo:all_reduce", 3050, 6000, 2, "[[1000]]", "float"),
+    ],
+    1: [
+        ("xsp::step::0", 1500, 9500, 1, "[]", ""),
+        ("xsp::module::0", 1600, 5000, 1, "[]", ""),
+        ("aten::mm", 1600, 5000, 1, "[[4,4],[4,4]]", "float,float"),
+        ("c10d::allreduce_", 5000, 5050, 1, "[[],[],[]]", "TensorList,,"),
+        ("gloo:all_reduce", 5020, 6100, 2, "[[1000]]", "float"),
+    ],
+}
+#: The M run's steps: rank 1 starts 200 ns after rank 0 and runs 7,000 ns against 6,000.
+M_STEPS = {0: (10_000, 16_000), 1: (10_200, 17_200)}
+
+
+def _framework(events: list[tuple[str, int, int, int, str, str]]) -> FrameworkRecords:
+    records = FrameworkRecords()
+    for name, start, end, thread, shapes, dtypes in events:
+        records.name.append(name)
+        records.start_ns.append(start)
+        records.end_ns.append(end)
+        records.thread.append(thread)
+        records.fwd_thread.append(-1)
+        records.seq_nr.append(-1)
+        records.input_shapes.append(shapes)
+        records.input_dtypes.append(dtypes)
+    records.modules = [ModuleInfo("", "Net", 32, "train.py:1")]
+    records.call_module = [0]
+    records.call_input_shapes = [((4, 4),)]
+    records.call_output_shapes = {0: ((4, 4),)}
+    return records
+
+
+def _steps(start: int, end: int) -> StepRecords:
+    return StepRecords(iteration=[0], start_ns=[start], end_ns=[end])
+
+
+def _resource(levels: str) -> dict[str, object]:
+    return {
+        schema.RES_MEASUREMENT_ID: "m-1",
+        schema.RES_LEVELS: levels,
+        schema.RES_WORKLOAD: "train.py",
+        schema.RES_WORLD_SIZE: 2,
+    }
+
+
+def _two_rank_measurement(root: Path) -> Path:
+    mf = [
+        build_table(
+            "run-mf",
+            "MF",
+            _steps(events[0][1], events[0][2]),
+            _framework(events),
+            rank=rank,
+            world_size=2,
+        )[0]
+        for rank, events in RANK_EVENTS.items()
+    ]
+    m = [build_table("run-m", "M", _steps(*M_STEPS[r]), rank=r, world_size=2)[0] for r in (0, 1)]
+    store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
+    store.write_run(root / "MF", join_ranks(mf, 2), "MF", _resource("MF"), world_size=2)
+    store.write_json_atomic(
+        root / store.MANIFEST,
+        {
+            "format": schema.STORE_FORMAT,
+            "runs": [{"levels": "M", "status": "ok"}, {"levels": "MF", "status": "ok"}],
+            "status": "ok",
+        },
+    )
+    return root
+
+
+def test_the_ranks_of_an_iteration_are_one_trace_under_one_root(tmp_path: Path) -> None:
+    spans = store.open_run(_two_rank_measurement(tmp_path) / "MF").spans()
+    assert reachable_from_root(spans)  # one trace, one root, every span reaches it
+    assert len(set(spans.column("trace_id").to_pylist())) == 1
+    assert len(set(spans.column("span_id").to_pylist())) == spans.num_rows
+    rows = {(r["kind"], r["rank"], r["name"]): r for r in spans.to_pylist()}
+    root = rows[("iteration", None, "iteration")]
+    assert (root["start_ns"], root["dur_ns"], root["world_size"]) == (1000, 8500, 2)
+    for rank in (0, 1):
+        step = rows[("step", rank, f"rank {rank}")]
+        assert step["parent_span_id"] == root["span_id"] and step["world_size"] == 2
+        assert step["span_id"] > schema.rank_span_id_base(rank)
+    call = rows[("collective", 0, "c10d::allreduce_")]
+    work = rows[("collective", 0, "gloo:all_reduce")]
+    assert call["collective"] == work["collective"] == "allreduce"
+    assert call["collective_bytes"] == work["collective_bytes"] == 4000  # borrowed from gloo's
+    assert call["phase"] == "forward" and work["phase"] is None  # gloo's thread: no phase
+    assert pc.all(
+        pc.is_valid(spans.column("rank").filter(pc.not_equal(spans["kind"], "iteration")))
+    ).as_py()
+
+
+def test_collective_skew_names_the_straggler(tmp_path: Path) -> None:
+    from xsp.analysis.distributed import collective_skew
+    from xsp.analysis.store import MeasurementStore
+
+    rows = collective_skew(MeasurementStore(_two_rank_measurement(tmp_path))).to_pylist()
+    assert rows == [
+        {
+            "iteration": 0,
+            "ordinal": 0,
+            "collective": "allreduce",
+            "bytes": 4000,
+            "ranks": 2,
+            "first_rank": 0,
+            "straggler_rank": 1,
+            "skew_ms": pytest.approx(0.002),  # 5,000 - 3,000 ns
+            "wait_ms": pytest.approx(0.002),  # rank 0 waited; the straggler did not
+            "straggler_ms": pytest.approx(0.0011),  # 5,000 ns to gloo's end at 6,100 ns
+        }
+    ]
+
+
+def test_communication_overlaps_computation_per_rank(tmp_path: Path) -> None:
+    from xsp.analysis.distributed import communication_overlap
+    from xsp.analysis.store import MeasurementStore
+
+    rows = communication_overlap(MeasurementStore(_two_rank_measurement(tmp_path))).to_pylist()
+    # rank 0: compute mm 1,900 + add 500 ns; communication c10d ∪ gloo = [3,000, 6,000];
+    # the add runs inside gloo's transfer: 500 ns overlap. Rank 1: mm 3,400, comm 1,100, none.
+    expected = [
+        (0, 0.008, 0.0024, 0.003, 0.0005, 0.0025, 500 / 3000 * 100, 3000 / 8000 * 100),
+        (1, 0.008, 0.0034, 0.0011, 0.0, 0.0011, 0.0, 1100 / 8000 * 100),
+    ]
+    got = [
+        (
+            r["rank"],
+            r["step_ms_per_iteration"],
+            r["compute_ms_per_iteration"],
+            r["communication_ms_per_iteration"],
+            r["overlap_ms_per_iteration"],
+            r["exposed_communication_ms_per_iteration"],
+            r["overlap_pct"],
+            r["communication_pct"],
+        )
+        for r in rows
+    ]
+    assert got == [pytest.approx(e) for e in expected]
+    assert {r["source"] for r in rows} == {"host spans"}
+
+
+def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
+    from xsp.analysis.distributed import rank_summary
+    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(_two_rank_measurement(tmp_path))
+    spans, mismatches = reconstruct(measurement)
+    assert mismatches.num_rows == 0
+    rows = {(r["kind"], r["rank"]): r for r in spans.to_pylist()}
+    root = rows[("iteration", None)]
+    assert (root["start_ns"], root["dur_ns"]) == (1000, 7200)  # MF's start, M's duration
+    assert (rows[("step", 0)]["start_ns"], rows[("step", 0)]["dur_ns"]) == (1000, 6000)
+    assert (rows[("step", 1)]["start_ns"], rows[("step", 1)]["dur_ns"]) == (1200, 7000)
+    by_id = {r["span_id"]: r for r in spans.to_pylist()}
+    for row in by_id.values():
+        up = by_id.get(row["parent_span_id"])
+        if up is not None:
+            assert up["start_ns"] <= row["start_ns"]
+            assert row["start_ns"] + row["dur_ns"] <= up["start_ns"] + up["dur_ns"]
+    assert rank_summary(measurement).to_pylist() == [
+        {
+            "rank": 0,
+            "iterations": 1,
+            "step_median_ms": 0.006,
+            "reconstructed_step_median_ms": 0.006,
+            "collectives_per_iteration": 1.0,
+            "straggler_count": 0,
+            "wait_ms_per_iteration": pytest.approx(0.002),
+        },
+        {
+            "rank": 1,
+            "iterations": 1,
+            "step_median_ms": 0.007,
+            "reconstructed_step_median_ms": 0.007,
+            "collectives_per_iteration": 1.0,
+            "straggler_count": 1,
+            "wait_ms_per_iteration": 0.0,
+        },
+    ]
+
+
+def test_the_multi_rank_analyses_are_absent_for_a_single_rank_measurement(
+    tmp_path: Path,
+) -> None:
+    from xsp.analysis.catalog import sections
+    from xsp.analysis.store import MeasurementStore
+
+    multi = {s.key for s in sections(MeasurementStore(_two_rank_measurement(tmp_path)))}
+    assert {"ranks", "communication_overlap", "collective_skew"} <= multi
+    single = {s.key for s in sections(MeasurementStore(ROOT / "benchmarks/data/gpt-lm-train/M"))}
+    assert not single & {"ranks", "communication_overlap", "collective_skew"}
+
+
+def test_the_chrome_export_makes_each_rank_a_process(tmp_path: Path) -> None:
+    from xsp.tracer.export.chrome import chrome_trace, split_ranks
+
+    run = store.open_run(_two_rank_measurement(tmp_path) / "MF")
+    parts = split_ranks(run.resource, run.spans(), {0: 41, 1: 42})
+    assert [(p[0]["process.pid"], p[0][schema.RES_RANK]) for p in parts] == [(41, 0), (42, 1)]
+    names = {
+        e["pid"]: e["args"]["name"]
+        for e in chrome_trace(parts)["traceEvents"]
+        if e.get("name") == "process_name"
+    }
+    assert names == {41: "xsp MF · rank 0 · train.py", 42: "xsp MF · rank 1 · train.py"}
+
+
+# -- the launcher and the rank bootstrap ------------------------------------------------------
+
+
+def test_the_launcher_runs_every_worker_under_the_rank_bootstrap() -> None:
+    from xsp.tracer.run.launcher import BOOTSTRAP, is_launcher, worker_arguments
+    from xsp.tracer.run.runner import script_command
+
+    command = script_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])
+    tail = ["--nproc-per-node", "2", "train.py", "--lr", "0.1"]
+    assert command == ["-m", "torch.distributed.run", *tail]
+    assert is_launcher(command) and not is_launcher(["train.py"])
+    args = worker_arguments(command)
+    assert (args.training_script, args.module, args.nproc_per_node) == (BOOTSTRAP, True, "2")
+    assert args.training_script_args == ["train.py", "--lr", "0.1"]
+    args = worker_arguments(["-m", "torch.distributed.run", "-m", "pkg.train", "--x"])
+    assert args.training_script_args == ["-m", "pkg.train", "--x"]
+    with pytest.raises(ConfigError, match="--no-python"):
+        worker_arguments(["-m", "torch.distributed.run", "--no-python", "./train"])
+    with pytest.raises(ConfigError, match="deprecated"):
+        worker_arguments(["-m", "torch.distributed.launch", "train.py"])
+
+
+def test_a_rank_writes_its_own_directory_with_the_shared_run_id() -> None:
+    from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
+    from xsp.tracer.run.rank import rank_spec
+
+    shared = ChildSpec(
+        levels="MF",
+        out="/r/MF",
+        iterations=3,
+        warmup=1,
+        measurement_id="m",
+        device="cuda",
+        run_id="run-1",
+        progress_path="/proc/7/fd/9",
+    )
+    env = {RANK_SPEC_ENV: shared.to_json(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    spec = rank_spec(env, ["train.py", "--lr", "0.1"])
+    assert (spec.out, spec.rank, spec.world_size, spec.run_id) == ("/r/MF/rank-1", 1, 2, "run-1")
+    assert spec.device == "cuda:1" and spec.progress_path is None  # rank 0 reports progress
+    assert spec.command == ("train.py", "--lr", "0.1")
+    with pytest.raises(ConfigError, match="RANK and WORLD_SIZE"):
+        rank_spec({RANK_SPEC_ENV: shared.to_json()}, ["train.py"])
+    with pytest.raises(ConfigError, match="started by xsp run"):
+        rank_spec({}, ["train.py"])
+
+
+def _rank_run(run_dir: Path, rank: int, status: str = "ok", **meta: object) -> None:
+    table = build_table("run-1", "M", _steps(*M_STEPS[rank]), rank=rank, world_size=2)[0]
+    resource = {**_resource("M"), schema.RES_RANK: rank, "process.pid": 100 + rank}
+    store.write_run(
+        run_dir / f"rank-{rank}",
+        table,
+        "M",
+        resource,
+        status=status,
+        world_size=2,
+        iterations_measured=1,
+        spans=table.num_rows,
+        **meta,
+    )
+
+
+def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_path: Path) -> None:
+    from xsp.tracer.export.sinks import InMemorySink
+    from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
+    from xsp.tracer.run.ranks import RankedRun
+
+    spec = ChildSpec(
+        levels="M", out=str(tmp_path / "M"), iterations=1, warmup=0, measurement_id="m"
+    )
+    job = RankedRun(spec, "train.py")
+    job.begin()
+    assert store.read_json(tmp_path / "M" / store.RUN_META)["status"] == "running"
+    assert json.loads(job.rank_environment()[RANK_SPEC_ENV])["run_id"] == job.run_id
+    _rank_run(tmp_path / "M", 0)
+    sink = InMemorySink()
+    meta = job.finish({"exit_code": 0}, [sink])
+    assert meta["status"] == "partial" and meta["spans"] == 2  # rank 0's step and the root
+    assert meta["status_reasons"][0].startswith("rank 1 of 2 stored no run")
+    assert [r["rank"] for r in meta["ranks"]] == [0] and meta["ranks"][0]["pid"] == 100
+    assert not (tmp_path / "M" / "rank-0").exists()  # joined: the rank's copy went
+    assert store.open_run(tmp_path / "M").spans().num_rows == 2
+    (batch,) = sink.batches
+    assert batch.resource[schema.RES_WORLD_SIZE] == 2 and schema.RES_RANK not in batch.resource
+    assert "iteration" in batch.table.column("kind").to_pylist()
+
+    job.begin()
+    _rank_run(tmp_path / "M", 0)
+    program = {"exit_code": 1, "exception": "RuntimeError: boom"}
+    _rank_run(tmp_path / "M", 1, status="error", error="RuntimeError: boom", program=program)
+    meta = job.finish({"exit_code": 1})
+    assert meta["status"] == "error" and meta["error"] == "rank 1: RuntimeError: boom"
+    assert meta["program"] == program and meta["iterations_measured"] == 1
+
+
+# -- a real two-rank job ------------------------------------------------------------------------
+DDP_SCRIPT = """
+    import json
+    import os
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    names = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    with open(os.environ["ENV_OUT"] + os.environ["RANK"], "w") as out:
+        json.dump({name: os.environ.get(name) for name in names}, out)
+    torch.manual_seed(0)
+    # 32*64 + 64 + 64*4 + 4 = 2,372 float parameters: one 9,488-byte all-reduce bucket
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.randn(8, 32)
+    for _ in range(5):
+        model(batch).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+"""
+
+
+def _xsp(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xsp", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) -> None:
+    """The acceptance of issue 16's part 4: xsp run --levels M,MF on a 2-rank gloo DDP job."""
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "COLUMNS": "120",
+        "ENV_OUT": str(tmp_path / "env-rank"),
+        "NCCL_NVLS_ENABLE": "1",  # the runner forces it off in every rank
+    }
+    out = tmp_path / "R"
+    done = _xsp(
+        "run",
+        "--levels",
+        "M,MF",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--",
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        forced = json.loads((tmp_path / f"env-rank{rank}").read_text())
+        assert forced == {
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+        }
+    for levels in ("M", "MF"):
+        run = store.open_run(out / levels)
+        assert run.meta["status"] == "ok" and run.meta["world_size"] == 2
+        assert [r["rank"] for r in run.meta["ranks"]] == [0, 1]
+        spans = run.spans()
+        assert reachable_from_root(spans)
+        traces: dict[bytes, set[int]] = {}
+        for trace, rank in zip(
+            spans["trace_id"].to_pylist(), spans["rank"].to_pylist(), strict=True
+        ):
+            traces.setdefault(trace, set()).update([rank] if rank is not None else [])
+        assert len(traces) == 3
+        both = sum(1 for ranks in traces.values() if ranks == {0, 1})
+        assert both / len(traces) >= 0.9
+    mf = store.open_run(out / "MF").spans()
+    reduces = mf.filter(pc.equal(mf["collective"], "allreduce")).to_pylist()
+    calls = [r for r in reduces if r["name"] == "c10d::allreduce_"]
+    assert {(r["rank"], r["iteration"]) for r in calls} == {
+        (r, i) for r in (0, 1) for i in range(3)
+    }
+    assert {r["collective_bytes"] for r in reduces} == {9488}
+    assert all(r["kind"] == "collective" for r in reduces)
+
+    text = _xsp("analyze", str(out), env=env)
+    assert text.returncode == 0, text.stderr[-3000:]
+    for title in (
+        "Ranks: step per rank",
+        "Communication against computation",
+        "Collectives across",
+    ):
+        assert title in text.stdout
+    analyzed = _xsp("analyze", str(out), "--json", "--report", str(tmp_path / "r.html"), env=env)
+    assert analyzed.returncode == 0, analyzed.stderr[-3000:]
+    document = json.loads(analyzed.stdout)
+    analyses = document["analyses"]
+    assert [r["rank"] for r in analyses["ranks"]["rows"]] == [0, 1]
+    assert [r["rank"] for r in analyses["communication_overlap"]["rows"]] == [0, 1]
+    skew = analyses["collective_skew"]["rows"]
+    reduced = [
+        (r["iteration"], r["bytes"], r["ranks"]) for r in skew if r["collective"] == "allreduce"
+    ]
+    assert reduced == [(i, 9488, 2) for i in range(3)]  # DDP's broadcasts come first at times
+    assert all(r["straggler_rank"] in (0, 1) and r["skew_ms"] >= 0 for r in skew)
+    report = (tmp_path / "r.html").read_text()
+    for key in ("ranks", "communication_overlap", "collective_skew"):
+        assert f"id='{key}'" in report
+
+    exported = _xsp("export", str(out / "MF"), "-o", str(tmp_path / "mf.jsonl"), env=env)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    for line in (tmp_path / "mf.jsonl").read_text().splitlines():
+        spans_ = [
+            s
+            for rs in json.loads(line)["resourceSpans"]
+            for ss in rs["scopeSpans"]
+            for s in ss["spans"]
+        ]
+        (root,) = [s for s in spans_ if "parentSpanId" not in s]
+        assert root["name"].endswith(" · 2 ranks · MF · iteration " + root["name"][-1])
+        ranks = sorted(s["name"] for s in spans_ if s.get("parentSpanId") == root["spanId"])
+        assert ranks == ["rank 0", "rank 1"]
