@@ -342,13 +342,16 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     assert batch.resource[schema.RES_WORLD_SIZE] == 2 and schema.RES_RANK not in batch.resource
     assert "iteration" in batch.table.column("kind").to_pylist()
 
-    job.begin()
-    _rank_run(tmp_path / "M", 0)
+    job.begin()  # rank 1 fails first; rank 0 then loses its peer
+    peer = "RuntimeError: Connection closed by peer"
+    _rank_run(tmp_path / "M", 0, status="error", error=peer, status_reasons=[peer])
     program = {"exit_code": 1, "exception": "RuntimeError: boom"}
     _rank_run(tmp_path / "M", 1, status="error", error="RuntimeError: boom", program=program)
-    meta = job.finish({"exit_code": 1})
+    meta = job.finish({"exit_code": 1}, failed_first=1)
     assert meta["status"] == "error" and meta["error"] == "rank 1: RuntimeError: boom"
+    assert meta["status_reasons"] == ["rank 1: RuntimeError: boom", f"rank 0: {peer}"]
     assert meta["program"] == program and meta["iterations_measured"] == 1
+    assert [r["rank"] for r in meta["ranks"]] == [0, 1]
 
 
 # -- a real two-rank job ------------------------------------------------------------------------
@@ -491,3 +494,60 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
         assert root["name"].endswith(" · 2 ranks · MF · iteration " + root["name"][-1])
         ranks = sorted(s["name"] for s in spans_ if s.get("parentSpanId") == root["spanId"])
         assert ranks == ["rank 0", "rank 1"]
+
+
+FAILS_ON_RANK_1 = """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        if step == 4 and dist.get_rank() == 1:
+            raise RuntimeError("rank 1 fails")
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 raises in its fifth step, the last measured one; rank 0, waiting in the all-reduce,
+    loses its peer and is stopped by the launcher while it stores: both runs are kept, and the
+    error is rank 1's."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent(FAILS_ON_RANK_1))
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = tmp_path / "R"
+    done = _xsp(
+        "run",
+        "--levels",
+        "M",
+        "--iterations",
+        "4",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--",
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        env=env,
+    )
+    assert done.returncode == 1
+    assert "xsp: error: level set M: error: rank 1: RuntimeError: rank 1 fails" in done.stderr
+    meta = store.open_run(out / "M").meta
+    assert meta["status"] == "error" and meta["program"]["exit_code"] == 1
+    ranks = [(r["rank"], r["status"], r["iterations_measured"]) for r in meta["ranks"]]
+    # rank 0 fails on its lost peer, or the launcher's SIGTERM interrupts it first
+    assert ranks in ([(0, s, 4), (1, "error", 4)] for s in ("error", "interrupted"))
+    assert store.open_run(out / "M").spans().num_rows == 4 * (2 + 1)  # steps and roots

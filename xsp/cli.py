@@ -22,6 +22,7 @@ from typing import Any
 import click
 import pyarrow.compute as pc
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -32,12 +33,13 @@ out_console = Console()
 
 
 def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]xsp: error:[/] {message}", highlight=False, soft_wrap=True)
+    # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
+    console.print(f"[bold red]xsp: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
 def _warn(message: str) -> None:
-    console.print(f"[yellow]xsp: warning:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[yellow]xsp: warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 #: Ctrl-C: 128 + SIGINT, as a shell reports it.

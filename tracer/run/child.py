@@ -53,6 +53,14 @@ def on_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _hold_interrupts() -> None:
+    """The program is over and its run is being stored: an interrupt now (a Ctrl-C, or the
+    launcher's SIGTERM to the other ranks once one failed) must not cut the writing short."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is on_interrupt:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def _interrupted() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     current = sessions.current()
@@ -206,8 +214,8 @@ def _run_launcher(args: ChildSpec, command: list[str]) -> int:
     wait = _gate(args.gate_fd)
     if wait is not None:
         wait()
-    program = launcher.run_workers(arguments, job.rank_environment())
-    meta = job.finish(program, _sinks(args.otlp_endpoint))
+    program, failed_first = launcher.run_workers(arguments, job.rank_environment())
+    meta = job.finish(program, _sinks(args.otlp_endpoint), failed_first)
     if meta["status"] == "interrupted" or program.get("interrupted"):
         return EXIT_INTERRUPTED
     code = meta["program"].get("exit_code")
@@ -244,6 +252,7 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
         if not isinstance(exc.code, int) and exc.code is not None:
             print(exc.code, file=sys.stderr)  # sys.exit("message") prints it, as Python does
         session.program = {"exit_code": code}
+        _hold_interrupts()
         session.close(error=None if code == 0 else f"the program exited with {code}")
         return code
     except XspError:
@@ -252,12 +261,14 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
+        _hold_interrupts()
         traceback.print_exc()
         session.program = {"exit_code": EXIT_WORKLOAD_FAILED, "exception": fail_message(exc)}
         session.close(error=fail_message(exc))
         print(f"xsp: the script raised {fail_message(exc)}", file=sys.stderr)
         return EXIT_WORKLOAD_FAILED
     session.program = {"exit_code": 0}
+    _hold_interrupts()
     session.close()
     return code
 

@@ -58,9 +58,12 @@ def worker_arguments(command: Sequence[str]) -> Any:
     return args
 
 
-def run_workers(arguments: Any, environment: Mapping[str, str]) -> dict[str, Any]:
+def run_workers(
+    arguments: Any, environment: Mapping[str, str]
+) -> tuple[dict[str, Any], int | None]:
     """Run the launcher with ``arguments`` (``worker_arguments``) until its workers end; how it
-    ended, as run.json's ``program`` says it (``exit_code``; ``signal``; ``interrupted``)."""
+    ended, as run.json's ``program`` says it (``exit_code``; ``signal``; ``interrupted``), and
+    the rank that failed first, if one did (the others fail after it, or are stopped)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -69,16 +72,16 @@ def run_workers(arguments: Any, environment: Mapping[str, str]) -> dict[str, Any
     try:
         torchrun.run(arguments)
     except ChildFailedError as exc:
-        _, failure = exc.get_first_failure()
+        rank, failure = exc.get_first_failure()
         code = int(failure.exitcode)
         if code < 0:
-            return {"signal": -code, "signal_name": _signal_name(-code)}
-        return {"exit_code": code}
+            return {"signal": -code, "signal_name": _signal_name(-code)}, int(rank)
+        return {"exit_code": code}, int(rank)
     except SignalException as exc:  # the launcher was told to stop (Ctrl-C, SIGTERM)
         if exc.sigval == signal.SIGINT:
-            return {"interrupted": True}
-        return {"signal": int(exc.sigval), "signal_name": _signal_name(int(exc.sigval))}
-    return {"exit_code": 0}
+            return {"interrupted": True}, None
+        return {"signal": int(exc.sigval), "signal_name": _signal_name(int(exc.sigval))}, None
+    return {"exit_code": 0}, None
 
 
 def _signal_name(number: int) -> str:

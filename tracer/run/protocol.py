@@ -1,7 +1,9 @@
 """What the runner hands one level-set process: a single ``ChildSpec``, serialized as JSON in the
 process's arguments, so that a fresh interpreter (``python -m xsp.tracer.run.child --spec …``)
 and a process forked from the fork server read the same object, and a field added here reaches
-both without a second argument parser to keep in step."""
+both without a second argument parser to keep in step. The ranks of a multi-rank job, which a
+launcher starts with its own command line, read the same object from their environment
+(``RANK_SPEC_ENV``)."""
 
 from __future__ import annotations
 

@@ -71,8 +71,15 @@ class RankedRun:
         )
         return {RANK_SPEC_ENV: ranks.to_json()}
 
-    def finish(self, program: dict[str, Any], sinks: Sequence[Sink] = ()) -> dict[str, Any]:
-        """Join the ranks' runs into the level set's run; return its run.json."""
+    def finish(
+        self,
+        program: dict[str, Any],
+        sinks: Sequence[Sink] = (),
+        failed_first: int | None = None,
+    ) -> dict[str, Any]:
+        """Join the ranks' runs into the level set's run; return its run.json. The error and
+        program it reports are the rank's that ``failed_first`` (the launcher says which), else
+        the lowest failing rank's: the others' failures follow from it."""
         ranks = _rank_runs(self.run_dir)
         reasons: list[str] = []
         fatal: str | None = None
@@ -95,7 +102,8 @@ class RankedRun:
         status = max(statuses, key=_badness, default="error")
         code = program.get("exit_code")
         if isinstance(code, int) and code != 0 and status == "ok":
-            status, fatal = "error", f"the job exited with {code}"
+            who = f"rank {failed_first}" if failed_first is not None else "the job"
+            status, fatal = "error", f"{who} exited with {code}"
         if missing and status == "ok":
             status = "partial"
         files: list[str] = []
@@ -118,7 +126,10 @@ class RankedRun:
         if fatal is not None:
             status = "error" if status != "interrupted" else status
             reasons.insert(0, fatal)
-        meta = self._meta(ranks, status, fatal, reasons, program, resource, spans, files)
+        # the rank that failed first leads the reasons: the others' failures follow from it
+        first = sorted(ranks, key=lambda item: item[0] != failed_first)
+        reasons.sort(key=lambda r: not r.startswith(f"rank {failed_first}: "))
+        meta = self._meta(first, status, fatal, reasons, program, resource, spans, files)
         self._write(meta)
         if fatal is None:  # the join is stored: the ranks' own copies go
             for rank, _ in ranks:
@@ -168,7 +179,7 @@ class RankedRun:
             "files": files,
             "finished_ns": time.time_ns(),
             **({"cupti": _summed(metas, "cupti")} if any(m.get("cupti") for m in metas) else {}),
-            "ranks": [_rank_entry(rank, meta) for rank, meta in ranks],
+            "ranks": [_rank_entry(rank, meta) for rank, meta in sorted(ranks)],
         }
 
     def _write(self, fields: dict[str, Any]) -> None:
