@@ -118,7 +118,9 @@ def run(
     replays each kernel); without ncu it is skipped with one line and the others run.
 
     Each level set runs in a fresh process and writes RUN_DIR/<levels>/; RUN_DIR/manifest.json
-    ties them into one leveled measurement. A summary is printed at the end.
+    ties them into one leveled measurement. A summary is printed at the end. A multi-rank job
+    (-- torchrun ... or -- python -m torch.distributed.run ...) is traced on every rank, one
+    trace per iteration across ranks.
 
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
@@ -439,7 +441,9 @@ def analyze(
     the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13), HTA's GPU time breakdowns,
     and with a counter run (level set MH) the hardware-counter analyses: kernel info (A8), the
     kernel roofline (A9), GPU metrics per layer (A12), the layer roofline (A14) and the model's
-    aggregate (A15); without one, a line says they are absent.
+    aggregate (A15); without one, a line says they are absent. For a multi-rank job also each
+    rank's step, communication against computation and the skew of each collective across
+    ranks (its straggler named).
 
     With --json, stdout holds one object: ``measurement``, ``reconstruction`` (spans, model
     latency, mismatches, GPU-lane layout) and ``analyses``, keyed by analysis (``suggestions``,

@@ -196,7 +196,11 @@ def validate(spec: LeveledSpec) -> list[str]:
         if spec.batch_size < 1:
             raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
     else:
-        script_command(spec.command)
+        command = script_command(spec.command)
+        from xsp.tracer.run import launcher
+
+        if launcher.is_launcher(command):
+            launcher.worker_arguments(command)  # a launcher xsp cannot trace is refused here
     from xsp.tracer import config
     from xsp.tracer.capture.levels import check_levels
     from xsp.tracer.capture.session import resolve_device
