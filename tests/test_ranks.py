@@ -73,8 +73,8 @@ def _framework(events: list[tuple[str, int, int, int, str, str]]) -> FrameworkRe
         records.input_dtypes.append(dtypes)
     records.modules = [ModuleInfo("", "Net", 32, "train.py:1")]
     records.call_module = [0]
-    records.call_input_shapes = [((4, 4),)]
-    records.call_output_shapes = {0: ((4, 4),)}
+    records.call_input_shapes = ["[[4,4]]"]
+    records.call_output_shapes = {0: "[[4,4]]"}
     return records
 
 
@@ -320,6 +320,7 @@ def _rank_run(run_dir: Path, rank: int, status: str = "ok", **meta: object) -> N
 
 def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_path: Path) -> None:
     from xsp.tracer.export.sinks import InMemorySink
+    from xsp.tracer.run.launcher import JobEnd
     from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
     from xsp.tracer.run.ranks import RankedRun
 
@@ -332,7 +333,7 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     assert json.loads(job.rank_environment()[RANK_SPEC_ENV])["run_id"] == job.run_id
     _rank_run(tmp_path / "M", 0)
     sink = InMemorySink()
-    meta = job.finish({"exit_code": 0}, [sink])
+    meta = job.finish(JobEnd({"exit_code": 0}), [sink])
     assert meta["status"] == "partial" and meta["spans"] == 2  # rank 0's step and the root
     assert meta["status_reasons"][0].startswith("rank 1 of 2 stored no run")
     assert [r["rank"] for r in meta["ranks"]] == [0] and meta["ranks"][0]["pid"] == 100
@@ -347,7 +348,7 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     _rank_run(tmp_path / "M", 0, status="error", error=peer, status_reasons=[peer])
     program = {"exit_code": 1, "exception": "RuntimeError: boom"}
     _rank_run(tmp_path / "M", 1, status="error", error="RuntimeError: boom", program=program)
-    meta = job.finish({"exit_code": 1}, failed_first=1)
+    meta = job.finish(JobEnd({"exit_code": 1}, 1, {1: {"exit_code": 1}}))
     assert meta["status"] == "error" and meta["error"] == "rank 1: RuntimeError: boom"
     assert meta["status_reasons"] == ["rank 1: RuntimeError: boom", f"rank 0: {peer}"]
     assert meta["program"] == program and meta["iterations_measured"] == 1
@@ -497,6 +498,7 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
 
 
 FAILS_ON_RANK_1 = """
+    import os
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -506,7 +508,7 @@ FAILS_ON_RANK_1 = """
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(6):
         if step == 4 and dist.get_rank() == 1:
-            raise RuntimeError("rank 1 fails")
+            os._exit(3)  # dies without xsp storing anything: its capture arena is recovered
         model(torch.randn(4, 8)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -516,9 +518,10 @@ FAILS_ON_RANK_1 = """
 def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
     tmp_path: Path,
 ) -> None:
-    """Rank 1 raises in its fifth step, the last measured one; rank 0, waiting in the all-reduce,
-    loses its peer and is stopped by the launcher while it stores: both runs are kept, and the
-    error is rank 1's."""
+    """Rank 1 dies (os._exit) in its fifth step, the last measured one: its three finished
+    iterations are recovered from its capture arena. Rank 0, waiting in the all-reduce, loses
+    its peer and is stopped by the launcher while it stores its four. The job exits as rank 1
+    did, and the error is rank 1's."""
     script = tmp_path / "fails.py"
     script.write_text(textwrap.dedent(FAILS_ON_RANK_1))
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -543,11 +546,22 @@ def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
         str(script),
         env=env,
     )
-    assert done.returncode == 1
-    assert "xsp: error: level set M: error: rank 1: RuntimeError: rank 1 fails" in done.stderr
-    meta = store.open_run(out / "M").meta
-    assert meta["status"] == "error" and meta["program"]["exit_code"] == 1
-    ranks = [(r["rank"], r["status"], r["iterations_measured"]) for r in meta["ranks"]]
+    assert done.returncode == 3, done.stderr[-3000:]
+    why = "rank 1: the program exited with 3 after 3 measured iterations"
+    assert f"xsp: error: level set M: error: {why}" in done.stderr
+    run = store.open_run(out / "M")
+    assert run.meta["status"] == "error" and run.meta["program"] == {"exit_code": 3}
+    ranks = [(r["rank"], r["status"], r["iterations_measured"]) for r in run.meta["ranks"]]
     # rank 0 fails on its lost peer, or the launcher's SIGTERM interrupts it first
-    assert ranks in ([(0, s, 4), (1, "error", 4)] for s in ("error", "interrupted"))
-    assert store.open_run(out / "M").spans().num_rows == 4 * (2 + 1)  # steps and roots
+    assert ranks in ([(0, s, 4), (1, "partial", 3)] for s in ("error", "interrupted"))
+    steps = run.spans().filter(pc.equal(run.spans()["kind"], "step"))
+    assert sorted(zip(steps["rank"].to_pylist(), steps["iteration"].to_pylist(), strict=True)) == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+    assert run.spans().num_rows == 7 + 4  # the steps and a root per iteration

@@ -8,7 +8,6 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any

@@ -214,9 +214,9 @@ def _run_launcher(args: ChildSpec, command: list[str]) -> int:
     wait = _gate(args.gate_fd)
     if wait is not None:
         wait()
-    program, failed_first = launcher.run_workers(arguments, job.rank_environment())
-    meta = job.finish(program, _sinks(args.otlp_endpoint), failed_first)
-    if meta["status"] == "interrupted" or program.get("interrupted"):
+    end = launcher.run_workers(arguments, job.rank_environment())
+    meta = job.finish(end, _sinks(args.otlp_endpoint))
+    if meta["status"] == "interrupted" or end.program.get("interrupted"):
         return EXIT_INTERRUPTED
     code = meta["program"].get("exit_code")
     if isinstance(code, int) and code != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from xsp.tracer.errors import ConfigError
@@ -58,12 +59,18 @@ def worker_arguments(command: Sequence[str]) -> Any:
     return args
 
 
-def run_workers(
-    arguments: Any, environment: Mapping[str, str]
-) -> tuple[dict[str, Any], int | None]:
-    """Run the launcher with ``arguments`` (``worker_arguments``) until its workers end; how it
-    ended, as run.json's ``program`` says it (``exit_code``; ``signal``; ``interrupted``), and
-    the rank that failed first, if one did (the others fail after it, or are stopped)."""
+@dataclass(frozen=True)
+class JobEnd:
+    """How a launcher's job ended: its ``program`` as run.json says it (``exit_code``,
+    ``signal``, ``interrupted``), the rank that failed first, and how each failed rank ended."""
+
+    program: dict[str, Any]
+    first_failure: int | None = None
+    failed: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def run_workers(arguments: Any, environment: Mapping[str, str]) -> JobEnd:
+    """Run the launcher with ``arguments`` (``worker_arguments``) until its workers end."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -72,16 +79,22 @@ def run_workers(
     try:
         torchrun.run(arguments)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        code = int(failure.exitcode)
-        if code < 0:
-            return {"signal": -code, "signal_name": _signal_name(-code)}, int(rank)
-        return {"exit_code": code}, int(rank)
+        first, _ = exc.get_first_failure()
+        failed = {int(rank): _ended(f.exitcode) for rank, f in exc.failures.items()}
+        return JobEnd(failed[int(first)], int(first), failed)
     except SignalException as exc:  # the launcher was told to stop (Ctrl-C, SIGTERM)
         if exc.sigval == signal.SIGINT:
-            return {"interrupted": True}, None
-        return {"signal": int(exc.sigval), "signal_name": _signal_name(int(exc.sigval))}, None
-    return {"exit_code": 0}, None
+            return JobEnd({"interrupted": True})
+        return JobEnd(_ended(-int(exc.sigval)))
+    return JobEnd({"exit_code": 0})
+
+
+def _ended(exitcode: int) -> dict[str, Any]:
+    """A process's exit code (negative: the signal that killed it) as run.json's ``program``."""
+    code = int(exitcode)
+    if code < 0:
+        return {"signal": -code, "signal_name": _signal_name(-code)}
+    return {"exit_code": code}
 
 
 def _signal_name(number: int) -> str:

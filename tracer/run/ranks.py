@@ -28,6 +28,7 @@ from xsp.tracer import schema, store
 from xsp.tracer.convert.ranks import join_ranks
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
+from xsp.tracer.run.launcher import JobEnd
 from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
 
 log = logging.getLogger(__name__)
@@ -71,16 +72,17 @@ class RankedRun:
         )
         return {RANK_SPEC_ENV: ranks.to_json()}
 
-    def finish(
-        self,
-        program: dict[str, Any],
-        sinks: Sequence[Sink] = (),
-        failed_first: int | None = None,
-    ) -> dict[str, Any]:
+    def finish(self, end: JobEnd, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
         """Join the ranks' runs into the level set's run; return its run.json. The error and
-        program it reports are the rank's that ``failed_first`` (the launcher says which), else
-        the lowest failing rank's: the others' failures follow from it."""
-        ranks = _rank_runs(self.run_dir)
+        program it reports are those of the rank that failed first (the launcher says which),
+        else of the lowest failing rank: the others' failures follow from it. A rank that died
+        before storing its spans has its finished iterations recovered from its capture arena,
+        as the runner does for a level-set process."""
+        program, failed_first = end.program, end.first_failure
+        ranks = [
+            (rank, _recovered(self.run_dir / _rank_dir(rank), meta, end.failed.get(rank)))
+            for rank, meta in _rank_runs(self.run_dir)
+        ]
         reasons: list[str] = []
         fatal: str | None = None
         world_size = max((int(m.get("world_size") or 0) for _, m in ranks), default=0)
@@ -148,7 +150,8 @@ class RankedRun:
         files: list[str],
     ) -> dict[str, Any]:
         metas = [m for _, m in ranks]
-        failing = next((m for m in metas if m.get("status") not in ("ok", "partial")), None)
+        # the ranks come failed-first: the first one not ok leads
+        failing = next((m for m in metas if m.get("status") != "ok"), None)
         phases: dict[str, int] = {}
         for meta in metas:  # each mark when the last rank reached it
             for name, mark in (meta.get("phases_ns") or {}).items():
@@ -160,7 +163,8 @@ class RankedRun:
                 failed_iterations.setdefault(it, f"rank {rank}: {why}")
         return {
             "status": status,
-            "error": error or (_first_error(ranks) if status in ("error", "interrupted") else None),
+            "error": error
+            or (reasons[0] if reasons and status in ("error", "interrupted") else None),
             "status_reasons": list(dict.fromkeys(reasons)),
             "resource": resource,
             "program": (failing or {}).get("program") or program,
@@ -200,6 +204,22 @@ class RankedRun:
             log.error("xsp: cannot write %s: %s", self.run_dir / store.RUN_META, exc)
 
 
+def _recovered(
+    rank_dir: Path, meta: dict[str, Any], program: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A rank's run.json, its spans recovered first when it died before storing them."""
+    if meta.get("status") != "running":
+        return meta
+    from xsp.tracer.run.recover import recover_run
+    from xsp.tracer.run.runner import describe_end
+
+    ended = describe_end(program) if program else "ended before xsp stored its spans"
+    meta = recover_run(rank_dir, ended) or meta
+    if program:
+        meta["program"] = program
+    return meta
+
+
 def _badness(status: str) -> int:
     return STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER)
 
@@ -220,13 +240,6 @@ def _rank_runs(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
         except StoreError as exc:
             log.error("xsp: %s", exc)
     return sorted(found, key=lambda item: item[0])
-
-
-def _first_error(ranks: list[tuple[int, dict[str, Any]]]) -> str | None:
-    for rank, meta in ranks:
-        if meta.get("error"):
-            return f"rank {rank}: {meta['error']}"
-    return None
 
 
 def _resource(

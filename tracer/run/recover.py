@@ -55,7 +55,11 @@ def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) 
     contents = read_arena(arena_path)
     steps = step_records(contents)
     framework = framework_records(contents) if "F" in levels else None
-    table, report = build_table(str(meta["run_id"]), levels, steps, framework)
+    # a rank of a multi-rank job numbers its spans as its own process would have
+    rank, world_size = meta.get("rank"), meta.get("world_size")
+    table, report = build_table(
+        str(meta["run_id"]), levels, steps, framework, rank=rank, world_size=world_size
+    )
     sink = StoreSink(run_dir)
     sink.export(SpanBatch.of(dict(meta.get("resource") or {}), table))
     measured = len(steps.iteration)
