@@ -3,7 +3,8 @@ process's arguments, so that a fresh interpreter (``python -m xsp.tracer.run.chi
 and a process forked from the fork server read the same object, and a field added here reaches
 both without a second argument parser to keep in step. The ranks of a multi-rank job, which a
 launcher starts with its own command line, read the same object from their environment
-(``RANK_SPEC_ENV``)."""
+(``RANK_SPEC_ENV``). ``describe_end`` words how a program ended (run.json's ``program``) for
+the runner and for the join of a multi-rank job's ranks alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from xsp.tracer.errors import ConfigError
 
@@ -71,3 +73,14 @@ class ChildSpec:
         if len(argv) != 2 or argv[0] != SPEC_FLAG:
             raise ConfigError(f"a level-set process takes {SPEC_FLAG} JSON (from xsp run)")
         return cls.from_json(argv[1])
+
+
+def describe_end(program: dict[str, Any]) -> str:
+    """``was killed by SIGKILL``, ``exited with 5``, ``raised ValueError: ...``."""
+    if "signal" in program:
+        return f"was killed by {program.get('signal_name') or program['signal']}"
+    if program.get("interrupted"):
+        return "was interrupted"
+    if program.get("exception"):
+        return f"raised {program['exception']}"
+    return f"exited with {program.get('exit_code')}"

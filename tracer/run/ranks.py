@@ -29,7 +29,7 @@ from xsp.tracer.convert.ranks import join_ranks
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
 from xsp.tracer.run.launcher import JobEnd
-from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
+from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec, describe_end
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,6 @@ def _recovered(
     if meta.get("status") != "running":
         return meta
     from xsp.tracer.run.recover import recover_run
-    from xsp.tracer.run.runner import describe_end
 
     ended = describe_end(program) if program else "ended before xsp stored its spans"
     meta = recover_run(rank_dir, ended) or meta

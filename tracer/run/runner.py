@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
-from xsp.tracer.run.protocol import ChildSpec
+from xsp.tracer.run.protocol import ChildSpec, describe_end
 from xsp.tracer.run.recover import recover_run
 
 log = logging.getLogger(__name__)
@@ -568,17 +568,6 @@ def program_end(returncode: int, recorded: Any = None) -> dict[str, Any]:
     if isinstance(recorded, dict) and recorded:
         return dict(recorded)
     return {"exit_code": returncode}
-
-
-def describe_end(program: dict[str, Any]) -> str:
-    """``was killed by SIGKILL``, ``exited with 5``, ``raised ValueError: ...``."""
-    if "signal" in program:
-        return f"was killed by {program.get('signal_name') or program['signal']}"
-    if program.get("interrupted"):
-        return "was interrupted"
-    if program.get("exception"):
-        return f"raised {program['exception']}"
-    return f"exited with {program.get('exit_code')}"
 
 
 def _amend_run(spec: LeveledSpec, levels: str, entry: dict[str, Any]) -> None:
