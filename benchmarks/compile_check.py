@@ -49,7 +49,9 @@ def check(model: str, batch: int, device: str, backend: str, iterations: int) ->
         times.append(time.perf_counter() - t0)
     before = dynamo_counts()
     with tempfile.TemporaryDirectory() as tmp:
-        session = Session("MF", iterations=iterations, warmup=0, out=Path(tmp) / "MF", device=device)
+        session = Session(
+            "MF", iterations=iterations, warmup=0, out=Path(tmp) / "MF", device=device
+        )
         session.start()
         while not session.done:
             with session.iteration():

@@ -105,9 +105,9 @@ def test_iterations_finished_before_the_program_died_are_stored(
     script = tmp_path / "dies.py"
     script.write_text(textwrap.dedent(DYING_SCRIPT))
     out = tmp_path / "run"
+    command = [sys.executable, "-m", "xsp", "run", "--levels", "MF", "--iterations", "8"]
     done = subprocess.run(
-        [sys.executable, "-m", "xsp", "run", "--levels", "MF", "--iterations", "8"]
-        + ["--warmup", "0", "--out", str(out), "--", "python", str(script), how],
+        [*command, "--warmup", "0", "--out", str(out), "--", "python", str(script), how],
         capture_output=True,
         text=True,
         cwd=ROOT,

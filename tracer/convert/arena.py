@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
@@ -24,7 +25,6 @@ from xsp.tracer.convert.records import (
     ModuleInfo,
     StepRecords,
 )
-from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.errors import StoreError
 
 MAGIC = b"XSPARENA"

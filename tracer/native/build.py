@@ -127,7 +127,7 @@ def _compiler() -> str:
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
     """The native capture module, built first if this torch has none yet."""
-    import torch  # noqa: F401  (the extension links against the loaded libtorch)
+    import torch  # the extension links against the loaded libtorch
 
     cupti = find_cupti() if torch.version.cuda else None
     key = _key(cupti)
