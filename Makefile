@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze clean
+.PHONY: setup native demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -13,9 +13,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# xsp's native capture core (tracer/native/capture.cpp), built against the installed torch with
+# its C++ headers (and CUPTI's, on a CUDA build), once per torch version, in ~/.cache/xsp/native.
+native: $(STAMP)
+	$(VENV)/bin/xsp native
+
 # A real leveled profile (levels M, MF and MFL) of the embedded default model on CPU, then its
 # reconstruction, analyses and HTML report.
-demo: $(STAMP)
+demo: native
 	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF,MFL --device cpu --out xsp-runs/demo
 	$(VENV)/bin/xsp analyze xsp-runs/demo --rows 8 --report xsp-runs/demo/report.html
 
@@ -41,7 +46,7 @@ jaeger-up:
 browser:
 	-@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
-test: lint jaeger browser
+test: lint native jaeger browser
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 bench-conversion: $(STAMP)

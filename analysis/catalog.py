@@ -34,7 +34,43 @@ def sections(store: MeasurementStore) -> list[Section]:
     """Every analysis of the measurement, suggestions first; empty tables included. The
     multi-rank analyses (``ranks``, ``communication_overlap``, ``collective_skew``) are there
     only for a multi-rank job."""
-    return [*_every_measurement(store), *_multi_rank(store)]
+    return [*_every_measurement(store), *_memory(store), *_multi_rank(store)]
+
+
+def _memory(store: MeasurementStore) -> list[Section]:
+    from xsp.analysis import memory
+    from xsp.analysis.charts import bar
+
+    found = memory.memory_run(store)
+    if found is None:
+        return [
+            Section(
+                "memory",
+                "Memory (A4, A7)",
+                pa.table({}),
+                "no allocator events: the measurement has no run with level F",
+                absent=True,
+            )
+        ]
+    note = f"allocator events of the {found[0]} run, per measured iteration"
+    return [
+        Section(
+            "layer_memory",
+            "Memory per layer (A4)",
+            memory.layer_memory(store),
+            note,
+            chart=lambda t: bar(t, "layer", "allocated_bytes_per_iteration", "Bytes allocated"),
+        ),
+        Section(
+            "layer_type_memory",
+            "Memory per layer type (A7)",
+            memory.layer_type_memory(store),
+            note,
+            chart=lambda t: bar(
+                t, "layer_type", "allocated_bytes_per_iteration", "Bytes allocated by layer type"
+            ),
+        ),
+    ]
 
 
 def _every_measurement(store: MeasurementStore) -> list[Section]:

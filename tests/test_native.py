@@ -226,3 +226,28 @@ def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
     ]
     assert per_iteration == reference
     assert meta["api_ops"]["by_correlation_id_pct"] >= 99.9
+
+
+def test_each_layer_allocations_come_from_the_allocator(tmp_path: Path) -> None:
+    from xsp.analysis import memory
+    from xsp.analysis.store import MeasurementStore
+
+    session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    _train(session, TwoLayers())
+    meta = session.close() or {}
+    assert meta["memory_events"] > 0
+    rows = {r["layer"]: r for r in memory.layer_memory(MeasurementStore(tmp_path)).to_pylist()}
+    first = rows["first"]
+    # forward: the [5,8] output; backward (AddmmBackward0, attributed to the layer): the weight's
+    # [8,4] and the bias's [8] gradients; float32 throughout
+    assert first["layer_type"] == "Linear" and first["device"] == "cpu"
+    assert first["allocations_per_iteration"] == 3
+    assert first["allocated_bytes_per_iteration"] == 4 * (5 * 8 + 8 * 4 + 8)
+    by_type = {
+        r["layer_type"]: r for r in memory.layer_type_memory(MeasurementStore(tmp_path)).to_pylist()
+    }
+    linear = by_type["Linear"]["allocated_bytes_per_iteration"]
+    assert (
+        linear
+        == first["allocated_bytes_per_iteration"] + rows["second"]["allocated_bytes_per_iteration"]
+    )

@@ -41,13 +41,14 @@ RUN_META = "run.json"
 #: Where ``xsp analyze --save-reconstruction`` stores a measurement's reconstruction.
 RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
+MEMORY = "memory.parquet"
 #: A hardware-counter run's tables and Nsight Compute's own files (``xsp.tracer.run.ncu``).
 COUNTERS = "counters.parquet"
 NCU_REPORT = "counters.ncu-rep"
 NCU_LOG = "ncu.log"
 SPAN_FILE_PATTERN = "spans-*.parquet"
 #: Names that are a store's own files wherever they sit in a run directory.
-_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, COUNTERS, NCU_REPORT, NCU_LOG, SPAN_FILE_PATTERN)
+_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, MEMORY, COUNTERS, NCU_REPORT, NCU_LOG, SPAN_FILE_PATTERN)
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
 # and delta-encoded integer columns (ids and start times grow steadily).
@@ -113,6 +114,7 @@ def reset_run_dir(run_dir: Path) -> None:
         *run_dir.glob(SPAN_FILE_PATTERN),
         run_dir / RUN_META,
         run_dir / MONITOR,
+        run_dir / MEMORY,
         run_dir / COUNTERS,
     ]:
         try:
@@ -194,6 +196,16 @@ class Run:
             return pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"{path}: corrupt or truncated monitor file ({exc})") from exc
+
+    def memory(self) -> pa.Table | None:
+        """Level F's allocator events, each with its span and layer; None when none."""
+        path = self.path / MEMORY
+        if not path.exists():
+            return None
+        try:
+            return pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"{path}: corrupt or truncated memory file ({exc})") from exc
 
     @property
     def is_counter_run(self) -> bool:

@@ -594,6 +594,21 @@ def summary(run_dir: Path) -> None:
 
 
 @main.command()
+def native() -> None:
+    """Build xsp's native capture core for this torch (once; later runs reuse it) and say where
+    it is and whether it holds CUPTI (levels L and G)."""
+    from xsp.tracer.native.build import find_cupti, load
+
+    module = load()
+    cupti = find_cupti() if module.WITH_CUPTI else None
+    console.print(
+        f"native capture core: {module.__file__}\n"
+        f"CUPTI: {cupti.library if cupti else 'not built in (no CUDA build of torch or no cupti.h)'}",
+        highlight=False,
+    )
+
+
+@main.command()
 @click.option("--source", type=click.Choice(["torchvision", "timm", "transformers"]))
 @click.option("--filter", "pattern", help="Substring or shell pattern, e.g. resnet or 'vit_*224'.")
 def models(source: str | None, pattern: str | None) -> None:

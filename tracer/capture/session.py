@@ -42,7 +42,7 @@ from xsp.tracer.capture.levels import (
     level_environment,
 )
 from xsp.tracer.capture.monitor import GpuMonitor
-from xsp.tracer.convert.records import MonitorSamples
+from xsp.tracer.convert.records import MemoryRecords, MonitorSamples
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import ConfigError, DeviceError, XspError
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch, StoreSink
@@ -462,6 +462,8 @@ class Session:
                         "by_correlation_id_pct": round(100 * report.api_ops_by_id / api_joined, 3),
                     }
                 self._sink.export(SpanBatch.of(self.resource, table))
+                if raw.get("F") is not None:
+                    counts["memory_events"] = self._write_memory(raw["F"].memory, table)
                 self._sink.force_flush()
             except Exception as exc:
                 message = f"conversion failed: {type(exc).__name__}: {exc}"
@@ -511,6 +513,23 @@ class Session:
             message = f"level {level.letter} could not count its losses: {exc}"
             self._errors.append(message)
             return {}
+
+    def _write_memory(self, memory: MemoryRecords, table: Any) -> int:
+        """Keep level F's allocator events, attributed to spans: RUN_DIR/<levels>/memory.parquet.
+        Returns how many were stored."""
+        from xsp.tracer.convert.memory import memory_table
+
+        events = memory_table(memory, table)
+        if self.run_dir is None or events is None:
+            return 0
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(events, self.run_dir / store.MEMORY)
+        except OSError as exc:
+            self._errors.append(f"cannot write {self.run_dir / store.MEMORY}: {exc}")
+            return 0
+        return events.num_rows
 
     def _write_monitor(self, samples: MonitorSamples) -> None:
         """Keep the raw samples beside the spans: RUN_DIR/<levels>/monitor.parquet."""

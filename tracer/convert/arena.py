@@ -22,6 +22,7 @@ from xsp.tracer.convert.records import (
     MODULE_RANGE_PREFIX,
     FrameworkRecords,
     Interned,
+    MemoryRecords,
     ModuleInfo,
     StepRecords,
 )
@@ -29,7 +30,7 @@ from xsp.tracer.errors import StoreError
 
 MAGIC = b"XSPARENA"
 VERSION = 1
-KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO = 1, 2, 3, 4, 5
+KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO, KIND_MEMORY = 1, 2, 3, 4, 5, 6
 
 HEADER = np.dtype(
     [
@@ -205,7 +206,23 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
         for call, code in enumerate(rec["dtypes"][module_rows].tolist())
         if code >= 0
     }
+    out.memory = memory_records(arena)
     link_backward_nodes(out)
+    return out
+
+
+def memory_records(arena: ArenaContents) -> MemoryRecords:
+    """The allocator events, in time order."""
+    rows = arena.of_kind(KIND_MEMORY)
+    rows = rows[np.argsort(arena.records["start_ns"][rows], kind="stable")]
+    rec = arena.records
+    out = MemoryRecords()
+    out.time_ns = _int64s(rec["start_ns"][rows])
+    out.thread = _int64s(arena.thread[rows])
+    out.bytes = _int64s(rec["seq_nr"][rows])
+    out.total_allocated = _int64s(rec["aux"][rows])
+    out.device_type = _int64s(rec["shapes"][rows])
+    out.device_index = _int64s(rec["dtypes"][rows])
     return out
 
 

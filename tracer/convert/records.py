@@ -83,6 +83,20 @@ def _int64s() -> array[int]:
 
 
 @dataclass
+class MemoryRecords:
+    """Allocator events (level F): each allocation (``bytes`` > 0) and free (< 0) with the
+    allocator's total allocated after it, on the device it happened on (``device_type``: c10's
+    DeviceType, 0 CPU, 1 CUDA)."""
+
+    time_ns: array[int] = field(default_factory=_int64s)
+    thread: array[int] = field(default_factory=_int64s)
+    bytes: array[int] = field(default_factory=_int64s)
+    total_allocated: array[int] = field(default_factory=_int64s)
+    device_type: array[int] = field(default_factory=_int64s)
+    device_index: array[int] = field(default_factory=_int64s)
+
+
+@dataclass
 class FrameworkRecords:
     """Raw framework-level records, one entry per profiler event, plus the module tables."""
 
@@ -102,6 +116,7 @@ class FrameworkRecords:
     call_module: list[int] = field(default_factory=list)
     call_input_shapes: list[str] = field(default_factory=list)
     call_output_shapes: dict[int, str] = field(default_factory=dict)
+    memory: MemoryRecords = field(default_factory=MemoryRecords)
 
 
 @dataclass

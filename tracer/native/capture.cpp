@@ -13,6 +13,8 @@
 #include <torch/extension.h>
 
 #include <ATen/record_function.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -41,7 +43,7 @@ constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderBytes = 4096;
 constexpr uint64_t kChunkRecords = 4096;
 
-enum Kind : uint8_t { kOp = 1, kModule = 2, kRange = 3, kStep = 4, kModuleInfo = 5 };
+enum Kind : uint8_t { kOp = 1, kModule = 2, kRange = 3, kStep = 4, kModuleInfo = 5, kMemory = 6 };
 
 struct Header {
   char magic[8];
@@ -71,11 +73,12 @@ struct ChunkHead {
 struct Record {
   int64_t start_ns;
   int64_t end_ns;   // 0 while open
-  int64_t seq_nr;   // op: autograd sequence number; module: module index; step: iteration
-  int64_t aux;      // op: forward thread (RecordFunction id)
+  int64_t seq_nr;   // op: autograd sequence number; module: module index; step: iteration;
+                    // memory: bytes allocated (negative: freed)
+  int64_t aux;      // op: forward thread (RecordFunction id); memory: bytes allocated in all
   int32_t name;     // string id, -1 unknown
-  int32_t shapes;   // op/module: input shapes; -1 none
-  int32_t dtypes;   // op: input dtypes; module: output shapes
+  int32_t shapes;   // op/module: input shapes; -1 none; memory: device type
+  int32_t dtypes;   // op: input dtypes; module: output shapes; memory: device index
   uint8_t scope;    // RecordScope of ops
   uint8_t pad[2];
   uint8_t kind;     // written last: 0 means the slot is empty
@@ -96,6 +99,7 @@ std::mutex g_strings_mutex;
 std::unordered_map<std::string, int32_t> g_strings;
 bool g_record_shapes = false;
 std::atomic<bool> g_push_correlation{false};
+std::atomic<bool> g_memory{false};  // allocator events are recorded
 at::CallbackHandle g_callback = 0;
 
 int64_t now_ns() {
@@ -428,6 +432,7 @@ void ops_stop();
 // any thread, and write their end into it; its pages are given back to the file instead.
 void arena_close() {
   ops_stop();
+  g_memory.store(false);
   if (g_arena.header == nullptr) return;
   Arena closing = g_arena;
   g_arena.header = nullptr;
@@ -548,6 +553,53 @@ void module_info(int64_t index, const std::string& text) {
   r->scope = 0;
   r->start_ns = r->end_ns = now_ns();
   publish(r, kModuleInfo);
+}
+
+// -- allocator events: the CPU and CUDA caching allocators report every allocation and free to
+// the profiler state in the thread's debug info, as they do to torch.profiler. Ours is a
+// profiler state whose configuration says "disabled", so that torch, which reads that slot as
+// its own profiler's, sees no profiler running --------------------------------------------------
+struct MemoryObserver : torch::profiler::impl::ProfilerStateBase {
+  MemoryObserver()
+      : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(
+            torch::profiler::impl::ProfilerState::Disabled)) {}
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
+  bool memoryProfilingEnabled() const override { return g_memory.load(std::memory_order_relaxed); }
+  void reportMemoryUsage(void*, int64_t bytes, size_t total_allocated, size_t, c10::Device device)
+      override {
+    if (!g_memory.load(std::memory_order_relaxed)) return;
+    auto& t = state();
+    Record* r = claim(t);
+    if (r == nullptr) return;
+    r->seq_nr = bytes;
+    r->aux = int64_t(total_allocated);
+    r->name = -1;
+    r->shapes = int32_t(device.type());
+    r->dtypes = int32_t(device.index());
+    r->scope = 0;
+    r->start_ns = r->end_ns = now_ns();
+    publish(r, kMemory);
+  }
+};
+
+bool g_memory_pushed = false;
+
+// Allocations of this thread, and of the threads that inherit its state (autograd's engine).
+void memory_start() {
+  if (g_memory_pushed) return;
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE,
+                                   std::make_shared<MemoryObserver>());
+  g_memory_pushed = true;
+  g_memory.store(true);
+}
+
+void memory_stop() {
+  g_memory.store(false);
+  if (!g_memory_pushed) return;
+  g_memory_pushed = false;
+  c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
 }
 
 py::dict arena_counts() {
@@ -940,6 +992,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("module_exit", &module_exit);
   m.def("modules_unwind", &modules_unwind);
   m.def("current_module", &current_module);
+  m.def("memory_start", &memory_start);
+  m.def("memory_stop", &memory_stop);
   m.def("range_begin", &range_begin);
   m.def("range_end", &range_end);
   m.def("step", &step);

@@ -12,6 +12,9 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
 2. Global module forward hooks write each nn.Module call into the same arena, with the shapes
    of its arguments and output; a module's static facts (path, type, parameters, source) are
    written once, at its first call.
+3. The CPU and CUDA allocators report every allocation and free, with the total allocated, to
+   a profiler state xsp puts in the thread's debug info (where torch.profiler's would go; it
+   says "disabled", so torch sees no profiler); they become the run's memory events.
 
 Nothing is turned into spans during the measured window; ``drain`` reads the arena after it,
 and ``xsp.tracer.convert.spans`` nests the records. Under ``torch.compile`` the hooks do nothing
@@ -54,6 +57,9 @@ class FrameworkLevel:
     def enable(self) -> None:
         self._arena.open()
         self._native.ops_start(self._record_shapes)
+        # the allocators report to the thread's profiler state: torch.profiler's, if it runs
+        if not torch.autograd._profiler_enabled():
+            self._native.memory_start()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre_hook),
             nn_module.register_module_forward_hook(self._post_hook, always_call=True),
@@ -70,6 +76,7 @@ class FrameworkLevel:
             handle.remove()
         self._handles = []
         self._native.modules_unwind()  # calls left open by an exception that skipped a hook
+        self._native.memory_stop()
         self._native.ops_stop()
 
     def drain(self) -> FrameworkRecords:

@@ -1,0 +1,77 @@
+"""Memory per layer (XSP's A4) and per layer type (A7), from level F's allocator events.
+
+Each event (an allocation or a free, with the allocator's total after it) hangs under the span
+that ran on its thread when it happened, so a layer's figures include its forward ops and, for
+training, the backward nodes attributed to it. Figures are per measured iteration; ``peak`` is the
+most the allocator held while the layer ran (over the whole run). On CUDA the caching allocator
+reports tensor allocations, not cudaMalloc calls; on CPU, the CPU allocator's.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from xsp.analysis.store import MeasurementStore
+
+_EMPTY = pa.table({"layer": pa.array([], pa.string())})
+
+
+def memory_run(store: MeasurementStore) -> tuple[str, pa.Table] | None:
+    """(levels, events) of the run with the fewest levels that recorded allocator events (its
+    allocations are those of the least instrumented F run)."""
+    for run in sorted(store.runs, key=lambda r: len(r.levels)):
+        events = run.memory()
+        if events is not None and events.num_rows:
+            return run.levels, events
+    return None
+
+
+def _query(store: MeasurementStore, group: str, label: str) -> pa.Table:
+    found = memory_run(store)
+    if found is None:
+        return _EMPTY
+    levels, events = found
+    store.con.register("memory_events", events)
+    return store.sql(
+        f"""WITH per_group AS (
+              SELECT {group} AS {label}, any_value(device) AS device,
+                     sum(CASE WHEN bytes > 0 THEN 1 ELSE 0 END) AS allocations,
+                     sum(CASE WHEN bytes > 0 THEN bytes ELSE 0 END) AS allocated,
+                     -sum(CASE WHEN bytes < 0 THEN bytes ELSE 0 END) AS freed,
+                     max(total_allocated) AS peak_allocated_bytes,
+                     count(DISTINCT iteration) AS iterations
+              FROM memory_events WHERE {group} IS NOT NULL GROUP BY {group})
+            SELECT {label}, device,
+                   allocations / greatest(iterations, 1) AS allocations_per_iteration,
+                   allocated / greatest(iterations, 1) AS allocated_bytes_per_iteration,
+                   freed / greatest(iterations, 1) AS freed_bytes_per_iteration,
+                   (allocated - freed) / greatest(iterations, 1) AS net_bytes_per_iteration,
+                   peak_allocated_bytes, '{levels}' AS levels
+            FROM per_group ORDER BY allocated_bytes_per_iteration DESC, {label}"""
+    )
+
+
+def layer_memory(store: MeasurementStore) -> pa.Table:
+    """A4: per layer (module path), what it allocates and frees per iteration, and the most the
+    allocator held while it ran."""
+    table = _query(store, "module_path", "layer")
+    if table.num_rows and "layer" in table.column_names:
+        store.con.register("layer_memory_rows", table)
+        found = memory_run(store)
+        assert found is not None
+        types = store.sql(
+            "SELECT module_path AS layer, any_value(module_type) AS layer_type "
+            "FROM memory_events GROUP BY module_path"
+        )
+        store.con.register("layer_types", types)
+        table = store.sql(
+            "SELECT m.layer, t.layer_type, m.* EXCLUDE (layer) FROM layer_memory_rows m "
+            "LEFT JOIN layer_types t USING (layer) "
+            "ORDER BY m.allocated_bytes_per_iteration DESC, m.layer"
+        )
+    return table
+
+
+def layer_type_memory(store: MeasurementStore) -> pa.Table:
+    """A7: the same per layer type (Conv2d, BatchNorm2d, ...), over every layer of the type."""
+    return _query(store, "module_type", "layer_type")

@@ -1,0 +1,59 @@
+"""Allocator events (level F) -> one row per event, each attributed to the innermost framework
+span running on its thread when it happened: its op, layer and phase. Stored beside the spans
+as ``memory.parquet``; the memory analyses (A4, A7) aggregate it per layer and layer type."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xsp.tracer import schema
+from xsp.tracer.convert.intervals import nest
+from xsp.tracer.convert.records import MemoryRecords
+
+#: c10::DeviceType values of the devices xsp runs on.
+DEVICE_TYPES = {0: "cpu", 1: "cuda"}
+
+
+def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
+    """The events of ``memory`` inside a framework span of ``spans``; None without events."""
+    time = np.frombuffer(memory.time_ns, dtype=np.int64)
+    if not len(time):
+        return None
+    framework = spans.filter(pc.equal(spans["level"].cast(pa.string()), schema.LEVEL_FRAMEWORK))
+    start = framework["start_ns"].to_numpy()
+    end = start + framework["dur_ns"].to_numpy()
+    thread = framework["thread_id"].to_numpy(zero_copy_only=False)
+    event_thread = np.frombuffer(memory.thread, dtype=np.int64)
+    parent = nest(
+        np.concatenate([thread, event_thread]),
+        np.concatenate([start, time]),
+        np.concatenate([end, time]),
+    )[len(start) :]
+    inside = np.nonzero((parent >= 0) & (parent < len(start)))[0]
+    rows = pa.array(parent[inside])
+    device_type = np.frombuffer(memory.device_type, dtype=np.int64)[inside]
+    columns = {
+        "time_ns": pa.array(time[inside]),
+        "thread_id": pa.array(event_thread[inside]),
+        "bytes": pa.array(np.frombuffer(memory.bytes, dtype=np.int64)[inside]),
+        "total_allocated": pa.array(np.frombuffer(memory.total_allocated, dtype=np.int64)[inside]),
+        "device": pa.array([DEVICE_TYPES.get(int(t), str(t)) for t in device_type], pa.string()),
+        "device_index": pa.array(np.frombuffer(memory.device_index, dtype=np.int64)[inside]),
+    }
+    for name in ("iteration", "span_id", "module_path", "module_type", "phase", "op_name"):
+        columns[name] = framework[name].take(rows)
+    columns["module_type"] = _layer_types(framework).take(rows)
+    return pa.Table.from_arrays(list(columns.values()), names=list(columns))
+
+
+def _layer_types(framework: pa.Table) -> pa.Array:
+    """The type of each span's layer: module spans carry it, every other span takes its layer's
+    (the module span with the same module path)."""
+    own = framework.filter(pc.equal(framework["kind"].cast(pa.string()), schema.KIND_MODULE))
+    paths = own["module_path"].cast(pa.string()).to_pylist()
+    types = dict(zip(paths, own["module_type"].cast(pa.string()).to_pylist(), strict=True))
+    return pa.array(
+        [types.get(p) for p in framework["module_path"].cast(pa.string()).to_pylist()], pa.string()
+    )
