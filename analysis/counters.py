@@ -5,17 +5,21 @@ metrics per layer), A14 (layer roofline) and A15 (the model's aggregate), from t
 The counter run replays every kernel, so its durations mean nothing; its counters join the
 kernels of the deepest run with level G by structure, never by time (algorithm notes):
 
-1. Each kernel gets a key: its iteration, its name as both tools spell it
-   (``xsp.tracer.convert.ncu.kernel_key``) and its ordinal among same-named kernels of that
-   iteration in launch order (CUPTI correlation ids in the G run, ncu's result order in the
-   counter run), so repeated identical kernels stay distinct and one extra kernel shifts
-   nothing else.
+1. The counter run launches the G run's kernel sequence (same program, same shapes), so within
+   each iteration its kernels pair with the G run's in launch order (CUPTI correlation ids in
+   the G run, ncu's result order in the counter run), provided they agree on the kernel's own
+   function name (``xsp.tracer.convert.ncu.kernel_base``: the two tools demangle scopes,
+   template values and parameters differently, and CUPTI leaves some names mangled) and on the
+   launch shape (grid, block) where both sides recorded one. The sequences are aligned as a
+   diff (``difflib``: the longest run that agrees, then recursively either side of it, after
+   the common prefix and suffix), so one kernel either side has alone shifts nothing else.
 2. Counted iterations are matched to the G run's iterations of the same number; what either
-   side has alone is reported (``counter_matching``). Should fewer than 95% of names agree,
-   names without template arguments are tried and used if they match more.
+   side has alone is reported (``counter_matching``), with how many matched kernels the tools
+   spell differently.
 3. The analyses describe one typical iteration: each kernel of the G run's reference iteration
    (the first counted one) with its median duration over every G iteration of the same key and
-   its counter values averaged over the counted iterations of the same key.
+   its counter values averaged over the counted iterations of the same key (a kernel's key in
+   the G run: its name and its ordinal among same-named kernels of its iteration).
 4. Rates are counters over G-run durations: achieved GFLOP/s = FLOPs / duration; arithmetic
    intensity = FLOPs / DRAM bytes (read + written); a kernel is compute-bound when its intensity
    reaches the ridge point (peak FLOP/s / DRAM bandwidth) of the roof of its precision, else
@@ -24,21 +28,19 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 
 from __future__ import annotations
 
+import difflib
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from xsp.analysis.peaks import Peaks, peaks_table, resolve
-from xsp.analysis.present import short_kernel
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-from xsp.tracer.convert.ncu import PRECISIONS, kernel_key
+from xsp.tracer.convert.ncu import PRECISIONS, kernel_base, kernel_key
 
-#: Below this share of agreeing names, names without template arguments are tried.
-NAME_MATCH_SHARE = 0.95
 #: Counter columns averaged per kernel and carried into the analyses.
 VALUES = (
     *(f"flops_{p}" for p in PRECISIONS),
@@ -69,10 +71,22 @@ class CounterJoin:
     matching: pa.Table
     peaks: Peaks
     counter_levels: str
-    key_mode: str = "full name"
+    #: counter values per G-run key (kernel_key, ordinal), averaged over the counted iterations
+    values: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     counted_iterations: list[int] = field(default_factory=list)
     gpu_iterations: int = 0
     note: str = ""
+    #: the counter run's gaps: quantities with no metric on the device, the metric set
+    coverage: str = ""
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Counter-run kernels paired with G-run kernels: ``pairs`` maps a G row's index to its
+    counter row's; ``matching`` says per counted iteration what matched and what did not."""
+
+    pairs: dict[int, int]
+    matching: pa.Table
 
 
 def unavailable(store: MeasurementStore) -> str | None:
@@ -122,7 +136,7 @@ def store_peaks(store: MeasurementStore) -> Peaks:
 def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
     return store.sql(
         """
-        SELECT iteration, name, dur_ns, module_path, phase
+        SELECT iteration, name, dur_ns, module_path, phase, grid, block
         FROM spans WHERE run_index = (SELECT max(run_index) FROM spans WHERE level = 'gpu')
           AND kind = 'kernel' AND iteration IS NOT NULL
         ORDER BY iteration, correlation_id NULLS LAST, start_ns
@@ -130,20 +144,13 @@ def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
     ).to_pylist()
 
 
-def _short_key(name: str) -> str:
-    return short_kernel(name, limit=1 << 20)
-
-
-def keyed(
-    rows: Iterable[dict[str, Any]], name: str, short: bool = False
-) -> list[tuple[int, str, int]]:
+def keyed(rows: Iterable[dict[str, Any]], name: str) -> list[tuple[int, str, int]]:
     """(iteration, key, ordinal among same-key kernels of the iteration) per row, rows given in
-    launch order within each iteration."""
+    launch order within each iteration; the key is ``kernel_key`` of the row's ``name``."""
     seen: dict[tuple[int, str], int] = {}
     out = []
     for row in rows:
-        text = str(row[name])
-        key = _short_key(text) if short else kernel_key(text)
+        key = kernel_key(str(row[name]))
         it = int(row["iteration"])
         ordinal = seen.get((it, key), 0)
         seen[(it, key)] = ordinal + 1
@@ -151,50 +158,116 @@ def keyed(
     return out
 
 
-def match_iterations(
-    gpu: list[tuple[int, str, int]], counted: list[tuple[int, str, int]]
-) -> pa.Table:
-    """Per counted iteration: kernels in the G run and the counter run, how many keys agree,
-    what either has alone, and the first kernel of each that the other lacks."""
+def _by_iteration(rows: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for index, row in enumerate(rows):
+        out.setdefault(int(row["iteration"]), []).append(index)
+    return out
+
+
+def _tokens(
+    rows: Sequence[dict[str, Any]], indices: list[int], name: str, shapes: bool
+) -> list[tuple[str, ...]]:
+    if shapes:
+        return [
+            (kernel_base(str(rows[i][name])), str(rows[i]["grid"]), str(rows[i]["block"]))
+            for i in indices
+        ]
+    return [(kernel_base(str(rows[i][name])),) for i in indices]
+
+
+def _pairs(a: list[tuple[str, ...]], b: list[tuple[str, ...]]) -> list[tuple[int, int]]:
+    """Positions of ``a`` and ``b`` that align: the common prefix and suffix, then difflib's
+    matching blocks in between (the usual case, identical sequences, costs one pass)."""
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    pairs = [(i, i) for i in range(head)]
+    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
+    if middle_a and middle_b:
+        matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            pairs += [(head + block.a + k, head + block.b + k) for k in range(block.size)]
+    pairs += [(len(a) - tail + k, len(b) - tail + k) for k in range(tail)]
+    return pairs
+
+
+def align_kernels(gpu: Sequence[dict[str, Any]], counted: Sequence[dict[str, Any]]) -> Alignment:
+    """Pair the counter run's kernels (rows with ``iteration``, ``kernel``, optional ``grid``
+    and ``block``) with the G run's (``name`` instead of ``kernel``), each list in launch order
+    within an iteration, iteration by iteration (see the module notes), and say per counted
+    iteration how many matched, how many of those the tools spell differently, what either
+    side has alone, and the first kernel of each that the other lacks."""
+    g_by, c_by = _by_iteration(gpu), _by_iteration(counted)
+    pairs: dict[int, int] = {}
     rows = []
-    by_iteration: dict[int, list[tuple[str, int]]] = {}
-    for it, key, ordinal in gpu:
-        by_iteration.setdefault(it, []).append((key, ordinal))
-    counted_by: dict[int, list[tuple[str, int]]] = {}
-    for it, key, ordinal in counted:
-        counted_by.setdefault(it, []).append((key, ordinal))
-    for it in sorted(counted_by):
-        g, c = by_iteration.get(it, []), counted_by[it]
-        gs, cs = set(g), set(c)
-        only_g = [k for k in g if k not in cs]
-        only_c = [k for k in c if k not in gs]
+    for it in sorted(c_by):
+        g, c = g_by.get(it, []), c_by[it]
+        shapes = all(gpu[i].get("grid") and gpu[i].get("block") for i in g) and all(
+            counted[i].get("grid") and counted[i].get("block") for i in c
+        )
+        matched = _pairs(_tokens(gpu, g, "name", shapes), _tokens(counted, c, "kernel", shapes))
+        for gi, ci in matched:
+            pairs[g[gi]] = c[ci]
+        got_g, got_c = {gi for gi, _ in matched}, {ci for _, ci in matched}
+        only_g = [g[i] for i in range(len(g)) if i not in got_g]
+        only_c = [c[i] for i in range(len(c)) if i not in got_c]
+        spelled = sum(
+            1
+            for gi, ci in matched
+            if kernel_key(str(gpu[g[gi]]["name"])) != kernel_key(str(counted[c[ci]]["kernel"]))
+        )
         rows.append(
             {
                 "iteration": it,
                 "gpu_run_kernels": len(g),
                 "counter_run_kernels": len(c),
-                "matched": len(gs & cs),
+                "matched": len(matched),
+                "spelled_differently": spelled,
                 "only_in_gpu_run": len(only_g),
                 "only_in_counter_run": len(only_c),
-                "first_only_in_gpu_run": only_g[0][0] if only_g else None,
-                "first_only_in_counter_run": only_c[0][0] if only_c else None,
+                "first_only_in_gpu_run": kernel_key(str(gpu[only_g[0]]["name"]))
+                if only_g
+                else None,
+                "first_only_in_counter_run": kernel_key(str(counted[only_c[0]]["kernel"]))
+                if only_c
+                else None,
             }
         )
-    return pa.Table.from_pylist(
-        rows,
-        schema=pa.schema(
-            [
-                ("iteration", pa.int64()),
-                ("gpu_run_kernels", pa.int64()),
-                ("counter_run_kernels", pa.int64()),
-                ("matched", pa.int64()),
-                ("only_in_gpu_run", pa.int64()),
-                ("only_in_counter_run", pa.int64()),
-                ("first_only_in_gpu_run", pa.string()),
-                ("first_only_in_counter_run", pa.string()),
-            ]
-        ),
-    )
+    return Alignment(pairs, pa.Table.from_pylist(rows, schema=_MATCHING_SCHEMA))
+
+
+_MATCHING_SCHEMA = pa.schema(
+    [
+        ("iteration", pa.int64()),
+        ("gpu_run_kernels", pa.int64()),
+        ("counter_run_kernels", pa.int64()),
+        ("matched", pa.int64()),
+        ("spelled_differently", pa.int64()),
+        ("only_in_gpu_run", pa.int64()),
+        ("only_in_counter_run", pa.int64()),
+        ("first_only_in_gpu_run", pa.string()),
+        ("first_only_in_counter_run", pa.string()),
+    ]
+)
+
+
+def _coverage(run: Any) -> str:
+    """What the counter run could not count, from its run.json: quantities the device offers
+    no metric for, and the lean metric set's omissions."""
+    info = run.meta.get("counters") or {}
+    parts = []
+    missing = sorted({str(q).split("[", 1)[0] for q in info.get("quantities_without_metric") or []})
+    for quantity in missing:
+        tensor = [p for p, (_, t) in PRECISIONS.items() if t == quantity]
+        effect = f"{tensor[0]} tensor-core FLOPs count as zero" if tensor else "it is null"
+        parts.append(f"no metric on this device for {quantity} ({effect})")
+    if info.get("metric_set") == "lean":
+        parts.append("lean metric set (XSP_COUNTER_METRICS=lean): no SM or memory throughput")
+    return "; ".join(parts)
 
 
 def _join(store: MeasurementStore) -> CounterJoin | None:
@@ -206,11 +279,12 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
     counter_rows = table.sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
     counter_rows = [r for r in counter_rows if r["iteration"] is not None and r["iteration"] >= 0]
     counted = sorted({int(r["iteration"]) for r in counter_rows})
+    coverage = _coverage(run)
     gpu_rows = _gpu_kernels(store)
     if not gpu_rows:
         return CounterJoin(
             [],
-            match_iterations([], keyed(counter_rows, "kernel")),
+            align_kernels([], counter_rows).matching,
             peaks,
             run.levels,
             counted_iterations=counted,
@@ -218,18 +292,15 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
                 "hardware counters found, but no run with level G to join them onto (add "
                 "MFLG or MLG): latencies come from G"
             ),
+            coverage=coverage,
         )
-    modes = []
-    for short in (False, True):
-        g_keys, c_keys = keyed(gpu_rows, "name", short), keyed(counter_rows, "kernel", short)
-        matching = match_iterations(g_keys, c_keys)
-        agreed = sum(matching.column("matched").to_pylist())
-        total = max(1, sum(matching.column("counter_run_kernels").to_pylist()))
-        modes.append((agreed / total, short, g_keys, c_keys, matching))
-        if agreed / total >= NAME_MATCH_SHARE:
-            break
-    _, short, g_keys, c_keys, matching = max(modes, key=lambda m: m[0])
-    means = _means(counter_rows, c_keys)
+    alignment = align_kernels(gpu_rows, counter_rows)
+    g_keys = keyed(gpu_rows, "name")
+    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for index, (_, key, ordinal) in enumerate(g_keys):
+        if index in alignment.pairs:
+            grouped.setdefault((key, ordinal), []).append(counter_rows[alignment.pairs[index]])
+    means = {key: _mean(members) for key, members in grouped.items()}
     gpu_iterations = sorted({k[0] for k in g_keys})
     reference = counted[0] if counted and counted[0] in gpu_iterations else gpu_iterations[0]
     durations: dict[tuple[str, int], list[int]] = {}
@@ -255,30 +326,23 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         position += 1
     return CounterJoin(
         kernels,
-        matching,
+        alignment.matching,
         peaks,
         run.levels,
-        "name without template arguments" if short else "full name",
+        means,
         counted,
         len(gpu_iterations),
+        coverage=coverage,
     )
 
 
-def _means(
-    rows: list[dict[str, Any]], keys: list[tuple[int, str, int]]
-) -> dict[tuple[str, int], dict[str, Any]]:
-    """Counter values per (key, ordinal), averaged over the counted iterations."""
-    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for (_, name_key, ordinal), row in zip(keys, rows, strict=True):
-        grouped.setdefault((name_key, ordinal), []).append(row)
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    for key, members in grouped.items():
-        entry: dict[str, Any] = {}
-        for name in VALUES:
-            present = [m[name] for m in members if m.get(name) is not None]
-            entry[name] = statistics.fmean(present) if present else None
-        out[key] = entry
-    return out
+def _mean(members: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counter values of one kernel, averaged over the counted iterations."""
+    entry: dict[str, Any] = {}
+    for name in VALUES:
+        present = [m[name] for m in members if m.get(name) is not None]
+        entry[name] = statistics.fmean(present) if present else None
+    return entry
 
 
 def precision_of(values: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -560,7 +624,7 @@ def counter_matching(store: MeasurementStore) -> pa.Table:
     """How the counter run's kernels matched the G run's, per counted iteration (see the
     module notes); empty without counters."""
     join = counter_join(store)
-    return join.matching if join else match_iterations([], [])
+    return join.matching if join else align_kernels([], []).matching
 
 
 def peaks(store: MeasurementStore) -> pa.Table:
@@ -569,15 +633,23 @@ def peaks(store: MeasurementStore) -> pa.Table:
 
 
 def matching_note(store: MeasurementStore) -> str:
-    """One line on the join: counter run, counted iterations, keys, and the roofs' source."""
+    """One line on the join: counter run, counted iterations, how kernels were paired, what the
+    counter run could not count, and the roofs' source."""
     join = counter_join(store)
     if join is None:
         return NO_COUNTERS
     counted = ", ".join(map(str, join.counted_iterations)) or "none"
+    rows = join.matching.to_pylist()
+    matched = sum(r["matched"] for r in rows)
+    total = sum(r["counter_run_kernels"] for r in rows)
+    spelled = sum(r["spelled_differently"] for r in rows)
+    coverage = f"; {join.coverage}" if join.coverage else ""
     return (
         f"counter run {join.counter_levels} (Nsight Compute, kernel replay: its durations are "
-        f"discarded), iterations {counted}, matched to the G run's by (iteration, kernel "
-        f"{join.key_mode}, ordinal); {join.peaks.summary}"
+        f"discarded), iterations {counted}: {matched} of its {total} kernels matched to the G "
+        "run's in launch order within each iteration (own function name and launch shape "
+        f"agreeing; {spelled} of them spelled differently by the two tools){coverage}; "
+        f"{join.peaks.summary}"
     )
 
 
@@ -588,13 +660,6 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
     join = counter_join(store)
     if join is None or not join.kernels or not spans.num_rows:
         return None
-    source = _counter_source(store)
-    if source is None:
-        return None
-    rows = source[1].sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
-    rows = [r for r in rows if r["iteration"] is not None and r["iteration"] >= 0]
-    short = join.key_mode != "full name"
-    means = _means(rows, keyed(rows, "kernel", short))
     kind = spans.column("kind").to_pylist()
     iteration = [it or 0 for it in spans.column("iteration").to_pylist()]
     correlation = [c or 0 for c in spans.column("correlation_id").to_pylist()]
@@ -606,8 +671,8 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
     )
     picked = [{"name": names[i], "iteration": iteration[i]} for i in order]
     values: list[dict[str, Any] | None] = [None] * spans.num_rows
-    for i, (_, key, ordinal) in zip(order, keyed(picked, "name", short), strict=True):
-        values[i] = means.get((key, ordinal))
+    for i, (_, key, ordinal) in zip(order, keyed(picked, "name"), strict=True):
+        values[i] = join.values.get((key, ordinal))
     out: dict[str, pa.Array] = {}
     for name, type_ in schema.COUNTER_SUMMARIES:
         if name == "flops_precision":

@@ -384,6 +384,56 @@ def kernel_key(name: str) -> str:
     return text.replace(" <", "<").replace("< ", "<").replace(" >", ">").strip()
 
 
+def kernel_base(name: str) -> str:
+    """A kernel's own function name, the one part of its name both tools always spell alike:
+    ``kernel_key`` with every template argument list and every enclosing scope dropped, and no
+    whitespace. CUPTI and ncu demangle differently beyond it (on the H200 ncu 2025.3 drops
+    scopes, ``cudnn::engines_precompiled::`` -> ``engines_precompiled::``, ``at::native::`` ->
+    ``at::``; writes template values as numbers, ``true`` -> ``1``; ``(anonymous namespace)``
+    as ``<unnamed>``; and parameters as ``T1``, ``T2``), and CUPTI leaves a few names mangled
+    (``_ZN17cutlass__5x_cudnn6KernelI...`` -> ``Kernel``). ``void at::native::f<float>(int)``
+    -> ``f``."""
+    text = kernel_key(name)
+    if text.startswith("_Z"):
+        return _mangled_base(text) or text
+    out: list[str] = []
+    depth = 0
+    for char in text:
+        if char == "<":
+            depth += 1
+        elif char == ">":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(char)
+    scopes = [part for part in "".join(out).split("::") if part.strip()]
+    return "".join(scopes[-1].split()) if scopes else "".join(text.split())
+
+
+def _mangled_base(name: str) -> str | None:
+    """The last source name of an Itanium-mangled function's (nested) name, before its
+    template arguments: ``_ZN17cutlass__5x_cudnn6KernelINS_4conv...`` -> ``Kernel``."""
+    i = 3 if name.startswith("_ZN") else 2
+    last = None
+    while i < len(name):
+        digits = re.match(r"\d+", name[i:])
+        if digits:
+            start = i + digits.end()
+            last = name[start : start + int(digits.group())]
+            i = start + int(digits.group())
+        elif name.startswith("St", i):
+            i += 2
+        elif name[i] == "S":  # a substitution (S_, S0_, ...): an earlier scope
+            end = name.find("_", i)
+            if end < 0:
+                break
+            i = end + 1
+        elif name[i] in "KVr" and i < 4:  # cv-qualifiers of a member function
+            i += 1
+        else:
+            break
+    return last
+
+
 def pass_counts(log: str) -> list[int]:
     """Replay passes per profiled kernel, from ncu's log (``==PROF== Profiling "k": 0%....
     100% - 9 passes``)."""
