@@ -48,7 +48,16 @@ NCU_REPORT = "counters.ncu-rep"
 NCU_LOG = "ncu.log"
 SPAN_FILE_PATTERN = "spans-*.parquet"
 #: Names that are a store's own files wherever they sit in a run directory.
-_STORE_NAMES = (MANIFEST, RUN_META, MONITOR, MEMORY, COUNTERS, NCU_REPORT, NCU_LOG, SPAN_FILE_PATTERN)
+_STORE_NAMES = (
+    MANIFEST,
+    RUN_META,
+    MONITOR,
+    MEMORY,
+    COUNTERS,
+    NCU_REPORT,
+    NCU_LOG,
+    SPAN_FILE_PATTERN,
+)
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
 # and delta-encoded integer columns (ids and start times grow steadily).

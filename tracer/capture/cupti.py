@@ -105,6 +105,13 @@ class _CuptiSession:
 
     def _module(self) -> Any:
         if self._native is None:
+            import torch
+
+            # CUPTI without a driver crashes the process instead of returning an error
+            if not torch.cuda.is_available():
+                raise DeviceError(
+                    "levels L and G record CUDA work: no CUDA GPU or driver in this process"
+                )
             from xsp.tracer.native.build import load
 
             native = load()

@@ -310,12 +310,30 @@ class Session:
                 self._misuse("automatic iteration start failed")
 
     def _auto_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """An optimizer step ends the iteration and begins the next one."""
+        """An optimizer step ends the iteration and begins the next one. After the last one
+        the levels stay on until the next module call (or the close): this hook runs inside the
+        optimizer's own range, which would otherwise be cut short."""
         try:
             self.end_iteration()
+            if self._finish_pending:
+                from torch.nn.modules import module as nn_module
+
+                hook = nn_module.register_module_forward_pre_hook(self._finish_at_next_call)
+                self._hooks.append(hook)
+                return
             self.begin_iteration()
         except Exception:
             self._misuse("automatic iteration end failed")
+
+    def _finish_at_next_call(self, module: Any, args: Any) -> None:
+        for hook in self._hooks:  # the run is over: no more iterations to detect
+            hook.remove()
+        self._hooks = []
+        if self._finish_pending:
+            try:
+                self._finish(None)
+            except Exception:
+                self._misuse("finishing the run failed")
 
     def _auto_off(self) -> None:
         if self._auto:
