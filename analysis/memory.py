@@ -34,26 +34,27 @@ def _query(store: MeasurementStore, group: str, label: str) -> pa.Table:
     store.con.register("memory_events", events)
     return store.sql(
         f"""WITH per_group AS (
-              SELECT {group} AS {label}, any_value(device) AS device,
+              SELECT {group} AS {label}, device,
                      sum(CASE WHEN bytes > 0 THEN 1 ELSE 0 END) AS allocations,
                      sum(CASE WHEN bytes > 0 THEN bytes ELSE 0 END) AS allocated,
                      -sum(CASE WHEN bytes < 0 THEN bytes ELSE 0 END) AS freed,
                      max(total_allocated) AS peak_allocated_bytes,
                      count(DISTINCT iteration) AS iterations
-              FROM memory_events WHERE {group} IS NOT NULL GROUP BY {group})
+              FROM memory_events WHERE {group} IS NOT NULL GROUP BY {group}, device)
             SELECT {label}, device,
                    allocations / greatest(iterations, 1) AS allocations_per_iteration,
                    allocated / greatest(iterations, 1) AS allocated_bytes_per_iteration,
                    freed / greatest(iterations, 1) AS freed_bytes_per_iteration,
                    (allocated - freed) / greatest(iterations, 1) AS net_bytes_per_iteration,
                    peak_allocated_bytes, '{levels}' AS levels
-            FROM per_group ORDER BY allocated_bytes_per_iteration DESC, {label}"""
+            FROM per_group ORDER BY allocated_bytes_per_iteration DESC, {label}, device"""
     )
 
 
 def layer_memory(store: MeasurementStore) -> pa.Table:
-    """A4: per layer (module path), what it allocates and frees per iteration, and the most the
-    allocator held while it ran."""
+    """A4: per layer (module path) and device, what it allocates and frees per iteration, and the
+    most that device's allocator held while it ran (a CUDA layer's small host tensors are a row
+    of their own)."""
     table = _query(store, "module_path", "layer")
     if table.num_rows and "layer" in table.column_names:
         store.con.register("layer_memory_rows", table)
@@ -67,7 +68,7 @@ def layer_memory(store: MeasurementStore) -> pa.Table:
         table = store.sql(
             "SELECT m.layer, t.layer_type, m.* EXCLUDE (layer) FROM layer_memory_rows m "
             "LEFT JOIN layer_types t USING (layer) "
-            "ORDER BY m.allocated_bytes_per_iteration DESC, m.layer"
+            "ORDER BY m.allocated_bytes_per_iteration DESC, m.layer, m.device"
         )
     return table
 
