@@ -499,6 +499,8 @@ def test_an_input_bound_loop_shows_its_loading_inside_the_step(tmp_path: Path) -
     loading = [r for r in runs["MF"].spans().to_pylist() if r["kind"] == "data_loading"]
     assert len(loading) == 4 and all(r["phase"] == "data" for r in loading)
     assert all(r["name"].startswith("enumerate(DataLoader)#") for r in loading)
+    assert all("[workers=" not in r["name"] for r in loading)  # the settings are attributes
+    assert {(r["data_workers"], r["data_memory"]) for r in loading} == {(0, "pageable")}
     assert min(r["dur_ns"] for r in loading) > 40e6
     analyzed = xsp("analyze", str(out), "--json")
     assert analyzed.returncode == 0, analyzed.stderr

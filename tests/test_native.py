@@ -251,3 +251,30 @@ def test_each_layer_allocations_come_from_the_allocator(tmp_path: Path) -> None:
         linear
         == first["allocated_bytes_per_iteration"] + rows["second"]["allocated_bytes_per_iteration"]
     )
+
+
+def test_loader_workers_record_nothing_and_batches_say_their_settings(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+    session = Session("MF", iterations=3, warmup=0, out=tmp_path / "MF", device="cpu").start()
+    model = TwoLayers()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter(DataLoader(data, batch_size=4, num_workers=2, pin_memory=True))
+    while not session.done:
+        with session.iteration():
+            x, y = next(batches)  # the workers are forked children: they must not write
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    meta = session.close() or {}
+    assert meta["status"] == "ok" and meta["arena"]["callback_errors"] == 0
+    spans = store.open_run(tmp_path / "MF").spans().to_pylist()
+    loading = [s for s in spans if s["kind"] == "data_loading"]
+    assert len(loading) == 3
+    # pin_memory=True pins nothing without an accelerator; the span says what happened
+    assert {(s["data_workers"], s["data_memory"]) for s in loading} == {(2, "pageable")}
+    assert all(
+        s["name"] == "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+        for s in loading
+    )

@@ -87,6 +87,8 @@ ATTR_GPU_BYTES: Final = "xsp.gpu.bytes"
 ATTR_GPU_COPY_KIND: Final = "xsp.gpu.copy_kind"
 ATTR_RANK: Final = "xsp.rank"
 ATTR_WORLD_SIZE: Final = "xsp.world_size"
+ATTR_DATA_WORKERS: Final = "xsp.data.workers"
+ATTR_DATA_MEMORY: Final = "xsp.data.memory"
 ATTR_COLLECTIVE: Final = "xsp.collective.name"
 ATTR_COLLECTIVE_BYTES: Final = "xsp.collective.bytes"
 
@@ -192,6 +194,9 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("shared_memory_bytes", pa.int64(), ATTR_GPU_SHARED_MEMORY),
     Column("bytes", pa.int64(), ATTR_GPU_BYTES),
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
+    # DataLoader batches: the loader's worker processes, and "pinned" or "pageable" batches
+    Column("data_workers", pa.int32(), ATTR_DATA_WORKERS),
+    Column("data_memory", _DICT, ATTR_DATA_MEMORY),
     # collectives: the operation ("allreduce", "broadcast") and the bytes of its tensors
     Column("collective", _DICT, ATTR_COLLECTIVE),
     Column("collective_bytes", pa.int64(), ATTR_COLLECTIVE_BYTES),

@@ -15,6 +15,8 @@ from typing import Any
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
 STEP_RANGE_PREFIX = "xsp::step::"
+# What level F appends to a DataLoader batch's range name: `` [workers=4, pin_memory=True]``.
+LOADER_SETTINGS_MARK = " [workers="
 # The range PyTorch's autograd engine opens around each backward node.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 

@@ -8,6 +8,7 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from xsp.tracer.convert.intervals import depths, inherit, nest
 from xsp.tracer.convert.monitor import summarize
 from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
+    LOADER_SETTINGS_MARK,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
     ApiRecords,
@@ -543,8 +545,9 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         )
 
     base = len(rec.name.values)
+    names, workers, memory = _loader_settings(rec.name.values)
     display_codes = np.where(per_call >= 0, base + own_module, ev.name_codes)
-    display = dictionary_column(display_codes, rec.name.values + [i.path or i.type for i in infos])
+    display = dictionary_column(display_codes, names + [i.path or i.type for i in infos])
     op_codes = np.where(ev.is_module, -1, ev.name_codes)
 
     shape_values = rec.input_shapes.values
@@ -571,7 +574,11 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "module_path": dictionary_column(layers.module, [i.path for i in infos]),
         "module_type": dictionary_column(np.where(typed, own_module, -1), [i.type for i in infos]),
         "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
-        "op_name": dictionary_column(op_codes, rec.name.values),
+        "op_name": dictionary_column(op_codes, names),
+        "data_workers": pa.array(
+            workers[ev.name_codes], pa.int32(), mask=workers[ev.name_codes] < 0
+        ),
+        "data_memory": dictionary_column(memory[ev.name_codes], ["pageable", "pinned"]),
         "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
         "input_dtypes": dictionary_column(dtype_codes, dtype_values),
         "output_shapes": module_column([out_shapes.get(c) for c in calls]),
@@ -608,6 +615,21 @@ def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Arra
         "collective": dictionary_column(op_codes, values),
         "collective_bytes": pa.array(size_column, pa.int64(), mask=size_column < 0),
     }
+
+
+_LOADER_SETTINGS = re.compile(r" \[workers=(\d+), pin_memory=(True|False)\]$")
+
+
+def _loader_settings(values: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Range names without the DataLoader settings level F appends to a batch's range, with
+    the workers (-1: none) and memory code (0 pageable, 1 pinned, -1 none) of each name."""
+    names, workers, memory = list(values), np.full(len(values), -1), np.full(len(values), -1)
+    for code, value in enumerate(values):
+        if LOADER_SETTINGS_MARK in value and (found := _LOADER_SETTINGS.search(value)):
+            names[code] = value[: found.start()]
+            workers[code] = int(found.group(1))
+            memory[code] = int(found.group(2) == "True")
+    return names, workers.astype(np.int64), memory.astype(np.int64)
 
 
 def _intern(texts: Sequence[str | None]) -> tuple[list[str], np.ndarray]:

@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 from torch.nn.modules import module as nn_module
+from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.convert.arena import framework_records
-from xsp.tracer.convert.records import STEP_RANGE_PREFIX, FrameworkRecords
+from xsp.tracer.convert.records import LOADER_SETTINGS_MARK, STEP_RANGE_PREFIX, FrameworkRecords
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class FrameworkLevel:
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
         self._hook_errors = 0
+        # at construction, before the program makes its loaders: the levels may come on later
+        self._loader_iter: Any = _name_loader_batches()
 
     # -- level interface -------------------------------------------------------------------
     def enable(self) -> None:
@@ -75,6 +78,9 @@ class FrameworkLevel:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._loader_iter is not None:
+            DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
+            self._loader_iter = None
         self._native.modules_unwind()  # calls left open by an exception that skipped a hook
         self._native.memory_stop()
         self._native.ops_stop()
@@ -134,6 +140,25 @@ class FrameworkLevel:
         self._module_paths.append(path)
         self._module_index[key] = index
         return index
+
+
+def _name_loader_batches() -> Any:
+    """Make each DataLoader batch's profiler range name its loader's settings (``… [workers=4,
+    pin_memory=True]``), which conversion turns into span attributes; returns the original
+    ``DataLoader.__iter__`` to put back."""
+    original = DataLoader.__iter__
+
+    def settings_in_range_name(loader: DataLoader) -> Any:
+        batches = original(loader)
+        name = getattr(batches, "_profile_name", None)
+        if isinstance(name, str) and LOADER_SETTINGS_MARK not in name:
+            pinned = getattr(batches, "_pin_memory", loader.pin_memory)  # off without a GPU
+            settings = f"{loader.num_workers}, pin_memory={bool(pinned)}"
+            batches._profile_name = f"{name}{LOADER_SETTINGS_MARK}{settings}]"
+        return batches
+
+    DataLoader.__iter__ = settings_in_range_name  # type: ignore[method-assign]
+    return original
 
 
 def _source_of(cls: type) -> str:
