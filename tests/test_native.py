@@ -265,8 +265,10 @@ def test_loader_workers_record_nothing_and_batches_say_their_settings(tmp_path: 
         with session.iteration():
             x, y = next(batches)  # the workers are forked children: they must not write
             optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
             optimizer.step()
+            loss.item()  # a sync after the step
     meta = session.close() or {}
     assert meta["status"] == "ok" and meta["arena"]["callback_errors"] == 0
     spans = store.open_run(tmp_path / "MF").spans().to_pylist()

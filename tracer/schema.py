@@ -58,6 +58,9 @@ PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
 PHASE_OPTIMIZER: Final = "optimizer"
 PHASE_DATA: Final = "data"  # loading the next batch
+#: host work between the step's phases: the batch's copy to the device before the first layer
+#: call, syncs (``loss.item()``) and logging after the optimizer step
+PHASE_HOST: Final = "host"
 
 # Attribute keys: the public contract, documented in the README.
 ATTR_LEVEL: Final = "xsp.level"

@@ -47,7 +47,13 @@ FRAMEWORK_KINDS = (
     schema.KIND_DATA_LOADING,
     schema.KIND_COLLECTIVE,
 )
-PHASES = (schema.PHASE_FORWARD, schema.PHASE_BACKWARD, schema.PHASE_OPTIMIZER, schema.PHASE_DATA)
+PHASES = (
+    schema.PHASE_FORWARD,
+    schema.PHASE_BACKWARD,
+    schema.PHASE_OPTIMIZER,
+    schema.PHASE_DATA,
+    schema.PHASE_HOST,
+)
 FORWARD = PHASES.index(schema.PHASE_FORWARD)
 STEP_SPAN_NAME = "step"
 #: A rank's step in a multi-rank job: named after its rank, so that Jaeger's tree reads
@@ -469,6 +475,20 @@ def _suffix_ints(rec: FrameworkRecords, codes: np.ndarray, prefix: str) -> np.nd
     return np.array(texts, dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
 
 
+def _between_steps(ev: _Events) -> np.ndarray:
+    """Top-level host work of an iteration before its first layer call or after its last
+    optimizer call: copying the batch to the device, ``loss.item()`` and logging after the step."""
+    out = np.zeros(len(ev.rows), dtype=bool)
+    for iteration in np.unique(ev.iteration).tolist():
+        rows = ev.iteration == iteration
+        modules = rows & ev.is_module
+        optimizer = rows & ev.is_optimizer
+        first_call = ev.start[modules].min() if modules.any() else np.iinfo(np.int64).max
+        last_step = ev.end[optimizer].max() if optimizer.any() else np.iinfo(np.int64).max
+        out |= rows & ((ev.end <= first_call) | (ev.start >= last_step))
+    return out
+
+
 @dataclass
 class _Layers:
     """Which layer (module) and phase each event belongs to."""
@@ -496,7 +516,9 @@ def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
     phase_code[ev.is_optimizer] = PHASES.index(schema.PHASE_OPTIMIZER)
     phase_code[ev.is_data] = PHASES.index(schema.PHASE_DATA)
     # a collective's work range runs on the backend's own thread, outside any phase
-    phase_code[(ev.parent < 0) & (phase_code < 0) & ~ev.is_collective_work] = FORWARD
+    top = (ev.parent < 0) & (phase_code < 0) & ~ev.is_collective_work
+    phase_code[top & _between_steps(ev)] = PHASES.index(schema.PHASE_HOST)
+    phase_code[top & (phase_code < 0)] = FORWARD
     phase_code = inherit(phase_code, ev.parent, depth)
     module = inherit(own_module, ev.parent, depth)
 
