@@ -537,15 +537,16 @@ class Session:
         Returns how many were stored."""
         from xsp.tracer.convert.memory import memory_table
 
-        events = memory_table(memory, table)
-        if self.run_dir is None or events is None:
-            return 0
         import pyarrow.parquet as pq
 
-        try:
+        try:  # the spans are stored by now: a failure here only loses the memory events
+            events = memory_table(memory, table)
+            if self.run_dir is None or events is None:
+                return 0
             pq.write_table(events, self.run_dir / store.MEMORY)
-        except OSError as exc:
-            self._errors.append(f"cannot write {self.run_dir / store.MEMORY}: {exc}")
+        except Exception as exc:
+            self._errors.append(f"memory events not stored: {type(exc).__name__}: {exc}")
+            log.exception("xsp: storing the memory events failed")
             return 0
         return events.num_rows
 

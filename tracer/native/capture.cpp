@@ -584,22 +584,24 @@ struct MemoryObserver : torch::profiler::impl::ProfilerStateBase {
   }
 };
 
-bool g_memory_pushed = false;
+c10::DebugInfoBase* g_observer = nullptr;  // ours, while it is in the thread's debug info
 
 // Allocations of this thread, and of the threads that inherit its state (autograd's engine).
 void memory_start() {
-  if (g_memory_pushed) return;
-  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE,
-                                   std::make_shared<MemoryObserver>());
-  g_memory_pushed = true;
+  if (g_observer != nullptr) return;
+  auto observer = std::make_shared<MemoryObserver>();
+  g_observer = observer.get();
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, std::move(observer));
   g_memory.store(true);
 }
 
 void memory_stop() {
   g_memory.store(false);
-  if (!g_memory_pushed) return;
-  g_memory_pushed = false;
-  c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+  if (g_observer == nullptr) return;
+  // a torch.profiler started since sits on top: its state is not ours to take away
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == g_observer)
+    c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+  g_observer = nullptr;
 }
 
 py::dict arena_counts() {
