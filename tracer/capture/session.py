@@ -535,9 +535,9 @@ class Session:
     def _write_memory(self, memory: MemoryRecords, table: Any) -> int:
         """Keep level F's allocator events, attributed to spans: RUN_DIR/<levels>/memory.parquet.
         Returns how many were stored."""
-        from xsp.tracer.convert.memory import memory_table
-
         import pyarrow.parquet as pq
+
+        from xsp.tracer.convert.memory import memory_table
 
         try:  # the spans are stored by now: a failure here only loses the memory events
             events = memory_table(memory, table)
