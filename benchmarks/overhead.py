@@ -42,6 +42,8 @@ CASES = (
     "gpt-lm/train/16",
     "compiled:torchvision:resnet18/train/32",
 )
+#: The launch-bound model of the CPU figure (the dev machine and CI).
+CPU_CASES = ("small-layers:50/infer/1", "small-layers:50/train/1")
 CONFIGS = ("none", "MF", "MFLG", "torch.profiler(cpu+cuda)", "torch.profiler(full)")
 FIGURES = ("step_ms", "end_to_end_s", "peak_rss_mb")
 
@@ -61,6 +63,8 @@ def build_step(case: str, device: str) -> Callable[[], None]:
     model, mode, batch = case.rsplit("/", 2)
     if model == "gpt-lm":
         return _gpt_step(int(batch), device)
+    if model.startswith("small-layers:"):
+        return _small_layers_step(int(model.split(":")[1]), int(batch), mode, device)
     from xsp.tracer.workloads import zoo
 
     compiled = model.startswith("compiled:")
@@ -68,6 +72,28 @@ def build_step(case: str, device: str) -> Callable[[], None]:
     if compiled:
         workload.model = torch.compile(workload.model)  # type: ignore[assignment]
     return workload.step
+
+
+def _small_layers_step(layers: int, batch: int, mode: str, device: str) -> Callable[[], None]:
+    """A launch-bound model: ``layers`` × (Linear 64→64, ReLU), each its own nn.Module."""
+    import torch
+
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()) for _ in range(layers)]
+    model = torch.nn.Sequential(*blocks).to(device)
+    x = torch.randn(batch, 64, device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        if mode == "infer":
+            with torch.inference_mode():
+                model(x)
+            return
+        optimizer.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        optimizer.step()
+
+    return step
 
 
 def _gpt_step(batch: int, device: str) -> Callable[[], None]:
