@@ -280,3 +280,30 @@ def test_loader_workers_record_nothing_and_batches_say_their_settings(tmp_path: 
         s["name"] == "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
         for s in loading
     )
+
+
+def test_torch_compile_gets_no_graph_break_or_recompile_from_f(tmp_path: Path) -> None:
+    from benchmarks.compile_check import dynamo_counts
+
+    torch._dynamo.reset()
+    model = torch.compile(TwoLayers(), backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    for _ in range(3):
+        step()
+    before = dynamo_counts()
+    session = Session("MF", iterations=3, warmup=0, out=tmp_path / "MF", device="cpu").start()
+    while not session.done:
+        with session.iteration():
+            step()
+    assert (session.close() or {})["status"] == "ok"
+    after = dynamo_counts()
+    assert after == before  # no graph break, graph, frame or recompile added by level F
+    names = {s["name"] for s in store.open_run(tmp_path / "MF").spans().to_pylist()}
+    assert "Torch-Compiled Region: 0/0" in names  # the compiled region is a span

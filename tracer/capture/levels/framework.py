@@ -9,16 +9,17 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
    autograd sequence number and forward thread, scope, and input shapes and dtypes when asked.
    When CUPTI runs in the process it also pushes the record's id as CUPTI external correlation
    id, so each CUDA API call names its op.
-2. Global module forward hooks write each nn.Module call into the same arena, with the shapes
-   of its arguments and output; a module's static facts (path, type, parameters, source) are
-   written once, at its first call.
+2. A wrapper around ``nn.Module.__call__`` writes each module call into the same arena, with
+   the shapes of its arguments and output; a module's static facts (path, type, parameters,
+   source) are written once, at its first call.
 3. The CPU and CUDA allocators report every allocation and free, with the total allocated, to
    a profiler state xsp puts in the thread's debug info (where torch.profiler's would go; it
    says "disabled", so torch sees no profiler); they become the run's memory events.
 
 Nothing is turned into spans during the measured window; ``drain`` reads the arena after it,
-and ``xsp.tracer.convert.spans`` nests the records. Under ``torch.compile`` the hooks do nothing
-while dynamo traces, so they add no graph break; the compiled code's ops still reach the callback.
+and ``xsp.tracer.convert.spans`` nests the records. Under ``torch.compile`` the wrapper only calls
+through while dynamo traces, so it adds no graph break; the compiled code's ops still reach the
+callback.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import logging
 from typing import Any
 
 import torch
-from torch.nn.modules import module as nn_module
 from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
@@ -48,7 +48,7 @@ class FrameworkLevel:
         self._arena = arena
         self._native = arena.native
         self._record_shapes = record_shapes
-        self._handles: list[Any] = []
+        self._module_call: Any = None  # nn.Module.__call__ as it was before enable()
         self._module_index: dict[int, int] = {}
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
@@ -63,10 +63,7 @@ class FrameworkLevel:
         # the allocators report to the thread's profiler state: torch.profiler's, if it runs
         if not torch.autograd._profiler_enabled():
             self._native.memory_start()
-        self._handles = [
-            nn_module.register_module_forward_pre_hook(self._pre_hook),
-            nn_module.register_module_forward_hook(self._post_hook, always_call=True),
-        ]
+        self._module_call = _trace_module_calls(self)
 
     def begin_iteration(self, index: int) -> None:
         self._native.range_begin(f"{STEP_RANGE_PREFIX}{index}")
@@ -75,9 +72,9 @@ class FrameworkLevel:
         self._native.range_end()
 
     def disable(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._module_call is not None:
+            torch.nn.Module.__call__ = self._module_call  # type: ignore[method-assign]
+            self._module_call = None
         if self._loader_iter is not None:
             DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
             self._loader_iter = None
@@ -88,33 +85,18 @@ class FrameworkLevel:
     def drain(self) -> FrameworkRecords:
         records = framework_records(self._arena.contents())
         if self._hook_errors:
-            log.warning("framework level: %d module hook calls failed", self._hook_errors)
+            log.warning("framework level: %d module calls could not be recorded", self._hook_errors)
         return records
 
-    # -- hot path ----------------------------------------------------------------------------
-    def _pre_hook(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if _compiling():  # dynamo traces the hook: record nothing, break no graph
-            return
-        try:
-            index = self._module_index.get(id(module))
-            if index is None:
-                index = self._register(module)
-            self._native.module_enter(index, args)
-        except Exception:  # never let tracing break the user's forward
-            self._hook_failed()
-
-    def _post_hook(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if _compiling():
-            return
-        try:
-            self._native.module_exit(output)
-        except Exception:
-            self._hook_failed()
+    # -- hot path: see _trace_module_calls ---------------------------------------------------
+    def module_index(self, module: torch.nn.Module) -> int:
+        index = self._module_index.get(id(module))
+        return self._register(module) if index is None else index
 
     def _hook_failed(self) -> None:
         self._hook_errors += 1
         if self._hook_errors == 1:
-            log.exception("framework level: a module hook failed; tracing carries on")
+            log.exception("framework level: recording a module call failed; tracing carries on")
 
     # -- module table (first call of each module only) -----------------------------------------
     def _register(self, module: torch.nn.Module) -> int:
@@ -140,6 +122,43 @@ class FrameworkLevel:
         self._module_paths.append(path)
         self._module_index[key] = index
         return index
+
+
+def _trace_module_calls(level: FrameworkLevel) -> Any:
+    """Wrap ``nn.Module.__call__`` so that each module call is written into the arena with its
+    arguments' and output's shapes; returns the original to put back. Cheaper than global
+    module hooks, which put every call on ``_call_impl``'s slow path (2.1 µs per call for two
+    empty hooks on the dev machine, against 0.3 µs for this wrapper's frame). While dynamo
+    traces a call the wrapper only calls through, so it breaks no graph."""
+    original = torch.nn.Module.__call__
+    index_of, enter, leave = (
+        level.module_index,
+        level._native.module_enter,
+        level._native.module_exit,
+    )
+    failed = level._hook_failed
+
+    def traced_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():
+            return original(module, *args, **kwargs)
+        try:
+            enter(index_of(module), args)
+        except Exception:  # never let tracing break the user's forward
+            failed()
+            return original(module, *args, **kwargs)
+        try:
+            output = original(module, *args, **kwargs)
+        except BaseException:
+            leave(None)
+            raise
+        try:
+            leave(output)
+        except Exception:
+            failed()
+        return output
+
+    torch.nn.Module.__call__ = traced_call  # type: ignore[method-assign]
+    return original
 
 
 def _name_loader_batches() -> Any:
