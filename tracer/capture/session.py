@@ -197,15 +197,16 @@ class Session:
         self._started = True
         _current = self
         if self._auto:
-            from torch.nn.modules import module as nn_module
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            self._first_call_hook = nn_module.register_module_forward_pre_hook(self._auto_begin)
-            self._hooks = [self._first_call_hook, register_optimizer_step_post_hook(self._auto_end)]
+            self._hooks = [register_optimizer_step_post_hook(self._auto_end)]
         self._write_meta("running")
         atexit.register(self.close)
         if self.warmup <= 1:
             self._enable_levels()
+        if self._auto:  # after level F wraps module calls: this wrapper must run before F's
+            self._first_call_hook = _FirstModuleCall(self._auto_begin)
+            self._hooks.append(self._first_call_hook)
         return self
 
     def __enter__(self) -> Session:
@@ -297,10 +298,9 @@ class Session:
         return self._index >= self.warmup + self.iterations
 
     # -- internals ----------------------------------------------------------------------------------
-    def _auto_begin(self, module: Any, args: Any) -> None:
+    def _auto_begin(self) -> None:
         """The first module call begins the first iteration; later ones come from the steps."""
         if self._first_call_hook is not None:
-            self._first_call_hook.remove()
             self._hooks.remove(self._first_call_hook)
             self._first_call_hook = None
         if not self._open:
@@ -624,6 +624,31 @@ class Session:
             resource.update({schema.RES_RANK: self.rank, schema.RES_WORLD_SIZE: self.world_size})
         resource.update(extra)
         return resource
+
+
+class _FirstModuleCall:
+    """Calls ``callback`` at the first nn.Module call, just before it, by wrapping
+    ``nn.Module.__call__`` (outside level F's own wrapper, so that the call is recorded inside
+    the iteration the callback begins), then unwraps itself. ``remove`` unwraps it if the
+    wrapper is still in place."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        import torch
+
+        self._module = torch.nn.Module
+        inner = torch.nn.Module.__call__
+
+        def first_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            self.remove()
+            callback()
+            return inner(module, *args, **kwargs)
+
+        self._inner, self._wrapper = inner, first_call
+        self._module.__call__ = first_call  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        if self._module.__call__ is self._wrapper:
+            self._module.__call__ = self._inner  # type: ignore[method-assign]
 
 
 def fail_message(exc: BaseException) -> str:
