@@ -52,7 +52,7 @@ class FrameworkLevel:
         self._module_index: dict[int, int] = {}
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
-        self._hook_errors = 0
+        self._call_errors = 0
         # at construction, before the program makes its loaders: the levels may come on later
         self._loader_iter: Any = _name_loader_batches()
 
@@ -78,14 +78,14 @@ class FrameworkLevel:
         if self._loader_iter is not None:
             DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
             self._loader_iter = None
-        self._native.modules_unwind()  # calls left open by an exception that skipped a hook
+        self._native.modules_unwind()  # calls still open (the run ended inside a forward)
         self._native.memory_stop()
         self._native.ops_stop()
 
     def drain(self) -> FrameworkRecords:
         records = framework_records(self._arena.contents())
-        if self._hook_errors:
-            log.warning("framework level: %d module calls could not be recorded", self._hook_errors)
+        if self._call_errors:
+            log.warning("framework level: %d module calls could not be recorded", self._call_errors)
         return records
 
     # -- hot path: see _trace_module_calls ---------------------------------------------------
@@ -93,9 +93,9 @@ class FrameworkLevel:
         index = self._module_index.get(id(module))
         return self._register(module) if index is None else index
 
-    def _hook_failed(self) -> None:
-        self._hook_errors += 1
-        if self._hook_errors == 1:
+    def _call_failed(self) -> None:
+        self._call_errors += 1
+        if self._call_errors == 1:
             log.exception("framework level: recording a module call failed; tracing carries on")
 
     # -- module table (first call of each module only) -----------------------------------------
@@ -136,7 +136,7 @@ def _trace_module_calls(level: FrameworkLevel) -> Any:
         level._native.module_enter,
         level._native.module_exit,
     )
-    failed = level._hook_failed
+    failed = level._call_failed
 
     def traced_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if _compiling():
