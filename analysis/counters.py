@@ -39,20 +39,11 @@ import pyarrow as pa
 from xsp.analysis.peaks import Peaks, peaks_table, resolve
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-from xsp.tracer.convert.ncu import PRECISIONS, kernel_base, kernel_key
+from xsp.tracer.convert.ncu import DERIVED, PRECISIONS, kernel_base, kernel_key
 
-#: Counter columns averaged per kernel and carried into the analyses.
-VALUES = (
-    *(f"flops_{p}" for p in PRECISIONS),
-    "tensor_flops",
-    "flops",
-    "dram_read_bytes",
-    "dram_write_bytes",
-    "l2_bytes",
-    "occupancy_pct",
-    "sm_throughput_pct",
-    "memory_throughput_pct",
-)
+#: Counter columns averaged per kernel and carried into the analyses: the counter table's
+#: derived columns but ncu's own duration (replay times are not the G run's).
+VALUES = tuple(c for c in DERIVED if c != "ncu_duration_ns")
 #: Rates that aggregate weighted by kernel time (the rest are sums).
 WEIGHTED = ("occupancy_pct", "sm_throughput_pct", "memory_throughput_pct")
 #: Precisions that exist only on tensor cores.

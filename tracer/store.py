@@ -198,23 +198,20 @@ class Run:
 
     def monitor(self) -> pa.Table | None:
         """The GPU monitor's raw samples (one row per sample), None when none were taken."""
-        path = self.path / MONITOR
-        if not path.exists():
-            return None
-        try:
-            return pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated monitor file ({exc})") from exc
+        return self._side_table(MONITOR, "monitor")
 
     def memory(self) -> pa.Table | None:
         """Level F's allocator events, each with its span and layer; None when none."""
-        path = self.path / MEMORY
+        return self._side_table(MEMORY, "memory")
+
+    def _side_table(self, name: str, what: str) -> pa.Table | None:
+        path = self.path / name
         if not path.exists():
             return None
         try:
             return pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated memory file ({exc})") from exc
+            raise StoreError(f"{path}: corrupt or truncated {what} file ({exc})") from exc
 
     @property
     def is_counter_run(self) -> bool:
