@@ -67,6 +67,11 @@ def human_bytes(value: float) -> str:
     return f"{value:,.0f} B"
 
 
+def _is_size(column: str) -> bool:
+    """``dram_read_bytes`` and ``allocated_bytes_per_iteration`` hold sizes."""
+    return column.endswith("bytes") or "_bytes_per_" in column
+
+
 def cell(column: str, value: Any) -> str:
     """One value as text: integers (and whole floats, such as counts per iteration) without
     decimals, sizes in binary units, percentages with one decimal, other floats with three."""
@@ -74,7 +79,7 @@ def cell(column: str, value: Any) -> str:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, (int, float)) and column.endswith("bytes"):
+    if isinstance(value, (int, float)) and _is_size(column):
         return human_bytes(float(value))
     if isinstance(value, int):
         return f"{value:,}"
