@@ -146,6 +146,14 @@ def load() -> ModuleType:
 
 def _build(name: str, directory: Path, cupti: Cupti | None) -> ModuleType:
     os.environ.setdefault("CXX", _compiler())
+    # torch's builder runs ninja from PATH; the ninja wheel installs it beside this Python
+    here = str(Path(sys.executable).parent)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
+    if shutil.which("ninja") is None:
+        raise NativeBuildError(
+            "xsp's native capture is built with ninja and none was found: pip install ninja"
+        )
     from torch.utils import cpp_extension
 
     flags, includes, ldflags = list(CFLAGS), [], []
