@@ -403,15 +403,25 @@ _KERNEL_SCHEMA = pa.schema(
 )
 
 
+def _kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each counted kernel with its rates against the roofs, computed once per store (A8 and A9
+    both read them)."""
+    if "kernel_rates" not in store.memo:
+        join = counter_join(store)
+        store.memo["kernel_rates"] = (
+            [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
+        )
+    rates: list[tuple[dict[str, Any], dict[str, Any]]] = store.memo["kernel_rates"]
+    return rates
+
+
 def kernel_info(store: MeasurementStore) -> pa.Table:
     """A8: each kernel of a typical iteration, in launch order: latency from the G run, work
     (GFLOP), achieved GFLOP/s, DRAM bytes read and written, L2 bytes, arithmetic intensity,
     achieved occupancy, SM and memory throughput (% of peak), precision, and memory- or
     compute-bound. Empty without counters (``unavailable`` says why)."""
-    join = counter_join(store)
     rows = []
-    for k in join.kernels if join else []:
-        rates = _rates(k, k["latency_ns"], join.peaks) if join else {}
+    for k, rates in _kernel_rates(store):
         rows.append(
             {
                 "ordinal": k["ordinal"],
@@ -445,10 +455,8 @@ def kernel_roofline(store: MeasurementStore) -> pa.Table:
     """A9: the kernel roofline's points, one per kernel that did floating-point work: its
     intensity, achieved and attainable GFLOP/s (the roof of its precision, or DRAM bandwidth
     times its intensity, whichever is lower), and how close it came."""
-    join = counter_join(store)
     rows = []
-    for k in join.kernels if join else []:
-        rates = _rates(k, k["latency_ns"], join.peaks) if join else {}
+    for k, rates in _kernel_rates(store):
         if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["work_gflop"]:
             continue
         rows.append(_point(k["kernel"], k["layer"], k["latency_ns"], rates))

@@ -24,23 +24,21 @@ ROOFS: dict[str, str] = {
     "dram": "DRAM bandwidth",
 }
 _T = 1e12
+#: GH100 in its SXM form (H100 SXM and H200), compute only.
+_GH100_SXM = {
+    "fp64": 33.5 * _T,
+    "fp64_tensor": 66.9 * _T,
+    "fp32": 66.9 * _T,
+    "tf32_tensor": 494.7 * _T,
+    "fp16": 133.8 * _T,
+    "fp16_tensor": 989.4 * _T,
+    "bf16_tensor": 989.4 * _T,
+    "fp8_tensor": 1978.9 * _T,
+}
 #: Dense peaks (no sparsity) from NVIDIA's datasheets and the Hopper whitepaper, FLOP/s and
 #: bytes/s, matched against ``xsp.device.name`` by substring, first match wins.
 DATASHEETS: tuple[tuple[str, dict[str, float]], ...] = (
-    (
-        "H200",
-        {
-            "fp64": 33.5 * _T,
-            "fp64_tensor": 66.9 * _T,
-            "fp32": 66.9 * _T,
-            "tf32_tensor": 494.7 * _T,
-            "fp16": 133.8 * _T,
-            "fp16_tensor": 989.4 * _T,
-            "bf16_tensor": 989.4 * _T,
-            "fp8_tensor": 1978.9 * _T,
-            "dram": 4.8 * _T,
-        },
-    ),
+    ("H200", {**_GH100_SXM, "dram": 4.8 * _T}),  # the H100 SXM's compute, HBM3e
     (
         "H100 PCIe",
         {
@@ -55,20 +53,7 @@ DATASHEETS: tuple[tuple[str, dict[str, float]], ...] = (
             "dram": 2.0 * _T,
         },
     ),
-    (
-        "H100",
-        {
-            "fp64": 33.5 * _T,
-            "fp64_tensor": 66.9 * _T,
-            "fp32": 66.9 * _T,
-            "tf32_tensor": 494.7 * _T,
-            "fp16": 133.8 * _T,
-            "fp16_tensor": 989.4 * _T,
-            "bf16_tensor": 989.4 * _T,
-            "fp8_tensor": 1978.9 * _T,
-            "dram": 3.35 * _T,
-        },
-    ),
+    ("H100", {**_GH100_SXM, "dram": 3.35 * _T}),
     (
         "A100",
         {
