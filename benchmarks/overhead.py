@@ -130,8 +130,10 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], iters: int) -> li
 
 def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> dict[str, Any]:
     """Run one configuration of one case in this (fresh) process. An xsp configuration is a
-    level set, optionally with a CUPTI buffer size: ``MFLG(cupti 16MB)``."""
+    level set, optionally with a CUPTI buffer size, ``MFLG(cupti 16MB)``, or without op shapes,
+    ``MF(no shapes)``."""
     levels, _, variant = config.partition("(")
+    op_shapes = variant != "no shapes)"
     if variant.startswith("cupti "):
         os.environ["XSP_CUPTI_BUFFER_MB"] = variant.split()[1].removesuffix(")").removesuffix("MB")
     if "L" in levels and device.startswith("cuda"):
@@ -164,7 +166,8 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
             prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
             spans = len(prof.profiler.kineto_results.events())
         else:
-            times, spans, finish = _xsp(levels, step, device, warmup, iters, Path(tmp) / "run")
+            out = Path(tmp) / "run"
+            times, spans, finish = _xsp(levels, step, device, warmup, iters, out, op_shapes)
         end_to_end = time.perf_counter() - began
     result = {
         "step_ms": statistics.median(times),
@@ -182,12 +185,20 @@ def _peak_rss_mb() -> float:
 
 
 def _xsp(
-    levels: str, step: Callable[[], None], device: str, warmup: int, iters: int, out: Path
+    levels: str,
+    step: Callable[[], None],
+    device: str,
+    warmup: int,
+    iters: int,
+    out: Path,
+    op_shapes: bool,
 ) -> tuple[list[float], int, dict[str, Any]]:
     from xsp.tracer import store
     from xsp.tracer.capture.session import Session
 
-    session = Session(levels, iterations=iters, warmup=warmup, out=out, device=device).start()
+    session = Session(
+        levels, iterations=iters, warmup=warmup, out=out, device=device, op_shapes=op_shapes
+    ).start()
     while not session.done:
         with session.iteration():
             step()

@@ -68,6 +68,18 @@ def test_ops_modules_and_backward_nodes_come_from_the_native_callback(tmp_path: 
     assert all(s["phase"] == "backward" for s in backward)
 
 
+def test_a_run_without_op_shapes_stores_its_spans_without_them(tmp_path: Path) -> None:
+    out = tmp_path / "MF"
+    session = Session("MF", iterations=2, warmup=1, out=out, device="cpu", op_shapes=False)
+    _train(session.start(), TwoLayers())
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    spans = store.open_run(out).spans().to_pylist()
+    addmm = [s for s in spans if s["op_name"] == "aten::addmm" and s["phase"] == "forward"]
+    assert len(addmm) == 4 and {s["module_path"] for s in addmm} == {"first", "second"}
+    assert all(s["input_shapes"] is None and s["output_shapes"] is None for s in spans)
+
+
 def test_a_second_session_in_one_process_records_afresh(tmp_path: Path) -> None:
     for run in ("a", "b"):
         session = Session("MF", iterations=1, warmup=0, out=tmp_path / run, device="cpu").start()

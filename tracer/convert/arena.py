@@ -200,7 +200,9 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
         raise StoreError("the capture arena's module table has gaps")
     out.modules = [table[i] for i in range(len(table))]
     out.call_module = rec["seq_nr"][module_rows].tolist()
-    out.call_input_shapes = [_text(strings, c, "[]") for c in rec["shapes"][module_rows].tolist()]
+    out.call_input_shapes = [  # None: the run recorded no shapes
+        strings[c] if 0 <= c < len(strings) else None for c in rec["shapes"][module_rows].tolist()
+    ]
     out.call_output_shapes = {
         call: _text(strings, code, "[]")
         for call, code in enumerate(rec["dtypes"][module_rows].tolist())

@@ -12,6 +12,8 @@ def dictionary_column(codes: np.ndarray, values: list[str]) -> pa.DictionaryArra
     used = np.zeros(len(values), dtype=bool)
     used[codes[valid]] = True
     remap = np.cumsum(used, dtype=np.int64) - 1
+    if not values:  # all null (a run without op shapes): nothing to look up
+        remap = np.zeros(1, dtype=np.int64)
     compact = np.where(valid, remap[np.maximum(codes, 0)], 0).astype(np.int32)
     kept = [v for v, keep in zip(values, used.tolist(), strict=True) if keep]
     indices = pa.array(compact, pa.int32(), mask=~valid)

@@ -116,7 +116,7 @@ class FrameworkRecords:
     # Per module call, indexed by the <call> number in the range name: module index, and the
     # shapes of the tensors in its arguments and output (``[[2,3],[4]]``).
     call_module: list[int] = field(default_factory=list)
-    call_input_shapes: list[str] = field(default_factory=list)
+    call_input_shapes: list[str | None] = field(default_factory=list)
     call_output_shapes: dict[int, str] = field(default_factory=dict)
     memory: MemoryRecords = field(default_factory=MemoryRecords)
 

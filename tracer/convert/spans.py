@@ -577,7 +577,7 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
     empty = shape_values.index("[]") if "[]" in shape_values else -2
     shape_codes[shape_codes == empty] = -1
     call_values, call_codes = _intern([rec.call_input_shapes[c] for c in calls])
-    shape_codes[module_rows] = len(shape_values) + call_codes
+    shape_codes[module_rows] = np.where(call_codes >= 0, len(shape_values) + call_codes, -1)
     dtype_values = rec.input_dtypes.values
     dtype_codes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32)[ev.rows].astype(np.int64)
     blank = dtype_values.index("") if "" in dtype_values else -2
