@@ -119,6 +119,9 @@ class FrameworkRecords:
     call_input_shapes: list[str | None] = field(default_factory=list)
     call_output_shapes: dict[int, str] = field(default_factory=dict)
     memory: MemoryRecords = field(default_factory=MemoryRecords)
+    #: Compiled kernels' source modules by inductor's provenance: ``"<phase> <kernel name>"``
+    #: -> per definition, in call order, the module paths of its nodes.
+    kernel_sources: dict[str, list[list[str]]] = field(default_factory=dict)
 
 
 @dataclass

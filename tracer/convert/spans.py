@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.tracer import schema
-from xsp.tracer.convert import collectives
+from xsp.tracer.convert import collectives, compiled
 from xsp.tracer.convert.columns import dictionary_column
 from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
 from xsp.tracer.convert.intervals import depths, inherit, nest
@@ -132,7 +132,8 @@ def build_table(
         calls = _library_call_block(table, api, steps, framework_rows)
         launches = _api_block(table, api, steps, framework_rows, calls)
     if gpu is not None:
-        _gpu_block(table, gpu, steps, launches)
+        sources = framework.kernel_sources if framework is not None else {}
+        _gpu_block(table, gpu, steps, launches, sources)
     return table.finish()
 
 
@@ -259,9 +260,16 @@ def _api_block(
     return _Placed(block, table.add(block))
 
 
-def _gpu_block(table: _Table, gpu: GpuRecords, steps: StepRecords, launches: _Placed) -> None:
+def _gpu_block(
+    table: _Table,
+    gpu: GpuRecords,
+    steps: StepRecords,
+    launches: _Placed,
+    sources: dict[str, list[list[str]]],
+) -> None:
     """Kernels, copies and sets under the API call that launched them (CUPTI correlation id),
-    with that call's layer and phase."""
+    with that call's layer and phase; a compiled kernel with the module inductor's provenance
+    names (``sources``)."""
     correlation = np.asarray(launches.block.columns.get("correlation_id", []), dtype=np.int64)
     kept, iteration, columns, api_row = gpu_columns(
         gpu, steps, correlation, launches.block.iteration.astype(np.int64)
@@ -270,6 +278,17 @@ def _gpu_block(table: _Table, gpu: GpuRecords, steps: StepRecords, launches: _Pl
     for name in INHERITED:
         if name in launches.block.columns:
             columns[name] = _take(launches.block.columns[name], api_row)
+    if sources and "module_path" in columns:
+        launch_parents = launches.block.foreign_parent
+        regions = _ids_of(launch_parents, api_row) if launch_parents is not None else api_row
+        columns["module_path"] = compiled.attribute(
+            columns["module_path"],
+            columns["name"].cast(pa.string()).to_pylist(),
+            columns["phase"].cast(pa.string()).to_pylist(),
+            regions,
+            columns["start_ns"],
+            sources,
+        )
     block = _Block(
         schema.LEVEL_GPU,
         iteration.astype(np.int32),
@@ -379,11 +398,21 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
     events = _framework_events(rec)
     layers = _attribute_layers(rec, events)
     external = np.frombuffer(rec.external_id, dtype=np.int64)
+    columns = _framework_columns(rec, events, layers)
+    if rec.kernel_sources:  # on CPU, compiled kernels are profiler ranges
+        columns["module_path"] = compiled.attribute(
+            columns["module_path"],
+            columns["op_name"].cast(pa.string()).to_pylist(),
+            columns["phase"].cast(pa.string()).to_pylist(),
+            events.parent,
+            events.start,
+            rec.kernel_sources,
+        )
     block = _Block(
         level=schema.LEVEL_FRAMEWORK,
         iteration=events.iteration,
         parent=events.parent,
-        columns=_framework_columns(rec, events, layers),
+        columns=columns,
         external_id=external[events.rows] if len(external) == len(rec.start_ns) else None,
     )
     return block, events.outside

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
+from xsp.tracer.capture.inductor import KernelProvenance
 from xsp.tracer.convert.arena import framework_records
 from xsp.tracer.convert.records import LOADER_SETTINGS_MARK, STEP_RANGE_PREFIX, FrameworkRecords
 
@@ -53,8 +54,11 @@ class FrameworkLevel:
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
         self._call_errors = 0
-        # at construction, before the program makes its loaders: the levels may come on later
+        # at construction, before the program makes its loaders or compiles its models: the
+        # levels may come on later
         self._loader_iter: Any = _name_loader_batches()
+        self._provenance = KernelProvenance()
+        self._provenance.install()
 
     # -- level interface -------------------------------------------------------------------
     def enable(self) -> None:
@@ -78,12 +82,14 @@ class FrameworkLevel:
         if self._loader_iter is not None:
             DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
             self._loader_iter = None
+        self._provenance.uninstall()
         self._native.modules_unwind()  # calls still open (the run ended inside a forward)
         self._native.memory_stop()
         self._native.ops_stop()
 
     def drain(self) -> FrameworkRecords:
         records = framework_records(self._arena.contents())
+        records.kernel_sources = self._provenance.sources(list(self._paths.values()))
         if self._call_errors:
             log.warning("framework level: %d module calls could not be recorded", self._call_errors)
         return records

@@ -1,0 +1,201 @@
+"""Where torch.compile's generated kernels came from: inductor's provenance, kept for level F.
+
+A fused Triton (GPU) or C++ (CPU) kernel runs inside one compiled region, so by nesting alone
+it belongs to the module that called the compiled model. Inductor knows better: each kernel it
+defines is built from FX nodes whose ``nn_module_stack`` (``fwd_nn_module_stack`` in a
+backward graph) names the module each node was traced in. While level F is configured we wrap
+inductor's ``define_kernel`` of the Triton and C++ schedulers and keep, per (phase, kernel
+name), the modules of each definition in the order the wrapper code calls them; conversion
+(``xsp.tracer.convert.compiled``) gives each launched kernel the module that holds its nodes.
+
+Inductor reuses one kernel for identical code (two identical blocks), and its kernel names
+restart in each graph, so a name can stand for several definitions; the k-th launch in a
+compiled region takes the k-th definition when the counts agree, else their common module.
+
+Kernels are only defined when inductor compiles, so in a traced process its FX graph and
+AOTAutograd caches are turned off (compiling takes longer, in the untimed warm-up), and on CPU
+each generated kernel gets a profiler range (``cpp.enable_kernel_profile``), so that compiled
+CPU code shows as spans at all. Nothing of this is imported before the program imports
+inductor itself: an import hook applies it when those modules load.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import re
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: What each inductor module gets when it loads: configuration, or a wrapped define_kernel.
+_CONFIG = "torch._inductor.config"
+_AUTOGRAD_CONFIG = "torch._functorch.config"
+_SCHEDULERS = {
+    "torch._inductor.codegen.triton": "TritonScheduling",
+    "torch._inductor.codegen.cpp": "CppScheduling",
+}
+
+#: ``L['self'].layer1[0]._modules['conv1']`` and the like, as dynamo spells module paths.
+_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]")
+_ITEM = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]|\[['\"]?([^'\"\]]+)['\"]?\]")
+
+
+def module_path(dynamo_path: str) -> str:
+    """A dynamo module path relative to the compiled root, as ``named_modules`` spells it:
+    ``L['self'].layer1[0]._modules['conv1']`` -> ``layer1.0.conv1``."""
+    rest = _ROOT.sub("", dynamo_path)
+    rest = _ITEM.sub(lambda m: "." + (m.group(1) or m.group(2)), rest)
+    return rest.strip(".")
+
+
+class KernelProvenance:
+    """Inductor's kernel definitions seen while installed, with their source modules'
+    paths relative to the compiled root; ``sources`` resolves them against the run's."""
+
+    def __init__(self) -> None:
+        #: ``"<phase> <kernel name>"`` -> the source modules of each definition, in order
+        self.definitions: dict[str, list[list[str]]] = {}
+        self.failures = 0
+        self._restore: list[Callable[[], None]] = []
+        self._finder: _AfterImport | None = None
+
+    def install(self) -> None:
+        actions = {
+            _CONFIG: self._configure_inductor,
+            _AUTOGRAD_CONFIG: self._configure_autograd_cache,
+            **{name: self._wrap_scheduler for name in _SCHEDULERS},
+        }
+        pending = {}
+        for name, action in actions.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                action(module)
+            else:
+                pending[name] = action
+        if pending:
+            self._finder = _AfterImport(pending)
+            sys.meta_path.insert(0, self._finder)
+
+    def sources(self, known: list[str]) -> dict[str, list[list[str]]]:
+        """The definitions with module paths as the run's module table spells them."""
+        cache: dict[str, str] = {}
+
+        def full(path: str) -> str:
+            if path not in cache:
+                cache[path] = resolve(path, known)
+            return cache[path]
+
+        return {
+            key: [[full(p) for p in modules] for modules in kernels]
+            for key, kernels in self.definitions.items()
+        }
+
+    def uninstall(self) -> None:
+        if self._finder is not None and self._finder in sys.meta_path:
+            sys.meta_path.remove(self._finder)
+        self._finder = None
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+
+    # -- what each module gets ---------------------------------------------------------------
+    def _set(self, target: Any, name: str, value: Any) -> None:
+        if not hasattr(target, name):
+            return
+        before = getattr(target, name)
+        setattr(target, name, value)
+        self._restore.append(lambda: setattr(target, name, before))
+
+    def _configure_inductor(self, config: ModuleType) -> None:
+        self._set(config, "fx_graph_cache", False)
+        self._set(config, "fx_graph_remote_cache", False)
+        self._set(config.cpp, "enable_kernel_profile", True)
+
+    def _configure_autograd_cache(self, config: ModuleType) -> None:
+        self._set(config, "enable_autograd_cache", False)
+
+    def _wrap_scheduler(self, codegen: ModuleType) -> None:
+        scheduling = getattr(codegen, _SCHEDULERS[codegen.__name__], None)
+        original = getattr(scheduling, "define_kernel", None)
+        if original is None:
+            return
+        record = self._record
+
+        def define_kernel(self: Any, src_code: Any, nodes: Any, *args: Any, **kwargs: Any) -> Any:
+            name = original(self, src_code, nodes, *args, **kwargs)
+            record(name, nodes)
+            return name
+
+        self._set(scheduling, "define_kernel", define_kernel)
+
+    def _record(self, kernel_name: Any, nodes: Any) -> None:
+        try:  # inductor's internals move between releases: never fail its compilation
+            from torch._inductor.virtualized import V
+
+            backward = bool(getattr(V.graph, "is_backward", False))
+            modules: list[str] = []
+            for origin in _origins(nodes):
+                stack = origin.meta.get("nn_module_stack") or origin.meta.get("fwd_nn_module_stack")
+                if stack:
+                    path = module_path(str(list(stack.values())[-1][0]))
+                    if path not in modules:
+                        modules.append(path)
+            key = f"{'backward' if backward else 'forward'} {kernel_name}"
+            self.definitions.setdefault(key, []).append(modules)
+        except Exception:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning(
+                    "compiled kernels: inductor's provenance could not be read", exc_info=True
+                )
+
+
+def _origins(nodes: Any) -> list[Any]:
+    """The FX nodes a kernel's scheduler nodes (fused ones included) were lowered from."""
+    found: list[Any] = []
+    for node in nodes:
+        parts = node.get_nodes() if hasattr(node, "get_nodes") else [node]
+        for part in parts:
+            found.extend(getattr(getattr(part, "node", None), "origins", None) or ())
+    return found
+
+
+def resolve(relative: str, known: list[str]) -> str:
+    """A path relative to a compiled root as a path of the run's module table (``known``):
+    the shortest known path that ends with it (``_orig_mod.layer1.0`` for ``layer1.0``)."""
+    if relative in known:
+        return relative
+    tails = [p for p in known if p.endswith("." + relative)]
+    return min(tails, key=len) if tails else relative
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs an action on a module right after it is first imported."""
+
+    def __init__(self, actions: dict[str, Callable[[ModuleType], None]]) -> None:
+        self._actions = actions
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        action = self._actions.pop(name, None)
+        if action is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        load = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            try:
+                action(module)
+            except Exception:
+                log.warning("compiled kernels: could not prepare %s", name, exc_info=True)
+
+        loader.exec_module = exec_module
+        return spec
