@@ -140,6 +140,8 @@ class KernelProvenance:
             backward = bool(getattr(V.graph, "is_backward", False))
             modules: list[str] = []
             for origin in _origins(nodes):
+                if not origin.all_input_nodes:
+                    continue  # a constant, shared by every block that uses it (CSE)
                 stack = origin.meta.get("nn_module_stack") or origin.meta.get("fwd_nn_module_stack")
                 if stack:
                     path = module_path(str(list(stack.values())[-1][0]))
