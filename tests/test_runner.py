@@ -234,6 +234,20 @@ def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
         ChildSpec.from_argv(["--levels", "M"])
 
 
+def test_only_the_deepest_framework_level_set_records_op_shapes(tmp_path: Path) -> None:
+    from xsp.tracer.run.runner import LeveledSpec, child_spec
+
+    levels = ["M", "MF", "MFL", "MFLG"]
+    spec = LeveledSpec(out=tmp_path, level_sets=levels, model="torchvision:resnet18")
+    assert [child_spec(spec, s, "m").op_shapes for s in levels] == [False, False, False, True]
+    alone = LeveledSpec(out=tmp_path, level_sets=["M", "MF"], model="torchvision:resnet18")
+    assert child_spec(alone, "MF", "m").op_shapes
+    ranks = LeveledSpec(
+        out=tmp_path, level_sets=levels, command=("torchrun", "--nproc-per-node", "2", "t.py")
+    )
+    assert child_spec(ranks, "MF", "m").op_shapes  # collective sizes come from them
+
+
 WRITES_ITS_ENVIRONMENT = """
     import json
     import os
