@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from xsp.tracer.capture.cupti import LIBRARY_NVTX_ENV
+
 CASES = (
     "torchvision:resnet50/train/64",
     "torchvision:resnet50/infer/1",
@@ -130,12 +132,18 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], iters: int) -> li
 
 def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> dict[str, Any]:
     """Run one configuration of one case in this (fresh) process. An xsp configuration is a
-    level set, optionally with a CUPTI buffer size, ``MFLG(cupti 16MB)``, or without op shapes,
-    ``MF(no shapes)``."""
+    level set, optionally with a variant that shows where its cost goes: a CUPTI buffer size,
+    ``MFLG(cupti 16MB)``; ``MF(no shapes)``; ``MFLG(no library ranges)``, without the cuBLAS and
+    cuDNN NVTX ranges; ``MFLG(no correlation)``, without the ops' CUPTI external correlation."""
     levels, _, variant = config.partition("(")
-    op_shapes = variant != "no shapes)"
+    variant = variant.removesuffix(")")
+    op_shapes = variant != "no shapes"
     if variant.startswith("cupti "):
-        os.environ["XSP_CUPTI_BUFFER_MB"] = variant.split()[1].removesuffix(")").removesuffix("MB")
+        os.environ["XSP_CUPTI_BUFFER_MB"] = variant.split()[1].removesuffix("MB")
+    if variant == "no library ranges":
+        os.environ.update({key: "0" for key in LIBRARY_NVTX_ENV})  # the session only adds
+    if variant == "no correlation":
+        _without_correlation()
     if "L" in levels and device.startswith("cuda"):
         from xsp.tracer.capture.cupti import nvtx_environment
 
@@ -178,6 +186,19 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
     if config.startswith("M"):
         result.update(finish)
     return result
+
+
+def _without_correlation() -> None:
+    """Level L as it would be without level F in the process: no EXTERNAL_CORRELATION kind,
+    so the op callback pushes nothing to CUPTI."""
+    from xsp.tracer.capture.levels import cuda
+
+    init = cuda.LibraryLevel.__init__
+
+    def without_ops(self: Any, with_ops: bool = False) -> None:
+        init(self, with_ops=False)
+
+    cuda.LibraryLevel.__init__ = without_ops  # type: ignore[method-assign]
 
 
 def _peak_rss_mb() -> float:
