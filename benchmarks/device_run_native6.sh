@@ -7,9 +7,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "from xsp.tracer.native.build import load; load()" 2>&1 | tail -1
-timeout 330 python3 benchmarks/overhead.py --rounds 3 --iters 50 --cases torchvision:resnet50/infer/1 \
-  --configs "none,MF(no shapes),MLG,MFLG,MFLG(no shapes),MFLG(no correlation),MFLG(no library ranges),torch.profiler(cpu+cuda)" \
+timeout 80 python3 -m pytest -q -p no:cacheprovider --tb=short \
+  tests/test_native.py::test_gpu_kernel_counts_equal_cuptis_own \
+  tests/test_native.py::test_loader_workers_record_nothing_and_batches_say_their_settings 2>&1 \
+  | grep -E "^E |assert|passed|failed|Error" | head -20
+timeout 280 python3 benchmarks/overhead.py --rounds 3 --iters 50 --cases torchvision:resnet50/infer/1 \
+  --configs "none,MF(no shapes),MLG,MFLG,MFLG(no correlation),MFLG(no library ranges),torch.profiler(cpu+cuda)" \
   --out "$OUT/overhead-infer-b1-decomposed.json" 2>&1 | grep -v round
-timeout 230 python3 benchmarks/overhead.py --rounds 3 --cases torchvision:resnet50/train/64 \
-  --configs "none,MF(no shapes),MFLG,MFLG(no library ranges),torch.profiler(cpu+cuda)" \
+timeout 190 python3 benchmarks/overhead.py --rounds 3 --cases torchvision:resnet50/train/64 \
+  --configs "none,MF(no shapes),MFLG,torch.profiler(cpu+cuda)" \
   --out "$OUT/overhead-r50-train-run2.json" 2>&1 | grep -v round

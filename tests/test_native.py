@@ -287,7 +287,8 @@ def test_loader_workers_record_nothing_and_batches_say_their_settings(tmp_path: 
     loading = [s for s in spans if s["kind"] == "data_loading"]
     assert len(loading) == 3
     # pin_memory=True pins nothing without an accelerator; the span says what happened
-    assert {(s["data_workers"], s["data_memory"]) for s in loading} == {(2, "pageable")}
+    memory = "pinned" if torch.cuda.is_available() else "pageable"
+    assert {(s["data_workers"], s["data_memory"]) for s in loading} == {(2, memory)}
     assert all(
         s["name"] == "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
         for s in loading
