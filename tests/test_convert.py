@@ -261,3 +261,21 @@ def test_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
     link_backward_nodes(records)
     assert list(records.seq_nr) == [5, 5, 5, -1]
     assert list(records.fwd_thread) == [-1, 11, -1, -1]
+
+
+def test_arrow_columns_round_trip_numbers_strings_and_nulls() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from xsp.tracer.convert.columns import arrow, numbers, scalar
+
+    ints = arrow(np.array([5, 6, 7, 8]), pa.int32(), mask=np.array([False, True, False, False]))
+    assert ints.type == pa.int32() and ints.to_pylist() == [5, None, 7, 8]
+    assert numbers(ints.slice(1), null=-1).tolist() == [-1, 7, 8]  # an offset slice
+    assert arrow(["a", None, "ccc"], pa.string()).to_pylist() == ["a", None, "ccc"]
+    assert arrow([b"\x01" * 16, None], pa.binary(16)).to_pylist() == [b"\x01" * 16, None]
+    flags = arrow(np.array([True, False, True]))
+    assert flags.type == pa.bool_() and numbers(flags.slice(1)).tolist() == [False, True]
+    assert scalar("x", pa.string()).as_py() == "x" and scalar(3, pa.int64()).as_py() == 3
+    with pytest.raises(ValueError, match="has nulls"):
+        numbers(ints)

@@ -552,8 +552,10 @@ def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
         env=env,
     )
     assert done.returncode == 3, done.stderr[-3000:]
-    why = "rank 1: the program exited with 3 after 3 measured iterations"
-    assert f"xsp: error: level set M: error: {why}" in done.stderr
+    # rank 1's reason leads when the launcher reports it as the first failure; under load it
+    # has reported rank 0 (its lost peer) first once, so the order is not asserted
+    error = next(line for line in done.stderr.splitlines() if "xsp: error: level set M" in line)
+    assert "error: rank 1: the program exited with 3 after 3 measured iterations" in error
     run = store.open_run(out / "M")
     assert run.meta["status"] == "error" and run.meta["program"] == {"exit_code": 3}
     ranks = [(r["rank"], r["status"], r["iterations_measured"]) for r in run.meta["ranks"]]

@@ -557,8 +557,10 @@ class Session:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns = {"time_ns": pa.array(samples.time_ns, pa.int64())}
-        columns.update({k: pa.array(v, pa.float64()) for k, v in samples.values.items()})
+        from xsp.tracer.convert.columns import arrow
+
+        columns = {"time_ns": arrow(samples.time_ns, pa.int64())}
+        columns.update({k: arrow(v, pa.float64()) for k, v in samples.values.items()})
         try:
             # from_arrays: pa.table(dict) would import pandas (0.4 s) to ask if it is a frame
             table = pa.Table.from_arrays(list(columns.values()), names=list(columns))

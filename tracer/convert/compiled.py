@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from xsp.tracer.convert.columns import arrow
+
 #: On CPU a generated kernel's profiler range is ``graph_<id>_<kernel name>``.
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")
 
@@ -72,4 +74,4 @@ def attribute(
         for row, path in zip(rows, chosen, strict=True):
             if path:  # the root says nothing the nesting did not
                 paths[row] = path
-    return pa.array(paths, pa.string()).dictionary_encode()
+    return arrow(paths, pa.string()).dictionary_encode()

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import dictionary_column
+from xsp.tracer.convert.columns import arrow, dictionary_column
 from xsp.tracer.convert.intervals import find_rows, nest
 from xsp.tracer.convert.records import (
     API_RUNTIME,
@@ -191,7 +191,7 @@ def gpu_columns(
 
     def ints(values: Any) -> pa.Array:
         data = np.frombuffer(values, dtype=np.int64)[keep]
-        return pa.array(data, pa.int64(), mask=data < 0)
+        return arrow(data, pa.int64(), mask=data < 0)
 
     columns = {
         "name": dictionary_column(np.frombuffer(gpu.name.codes, dtype=np.int32)[keep], names),

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import arrow, numbers, scalar
 from xsp.tracer.convert.intervals import nest
 from xsp.tracer.convert.records import MemoryRecords
 
@@ -21,10 +22,11 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
     time = np.frombuffer(memory.time_ns, dtype=np.int64)
     if not len(time):
         return None
-    framework = spans.filter(pc.equal(spans["level"].cast(pa.string()), schema.LEVEL_FRAMEWORK))
-    start = framework["start_ns"].to_numpy()
-    end = start + framework["dur_ns"].to_numpy()
-    thread = framework["thread_id"].to_numpy(zero_copy_only=False)
+    level = scalar(schema.LEVEL_FRAMEWORK, pa.string())
+    framework = spans.filter(pc.equal(spans["level"].cast(pa.string()), level))
+    start = numbers(framework["start_ns"])
+    end = start + numbers(framework["dur_ns"])
+    thread = numbers(framework["thread_id"], null=-1)
     event_thread = np.frombuffer(memory.thread, dtype=np.int64)
     parent = nest(
         np.concatenate([thread, event_thread]),
@@ -32,15 +34,15 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
         np.concatenate([end, time]),
     )[len(start) :]
     inside = np.nonzero((parent >= 0) & (parent < len(start)))[0]
-    rows = pa.array(parent[inside])
+    rows = arrow(parent[inside])
     device_type = np.frombuffer(memory.device_type, dtype=np.int64)[inside]
     columns = {
-        "time_ns": pa.array(time[inside]),
-        "thread_id": pa.array(event_thread[inside]),
-        "bytes": pa.array(np.frombuffer(memory.bytes, dtype=np.int64)[inside]),
-        "total_allocated": pa.array(np.frombuffer(memory.total_allocated, dtype=np.int64)[inside]),
-        "device": pa.array([DEVICE_TYPES.get(int(t), str(t)) for t in device_type], pa.string()),
-        "device_index": pa.array(np.frombuffer(memory.device_index, dtype=np.int64)[inside]),
+        "time_ns": arrow(time[inside]),
+        "thread_id": arrow(event_thread[inside]),
+        "bytes": arrow(np.frombuffer(memory.bytes, dtype=np.int64)[inside]),
+        "total_allocated": arrow(np.frombuffer(memory.total_allocated, dtype=np.int64)[inside]),
+        "device": arrow([DEVICE_TYPES.get(int(t), str(t)) for t in device_type], pa.string()),
+        "device_index": arrow(np.frombuffer(memory.device_index, dtype=np.int64)[inside]),
     }
     for name in ("iteration", "span_id", "module_path", "module_type", "phase", "op_name"):
         columns[name] = framework[name].take(rows)
@@ -51,9 +53,11 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
 def _layer_types(framework: pa.Table) -> pa.Array:
     """The type of each span's layer: module spans carry it, every other span takes its layer's
     (the module span with the same module path)."""
-    own = framework.filter(pc.equal(framework["kind"].cast(pa.string()), schema.KIND_MODULE))
+    own = framework.filter(
+        pc.equal(framework["kind"].cast(pa.string()), scalar(schema.KIND_MODULE, pa.string()))
+    )
     paths = own["module_path"].cast(pa.string()).to_pylist()
     types = dict(zip(paths, own["module_type"].cast(pa.string()).to_pylist(), strict=True))
-    return pa.array(
+    return arrow(
         [types.get(p) for p in framework["module_path"].cast(pa.string()).to_pylist()], pa.string()
     )

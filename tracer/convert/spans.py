@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from xsp.tracer import schema
 from xsp.tracer.convert import collectives, compiled
-from xsp.tracer.convert.columns import dictionary_column
+from xsp.tracer.convert.columns import arrow, dictionary_column, numbers
 from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
 from xsp.tracer.convert.intervals import depths, inherit, nest
 from xsp.tracer.convert.monitor import summarize
@@ -120,7 +120,7 @@ def build_table(
     if monitor is not None and monitor.time_ns:
         summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
         for name in schema.MONITOR_SUMMARIES:
-            step_block.columns[f"gpu_{name}"] = pa.array(summary[name], pa.float64())
+            step_block.columns[f"gpu_{name}"] = arrow(summary[name], pa.float64())
     table = _Table(run_id, levels, step_block, rank)
     framework_rows = None
     if framework is not None:
@@ -182,7 +182,7 @@ class _Table:
             local = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
             parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
         if self.rank is not None:
-            block.columns["rank"] = pa.array(np.full(n, self.rank, np.int32))
+            block.columns["rank"] = arrow(np.full(n, self.rank, np.int32))
         self.tables.append(_block_table(self.run_id, self.levels, block, ids, parent_ids))
         counts = self.report.counts_by_level
         counts[block.level] = counts.get(block.level, 0) + n
@@ -243,7 +243,7 @@ def _api_block(
     table.report.api_ops_by_id += int(by_id.sum())
     table.report.api_ops_by_time += int(((op_row >= 0) & ~by_id).sum())
     if framework is not None:
-        in_call = pa.array(lib_row >= 0)
+        in_call = arrow(lib_row >= 0)
         for name in INHERITED:
             from_op = _take(framework.block.columns[name], op_row).cast(pa.string())
             from_call = _take(calls.block.columns[name], lib_row).cast(pa.string())
@@ -308,12 +308,12 @@ def _ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def _codes(column: pa.DictionaryArray) -> np.ndarray:
     """A dictionary column's codes, -1 for null."""
-    return np.asarray(column.indices.fill_null(-1), dtype=np.int64)
+    return numbers(column.indices, null=-1).astype(np.int64)
 
 
 def _take(column: Any, rows: np.ndarray) -> pa.Array:
     """Rows of an arrow column; -1 gives null."""
-    indices = pa.array(np.maximum(rows, 0), pa.int64(), mask=rows < 0)
+    indices = arrow(np.maximum(rows, 0), pa.int64(), mask=rows < 0)
     return column.take(indices)
 
 
@@ -329,17 +329,17 @@ def _block_table(
 ) -> pa.Table:
     n = len(block)
     unique, position = np.unique(block.iteration, return_inverse=True)
-    trace_ids = pa.array(
+    trace_ids = arrow(
         [schema.trace_id_for(run_id, levels, int(it)) for it in unique], pa.binary(16)
     )
     data: dict[str, Any] = {
-        "trace_id": trace_ids.take(pa.array(position.astype(np.int64))),
-        "span_id": pa.array(ids, pa.uint64()),
-        "parent_span_id": pa.array(parent_ids, pa.uint64()),
+        "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
+        "span_id": arrow(ids, pa.uint64()),
+        "parent_span_id": arrow(parent_ids, pa.uint64()),
         "level": pa.DictionaryArray.from_arrays(
-            pa.array(np.zeros(n, dtype=np.int32)), pa.array([block.level])
+            arrow(np.zeros(n, dtype=np.int32)), arrow([block.level], pa.string())
         ),
-        "iteration": pa.array(block.iteration, pa.int32()),
+        "iteration": arrow(block.iteration, pa.int32()),
     }
     data.update(block.columns)
     columns = []
@@ -356,8 +356,8 @@ def _as_arrow(value: Any, type_: pa.DataType) -> pa.Array:
     if isinstance(value, (pa.Array, pa.ChunkedArray)):
         return value if value.type == type_ else value.cast(type_)
     if pa.types.is_dictionary(type_):
-        return pa.array(value, pa.string()).dictionary_encode().cast(type_)
-    return pa.array(value, type_)
+        return arrow(value, pa.string()).dictionary_encode().cast(type_)
+    return arrow(value, type_)
 
 
 def _step_block(
@@ -379,7 +379,7 @@ def _step_block(
         "status_message": [failures.get(int(it)) for it in iteration],
     }
     if world_size is not None:
-        columns["world_size"] = pa.array(np.full(n, world_size, np.int32))
+        columns["world_size"] = arrow(np.full(n, world_size, np.int32))
     return _Block(
         level=schema.LEVEL_MODEL,
         iteration=iteration,
@@ -446,7 +446,6 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
     events of each thread, and keep those inside an iteration except the step ranges themselves
     (the model span replaces them). An optimizer range may end just after its step range: the
     automatic iteration end runs in the optimizer's post-step hook, inside that range."""
-    name_values = pa.array(rec.name.values, pa.string())
     name_codes = np.frombuffer(rec.name.codes, dtype=np.int32)
     start = np.frombuffer(rec.start_ns, dtype=np.int64)
     end = np.frombuffer(rec.end_ns, dtype=np.int64)
@@ -454,7 +453,7 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
     n = len(name_codes)
 
     def starts(prefix: str) -> np.ndarray:
-        by_value = pc.starts_with(name_values, prefix).to_numpy(zero_copy_only=False)
+        by_value = np.array([v.startswith(prefix) for v in rec.name.values], dtype=bool)
         return by_value[name_codes] if n else np.zeros(0, dtype=bool)
 
     is_step = starts(STEP_RANGE_PREFIX)
@@ -624,17 +623,15 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "thread_id": ev.thread,
         "module_path": dictionary_column(layers.module, [i.path for i in infos]),
         "module_type": dictionary_column(np.where(typed, own_module, -1), [i.type for i in infos]),
-        "module_params": pa.array(params, pa.int64(), mask=per_call < 0),
+        "module_params": arrow(params, pa.int64(), mask=per_call < 0),
         "op_name": dictionary_column(op_codes, names),
-        "data_workers": pa.array(
-            workers[ev.name_codes], pa.int32(), mask=workers[ev.name_codes] < 0
-        ),
+        "data_workers": arrow(workers[ev.name_codes], pa.int32(), mask=workers[ev.name_codes] < 0),
         "data_memory": dictionary_column(memory[ev.name_codes], ["pageable", "pinned"]),
         "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
         "input_dtypes": dictionary_column(dtype_codes, dtype_values),
         "output_shapes": module_column([out_shapes.get(c) for c in calls]),
         "source": module_column([i.source for i in mods]),
-        "seq_nr": pa.array(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
+        "seq_nr": arrow(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
         **_collective_columns(rec, ev),
     }
 
@@ -664,7 +661,7 @@ def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Arra
     size_column[rows] = sizes
     return {
         "collective": dictionary_column(op_codes, values),
-        "collective_bytes": pa.array(size_column, pa.int64(), mask=size_column < 0),
+        "collective_bytes": arrow(size_column, pa.int64(), mask=size_column < 0),
     }
 
 
