@@ -41,23 +41,30 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
         "thread_id": arrow(event_thread[inside]),
         "bytes": arrow(np.frombuffer(memory.bytes, dtype=np.int64)[inside]),
         "total_allocated": arrow(np.frombuffer(memory.total_allocated, dtype=np.int64)[inside]),
-        "device": arrow([DEVICE_TYPES.get(int(t), str(t)) for t in device_type], pa.string()),
+        "device": _device_names(device_type),
         "device_index": arrow(np.frombuffer(memory.device_index, dtype=np.int64)[inside]),
     }
     for name in ("iteration", "span_id", "module_path", "module_type", "phase", "op_name"):
         columns[name] = framework[name].take(rows)
-    columns["module_type"] = _layer_types(framework).take(rows)
+    columns["module_type"] = _layer_types(framework, rows)
     return pa.Table.from_arrays(list(columns.values()), names=list(columns))
 
 
-def _layer_types(framework: pa.Table) -> pa.Array:
-    """The type of each span's layer: module spans carry it, every other span takes its layer's
-    (the module span with the same module path)."""
+def _device_names(device_type: np.ndarray) -> pa.Array:
+    kinds, codes = np.unique(device_type, return_inverse=True)
+    names = arrow([DEVICE_TYPES.get(int(t), str(t)) for t in kinds], pa.string())
+    return names.take(arrow(codes.astype(np.int64).ravel()))
+
+
+def _layer_types(framework: pa.Table, rows: pa.Array) -> pa.Array:
+    """The type of the layer of each span at ``rows``: module spans carry it, every other span
+    takes its layer's (the module span with the same module path). Mapped per distinct path."""
     own = framework.filter(
         pc.equal(framework["kind"].cast(pa.string()), scalar(schema.KIND_MODULE, pa.string()))
     )
     paths = own["module_path"].cast(pa.string()).to_pylist()
     types = dict(zip(paths, own["module_type"].cast(pa.string()).to_pylist(), strict=True))
-    return arrow(
-        [types.get(p) for p in framework["module_path"].cast(pa.string()).to_pylist()], pa.string()
-    )
+    wanted = framework["module_path"].take(rows).combine_chunks()
+    wanted = wanted.cast(pa.string()).dictionary_encode()  # one dictionary for every chunk
+    values = arrow([types.get(p) for p in wanted.dictionary.to_pylist()], pa.string())
+    return values.take(wanted.indices)
