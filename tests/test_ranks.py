@@ -354,6 +354,15 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     assert meta["program"] == program and meta["iterations_measured"] == 1
     assert [r["rank"] for r in meta["ranks"]] == [0, 1]
 
+    job.begin()  # rank 1 exits with 3; the launcher's SIGTERM stops rank 0 while it stores
+    stopped = "interrupted (SIGTERM)"
+    _rank_run(tmp_path / "M", 0, status="interrupted", status_reasons=[stopped])
+    died = "the program exited with 3 after 1 measured iterations"
+    _rank_run(tmp_path / "M", 1, status="partial", status_reasons=[died])
+    meta = job.finish(JobEnd({"exit_code": 3}, 1, {1: {"exit_code": 3}}))
+    assert meta["status"] == "error"  # the job failed; nobody interrupted it
+    assert meta["status_reasons"] == [f"rank 1: {died}", f"rank 0: {stopped}"]
+
 
 # -- a real two-rank job ------------------------------------------------------------------------
 DDP_SCRIPT = """
@@ -555,7 +564,8 @@ def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
     # rank 1's reason leads when the launcher reports it as the first failure; under load it
     # has reported rank 0 (its lost peer) first once, so the order is not asserted
     error = next(line for line in done.stderr.splitlines() if "xsp: error: level set M" in line)
-    assert "error: rank 1: the program exited with 3 after 3 measured iterations" in error
+    assert "level set M: error: " in error  # not "interrupted": rank 0 was stopped for it
+    assert "rank 1: the program exited with 3 after 3 measured iterations" in error
     run = store.open_run(out / "M")
     assert run.meta["status"] == "error" and run.meta["program"] == {"exit_code": 3}
     ranks = [(r["rank"], r["status"], r["iterations_measured"]) for r in run.meta["ranks"]]

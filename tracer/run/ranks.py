@@ -103,9 +103,13 @@ class RankedRun:
         statuses = [str(m.get("status")) for _, m in ranks]
         status = max(statuses, key=_badness, default="error")
         code = program.get("exit_code")
-        if isinstance(code, int) and code != 0 and status == "ok":
-            who = f"rank {failed_first}" if failed_first is not None else "the job"
-            status, fatal = "error", f"{who} exited with {code}"
+        if isinstance(code, int) and code != 0 and status != "error":
+            # the job failed: a rank the launcher stopped for it says "interrupted", which is
+            # not what happened to the job (an interrupt ends it with no exit code)
+            if status == "ok" or not reasons:
+                who = f"rank {failed_first}" if failed_first is not None else "the job"
+                fatal = f"{who} exited with {code}"
+            status = "error"
         if missing and status == "ok":
             status = "partial"
         files: list[str] = []
