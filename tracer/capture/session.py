@@ -205,7 +205,7 @@ class Session:
         if self.warmup <= 1:
             self._enable_levels()
         if self._auto:  # after level F wraps module calls: this wrapper must run before F's
-            self._first_call_hook = _FirstModuleCall(self._auto_begin)
+            self._first_call_hook = _NextModuleCall(self._auto_begin)
             self._hooks.append(self._first_call_hook)
         return self
 
@@ -316,16 +316,13 @@ class Session:
         try:
             self.end_iteration()
             if self._finish_pending:
-                from torch.nn.modules import module as nn_module
-
-                hook = nn_module.register_module_forward_pre_hook(self._finish_at_next_call)
-                self._hooks.append(hook)
+                self._hooks.append(_NextModuleCall(self._finish_at_next_call))
                 return
             self.begin_iteration()
         except Exception:
             self._misuse("automatic iteration end failed")
 
-    def _finish_at_next_call(self, module: Any, args: Any) -> None:
+    def _finish_at_next_call(self) -> None:
         for hook in self._hooks:  # the run is over: no more iterations to detect
             hook.remove()
         self._hooks = []
@@ -628,25 +625,27 @@ class Session:
         return resource
 
 
-class _FirstModuleCall:
-    """Calls ``callback`` at the first nn.Module call, just before it, by wrapping
+class _NextModuleCall:
+    """Calls ``callback`` once, just before the next nn.Module call, by wrapping
     ``nn.Module.__call__`` (outside level F's own wrapper, so that the call is recorded inside
     the iteration the callback begins), then unwraps itself. ``remove`` unwraps it if the
-    wrapper is still in place."""
+    wrapper is still in place; one wrapped over since only calls through."""
 
     def __init__(self, callback: Callable[[], None]) -> None:
         import torch
 
         self._module = torch.nn.Module
         inner = torch.nn.Module.__call__
+        pending = [callback]
 
-        def first_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+        def next_call(module: Any, *args: Any, **kwargs: Any) -> Any:
             self.remove()
-            callback()
+            if pending:
+                pending.pop()()
             return inner(module, *args, **kwargs)
 
-        self._inner, self._wrapper = inner, first_call
-        self._module.__call__ = first_call  # type: ignore[method-assign]
+        self._inner, self._wrapper = inner, next_call
+        self._module.__call__ = next_call  # type: ignore[method-assign]
 
     def remove(self) -> None:
         if self._module.__call__ is self._wrapper:

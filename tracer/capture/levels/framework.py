@@ -94,11 +94,6 @@ class FrameworkLevel:
             log.warning("framework level: %d module calls could not be recorded", self._call_errors)
         return records
 
-    # -- hot path: see _trace_module_calls ---------------------------------------------------
-    def module_index(self, module: torch.nn.Module) -> int:
-        index = self._module_index.get(id(module))
-        return self._register(module) if index is None else index
-
     def _call_failed(self) -> None:
         self._call_errors += 1
         if self._call_errors == 1:
@@ -137,18 +132,16 @@ def _trace_module_calls(level: FrameworkLevel) -> Any:
     empty hooks on the dev machine, against 0.3 µs for this wrapper's frame). While dynamo
     traces a call the wrapper only calls through, so it breaks no graph."""
     original = torch.nn.Module.__call__
-    index_of, enter, leave = (
-        level.module_index,
-        level._native.module_enter,
-        level._native.module_exit,
-    )
+    indices, register = level._module_index, level._register
+    enter, leave = level._native.module_enter, level._native.module_exit
     failed = level._call_failed
 
     def traced_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if _compiling():
             return original(module, *args, **kwargs)
         try:
-            enter(index_of(module), args)
+            index = indices.get(id(module))  # inline: a method call per module call costs
+            enter(register(module) if index is None else index, args)
         except Exception:  # never let tracing break the user's forward
             failed()
             return original(module, *args, **kwargs)
