@@ -45,8 +45,8 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
         "device_index": arrow(np.frombuffer(memory.device_index, dtype=np.int64)[inside]),
     }
     for name in ("iteration", "span_id", "module_path", "module_type", "phase", "op_name"):
-        columns[name] = framework[name].take(rows)
-    columns["module_type"] = _layer_types(framework, rows)
+        is_type = name == "module_type"  # a span's own is null but on module spans
+        columns[name] = _layer_types(framework, rows) if is_type else framework[name].take(rows)
     return pa.Table.from_arrays(list(columns.values()), names=list(columns))
 
 

@@ -7,6 +7,7 @@ and numbers sit in ``array`` buffers, which numpy reads without copying.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,8 +16,16 @@ from typing import Any
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
 STEP_RANGE_PREFIX = "xsp::step::"
-# What level F appends to a DataLoader batch's range name: `` [workers=4, pin_memory=True]``.
+# What level F appends to a DataLoader batch's range name: `` [workers=4, pin_memory=True]``
+# (``loader_range_name`` writes it, ``LOADER_SETTINGS`` reads it back).
 LOADER_SETTINGS_MARK = " [workers="
+LOADER_SETTINGS = re.compile(re.escape(LOADER_SETTINGS_MARK) + r"(\d+), pin_memory=(True|False)\]$")
+
+
+def loader_range_name(name: str, workers: int, pinned: bool) -> str:
+    return f"{name}{LOADER_SETTINGS_MARK}{workers}, pin_memory={pinned}]"
+
+
 # The range PyTorch's autograd engine opens around each backward node.
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 

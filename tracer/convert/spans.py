@@ -8,7 +8,6 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from xsp.tracer.convert.intervals import depths, inherit, nest
 from xsp.tracer.convert.monitor import summarize
 from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
+    LOADER_SETTINGS,
     LOADER_SETTINGS_MARK,
     MODULE_RANGE_PREFIX,
     STEP_RANGE_PREFIX,
@@ -506,15 +506,15 @@ def _suffix_ints(rec: FrameworkRecords, codes: np.ndarray, prefix: str) -> np.nd
 def _between_steps(ev: _Events) -> np.ndarray:
     """Top-level host work of an iteration before its first layer call or after its last
     optimizer call: copying the batch to the device, ``loss.item()`` and logging after the step."""
-    out = np.zeros(len(ev.rows), dtype=bool)
-    for iteration in np.unique(ev.iteration).tolist():
-        rows = ev.iteration == iteration
-        modules = rows & ev.is_module
-        optimizer = rows & ev.is_optimizer
-        first_call = ev.start[modules].min() if modules.any() else np.iinfo(np.int64).max
-        last_step = ev.end[optimizer].max() if optimizer.any() else np.iinfo(np.int64).max
-        out |= rows & ((ev.end <= first_call) | (ev.start >= last_step))
-    return out
+    never = np.iinfo(np.int64).max
+    iterations, slot = np.unique(ev.iteration, return_inverse=True)
+    slot = slot.ravel()
+    first_call = np.full(len(iterations), never)
+    np.minimum.at(first_call, slot[ev.is_module], ev.start[ev.is_module])
+    last_step = np.full(len(iterations), np.iinfo(np.int64).min)
+    np.maximum.at(last_step, slot[ev.is_optimizer], ev.end[ev.is_optimizer])
+    last_step[last_step == np.iinfo(np.int64).min] = never  # no step: nothing comes after it
+    return (ev.end <= first_call[slot]) | (ev.start >= last_step[slot])
 
 
 @dataclass
@@ -665,15 +665,12 @@ def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Arra
     }
 
 
-_LOADER_SETTINGS = re.compile(r" \[workers=(\d+), pin_memory=(True|False)\]$")
-
-
 def _loader_settings(values: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Range names without the DataLoader settings level F appends to a batch's range, with
     the workers (-1: none) and memory code (0 pageable, 1 pinned, -1 none) of each name."""
     names, workers, memory = list(values), np.full(len(values), -1), np.full(len(values), -1)
     for code, value in enumerate(values):
-        if LOADER_SETTINGS_MARK in value and (found := _LOADER_SETTINGS.search(value)):
+        if LOADER_SETTINGS_MARK in value and (found := LOADER_SETTINGS.search(value)):
             names[code] = value[: found.start()]
             workers[code] = int(found.group(1))
             memory[code] = int(found.group(2) == "True")

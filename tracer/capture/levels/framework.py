@@ -35,7 +35,12 @@ from torch.utils.data import DataLoader
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.inductor import KernelProvenance
 from xsp.tracer.convert.arena import framework_records
-from xsp.tracer.convert.records import LOADER_SETTINGS_MARK, STEP_RANGE_PREFIX, FrameworkRecords
+from xsp.tracer.convert.records import (
+    LOADER_SETTINGS_MARK,
+    STEP_RANGE_PREFIX,
+    FrameworkRecords,
+    loader_range_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +176,7 @@ def _name_loader_batches() -> Any:
         name = getattr(batches, "_profile_name", None)
         if isinstance(name, str) and LOADER_SETTINGS_MARK not in name:
             pinned = getattr(batches, "_pin_memory", loader.pin_memory)  # off without a GPU
-            settings = f"{loader.num_workers}, pin_memory={bool(pinned)}"
-            batches._profile_name = f"{name}{LOADER_SETTINGS_MARK}{settings}]"
+            batches._profile_name = loader_range_name(name, loader.num_workers, bool(pinned))
         return batches
 
     DataLoader.__iter__ = settings_in_range_name  # type: ignore[method-assign]
