@@ -327,6 +327,28 @@ def test_loader_workers_record_nothing_and_batches_say_their_settings(tmp_path: 
     )
 
 
+def test_host_work_around_the_layers_and_the_step_is_phase_host(tmp_path: Path) -> None:
+    session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    model = TwoLayers()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.randn(5, 4, dtype=torch.float64)
+    while not session.done:
+        with session.iteration():
+            x = batch.float()  # before the first layer call: the batch's conversion
+            optimizer.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            loss.item()  # after the step: a sync
+    assert (session.close() or {})["status"] == "ok"
+    spans = store.open_run(tmp_path / "MF").spans().to_pylist()
+    top = {s["span_id"] for s in spans if s["kind"] == "step"}
+    phases = {(s["op_name"], s["phase"]) for s in spans if s["parent_span_id"] in top}
+    assert ("aten::_to_copy", "host") in phases or ("aten::to", "host") in phases
+    assert ("aten::item", "host") in phases
+    assert ("aten::sum", "forward") in phases  # between the layers and the step: forward
+
+
 def test_torch_compile_gets_no_graph_break_or_recompile_from_f(tmp_path: Path) -> None:
     from benchmarks.compile_check import dynamo_counts
 
