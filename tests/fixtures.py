@@ -227,3 +227,15 @@ def make_collector(tmp_path: Path, **options: Any) -> Any:
         **options,
     }
     return Collector(CollectorConfig(**config))
+
+
+def train(session: Any, model: Any, x: Any) -> None:
+    """Run ``session``'s iterations as SGD steps of ``model`` on ``x`` (loss: the output's sum)."""
+    import torch
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    while not session.done:
+        with session.iteration():
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()

@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from tests.fixtures import train
 from xsp.tracer import store
 from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
@@ -54,14 +55,7 @@ def test_a_reused_kernel_takes_its_definitions_in_launch_order_when_counts_agree
 def test_compiled_cpu_kernels_are_spans_of_their_source_modules(tmp_path: Path) -> None:
     torch.manual_seed(0)
     session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
-    model = torch.compile(torch.nn.Sequential(Block(), Block()))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(4, 16)
-    while not session.done:
-        with session.iteration():
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
+    train(session, torch.compile(torch.nn.Sequential(Block(), Block())), torch.randn(4, 16))
     meta = session.close() or {}
     assert meta["status"] == "ok", meta["status_reasons"]
     spans = store.open_run(tmp_path / "MF").spans().to_pylist()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures import fixture_table, load_records
+from tests.fixtures import fixture_table, load_records, train
 from xsp.tracer import store
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.arena import read_arena
@@ -33,13 +33,7 @@ class TwoLayers(torch.nn.Module):
 
 
 def _train(session: Session, model: torch.nn.Module) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(5, 4)
-    while not session.done:
-        with session.iteration():
-            optimizer.zero_grad()
-            model(x).sum().backward()
-            optimizer.step()
+    train(session, model, torch.randn(5, 4))
 
 
 def test_ops_modules_and_backward_nodes_come_from_the_native_callback(tmp_path: Path) -> None:
