@@ -9,10 +9,17 @@ workload, runs WARMUP untimed and ITERS timed iterations, and reports:
   the wall clock, at both ends);
 - ``end_to_end_s``: the whole loop, warm-up included, plus the tool's own finish: xsp's
   conversion and store (into a temporary run directory), torch.profiler's Chrome-trace export;
-- ``peak_rss_mb``: the process's peak resident memory.
+- ``peak_rss_mb``: the process's peak resident memory;
+- ``paired_step``: its median iteration over the median of ITERS untraced iterations that the
+  same process ran first (warm-up included, before the loop above). Batch-1 steps on a shared
+  host vary by up to 2x from one fresh process to the next (CPU placement and clocks); a
+  process's own untraced iterations cancel that. Level L's processes set the NVTX injection
+  variables before the libraries load, so their untraced iterations already route the
+  libraries' NVTX calls into an idle CUPTI.
 
-A configuration's ratio in a round is its figure over the same round's uninstrumented figure; we
-report the median ratio across rounds with its min-max spread.
+A configuration's ratio in a round is its figure over the same round's uninstrumented figure
+(``paired_step``: over its own process's untraced one); we report the median ratio across rounds
+with its min-max spread.
 
     python benchmarks/overhead.py [--device cuda] [--rounds 3] [--iters 30] [--out FILE.json]
 """
@@ -47,7 +54,7 @@ CASES = (
 #: The launch-bound model of the CPU figure (the dev machine and CI).
 CPU_CASES = ("small-layers:50/infer/1", "small-layers:50/train/1")
 CONFIGS = ("none", "MF", "MFLG", "torch.profiler(cpu+cuda)", "torch.profiler(full)")
-FIGURES = ("step_ms", "end_to_end_s", "peak_rss_mb")
+FIGURES = ("step_ms", "paired_step", "end_to_end_s", "peak_rss_mb")
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -133,8 +140,9 @@ def _timed(step: Callable[[], None], sync: Callable[[], None], iters: int) -> li
 def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> dict[str, Any]:
     """Run one configuration of one case in this (fresh) process. An xsp configuration is a
     level set, optionally with a variant that shows where its cost goes: a CUPTI buffer size,
-    ``MFLG(cupti 16MB)``; ``MF(no shapes)``; ``MFLG(no library ranges)``, without the cuBLAS and
-    cuDNN NVTX ranges; ``MFLG(no correlation)``, without the ops' CUPTI external correlation."""
+    ``MFLG(cupti 16MB)``; ``MF(no shapes)``; ``MF(shapes every iteration)``, not only the
+    first; ``MFLG(no library ranges)``, without the cuBLAS and cuDNN NVTX ranges;
+    ``MFLG(no correlation)``, without the ops' CUPTI external correlation."""
     levels, _, variant = config.partition("(")
     variant = variant.removesuffix(")")
     op_shapes = variant != "no shapes"
@@ -144,6 +152,8 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
         os.environ.update({key: "0" for key in LIBRARY_NVTX_ENV})  # the session only adds
     if variant == "no correlation":
         _without_correlation()
+    if variant == "shapes every iteration":
+        os.environ["XSP_OP_SHAPES"] = "every"
     if "L" in levels and device.startswith("cuda"):
         from xsp.tracer.capture.cupti import nvtx_environment
 
@@ -153,6 +163,8 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
     step = build_step(case, device)
     sync = _sync(device)
     spans, finish = 0, {}
+    _timed(step, sync, warmup)
+    baseline = statistics.median(_timed(step, sync, iters))
     with tempfile.TemporaryDirectory(prefix="xsp-overhead-") as tmp:
         began = time.perf_counter()
         if config == "none":
@@ -179,6 +191,7 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
         end_to_end = time.perf_counter() - began
     result = {
         "step_ms": statistics.median(times),
+        "baseline_step_ms": baseline,
         "end_to_end_s": end_to_end,
         "peak_rss_mb": finish.pop("peak_rss_mb", _peak_rss_mb()),
         "spans": spans,
@@ -261,12 +274,17 @@ def _summary(rounds: list[dict[str, dict[str, Any]]], configs: list[str]) -> dic
     for config in configs:
         entry: dict[str, Any] = {}
         for figure in FIGURES:
-            ratios = [
-                r[config][figure] / r["none"][figure]
-                for r in rounds
-                if figure in r.get(config, {}) and figure in r.get("none", {})
-            ]
-            values = [r[config][figure] for r in rounds if figure in r.get(config, {})]
+            if figure == "paired_step":
+                ran = [r[config] for r in rounds if "baseline_step_ms" in r.get(config, {})]
+                ratios = [x["step_ms"] / x["baseline_step_ms"] for x in ran]
+                values = [x["baseline_step_ms"] for x in ran]
+            else:
+                ratios = [
+                    r[config][figure] / r["none"][figure]
+                    for r in rounds
+                    if figure in r.get(config, {}) and figure in r.get("none", {})
+                ]
+                values = [r[config][figure] for r in rounds if figure in r.get(config, {})]
             if ratios:
                 entry[figure] = {
                     "median": statistics.median(values),
@@ -300,7 +318,7 @@ def main() -> None:
     import torch
 
     results: dict[str, Any] = {
-        "method": "fresh process per (round, case, configuration); shuffled within a round",
+        "method": "fresh process per (round, case, configuration); shuffled within a round; paired_step against the same process's untraced iterations",
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "rounds": args.rounds,
@@ -315,11 +333,11 @@ def main() -> None:
             order = random.sample(configs, len(configs))
             print(f"{case} round {index + 1}/{args.rounds}: {', '.join(order)}", flush=True)
             rounds.append({config: _spawn(config, case, args) for config in order})
-        summary = _summary(rounds, configs)
-        results["cases"][case] = {"rounds": rounds, "summary": summary}
+            summary = _summary(rounds, configs)
+            results["cases"][case] = {"rounds": rounds, "summary": summary}
+            if args.out:  # after every round: a job stopped by its time limit keeps the rest
+                Path(args.out).write_text(json.dumps(results, indent=1))
         _print_case(case, summary)
-        if args.out:
-            Path(args.out).write_text(json.dumps(results, indent=1))
 
 
 def _print_case(case: str, summary: dict[str, Any]) -> None:

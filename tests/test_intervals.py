@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from xsp.tracer.convert.intervals import depths, inherit, nest
+from xsp.tracer.convert.intervals import depths, inherit, nest, stab
 
 
 def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]
@@ -65,3 +65,43 @@ def test_nesting_cases_worked_by_hand() -> None:
     values = np.array([7, -1, -1, 9, -1])
     assert inherit(values, parent, depth).tolist() == [7, 7, 7, 9, -1]
     assert nest(np.array([]), np.array([]), np.array([])).tolist() == []
+
+
+def test_points_land_in_the_innermost_interval_of_their_thread() -> None:
+    # thread 1: op 0 [0, 100] holds op 1 [10, 40] and op 2 [50, 60]; thread 2: op 3 [0, 100]
+    thread = np.array([1, 1, 1, 2])
+    start = np.array([0, 10, 50, 0])
+    end = np.array([100, 40, 60, 100])
+    point_thread = np.array([1, 1, 1, 1, 1, 2, 3, 1, 1])
+    point_time = np.array([5, 10, 40, 45, 55, 55, 55, 100, 101])
+    # 45 lies after op 1 ended: its ancestor op 0 holds it; thread 3 has no interval; 101 is
+    # after every interval; both ends of an interval belong to it
+    assert stab(thread, start, end, point_thread, point_time).tolist() == [
+        0,
+        1,
+        1,
+        0,
+        2,
+        3,
+        -1,
+        0,
+        -1,
+    ]
+
+
+def test_stabbing_points_agrees_with_nesting_them_as_empty_intervals() -> None:
+    rng = random.Random(7)
+    for _ in range(50):
+        thread, start, end = _random_ranges(rng, 80)
+        times = np.array([rng.randint(0, 10_000) for _ in range(40)])
+        threads = np.array([rng.choice([0, 1, 2]) for _ in range(40)])
+        both = nest(
+            np.concatenate([thread, threads]),
+            np.concatenate([start, times]),
+            np.concatenate([end, times]),
+        )
+        expected = both[len(start) :].copy()
+        for k in range(len(expected)):  # a point nested in an equal point: walk up to a range
+            while expected[k] >= len(start):
+                expected[k] = both[expected[k]]
+        assert stab(thread, start, end, threads, times).tolist() == expected.tolist()

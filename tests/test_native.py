@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,6 +73,47 @@ def test_a_run_without_op_shapes_stores_its_spans_without_them(tmp_path: Path) -
     addmm = [s for s in spans if s["op_name"] == "aten::addmm" and s["phase"] == "forward"]
     assert len(addmm) == 4 and {s["module_path"] for s in addmm} == {"first", "second"}
     assert all(s["input_shapes"] is None and s["output_shapes"] is None for s in spans)
+
+
+class SecondStepDiffers(TwoLayers):
+    """TwoLayers whose third call (the second measured iteration, after the traced warm-up)
+    runs one op more."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x * 2 if self.calls == 3 else x)
+
+
+def test_op_shapes_come_from_the_first_iteration_and_reach_those_that_ran_its_ops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def first_addmm_shapes(every: bool) -> tuple[list[str | None], dict[str, Any]]:
+        monkeypatch.setenv("XSP_OP_SHAPES", "every" if every else "first")
+        out = tmp_path / ("every" if every else "first")
+        session = Session("MF", iterations=3, warmup=1, out=out, device="cpu").start()
+        _train(session, SecondStepDiffers())
+        meta = session.close() or {}
+        assert meta["status"] == "ok", meta["status_reasons"]
+        spans = store.open_run(out).spans().to_pylist()
+        addmm = [
+            s
+            for s in spans
+            if s["op_name"] == "aten::addmm"
+            and s["module_path"] == "first"
+            and s["phase"] == "forward"
+        ]
+        return [s["input_shapes"] for s in sorted(addmm, key=lambda s: s["iteration"])], meta
+
+    # iteration 1 ran an extra aten::mul: nothing to copy from, so no shapes, and run.json
+    # says so; iteration 2 ran iteration 0's ops and has its shapes
+    shapes, meta = first_addmm_shapes(every=False)
+    assert shapes == ["[[8],[5,4],[4,8],[],[]]", None, "[[8],[5,4],[4,8],[],[]]"]
+    assert meta["iterations_without_op_shapes"] == 1
+    shapes, meta = first_addmm_shapes(every=True)
+    assert shapes == ["[[8],[5,4],[4,8],[],[]]"] * 3
+    assert "iterations_without_op_shapes" not in meta
 
 
 FINISHING_SCRIPT = """
@@ -261,7 +303,7 @@ def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
     ]
     # xsp puts a kernel in its launch call's iteration; the reference splits CUPTI's kernels by
     # time, which on the H200 moved 17 of ResNet-18 b4's 690 kernels across the boundary
-    # ([328, 361] against xsp's [345, 345]): the totals are what must agree
+    # ([328, 361] against xsp's [345, 345]): the totals, every kernel CUPTI saw, must agree
     assert per_iteration[0] == per_iteration[1] and sum(per_iteration) == sum(reference)
     assert meta["api_ops"]["by_correlation_id_pct"] >= 99.9
 

@@ -84,6 +84,22 @@ def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
     return _get("XSP_NCU", env)
 
 
+#: When level F records op input shapes: in the ``first`` measured iteration, which the others
+#: that ran the same ops take (``xsp.tracer.convert.shapes``), or in ``every`` one (programs
+#: whose shapes change from one iteration to the next).
+OP_SHAPE_ITERATIONS = ("first", "every")
+
+
+def op_shape_iterations(env: Mapping[str, str] | None = None) -> str:
+    """``XSP_OP_SHAPES``: first (default) or every."""
+    value = _get("XSP_OP_SHAPES", env)
+    if value is None:
+        return "first"
+    if value not in OP_SHAPE_ITERATIONS:
+        raise ConfigError(f"bad XSP_OP_SHAPES={value!r}: use {' or '.join(OP_SHAPE_ITERATIONS)}")
+    return value
+
+
 #: The hardware-counter metric sets: ``full`` (every quantity), ``lean`` (without the SM and memory
 #: throughput breakdowns, which take the most replay passes).
 COUNTER_SETS = ("full", "lean")
@@ -108,3 +124,4 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_OVERLAP", True, env)
     ncu_path(env)
     counter_set(env)
+    op_shape_iterations(env)

@@ -157,7 +157,13 @@ class Session:
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
         check_levels(self.levels, self.device)
-        context = LevelContext(self.device, self.levels, op_shapes=op_shapes, run_dir=self.run_dir)
+        context = LevelContext(
+            self.device,
+            self.levels,
+            op_shapes=op_shapes,
+            run_dir=self.run_dir,
+            multi_rank=(world_size or 1) > 1,
+        )
         self._context = context
         for key, value in level_environment(context).items():  # xsp run sets them earlier
             os.environ.setdefault(key, value)
@@ -379,6 +385,7 @@ class Session:
                 self._errors.append(message)
                 self._level_failure = self._level_failure or message
         self._levels = enabled
+        self._phase_ns["enabled"] = time.time_ns()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:
         """Switch levels off, convert what they recorded, export it, write run.json.
@@ -470,6 +477,13 @@ class Session:
                     spans_by_level=report.counts_by_level,
                     events_outside_iterations=report.events_outside_iterations,
                 )
+                if report.iterations_without_op_shapes:
+                    counts["iterations_without_op_shapes"] = report.iterations_without_op_shapes
+                    log.warning(
+                        "xsp: %d iterations ran other ops than the first and have no op shapes "
+                        "(XSP_OP_SHAPES=every records them in each)",
+                        report.iterations_without_op_shapes,
+                    )
                 if api_joined := report.api_ops_by_id + report.api_ops_by_time:
                     counts["api_ops"] = {
                         "by_correlation_id": report.api_ops_by_id,

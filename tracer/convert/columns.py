@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 #: The numpy type of each fixed-width arrow type conversion writes.
 _NUMPY = {
@@ -103,6 +104,21 @@ def _variable(values: Sequence[Any], type_: pa.DataType, mask: Any) -> pa.Array:
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     return pa.Array.from_buffers(type_, n, buffers)
+
+
+def equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
+    """Which rows of a string column (dictionary-encoded or plain) hold ``value``, as a numpy
+    mask; a dictionary column is compared once per distinct value, not per row."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = []
+    for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            hit = np.array([v == value for v in chunk.dictionary.to_pylist()] + [False])
+            codes = numbers(chunk.indices, null=-1).astype(np.int64)
+            parts.append(hit[codes])  # a null's code -1 takes the trailing False
+        else:
+            parts.append(numbers(pc.fill_null(pc.equal(chunk, scalar(value, chunk.type)), False)))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
 def dictionary_column(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:

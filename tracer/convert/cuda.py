@@ -58,9 +58,20 @@ def match_threads(
     op_end: np.ndarray,
 ) -> np.ndarray:
     """For each call, the index of the innermost op containing it on the profiler thread that
-    best matches the call's OS thread, or -1."""
+    best matches the call's OS thread, or -1. The native core and CUPTI both name OS threads,
+    so a call on a thread that recorded ops nests among that thread's ops, all in one pass; only
+    calls of other threads (records whose ops named profiler threads) search for a match."""
     parent = np.full(len(call_start), -1, dtype=np.int64)
-    for os_thread in np.unique(call_thread):
+    same = np.isin(call_thread, op_thread)
+    if same.any():
+        calls = np.nonzero(same)[0]
+        nested = nest(
+            np.concatenate([op_thread, call_thread[calls]]),
+            np.concatenate([op_start, call_start[calls]]),
+            np.concatenate([op_end, call_end[calls]]),
+        )[len(op_start) :]
+        parent[calls] = np.where(nested < len(op_start), nested, -1)
+    for os_thread in np.unique(call_thread[~same]):
         calls = np.nonzero(call_thread == os_thread)[0]
         best_hits, best = 0, None
         for thread in np.unique(op_thread):

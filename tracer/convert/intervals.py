@@ -56,6 +56,39 @@ def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return parent
 
 
+def stab(
+    thread: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    point_thread: np.ndarray,
+    point_time: np.ndarray,
+) -> np.ndarray:
+    """For each point, the index of the innermost interval on its thread that contains it (start
+    and end included), or -1; the intervals nest as ``nest`` says. Memory stays linear in the
+    intervals: the last interval on the point's thread that starts at or before it is the
+    innermost candidate, and an ancestor of it is the answer when it ended before the point."""
+    n = len(start)
+    found = np.full(len(point_time), -1, dtype=np.int64)
+    if n == 0 or len(point_time) == 0:
+        return found
+    parent = nest(thread, start, end)
+    order = np.lexsort((np.arange(n), -end, start, thread))  # nest's order: innermost last
+    threads, starts = thread[order], start[order]
+    for th in np.unique(point_thread):
+        lo, hi = np.searchsorted(threads, th, side="left"), np.searchsorted(threads, th, "right")
+        if lo == hi:
+            continue
+        points = np.nonzero(point_thread == th)[0]
+        at = np.searchsorted(starts[lo:hi], point_time[points], side="right") - 1
+        found[points] = np.where(at >= 0, order[lo + np.maximum(at, 0)], -1)
+    ended = np.nonzero(found >= 0)[0]
+    while len(ended):
+        ended = ended[end[found[ended]] < point_time[ended]]
+        found[ended] = parent[found[ended]]
+        ended = ended[found[ended] >= 0]
+    return found
+
+
 def depths(parent: np.ndarray) -> np.ndarray:
     """Depth of each node in a forest given by parent indices (-1 for roots)."""
     depth = np.zeros(len(parent), dtype=np.int32)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers, scalar
-from xsp.tracer.convert.intervals import nest
+from xsp.tracer.convert.columns import arrow, equals, numbers
+from xsp.tracer.convert.intervals import stab
 from xsp.tracer.convert.records import MemoryRecords
 
 #: c10::DeviceType values of the devices xsp runs on.
@@ -18,23 +17,21 @@ DEVICE_TYPES = {0: "cpu", 1: "cuda"}
 
 
 def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
-    """The events of ``memory`` inside a framework span of ``spans``; None without events."""
+    """The events of ``memory`` inside a framework span of ``spans``; None without events.
+    Works on row numbers into ``spans``, never on a filtered copy of it: the finish's peak
+    memory is here (a span table is some 250 bytes a row)."""
     time = np.frombuffer(memory.time_ns, dtype=np.int64)
     if not len(time):
         return None
-    level = scalar(schema.LEVEL_FRAMEWORK, pa.string())
-    framework = spans.filter(pc.equal(spans["level"].cast(pa.string()), level))
-    start = numbers(framework["start_ns"])
-    end = start + numbers(framework["dur_ns"])
-    thread = numbers(framework["thread_id"], null=-1)
+    framework = np.nonzero(equals(spans["level"], schema.LEVEL_FRAMEWORK))[0]
+    start = numbers(spans["start_ns"])[framework]
+    end = start + numbers(spans["dur_ns"])[framework]
+    thread = numbers(spans["thread_id"], null=-1)[framework]
     event_thread = np.frombuffer(memory.thread, dtype=np.int64)
-    parent = nest(
-        np.concatenate([thread, event_thread]),
-        np.concatenate([start, time]),
-        np.concatenate([end, time]),
-    )[len(start) :]
-    inside = np.nonzero((parent >= 0) & (parent < len(start)))[0]
-    rows = arrow(parent[inside])
+    parent = stab(thread, start, end, event_thread, time)
+    del start, end, thread
+    inside = np.nonzero(parent >= 0)[0]
+    rows = arrow(framework[parent[inside]])
     device_type = np.frombuffer(memory.device_type, dtype=np.int64)[inside]
     columns = {
         "time_ns": arrow(time[inside]),
@@ -46,7 +43,7 @@ def memory_table(memory: MemoryRecords, spans: pa.Table) -> pa.Table | None:
     }
     for name in ("iteration", "span_id", "module_path", "module_type", "phase", "op_name"):
         is_type = name == "module_type"  # a span's own is null but on module spans
-        columns[name] = _layer_types(framework, rows) if is_type else framework[name].take(rows)
+        columns[name] = _layer_types(spans, rows) if is_type else spans[name].take(rows)
     return pa.Table.from_arrays(list(columns.values()), names=list(columns))
 
 
@@ -56,15 +53,15 @@ def _device_names(device_type: np.ndarray) -> pa.Array:
     return names.take(arrow(codes.astype(np.int64).ravel()))
 
 
-def _layer_types(framework: pa.Table, rows: pa.Array) -> pa.Array:
+def _layer_types(spans: pa.Table, rows: pa.Array) -> pa.Array:
     """The type of the layer of each span at ``rows``: module spans carry it, every other span
     takes its layer's (the module span with the same module path). Mapped per distinct path."""
-    own = framework.filter(
-        pc.equal(framework["kind"].cast(pa.string()), scalar(schema.KIND_MODULE, pa.string()))
+    modules = arrow(np.nonzero(equals(spans["kind"], schema.KIND_MODULE))[0])
+    paths = spans["module_path"].take(modules).cast(pa.string()).to_pylist()
+    types = dict(
+        zip(paths, spans["module_type"].take(modules).cast(pa.string()).to_pylist(), strict=True)
     )
-    paths = own["module_path"].cast(pa.string()).to_pylist()
-    types = dict(zip(paths, own["module_type"].cast(pa.string()).to_pylist(), strict=True))
-    wanted = framework["module_path"].take(rows).combine_chunks()
+    wanted = spans["module_path"].take(rows).combine_chunks()
     wanted = wanted.cast(pa.string()).dictionary_encode()  # one dictionary for every chunk
     values = arrow([types.get(p) for p in wanted.dictionary.to_pylist()], pa.string())
     return values.take(wanted.indices)

@@ -34,6 +34,7 @@ from xsp.tracer.convert.records import (
     MonitorSamples,
     StepRecords,
 )
+from xsp.tracer.convert.shapes import copy_first_iterations_shapes
 
 OPTIMIZER_PREFIX = "Optimizer."
 #: PyTorch's DataLoader wraps each batch it hands out in a profiler range of this name.
@@ -74,6 +75,8 @@ class ConversionReport:
     #: and those that fell back to time containment on their thread.
     api_ops_by_id: int = 0
     api_ops_by_time: int = 0
+    #: Iterations that neither recorded op shapes nor ran the ops of the one that did.
+    iterations_without_op_shapes: int = 0
 
 
 @dataclass
@@ -124,8 +127,9 @@ def build_table(
     table = _Table(run_id, levels, step_block, rank)
     framework_rows = None
     if framework is not None:
-        fw_block, outside = _framework_block(framework)
+        fw_block, outside, without_shapes = _framework_block(framework)
         table.report.events_outside_iterations += outside
+        table.report.iterations_without_op_shapes = without_shapes
         framework_rows = _Placed(fw_block, table.add(fw_block))
     launches = _Placed.none()
     if api is not None:
@@ -388,14 +392,18 @@ def _step_block(
     )
 
 
-def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
+def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int, int]:
     """The framework level's rows: module calls, ops, autograd nodes and optimizer calls of the
-    measured iterations, nested by their recorded ranges; returns the block and how many events
-    fell outside every iteration.
+    measured iterations, nested by their recorded ranges; returns the block, how many events
+    fell outside every iteration, and how many iterations have no op shapes (see
+    ``xsp.tracer.convert.shapes``).
 
     Strings arrive as codes into small tables of distinct values, so every step is a numpy or
     arrow operation over whole columns: conversion must keep up with ~1M spans/s."""
     events = _framework_events(rec)
+    without_shapes = copy_first_iterations_shapes(
+        rec, events.rows, events.iteration, events.thread, events.start, events.is_module
+    )
     layers = _attribute_layers(rec, events)
     external = np.frombuffer(rec.external_id, dtype=np.int64)
     columns = _framework_columns(rec, events, layers)
@@ -415,7 +423,7 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int]:
         columns=columns,
         external_id=external[events.rows] if len(external) == len(rec.start_ns) else None,
     )
-    return block, events.outside
+    return block, events.outside, without_shapes
 
 
 @dataclass
@@ -452,8 +460,10 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
     thread = np.frombuffer(rec.thread, dtype=np.int64)
     n = len(name_codes)
 
+    values = arrow(rec.name.values, pa.string())  # once: module-call names make thousands
+
     def starts(prefix: str) -> np.ndarray:
-        by_value = np.array([v.startswith(prefix) for v in rec.name.values], dtype=bool)
+        by_value = numbers(pc.starts_with(values, prefix))
         return by_value[name_codes] if n else np.zeros(0, dtype=bool)
 
     is_step = starts(STEP_RANGE_PREFIX)

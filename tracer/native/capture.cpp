@@ -97,7 +97,8 @@ Arena g_arena;
 std::atomic<uint64_t> g_generation{1};  // bumped at each open: thread-local state goes stale
 std::mutex g_strings_mutex;
 std::unordered_map<std::string, int32_t> g_strings;
-bool g_record_shapes = false;
+bool g_record_shapes = false;  // ops' input shapes (the callback boxes their inputs)
+bool g_module_shapes = false;  // module calls' argument and output shapes
 std::atomic<bool> g_push_correlation{false};
 std::atomic<bool> g_memory{false};  // allocator events are recorded
 at::CallbackHandle g_callback = 0;
@@ -437,7 +438,8 @@ void arena_close() {
   Arena closing = g_arena;
   g_arena.header = nullptr;
   g_generation.fetch_add(1, std::memory_order_release);
-  msync(closing.base, closing.bytes, MS_SYNC);
+  // No msync: the shared mapping's pages are the file's page cache, which every reader (this
+  // process's drain, or the runner after a crash) sees; only a crash of the OS needs the disk.
   madvise(closing.base, closing.bytes, MADV_DONTNEED);
   ::close(closing.fd);
   g_arena = Arena();
@@ -446,9 +448,20 @@ void arena_close() {
 void ops_start(bool record_shapes) {
   if (g_arena.header == nullptr) throw std::runtime_error("open the capture arena first");
   if (g_callback != 0) return;
-  g_record_shapes = record_shapes;
+  g_record_shapes = g_module_shapes = record_shapes;
   g_callback = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(record_shapes));
+}
+
+// Switches the ops' input shapes on or off, between iterations: the callback is registered
+// again, since asking for inputs is fixed per callback. An op that another thread starts in
+// between goes unrecorded (the main thread is here; none runs at an iteration boundary).
+void ops_shapes(bool on) {
+  if (g_callback == 0 || on == g_record_shapes) return;
+  at::removeCallback(g_callback);
+  g_record_shapes = on;
+  g_callback =
+      at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(on));
 }
 
 void ops_stop() {
@@ -468,7 +481,7 @@ void module_enter(int64_t index, py::handle args) {
   r->aux = -1;
   r->name = -1;
   r->scope = 0;
-  r->shapes = g_record_shapes ? python_shapes(t, args) : -1;
+  r->shapes = g_module_shapes ? python_shapes(t, args) : -1;
   r->dtypes = -1;
   r->end_ns = 0;
   r->start_ns = now_ns();
@@ -483,7 +496,7 @@ void module_exit(py::handle output) {
   Record* r = t.modules.back();
   t.modules.pop_back();
   if (r == nullptr) return;
-  if (g_record_shapes) r->dtypes = python_shapes(t, output);
+  if (g_module_shapes) r->dtypes = python_shapes(t, output);
   __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
 }
 
@@ -990,6 +1003,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("arena_counts", &arena_counts);
   m.def("ops_start", &ops_start, py::arg("record_shapes"));
   m.def("ops_stop", &ops_stop);
+  m.def("ops_shapes", &ops_shapes, py::arg("on"));
   m.def("module_enter", &module_enter);
   m.def("module_exit", &module_exit);
   m.def("modules_unwind", &modules_unwind);

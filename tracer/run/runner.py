@@ -745,8 +745,8 @@ def _fork(
 
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
     """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
-    the warm-up iterations before the levels came on, the traced iterations (the last warm-up
-    one and the measured ones), switching the levels off (CUPTI's flush), draining them (records
+    the warm-up iterations before the levels came on, switching them on (CUPTI's start), the
+    traced iterations (the last warm-up one and the measured ones), switching the levels off (CUPTI's flush), draining them (records
     decoded, the monitor stopped), conversion to spans, storage (the sinks, run.json), and
     exit; a process started ahead of its turn also waited for the one before to exit. A phase
     whose mark is missing folds into the next."""
@@ -756,6 +756,7 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
         ("start_up", meta.get("started_ns")),
         ("untraced_warm_up", ready or phases.get("levels_on")),
         ("waiting_for_previous", phases.get("levels_on") if ready else None),
+        ("switch_on", phases.get("enabled")),
         ("traced_iterations", phases.get("measured")),
         ("stop", phases.get("stopped")),
         ("drain", phases.get("drained")),

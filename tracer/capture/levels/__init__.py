@@ -60,6 +60,7 @@ class LevelContext:
     levels: str = ""
     op_shapes: bool = True
     run_dir: Path | None = None
+    multi_rank: bool = False  # collectives' sizes come from every iteration's op shapes
     _arena: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
@@ -92,9 +93,11 @@ def _model(ctx: LevelContext) -> Level:
 
 
 def _framework(ctx: LevelContext) -> Level:
+    from xsp.tracer import config
     from xsp.tracer.capture.levels.framework import FrameworkLevel
 
-    return FrameworkLevel(ctx.arena, record_shapes=ctx.op_shapes)
+    every = ctx.multi_rank or config.op_shape_iterations() == "every"  # collective sizes
+    return FrameworkLevel(ctx.arena, record_shapes=ctx.op_shapes, every_iteration=every)
 
 
 def _library(ctx: LevelContext) -> Level:

@@ -50,10 +50,15 @@ _compiling = torch.compiler.is_compiling
 class FrameworkLevel:
     letter = "F"
 
-    def __init__(self, arena: CaptureArena, record_shapes: bool = True) -> None:
+    def __init__(
+        self, arena: CaptureArena, record_shapes: bool = True, every_iteration: bool = False
+    ) -> None:
         self._arena = arena
         self._native = arena.native
         self._record_shapes = record_shapes
+        # op shapes cost (PyTorch boxes each op's inputs): the first measured iteration's stand
+        # for the others that run the same ops (xsp.tracer.convert.shapes)
+        self._shapes_after_first = record_shapes and not every_iteration
         self._module_call: Any = None  # nn.Module.__call__ as it was before enable()
         self._module_index: dict[int, int] = {}
         self._paths: dict[int, str] = {}
@@ -75,6 +80,8 @@ class FrameworkLevel:
         self._module_call = _trace_module_calls(self)
 
     def begin_iteration(self, index: int) -> None:
+        if index == 1 and self._shapes_after_first:
+            self._native.ops_shapes(False)
         self._native.range_begin(f"{STEP_RANGE_PREFIX}{index}")
 
     def end_iteration(self, index: int) -> None:
@@ -183,11 +190,17 @@ def _name_loader_batches() -> Any:
     return original
 
 
+_SOURCES: dict[type, str] = {}
+
+
 def _source_of(cls: type) -> str:
-    try:
-        forward = cls.forward  # type: ignore[attr-defined]
-        path = inspect.getsourcefile(forward) or "?"
-        line = inspect.getsourcelines(forward)[1]
-        return f"{path}:{line}"
-    except (TypeError, OSError, AttributeError):
-        return cls.__module__
+    """``file:line`` of a module class's forward, once per class: from its code object, since
+    ``inspect.getsourcelines`` tokenizes the whole function (0.1 s over ResNet-50's modules)."""
+    if cls not in _SOURCES:
+        try:
+            code = inspect.unwrap(cls.forward).__code__  # type: ignore[attr-defined]
+            source = f"{inspect.getsourcefile(code) or code.co_filename}:{code.co_firstlineno}"
+        except (TypeError, OSError, AttributeError):
+            source = cls.__module__
+        _SOURCES[cls] = source
+    return _SOURCES[cls]
