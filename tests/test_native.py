@@ -89,7 +89,7 @@ class SecondStepDiffers(TwoLayers):
 def test_op_shapes_come_from_the_first_iteration_and_reach_those_that_ran_its_ops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def first_addmm_shapes(every: bool) -> tuple[list[str | None], dict[str, Any]]:
+    def first_layer_shapes(every: bool) -> tuple[list[Any], dict[str, Any]]:
         monkeypatch.setenv("XSP_OP_SHAPES", "every" if every else "first")
         out = tmp_path / ("every" if every else "first")
         session = Session("MF", iterations=3, warmup=1, out=out, device="cpu").start()
@@ -97,22 +97,21 @@ def test_op_shapes_come_from_the_first_iteration_and_reach_those_that_ran_its_op
         meta = session.close() or {}
         assert meta["status"] == "ok", meta["status_reasons"]
         spans = store.open_run(out).spans().to_pylist()
-        addmm = [
-            s
-            for s in spans
-            if s["op_name"] == "aten::addmm"
-            and s["module_path"] == "first"
-            and s["phase"] == "forward"
-        ]
-        return [s["input_shapes"] for s in sorted(addmm, key=lambda s: s["iteration"])], meta
+        first = [s for s in spans if s["module_path"] == "first" and s["phase"] == "forward"]
+        addmm = {s["iteration"]: s["input_shapes"] for s in first if s["op_name"] == "aten::addmm"}
+        calls = {s["iteration"]: s for s in first if s["kind"] == "module"}
+        shapes = [(addmm[i], calls[i]["input_shapes"], calls[i]["output_shapes"]) for i in range(3)]
+        return shapes, meta
 
-    # iteration 1 ran an extra aten::mul: nothing to copy from, so no shapes, and run.json
-    # says so; iteration 2 ran iteration 0's ops and has its shapes
-    shapes, meta = first_addmm_shapes(every=False)
-    assert shapes == ["[[8],[5,4],[4,8],[],[]]", None, "[[8],[5,4],[4,8],[],[]]"]
+    # the layer's addmm (bias, input, weight^T) and the call's argument and output; iteration 1
+    # ran an extra aten::mul: nothing to copy from, so no shapes, and run.json says so;
+    # iteration 2 ran iteration 0's ops and modules and has its shapes
+    recorded = ("[[8],[5,4],[4,8],[],[]]", "[[5,4]]", "[[5,8]]")
+    shapes, meta = first_layer_shapes(every=False)
+    assert shapes == [recorded, (None, None, None), recorded]
     assert meta["iterations_without_op_shapes"] == 1
-    shapes, meta = first_addmm_shapes(every=True)
-    assert shapes == ["[[8],[5,4],[4,8],[],[]]"] * 3
+    shapes, meta = first_layer_shapes(every=True)
+    assert shapes == [recorded] * 3
     assert "iterations_without_op_shapes" not in meta
 
 

@@ -401,8 +401,11 @@ def _framework_block(rec: FrameworkRecords) -> tuple[_Block, int, int]:
     Strings arrive as codes into small tables of distinct values, so every step is a numpy or
     arrow operation over whole columns: conversion must keep up with ~1M spans/s."""
     events = _framework_events(rec)
+    call = np.full(len(events.rows), -1, dtype=np.int64)
+    modules = np.nonzero(events.is_module)[0]
+    call[modules] = _suffix_ints(rec, events.name_codes[modules], MODULE_RANGE_PREFIX)
     without_shapes = copy_first_iterations_shapes(
-        rec, events.rows, events.iteration, events.thread, events.start, events.is_module
+        rec, events.rows, events.iteration, events.thread, events.start, call
     )
     layers = _attribute_layers(rec, events)
     external = np.frombuffer(rec.external_id, dtype=np.int64)

@@ -97,8 +97,7 @@ Arena g_arena;
 std::atomic<uint64_t> g_generation{1};  // bumped at each open: thread-local state goes stale
 std::mutex g_strings_mutex;
 std::unordered_map<std::string, int32_t> g_strings;
-bool g_record_shapes = false;  // ops' input shapes (the callback boxes their inputs)
-bool g_module_shapes = false;  // module calls' argument and output shapes
+bool g_record_shapes = false;
 std::atomic<bool> g_push_correlation{false};
 std::atomic<bool> g_memory{false};  // allocator events are recorded
 at::CallbackHandle g_callback = 0;
@@ -448,14 +447,15 @@ void arena_close() {
 void ops_start(bool record_shapes) {
   if (g_arena.header == nullptr) throw std::runtime_error("open the capture arena first");
   if (g_callback != 0) return;
-  g_record_shapes = g_module_shapes = record_shapes;
+  g_record_shapes = record_shapes;
   g_callback = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(record_shapes));
 }
 
-// Switches the ops' input shapes on or off, between iterations: the callback is registered
-// again, since asking for inputs is fixed per callback. An op that another thread starts in
-// between goes unrecorded (the main thread is here; none runs at an iteration boundary).
+// Switches the shapes (ops' inputs, module calls' arguments and outputs) on or off between
+// iterations: the op callback is registered again, since asking for inputs is fixed per
+// callback. An op that another thread starts in between goes unrecorded (the main thread is
+// here; none runs at an iteration boundary).
 void ops_shapes(bool on) {
   if (g_callback == 0 || on == g_record_shapes) return;
   at::removeCallback(g_callback);
@@ -481,7 +481,7 @@ void module_enter(int64_t index, py::handle args) {
   r->aux = -1;
   r->name = -1;
   r->scope = 0;
-  r->shapes = g_module_shapes ? python_shapes(t, args) : -1;
+  r->shapes = g_record_shapes ? python_shapes(t, args) : -1;
   r->dtypes = -1;
   r->end_ns = 0;
   r->start_ns = now_ns();
@@ -496,7 +496,7 @@ void module_exit(py::handle output) {
   Record* r = t.modules.back();
   t.modules.pop_back();
   if (r == nullptr) return;
-  if (g_module_shapes) r->dtypes = python_shapes(t, output);
+  if (g_record_shapes) r->dtypes = python_shapes(t, output);
   __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
 }
 

@@ -96,7 +96,8 @@ def _framework(ctx: LevelContext) -> Level:
     from xsp.tracer import config
     from xsp.tracer.capture.levels.framework import FrameworkLevel
 
-    every = ctx.multi_rank or config.op_shape_iterations() == "every"  # collective sizes
+    # a multi-rank job's collective sizes come from each iteration's own shapes
+    every = ctx.multi_rank or config.op_shape_iterations() == "every"
     return FrameworkLevel(ctx.arena, record_shapes=ctx.op_shapes, every_iteration=every)
 
 

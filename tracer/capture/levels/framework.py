@@ -56,8 +56,8 @@ class FrameworkLevel:
         self._arena = arena
         self._native = arena.native
         self._record_shapes = record_shapes
-        # op shapes cost (PyTorch boxes each op's inputs): the first measured iteration's stand
-        # for the others that run the same ops (xsp.tracer.convert.shapes)
+        # shapes cost (PyTorch boxes each op's inputs): the first measured iteration's stand for
+        # the later ones that run the same ops (xsp.tracer.convert.shapes)
         self._shapes_after_first = record_shapes and not every_iteration
         self._module_call: Any = None  # nn.Module.__call__ as it was before enable()
         self._module_index: dict[int, int] = {}
