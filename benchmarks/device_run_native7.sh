@@ -5,8 +5,9 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m compileall -q -j 0 xsp/ tracer/ analysis/ benchmarks/ /tmp/site >/dev/null 2>&1
 python3 -c "from xsp.tracer.native.build import load; load()" 2>&1 | tail -1
 timeout 250 python3 benchmarks/overhead.py --rounds 3 --cases gpt-lm/train/16 \
-  --configs "none,MF,MFLG,torch.profiler(cpu+cuda)" --out "$OUT/overhead-gpt-lm.json" 2>&1 | grep -v round
+  --configs "none,MF(no shapes),MFLG,torch.profiler(cpu+cuda)" --out "$OUT/overhead-gpt-lm.json" 2>&1 | grep -v round
 timeout 300 python3 benchmarks/overhead.py --rounds 2 --cases compiled:torchvision:resnet18/train/32 \
-  --configs "none,MF,MFLG" --out "$OUT/overhead-compiled.json" 2>&1 | grep -v round
+  --configs "none,MF(no shapes),MFLG" --out "$OUT/overhead-compiled.json" 2>&1 | grep -v round

@@ -279,3 +279,19 @@ def test_arrow_columns_round_trip_numbers_strings_and_nulls() -> None:
     assert scalar("x", pa.string()).as_py() == "x" and scalar(3, pa.int64()).as_py() == 3
     with pytest.raises(ValueError, match="has nulls"):
         numbers(ints)
+
+
+def test_equals_finds_a_value_in_dictionary_and_plain_string_columns() -> None:
+    import pyarrow as pa
+
+    from xsp.tracer.convert.columns import equals
+
+    # two chunks with their own dictionaries (as a table read back from parts has), a null, and
+    # a sliced chunk whose indices start at an offset
+    first = pa.array(["framework", "gpu", None, "framework"]).dictionary_encode()
+    second = pa.array(["gpu", "gpu", "framework"]).dictionary_encode().slice(1)
+    column = pa.chunked_array([first, second])
+    assert equals(column, "framework").tolist() == [True, False, False, True, False, True]
+    plain = pa.array(["a", None, "b", "a"])
+    assert equals(plain, "a").tolist() == [True, False, False, True]
+    assert equals(pa.chunked_array([], pa.string()), "a").tolist() == []
