@@ -329,6 +329,7 @@ def main() -> None:
     random.seed(0)
     for case in args.cases.split(","):
         rounds: list[dict[str, dict[str, Any]]] = []
+        summary = _summary(rounds, configs)
         for index in range(args.rounds):
             order = random.sample(configs, len(configs))
             print(f"{case} round {index + 1}/{args.rounds}: {', '.join(order)}", flush=True)

@@ -115,6 +115,41 @@ def test_op_shapes_come_from_the_first_iteration_and_reach_those_that_ran_its_op
     assert "iterations_without_op_shapes" not in meta
 
 
+def test_shapes_are_not_copied_to_an_iteration_whose_batch_differs_and_counters_do_not_matter(
+    tmp_path: Path,
+) -> None:
+    # batches of 5, 5 and 3 rows, each iteration inside a range numbered like torch.profiler's
+    # ProfilerStep#N: iteration 1 takes iteration 0's shapes (the number is not compared); the
+    # last, smaller batch ran the same ops, but its root call's argument says [3,4]: it keeps none
+    session = Session("MF", iterations=3, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    model = TwoLayers()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter([torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 4), torch.randn(3, 4)])
+    step = 0
+    while not session.done:
+        with session.iteration(), torch.autograd.profiler.record_function(f"ProfilerStep#{step}"):
+            optimizer.zero_grad()
+            model(next(batches)).sum().backward()
+            optimizer.step()
+        step += 1
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    spans = store.open_run(tmp_path / "MF").spans().to_pylist()
+    addmm = {
+        s["iteration"]: s["input_shapes"]
+        for s in spans
+        if s["op_name"] == "aten::addmm" and s["module_path"] == "first" and s["phase"] == "forward"
+    }
+    assert addmm == {0: "[[8],[5,4],[4,8],[],[]]", 1: "[[8],[5,4],[4,8],[],[]]", 2: None}
+    root = {
+        s["iteration"]: s["input_shapes"]
+        for s in spans
+        if s["kind"] == "module" and s["module_path"] == ""
+    }
+    assert root == {0: "[[5,4]]", 1: "[[5,4]]", 2: "[[3,4]]"}  # recorded every iteration
+    assert meta["iterations_without_op_shapes"] == 1
+
+
 FINISHING_SCRIPT = """
 import sys
 import torch

@@ -241,6 +241,22 @@ def test_the_multi_rank_analyses_are_absent_for_a_single_rank_measurement(
     assert not single & {"ranks", "communication_overlap", "collective_skew"}
 
 
+def test_a_ddp_script_traced_without_its_rank_still_records_every_iterations_shapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a collective's size comes from its own iteration's shapes, so an initialized 2-rank group
+    # turns off the first-iteration-only shapes even when the script names no rank
+    import torch.distributed as dist
+
+    from xsp.tracer.capture.session import Session
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    assert Session("MF", iterations=1, warmup=0, device="cpu")._context.multi_rank
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    assert not Session("MF", iterations=1, warmup=0, device="cpu")._context.multi_rank
+
+
 def test_the_chrome_export_makes_each_rank_a_process(tmp_path: Path) -> None:
     from xsp.tracer.export.chrome import chrome_trace, split_ranks
 

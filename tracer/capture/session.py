@@ -162,7 +162,7 @@ class Session:
             self.levels,
             op_shapes=op_shapes,
             run_dir=self.run_dir,
-            multi_rank=(world_size or 1) > 1,
+            multi_rank=(world_size or _distributed_world_size()) > 1,
         )
         self._context = context
         for key, value in level_environment(context).items():  # xsp run sets them earlier
@@ -672,3 +672,13 @@ def fail_message(exc: BaseException) -> str:
         return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _distributed_world_size() -> int:
+    """The size of an initialized torch.distributed job this process belongs to, else 1: a DDP
+    script traced without ``rank``/``world_size`` still gets every iteration's collective sizes."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1

@@ -97,10 +97,12 @@ Arena g_arena;
 std::atomic<uint64_t> g_generation{1};  // bumped at each open: thread-local state goes stale
 std::mutex g_strings_mutex;
 std::unordered_map<std::string, int32_t> g_strings;
-bool g_record_shapes = false;
+std::atomic<bool> g_record_shapes{false};
+bool g_root_shapes = false;  // a run with shapes records its root module calls' every iteration
 std::atomic<bool> g_push_correlation{false};
 std::atomic<bool> g_memory{false};  // allocator events are recorded
-at::CallbackHandle g_callback = 0;
+at::CallbackHandle g_callback = 0;        // the op callback that asks for inputs (shapes)
+at::CallbackHandle g_plain_callback = 0;  // the same without: after the first iteration
 
 int64_t now_ns() {
   timespec ts;
@@ -337,7 +339,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     r->aux = int64_t(fn.forwardThreadId());
     r->scope = uint8_t(fn.scope());
     r->shapes = r->dtypes = -1;
-    if (g_record_shapes && fn.needsInputs()) {
+    if (fn.needsInputs() && g_record_shapes.load(std::memory_order_relaxed)) {
       auto ids = input_ids(t, fn.inputs());
       r->shapes = ids.first;
       r->dtypes = ids.second;
@@ -372,9 +374,9 @@ void on_exit(const at::RecordFunction&, at::ObserverContext* base) {
 
 void on_fork_child() {
   // A forked child (a DataLoader worker) must not write into its parent's arena.
-  if (g_callback != 0) {
-    at::removeCallback(g_callback);
-    g_callback = 0;
+  for (auto* handle : {&g_callback, &g_plain_callback}) {
+    if (*handle != 0) at::removeCallback(*handle);
+    *handle = 0;
   }
   g_arena = Arena();
   g_generation.fetch_add(1);
@@ -446,28 +448,35 @@ void arena_close() {
 
 void ops_start(bool record_shapes) {
   if (g_arena.header == nullptr) throw std::runtime_error("open the capture arena first");
-  if (g_callback != 0) return;
-  g_record_shapes = record_shapes;
-  g_callback = at::addGlobalCallback(
-      at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(record_shapes));
+  if (g_callback != 0 || g_plain_callback != 0) return;
+  g_record_shapes.store(record_shapes);
+  g_root_shapes = record_shapes;
+  if (record_shapes) {  // the plain twin waits, disabled, for ops_shapes(false)
+    g_plain_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit));
+    at::disableCallback(g_plain_callback);
+    g_callback = at::addGlobalCallback(
+        at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(true));
+  } else {
+    g_plain_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit));
+  }
 }
 
-// Switches the shapes (ops' inputs, module calls' arguments and outputs) on or off between
-// iterations: the op callback is registered again, since asking for inputs is fixed per
-// callback. An op that another thread starts in between goes unrecorded (the main thread is
-// here; none runs at an iteration boundary).
+// Switches the shapes (ops' inputs, module calls' arguments and outputs) off between
+// iterations, by swapping the op callback for its twin that asks for no inputs (asking is fixed
+// per callback). The swap disables one before enabling the other: an op that another thread
+// starts in between goes unrecorded rather than twice (none runs at an iteration boundary).
 void ops_shapes(bool on) {
-  if (g_callback == 0 || on == g_record_shapes) return;
-  at::removeCallback(g_callback);
-  g_record_shapes = on;
-  g_callback =
-      at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit).needsInputs(on));
+  if (g_callback == 0 || g_plain_callback == 0 || on == g_record_shapes.load()) return;
+  at::disableCallback(on ? g_plain_callback : g_callback);
+  g_record_shapes.store(on);
+  at::reenableCallback(on ? g_callback : g_plain_callback);
 }
 
 void ops_stop() {
-  if (g_callback == 0) return;
-  at::removeCallback(g_callback);
-  g_callback = 0;
+  for (auto* handle : {&g_callback, &g_plain_callback}) {
+    if (*handle != 0) at::removeCallback(*handle);
+    *handle = 0;
+  }
 }
 
 void module_enter(int64_t index, py::handle args) {
@@ -481,7 +490,10 @@ void module_enter(int64_t index, py::handle args) {
   r->aux = -1;
   r->name = -1;
   r->scope = 0;
-  r->shapes = g_record_shapes ? python_shapes(t, args) : -1;
+  // a root call's arguments are recorded every iteration: conversion copies the first
+  // iteration's shapes only to those whose root calls had the same (xsp.tracer.convert.shapes)
+  bool root = g_root_shapes && t.modules.empty();
+  r->shapes = g_record_shapes.load(std::memory_order_relaxed) || root ? python_shapes(t, args) : -1;
   r->dtypes = -1;
   r->end_ns = 0;
   r->start_ns = now_ns();
@@ -496,7 +508,7 @@ void module_exit(py::handle output) {
   Record* r = t.modules.back();
   t.modules.pop_back();
   if (r == nullptr) return;
-  if (g_record_shapes) r->dtypes = python_shapes(t, output);
+  if (g_record_shapes.load(std::memory_order_relaxed)) r->dtypes = python_shapes(t, output);
   __atomic_store_n(&r->end_ns, end, __ATOMIC_RELEASE);
 }
 
