@@ -135,6 +135,48 @@ def test_framework_level_records_beside_a_running_torch_profiler(tmp_path: Path)
     assert not meta.get("memory_events")
 
 
+def test_a_script_without_modules_gets_its_ops(tmp_path: Path) -> None:
+    # functional code: ops and autograd nodes, no nn.Module call for the layer columns to use
+    x = torch.ones(4, requires_grad=True)
+    session = Session("MF", iterations=2, warmup=0, out=tmp_path / "MF", device="cpu").start()
+    while not session.done:
+        with session.iteration():
+            torch.relu(x * 2).sum().backward()
+    meta = session.close()
+    assert meta is not None and meta["status"] == "ok", meta
+    spans = open_run(tmp_path / "MF").spans()
+    for iteration in (0, 1):
+        ops = [o for o in _kind(spans, "op") if o["iteration"] == iteration]
+        assert {"aten::mul", "aten::relu", "aten::sum"} <= {o["name"] for o in ops}
+    assert not _kind(spans, "module")
+
+
+def test_a_conversion_that_fails_keeps_the_raw_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xsp.tracer.capture import session as session_module
+    from xsp.tracer.convert.arena import read_arena, step_records
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a converter bug")
+
+    monkeypatch.setattr(session_module, "build_table", broken)
+    model, opt, x = _mlp()
+    session = Session("MF", iterations=2, warmup=0, out=tmp_path / "MF", device="cpu").start()
+    while not session.done:
+        with session.iteration():
+            _train_step(model, opt, x)
+    meta = session.close()
+    assert meta is not None and meta["status"] == "error"
+    arena = tmp_path / "MF" / "capture.arena"
+    assert (
+        f"RuntimeError: a converter bug (levels M and F's raw records are kept in {arena})"
+        in (meta["error"])
+    )
+    steps = step_records(read_arena(arena))
+    assert list(steps.iteration) == [0, 1]
+
+
 def test_markers_without_a_session_do_nothing() -> None:
     assert xsp.current_session() is None
     xsp.step()

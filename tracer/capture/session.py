@@ -455,6 +455,7 @@ class Session:
             self._write_monitor(samples)
         self._phase_ns["drained"] = time.time_ns()
         counts["spans"] = 0
+        kept: Path | None = None  # the arena, where conversion failed
         if "M" not in raw:
             fatal.append("level M recorded nothing: no spans were converted")
         else:
@@ -480,8 +481,8 @@ class Session:
                 if report.iterations_without_op_shapes:
                     counts["iterations_without_op_shapes"] = report.iterations_without_op_shapes
                     log.warning(
-                        "xsp: %d iterations ran other ops than the first and have no op shapes "
-                        "(XSP_OP_SHAPES=every records them in each)",
+                        "xsp: %d measured iteration(s) ran other ops or input shapes than the "
+                        "first and have no op shapes (XSP_OP_SHAPES=every records them in each)",
                         report.iterations_without_op_shapes,
                     )
                 if api_joined := report.api_ops_by_id + report.api_ops_by_time:
@@ -496,6 +497,9 @@ class Session:
                 self._sink.force_flush()
             except Exception as exc:
                 message = f"conversion failed: {type(exc).__name__}: {exc}"
+                kept = self._context.keep_arena()
+                if kept is not None:
+                    message += f" (levels M and F's raw records are kept in {kept})"
                 self._errors.append(message)
                 fatal.append(message)
                 counts["spans"] = 0
@@ -529,7 +533,8 @@ class Session:
             status_reasons=list(dict.fromkeys(reasons)),
             **counts,
         )
-        self._context.discard_arena()  # stored (or its failure recorded): the raw records go
+        if kept is None:
+            self._context.discard_arena()  # stored (or nothing to keep): the raw records go
 
     def _level_counts(self, level: Level) -> dict[str, Any]:
         """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""

@@ -603,6 +603,8 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
 
     def module_column(texts: list[str | None]) -> pa.DictionaryArray:
         values, codes = _intern(texts)
+        if not len(codes):  # a run without module calls (a functional script)
+            return dictionary_column(np.full(m, -1, dtype=np.int64), values)
         return dictionary_column(
             np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values
         )

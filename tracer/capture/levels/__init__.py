@@ -85,6 +85,15 @@ class LevelContext:
         if self._arena:
             self._arena[0].discard()
 
+    def keep_arena(self) -> Path | None:
+        """Close the capture arena but leave its file, whose path this returns (None without
+        one): the raw records of a run whose conversion failed."""
+        if not self._arena:
+            return None
+        self._arena[0].close()
+        path: Path = self._arena[0].path
+        return path
+
 
 def _model(ctx: LevelContext) -> Level:
     from xsp.tracer.capture.levels.model import ModelLevel
