@@ -17,14 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
 from xsp.tracer import store
 from xsp.tracer.errors import XspError
-from xsp.tracer.export import otlp
-from xsp.tracer.export.transport import Transport
+
+if TYPE_CHECKING:
+    from xsp.tracer.export.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,14 @@ class OtlpSink:
         self.requests_sent = 0
 
     def export(self, batch: SpanBatch) -> None:
+        from xsp.tracer.export import otlp  # here: protobuf's import is paid by OTLP users only
+
         for part in otlp.batches_under(batch.table, self._max_spans):
             self._send(batch.resource, part)
 
     def _send(self, resource: Mapping[str, Any], part: pa.Table) -> None:
+        from xsp.tracer.export import otlp
+
         request = otlp.encode_request(resource, part, self._scope_version)
         if request.ByteSize() > self._max_bytes and part.num_rows > 1:
             half = part.num_rows // 2  # rare: spans with very long attributes
@@ -180,6 +185,8 @@ class OtlpJsonFileSink:
 
     def export(self, batch: SpanBatch) -> None:
         import json
+
+        from xsp.tracer.export import otlp
 
         for trace in otlp.split_traces(batch.table):
             request = otlp.encode_request(batch.resource, trace, self._scope_version)

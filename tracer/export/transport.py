@@ -17,11 +17,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xsp.tracer.errors import ConfigError, ExportError
+
+if TYPE_CHECKING:  # protobuf's import is paid by the processes that send OTLP only
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 DEFAULT_PROTOCOL = "http/protobuf"

@@ -34,8 +34,7 @@ from xsp.tracer import schema
 from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
-from xsp.tracer.export.sinks import OtlpSink, Sink
-from xsp.tracer.export.transport import OtlpConfig, make_transport
+from xsp.tracer.export.sinks import Sink
 from xsp.tracer.run.protocol import ChildSpec
 
 log = logging.getLogger("xsp")
@@ -109,6 +108,9 @@ def _gate(fd: int | None) -> Any:
 
 
 def _sinks(endpoint: str | None) -> list[Sink]:
+    from xsp.tracer.export.sinks import OtlpSink  # protobuf's import, for OTLP runs only
+    from xsp.tracer.export.transport import OtlpConfig, make_transport
+
     config = OtlpConfig.from_env(endpoint)
     return [OtlpSink(make_transport(config))] if config is not None else []
 
