@@ -10,17 +10,20 @@ from xsp.analysis.store import MeasurementStore
 
 def level_sets(store: MeasurementStore) -> pa.Table:
     """One row per level-set run: columns levels, status, iterations, step_median_ms,
-    step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run)."""
+    step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run).
+    The step figures are the complete iterations': one that failed or that the session closed
+    inside (its status message says which) is left out of them."""
     stats = store.sql(
         """
         SELECT levels, run_index,
-               count(DISTINCT trace_id) FILTER (WHERE kind = 'step') AS iterations,
-               median(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_median_ms,
-               min(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_min_ms,
-               max(dur_ns) FILTER (WHERE kind = 'step') / 1e6 AS step_max_ms,
+               count(DISTINCT trace_id) FILTER (WHERE complete) AS iterations,
+               median(dur_ns) FILTER (WHERE complete) / 1e6 AS step_median_ms,
+               min(dur_ns) FILTER (WHERE complete) / 1e6 AS step_min_ms,
+               max(dur_ns) FILTER (WHERE complete) / 1e6 AS step_max_ms,
                count(*) / greatest(count(DISTINCT trace_id) FILTER (WHERE kind = 'step'), 1)
                    AS spans_per_iteration
-        FROM spans GROUP BY levels, run_index ORDER BY run_index
+        FROM (SELECT *, kind = 'step' AND status_message IS NULL AS complete FROM spans)
+        GROUP BY levels, run_index ORDER BY run_index
         """
     ).to_pylist()
     by_levels = {row["levels"]: row for row in stats}

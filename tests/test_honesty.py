@@ -215,14 +215,35 @@ def test_missing_level_sets_and_manifests_are_said_not_skipped(tmp_path: Path) -
     assert f"xsp: warning: level set MFL: {tmp_path / 'MFL'} is missing; left out" in done.stderr
 
 
+def test_a_level_set_left_by_an_earlier_measurement_in_the_same_directory_is_left_out(
+    tmp_path: Path,
+) -> None:
+    # xsp run --levels M,MF --out R, then xsp run --levels M --out R: the old MF stays on disk
+    for levels, measurement in (("M", "new"), ("MF", "old")):
+        write_run(tmp_path, levels, fixture_table("resnet18_train_cpu", levels, f"run-{levels}"))
+        meta = json.loads((tmp_path / levels / "run.json").read_text())
+        (tmp_path / levels / "run.json").write_text(
+            json.dumps({**meta, "measurement_id": measurement})
+        )
+    manifest = {"status": "ok", "measurement_id": "new", "runs": [{"levels": "M"}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    warnings: list[str] = []
+    assert [r.levels for r in store.open_measurement(tmp_path, warnings.append)] == ["M"]
+    assert warnings == [f"level set MF: from another measurement than {tmp_path}'s; left out"]
+
+
 # -- item 12: export never overwrites the store ----------------------------------------------------
 @pytest.mark.parametrize("target", ["MF/spans-00000.parquet", "MF/run.json", "manifest.json"])
-def test_export_refuses_to_write_into_the_store(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize("command", ["export -o", "analyze --report"])
+def test_export_and_report_refuse_to_write_into_the_store(
+    tmp_path: Path, target: str, command: str
+) -> None:
     root = tmp_path / "R"
     _one_run(root)
     (root / "manifest.json").write_text(json.dumps({"status": "ok", "runs": [{"levels": "MF"}]}))
     before = (root / target).read_bytes()
-    line = _cli_error(["export", str(root), "-o", str(root / target)])
+    name, option = command.split()
+    line = _cli_error([name, str(root), option, str(root / target)])
     assert "refusing to write" in line and "inside the run store" in line
     assert (root / target).read_bytes() == before
 

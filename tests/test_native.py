@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -61,6 +62,45 @@ def test_ops_modules_and_backward_nodes_come_from_the_native_callback(tmp_path: 
     backward = [s for s in spans if s["kind"] == "backward" and "AddmmBackward0" in s["name"]]
     assert sorted(s["module_path"] for s in backward) == ["first", "first", "second", "second"]
     assert all(s["phase"] == "backward" for s in backward)
+
+
+class Pair(torch.nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> Any:
+        return (x, [torch.zeros(3, 5)], {"scale": scale})
+
+
+class CallsPair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pair = Pair()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.pair(x, scale=torch.ones(7))  # a keyword argument
+        self.pair((x, x))  # one argument that is a tuple of tensors
+        return x
+
+
+def test_module_shapes_reach_keyword_arguments_and_nested_outputs(tmp_path: Path) -> None:
+    session = Session("MF", iterations=2, warmup=0, out=tmp_path / "MF", device="cpu").start()
+    model = CallsPair()
+    for _ in range(2):
+        with session.iteration():
+            model(torch.ones(2, 4))
+    assert (session.close() or {})["status"] == "ok"
+    calls = [
+        (s["iteration"], s["input_shapes"], s["output_shapes"])
+        for s in store.open_run(tmp_path / "MF").spans().to_pylist()
+        if s["kind"] == "module" and s["module_path"] == "pair"
+    ]
+    # the second iteration takes the first's by position; a None in the dict is no tensor
+    assert sorted(calls) == [
+        (i, inputs, outputs)
+        for i in (0, 1)
+        for inputs, outputs in (
+            ("[[2,4],[2,4]]", "[[2,4],[2,4],[3,5]]"),
+            ("[[2,4],[7]]", "[[2,4],[3,5],[7]]"),
+        )
+    ]
 
 
 def test_a_run_without_op_shapes_stores_its_spans_without_them(tmp_path: Path) -> None:
@@ -237,6 +277,10 @@ def test_iterations_finished_before_the_program_died_are_stored(
         assert not (out / levels / "capture.arena").exists()
     framework = store.open_run(out / "MF").spans().to_pylist()
     assert sum(1 for s in framework if s["kind"] == "module" and s["module_path"] == "0") == 4
+    # the allocator events of those iterations are kept too (the optimizer's state, the grads)
+    memory = pq.read_table(out / "MF" / "memory.parquet").to_pylist()
+    assert len(memory) == meta["memory_events"] > 0
+    assert {e["iteration"] for e in memory} <= {0, 1, 2, 3}
 
 
 def test_a_missing_compiler_is_one_line(tmp_path: Path) -> None:

@@ -291,3 +291,102 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
     zoo = LeveledSpec(out=tmp_path / "Z", model="torchvision:resnet18", env=dict(spec.env))
     forced = child_environment(zoo, "M")
     assert {k: forced[k] for k in SHARED_HOST_ENV} == SHARED_HOST_ENV
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["python", "nosuch.py"], "script not found: nosuch.py"),
+        (["python", "-m", "nosuch_module_xyz"], "no module named 'nosuch_module_xyz'"),
+        (["python", "-O", "train.py"], "cannot trace python -O: xsp runs the script in its own"),
+        (["python", "-u", "-c"], "python -c needs the code to run"),
+    ],
+)
+def test_a_python_command_that_cannot_run_is_refused_before_anything_starts(
+    tmp_path: Path, command: list[str], message: str
+) -> None:
+    from xsp.tracer.errors import ConfigError
+    from xsp.tracer.run.runner import validate
+
+    spec = LeveledSpec(out=tmp_path / "R", device="cpu", command=command)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        validate(spec)
+    assert not spec.out.exists()
+
+
+CODE_AND_MODULE = """
+import sys
+import torch
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+print("ran as", __name__, sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("how", ["-c", "-m"])
+def test_python_c_and_m_from_the_working_directory_run_under_u(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    (tmp_path / "local_train.py").write_text(CODE_AND_MODULE)
+    monkeypatch.chdir(tmp_path)  # python -m finds a module there, as the interpreter does
+    program = CODE_AND_MODULE if how == "-c" else "local_train"
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        level_sets=("M",),
+        iterations=2,
+        warmup=1,
+        device="cpu",
+        command=["python", "-u", how, program, "x"],
+        log_stderr=True,
+    )
+    result = run_leveled(spec)
+    assert result.ok, result.failure
+    (run,) = open_measurement(spec.out)
+    assert run.meta["iterations_measured"] == 2
+
+
+def test_a_script_the_user_interrupts_exits_130(tmp_path: Path) -> None:
+    script = tmp_path / "interrupts.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters())\n"
+        "for i in range(5):\n    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n"
+        "    if i == 2:\n        raise KeyboardInterrupt\n"
+    )
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        level_sets=("M", "MF"),
+        iterations=5,
+        warmup=0,
+        device="cpu",
+        command=["python", str(script)],
+    )
+    result = run_leveled(spec)
+    assert result.exit_code == 130
+    with pytest.raises(XspError, match="its level sets were interrupted \\(M\\); each keeps"):
+        open_measurement(spec.out)
+    (run,) = open_measurement(spec.out / "M")  # what it stored, read alone
+    # three optimizer steps ended three iterations; the fourth, which the interrupt cut, is kept
+    # and marked with it
+    assert run.meta["status"] == "interrupted" and run.meta["iterations_measured"] == 4
+    steps = [s for s in run.spans().to_pylist() if s["kind"] == "step"]
+    assert [s["status_message"] is None for s in steps] == [True, True, True, False]
+
+
+def test_a_level_set_processs_messages_carry_one_xsp_prefix() -> None:
+    import logging
+
+    from xsp.tracer.run.child import _Prefixed
+
+    def shown(message: str) -> str:
+        record = logging.LogRecord("xsp", logging.WARNING, __file__, 1, message, None, None)
+        return _Prefixed("%(message)s").format(record)
+
+    assert shown("xsp: converting the recorded spans failed") == (
+        "xsp: converting the recorded spans failed"
+    )
+    assert shown("warning: level set MF was interrupted") == (
+        "xsp: warning: level set MF was interrupted"
+    )

@@ -177,6 +177,52 @@ def test_a_conversion_that_fails_keeps_the_raw_records(
     assert list(steps.iteration) == [0, 1]
 
 
+def test_the_tail_after_the_last_step_is_kept_but_not_measured(tmp_path: Path) -> None:
+    # an unmodified script that steps 3 times where 5 iterations were asked, then evaluates
+    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.summary import level_sets
+
+    model, opt, x = _mlp()
+    session = Session(
+        "M", iterations=5, warmup=0, out=tmp_path / "M", device="cpu", auto_iterations=True
+    ).start()
+    for _ in range(3):
+        _train_step(model, opt, x)
+    with torch.no_grad():
+        for _ in range(50):
+            model(x)  # the tail: not an iteration
+    meta = session.close()
+    assert meta is not None and meta["status"] == "partial"
+    assert (
+        meta["iterations_measured"] == 3 and "3 of 5 iterations measured" in meta["status_reasons"]
+    )
+    steps = _kind(open_run(tmp_path / "M").spans(), "step")
+    assert [s["status_message"] for s in steps] == [None] * 3 + [
+        "the session closed inside this iteration"
+    ]
+    (row,) = level_sets(MeasurementStore(tmp_path / "M")).to_pylist()
+    complete = sorted(s["dur_ns"] / 1e6 for s in steps[:3])
+    assert row["iterations"] == 3
+    assert row["step_max_ms"] == pytest.approx(complete[-1])
+    assert row["step_median_ms"] == pytest.approx(complete[1])
+
+
+def test_a_session_that_measured_nothing_is_an_error_that_says_why(tmp_path: Path) -> None:
+    model, _, x = _mlp()
+    session = Session(
+        "M", iterations=2, warmup=0, out=tmp_path / "M", device="cpu", auto_iterations=True
+    ).start()
+    with torch.no_grad():
+        for _ in range(5):
+            model(x)  # inference, no optimizer step, no marker
+    meta = session.close()
+    assert meta is not None and meta["status"] == "error"
+    assert meta["error"] == (
+        "0 of 2 iterations measured: an unmodified script's iterations end at optimizer.step(); "
+        "mark an inference loop's with xsp.step()"
+    )
+
+
 def test_markers_without_a_session_do_nothing() -> None:
     assert xsp.current_session() is None
     xsp.step()

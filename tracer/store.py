@@ -93,6 +93,18 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
+def write_memory_events(run_dir: Path, events: pa.Table) -> None:
+    """Store a run's allocator events (``memory.parquet``), whole or not at all."""
+    path = run_dir / MEMORY
+    tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
+    try:
+        pq.write_table(events, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {exc}") from exc
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -314,6 +326,7 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
     on_disk = sorted(
         p.parent.name for p in root.glob(f"*/{RUN_META}") if p.parent.name != RECONSTRUCTED
     )
+    interrupted: list[str] = []
     if (root / MANIFEST).exists():
         manifest = read_json(root / MANIFEST)
         listed = _listed_levels(root / MANIFEST, manifest)
@@ -321,9 +334,14 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
         for levels, status in listed:
             if status == "interrupted":
                 say(f"level set {levels} was interrupted; left out")
+                interrupted.append(levels)
             else:
                 names.append(levels)
         unlisted = [n for n in on_disk if n not in {levels for levels, _ in listed}]
+        foreign = [n for n in unlisted if not _same_measurement(root / n, manifest)]
+        if foreign:  # an earlier measurement into the same directory
+            say(f"level set {', '.join(foreign)}: from another measurement than {root}'s; left out")
+            unlisted = [n for n in unlisted if n not in foreign]
         if unlisted:
             say(
                 f"{root / MANIFEST} does not list {', '.join(unlisted)} (its runner stopped "
@@ -343,9 +361,25 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
         else:
             missing = root / name if not (root / name).exists() else root / name / RUN_META
             say(f"level set {name}: {missing} is missing; left out")
+    if not runs and interrupted:
+        raise StoreError(
+            f"{root}: its level sets were interrupted ({', '.join(interrupted)}); each keeps "
+            f"what it stored: read one alone, as in `xsp analyze {root / interrupted[0]}`"
+        )
     if not runs:
         raise StoreError(f"{root}: holds no xsp run (no */{RUN_META})")
     return runs
+
+
+def _same_measurement(run_dir: Path, manifest: dict[str, Any]) -> bool:
+    """Whether the run in ``run_dir`` belongs to the measurement of ``manifest`` (runs of
+    older stores, without ids, are taken as belonging)."""
+    ours = manifest.get("measurement_id")
+    try:
+        theirs = read_json(run_dir / RUN_META).get("measurement_id")
+    except StoreError:
+        return True  # open_run names the damage
+    return ours is None or theirs is None or ours == theirs
 
 
 def check_output(path: Path) -> None:

@@ -453,10 +453,15 @@ def analyze(
     from xsp.analysis.catalog import sections
     from xsp.analysis.reconstruct import reconstruct_with_report
 
+    if report is not None:
+        from xsp.tracer.store import check_output
+
+        check_output(report)  # before the work: never over the store's own files
     store = _open_store(run_dir)
     store.require_spans()
     spans, mismatches, lanes = reconstruct_with_report(store)
-    steps = spans.filter(pc.equal(spans.column("kind"), "step")).column("dur_ns")
+    complete = pc.and_(pc.equal(spans.column("kind"), "step"), pc.is_null(spans["status_message"]))
+    steps = spans.filter(complete).column("dur_ns")  # failed and cut-short ones left out
     median_ms = pc.approximate_median(steps).as_py() / 1e6 if len(steps) else None
     if save_reconstruction:
         _save_reconstruction(run_dir, store, spans)

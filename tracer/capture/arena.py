@@ -31,15 +31,18 @@ class CaptureArena:
             os.close(handle)
             self.path, self._temporary = Path(name), True
         self._open = False
+        self._opened = False  # ever: a session whose levels never came on has no file to read
         self._contents: ArenaContents | None = None
 
     def open(self) -> None:
         if not self._open and self._contents is None:
             self.native.arena_open(str(self.path), config.arena_bytes())
-            self._open = True
+            self._open = self._opened = True
 
     def contents(self) -> ArenaContents:
         """Stop recording and read what was recorded (once; later calls return the same)."""
+        if self._contents is None and not self._opened:
+            self._contents = ArenaContents.empty()
         if self._contents is None:
             counts = dict(self.native.arena_counts()) if self._open else {}
             self.close()

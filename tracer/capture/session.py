@@ -172,6 +172,7 @@ class Session:
         self._first_call_hook: Any = None
         self._progress = progress
         self._index = 0  # iterations begun so far, warm-up included
+        self._cut_short = 0  # 1 when close() ended an iteration nothing else had
         self._open = False
         self._levels_on = False
         self._finish_pending = False
@@ -231,6 +232,9 @@ class Session:
         self._closed = True
         try:
             if self._open:
+                # a tail after the last step (a script that stepped fewer times than asked) is
+                # kept, marked, but not counted as measured
+                self._cut_short = int(self.measuring and error is None)
                 self.end_iteration(error=error or "the session closed inside this iteration")
             self._finish(error, interrupted)
         finally:
@@ -513,8 +517,16 @@ class Session:
                 counts["spans"] = 0
             else:
                 missing.append(f"a sink failed: {reasons[0] if reasons else sink}")
-        measured = max(0, min(self._index - self.warmup, self.iterations))
-        if measured < self.iterations:
+        measured = max(0, min(self._index - self.warmup, self.iterations) - self._cut_short)
+        if measured == 0 and not interrupted and error is None:
+            hint = (
+                ": an unmodified script's iterations end at optimizer.step(); mark an inference "
+                "loop's with xsp.step()"
+                if self._auto
+                else ""
+            )
+            fatal.append(f"0 of {self.iterations} iterations measured{hint}")
+        elif measured < self.iterations:
             missing.append(f"{measured} of {self.iterations} iterations measured")
         error = error or self._level_failure or (fatal[0] if fatal else None)
         if interrupted:
@@ -551,15 +563,13 @@ class Session:
     def _write_memory(self, memory: MemoryRecords, table: Any) -> int:
         """Keep level F's allocator events, attributed to spans: RUN_DIR/<levels>/memory.parquet.
         Returns how many were stored."""
-        import pyarrow.parquet as pq
-
         from xsp.tracer.convert.memory import memory_table
 
         try:  # the spans are stored by now: a failure here only loses the memory events
             events = memory_table(memory, table)
             if self.run_dir is None or events is None:
                 return 0
-            pq.write_table(events, self.run_dir / store.MEMORY)
+            store.write_memory_events(self.run_dir, events)
         except Exception as exc:
             self._errors.append(f"memory events not stored: {type(exc).__name__}: {exc}")
             log.exception("xsp: storing the memory events failed")

@@ -84,6 +84,12 @@ class ArenaContents:
     def of_kind(self, kind: int) -> np.ndarray:
         return np.nonzero(self.records["kind"] == kind)[0]
 
+    @classmethod
+    def empty(cls) -> ArenaContents:
+        """What an arena never opened holds (the levels never came on)."""
+        none = np.zeros(0, dtype=np.int64)
+        return cls(np.zeros(0, dtype=RECORD), none, none.copy(), {}, [])
+
 
 def read_arena(path: Path) -> ArenaContents:
     """The complete records of the arena at ``path``; StoreError names a bad file. Reads only

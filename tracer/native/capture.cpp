@@ -269,13 +269,13 @@ std::pair<int32_t, int32_t> input_ids(ThreadState& t, c10::ArrayRef<c10::IValue>
   return ids;
 }
 
-// Shapes of the tensors directly inside a Python value (a module call's arguments or output).
-int32_t python_shapes(ThreadState& t, py::handle value) {
-  std::string out = "[";
-  bool first = true;
-  auto add = [&](py::handle item) {
-    if (!THPVariable_Check(item.ptr())) return;
-    const auto& tensor = THPVariable_Unpack(item.ptr());
+// Shapes of the tensors in a Python value (a module call's arguments, keyword arguments or
+// output), in order, through nested tuples, lists and dicts down to kMaxDepth.
+constexpr int kMaxDepth = 4;
+
+void add_python_shapes(py::handle value, std::string& out, bool& first, int depth) {
+  if (THPVariable_Check(value.ptr())) {
+    const auto& tensor = THPVariable_Unpack(value.ptr());
     if (!first) out += ',';
     first = false;
     if (plain_sizes(tensor)) {
@@ -283,14 +283,20 @@ int32_t python_shapes(ThreadState& t, py::handle value) {
     } else {
       out += "[]";
     }
-  };
-  if (THPVariable_Check(value.ptr())) {
-    add(value);
+  } else if (depth >= kMaxDepth) {
+    return;
   } else if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) {
-    for (auto item : value) add(item);
+    for (auto item : value) add_python_shapes(item, out, first, depth + 1);
   } else if (py::isinstance<py::dict>(value)) {
-    for (auto item : value.cast<py::dict>()) add(item.second);
+    for (auto item : value.cast<py::dict>()) add_python_shapes(item.second, out, first, depth + 1);
   }
+}
+
+int32_t python_shapes(ThreadState& t, py::handle value, py::handle more = py::handle()) {
+  std::string out = "[";
+  bool first = true;
+  add_python_shapes(value, out, first, 0);
+  if (more) add_python_shapes(more, out, first, 0);
   out += ']';
   return intern(t, out);
 }
@@ -479,7 +485,7 @@ void ops_stop() {
   }
 }
 
-void module_enter(int64_t index, py::handle args) {
+void module_enter(int64_t index, py::handle args, py::handle kwargs) {
   auto& t = state();
   Record* r = claim(t);
   if (r == nullptr) {
@@ -493,7 +499,9 @@ void module_enter(int64_t index, py::handle args) {
   // a root call's arguments are recorded every iteration: conversion copies the first
   // iteration's shapes only to those whose root calls had the same (xsp.tracer.convert.shapes)
   bool root = g_root_shapes && t.modules.empty();
-  r->shapes = g_record_shapes.load(std::memory_order_relaxed) || root ? python_shapes(t, args) : -1;
+  r->shapes = g_record_shapes.load(std::memory_order_relaxed) || root
+                  ? python_shapes(t, args, kwargs)
+                  : -1;
   r->dtypes = -1;
   r->end_ns = 0;
   r->start_ns = now_ns();

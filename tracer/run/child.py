@@ -115,8 +115,18 @@ def _sinks(endpoint: str | None) -> list[Sink]:
     return [OtlpSink(make_transport(config))] if config is not None else []
 
 
+class _Prefixed(logging.Formatter):
+    """``xsp: message``, once: most of xsp's own messages already begin with it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if text.startswith("xsp: ") else f"xsp: {text}"
+
+
 def main(spec: ChildSpec | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="xsp: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Prefixed("%(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         args = spec or ChildSpec.from_argv(sys.argv[1:])
     except XspError as exc:
@@ -242,7 +252,14 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
             if len(command) < 2:
                 raise XspError("python -m needs a module name")
             sys.argv = command[1:]
+            sys.path.insert(0, os.getcwd())  # as python -m puts it first
             runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+        elif command[0] == "-c":
+            if len(command) < 2:
+                raise XspError("python -c needs the code to run")
+            sys.argv = ["-c", *command[2:]]
+            sys.path.insert(0, os.getcwd())
+            exec(compile(command[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             script = Path(command[0])
             if not script.is_file():

@@ -18,6 +18,7 @@ from typing import Any
 
 from xsp.tracer import store
 from xsp.tracer.convert.arena import ARENA_FILE, framework_records, read_arena, step_records
+from xsp.tracer.convert.memory import memory_table
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import SpanBatch, StoreSink
@@ -65,6 +66,12 @@ def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) 
     measured = len(steps.iteration)
     reasons = [f"the program {ended} after {measured} measured iterations"]
     reasons.append(f"{measured} iterations recovered from the capture arena")
+    memory_events = 0
+    if framework is not None:
+        events = memory_table(framework.memory, table)
+        if events is not None:
+            store.write_memory_events(run_dir, events)
+            memory_events = events.num_rows
     if contents.counts.get("open_records"):
         reasons.append(
             f"{contents.counts['open_records']} records still open when it died were left out"
@@ -85,6 +92,7 @@ def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) 
         spans_by_level=report.counts_by_level,
         arena={k: int(v) for k, v in contents.counts.items()},
         files=[p.name for p in sink.files],
+        memory_events=memory_events,
         finished_ns=time.time_ns(),
     )
     return meta

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.machinery
 import logging
 import os
 import shutil
@@ -44,6 +45,8 @@ from xsp.tracer.run.recover import recover_run
 log = logging.getLogger(__name__)
 
 PYTHON_NAMES = ("python", "python3")
+#: Interpreter options that change nothing xsp measures (stdio buffering, bytecode caching)
+PYTHON_FLAGS_IGNORED = ("-u", "-B")
 #: torch's launcher script: ``python -m torch.distributed.run``.
 TORCHRUN = "torchrun"
 
@@ -140,6 +143,8 @@ class LeveledResult:
             if run["status"] == "ok":
                 continue
             program = run.get("program") or {}
+            if run["status"] == "interrupted" or program.get("interrupted"):
+                return EXIT_INTERRUPTED  # the script's own KeyboardInterrupt too
             if isinstance(program.get("signal"), int):
                 return 128 + int(program["signal"])
             code = program.get("exit_code")
@@ -170,9 +175,36 @@ def script_command(command: Sequence[str]) -> list[str]:
             "(python script.py ..., python -m module ... or torchrun ...)"
         )
     rest = list(command[1:])
+    while rest and rest[0] in PYTHON_FLAGS_IGNORED:
+        rest.pop(0)
+    if rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+        raise ConfigError(
+            f"cannot trace python {rest[0]}: xsp runs the script in its own interpreter, "
+            f"which takes {', '.join(PYTHON_FLAGS_IGNORED)}, -m MODULE and -c CODE only"
+        )
     if not rest:
         raise ConfigError("no script after python: give e.g. `-- python train.py`")
     return rest
+
+
+def check_program(command: Sequence[str]) -> None:
+    """Refuse, before anything runs, a script that is not there or a module that cannot be
+    found (as ``python -m`` looks: the working directory first); ``command`` is
+    ``script_command``'s."""
+    if command[0] == "-c":
+        if len(command) < 2:
+            raise ConfigError("python -c needs the code to run")
+        return
+    if command[0] == "-m":
+        if len(command) < 2:
+            raise ConfigError("python -m needs a module name")
+        top = command[1].split(".")[0]  # a parent package is not imported to look
+        found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+        if found is None and top not in sys.builtin_module_names:
+            raise ConfigError(f"no module named {top!r} (python -m {command[1]})")
+        return
+    if not Path(command[0]).is_file():
+        raise ConfigError(f"script not found: {command[0]}")
 
 
 def validate(spec: LeveledSpec) -> list[str]:
@@ -201,6 +233,8 @@ def validate(spec: LeveledSpec) -> list[str]:
 
         if launcher.is_launcher(command):
             launcher.worker_arguments(command)  # a launcher xsp cannot trace is refused here
+        else:
+            check_program(command)
     from xsp.tracer import config
     from xsp.tracer.capture.levels import check_levels
     from xsp.tracer.capture.session import resolve_device
@@ -599,8 +633,8 @@ def _amend_run(spec: LeveledSpec, levels: str, entry: dict[str, Any]) -> None:
     if meta.get("status") == entry["status"] and meta.get("program") == entry["program"]:
         return
     reasons = list(meta.get("status_reasons") or [])
-    if entry.get("error") and entry["error"] not in reasons:
-        reasons.insert(0, entry["error"])
+    if entry.get("error") and not any(r.startswith(entry["error"]) for r in reasons):
+        reasons.insert(0, entry["error"])  # unless a reason says it already, and more
     meta.update(
         status=entry["status"],
         error=entry.get("error") or meta.get("error"),

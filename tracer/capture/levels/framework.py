@@ -153,7 +153,7 @@ def _trace_module_calls(level: FrameworkLevel) -> Any:
             return original(module, *args, **kwargs)
         try:
             index = indices.get(id(module))  # inline: a method call per module call costs
-            enter(register(module) if index is None else index, args)
+            enter(register(module) if index is None else index, args, kwargs)
         except Exception:  # never let tracing break the user's forward
             failed()
             return original(module, *args, **kwargs)
