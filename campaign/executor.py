@@ -10,6 +10,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,14 +57,20 @@ def run_local(
         pending.put(job)
     results: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
 
+    from xsp.tracer.run.runner import INTERRUPT, INTERRUPT_GRACE_S
+
+    INTERRUPT.clear()
+    chains: list[_Chain] = []
+
     def lane(gpu: int | None) -> None:
         previous: threading.Event | None = None
-        while True:
+        while not INTERRUPT.is_set():
             try:
                 job = pending.get_nowait()
             except queue.Empty:
                 return
             chain = _Chain(previous.wait if previous is not None and overlap else None)
+            chains.append(chain)
             threading.Thread(
                 target=chain.run,
                 args=(spec, job, store.run_dir(job), gpu, results),
@@ -75,11 +82,22 @@ def run_local(
 
     for gpu in lanes:
         threading.Thread(target=lane, args=(gpu,), name=f"xsp-lane-{gpu}", daemon=True).start()
-    for _ in jobs:
-        result = results.get()
-        if isinstance(result, BaseException):
-            raise result
-        on_done(result)
+    try:
+        for _ in jobs:
+            result = results.get()
+            if isinstance(result, BaseException):
+                raise result
+            on_done(result)
+    except KeyboardInterrupt:  # Ctrl-C: the running jobs put their measurements away
+        INTERRUPT.set()
+        deadline = time.monotonic() + INTERRUPT_GRACE_S + 10
+        for chain in list(chains):
+            chain.ended.wait(max(0.0, deadline - time.monotonic()))
+        while not results.empty():
+            result = results.get()
+            if not isinstance(result, BaseException):
+                on_done(result)  # an interrupted job's record: a rerun runs it again
+        raise
 
 
 class _Chain:

@@ -68,34 +68,74 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
         raise ConfigError(f"unknown [campaign] keys {sorted(unknown)}")
     models = _models(data.get("models", {}))
     try:
-        level_sets = [schema.parse_levels(str(s)) for s in section.get("level_sets", ["M", "MF"])]
+        level_sets = [schema.parse_levels(s) for s in _strings(section, "level_sets", ["M", "MF"])]
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    modes = [str(m) for m in section.get("modes", ["infer"])]
+    modes = _strings(section, "modes", ["infer"])
     bad_modes = [m for m in modes if m not in zoo.MODES]
     if bad_modes:
         raise ConfigError(f"bad modes {bad_modes}: use train and/or infer")
-    batch_sizes = [int(b) for b in section.get("batch_sizes", [1])]
+    batch_sizes = _integers(section, "batch_sizes", [1])
     if not batch_sizes or min(batch_sizes) < 1:
         raise ConfigError(f"bad batch_sizes {batch_sizes}: give positive integers")
-    device = str(section.get("device", "cuda"))
+    device = _string(section, "device", "cuda")
     if device != "cpu" and not device.startswith("cuda"):
         raise ConfigError(f"bad device {device!r}: use cpu or cuda")
     spec = CampaignSpec(
-        name=str(section.get("name", default_name)),
+        name=_string(section, "name", default_name),
         models=models,
         batch_sizes=batch_sizes,
         modes=modes,
-        level_sets=level_sets,
-        iterations=int(section.get("iterations", 5)),
-        warmup=int(section.get("warmup", 2)),
+        level_sets=list(dict.fromkeys(level_sets)),
+        iterations=_integer(section, "iterations", 5),
+        warmup=_integer(section, "warmup", 2),
         device=device,
-        timeout_s=float(section.get("timeout_s", DEFAULT_TIMEOUT_S)),
+        timeout_s=_number(section, "timeout_s", DEFAULT_TIMEOUT_S),
     )
     if spec.iterations < 1 or spec.warmup < 0 or spec.timeout_s <= 0:
         raise ConfigError("iterations must be >= 1, warmup >= 0 and timeout_s > 0")
     _counters(dict(data.get("counters", {})), spec)
     return spec
+
+
+# -- typed values: TOML has types; a string where a number belongs is refused, not converted ----
+def _integer(section: dict[str, Any], key: str, default: int) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"bad {key} {value!r}: give an integer")
+    return value
+
+
+def _number(section: dict[str, Any], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"bad {key} {value!r}: give a number")
+    return float(value)
+
+
+def _string(section: dict[str, Any], key: str, default: str) -> str:
+    value = section.get(key, default)
+    if not isinstance(value, str):
+        raise ConfigError(f"bad {key} {value!r}: give a string")
+    return value
+
+
+def _integers(section: dict[str, Any], key: str, default: list[int]) -> list[int]:
+    """A list of integers, each once, in file order."""
+    values = section.get(key, default)
+    if not isinstance(values, list) or any(
+        isinstance(v, bool) or not isinstance(v, int) for v in values
+    ):
+        raise ConfigError(f"bad {key} {values!r}: give a list of integers, e.g. [1, 16]")
+    return list(dict.fromkeys(values))
+
+
+def _strings(section: dict[str, Any], key: str, default: list[str]) -> list[str]:
+    """A list of strings, each once, in file order."""
+    values = section.get(key, default)
+    if not isinstance(values, list) or any(not isinstance(v, str) for v in values):
+        raise ConfigError(f"bad {key} {values!r}: give a list of strings")
+    return list(dict.fromkeys(values))
 
 
 def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
@@ -104,10 +144,10 @@ def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
     if unknown:
         raise ConfigError(f"unknown [counters] keys {sorted(unknown)}")
     try:
-        spec.counter_batch_sizes = [int(b) for b in section.get("batch_sizes", [])]
-        spec.counter_models = [str(m) for m in section.get("models", [])]
-        spec.counter_iterations = int(section.get("iterations", 1))
-    except (TypeError, ValueError) as exc:
+        spec.counter_batch_sizes = _integers(section, "batch_sizes", [])
+        spec.counter_models = _strings(section, "models", [])
+        spec.counter_iterations = _integer(section, "iterations", 1)
+    except ConfigError as exc:
         raise ConfigError(f"bad [counters]: {exc}") from exc
     if spec.counter_iterations < 1 or any(b < 1 for b in spec.counter_batch_sizes):
         raise ConfigError("[counters] iterations and batch_sizes must be positive")
@@ -116,7 +156,7 @@ def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
 def _models(section: dict[str, Any]) -> list[str]:
     """Model names in file order, then the zoo filters' matches; duplicates dropped. Names are
     kept even when the zoo does not know them: the job records that failure and moves on."""
-    names = [str(n) for n in section.get("names", [])]
+    names = _strings(section, "names", [])
     for selector in section.get("select", []):
         if not isinstance(selector, dict) or set(selector) - {"source", "pattern", "task"}:
             raise ConfigError(f"bad models.select entry {selector!r}: keys source, pattern, task")

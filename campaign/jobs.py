@@ -105,7 +105,9 @@ def run_job(
         logs = "\n".join(
             p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("*.stderr.log"))
         )
-        if any(run.get("timed_out") for run in result.runs):
+        if result.interrupted:  # Ctrl-C: a rerun runs it again
+            status, reason = "interrupted", "interrupted"
+        elif any(run.get("timed_out") for run in result.runs):
             status, reason = "timeout", "timeout"
         elif result.status == "partial":  # it measured, but something is missing
             status, reason = "partial", "partial"

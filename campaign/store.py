@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from xsp.campaign.spec import CampaignSpec, Job, from_record
 from xsp.campaign.summary import shares_text
+from xsp.tracer import schema
 from xsp.tracer import store as run_store
 from xsp.tracer.errors import ConfigError, StoreError
 
@@ -80,15 +81,24 @@ class CampaignStore:
         ``spans`` (every span of every job's runs, with its job id, model, mode and batch)."""
         con = duckdb.connect()
         rows = [_flatten(r) for r in self.results()]
-        columns = list(dict.fromkeys(k for row in rows for k in row))  # union, first-seen order
-        jobs = (
-            pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows])
-            if rows
-            else pa.table({"job": pa.array([], pa.string())})
+        # the documented columns always, so a query runs when no job got that far; then the rest
+        columns = list(dict.fromkeys([*JOB_COLUMNS, *(k for row in rows for k in row)]))
+        jobs = pa.Table.from_pylist(
+            [{c: row.get(c) for c in columns} for row in rows],
+            schema=_jobs_schema(columns, rows),
         )
         con.register("jobs", jobs)
         files = sorted(self.runs_dir.glob("*/*/spans-*.parquet"))
-        if files:
+        if not files:  # no run stored a span yet: the same columns, no rows
+            empty = schema.SPAN_SCHEMA.empty_table()
+            for name, type_ in (("job", pa.string()), ("levels", pa.string())):
+                empty = empty.append_column(name, pa.array([], type_))
+            con.register("spans_stored", empty)
+            con.execute(
+                "CREATE VIEW spans AS SELECT s.*, jobs.model, jobs.mode, jobs.batch_size "
+                "FROM spans_stored AS s LEFT JOIN jobs USING (job)"
+            )
+        else:
             listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
             con.execute(
                 f"""CREATE VIEW spans AS SELECT s.*, jobs.model, jobs.mode, jobs.batch_size
@@ -98,6 +108,40 @@ class CampaignStore:
                          AS s LEFT JOIN jobs USING (job)"""
             )
         return con
+
+
+#: The ``jobs`` table's columns that are there even before any job has a result or a summary.
+JOB_COLUMNS = (
+    "job",
+    "model",
+    "mode",
+    "batch_size",
+    "status",
+    "reason",
+    "error",
+    "wall_s",
+    "latency_ms",
+    "throughput_per_s",
+    "gpu_busy_pct",
+    "median_kernel_us",
+    "bound",
+)
+_JOB_TYPES = {"batch_size": pa.int64(), "wall_s": pa.float64(), "latency_ms": pa.float64()}
+_JOB_TYPES |= {"throughput_per_s": pa.float64(), "gpu_busy_pct": pa.float64()}
+_JOB_TYPES |= {"median_kernel_us": pa.float64()}
+
+
+def _jobs_schema(columns: list[str], rows: list[dict[str, Any]]) -> pa.Schema:
+    """The documented columns' types, the others' as pyarrow infers them from the rows."""
+    inferred = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]).schema
+    fields = []
+    for name in columns:
+        type_ = _JOB_TYPES.get(name)
+        if type_ is None:
+            type_ = inferred.field(name).type if rows else pa.string()
+            type_ = pa.string() if pa.types.is_null(type_) else type_
+        fields.append(pa.field(name, type_))
+    return pa.schema(fields)
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:

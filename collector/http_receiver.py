@@ -68,13 +68,18 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+class TooLarge(otlp.DecodeError):
+    """A body over the request limit once inflated (413, as from Content-Length)."""
+
+
 def gunzip(body: bytes, limit: int) -> bytes:
-    """Inflate a gzip body, refusing (DecodeError) corrupt data and output past ``limit``."""
+    """Inflate a gzip body, refusing corrupt data (DecodeError) and output past ``limit``
+    (TooLarge)."""
     inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
         data = inflater.decompress(body, limit + 1)
         if len(data) > limit:
-            raise otlp.DecodeError(f"gzip body inflates past the limit of {limit} bytes")
+            raise TooLarge(f"gzip body inflates past the limit of {limit} bytes")
         if not inflater.eof:
             raise otlp.DecodeError("bad gzip body: truncated")
     except zlib.error as exc:
@@ -162,6 +167,10 @@ class HttpReceiver:
         as_json = content_type == "application/json"
         if content_type not in ("application/x-protobuf", "application/json"):
             return self._error(415, f"unsupported Content-Type {content_type!r}", as_json, request)
+        encoding = (request.headers.get("Content-Encoding") or "identity").lower()
+        if encoding not in ("gzip", "identity"):
+            message = f"unsupported Content-Encoding {encoding!r}: send gzip or none"
+            return self._error(415, message, as_json, request)
         if not self._authorized(request.headers.get("Authorization")):
             return self._error(401, "missing or wrong bearer token", as_json, request)
         length = request.content_length
@@ -181,16 +190,18 @@ class HttpReceiver:
         try:
             try:
                 async with asyncio.timeout(self._read_timeout_s):
-                    body = await request.content.readexactly(length)
+                    body = await request.content.readexactly(length) if length else b""
             except TimeoutError:
                 message = f"request body not received within {self._read_timeout_s:g} s"
                 return self._error(408, message, as_json, request, close=True)
             except asyncio.IncompleteReadError:
                 return self._error(400, "request body shorter than Content-Length", as_json)
-            gzipped = (request.headers.get("Content-Encoding") or "").lower() == "gzip"
+            gzipped = encoding == "gzip"
             loop = asyncio.get_running_loop()
             try:
                 await loop.run_in_executor(self._pool, self._ingest, body, as_json, gzipped)
+            except TooLarge as exc:
+                return self._error(413, str(exc), as_json)
             except otlp.DecodeError as exc:
                 return self._error(400, str(exc), as_json)
             except Busy as exc:

@@ -11,7 +11,8 @@ hold the transports):
 A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first
 (the conversion itself in a worker process when ``store_workers`` is 1, as ``xsp collector serve``
 runs it, so that it never holds the receivers' GIL),
-and forwards their requests to ``forward`` (any OTLP endpoint, Jaeger included). A segment that
+and hands their requests to a forwarder (``forward``: any OTLP endpoint, Jaeger included), whose
+own thread sends them, so a slow endpoint never holds up the store. A segment that
 fails to store (a full or unwritable disk) stays queued and is retried with back-off, logged and
 counted; one request in it that cannot be converted goes to the quarantine instead of blocking
 the rest. Segments found at start-up (a killed collector) are replayed first, so no acknowledged
@@ -35,6 +36,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from xsp.collector import ingest_view
+from xsp.collector.forwarder import DRAIN_S as FORWARD_DRAIN_S
+from xsp.collector.forwarder import Forwarder
 from xsp.collector.grpc_receiver import GrpcReceiver
 from xsp.collector.http_receiver import (
     RETRY_AFTER_S,
@@ -48,7 +51,7 @@ from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
 from xsp.collector.spool import Spool
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter
-from xsp.tracer.errors import ConfigError, ExportError, StoreError, XspError
+from xsp.tracer.errors import ConfigError, StoreError, XspError
 from xsp.tracer.export import otlp
 from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
 
@@ -94,6 +97,8 @@ class CollectorConfig:
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     #: Worker processes that convert segments into store files (0: the flusher thread does).
     store_workers: int = 0
+    #: How long stopping waits for requests not yet forwarded (they are stored either way).
+    forward_drain_s: float = FORWARD_DRAIN_S
 
     def __post_init__(self) -> None:
         if not (self.grpc_address or self.http_address):
@@ -123,13 +128,13 @@ class Collector:
             self.spool = Spool(config.store / ".spool", self.quarantine)
         except OSError as exc:
             raise StoreError(f"cannot open the spool in {config.store}: {exc}") from exc
-        self._forward: Transport | None = None
+        self._forward_transport: Transport | None = None
         if config.forward:
             forward_config = OtlpConfig.from_env(config.forward)
             assert forward_config is not None  # an explicit endpoint always yields one
-            self._forward = make_transport(forward_config)
+            self._forward_transport = make_transport(forward_config)
+        self._forward: Forwarder | None = None  # its thread starts with the collector
         self.accepted_spans = 0
-        self.forward_errors = 0
         self.flush_failures = 0  # attempts to store a segment that failed (each retried)
         self.quarantined_requests = 0  # spooled requests that could not be converted
         self.duplicate_spans = 0  # spans not stored again: their run already held them
@@ -154,6 +159,8 @@ class Collector:
         having closed whatever it opened."""
         if self.config.store_workers:
             self._workers = _worker_pool()
+        if self._forward_transport is not None:
+            self._forward = Forwarder(self._forward_transport, drain_s=self.config.forward_drain_s)
         self._queue.extend(self.spool.recovered)  # a killed collector's acknowledged requests
         self._flush_queue()
         if self._queue:  # the store refuses: do not acknowledge what cannot be stored
@@ -167,6 +174,8 @@ class Collector:
         except BaseException:
             self._close_receivers()
             self.spool.close()
+            if self._forward is not None:
+                self._forward.stop()
             raise
         self._flusher.start()
         return self
@@ -193,7 +202,12 @@ class Collector:
         if self._workers is not None:
             self._workers.shutdown()
         if self._forward is not None:
-            self._forward.close()
+            self._forward.stop()  # bounded: a dead endpoint does not hold up the exit
+
+    @property
+    def forward_errors(self) -> int:
+        """Requests not forwarded: refused, unanswered, or dropped (the store has them all)."""
+        return 0 if self._forward is None else self._forward.errors + self._forward.dropped
 
     def _close_receivers(self) -> None:
         if self._http is not None:
@@ -232,7 +246,10 @@ class Collector:
         return spans
 
     def authorized(self, header: str | None) -> bool:
-        return self.config.token is None or header == f"Bearer {self.config.token}"
+        if self.config.token is None:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and token == self.config.token  # RFC 7235: any case
 
     # -- flushing ------------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -294,13 +311,8 @@ class Collector:
             self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
         if self._forward is not None:
             for index, payload in enumerate(payloads):
-                if index in poison:
-                    continue
-                try:
-                    self._forward.send(otlp.parse_protobuf(payload))
-                except ExportError as exc:
-                    self.forward_errors += 1
-                    log.error("xsp collector: forward failed: %s", exc)
+                if index not in poison:
+                    self._forward.put(payload)
         self.spool.remove(segment)
 
     def _store(self, part_name: str, payloads: list[bytes]) -> Stored:

@@ -47,7 +47,7 @@ from xsp.tracer.export import otlp
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-FALLBACK_LEVELS = "otlp"
+FALLBACK_LEVELS = store.FOREIGN_LEVELS
 #: Run directories whose key index stays in memory (8 bytes a stored span each).
 MAX_INDEXED_RUNS = 64
 #: run.json keys: spans left out because the run already stored them (total, and by part).

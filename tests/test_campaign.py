@@ -87,6 +87,20 @@ def test_campaign_files_expand_into_jobs_and_bad_ones_name_the_problem(tmp_path:
     bad.write_text("[campaign\n")
     with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
         load(bad)
+    # TOML's types are kept: a string or a bool where a number belongs is refused, not converted
+    models = {"names": ["torchvision:resnet18"]}
+    for campaign, message in (
+        ({"iterations": "two"}, "bad iterations 'two': give an integer"),
+        ({"iterations": 2.7}, "bad iterations 2.7: give an integer"),
+        ({"batch_sizes": 1}, r"bad batch_sizes 1: give a list of integers"),
+        ({"batch_sizes": [True]}, r"bad batch_sizes \[True\]: give a list of integers"),
+        ({"batch_sizes": ["1"]}, r"bad batch_sizes \['1'\]: give a list of integers"),
+        ({"modes": "train"}, "bad modes 'train': give a list of strings"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            from_dict({"campaign": campaign, "models": models})
+    twice = from_dict({"campaign": {"batch_sizes": [1, 1, 16]}, "models": models})
+    assert [job.batch_size for job in twice.jobs()] == [1, 16]  # each job once
 
 
 def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path) -> None:
@@ -154,6 +168,13 @@ def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
         assert record["status"] == "failed" and record["reason"] == "unsupported"
         assert "unknown model" in record["error"]
     assert {j.id for j in store.pending(spec.jobs())} == {j.id for j in spec.jobs()}  # retried
+    # the README's queries run on a campaign none of whose jobs measured anything
+    for record in records:
+        store.save(record)  # as `xsp campaign run` does when each job ends
+    con = store.connect()
+    rows = con.sql("SELECT model, batch_size, latency_ms FROM jobs ORDER BY 1").fetchall()
+    assert rows == [("timm:nosuchnet", 1, None), ("torchvision:nosuchnet", 1, None)]
+    assert con.sql("SELECT count(*) FROM spans WHERE kind = 'step'").fetchall() == [(0,)]
 
 
 def test_jobs_in_a_lane_overlap_but_never_measure_while_another_job_runs(tmp_path: Path) -> None:
@@ -525,3 +546,39 @@ def test_a_partial_or_failed_run_is_not_a_successful_job(
     runs[1].update(status="error", error="conversion failed: RuntimeError: forced")
     record = run_job(spec, spec.jobs()[0], tmp_path / "R")
     assert record["status"] == "failed" and "conversion failed" in record["error"]
+
+
+def test_ctrl_c_puts_the_running_job_away_as_interrupted_and_a_rerun_redoes_it(
+    tmp_path: Path,
+) -> None:
+    import json
+    import signal
+    import time
+
+    campaign_file = tmp_path / "slow.toml"
+    campaign_file.write_text(
+        '[campaign]\nname = "slow"\ndevice = "cpu"\nbatch_sizes = [1]\nlevel_sets = ["M", "MF"]\n'
+        'iterations = 100000\nwarmup = 0\n[models]\nnames = ["torchvision:squeezenet1_1"]\n'
+    )
+    out = tmp_path / "C"
+    done = _xsp(
+        "campaign", "run", str(campaign_file), "--out", str(out),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    job = "torchvision-squeezenet1_1__infer__b1"
+    run_json = out / "runs" / job / "M" / "run.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (
+        run_json.exists() and json.loads(run_json.read_text()).get("status") == "running"
+    ):
+        time.sleep(0.2)
+    time.sleep(2)  # measuring
+    done.send_signal(signal.SIGINT)  # the campaign process alone: its lanes are threads
+    _, stderr = done.communicate(timeout=180)
+    assert done.returncode == 130, stderr
+    manifest = json.loads((out / "runs" / job / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert json.loads(run_json.read_text())["status"] == "interrupted"  # never left "running"
+    record = json.loads((out / "jobs" / f"{job}.json").read_text())
+    assert record["status"] == "interrupted"
+    assert CampaignStore(out).pending(load(campaign_file).jobs())[0].id == job  # rerun redoes it

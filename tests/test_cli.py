@@ -93,6 +93,11 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     assert exported.returncode == 0, exported.stderr
     traces = _traces(tmp_path / "o.jsonl")
     assert len(traces) == 6
+    gz = tmp_path / "o.jsonl.gz"  # a .gz name is gzipped, as for the chrome format
+    assert xsp("export", str(out), "--format", "otlp-json", "-o", str(gz)).returncode == 0
+    import gzip
+
+    assert gzip.decompress(gz.read_bytes()) == (tmp_path / "o.jsonl").read_bytes()
     import torchvision
 
     named = {name for name, _ in torchvision.models.resnet18().named_modules()}

@@ -99,6 +99,8 @@ def test_http_protobuf_json_and_grpc_land_in_the_store(
         assert stored.num_rows == original.num_rows == 1791
         for column in ("trace_id", "span_id", "parent_span_id", "start_ns", "dur_ns", "iteration"):
             assert stored.column(column).equals(original.column(column)), column
+        # the roots' wire titles ("… · MF · iteration 0") are stored as the plain name
+        assert stored.column("name").to_pylist() == original.column("name").to_pylist()
         assert (
             stored.column("module_path").to_pylist() == original.column("module_path").to_pylist()
         )
@@ -130,6 +132,10 @@ def test_http_rejections_carry_clear_status(tmp_path: Path) -> None:
         assert _post(c.http_port, b"", "text/plain", auth)[0] == 415
         code, body, _ = _post(c.http_port, _request("x").SerializeToString())
         assert code == 401 and body == rpc_status(16, "missing or wrong bearer token")
+        wrong = {"Authorization": "Bearer secrets"}
+        assert _post(c.http_port, _request("x").SerializeToString(), headers=wrong)[0] == 401
+        any_case = {"Authorization": "bearer secret"}  # the scheme is case-insensitive
+        assert _post(c.http_port, _request("x").SerializeToString(), headers=any_case)[0] == 200
         bad_ids = trace_service_pb2.ExportTraceServiceRequest()
         bad_ids.resource_spans.add().scope_spans.add().spans.add(
             trace_id=b"short", span_id=b"12345678"
@@ -222,6 +228,60 @@ def test_many_senders_at_once_and_forwarding(tmp_path: Path) -> None:
     assert front.accepted_spans == downstream.accepted_spans == 6 * 1791
     assert front.forward_errors == 0
     assert open_measurement(tmp_path / "down" / "m-p3")[0].spans().num_rows == 1791
+
+
+def test_a_forward_endpoint_that_never_answers_holds_up_neither_the_store_nor_the_exit(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    hole = socket.socket()  # the kernel accepts connections to it; nothing ever answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    front = Collector(
+        CollectorConfig(
+            store=tmp_path / "front",
+            grpc_address=None,
+            http_address="127.0.0.1:0",
+            forward=f"http://127.0.0.1:{hole.getsockname()[1]}",
+            flush_interval_s=0.05,
+            forward_drain_s=1.0,
+        )
+    ).start()
+    try:
+        for i in range(3):
+            assert _post(front.http_port, _request(f"h{i}").SerializeToString())[0] == 200
+            deadline = time.monotonic() + 5
+            while not (tmp_path / "front" / f"m-h{i}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            # stored within the flush interval, while the first forward still hangs
+            assert open_measurement(tmp_path / "front" / f"m-h{i}")[0].spans().num_rows == 1791
+    finally:
+        began = time.monotonic()
+        front.stop()
+        stopping_s = time.monotonic() - began
+        hole.close()
+    assert stopping_s < 3  # the drain's 1 s, not the transport's retries (about a minute)
+    assert front.forward_errors == 3  # none forwarded, all stored
+
+
+def test_another_senders_spans_are_stored_and_said_to_be_not_xsps(collector) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow.parquet as pq
+
+    from xsp.tracer.errors import StoreError
+
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.add(key="service.name").value.string_value = "shop"
+    span = resource_spans.scope_spans.add().spans.add(name="GET /cart")
+    span.trace_id, span.span_id = b"\x01" * 16, b"\x02" * 8
+    span.start_time_unix_nano, span.end_time_unix_nano = 1_000, 2_000
+    assert _post(collector.http_port, request.SerializeToString())[0] == 200
+    collector.flush()
+    run_dir = collector.config.store / "shop" / "otlp"
+    assert pq.read_table(next(run_dir.glob("spans-*.parquet"))).num_rows == 1
+    with pytest.raises(StoreError, match="spans of a sender that is not xsp"):
+        open_measurement(collector.config.store / "shop")
 
 
 def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,7 @@ def test_failed_flush_is_retried_with_backoff(tmp_path: Path, monkeypatch: Any) 
 
 
 # -- 5. corrupt gzip, deep JSON -------------------------------------------------------------------
-def test_corrupt_gzip_and_deep_json_get_400(tmp_path: Path) -> None:
+def test_corrupt_gzip_deep_json_bombs_and_other_encodings_are_refused(tmp_path: Path) -> None:
     c = make_collector(tmp_path, grpc_address=None).start()
     try:
         body = bytearray(gzip.compress(_small("g", 50).SerializeToString()))
@@ -209,7 +210,12 @@ def test_corrupt_gzip_and_deep_json_get_400(tmp_path: Path) -> None:
         assert code == 400 and "nested too deeply" in json.loads(reply)["message"]
         bomb = gzip.compress(b"\0" * (c.config.max_request_bytes + 1))
         code, reply, _ = _post(c.http_port, bomb, headers={"Content-Encoding": "gzip"})
-        assert code == 400 and b"inflates past the limit" in reply
+        assert code == 413 and b"inflates past the limit" in reply  # as from Content-Length
+        deflated = zlib.compress(_small("z", 5).SerializeToString())
+        code, reply, _ = _post(c.http_port, deflated, headers={"Content-Encoding": "deflate"})
+        assert code == 415 and b"unsupported Content-Encoding 'deflate'" in reply
+        assert _post(c.http_port, b"")[0] == 200  # an empty request: no spans, nothing wrong
+        assert _post(c.http_port, b"", "application/json")[0] == 400  # "" is not JSON
     finally:
         c.stop()
 

@@ -41,6 +41,9 @@ COUNTER_LEVEL_SET: Final = "MH"
 # Span kinds (attribute xsp.kind): what a span stands for inside its level.
 KIND_STEP: Final = "step"  # model level: one iteration (of one rank, in a multi-rank job)
 KIND_ITERATION: Final = "iteration"  # model level: a multi-rank iteration, every rank's step
+#: The stored names of a trace's root (on the wire it takes the trace's title: otlp.trace_title)
+STEP_SPAN_NAME: Final = "step"
+ITERATION_SPAN_NAME: Final = "iteration"
 KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
 KIND_OP: Final = "op"  # framework: an aten operator or other profiler range
 KIND_BACKWARD: Final = "backward"  # framework: an autograd node run during backward

@@ -42,6 +42,8 @@ RUN_META = "run.json"
 RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
 MEMORY = "memory.parquet"
+#: The level-set directory the collector gives spans without xsp.levels (another OTel sender's)
+FOREIGN_LEVELS = "otlp"
 #: A hardware-counter run's tables and Nsight Compute's own files (``xsp.tracer.run.ncu``).
 COUNTERS = "counters.parquet"
 NCU_REPORT = "counters.ncu-rep"
@@ -284,6 +286,11 @@ def open_run(path: Path) -> Run:
         raise StoreError(f"{path / RUN_META}: unknown store format {fmt!r}")
     if "levels" in meta:
         levels = meta["levels"]
+        if levels == FOREIGN_LEVELS:
+            raise StoreError(
+                f"{path}: spans of a sender that is not xsp (they have no xsp.levels): xsp's "
+                f"commands read xsp runs; the spans are in {path}/spans-*.parquet"
+            )
         try:
             if not isinstance(levels, str):
                 raise ValueError(f'expected a string such as "MF", found {levels!r}')

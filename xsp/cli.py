@@ -234,7 +234,14 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
         console.print(f"wrote {count} spans to {output}", highlight=False)
         return
     try:
-        handle = open(output, "w") if output else sys.stdout  # noqa: SIM115 - closed below
+        if output is None:
+            handle = sys.stdout
+        elif output.suffix == ".gz":  # as the chrome format does
+            import gzip
+
+            handle = gzip.open(output, "wt")  # noqa: SIM115 - closed below
+        else:
+            handle = open(output, "w")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise XspError(f"cannot write {output}: {exc.strerror or exc}") from exc
     try:
@@ -862,8 +869,10 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
 
     from xsp.campaign.store import CampaignStore
 
+    campaign = CampaignStore(campaign_dir)
+    campaign.spec()  # a directory that is no campaign is named, as report does
     try:
-        relation = CampaignStore(campaign_dir).connect().sql(query)
+        relation = campaign.connect().sql(query)
         if as_csv:
             import csv
 

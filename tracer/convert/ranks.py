@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from xsp.tracer import schema
 
-ROOT_SPAN_NAME = "iteration"
+ROOT_SPAN_NAME = schema.ITERATION_SPAN_NAME
 
 
 def join_ranks(tables: Sequence[pa.Table], world_size: int) -> pa.Table:

@@ -56,7 +56,7 @@ PHASES = (
     schema.PHASE_HOST,
 )
 FORWARD = PHASES.index(schema.PHASE_FORWARD)
-STEP_SPAN_NAME = "step"
+STEP_SPAN_NAME = schema.STEP_SPAN_NAME
 #: A rank's step in a multi-rank job: named after its rank, so that Jaeger's tree reads
 #: iteration -> rank 0, rank 1 and the reconstruction matches each rank's step by name.
 RANK_STEP_NAME = "rank {rank}"

@@ -26,6 +26,10 @@ SCOPE_NAME = "xsp"
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 #: A trace's root takes its title (a single-rank step, or the iteration above the ranks).
 _ROOT_KINDS = (schema.KIND_STEP, schema.KIND_ITERATION)
+_ROOT_NAMES = {
+    schema.KIND_STEP: schema.STEP_SPAN_NAME,
+    schema.KIND_ITERATION: schema.ITERATION_SPAN_NAME,
+}
 
 
 def any_value(value: Any) -> AnyValue:
@@ -329,6 +333,9 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     }
     for column in schema.ATTRIBUTE_COLUMNS:
         columns[column.name] = slots[str(column.attribute)][0]
+    for row, kind in enumerate(columns["kind"]):  # a root's wire title back to its plain name
+        if kind in _ROOT_NAMES and not parents[row]:
+            names[row] = _ROOT_NAMES[kind]
     arrays = []
     for field_ in schema.SPAN_SCHEMA:
         values = columns[field_.name]

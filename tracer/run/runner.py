@@ -548,7 +548,7 @@ def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None)
     if spec.timeout_s is not None:
         waited = (time.time_ns() - (process.opened_ns or process.spawned_ns)) / 1e9
         limit = max(0.0, spec.timeout_s - waited)
-    returncode, timed_out = process.wait(limit)
+    returncode, timed_out = _wait(process, limit)
     entry = _entry(spec, process, returncode, timed_out)
     _amend_run(spec, process.levels, entry)
     if process.ncu is not None:
@@ -562,6 +562,28 @@ def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None)
     if progress:
         progress(process.levels, "end", returncode, spec.iterations)
     return entry
+
+
+#: Set by a caller that runs measurements in threads (a campaign's lanes) on its Ctrl-C, which
+#: Python delivers to the main thread only: each thread's wait raises KeyboardInterrupt, so
+#: its measurement is put away as an interrupted one (``run_leveled``).
+INTERRUPT = threading.Event()
+
+
+def _wait(process: _Process, limit: float | None) -> tuple[int, bool]:
+    """``process.wait(limit)``; off the main thread, in short steps that watch INTERRUPT."""
+    if threading.current_thread() is threading.main_thread():
+        return process.wait(limit)
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+        returncode, timed_out = process.wait(step, False)
+        if not timed_out:
+            return returncode, False
+        if deadline is not None and time.monotonic() >= deadline:
+            return process.wait(0)  # killed: past its limit
+        if INTERRUPT.is_set():
+            raise KeyboardInterrupt
 
 
 def _entry(
