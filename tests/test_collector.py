@@ -251,8 +251,9 @@ def test_a_forward_endpoint_that_never_answers_holds_up_neither_the_store_nor_th
     try:
         for i in range(3):
             assert _post(front.http_port, _request(f"h{i}").SerializeToString())[0] == 200
+            run = tmp_path / "front" / f"m-h{i}" / "MF" / "run.json"  # written last
             deadline = time.monotonic() + 5
-            while not (tmp_path / "front" / f"m-h{i}").exists() and time.monotonic() < deadline:
+            while not run.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             # stored within the flush interval, while the first forward still hangs
             assert open_measurement(tmp_path / "front" / f"m-h{i}")[0].spans().num_rows == 1791
