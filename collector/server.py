@@ -165,6 +165,8 @@ class Collector:
         self._flush_queue()
         if self._queue:  # the store refuses: do not acknowledge what cannot be stored
             self.spool.close()
+            if self._forward is not None:
+                self._forward.stop()
             raise StoreError(f"cannot store the spooled requests in {self.config.store}")
         try:
             if self.config.http_address:
