@@ -80,14 +80,7 @@ class CampaignStore:
         """DuckDB with two tables: ``jobs`` (one row per job result, summary flattened) and
         ``spans`` (every span of every job's runs, with its job id, model, mode and batch)."""
         con = duckdb.connect()
-        rows = [_flatten(r) for r in self.results()]
-        # the documented columns always, so a query runs when no job got that far; then the rest
-        columns = list(dict.fromkeys([*JOB_COLUMNS, *(k for row in rows for k in row)]))
-        jobs = pa.Table.from_pylist(
-            [{c: row.get(c) for c in columns} for row in rows],
-            schema=_jobs_schema(columns, rows),
-        )
-        con.register("jobs", jobs)
+        con.register("jobs", _jobs_table([_flatten(r) for r in self.results()]))
         files = sorted(self.runs_dir.glob("*/*/spans-*.parquet"))
         if not files:  # no run stored a span yet: the same columns, no rows
             empty = schema.SPAN_SCHEMA.empty_table()
@@ -126,22 +119,31 @@ JOB_COLUMNS = (
     "median_kernel_us",
     "bound",
 )
-_JOB_TYPES = {"batch_size": pa.int64(), "wall_s": pa.float64(), "latency_ms": pa.float64()}
-_JOB_TYPES |= {"throughput_per_s": pa.float64(), "gpu_busy_pct": pa.float64()}
-_JOB_TYPES |= {"median_kernel_us": pa.float64()}
+#: The documented columns' types; the others' are what pyarrow finds in the records.
+_JOB_TYPES = {
+    "batch_size": pa.int64(),
+    "wall_s": pa.float64(),
+    "latency_ms": pa.float64(),
+    "throughput_per_s": pa.float64(),
+    "gpu_busy_pct": pa.float64(),
+    "median_kernel_us": pa.float64(),
+}
 
 
-def _jobs_schema(columns: list[str], rows: list[dict[str, Any]]) -> pa.Schema:
-    """The documented columns' types, the others' as pyarrow infers them from the rows."""
-    inferred = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]).schema
-    fields = []
-    for name in columns:
-        type_ = _JOB_TYPES.get(name)
-        if type_ is None:
-            type_ = inferred.field(name).type if rows else pa.string()
-            type_ = pa.string() if pa.types.is_null(type_) else type_
-        fields.append(pa.field(name, type_))
-    return pa.schema(fields)
+def _jobs_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """One row per job result: the documented columns first and always (so a query runs when
+    no job got that far), then every other key a result has; a column no row fills is text."""
+    columns = list(dict.fromkeys([*JOB_COLUMNS, *(k for row in rows for k in row)]))
+    if not rows:
+        return pa.schema(
+            [pa.field(c, _JOB_TYPES.get(c, pa.string())) for c in columns]
+        ).empty_table()
+    table = pa.Table.from_pylist([{c: row.get(c) for c in columns} for row in rows])
+    for index, field in enumerate(table.schema):
+        wanted = _JOB_TYPES.get(field.name, pa.string() if pa.types.is_null(field.type) else None)
+        if wanted is not None and wanted != field.type:  # only these: casting nested ones fails
+            table = table.set_column(index, field.name, table.column(index).cast(wanted))
+    return table
 
 
 def _flatten(record: dict[str, Any]) -> dict[str, Any]:

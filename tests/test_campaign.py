@@ -582,3 +582,25 @@ def test_ctrl_c_puts_the_running_job_away_as_interrupted_and_a_rerun_redoes_it(
     record = json.loads((out / "jobs" / f"{job}.json").read_text())
     assert record["status"] == "interrupted"
     assert CampaignStore(out).pending(load(campaign_file).jobs())[0].id == job  # rerun redoes it
+
+
+def test_campaign_sql_reads_job_records_with_nested_and_empty_fields(tmp_path: Path) -> None:
+    # a job's per-level-set entries hold nulls and empty lists, which pyarrow types as null
+    store = CampaignStore(tmp_path / "C")
+    store.jobs_dir.mkdir(parents=True)
+    runs = [{"cupti": None, "levels": "M", "status_reasons": []}, {"cupti": None, "levels": "MF"}]
+    summary = {"latency_ms": 2.5, "gpu_busy_pct": None}
+    store.save(
+        {
+            "job": "j",
+            "model": "m",
+            "batch_size": 1,
+            "status": "ok",
+            "runs": runs,
+            "summary": summary,
+        }
+    )
+    rows = (
+        store.connect().sql("SELECT job, latency_ms, gpu_busy_pct, len(runs) FROM jobs").fetchall()
+    )
+    assert rows == [("j", 2.5, None, 2)]

@@ -19,6 +19,7 @@ missing manifest) it says, as a warning line.
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,14 +98,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def write_memory_events(run_dir: Path, events: pa.Table) -> None:
     """Store a run's allocator events (``memory.parquet``), whole or not at all."""
-    path = run_dir / MEMORY
-    tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
-    try:
-        pq.write_table(events, tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(f"cannot write {path}: {exc}") from exc
+    _write_parquet(run_dir / MEMORY, events)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -153,18 +147,23 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     if name is None:
         name = f"{len(list(run_dir.glob(SPAN_FILE_PATTERN))):05d}"
     path = run_dir / f"spans-{name}.parquet"
-    # a writer's own temporary name: a killed collector's worker may still be finishing the
-    # same part while the restarted collector replays it
+    _write_parquet(path, table.cast(schema.SPAN_SCHEMA), **PARQUET_OPTIONS)
+    return path
+
+
+def _write_parquet(path: Path, table: pa.Table, **options: Any) -> None:
+    """Write ``table`` to ``path`` whole or not at all: into a temporary file of this process's
+    own (a killed collector's worker may still be finishing the same part while the restarted
+    collector replays it), synced, then renamed over ``path``."""
     tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
     try:
-        pq.write_table(table.cast(schema.SPAN_SCHEMA), tmp, **PARQUET_OPTIONS)
+        pq.write_table(table, tmp, **options)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise StoreError(f"cannot write {path}: {exc}") from exc
-    return path
 
 
 def write_run(
@@ -387,6 +386,13 @@ def _same_measurement(run_dir: Path, manifest: dict[str, Any]) -> bool:
     except StoreError:
         return True  # open_run names the damage
     return ours is None or theirs is None or ours == theirs
+
+
+def open_output(path: Path) -> TextIO:
+    """A text file to write an export into, gzip-compressed when its name ends in ``.gz``."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "wt")
+    return open(path, "w")
 
 
 def check_output(path: Path) -> None:

@@ -206,7 +206,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
     from xsp.tracer.export.sinks import OtlpJsonFileSink, SpanBatch
-    from xsp.tracer.store import check_output, open_measurement
+    from xsp.tracer.store import check_output, open_measurement, open_output
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
@@ -234,14 +234,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
         console.print(f"wrote {count} spans to {output}", highlight=False)
         return
     try:
-        if output is None:
-            handle = sys.stdout
-        elif output.suffix == ".gz":  # as the chrome format does
-            import gzip
-
-            handle = gzip.open(output, "wt")  # noqa: SIM115 - closed below
-        else:
-            handle = open(output, "w")  # noqa: SIM115 - closed below
+        handle = open_output(output) if output else sys.stdout  # .gz: gzipped
     except OSError as exc:
         raise XspError(f"cannot write {output}: {exc.strerror or exc}") from exc
     try:

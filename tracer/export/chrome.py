@@ -31,7 +31,6 @@ Layout, as Kineto writes it, plus what xsp has that torch.profiler lacks:
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
+from xsp.tracer import schema, store
 
 #: ``cat`` of each span kind (torch.profiler's names where it has the kind).
 CATEGORY_BY_KIND: Final = {
@@ -127,11 +126,8 @@ def write_chrome_trace(path: Path, runs: Iterable[tuple[Mapping[str, Any], pa.Ta
     head = json.dumps(document)[:-1]  # without the closing brace
     body = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
     text = f'{head},\n"traceEvents": [\n{body}\n]}}\n'
-    if str(path).endswith(".gz"):
-        with gzip.open(path, "wt") as handle:
-            handle.write(text)
-    else:
-        Path(path).write_text(text)
+    with store.open_output(Path(path)) as handle:
+        handle.write(text)
     return sum(1 for e in events if e["ph"] == "X")
 
 

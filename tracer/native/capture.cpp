@@ -378,12 +378,16 @@ void on_exit(const at::RecordFunction&, at::ObserverContext* base) {
   __atomic_store_n(&ctx->record->end_ns, end, __ATOMIC_RELEASE);
 }
 
-void on_fork_child() {
-  // A forked child (a DataLoader worker) must not write into its parent's arena.
+void remove_op_callbacks() {
   for (auto* handle : {&g_callback, &g_plain_callback}) {
     if (*handle != 0) at::removeCallback(*handle);
     *handle = 0;
   }
+}
+
+void on_fork_child() {
+  // A forked child (a DataLoader worker) must not write into its parent's arena.
+  remove_op_callbacks();
   g_arena = Arena();
   g_generation.fetch_add(1);
   new (&g_strings_mutex) std::mutex();
@@ -478,12 +482,7 @@ void ops_shapes(bool on) {
   at::reenableCallback(on ? g_callback : g_plain_callback);
 }
 
-void ops_stop() {
-  for (auto* handle : {&g_callback, &g_plain_callback}) {
-    if (*handle != 0) at::removeCallback(*handle);
-    *handle = 0;
-  }
-}
+void ops_stop() { remove_op_callbacks(); }
 
 void module_enter(int64_t index, py::handle args, py::handle kwargs) {
   auto& t = state();

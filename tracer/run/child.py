@@ -35,7 +35,7 @@ from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
-from xsp.tracer.run.protocol import ChildSpec
+from xsp.tracer.run.protocol import ChildSpec, check_program
 
 log = logging.getLogger("xsp")
 
@@ -248,22 +248,17 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     sys.argv = list(command)
     code = 0
     try:
+        check_program(command)  # the runner checked it too; a rank worker's, only here
         if command[0] == "-m":
-            if len(command) < 2:
-                raise XspError("python -m needs a module name")
             sys.argv = command[1:]
             sys.path.insert(0, os.getcwd())  # as python -m puts it first
             runpy.run_module(command[1], run_name="__main__", alter_sys=True)
         elif command[0] == "-c":
-            if len(command) < 2:
-                raise XspError("python -c needs the code to run")
             sys.argv = ["-c", *command[2:]]
             sys.path.insert(0, os.getcwd())
             exec(compile(command[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
             script = Path(command[0])
-            if not script.is_file():
-                raise XspError(f"script not found: {command[0]}")
             sys.path.insert(0, str(script.resolve().parent))
             runpy.run_path(str(script), run_name="__main__")
     except SystemExit as exc:

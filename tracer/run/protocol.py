@@ -4,14 +4,20 @@ and a process forked from the fork server read the same object, and a field adde
 both without a second argument parser to keep in step. The ranks of a multi-rank job, which a
 launcher starts with its own command line, read the same object from their environment
 (``RANK_SPEC_ENV``). ``describe_end`` words how a program ended (run.json's ``program``) for
-the runner and for the join of a multi-rank job's ranks alike."""
+the runner and for the join of a multi-rank job's ranks alike; ``check_program`` refuses a
+Python command that cannot run, for the runner before anything starts and for the level-set
+process (a rank worker's command reaches only that)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
 import json
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from xsp.tracer.errors import ConfigError
@@ -84,3 +90,23 @@ def describe_end(program: dict[str, Any]) -> str:
     if program.get("exception"):
         return f"raised {program['exception']}"
     return f"exited with {program.get('exit_code')}"
+
+
+def check_program(command: Sequence[str]) -> None:
+    """Refuse, before anything runs, a script that is not there or a module that cannot be
+    found (as ``python -m`` looks: the working directory first); ``command`` is
+    ``script_command``'s."""
+    if command[0] == "-c":
+        if len(command) < 2:
+            raise ConfigError("python -c needs the code to run")
+        return
+    if command[0] == "-m":
+        if len(command) < 2:
+            raise ConfigError("python -m needs a module name")
+        top = command[1].split(".")[0]  # a parent package is not imported to look
+        found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+        if found is None and top not in sys.builtin_module_names:
+            raise ConfigError(f"no module named {top!r} (python -m {command[1]})")
+        return
+    if not Path(command[0]).is_file():
+        raise ConfigError(f"script not found: {command[0]}")

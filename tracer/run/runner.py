@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.machinery
 import logging
 import os
 import shutil
@@ -39,7 +38,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
-from xsp.tracer.run.protocol import ChildSpec, describe_end
+from xsp.tracer.run.protocol import ChildSpec, check_program, describe_end
 from xsp.tracer.run.recover import recover_run
 
 log = logging.getLogger(__name__)
@@ -185,26 +184,6 @@ def script_command(command: Sequence[str]) -> list[str]:
     if not rest:
         raise ConfigError("no script after python: give e.g. `-- python train.py`")
     return rest
-
-
-def check_program(command: Sequence[str]) -> None:
-    """Refuse, before anything runs, a script that is not there or a module that cannot be
-    found (as ``python -m`` looks: the working directory first); ``command`` is
-    ``script_command``'s."""
-    if command[0] == "-c":
-        if len(command) < 2:
-            raise ConfigError("python -c needs the code to run")
-        return
-    if command[0] == "-m":
-        if len(command) < 2:
-            raise ConfigError("python -m needs a module name")
-        top = command[1].split(".")[0]  # a parent package is not imported to look
-        found = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
-        if found is None and top not in sys.builtin_module_names:
-            raise ConfigError(f"no module named {top!r} (python -m {command[1]})")
-        return
-    if not Path(command[0]).is_file():
-        raise ConfigError(f"script not found: {command[0]}")
 
 
 def validate(spec: LeveledSpec) -> list[str]:
@@ -802,9 +781,9 @@ def _fork(
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
     """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
     the warm-up iterations before the levels came on, switching them on (CUPTI's start), the
-    traced iterations (the last warm-up one and the measured ones), switching the levels off (CUPTI's flush), draining them (records
-    decoded, the monitor stopped), conversion to spans, storage (the sinks, run.json), and
-    exit; a process started ahead of its turn also waited for the one before to exit. A phase
+    traced iterations (the last warm-up one and the measured ones), switching the levels off
+    (CUPTI's flush), draining them (records decoded, the monitor stopped), conversion to spans,
+    storage (the sinks, run.json), and exit; a process started ahead of its turn also waited for the one before to exit. A phase
     whose mark is missing folds into the next."""
     phases = meta.get("phases_ns") or {}
     ready = phases.get("ready")  # a process started ahead of its turn waited from here
