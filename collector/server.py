@@ -393,10 +393,10 @@ def serve(config: CollectorConfig, ready: Any = None) -> None:
     """Run until SIGINT/SIGTERM, then flush and stop."""
     import signal
 
-    collector = Collector(config).start()
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # before the port opens: a SIGTERM that
+        signal.signal(signum, lambda *_: stop.set())  # comes at once still stops it cleanly
+    collector = Collector(config).start()
     if ready is not None:
         ready(collector)
     while not stop.wait(1.0):
