@@ -1,12 +1,21 @@
 """Time per job and the projected wall time of a campaign on one GPU, from its job records.
 
-    python benchmarks/campaign_time.py CAMPAIGN_DIR [--project-overlap]
+    python benchmarks/campaign_time.py CAMPAIGN_DIR [LATER_DIR ...] [--project-overlap]
+        [--scale-to FULL_DIR]
 
 Prints the jobs' wall times (mean, median, sum), the measured busy time of each lane (one GPU:
 the time some job of it was running) and the lanes' sum: the campaign's time on one GPU, since
 lanes share nothing. ``--project-overlap`` projects, from each job's per-phase seconds, the time on one
 GPU with level-set and job overlap: a process's start-up and untraced warm-up hide behind the end
 (flush, conversion, exit) of the one before, and everything else stays on the critical path.
+
+Several directories are parts of one sample; a later part's record of a job replaces an earlier
+one. ``--scale-to`` projects the whole campaign from a sample: the sample's time over the same
+jobs' time in FULL_DIR, a complete earlier run, times FULL_DIR's total. Each ``xsp campaign
+run`` pays the fork server's start once (its preload: 10–56 s on the H200, the most on a fresh
+machine), in the first jobs' start-up; a sample run in parts pays it in every part, so the
+projection counts it once: a level set's start-up of more than ``FORK_SERVER_START_S`` (a level
+set's own start-up took 0.3–4 s there) beyond its median is that start.
 """
 
 from __future__ import annotations
@@ -23,13 +32,49 @@ from typing import Any
 FINISH = ("stop", "drain", "convert", "store", "exit", "convert_and_store")
 #: The campaign process's own time per job (its summary), measured without overlap.
 SUMMARY_S = 0.21
+#: A start-up this much above its level set's median held the fork server's start.
+FORK_SERVER_START_S = 5.0
 
 
-def load(campaign: Path) -> list[dict[str, Any]]:
-    records = [json.loads(p.read_text()) for p in sorted((campaign / "jobs").glob("*.json"))]
-    if not records:
-        sys.exit(f"{campaign}: no job records under jobs/")
-    return records
+def load(campaigns: list[Path]) -> list[dict[str, Any]]:
+    by_job: dict[str, dict[str, Any]] = {}
+    for campaign in campaigns:
+        paths = sorted((campaign / "jobs").glob("*.json"))
+        if not paths:
+            sys.exit(f"{campaign}: no job records under jobs/")
+        by_job.update((r["job"], r) for r in (json.loads(p.read_text()) for p in paths))
+    return list(by_job.values())
+
+
+def fork_server_starts(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Per job, the fork server's start it paid: start-up seconds beyond its level sets' median,
+    where they exceed ``FORK_SERVER_START_S``."""
+    start_ups: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        for levels, phases in (record.get("seconds_by_level_set") or {}).items():
+            start_ups[levels].append(phases.get("start_up", 0.0))
+    medians = {levels: statistics.median(values) for levels, values in start_ups.items()}
+    return {
+        r["job"]: sum(
+            excess
+            for levels, phases in (r.get("seconds_by_level_set") or {}).items()
+            if (excess := phases.get("start_up", 0.0) - medians[levels]) > FORK_SERVER_START_S
+        )
+        for r in records
+    }
+
+
+def scaled_seconds(records: list[dict[str, Any]], full: list[dict[str, Any]]) -> float:
+    """The whole campaign's job time projected from a sample of its jobs, the fork server's
+    start counted once."""
+    starts = fork_server_starts(records)
+    sample = {r["job"]: r.get("wall_s", 0.0) - starts[r["job"]] for r in records}
+    before = {r["job"]: r.get("wall_s", 0.0) for r in full}
+    shared = [job for job in sample if job in before]
+    if not shared:
+        sys.exit("the sample and the full campaign share no job")
+    ratio = sum(sample[j] for j in shared) / sum(before[j] for j in shared)
+    return ratio * sum(before.values()) + max(starts.values())
 
 
 def lanes(records: list[dict[str, Any]]) -> dict[Any, tuple[float, int]]:
@@ -70,11 +115,12 @@ def overlapped_seconds(records: list[dict[str, Any]], spec: dict[str, Any]) -> f
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("campaign", type=Path)
+    parser.add_argument("campaigns", type=Path, nargs="+", metavar="campaign")
     parser.add_argument("--project-overlap", action="store_true")
+    parser.add_argument("--scale-to", type=Path, metavar="FULL_DIR")
     args = parser.parse_args()
-    records = load(args.campaign)
-    spec = json.loads((args.campaign / "campaign.json").read_text())
+    records = load(args.campaigns)
+    spec = json.loads((args.campaigns[0] / "campaign.json").read_text())
     walls = [r.get("wall_s", 0.0) for r in records]
     ok = sum(r["status"] == "ok" for r in records)
     print(f"{len(records)} jobs ({ok} ok) of {spec['name']!r}")
@@ -90,6 +136,19 @@ def main() -> None:
     if args.project_overlap:
         projected = overlapped_seconds(records, spec)
         print(f"projected on one GPU with overlap: {projected:.0f} s = {projected / 60:.1f} min")
+    if args.scale_to:
+        full = load([args.scale_to])
+        starts = fork_server_starts(records)
+        print(
+            f"fork server starts in the sample: {sum(starts.values()):.0f} s "
+            f"(largest {max(starts.values()):.0f} s)"
+        )
+        projected = scaled_seconds(records, full)
+        print(
+            f"whole campaign projected from {len(records)} of its jobs against "
+            f"{args.scale_to} ({len(full)} jobs, {sum(r.get('wall_s', 0.0) for r in full) / 60:.1f} min): "
+            f"{projected:.0f} s = {projected / 60:.1f} min on one GPU"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -53,3 +56,16 @@ def test_bad_workload_options() -> None:
         zoo.build("torchvision:resnet18", 1, "eval")
     with pytest.raises(ConfigError, match="bad batch size 0"):
         zoo.build("torchvision:resnet18", 0, "infer")
+
+
+def test_the_fork_servers_preload_imports_every_transformers_familys_modeling_code() -> None:
+    # a fresh interpreter: the test process may have imported some of them already
+    code = (
+        "import sys, torch; import xsp.tracer.workloads.preload; "
+        "from xsp.tracer.workloads import zoo; "
+        "names = zoo.TRANSFORMERS_TEXT + zoo.TRANSFORMERS_SEQ2SEQ + zoo.TRANSFORMERS_VISION; "
+        "print(sum(f'transformers.models.{n}.modeling_{n}' in sys.modules for n in names), "
+        "len(names), torch.cuda.is_initialized())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["14", "14", "False"]

@@ -31,6 +31,7 @@ PRELOAD = (
     "transformers",
     "xsp.tracer.run.child",
     "xsp.tracer.workloads.zoo",
+    "xsp.tracer.workloads.preload",
 )
 
 _context: ForkServerContext | None = None
