@@ -53,15 +53,25 @@ class MeasurementStore:
         self.con.register("spans", self.table)
 
     def require_spans(self) -> None:
-        """Raise StoreError naming the first level-set run without span files: a
-        reconstruction needs spans from every run it joins."""
-        for run in self.runs:
+        """Raise StoreError naming the first level-set run without spans (no span files, or
+        files that hold none): a reconstruction needs spans from every run it joins."""
+        counts = np.bincount(
+            np.asarray(self.table.column("run_index"), dtype=np.int64), minlength=len(self.runs)
+        )
+        for run, count in zip(self.runs, counts, strict=True):
             if not run.span_files:
                 status = run.meta.get("status")
                 why = run.meta.get("error") or ", ".join(run.meta.get("status_reasons") or [])
                 raise StoreError(
                     f"{run.path}: no span files ({SPAN_FILE_PATTERN}); its run.json says "
                     f"status {status!r}" + (f" ({why})" if why else "")
+                )
+            if not count:
+                said = run.meta.get("spans")
+                raise StoreError(
+                    f"{run.path}: its span files hold no spans"
+                    + (f" (its run.json says {said})" if said else "")
+                    + f"; read the other level sets alone (xsp export {self.root}/<levels>)"
                 )
 
     def run_spans(self, index: int) -> pa.Table:

@@ -93,6 +93,7 @@ def check(body: bytes) -> int:
                     or (span.parent_span_id and len(span.parent_span_id) != 8)
                     or span.start_time_unix_nano > int64_max
                     or span.end_time_unix_nano > int64_max
+                    or span.end_time_unix_nano < span.start_time_unix_nano
                 ):
                     otlp.validate_span(span)  # raises with the message
                 attributes = span.attributes

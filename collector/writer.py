@@ -27,6 +27,7 @@ collector restart). Algorithm:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections import OrderedDict
@@ -57,8 +58,15 @@ _KEY_COLUMNS = ["trace_id", "span_id"]
 
 
 def _safe(name: str) -> str:
+    """A directory name for ``name``: itself when it is already one (only ``[A-Za-z0-9_.-]``, no
+    leading/trailing ``.``/``_``, at most 100 characters), else a cleaned prefix plus ``~`` and a
+    hash of the whole name. ``~`` never survives cleaning, so two different names never share a
+    directory (``a/b`` -> ``a_b~…``, ``a_b`` -> ``a_b``)."""
     cleaned = _UNSAFE.sub("_", name).strip("._")[:100]
-    return cleaned or "unknown"
+    if cleaned == name and name:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{cleaned[:80]}~{digest}"
 
 
 def run_key(resource: dict[str, Any]) -> tuple[str, str]:

@@ -285,6 +285,81 @@ def test_another_senders_spans_are_stored_and_said_to_be_not_xsps(collector) -> 
         open_measurement(collector.config.store / "shop")
 
 
+def _one_span(service: str, **attributes: object) -> trace_service_pb2.ExportTraceServiceRequest:
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.add(key="service.name").value.string_value = service
+    span = resource_spans.scope_spans.add().spans.add(name=f"from {service}")
+    span.trace_id, span.span_id = b"\x01" * 16, b"\x02" * 8
+    span.start_time_unix_nano, span.end_time_unix_nano = 1_000, 2_000
+    for key, value in attributes.items():
+        kv = span.attributes.add(key=key)
+        if isinstance(value, str):
+            kv.value.string_value = value
+        elif isinstance(value, bool):
+            kv.value.bool_value = value
+        else:
+            assert isinstance(value, float)
+            kv.value.double_value = value
+    return request
+
+
+def test_names_that_clean_to_the_same_directory_are_stored_apart(collector) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow.parquet as pq
+
+    names = ["a_b", "a/b", "a b", ".a_b."]
+    for name in names:
+        assert _post(collector.http_port, _one_span(name).SerializeToString())[0] == 200
+    collector.flush()
+    dirs = sorted(p.name for p in collector.config.store.iterdir() if p.name != ".spool")
+    assert len(dirs) == 4 and "a_b" in dirs
+    assert all(d == "a_b" or d.startswith("a_b~") for d in dirs)
+    stored = {
+        d: pq.read_table(next((collector.config.store / d / "otlp").glob("spans-*.parquet")))
+        .column("name")
+        .to_pylist()
+        for d in dirs
+    }
+    assert sorted(n for rows in stored.values() for n in rows) == sorted(f"from {n}" for n in names)
+    assert stored["a_b"] == ["from a_b"]
+
+
+def test_spans_that_would_be_stored_altered_are_refused_with_the_field_named(collector) -> None:  # type: ignore[no-untyped-def]
+    backwards = _one_span("shop")
+    span = backwards.resource_spans[0].scope_spans[0].spans[0]
+    span.start_time_unix_nano, span.end_time_unix_nano = 5_000, 1_000
+    cases = [
+        (backwards, "end_time_unix_nano 1000 is before start_time_unix_nano 5000"),
+        (
+            _one_span("shop", **{schema.ATTR_ITERATION: "abc"}),
+            "'abc' (string_value) is not an integer",
+        ),
+        (
+            _one_span("shop", **{schema.ATTR_ITERATION: 7.9}),
+            "'7.9' (double_value) is not an integer",
+        ),
+        (
+            _one_span("shop", **{schema.ATTR_ITERATION: True}),
+            "'True' (bool_value) is not an integer",
+        ),
+    ]
+    for request, message in cases:
+        for body, content_type in (
+            (request.SerializeToString(), "application/x-protobuf"),
+            (json.dumps(otlp.request_to_json(request)).encode(), "application/json"),
+        ):
+            code, answer, _ = _post(collector.http_port, body, content_type)
+            assert code == 400 and message in answer.decode(errors="replace"), (
+                content_type,
+                answer,
+            )
+    # a numeric string is still read as its number
+    request = _one_span("shop", **{schema.ATTR_ITERATION: "7"})
+    assert _post(collector.http_port, request.SerializeToString())[0] == 200
+    collector.flush()
+    assert collector.accepted_spans == 1
+
+
 def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:
     store, (port,) = tmp_path / "store", free_ports(1)
     proc = start_collector(store, port)

@@ -196,6 +196,22 @@ def test_a_level_set_without_span_files_is_named_by_analyze_and_export(tmp_path:
     )
 
 
+def test_a_level_set_whose_span_files_hold_no_spans_is_named_not_exported_as_nothing(
+    tmp_path: Path,
+) -> None:
+    run_dir = _one_run(tmp_path)
+    part = run_dir / "spans-00000.parquet"
+    table = pq.read_table(part)
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "spans": table.num_rows}))
+    pq.write_table(table.slice(0, 0), part)
+    said = table.num_rows
+    out = tmp_path / "o.jsonl"
+    line = _cli_error(["export", str(tmp_path), "--reconstructed", "-o", str(out)])
+    assert f"MF: its span files hold no spans (its run.json says {said})" in line
+    assert not out.exists()
+
+
 def test_export_into_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     _one_run(tmp_path / "R")
     line = _cli_error(["export", str(tmp_path / "R"), "-o", str(tmp_path / "nope" / "o.jsonl")])

@@ -280,6 +280,11 @@ def validate_span(span: Any) -> None:
                 f"span {span.name[:60]!r}: {field_} {value} is past the int64 nanosecond "
                 f"range (max {_INT64_MAX})"
             )
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        raise DecodeError(
+            f"span {span.name[:60]!r}: end_time_unix_nano {span.end_time_unix_nano} is before "
+            f"start_time_unix_nano {span.start_time_unix_nano}"
+        )
 
 
 def _plain(value: AnyValue) -> Any:
@@ -378,9 +383,11 @@ _NUMERIC: dict[str, _Kind] = {
 def _typed(value: AnyValue, kind: _Kind) -> Any:
     """An attribute value as its column wants it (foreign senders may use other value types).
 
-    A value of the wrong type that cannot be read as the column's type is dropped (null), as
-    before; a number that does not fit the column (2**40 for an int32 iteration, an infinite
-    thread id, a 30-digit parameter count) raises DecodeError naming the attribute and value.
+    A numeric column takes numbers and numeric strings (``"7"``). Anything else (a bool, an array,
+    ``"abc"``, 7.9 for an integer) and a number that does not fit the column (2**40 for an int32
+    iteration, an infinite thread id, a 30-digit parameter count) raise DecodeError naming the
+    attribute and value: the request is refused before it is acknowledged, rather than stored
+    with the value silently dropped or truncated.
     """
     which = value.WhichOneof("value")
     if kind.high is not None:
@@ -388,14 +395,21 @@ def _typed(value: AnyValue, kind: _Kind) -> Any:
             number: Any = value.int_value
         else:
             plain = _plain(value)
-            if plain is None or isinstance(plain, bool):
+            if plain is None:
                 return None
             if isinstance(plain, float) and not math.isfinite(plain):
                 raise DecodeError(f"{kind.key} {plain!r} is not a finite number")
             try:
+                if isinstance(plain, (bool, dict, list)) or (
+                    isinstance(plain, float) and not plain.is_integer()
+                ):
+                    raise TypeError
                 number = int(plain)
             except (TypeError, ValueError):
-                return None
+                raise DecodeError(
+                    f"{kind.key} {str(plain)[:40]!r} ({which}) is not an integer for its "
+                    f"{kind.type_name} column"
+                ) from None
         if not kind.low <= number <= kind.high:
             raise DecodeError(
                 f"{kind.key} {_short(number)} does not fit its {kind.type_name} column "
@@ -406,12 +420,17 @@ def _typed(value: AnyValue, kind: _Kind) -> Any:
         if which == "double_value":
             return value.double_value
         plain = _plain(value)
-        if plain is None or isinstance(plain, bool):
+        if plain is None:
             return None
         try:
+            if isinstance(plain, (bool, dict, list)):
+                raise TypeError
             return float(plain)
         except (TypeError, ValueError, OverflowError):
-            return None
+            raise DecodeError(
+                f"{kind.key} {str(plain)[:40]!r} ({which}) is not a number for its "
+                f"{kind.type_name} column"
+            ) from None
     if which == "string_value":
         return value.string_value
     plain = _plain(value)
