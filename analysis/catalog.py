@@ -48,7 +48,12 @@ def _memory(store: MeasurementStore) -> list[Section]:
                 "memory",
                 "Memory (A4, A7)",
                 pa.table({}),
-                "no allocator events: the measurement has no run with level F",
+                "no allocator events: "
+                + (
+                    "its runs with level F recorded none (no memory.parquet)"
+                    if any("F" in r.levels for r in store.runs)
+                    else "the measurement has no run with level F"
+                ),
                 absent=True,
             )
         ]
@@ -73,6 +78,14 @@ def _memory(store: MeasurementStore) -> list[Section]:
     ]
 
 
+def _step_source(store: MeasurementStore) -> str:
+    """Which run's step the reconstruction keeps (its shallowest), as the notes say it."""
+    shallowest = min((r.levels for r in store.runs), key=len)
+    if shallowest == "M":
+        return "the untraced step (M)"
+    return f"the {shallowest} run's traced step (no M run: shares are of a slower step)"
+
+
 def _every_measurement(store: MeasurementStore) -> list[Section]:
     from xsp.analysis import kernels, layers, library, summary
     from xsp.analysis.charts import bar
@@ -86,8 +99,8 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             "suggestions",
             "Suggestions",
             suggest(store),
-            "gains are measured on the reconstruction: the untraced step, with GPU time from G's "
-            "durations on the reconstructed timeline; no gain exceeds the step",
+            f"gains are measured on the reconstruction: {_step_source(store)}, with GPU time "
+            "from G's durations on the reconstructed timeline; no gain exceeds the step",
         ),
         Section("level_sets", "Level sets (XSP's leveled runs)", summary.level_sets(store)),
         Section(

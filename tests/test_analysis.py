@@ -117,3 +117,23 @@ def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> No
     overhead = {(r["level"], r["run"]): r for r in level_overhead(measurement).to_pylist()}
     assert overhead[("model", "MF")]["p50_added_ms"] > 0  # F inflates the step
     assert overhead[("framework", "MFLG")]["spans"] == 53_820
+
+
+def test_the_notes_name_which_step_the_gains_are_shares_of_and_why_memory_is_empty(
+    tmp_path: Path,
+) -> None:
+    from xsp.analysis.catalog import sections
+
+    def notes(store: MeasurementStore) -> dict[str, str]:
+        return {s.key: s.note for s in sections(store)}
+
+    alone = notes(_store(tmp_path / "MF", "resnet18_train_cpu", "MF"))
+    assert "the MF run's traced step (no M run" in alone["suggestions"]
+    assert (
+        alone["memory"]
+        == "no allocator events: its runs with level F recorded none (no memory.parquet)"
+    )
+    leveled = notes(MeasurementStore(H200_STORE))  # M, MF, MFL, MFLG
+    assert "the untraced step (M)" in leveled["suggestions"]
+    m_only = notes(_store(tmp_path / "M", "resnet18_train_cpu", "M"))
+    assert m_only["memory"] == "no allocator events: the measurement has no run with level F"

@@ -274,9 +274,16 @@ def test_the_chrome_export_makes_each_rank_a_process(tmp_path: Path) -> None:
 # -- the launcher and the rank bootstrap ------------------------------------------------------
 
 
-def test_the_launcher_runs_every_worker_under_the_rank_bootstrap() -> None:
+def test_the_launcher_runs_every_worker_under_the_rank_bootstrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from xsp.tracer.run.launcher import BOOTSTRAP, is_launcher, worker_arguments
     from xsp.tracer.run.runner import script_command
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
 
     command = script_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])
     tail = ["--nproc-per-node", "2", "train.py", "--lr", "0.1"]

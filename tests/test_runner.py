@@ -300,6 +300,8 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
         (["python", "-m", "nosuch_module_xyz"], "no module named 'nosuch_module_xyz'"),
         (["python", "-O", "train.py"], "cannot trace python -O: xsp runs the script in its own"),
         (["python", "-u", "-c"], "python -c needs the code to run"),
+        (["torchrun", "--nproc-per-node", "2", "nosuch.py"], "script not found: nosuch.py"),
+        (["python", "-m", "torch.distributed.run", "-m", "nosuch_xyz"], "no module named"),
     ],
 )
 def test_a_python_command_that_cannot_run_is_refused_before_anything_starts(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.run.protocol import check_program
 
 #: The launcher modules xsp traces the workers of (``torchrun`` is the first one's script).
 LAUNCHERS = ("torch.distributed.run",)
@@ -53,6 +54,7 @@ def worker_arguments(command: Sequence[str]) -> Any:
         )
     script = ["-m", args.training_script] if args.module else [args.training_script]
     args.training_script_args = [*script, *args.training_script_args]
+    check_program(args.training_script_args)  # a missing script: one line, before any rank starts
     # --run-path would run the script in a spawned copy of the launcher; a fresh interpreter
     # running the bootstrap runs it the same way
     args.training_script, args.module, args.run_path = BOOTSTRAP, True, False
