@@ -26,6 +26,14 @@ LAUNCH_BOUND_BUSY_PCT = 50.0
 #: Waiting for batches takes at least this share of the untraced step: the input pipeline bounds it.
 INPUT_BOUND_SHARE_PCT = 5.0
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
+#: Ops that do convolution and GEMM math, and of them the GEMMs.
+GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")
+MATMUL_OPS = ("aten::convolution", "aten::convolution_backward", *GEMM_OPS)
+#: Kernel names (any case) of fp32 math on CUDA cores (cuBLAS's and cuDNN's SIMT sgemm, xmma's ffma GEMMs);
+#: tensor-core kernels name theirs instead (tf32f32, bf16, f16, tensorop).
+FP32_CUDA_CORE_KERNELS = "sgemm|f32f32_f32f32|ffma|simt"
+#: Below this share of the untraced step, fp32 math is not worth a suggestion.
+FP32_MIN_SHARE_PCT = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,19 +111,55 @@ def layout_transposes(store: MeasurementStore) -> Suggestion | None:
 
 
 def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
-    """fp32 convolutions and GEMMs on a GPU: TF32 or AMP puts them on the tensor cores."""
+    """fp32 convolutions and GEMMs on a GPU's CUDA cores: TF32 or AMP puts them on the tensor
+    cores. The ops are those with fp32 inputs that do the math themselves: autocast's outer op,
+    which has a bf16 op of its own name below it, does not. With level G, the evidence is their
+    kernels that run fp32 on CUDA cores, by name (cuDNN's convolutions run TF32 by default, and
+    a kernel says its math: ``tf32``, ``bf16``, ``ffma``, ``sgemm``), and the gain their GPU time.
+    Without G, it is their GEMMs' host time, by PyTorch's defaults (cuDNN TF32 on, matmul off)."""
     if not any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs):
         return None
-    # dtypes come from Kineto's capture (MF); the reconstruction fills them into deeper ops
-    return _costly(
+    gpu = _has(store, "gpu")
+    ops = ", ".join(f"'{op}'" for op in (MATMUL_OPS if gpu else GEMM_OPS))
+    # dtypes come from F's capture; the reconstruction fills them into deeper ops
+    _rebuilt(store)  # registers the table the view reads
+    store.con.execute(
+        f"""CREATE OR REPLACE TEMP VIEW fp32_math AS
+        WITH RECURSIVE ops AS (
+          SELECT o.trace_id, o.span_id FROM rebuilt o
+          WHERE o.kind = 'op' AND o.op_name IN ({ops}) AND o.input_dtypes LIKE 'float,%'
+            AND NOT EXISTS (SELECT 1 FROM rebuilt c WHERE c.trace_id = o.trace_id
+                            AND c.parent_span_id = o.span_id AND c.op_name = o.op_name)
+        ), below(trace_id, span_id) AS (
+          SELECT trace_id, span_id FROM ops
+          UNION ALL
+          SELECT r.trace_id, r.span_id FROM rebuilt r
+          JOIN below b ON r.trace_id = b.trace_id AND r.parent_span_id = b.span_id
+          WHERE {"true" if gpu else "false"}
+        )
+        SELECT * FROM below"""
+    )
+    inside = (
+        "EXISTS (SELECT 1 FROM fp32_math m WHERE m.trace_id = rebuilt.trace_id "
+        "AND m.span_id = rebuilt.span_id)"
+    )
+    if gpu:
+        where = f"kind = 'kernel' AND regexp_matches(name, '{FP32_CUDA_CORE_KERNELS}', 'i') AND {inside}"
+        what = "fp32 CUDA-core kernels of convolutions and GEMMs"
+    else:
+        where = f"kind = 'op' AND {inside}"
+        what = "fp32 GEMM ops"
+    found = _costly(
         store,
-        "kind = 'op' AND op_name IN ('aten::convolution', 'aten::addmm', 'aten::mm', 'aten::bmm') "
-        "AND input_dtypes LIKE 'float,%'",
+        where,
         "fp32-on-tensor-cores",
         "enable TF32 (torch.backends.cuda.matmul.allow_tf32 / torch.backends.cudnn.allow_tf32) "
         "or autocast to bf16/fp16",
-        "fp32 convolution/GEMM ops",
+        what,
     )
+    if found is None or (found.share_pct or 0.0) < FP32_MIN_SHARE_PCT:
+        return None
+    return found
 
 
 def launch_bound(store: MeasurementStore) -> Suggestion | None:

@@ -340,7 +340,8 @@ def test_analyze_json_holds_every_analysis_with_stable_keys() -> None:
     }
     assert top["kernel"].startswith("void cudnn::bn_bw_1C11_kernel_new<")  # whole, not shortened
     gains = {r["rule"]: r["gain_ms_per_iteration"] for r in analyses["suggestions"]["rows"]}
-    assert set(gains) == {"fp32-on-tensor-cores", "layout-transposes"}
+    # its convolutions and most GEMMs run TF32 already: the fp32 CUDA-core kernels cover 0.2%
+    assert set(gains) == {"layout-transposes"}
 
 
 def test_analyze_reads_at_80_columns() -> None:

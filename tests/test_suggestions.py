@@ -69,11 +69,66 @@ def test_layout_transposes(tmp_path: Path) -> None:
     assert layout_transposes(_synthetic(tmp_path / "s", "MG", _kernels(5, 50_000))) is None
 
 
-def test_fp32_matmuls_fire_on_a_gpu_only(tmp_path: Path) -> None:
-    found = fp32_matmuls_on_gpu(_fixture(tmp_path / "g", "resnet18_train_cuda", "MF", "cuda"))
-    # 20 convolutions, the addmm of fc, and the two mm of its backward
-    assert found is not None and found.evidence.startswith("23 fp32")
-    assert fp32_matmuls_on_gpu(_fixture(tmp_path / "c", "resnet18_train_cpu", "MF", "cpu")) is None
+def _tree(
+    root: Path, levels: str, spans: list[tuple[int, int, dict[str, Any]]]
+) -> MeasurementStore:
+    """One 1 ms step (span 1) and ``spans`` as (span id, parent id, fields)."""
+    rows = [
+        {"trace_id": TRACE, "span_id": 1, "parent_span_id": 0, "name": "step", "start_ns": 0,
+         "dur_ns": 1_000_000, "level": "model", "iteration": 0, "kind": "step"},
+    ]  # fmt: skip
+    rows += [
+        {"trace_id": TRACE, "span_id": i, "parent_span_id": parent, "iteration": 0, **fields}
+        for i, parent, fields in spans
+    ]
+    return _write(root, levels, pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA))
+
+
+def _op(name: str, dtypes: str, start: int, dur: int) -> dict[str, Any]:
+    return {"name": name, "op_name": name, "input_dtypes": dtypes, "level": "framework",
+            "kind": "op", "start_ns": start, "dur_ns": dur}  # fmt: skip
+
+
+def _kernel(name: str, start: int, dur: int) -> dict[str, Any]:
+    return {"name": name, "level": "gpu", "kind": "kernel", "start_ns": start, "dur_ns": dur}
+
+
+def test_fp32_math_is_judged_by_its_kernels_not_by_its_ops_dtypes(tmp_path: Path) -> None:
+    """Of three fp32-input ops, only the GEMM whose kernel runs fp32 FMAs is evidence: cuDNN's
+    convolution runs TF32 (its kernel says so), and autocast's outer addmm runs a bf16 addmm."""
+    spans = [
+        (2, 1, _op("aten::mm", "float,float", 0, 250_000)),
+        (3, 2, _kernel("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_ffma_kernel", 10_000, 200_000)),
+        (4, 1, _op("aten::convolution", "float,float,float", 300_000, 350_000)),
+        (5, 4, _kernel("sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32", 310_000, 300_000)),
+        (6, 1, _op("aten::addmm", "float,float,float,Scalar,Scalar", 700_000, 200_000)),
+        (7, 6, _op("aten::addmm", "c10::BFloat16,c10::BFloat16,c10::BFloat16", 720_000, 150_000)),
+        (8, 7, _kernel("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_bias_NNT", 730_000, 100_000)),
+    ]
+    found = fp32_matmuls_on_gpu(_tree(tmp_path / "g", "MFLG", spans))
+    assert found is not None
+    assert found.evidence == "1 fp32 CUDA-core kernels of convolutions and GEMMs per iteration"
+    assert found.gain_ms_per_iteration == pytest.approx(0.2)
+    assert found.share_pct == pytest.approx(20.0)
+    # tensor cores everywhere: nothing to suggest
+    fast = [s for s in spans if s[0] not in (2, 3)]
+    assert fp32_matmuls_on_gpu(_tree(tmp_path / "t", "MFLG", fast)) is None
+
+
+def test_fp32_gemms_without_kernels_count_by_pytorchs_defaults(tmp_path: Path) -> None:
+    """No G: the innermost fp32 GEMM ops' host time (matmul TF32 is off by default); the
+    convolution (cuDNN TF32 on by default) and autocast's outer addmm are left out."""
+    spans = [
+        (2, 1, _op("aten::mm", "float,float", 0, 250_000)),
+        (4, 1, _op("aten::convolution", "float,float,float", 300_000, 350_000)),
+        (6, 1, _op("aten::addmm", "float,float,float,Scalar,Scalar", 700_000, 200_000)),
+        (7, 6, _op("aten::addmm", "c10::BFloat16,c10::BFloat16,c10::BFloat16", 720_000, 150_000)),
+    ]
+    found = fp32_matmuls_on_gpu(_tree(tmp_path / "g", "MF", spans))
+    assert found is not None and found.evidence == "1 fp32 GEMM ops per iteration"
+    assert found.gain_ms_per_iteration == pytest.approx(0.25)
+    cpu = _write(tmp_path / "c", "MF", fixture_table("resnet18_train_cpu", "MF"), "cpu")
+    assert fp32_matmuls_on_gpu(cpu) is None
 
 
 def test_launch_bound(tmp_path: Path) -> None:
@@ -153,7 +208,7 @@ def test_layout_transposes_fire_for_nchw_resnet50_and_not_for_channels_last() ->
     data = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
     nchw = {r["rule"]: r for r in suggest(MeasurementStore(data / "r50-b64-train")).to_pylist()}
     assert "layout-transposes" in nchw and nchw["layout-transposes"]["gain_ms_per_iteration"] > 1
-    assert "fp32-on-tensor-cores" in nchw
+    assert "fp32-on-tensor-cores" not in nchw  # TF32 already: fp32 FMA kernels are 0.2%
     nhwc = {r["rule"] for r in suggest(MeasurementStore(data / "r50-b64-train-cl")).to_pylist()}
     assert "layout-transposes" not in nhwc
 
@@ -181,9 +236,9 @@ def test_gains_are_measured_on_the_untraced_step(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("measurement", "rules"),
     [
-        ("r50-b64-train", {"fp32-on-tensor-cores", "layout-transposes"}),
+        ("r50-b64-train", {"layout-transposes"}),  # its fp32 FMA kernels take 0.2%
         ("r50-b64-train-cl", set()),  # channels_last; no MF run, so no dtypes for the fp32 rule
-        ("gpt-lm-train", {"fp32-on-tensor-cores"}),  # bf16 autocast leaves 24 fp32 GEMMs
+        ("gpt-lm-train", set()),  # autocast's fp32 addmm ops each run a bf16 addmm
     ],
 )
 def test_no_gain_exceeds_the_step_on_the_committed_gpu_measurements(
