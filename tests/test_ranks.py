@@ -492,6 +492,12 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
     known = [r["collective_bytes"] for r in reduces if r["collective_bytes"] is not None]
     assert set(known) == {9488} and len(known) >= 0.9 * len(reduces)
     assert all(r["kind"] == "collective" for r in reduces)
+    # the ranks' allocator events are joined too, each event with its rank and its span
+    mf_run = store.open_run(out / "MF")
+    memory = mf_run.memory()
+    assert memory is not None and set(memory["rank"].to_pylist()) == {0, 1}
+    assert mf_run.meta["memory_events"] == memory.num_rows
+    assert set(memory["span_id"].to_pylist()) <= set(mf["span_id"].to_pylist())
 
     text = _xsp("analyze", str(out), env=env)
     assert text.returncode == 0, text.stderr[-3000:]
@@ -506,6 +512,7 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
     document = json.loads(analyzed.stdout)
     analyses = document["analyses"]
     assert [r["rank"] for r in analyses["ranks"]["rows"]] == [0, 1]
+    assert analyses["layer_memory"]["rows"]
     assert [r["rank"] for r in analyses["communication_overlap"]["rows"]] == [0, 1]
     skew = analyses["collective_skew"]["rows"]
     reduced = [

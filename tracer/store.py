@@ -101,6 +101,11 @@ def write_memory_events(run_dir: Path, events: pa.Table) -> None:
     _write_parquet(run_dir / MEMORY, events)
 
 
+def write_monitor_samples(run_dir: Path, samples: pa.Table) -> None:
+    """Store a run's GPU monitor samples (``monitor.parquet``), whole or not at all."""
+    _write_parquet(run_dir / MONITOR, samples)
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())

@@ -581,7 +581,6 @@ class Session:
         if self.run_dir is None or not samples.time_ns:
             return
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         from xsp.tracer.convert.columns import arrow
 
@@ -590,7 +589,7 @@ class Session:
         try:
             # from_arrays: pa.table(dict) would import pandas (0.4 s) to ask if it is a frame
             table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
-            pq.write_table(table, self.run_dir / store.MONITOR)
+            store.write_monitor_samples(self.run_dir, table)
         except OSError as exc:
             self._errors.append(f"cannot write {self.run_dir / store.MONITOR}: {exc}")
 

@@ -122,7 +122,7 @@ class RankedRun:
                 spans = table.num_rows
                 if spans:
                     files = [store.write_span_part(self.run_dir, table).name]
-                _join_monitors(self.run_dir, ranks)
+                _join_side_tables(self.run_dir, ranks)
                 failed = _send(sinks, resource, table)
                 if failed and status == "ok":
                     status = "partial"
@@ -186,7 +186,16 @@ class RankedRun:
             "phases_ns": phases,
             "files": files,
             "finished_ns": time.time_ns(),
-            **({"cupti": _summed(metas, "cupti")} if any(m.get("cupti") for m in metas) else {}),
+            **{
+                key: _summed(metas, key)
+                for key in ("cupti", "arena")
+                if any(m.get(key) for m in metas)
+            },
+            **(
+                {"memory_events": sum(int(m.get("memory_events") or 0) for m in metas)}
+                if any("memory_events" in m for m in metas)
+                else {}
+            ),
             "ranks": [_rank_entry(rank, meta) for rank, meta in sorted(ranks)],
         }
 
@@ -279,21 +288,23 @@ def _rank_entry(rank: int, meta: dict[str, Any]) -> dict[str, Any]:
     return {"rank": rank, "pid": pid, **{k: meta.get(k) for k in keys}}
 
 
-def _join_monitors(run_dir: Path, ranks: list[tuple[int, dict[str, Any]]]) -> None:
-    """The ranks' GPU monitor samples as one file, each row with its rank."""
+def _join_side_tables(run_dir: Path, ranks: list[tuple[int, dict[str, Any]]]) -> None:
+    """The ranks' GPU monitor samples and allocator events, each as one file whose rows carry
+    their rank (a rank's span ids are its own, so an event still finds its span)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    tables = []
-    for rank, _ in ranks:
-        samples = store.open_run(run_dir / _rank_dir(rank)).monitor()
-        if samples is not None and samples.num_rows:
-            rank_column = pa.array([rank] * samples.num_rows, pa.int32())
-            tables.append(samples.append_column("rank", rank_column))
-    if tables:
-        pq.write_table(
-            pa.concat_tables(tables, promote_options="permissive"), run_dir / store.MONITOR
-        )
+    for read, write in (
+        (store.Run.monitor, store.write_monitor_samples),
+        (store.Run.memory, store.write_memory_events),
+    ):
+        tables = []
+        for rank, _ in ranks:
+            table = read(store.open_run(run_dir / _rank_dir(rank)))
+            if table is not None and table.num_rows:
+                rank_column = pa.array([rank] * table.num_rows, pa.int32())
+                tables.append(table.append_column("rank", rank_column))
+        if tables:
+            write(run_dir, pa.concat_tables(tables, promote_options="permissive"))
 
 
 def _send(sinks: Sequence[Sink], resource: dict[str, Any], table: Any) -> list[str]:
