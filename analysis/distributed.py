@@ -14,6 +14,10 @@ single-rank measurement.
   last arrival, the time the ranks spent waiting for the last one (the straggler, named), and the
   straggler's own time in it, about the transfer alone.
 
+Every figure is of complete iterations: an iteration in which a rank failed, stepped no more,
+or was cut short is left out for all ranks (the others waited in a collective for it), and a
+rank's own step figures leave out its incomplete steps, as ``xsp summary`` does.
+
 Times are compared across ranks as recorded: ranks on one host share its clock; ranks on several
 hosts carry their clocks' offsets into the skew.
 """
@@ -37,6 +41,19 @@ _COLLECTIVE_RUN = """(SELECT arg_min(run_index, length(levels)) FROM spans
                       WHERE kind = 'collective')"""
 #: The deepest run with NCCL kernels: HTA's overlap is read from the GPU when there is one.
 _NCCL_RUN = """(SELECT max(run_index) FROM spans WHERE kind = 'kernel' AND name ILIKE 'nccl%')"""
+
+#: The iterations of each run that every rank finished: each rank's step is there and none
+#: failed or was cut short by the session's end (its status message says so). An iteration a
+#: rank died in leaves the others hanging in a collective, which no figure should average in.
+_COMPLETE = """
+    ranks_of AS (SELECT run_index, count(DISTINCT rank) AS n FROM spans
+                 WHERE kind = 'step' AND rank IS NOT NULL GROUP BY run_index),
+    complete AS (
+        SELECT s.run_index, s.iteration FROM spans s JOIN ranks_of USING (run_index)
+        WHERE s.kind = 'step' AND s.rank IS NOT NULL
+        GROUP BY s.run_index, s.iteration, ranks_of.n
+        HAVING bool_and(s.status_message IS NULL) AND count(DISTINCT s.rank) = ranks_of.n
+    )"""
 
 #: Framework spans that compute, unless they hold a collective.
 COMPUTE_KINDS = (
@@ -90,8 +107,10 @@ def communication_overlap(store: MeasurementStore) -> pa.Table:
         run, source = int(found), "host spans"
         work = _host_work(store, run)
     steps = store.sql(
-        f"""SELECT rank, iteration, start_ns, start_ns + dur_ns AS end_ns FROM spans
-            WHERE run_index = {run} AND kind = 'step' AND rank IS NOT NULL"""
+        f"""WITH {_COMPLETE}
+            SELECT rank, iteration, start_ns, start_ns + dur_ns AS end_ns FROM spans
+            WHERE run_index = {run} AND kind = 'step' AND rank IS NOT NULL
+              AND iteration IN (SELECT iteration FROM complete WHERE run_index = {run})"""
     ).to_pylist()
     rank = np.asarray(work["rank"], dtype=np.int64)
     iteration = np.asarray(work["iteration"], dtype=np.int64)
@@ -161,12 +180,14 @@ def _host_work(store: MeasurementStore, run: int) -> dict[str, Any]:
     return {**spans, "is_communication": collective, "is_computation": computing}
 
 
-#: Each rank's c10d calls in the collective run, numbered within its iteration, with the time
-#: the collective ended for it: the end of its backend work (the k-th work range of the same
+#: Each rank's c10d calls in the collective run's complete iterations, numbered within its
+#: iteration, with the time the collective ended for it: the end of its backend work (the k-th work range of the same
 #: operation), or of the call when the backend records none.
 _ARRIVALS = f"""
-    WITH c AS (SELECT * FROM spans WHERE run_index = {_COLLECTIVE_RUN}
-               AND kind = 'collective' AND rank IS NOT NULL),
+    WITH {_COMPLETE},
+    c AS (SELECT * FROM spans WHERE run_index = {_COLLECTIVE_RUN}
+          AND kind = 'collective' AND rank IS NOT NULL
+          AND iteration IN (SELECT iteration FROM complete WHERE run_index = {_COLLECTIVE_RUN})),
     calls AS (
         SELECT rank, iteration, collective, collective_bytes, start_ns, start_ns + dur_ns AS end_ns,
                row_number() OVER (PARTITION BY rank, iteration ORDER BY start_ns) - 1 AS ordinal,
@@ -224,12 +245,17 @@ def rank_summary(store: MeasurementStore) -> pa.Table:
         return pa.table({})
     measured = store.sql(
         """SELECT rank, count(*) AS iterations, median(dur_ns) / 1e6 AS step_median_ms
-           FROM spans WHERE kind = 'step' AND rank IS NOT NULL
+           FROM spans WHERE kind = 'step' AND rank IS NOT NULL AND status_message IS NULL
              AND run_index = (SELECT arg_min(run_index, length(levels)) FROM spans)
            GROUP BY rank"""
     ).to_pylist()
     rebuilt = reconstruct_with_report(store)[0]
-    steps = rebuilt.filter(pc.equal(rebuilt.column("kind"), schema.KIND_STEP))
+    steps = rebuilt.filter(
+        pc.and_(
+            pc.equal(rebuilt.column("kind"), schema.KIND_STEP),
+            pc.is_null(rebuilt.column("status_message")),
+        )
+    )
     step_rank = np.asarray(steps.column("rank").fill_null(-1), dtype=np.int64)
     step_dur = np.asarray(steps.column("dur_ns"), dtype=np.int64)
     median = {int(r): float(np.median(step_dur[step_rank == r])) / 1e6 for r in set(step_rank)}
@@ -239,10 +265,12 @@ def rank_summary(store: MeasurementStore) -> pa.Table:
             row["rank"]: row
             for row in store.sql(
                 f"""{_ARRIVALS}
-                SELECT rank, count(*) / count(DISTINCT iteration) AS per_iteration,
+                , iterations AS (SELECT greatest(count(*), 1) AS n FROM complete
+                                 WHERE run_index = {_COLLECTIVE_RUN})
+                SELECT rank, count(*) / any_value(iterations.n) AS per_iteration,
                        count(*) FILTER (WHERE start_ns = last_ns AND ranks > 1) AS last,
-                       sum(last_ns - start_ns) / count(DISTINCT iteration) / 1e6 AS wait_ms
-                FROM matched GROUP BY rank"""
+                       sum(last_ns - start_ns) / any_value(iterations.n) / 1e6 AS wait_ms
+                FROM matched, iterations GROUP BY rank"""
             ).to_pylist()
         }
     rows = []

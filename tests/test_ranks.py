@@ -229,6 +229,51 @@ def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
     ]
 
 
+def _with_a_failed_second_iteration(root: Path) -> Path:
+    """The two-rank measurement and a second iteration in which rank 1 failed while rank 0
+    hung 1 ms in its all-reduce: a copy of the first, 100,000 ns later."""
+    import pyarrow as pa
+
+    for levels in ("M", "MF"):
+        first = store.open_run(root / levels).spans()
+        copy = first.to_pylist()
+        for row in copy:
+            row["trace_id"] = b"\x02" * 16
+            row["iteration"] = 1
+            row["span_id"] += 1 << 20
+            row["parent_span_id"] += (1 << 20) if row["parent_span_id"] else 0
+            row["start_ns"] += 100_000
+            if row["kind"] == "step" and row["rank"] == 1:
+                row["status_message"] = "RuntimeError: boom"
+            if row["name"] == "gloo:all_reduce" and row["rank"] == 0:
+                row["dur_ns"] += 1_000_000
+        table = pa.concat_tables([first, pa.Table.from_pylist(copy, schema=first.schema)])
+        store.write_run(root / levels, table, levels, _resource(levels), world_size=2)
+    return root
+
+
+def test_the_multi_rank_analyses_leave_out_an_iteration_a_rank_did_not_finish(
+    tmp_path: Path,
+) -> None:
+    from xsp.analysis.distributed import collective_skew, communication_overlap, rank_summary
+    from xsp.analysis.store import MeasurementStore
+
+    alone = MeasurementStore(_two_rank_measurement(tmp_path / "one"))
+    measurement = MeasurementStore(
+        _with_a_failed_second_iteration(_two_rank_measurement(tmp_path / "two"))
+    )
+    assert collective_skew(measurement).to_pylist() == collective_skew(alone).to_pylist()
+    assert (
+        communication_overlap(measurement).to_pylist() == communication_overlap(alone).to_pylist()
+    )
+    summary = {r["rank"]: r for r in rank_summary(measurement).to_pylist()}
+    # rank 0 finished both (M's steps 6,000 ns); rank 1 only the first; one collective each
+    assert [summary[r]["iterations"] for r in (0, 1)] == [2, 1]
+    assert [summary[r]["step_median_ms"] for r in (0, 1)] == [0.006, 0.007]
+    assert [summary[r]["collectives_per_iteration"] for r in (0, 1)] == [1.0, 1.0]
+    assert summary[0]["wait_ms_per_iteration"] == pytest.approx(0.002)
+
+
 def test_the_multi_rank_analyses_are_absent_for_a_single_rank_measurement(
     tmp_path: Path,
 ) -> None:
