@@ -288,3 +288,43 @@ def test_mfl_on_cpu_puts_onednn_calls_under_aten_ops_and_keeps_user_output(
         assert op["level"] == "framework" and op["name"] == "aten::mkldnn_convolution"
         assert call["module_path"] == "0" and "forward" in call["library_detail"]
         assert op["start_ns"] <= call["start_ns"] <= op["start_ns"] + op["dur_ns"]
+
+
+@pytest.mark.parametrize(("hold_s", "kept"), [(0.06, True), (1.0, False)])
+def test_a_range_another_thread_still_has_open_at_the_end_is_waited_for_or_named(
+    tmp_path: Path, hold_s: float, kept: bool
+) -> None:
+    """A backend's work thread (gloo's) ends its range just after the last step: the end of
+    the run waits for it (up to OPEN_RANGE_WAIT_S, 0.2 s) rather than drop it as open; one
+    that stays open longer is left out and said to be."""
+    import threading
+    import time
+
+    model, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+    session = Session("MF", iterations=2, warmup=0, out=tmp_path / "MF", device="cpu").start()
+
+    def work() -> None:
+        with torch.profiler.record_function("background_work"):
+            time.sleep(hold_s)
+
+    background = threading.Thread(target=work)
+    for index in range(2):
+        with session.iteration():
+            model(x).sum().backward()
+            if index == 1:
+                background.start()
+                time.sleep(0.01)
+    meta = session.close()
+    background.join()
+    assert meta is not None
+    names = [s["name"] for s in open_run(tmp_path / "MF").spans().to_pylist()]
+    if kept:
+        assert meta["status"] == "ok" and meta["ranges_left_open"] == 0
+        assert names.count("background_work") == 1
+    else:
+        assert meta["status"] == "partial" and meta["ranges_left_open"] == 1
+        assert (
+            "1 ranges other threads still had open when the levels stopped were left out"
+            in meta["status_reasons"]
+        )
+        assert "background_work" not in names

@@ -432,6 +432,11 @@ class Session:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if counts.get("ranges_left_open"):
+            missing.append(
+                f"{counts['ranges_left_open']} ranges other threads still had open when the "
+                "levels stopped were left out"
+            )
         arena = counts.get("arena") or {}
         if arena.get("dropped_records"):
             missing.append(

@@ -80,6 +80,7 @@ class ArenaContents:
     rf_to_os: dict[int, int]  # RecordFunction thread id -> OS thread id
     strings: list[str]
     counts: dict[str, int] = field(default_factory=dict)
+    open_threads: dict[int, int] = field(default_factory=dict)  # thread -> records not closed
 
     def of_kind(self, kind: int) -> np.ndarray:
         return np.nonzero(self.records["kind"] == kind)[0]
@@ -142,8 +143,15 @@ def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
         "callback_errors": int(head["callback_errors"]),
         "open_records": int((complete & ~closed).sum()),
     }
+    still_open, per_thread = np.unique(thread[complete & ~closed], return_counts=True)
     return ArenaContents(
-        records[closed], thread[closed], record_id[closed], rf_to_os, strings, counts
+        records[closed],
+        thread[closed],
+        record_id[closed],
+        rf_to_os,
+        strings,
+        counts,
+        dict(zip(still_open.tolist(), per_thread.tolist(), strict=True)),
     )
 
 

@@ -181,6 +181,7 @@ class RankedRun:
             "events_outside_iterations": sum(
                 int(m.get("events_outside_iterations") or 0) for m in metas
             ),
+            "ranges_left_open": sum(int(m.get("ranges_left_open") or 0) for m in metas),
             "failed_iterations": dict(sorted(failed_iterations.items())),
             "errors": [f"rank {r}: {e}" for r, m in ranks for e in m.get("errors") or []],
             "phases_ns": phases,

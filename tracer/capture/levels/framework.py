@@ -27,6 +27,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import threading
+import time
 from typing import Any
 
 import torch
@@ -34,15 +36,19 @@ from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.inductor import KernelProvenance
-from xsp.tracer.convert.arena import framework_records
+from xsp.tracer.convert.arena import framework_records, read_arena
 from xsp.tracer.convert.records import (
     LOADER_SETTINGS_MARK,
     STEP_RANGE_PREFIX,
     FrameworkRecords,
     loader_range_name,
 )
+from xsp.tracer.errors import StoreError
 
 log = logging.getLogger(__name__)
+
+#: How long the end of a run waits for other threads to close the ranges they have open.
+OPEN_RANGE_WAIT_S = 0.2
 
 _compiling = torch.compiler.is_compiling
 
@@ -55,6 +61,7 @@ class FrameworkLevel:
     ) -> None:
         self._arena = arena
         self._native = arena.native
+        self._stopped_on = 0  # the thread that switched the level off
         self._record_shapes = record_shapes
         # shapes cost (PyTorch boxes each op's inputs): the first measured iteration's stand for
         # the later ones that run the same ops (xsp.tracer.convert.shapes)
@@ -96,8 +103,33 @@ class FrameworkLevel:
             self._loader_iter = None
         self._provenance.uninstall()
         self._native.modules_unwind()  # calls still open (the run ended inside a forward)
+        self._stopped_on = threading.get_native_id()
+        self._let_other_threads_close()
         self._native.memory_stop()
         self._native.ops_stop()
+
+    def _let_other_threads_close(self) -> None:
+        """Wait, up to ``OPEN_RANGE_WAIT_S``, for the ranges other threads still have open: a
+        backend's work thread (gloo's transfer of the last bucket) ends its range just after
+        the step it serves, and once the callbacks stop, a range without its end is dropped."""
+        me = self._stopped_on
+        deadline = time.monotonic() + OPEN_RANGE_WAIT_S
+        try:
+            while any(t != me for t in read_arena(self._arena.path).open_threads):
+                if time.monotonic() >= deadline:
+                    return  # what stays open is counted (run.json's arena.open_records)
+                time.sleep(0.005)
+        except StoreError as exc:  # the arena being written is not readable: stop waiting
+            log.debug("framework level: cannot look for open ranges: %s", exc)
+
+    def counts(self) -> dict[str, Any]:
+        """Ranges other threads still had open when the levels stopped (run.json): their
+        records are left out. The stopping thread's own (a range around the whole loop) are not
+        counted: they enclose the run's end."""
+        open_threads = self._arena.contents().open_threads
+        return {
+            "ranges_left_open": sum(n for t, n in open_threads.items() if t != self._stopped_on)
+        }
 
     def drain(self) -> FrameworkRecords:
         records = framework_records(self._arena.contents())
