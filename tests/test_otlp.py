@@ -77,6 +77,23 @@ def test_json_form_follows_the_otlp_json_rules(table: pa.Table) -> None:
     assert again == otlp.encode_request(RESOURCE, table.slice(0, 5))
 
 
+def test_json_built_from_the_columns_equals_protobufs_own_rendering(table: pa.Table) -> None:
+    """encode_request_json (the file export's) writes what MessageToDict writes of the
+    protobuf request, edge cases included: an error with and without a message, an empty name,
+    a zero start, NaN and infinite doubles, a bool, no resource attributes."""
+    rows = table.slice(0, 40).to_pylist()
+    rows[3]["status_message"], rows[4]["status_message"] = "RuntimeError: boom", ""
+    rows[5]["name"], rows[6]["start_ns"], rows[6]["dur_ns"] = "", 0, 0
+    rows[7]["gpu_power_w"], rows[8]["gpu_power_w"] = float("nan"), float("-inf")
+    rows[9]["gpu_power_w"] = 0.0
+    edited = pa.Table.from_pylist(rows, schema=table.schema)
+    for resource in ({**RESOURCE, "xsp.flag": False, "xsp.ratio": 1.5}, {}):
+        for part, version in ((edited, "1.2.3"), (table, ""), (table.slice(0, 0), "")):
+            built = otlp.encode_request_json(resource, part, version)
+            rendered = otlp.request_to_json(otlp.encode_request(resource, part, version))
+            assert json.dumps(built) == json.dumps(rendered)
+
+
 def test_file_sink_writes_one_trace_per_line(table: pa.Table) -> None:
     two = pa.concat_tables([table, build_table_shifted(table)])
     handle = io.StringIO()

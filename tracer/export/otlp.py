@@ -139,6 +139,86 @@ def encode_request(
     )
 
 
+def encode_request_json(
+    resource: Mapping[str, Any], table: pa.Table, scope_version: str = ""
+) -> dict[str, Any]:
+    """``request_to_json(encode_request(...))``, built straight from the columns: the same
+    OTLP/JSON (hex ids, integer enums, 64-bit integers as strings, defaults left out) at a
+    fraction of the cost (protobuf's MessageToDict took about 140 µs a span)."""
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    n = table.num_rows
+    kinds = cols.get("kind") or [None] * n
+    iterations = cols.get("iteration") or [None] * n
+    messages = cols.get("status_message") or [None] * n
+    attribute_columns = [
+        (cols[c.name], c.attribute)
+        for c in schema.ATTRIBUTE_COLUMNS
+        if c.name in cols and c.attribute is not None
+    ]
+    spans = []
+    for row in range(n):
+        start, parent = cols["start_ns"][row], cols["parent_span_id"][row]
+        name = (
+            trace_title(resource, iterations[row])
+            if kinds[row] in _ROOT_KINDS and not parent
+            else cols["name"][row]
+        )
+        span: dict[str, Any] = {
+            "traceId": cols["trace_id"][row].hex(),
+            "spanId": f"{cols['span_id'][row]:016x}",
+        }
+        if parent:
+            span["parentSpanId"] = f"{parent:016x}"
+        if name:
+            span["name"] = name
+        span["kind"] = Span.SPAN_KIND_INTERNAL
+        if start:
+            span["startTimeUnixNano"] = str(start)
+        if start + cols["dur_ns"][row]:
+            span["endTimeUnixNano"] = str(start + cols["dur_ns"][row])
+        attributes = [
+            {"key": key, "value": _json_value(values[row])}
+            for values, key in attribute_columns
+            if values[row] is not None
+        ]
+        if attributes:
+            span["attributes"] = attributes
+        message = messages[row]
+        if message is None:
+            span["status"] = {}
+        else:
+            span["status"] = {"code": Status.STATUS_CODE_ERROR}
+            if message:
+                span["status"] = {"message": message, **span["status"]}
+        spans.append(span)
+    scope: dict[str, Any] = {"name": SCOPE_NAME}
+    if scope_version:
+        scope["version"] = scope_version
+    wired = [
+        {"key": key, "value": _json_value(value)}
+        for key, value in wire_resource(resource).items()
+        if value is not None
+    ]
+    resource_spans: dict[str, Any] = {"resource": {"attributes": wired} if wired else {}}
+    resource_spans["scopeSpans"] = [{"scope": scope, **({"spans": spans} if spans else {})}]
+    return {"resourceSpans": [resource_spans]}
+
+
+def _json_value(value: Any) -> dict[str, Any]:
+    """An attribute value as OTLP/JSON writes ``any_value(value)``."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        if math.isnan(value):
+            return {"doubleValue": "NaN"}
+        if math.isinf(value):
+            return {"doubleValue": "Infinity" if value > 0 else "-Infinity"}
+        return {"doubleValue": value}
+    return {"stringValue": str(value)}
+
+
 def request_to_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
     """OTLP/JSON form of a request (hex ids, integer enums)."""
     data = MessageToDict(request, use_integers_for_enums=True)

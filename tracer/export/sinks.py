@@ -189,8 +189,8 @@ class OtlpJsonFileSink:
         from xsp.tracer.export import otlp
 
         for trace in otlp.split_traces(batch.table):
-            request = otlp.encode_request(batch.resource, trace, self._scope_version)
-            self._handle.write(json.dumps(otlp.request_to_json(request), separators=(",", ":")))
+            request = otlp.encode_request_json(batch.resource, trace, self._scope_version)
+            self._handle.write(json.dumps(request, separators=(",", ":")))
             self._handle.write("\n")
             self.lines += 1
 
