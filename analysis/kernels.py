@@ -114,11 +114,13 @@ def kernels_by_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
 
 
 def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
-    """A13: per leaf layer (forward), its latency from the framework run and the kernel time it
-    launched from the GPU run: layer, type, latency_ms, gpu_ms, non_gpu_ms, gpu_pct."""
+    """A13: per leaf layer (forward), its latency from the shallowest run with level F (the
+    least overhead on it: MF, not MFLG) and the kernel time it launched from the GPU run: layer,
+    type, latency_ms, gpu_ms, non_gpu_ms, gpu_pct."""
     return store.sql(
         f"""
-        WITH fw AS (SELECT max(run_index) AS r FROM spans WHERE level = 'framework'),
+        WITH fw AS (SELECT arg_min(run_index, length(levels)) AS r FROM spans
+                    WHERE level = 'framework'),
         n AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans
               WHERE run_index = (SELECT r FROM fw) AND kind = 'step'),
         ng AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans

@@ -137,3 +137,17 @@ def test_the_notes_name_which_step_the_gains_are_shares_of_and_why_memory_is_emp
     assert "the untraced step (M)" in leveled["suggestions"]
     m_only = notes(_store(tmp_path / "M", "resnet18_train_cpu", "M"))
     assert m_only["memory"] == "no allocator events: the measurement has no run with level F"
+
+
+def test_gpu_time_per_layer_takes_latency_from_the_shallowest_framework_run() -> None:
+    """A13 on the H200 ResNet-50 measurement: a layer's latency is MF's (the least overhead
+    with F), its GPU time the G run's."""
+    from xsp.analysis.kernels import gpu_time_per_layer
+
+    measurement = MeasurementStore(H200_STORE)
+    conv1 = {r["layer"]: r for r in gpu_time_per_layer(measurement, limit=100).to_pylist()}["conv1"]
+    mf = measurement.sql(
+        """SELECT sum(dur_ns) / count(DISTINCT iteration) / 1e6 AS ms FROM spans
+           WHERE levels = 'MF' AND kind = 'module' AND phase = 'forward' AND module_path = 'conv1'"""
+    )
+    assert conv1["latency_ms"] == pytest.approx(mf.column("ms")[0].as_py())
