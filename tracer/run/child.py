@@ -269,8 +269,8 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
         _hold_interrupts()
         session.close(error=None if code == 0 else f"the program exited with {code}")
         return code
-    except XspError:
-        session.close(error="xsp could not start the script")
+    except XspError as exc:
+        session.close(error=f"xsp could not start the script: {exc}")
         raise
     except KeyboardInterrupt:
         raise
