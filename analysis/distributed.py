@@ -181,8 +181,8 @@ def _host_work(store: MeasurementStore, run: int) -> dict[str, Any]:
 
 
 #: Each rank's c10d calls in the collective run's complete iterations, numbered within its
-#: iteration, with the time the collective ended for it: the end of its backend work (the k-th work range of the same
-#: operation), or of the call when the backend records none.
+#: iteration, with the time the collective ended for it: the end of its backend work (the k-th
+#: work range of the same operation), or of the call when the backend records none.
 _ARRIVALS = f"""
     WITH {_COMPLETE},
     c AS (SELECT * FROM spans WHERE run_index = {_COLLECTIVE_RUN}

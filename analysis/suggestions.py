@@ -29,8 +29,8 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 #: Ops that do convolution and GEMM math, and of them the GEMMs.
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm")
 MATMUL_OPS = ("aten::convolution", "aten::convolution_backward", *GEMM_OPS)
-#: Kernel names (any case) of fp32 math on CUDA cores (cuBLAS's and cuDNN's SIMT sgemm, xmma's ffma GEMMs);
-#: tensor-core kernels name theirs instead (tf32f32, bf16, f16, tensorop).
+#: Kernel names (any case) of fp32 math on CUDA cores (cuBLAS's and cuDNN's SIMT sgemm, xmma's
+#: ffma GEMMs); tensor-core kernels name theirs instead (tf32f32, bf16, f16, tensorop).
 FP32_CUDA_CORE_KERNELS = "sgemm|f32f32_f32f32|ffma|simt"
 #: Below this share of the untraced step, fp32 math is not worth a suggestion.
 FP32_MIN_SHARE_PCT = 1.0
@@ -144,7 +144,8 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
         "AND m.span_id = rebuilt.span_id)"
     )
     if gpu:
-        where = f"kind = 'kernel' AND regexp_matches(name, '{FP32_CUDA_CORE_KERNELS}', 'i') AND {inside}"
+        matches = f"regexp_matches(name, '{FP32_CUDA_CORE_KERNELS}', 'i')"
+        where = f"kind = 'kernel' AND {matches} AND {inside}"
         what = "fp32 CUDA-core kernels of convolutions and GEMMs"
     else:
         where = f"kind = 'op' AND {inside}"

@@ -117,7 +117,7 @@ class FrameworkLevel:
         try:
             while any(t != me for t in read_arena(self._arena.path).open_threads):
                 if time.monotonic() >= deadline:
-                    return  # what stays open is counted (run.json's arena.open_records)
+                    return  # what stays open is counted (run.json's ranges_left_open)
                 time.sleep(0.005)
         except StoreError as exc:  # the arena being written is not readable: stop waiting
             log.debug("framework level: cannot look for open ranges: %s", exc)
