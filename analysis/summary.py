@@ -48,11 +48,13 @@ def level_sets(store: MeasurementStore) -> pa.Table:
 
 
 def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
-    """The leaf layers with the largest mean forward time in the deepest run that has them:
-    columns module_path, module_type, calls_per_iteration, mean_ms, share_pct (of the step)."""
+    """The leaf layers with the largest mean forward time in the shallowest run that has them
+    (MF: the least overhead on layers): columns module_path, module_type, calls_per_iteration,
+    mean_ms, share_pct (of that run's step time)."""
     return store.sql(
         """
-        WITH run AS (SELECT max(run_index) AS r FROM spans WHERE kind = 'module'),
+        WITH run AS (SELECT arg_min(run_index, length(levels)) AS r FROM spans
+                     WHERE kind = 'module'),
         mods AS (
             SELECT s.* FROM spans s, run WHERE s.run_index = run.r AND s.kind = 'module'
               AND s.phase = 'forward' AND s.module_path <> ''

@@ -151,3 +151,15 @@ def test_gpu_time_per_layer_takes_latency_from_the_shallowest_framework_run() ->
            WHERE levels = 'MF' AND kind = 'module' AND phase = 'forward' AND module_path = 'conv1'"""
     )
     assert conv1["latency_ms"] == pytest.approx(mf.column("ms")[0].as_py())
+
+
+def test_the_summarys_slowest_layers_come_from_the_shallowest_framework_run() -> None:
+    from xsp.analysis.summary import top_layers
+
+    measurement = MeasurementStore(H200_STORE)
+    top = top_layers(measurement, limit=1).to_pylist()[0]
+    mf = measurement.sql(
+        f"""SELECT avg(dur_ns) / 1e6 AS ms FROM spans WHERE levels = 'MF' AND kind = 'module'
+            AND phase = 'forward' AND module_path = '{top["module_path"]}'"""
+    )
+    assert top["mean_ms"] == pytest.approx(mf.column("ms")[0].as_py())
