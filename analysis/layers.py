@@ -1,6 +1,7 @@
 """Layer analyses (XSP's A2, A3, A5): pure functions from a measurement store to tables.
 
-They read the forward module spans of the deepest run that has level F. Columns carry units.
+They read the forward module spans of the shallowest run that has level F (MF: the least
+overhead on layers, as the leveled design takes each level from). Columns carry units.
 In a multi-rank job, "per iteration" means per iteration of one rank (a rank's step), calls are
 matched by their position in a rank's iteration, and the layer info is the lowest rank's.
 """
@@ -11,9 +12,9 @@ import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
 
-_FRAMEWORK_RUN = "(SELECT max(run_index) FROM spans WHERE kind = 'module')"
+_FRAMEWORK_RUN = "(SELECT arg_min(run_index, length(levels)) FROM spans WHERE kind = 'module')"
 
-#: The forward leaf-layer calls of the deepest framework run, numbered in execution order.
+#: The forward leaf-layer calls of the shallowest framework run, numbered in execution order.
 _LEAVES = f"""
     WITH mods AS (
         SELECT * FROM spans

@@ -516,6 +516,7 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
         run = store.open_run(out / levels)
         assert run.meta["status"] == "ok" and run.meta["world_size"] == 2
         assert [r["rank"] for r in run.meta["ranks"]] == [0, 1]
+        assert [r["program"] for r in run.meta["ranks"]] == [{"exit_code": 0}] * 2
         spans = run.spans()
         assert reachable_from_root(spans)
         traces: dict[bytes, set[int]] = {}

@@ -712,7 +712,7 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
     out_console.print(table)
     layers = top_layers(store).to_pylist()
     if layers:
-        lt = Table(title="slowest layers (forward, deepest run)", title_justify="left")
+        lt = Table(title="slowest layers (forward, shallowest run with F)", title_justify="left")
         for name in ("layer", "type", "calls/iter", "mean ms", "% of step"):
             lt.add_column(name, justify="left" if name in ("layer", "type") else "right")
         for r in layers:

@@ -83,6 +83,11 @@ class RankedRun:
             (rank, _recovered(self.run_dir / _rank_dir(rank), meta, end.failed.get(rank)))
             for rank, meta in _rank_runs(self.run_dir)
         ]
+        for rank, meta in ranks:  # how each rank ended: the launcher's word, or the job's 0
+            if not meta.get("program"):
+                meta["program"] = end.failed.get(rank) or (
+                    {"exit_code": 0} if program.get("exit_code") == 0 else None
+                )
         reasons: list[str] = []
         fatal: str | None = None
         world_size = max((int(m.get("world_size") or 0) for _, m in ranks), default=0)
