@@ -108,12 +108,14 @@ class RankedRun:
         statuses = [str(m.get("status")) for _, m in ranks]
         status = max(statuses, key=_badness, default="error")
         code = program.get("exit_code")
-        if isinstance(code, int) and code != 0 and status != "error":
-            # the job failed: a rank the launcher stopped for it says "interrupted", which is
-            # not what happened to the job (an interrupt ends it with no exit code)
+        job_failed = (isinstance(code, int) and code != 0) or "signal" in program
+        if job_failed and status != "error":
+            # the job failed (a rank exited nonzero, or a signal killed it, after its spans were
+            # stored too): a rank the launcher stopped for it says "interrupted", which is not
+            # what happened to the job (an interrupt ends it with no exit code)
             if status == "ok" or not reasons:
                 who = f"rank {failed_first}" if failed_first is not None else "the job"
-                fatal = f"{who} exited with {code}"
+                fatal = f"{who} {describe_end(program)}"
             status = "error"
         if missing and status == "ok":
             status = "partial"
