@@ -135,15 +135,14 @@ def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
     records = np.concatenate(parts) if parts else np.zeros(0, RECORD)
     thread = np.concatenate(threads) if threads else np.zeros(0, np.int64)
     record_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-    complete = records["kind"] != 0
-    closed = complete & ((records["end_ns"] != 0) | (records["kind"] == KIND_STEP))
+    still_open = _open(records["kind"], records["end_ns"])
+    closed = (records["kind"] != 0) & ~still_open
     counts = {
         "dropped_records": int(head["dropped_records"]),
         "dropped_strings": int(head["dropped_strings"]),
         "callback_errors": int(head["callback_errors"]),
-        "open_records": int((complete & ~closed).sum()),
+        "open_records": int(still_open.sum()),
     }
-    still_open, per_thread = np.unique(thread[complete & ~closed], return_counts=True)
     return ArenaContents(
         records[closed],
         thread[closed],
@@ -151,8 +150,39 @@ def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
         rf_to_os,
         strings,
         counts,
-        dict(zip(still_open.tolist(), per_thread.tolist(), strict=True)),
+        _per_thread(thread[still_open]),
     )
+
+
+def _open(kind: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """Records written but not ended (a step record carries no end)."""
+    return (kind != 0) & (end_ns == 0) & (kind != KIND_STEP)
+
+
+def _per_thread(threads: np.ndarray) -> dict[int, int]:
+    found, counts = np.unique(threads, return_counts=True)
+    return dict(zip(found.tolist(), counts.tolist(), strict=True))
+
+
+def open_threads(path: Path) -> dict[int, int]:
+    """Per thread, the records still open in the arena at ``path`` while it is written to:
+    read in place (a memory map of the chunks, nothing copied), for the end of a run to wait on."""
+    try:
+        with open(path, "rb") as handle:
+            head = np.frombuffer(_read(handle, 0, HEADER.itemsize, path), HEADER, count=1)[0]
+        used_chunks = min(int(head["chunks_used"]), int(head["chunk_capacity"]))
+        if not used_chunks:
+            return {}
+        per_chunk = int(head["chunk_records"])
+        layout = np.dtype([("head", CHUNK), ("records", RECORD, (per_chunk,))])
+        chunks = np.memmap(
+            path, layout, mode="r", offset=int(head["chunks_offset"]), shape=(used_chunks,)
+        )
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"cannot read the capture arena {path}: {exc}") from exc
+    in_use = np.arange(per_chunk) < chunks["head"]["used"][:, None]
+    still_open = in_use & _open(chunks["records"]["kind"], chunks["records"]["end_ns"])
+    return _per_thread(np.repeat(chunks["head"]["os_thread"], still_open.sum(axis=1)))
 
 
 def _strings(region: bytes, count: int) -> list[str]:

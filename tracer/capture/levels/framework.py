@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.inductor import KernelProvenance
-from xsp.tracer.convert.arena import framework_records, read_arena
+from xsp.tracer.convert.arena import framework_records, open_threads
 from xsp.tracer.convert.records import (
     LOADER_SETTINGS_MARK,
     STEP_RANGE_PREFIX,
@@ -115,7 +115,7 @@ class FrameworkLevel:
         me = self._stopped_on
         deadline = time.monotonic() + OPEN_RANGE_WAIT_S
         try:
-            while any(t != me for t in read_arena(self._arena.path).open_threads):
+            while any(t != me for t in open_threads(self._arena.path)):
                 if time.monotonic() >= deadline:
                     return  # what stays open is counted (run.json's ranges_left_open)
                 time.sleep(0.005)
