@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.store import MeasurementStore
 
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
@@ -119,8 +120,7 @@ def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
     type, latency_ms, gpu_ms, non_gpu_ms, gpu_pct."""
     return store.sql(
         f"""
-        WITH fw AS (SELECT arg_min(run_index, length(levels)) AS r FROM spans
-                    WHERE level = 'framework'),
+        WITH fw AS (SELECT {FRAMEWORK_RUN} AS r),
         n AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans
               WHERE run_index = (SELECT r FROM fw) AND kind = 'step'),
         ng AS (SELECT greatest(count(DISTINCT (iteration, rank)), 1) AS it FROM spans

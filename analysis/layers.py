@@ -12,13 +12,14 @@ import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
 
-_FRAMEWORK_RUN = "(SELECT arg_min(run_index, length(levels)) FROM spans WHERE kind = 'module')"
+#: The shallowest run with layers (module spans): the one every layer figure reads (MF).
+FRAMEWORK_RUN = "(SELECT arg_min(run_index, length(levels)) FROM spans WHERE kind = 'module')"
 
 #: The forward leaf-layer calls of the shallowest framework run, numbered in execution order.
 _LEAVES = f"""
     WITH mods AS (
         SELECT * FROM spans
-        WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
+        WHERE run_index = {FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
     ),
     leaves AS (
         SELECT m.*, row_number() OVER (PARTITION BY m.iteration, m.rank ORDER BY m.start_ns)
@@ -37,10 +38,10 @@ def layer_info(store: MeasurementStore) -> pa.Table:
         SELECT row_number() OVER (ORDER BY start_ns) - 1 AS call_index, module_path, module_type,
                input_shapes, output_shapes, module_params AS params
         FROM spans
-        WHERE run_index = {_FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
-          AND iteration = (SELECT min(iteration) FROM spans WHERE run_index = {_FRAMEWORK_RUN})
+        WHERE run_index = {FRAMEWORK_RUN} AND kind = 'module' AND phase = 'forward'
+          AND iteration = (SELECT min(iteration) FROM spans WHERE run_index = {FRAMEWORK_RUN})
           AND rank IS NOT DISTINCT FROM
-              (SELECT min(rank) FROM spans WHERE run_index = {_FRAMEWORK_RUN})
+              (SELECT min(rank) FROM spans WHERE run_index = {FRAMEWORK_RUN})
         ORDER BY start_ns
         """
     )

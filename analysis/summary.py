@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.store import MeasurementStore
 
 
@@ -52,9 +53,8 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
     (MF: the least overhead on layers): columns module_path, module_type, calls_per_iteration,
     mean_ms, share_pct (of that run's step time)."""
     return store.sql(
-        """
-        WITH run AS (SELECT arg_min(run_index, length(levels)) AS r FROM spans
-                     WHERE kind = 'module'),
+        f"""
+        WITH run AS (SELECT {FRAMEWORK_RUN} AS r),
         mods AS (
             SELECT s.* FROM spans s, run WHERE s.run_index = run.r AND s.kind = 'module'
               AND s.phase = 'forward' AND s.module_path <> ''
