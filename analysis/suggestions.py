@@ -120,25 +120,19 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     if not any(str(r.resource.get("xsp.device", "")).startswith("cuda") for r in store.runs):
         return None
     gpu = _has(store, "gpu")
-    ops = ", ".join(f"'{op}'" for op in (MATMUL_OPS if gpu else GEMM_OPS))
+    names = ", ".join(f"'{op}'" for op in (MATMUL_OPS if gpu else GEMM_OPS))
     # dtypes come from F's capture; the reconstruction fills them into deeper ops
     _rebuilt(store)  # registers the table the view reads
-    store.con.execute(
-        f"""CREATE OR REPLACE TEMP VIEW fp32_math AS
-        WITH RECURSIVE ops AS (
-          SELECT o.trace_id, o.span_id FROM rebuilt o
-          WHERE o.kind = 'op' AND o.op_name IN ({ops}) AND o.input_dtypes LIKE 'float,%'
-            AND NOT EXISTS (SELECT 1 FROM rebuilt c WHERE c.trace_id = o.trace_id
-                            AND c.parent_span_id = o.span_id AND c.op_name = o.op_name)
-        ), below(trace_id, span_id) AS (
-          SELECT trace_id, span_id FROM ops
-          UNION ALL
-          SELECT r.trace_id, r.span_id FROM rebuilt r
-          JOIN below b ON r.trace_id = b.trace_id AND r.parent_span_id = b.span_id
-          WHERE {"true" if gpu else "false"}
-        )
-        SELECT * FROM below"""
-    )
+    ops = f"""SELECT o.trace_id, o.span_id FROM rebuilt o
+        WHERE o.kind = 'op' AND o.op_name IN ({names}) AND o.input_dtypes LIKE 'float,%'
+          AND NOT EXISTS (SELECT 1 FROM rebuilt c WHERE c.trace_id = o.trace_id
+                          AND c.parent_span_id = o.span_id AND c.op_name = o.op_name)"""
+    if gpu:  # the ops and everything below them, down to their kernels
+        ops = f"""WITH RECURSIVE below(trace_id, span_id) AS ({ops}
+            UNION ALL SELECT r.trace_id, r.span_id FROM rebuilt r
+            JOIN below b ON r.trace_id = b.trace_id AND r.parent_span_id = b.span_id)
+            SELECT * FROM below"""
+    store.con.execute(f"CREATE OR REPLACE TEMP VIEW fp32_math AS {ops}")
     inside = (
         "EXISTS (SELECT 1 FROM fp32_math m WHERE m.trace_id = rebuilt.trace_id "
         "AND m.span_id = rebuilt.span_id)"
