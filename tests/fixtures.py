@@ -176,6 +176,15 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def http_collector(store: Path, **options: Any) -> Any:
+    """An in-process collector, started, taking OTLP/HTTP on a free loopback port (no gRPC);
+    ``options`` are the rest of its CollectorConfig."""
+    from xsp.collector.server import Collector, CollectorConfig
+
+    config = CollectorConfig(store=store, grpc_address=None, http_address="127.0.0.1:0", **options)
+    return Collector(config).start()
+
+
 def start_collector(store_dir: Path, port: int) -> Any:
     """``xsp collector serve`` (HTTP only) in its own process, returned once it answers."""
     import os

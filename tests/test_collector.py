@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.fixtures import free_ports, load_raw, start_collector
+from tests.fixtures import free_ports, http_collector, load_raw, start_collector
 from xsp.collector.server import Collector, CollectorConfig, rpc_status
 from xsp.tracer import schema
 from xsp.tracer.convert.spans import build_table
@@ -147,14 +147,7 @@ def test_http_rejections_carry_clear_status(tmp_path: Path) -> None:
         )
     finally:
         c.stop()
-    busy = Collector(
-        CollectorConfig(
-            store=tmp_path / "b",
-            grpc_address=None,
-            http_address="127.0.0.1:0",
-            max_pending_bytes=-1,
-        )
-    ).start()
+    busy = http_collector(tmp_path / "b", max_pending_bytes=-1)
     try:
         code, _, headers = _post(busy.http_port, _request("x").SerializeToString())
         assert code == 429 and headers["Retry-After"] == "1"
@@ -202,15 +195,11 @@ def test_many_senders_at_once_and_forwarding(tmp_path: Path) -> None:
             flush_interval_s=0.05,
         )
     ).start()
-    front = Collector(
-        CollectorConfig(
-            store=tmp_path / "front",
-            grpc_address=None,
-            http_address="127.0.0.1:0",
-            forward=f"grpc://127.0.0.1:{downstream.grpc_port}",
-            flush_interval_s=0.05,
-        )
-    ).start()
+    front = http_collector(
+        tmp_path / "front",
+        forward=f"grpc://127.0.0.1:{downstream.grpc_port}",
+        flush_interval_s=0.05,
+    )
     try:
         threads = [
             threading.Thread(
@@ -238,16 +227,12 @@ def test_a_forward_endpoint_that_never_answers_holds_up_neither_the_store_nor_th
     hole = socket.socket()  # the kernel accepts connections to it; nothing ever answers
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)
-    front = Collector(
-        CollectorConfig(
-            store=tmp_path / "front",
-            grpc_address=None,
-            http_address="127.0.0.1:0",
-            forward=f"http://127.0.0.1:{hole.getsockname()[1]}",
-            flush_interval_s=0.05,
-            forward_drain_s=1.0,
-        )
-    ).start()
+    front = http_collector(
+        tmp_path / "front",
+        forward=f"http://127.0.0.1:{hole.getsockname()[1]}",
+        flush_interval_s=0.05,
+        forward_drain_s=1.0,
+    )
     try:
         for i in range(3):
             assert _post(front.http_port, _request(f"h{i}").SerializeToString())[0] == 200

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import fixture_table, free_ports, write_run
-from xsp.collector.server import Collector, CollectorConfig
+from tests.fixtures import fixture_table, free_ports, http_collector, write_run
 from xsp.tracer import schema, store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,15 +184,9 @@ def test_push_straight_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
 
 def test_push_through_the_collector_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
     counts = _measurement(tmp_path / "via", "e2e-collector")
-    collector = Collector(
-        CollectorConfig(
-            store=tmp_path / "collected",
-            grpc_address=None,
-            http_address="127.0.0.1:0",
-            forward=f"grpc://{jaeger.otlp_grpc}",
-            flush_interval_s=0.1,
-        )
-    ).start()
+    collector = http_collector(
+        tmp_path / "collected", forward=f"grpc://{jaeger.otlp_grpc}", flush_interval_s=0.1
+    )
     try:
         _push(tmp_path / "via", f"http://127.0.0.1:{collector.http_port}")
     finally:
