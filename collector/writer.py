@@ -69,15 +69,20 @@ def _safe(name: str) -> str:
     return f"{cleaned[:80]}~{digest}"
 
 
+#: The directory of spans whose resource names no measurement, run or service. ``_safe`` never
+#: makes it (its only ``~`` is followed by 16 hex digits), so a measurement really called
+#: ``unknown`` or ``unidentified`` keeps a directory of its own.
+UNIDENTIFIED = "~unidentified"
+
+
 def run_key(resource: dict[str, Any]) -> tuple[str, str]:
     measurement = (
         resource.get(schema.RES_MEASUREMENT_ID)
         or resource.get(schema.RES_RUN_ID)
         or resource.get(schema.RES_SERVICE_NAME)
-        or "unknown"
     )
     levels = resource.get(schema.RES_LEVELS) or FALLBACK_LEVELS
-    return _safe(str(measurement)), _safe(str(levels))
+    return _safe(str(measurement)) if measurement else UNIDENTIFIED, _safe(str(levels))
 
 
 #: One converted request: (run key, resource attributes, span rows) per run it touches.

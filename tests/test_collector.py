@@ -309,6 +309,26 @@ def test_names_that_clean_to_the_same_directory_are_stored_apart(collector) -> N
     assert stored["a_b"] == ["from a_b"]
 
 
+def test_spans_that_name_no_measurement_are_kept_apart_from_one_called_unknown(collector) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow.parquet as pq
+
+    anonymous = _one_span("nobody")
+    del anonymous.resource_spans[0].resource.attributes[:]  # no id, run or service name
+    for request in (anonymous, _one_span("unknown"), _one_span("unidentified")):
+        assert _post(collector.http_port, request.SerializeToString())[0] == 200
+    collector.flush()
+    store = collector.config.store
+    dirs = sorted(p.name for p in store.iterdir() if p.name != ".spool")
+    assert dirs == ["unidentified", "unknown", "~unidentified"]
+
+    def names(directory: str) -> list[str]:
+        part = next((store / directory / "otlp").glob("spans-*.parquet"))
+        return list(pq.read_table(part).column("name").to_pylist())
+
+    assert names("~unidentified") == ["from nobody"]
+    assert names("unknown") == ["from unknown"]
+
+
 def test_spans_that_would_be_stored_altered_are_refused_with_the_field_named(collector) -> None:  # type: ignore[no-untyped-def]
     backwards = _one_span("shop")
     span = backwards.resource_spans[0].scope_spans[0].spans[0]
