@@ -295,3 +295,25 @@ def test_equals_finds_a_value_in_dictionary_and_plain_string_columns() -> None:
     plain = pa.array(["a", None, "b", "a"])
     assert equals(plain, "a").tolist() == [True, False, False, True]
     assert equals(pa.chunked_array([], pa.string()), "a").tolist() == []
+
+
+def test_empty_columns_share_one_buffer_and_store_as_nulls_of_their_types(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from xsp.tracer import store
+    from xsp.tracer.convert.columns import NullColumns
+
+    empty = NullColumns(1000)
+    columns = [empty(f.type) for f in schema.SPAN_SCHEMA]
+    for field_, column in zip(schema.SPAN_SCHEMA, columns, strict=True):
+        column.validate(full=True)
+        assert column.type == field_.type and column.null_count == len(column) == 1000
+    # the fixed-width ones hold no memory of their own: one zeroed buffer serves all of them
+    fixed = [c for c in columns if pa.types.is_integer(c.type) or pa.types.is_floating(c.type)]
+    assert len(fixed) > 20 and len({c.buffers()[1].address for c in fixed}) == 1
+    table = pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
+    path = store.write_span_part(tmp_path, table)
+    back = pq.read_table(path, schema=schema.SPAN_SCHEMA)
+    assert back.num_rows == 1000
+    assert all(back[f.name].null_count == 1000 for f in schema.SPAN_SCHEMA)

@@ -98,7 +98,7 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def write_memory_events(run_dir: Path, events: pa.Table) -> None:
     """Store a run's allocator events (``memory.parquet``), whole or not at all."""
-    _write_parquet(run_dir / MEMORY, events)
+    _write_parquet(run_dir / MEMORY, events.unify_dictionaries())  # as write_span_part
 
 
 def write_monitor_samples(run_dir: Path, samples: pa.Table) -> None:
@@ -152,7 +152,9 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     if name is None:
         name = f"{len(list(run_dir.glob(SPAN_FILE_PATTERN))):05d}"
     path = run_dir / f"spans-{name}.parquet"
-    _write_parquet(path, table.cast(schema.SPAN_SCHEMA), **PARQUET_OPTIONS)
+    # One dictionary per column across the table's chunks (the conversion's blocks each have
+    # their own): with several, the parquet writer held 54 MB more while writing 191k spans.
+    _write_parquet(path, table.cast(schema.SPAN_SCHEMA).unify_dictionaries(), **PARQUET_OPTIONS)
     return path
 
 

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from xsp.tracer import schema
 from xsp.tracer.convert import collectives, compiled
-from xsp.tracer.convert.columns import arrow, dictionary_column, numbers
+from xsp.tracer.convert.columns import NullColumns, arrow, dictionary_column, numbers
 from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
 from xsp.tracer.convert.intervals import depths, inherit, nest
 from xsp.tracer.convert.monitor import summarize
@@ -347,10 +347,11 @@ def _block_table(
     }
     data.update(block.columns)
     columns = []
+    nulls = NullColumns(n)
     for field_ in schema.SPAN_SCHEMA:
         value = data.get(field_.name)
         if value is None:
-            columns.append(pa.nulls(n, field_.type))
+            columns.append(nulls(field_.type))
         else:
             columns.append(_as_arrow(value, field_.type))
     return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
