@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import NullColumns
 from xsp.tracer.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,7 @@ def _conform(table: pa.Table, path: Path | None = None) -> pa.Table:
     """Add columns that an older writer did not know, so readers see one schema; a column of
     the wrong type is a StoreError naming the file, the column and both types."""
     columns = []
+    empty = NullColumns(table.num_rows)
     for field_ in schema.SPAN_SCHEMA:
         if field_.name in table.column_names:
             column = table.column(field_.name)
@@ -281,7 +283,7 @@ def _conform(table: pa.Table, path: Path | None = None) -> pa.Table:
                     f"expected {field_.type} ({str(exc).splitlines()[0]})"
                 ) from exc
         else:
-            columns.append(pa.nulls(table.num_rows, field_.type))
+            columns.append(empty(field_.type))
     return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
 
 

@@ -59,7 +59,7 @@ class NullColumns:
     values, offsets and dictionary indices. ``pa.nulls`` gives each column its own (8 bytes a
     row for an int64): the 25 or so columns a span of one kind leaves empty took 200 of the span
     table's 350 bytes a row. The buffer comes from numpy's ``zeros`` (calloc), whose pages stay
-    unbacked until read, and writing an all-null column reads only its null count."""
+    unbacked until something reads them."""
 
     def __init__(self, n: int) -> None:
         self.n = n

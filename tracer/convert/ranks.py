@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import NullColumns
 
 ROOT_SPAN_NAME = schema.ITERATION_SPAN_NAME
 
@@ -69,10 +70,9 @@ def join_ranks(tables: Sequence[pa.Table], world_size: int) -> pa.Table:
 
 def _conform(table: pa.Table) -> pa.Table:
     """``table`` with every column of the span schema (null where it has none)."""
+    empty = NullColumns(len(table))
     columns = [
-        table.column(f.name).cast(f.type)
-        if f.name in table.column_names
-        else pa.nulls(len(table), f.type)
+        table.column(f.name).cast(f.type) if f.name in table.column_names else empty(f.type)
         for f in schema.SPAN_SCHEMA
     ]
     return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
