@@ -21,38 +21,18 @@ idle. torch.profiler cannot share a process with xsp's CUPTI session
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.overhead import _sync, _timed, _xsp, build_step
-
-
-@contextlib.contextmanager
-def _without_correlation(on: bool) -> Iterator[None]:
-    """Level L and G built as without level F in the process: nothing pushed to CUPTI."""
-    from xsp.tracer.capture.levels import cuda
-
-    init = cuda.LibraryLevel.__init__
-
-    def without_ops(self: Any, with_ops: bool = False) -> None:
-        init(self, with_ops=False)
-
-    if on:
-        cuda.LibraryLevel.__init__ = without_ops  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        cuda.LibraryLevel.__init__ = init  # type: ignore[method-assign]
+from benchmarks.overhead import _sync, _timed, _without_correlation, _xsp, build_step
 
 
 def _summary(rounds: list[dict[str, float]], configs: list[str]) -> dict[str, Any]:
@@ -103,10 +83,14 @@ def main() -> None:
                     continue
                 levels, _, variant = config.partition("(")
                 out = Path(tmp) / f"{index}-{len(medians)}"
-                with _without_correlation(variant.removesuffix(")") == "no correlation"):
+                plain = variant.removesuffix(")") == "no correlation"
+                restore = _without_correlation() if plain else (lambda: None)
+                try:
                     times, spans[config], _, _ = _xsp(
                         levels, step, args.device, args.warmup, args.iters, out, True
                     )
+                finally:
+                    restore()
                 medians[config] = statistics.median(times)
             rounds.append(medians)
             print(f"round {index}: " + "  ".join(f"{c} {medians[c]:.3f}" for c in configs))

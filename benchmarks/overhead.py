@@ -205,9 +205,9 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
     return result
 
 
-def _without_correlation() -> None:
+def _without_correlation() -> Callable[[], None]:
     """Level L as it would be without level F in the process: no EXTERNAL_CORRELATION kind,
-    so the op callback pushes nothing to CUPTI."""
+    so the op callback pushes nothing to CUPTI. Returns what puts it back."""
     from xsp.tracer.capture.levels import cuda
 
     init = cuda.LibraryLevel.__init__
@@ -215,7 +215,11 @@ def _without_correlation() -> None:
     def without_ops(self: Any, with_ops: bool = False) -> None:
         init(self, with_ops=False)
 
+    def restore() -> None:
+        cuda.LibraryLevel.__init__ = init  # type: ignore[method-assign]
+
     cuda.LibraryLevel.__init__ = without_ops  # type: ignore[method-assign]
+    return restore
 
 
 def _peak_rss_mb() -> float:
