@@ -1,7 +1,7 @@
 """Level sets against the untraced loop in one process, in rounds: where each level's cost goes.
 
 On the shared H200 host a fresh process's untraced step varies by up to 2x from the next one's,
-and within one process by up to 1.5x over a minute (`benchmarks/results/join-ab-h200/`). This
+and within one process by up to 1.75x over a minute (`benchmarks/results/inprocess-h200/`). This
 method cancels both: one process per case runs rounds, and each round runs every configuration
 once, in shuffled order. An xsp configuration is a fresh session of ITERS measured iterations
 (WARMUP iterations under the levels first). Its ratio in a round is its median step over the
