@@ -261,13 +261,13 @@ def read_spans(files: list[Path]) -> pa.Table:
         missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise StoreError(f"{path}: not an xsp span file (missing columns {', '.join(missing)})")
-        tables.append(_conform(table, path))
+        tables.append(conform(table, path))
     if not tables:
         return schema.SPAN_SCHEMA.empty_table()
     return pa.concat_tables(tables)
 
 
-def _conform(table: pa.Table, path: Path | None = None) -> pa.Table:
+def conform(table: pa.Table, path: Path | None = None) -> pa.Table:
     """Add columns that an older writer did not know, so readers see one schema; a column of
     the wrong type is a StoreError naming the file, the column and both types."""
     columns = []

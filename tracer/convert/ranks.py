@@ -18,8 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import NullColumns
+from xsp.tracer import schema, store
 
 ROOT_SPAN_NAME = schema.ITERATION_SPAN_NAME
 
@@ -65,14 +64,4 @@ def join_ranks(tables: Sequence[pa.Table], world_size: int) -> pa.Table:
             "world_size": pa.array([world_size] * len(its), pa.int32()),
         }
     )
-    return pa.concat_tables([_conform(roots), spans])
-
-
-def _conform(table: pa.Table) -> pa.Table:
-    """``table`` with every column of the span schema (null where it has none)."""
-    empty = NullColumns(len(table))
-    columns = [
-        table.column(f.name).cast(f.type) if f.name in table.column_names else empty(f.type)
-        for f in schema.SPAN_SCHEMA
-    ]
-    return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
+    return pa.concat_tables([store.conform(roots), spans])
