@@ -4,10 +4,6 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY xsp ./xsp
-COPY tracer ./tracer
-COPY collector ./collector
-COPY analysis ./analysis
-COPY campaign ./campaign
 RUN pip install --no-cache-dir --no-deps . \
  && pip install --no-cache-dir "numpy>=1.26" "pyarrow>=15" "duckdb>=1.0" "opentelemetry-proto>=1.25" \
         "grpcio>=1.60" "click>=8.1" "rich>=13"

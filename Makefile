@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# xsp's native capture core (tracer/native/capture.cpp), built against the installed torch with
+# xsp's native capture core (xsp/tracer/native/capture.cpp), built against the installed torch with
 # its C++ headers (and CUPTI's, on a CUDA build), once per torch version, in ~/.cache/xsp/native.
 native: $(STAMP)
 	$(VENV)/bin/xsp native

@@ -5,7 +5,7 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-env | grep -E "^PYTHON(DONTWRITE|PYCACHE)" ; python3 -m compileall -q -j 0 xsp/ tracer/ analysis/ /tmp/site >/dev/null 2>&1
+env | grep -E "^PYTHON(DONTWRITE|PYCACHE)" ; python3 -m compileall -q -j 0 xsp/ /tmp/site >/dev/null 2>&1
 python3 -c "from xsp.tracer.native.build import load; load()" 2>&1 | tail -1
 timeout 230 python3 benchmarks/overhead.py --rounds 3 --iters 30 --cases torchvision:resnet50/train/64 \
   --configs "none,MF(no shapes),MFLG,torch.profiler(cpu+cuda)" \

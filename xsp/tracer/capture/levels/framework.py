@@ -1,7 +1,7 @@
 """Level F: nn.Module (layer) spans and aten operator spans, forward and backward.
 
 One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
-(``tracer/native/capture.cpp``).
+(``xsp/tracer/native/capture.cpp``).
 
 1. A global RecordFunction callback, the hook Kineto and PyTorch's execution-trace observer use,
    writes every aten op, autograd node and ``record_function`` range (optimizer steps, DataLoader

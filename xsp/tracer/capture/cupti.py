@@ -1,7 +1,7 @@
 """CUPTI's one owner in a process: the native activity session that levels L and G share.
 
 The driver allows one CUPTI subscriber per process, so both levels go through
-``cupti_session()``. Buffers are owned natively (``tracer/native/capture.cpp``): a pool of large
+``cupti_session()``. Buffers are owned natively (``xsp/tracer/native/capture.cpp``): a pool of large
 buffers (``XSP_CUPTI_BUFFER_MB`` each, 16 MB by default); a full buffer only joins a queue and
 the next comes from the pool, so nothing is decoded inside the measured window: the records are
 decoded into columns once, after it, never one Python object per record. When level F runs too, each op

@@ -5,7 +5,7 @@
 // records from it and writes a record's fields before its kind, so what the runner reads after
 // the process died (os._exit, SIGKILL, a segfault) holds every record that was complete. Names
 // are interned into the arena's string region once per distinct string. Its layout is read by
-// tracer/convert/arena.py with numpy, without this extension (the runner never imports torch).
+// xsp/tracer/convert/arena.py with numpy, without this extension (the runner never imports torch).
 //
 // CUPTI's buffers come from a pool of large buffers; completion only queues them, and decoding
 // into columns happens once, after the measured window (cupti_decode).
@@ -37,7 +37,7 @@ namespace py = pybind11;
 
 namespace {
 
-// -- arena layout (tracer/convert/arena.py mirrors it) ---------------------------------------
+// -- arena layout (xsp/tracer/convert/arena.py mirrors it) ---------------------------------------
 constexpr char kMagic[8] = {'X', 'S', 'P', 'A', 'R', 'E', 'N', 'A'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderBytes = 4096;

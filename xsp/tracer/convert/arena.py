@@ -1,4 +1,4 @@
-"""Read a capture arena (written by ``tracer/native/capture.cpp``) into level records.
+"""Read a capture arena (written by ``xsp/tracer/native/capture.cpp``) into level records.
 
 The arena is a file: a header, a region of length-prefixed strings, then chunks of fixed-size
 records, each chunk owned by one thread. A record counts once its kind is set, and an op, module
