@@ -70,7 +70,13 @@ def main() -> None:
     "--levels", default="M,MF", show_default=True, help="Level sets, one run each: M,MF,..."
 )
 @click.option("--iterations", type=int, default=10, show_default=True, help="Measured iterations.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untraced iterations first.")
+@click.option(
+    "--warmup",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Untraced iterations first, at least; a zoo model warms up on until its step is steady (run.json: warmup, warmup_settled).",
+)
 @click.option("--device", help="cpu, cuda or cuda:N (default: cuda when present).")
 @click.option(
     "--out",

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from xsp.tracer import schema, store
+from xsp.tracer.capture.calibrate import Calibration
 from xsp.tracer.capture.levels import (
     Level,
     LevelContext,
@@ -42,6 +43,7 @@ from xsp.tracer.capture.levels import (
     level_environment,
 )
 from xsp.tracer.capture.monitor import GpuMonitor
+from xsp.tracer.capture.warmup import WarmupClock
 from xsp.tracer.convert.records import MemoryRecords, MonitorSamples
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import ConfigError, DeviceError, XspError
@@ -110,6 +112,11 @@ class Session:
             (the leveled runner waits there for the level set before to exit).
         rank, world_size: this process's rank in a multi-rank job and the job's size; its
             spans then join the other ranks' in one trace per iteration (same ``run_id``).
+        settle: warm up past ``warmup`` until the step time is steady (``xsp.tracer.capture.
+            warmup``): for loops the session drives (``while not session.done``), never for a
+            script with a fixed number of steps, nor across ranks (they must measure the same
+            iterations). Warm-up steps are timed either way and ``run.json`` says whether they
+            settled.
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class Session:
         before_levels: Callable[[], None] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        settle: bool = False,
     ) -> None:
         try:
             self.levels = schema.parse_levels(levels)
@@ -190,6 +198,8 @@ class Session:
         self.started_ns = time.time_ns()
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
         self._before_levels = before_levels
+        self._calibration: Calibration | None = None
+        self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
         self.result: dict[str, Any] | None = None
         #: How the traced program ended, written into run.json (``exit_code``, ``exception``,
         #: ``interrupted``; the leveled runner adds ``signal`` for a killed process).
@@ -259,6 +269,8 @@ class Session:
                 self._misuse("begin_iteration while an iteration is open")
             return
         self._open = True
+        if not self.measuring and not self._levels_on:
+            self._warmup.begin()
         if self.measuring:
             measured = self._index - self.warmup
             for level in self._levels:
@@ -273,6 +285,8 @@ class Session:
                 level.end_iteration(measured)
             if error is not None:
                 self._failures[measured] = error
+        elif not self._levels_on:
+            self._warmup.end()
         self._open = False
         self._index += 1
         self._report_progress()
@@ -280,7 +294,10 @@ class Session:
         # kernels, NVTX registering names; 180 ms on the first ResNet-50 MFLG step on the H200)
         # lands outside the measured window. What they record then falls outside every iteration.
         if self._index == self.warmup - 1 and not self._levels_on:
-            self._enable_levels()
+            if self._warmup.longer():
+                self.warmup += 1
+            else:
+                self._enable_levels()
         if self._index == self.warmup + self.iterations:
             self._finish_pending = True
 
@@ -374,6 +391,9 @@ class Session:
             self._before_levels()
         self._levels_on = True
         self._phase_ns["levels_on"] = time.time_ns()
+        if "F" in self.levels:  # the replay takes F's own cost off host durations
+            self._calibration = Calibration()
+            self._calibration.before()
         if self._monitor is not None:
             reason = self._monitor.start()
             if reason:
@@ -389,6 +409,8 @@ class Session:
                 self._errors.append(message)
                 self._level_failure = self._level_failure or message
         self._levels = enabled
+        if self._calibration is not None:
+            self._calibration.after()
         self._phase_ns["enabled"] = time.time_ns()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:
@@ -418,6 +440,8 @@ class Session:
                 log.exception("xsp: level %s failed to stop", level.letter)
         self._phase_ns["stopped"] = time.time_ns()
         counts: dict[str, Any] = {}
+        if self._calibration is not None and self._calibration.result is not None:
+            counts["calibration"] = self._calibration.result
         for (
             level
         ) in stopped:  # drains run once every level has stopped (see xsp.tracer.capture.levels)
@@ -613,6 +637,7 @@ class Session:
             "iterations_requested": self.iterations,
             "iterations_measured": measured,
             "warmup": self.warmup,
+            **self._warmup.report(),
             "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},
             "errors": list(self._errors),
             "started_ns": self.started_ns,

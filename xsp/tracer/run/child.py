@@ -194,6 +194,7 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
         args,
         workload=model,
         device=device,
+        settle=True,  # this loop runs until the session is done
         resource={
             schema.RES_MODE: args.mode,
             schema.RES_BATCH_SIZE: args.batch_size,
