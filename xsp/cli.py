@@ -481,6 +481,7 @@ def analyze(
                 f"ms; {mismatches.num_rows} spans without a counterpart in a shallower run",
                 highlight=False,
             )
+        _print_replay(store)
         skip = {"level_sets", "layer_info"}  # printed above / too wide for a terminal
         for section in sections(store):
             if section.table.num_rows and section.key not in skip:
@@ -528,10 +529,42 @@ def _print_json(
             "model_latency_median_ms": median_ms,
             "spans_without_counterpart": mismatches,
             "gpu_lanes": dataclasses.asdict(lanes),
+            "replay": _replay_summary(store),
         },
         "analyses": analyses,
     }
     click.echo(json.dumps(document, indent=1, default=str))
+
+
+def _replay_summary(store: Any) -> dict[str, Any] | None:
+    """The replay's check against M (``reconstruction.replay``); None for a multi-rank job."""
+    from xsp.analysis import distributed
+    from xsp.analysis.replay import replay
+
+    return None if distributed.is_multi_rank(store) else replay(store).summary()
+
+
+def _print_replay(store: Any) -> None:
+    """One line each: the replayed step against M's, and what bounds it."""
+    from xsp.analysis import critical_path
+
+    found = _replay_summary(store)
+    if found is None or found["step_ms"] is None:
+        return
+    against = (
+        f" against {found['measured_run']}'s {found['measured_step_ms']:.3f} ms "
+        f"({found['error_pct']:+.1f}%)"
+        if found["measured_step_ms"]
+        else ""
+    )
+    unsteady = found["unsteady_iterations"]
+    console.print(
+        f"replayed step {found['step_ms']:.3f} ms{against}"
+        + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
+        highlight=False,
+    )
+    if critical_path.has_gpu(store):
+        console.print(critical_path.verdict(store), highlight=False)
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
@@ -640,12 +673,13 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _ratio(overhead: float | None) -> str:
-    """A level set's step against the first's; below 1 it is run-to-run noise (a run with more
-    levels on cannot be faster), and says so."""
+def _ratio(overhead: float | None, verdict: str | None = None) -> str:
+    """A level set's step against the first's, with its verdict where it is not "added":
+    "noise" within twice the standard error, "baseline unstable" when the deeper run was
+    faster beyond it (a run with more levels on cannot be faster)."""
     if not overhead:
         return "-"
-    return f"{overhead:.3f}x" + (" (noise)" if overhead < 1.0 else "")
+    return f"{overhead:.3f}x" + (f" ({verdict})" if verdict and verdict != "added" else "")
 
 
 def _open_store(run_dir: Path) -> Any:
@@ -685,6 +719,38 @@ def run_warnings(run: Any) -> list[str]:
     return lines
 
 
+def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
+    """With level G (single-rank): the replay's verdict, then the layers with the most GPU time
+    (forward + backward); False where there is none to print."""
+    from xsp.analysis import critical_path, distributed
+
+    if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
+        return False
+    try:
+        rows = critical_path.layers(store, limit=limit).to_pylist()
+        verdict = critical_path.verdict(store)
+    except XspError as exc:
+        _warn(f"no replay: {exc}")
+        return False
+    if not rows:
+        return False
+    out_console.print(verdict, highlight=False)
+    lt = Table(title="layers by GPU time (forward + backward, replayed step)", title_justify="left")
+    for name in ("layer", "fwd ms", "bwd ms", "GPU ms", "path ms", "% of step"):
+        lt.add_column(name, justify="left" if name == "layer" else "right")
+    for r in rows:
+        lt.add_row(
+            r["layer"],
+            _fmt(r["forward_gpu_ms"], 3),
+            _fmt(r["backward_gpu_ms"], 3),
+            _fmt(r["gpu_ms"], 3),
+            _fmt(r["critical_path_ms"], 3),
+            _fmt(r["share_pct"], 1),
+        )
+    out_console.print(lt)
+    return True
+
+
 def _print_summary(run_dir: Path, store: Any = None) -> None:
     """The measurement's summary; a ``store`` given was opened by ``_open_store``, which printed
     its reader's warnings."""
@@ -713,12 +779,16 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
             _fmt(r["step_min_ms"]),
             _fmt(r["step_max_ms"]),
             _fmt(r["spans_per_iteration"], 0),
-            _ratio(r["overhead_x"]),
+            _ratio(r["overhead_x"], r.get("overhead_verdict")),
         )
     out_console.print(table)
-    layers = top_layers(store).to_pylist()
-    if layers:
-        lt = Table(title="slowest layers (forward, shallowest run with F)", title_justify="left")
+    if _print_gpu_layers(store):
+        pass
+    elif layers := top_layers(store).to_pylist():
+        lt = Table(
+            title="slowest layers (forward host time, shallowest run with F; no G run for GPU time)",
+            title_justify="left",
+        )
         for name in ("layer", "type", "calls/iter", "mean ms", "% of step"):
             lt.add_column(name, justify="left" if name in ("layer", "type") else "right")
         for r in layers:

@@ -86,6 +86,32 @@ def _step_source(store: MeasurementStore) -> str:
     return f"the {shallowest} run's traced step (no M run: shares are of a slower step)"
 
 
+def _replay_sections(store: MeasurementStore) -> list[Section]:
+    """Where the replayed step goes, and layers by GPU time: with level G, single-rank."""
+    from xsp.analysis import critical_path, distributed
+    from xsp.analysis.charts import bar
+
+    if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
+        return []
+    return [
+        Section(
+            "step_causes",
+            "Where the step goes: the replayed step's critical path by cause",
+            critical_path.step_causes(store),
+            critical_path.verdict(store),
+            chart=lambda t: bar(t, "cause", "ms_per_iteration", "Critical path by cause"),
+        ),
+        Section(
+            "layers_by_gpu_time",
+            "Layers by GPU time (forward + backward) and critical-path time",
+            critical_path.layers(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} layers with the most GPU time per steady iteration; share_pct is "
+            "of the replayed step",
+            chart=lambda t: bar(t, "layer", "gpu_ms", "GPU time per layer (fwd + bwd)"),
+        ),
+    ]
+
+
 def _every_measurement(store: MeasurementStore) -> list[Section]:
     from xsp.analysis import kernels, layers, library, summary
     from xsp.analysis.charts import bar
@@ -99,9 +125,10 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             "suggestions",
             "Suggestions",
             suggest(store),
-            f"gains are measured on the reconstruction: {_step_source(store)}, with GPU time "
-            "from G's durations on the reconstructed timeline; no gain exceeds the step",
+            f"gains are estimates on the reconstruction, not measurements: {_step_source(store)}, "
+            "with GPU time from G's durations on the replayed timeline; no gain exceeds the step",
         ),
+        *_replay_sections(store),
         Section("level_sets", "Level sets (XSP's leveled runs)", summary.level_sets(store)),
         Section(
             "level_overhead",

@@ -10,9 +10,10 @@ Algorithm:
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
    is reported as a mismatch (a structure that differs between runs is reported, not guessed).
-3. Layout (``xsp.analysis.lanes``): host spans top-down inside their parents, gaps shrinking to fit;
-   GPU activities per (device, stream) lane, in order, with their G-run durations, gaps shrinking
-   so that the lane fits the step, never before their launch call's reconstructed start.
+3. Timing: the replay's (``xsp.analysis.replay``): host spans on the F run's timeline less the
+   tracer's calibrated cost, activities run on their streams once launched, syncs wait for them,
+   and the step ends when host and GPU are done; so no activity starts before its launch. A
+   multi-rank job keeps the older layout (``xsp.analysis.lanes``: gaps shrink to fit M's step).
 4. Hardware counters (the counter run, level set MH) join the kernels by structure too, as
    ``hw_*`` columns (``xsp.analysis.counters``); the counter run's own times are never used.
 5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, so each
@@ -147,9 +148,15 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         start = _ranks_where_measured(store, model, key, parent, ranked, start)
         layout_parent[ranked] = -1
     gpu = level == schema.LEVEL_GPU
-    new_start, new_dur = layout_host(layout_parent, start, dur, new_dur, ~gpu)
     report = LaneReport()
-    _layout_gpu(deep, layout_parent, start, new_start, new_dur, gpu, report)
+    if len(ranked):  # ranks side by side: the lanes' layout (the replay is single-rank)
+        new_start, new_dur = layout_host(layout_parent, start, dur, new_dur, ~gpu)
+        _layout_gpu(deep, layout_parent, start, new_start, new_dur, gpu, report)
+    else:  # the replay's timeline: causal by construction (xsp.analysis.replay)
+        from xsp.analysis.replay import replay
+
+        replayed = replay(store)
+        new_start, new_dur = replayed.start_ns, replayed.dur_ns
     spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
@@ -295,12 +302,21 @@ def _fill_details(
     return spans
 
 
+def overhead_verdict(mean: float, stderr: float) -> str:
+    """ "noise" within twice the standard error of zero (run-to-run spread, not overhead);
+    "added" above it; "baseline unstable" below it: the deeper run was faster beyond its spread,
+    so the shallower run was not measured at a steady state (a warm-up that had not settled, a
+    clock or a neighbour that changed between the processes)."""
+    if abs(mean) <= 2 * stderr:
+        return "noise"
+    return "added" if mean > 0 else "baseline unstable"
+
+
 def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     """How much each deeper run inflated the spans of each level, against the run that measures
     that level with the fewest levels: level, run (its level set), spans, mean_added_ms,
     trimmed_mean_added_ms, stderr_ms (of the trimmed mean), p50_added_ms, p90_added_ms and a
-    verdict: "noise" when the trimmed mean is negative or within twice its standard error of
-    zero (run-to-run spread, not overhead), else "added"."""
+    verdict (``overhead_verdict``)."""
     runs, source_of = _sources(store)
     keyed = {}
     for index, _ in runs:
@@ -334,7 +350,7 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
                     "stderr_ms": stderr,
                     "p50_added_ms": float(np.percentile(values, 50)),
                     "p90_added_ms": float(np.percentile(values, 90)),
-                    "verdict": "noise" if mean <= 2 * stderr else "added",
+                    "verdict": overhead_verdict(mean, stderr),
                 }
             )
     return pa.Table.from_pylist(out)

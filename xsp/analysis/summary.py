@@ -11,7 +11,8 @@ from xsp.analysis.store import MeasurementStore
 
 def level_sets(store: MeasurementStore) -> pa.Table:
     """One row per level-set run: columns levels, status, iterations, step_median_ms,
-    step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run).
+    step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run) and
+    overhead_verdict (``reconstruct.overhead_verdict`` on the mean steps' difference).
     The step figures are the complete iterations': one that failed or that the session closed
     inside (its status message says which) is left out of them."""
     stats = store.sql(
@@ -21,6 +22,9 @@ def level_sets(store: MeasurementStore) -> pa.Table:
                median(dur_ns) FILTER (WHERE complete) / 1e6 AS step_median_ms,
                min(dur_ns) FILTER (WHERE complete) / 1e6 AS step_min_ms,
                max(dur_ns) FILTER (WHERE complete) / 1e6 AS step_max_ms,
+               avg(dur_ns) FILTER (WHERE complete) / 1e6 AS step_mean_ms,
+               stddev_samp(dur_ns) FILTER (WHERE complete) / 1e6
+                   / sqrt(count(*) FILTER (WHERE complete)) AS step_stderr_ms,
                count(*) / greatest(count(DISTINCT trace_id) FILTER (WHERE kind = 'step'), 1)
                    AS spans_per_iteration
         FROM (SELECT *, kind = 'step' AND status_message IS NULL AS complete FROM spans)
@@ -29,6 +33,7 @@ def level_sets(store: MeasurementStore) -> pa.Table:
     ).to_pylist()
     by_levels = {row["levels"]: row for row in stats}
     base = stats[0]["step_median_ms"] if stats else None
+    first = stats[0] if stats else {}
     rows = []
     for run in store.runs:
         row = by_levels.get(run.levels, {})
@@ -43,6 +48,7 @@ def level_sets(store: MeasurementStore) -> pa.Table:
                 "step_max_ms": row.get("step_max_ms"),
                 "spans_per_iteration": row.get("spans_per_iteration", 0),
                 "overhead_x": (median / base) if (median and base) else None,
+                "overhead_verdict": _verdict(first, row) if row and row is not first else None,
             }
         )
     return pa.Table.from_pylist(rows)
@@ -74,3 +80,13 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
         """,
         [limit],
     )
+
+
+def _verdict(first: dict, row: dict) -> str | None:
+    """ "added", "noise" or "baseline unstable" for a run's mean step against the first run's."""
+    from xsp.analysis.reconstruct import overhead_verdict
+
+    if first.get("step_mean_ms") is None or row.get("step_mean_ms") is None:
+        return None
+    spread = (first.get("step_stderr_ms") or 0.0) ** 2 + (row.get("step_stderr_ms") or 0.0) ** 2
+    return overhead_verdict(row["step_mean_ms"] - first["step_mean_ms"], spread**0.5)

@@ -1,0 +1,139 @@
+"""The replay reconstruction on real H200 measurements (benchmarks/data/replay-h200, recorded by
+benchmarks/device_run_replay.sh with the calibrating capture): the known-duration workload, whose
+layers' GPU times have CUDA-event truth (truth.json), and ResNet-50 b64 training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xsp.analysis import critical_path
+from xsp.analysis.reconstruct import overhead_verdict, reconstruct_with_report
+from xsp.analysis.replay import CAUSE_GPU, _debiased, calibration, replay, steady
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer.capture.warmup import settled
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "replay-h200"
+
+
+@pytest.fixture(scope="module")
+def known() -> MeasurementStore:
+    return MeasurementStore(DATA / "known-layers")
+
+
+@pytest.fixture(scope="module")
+def resnet() -> MeasurementStore:
+    return MeasurementStore(DATA / "r50-b64-train")
+
+
+def test_the_known_workloads_replayed_step_is_within_2_percent_of_m(
+    known: MeasurementStore,
+) -> None:
+    found = replay(known).summary()
+    assert found["measured_run"] == "M"
+    assert found["measured_step_ms"] == pytest.approx(5.736, abs=0.001)  # M's median
+    assert found["step_ms"] == pytest.approx(5.772, abs=0.001)
+    assert abs(found["error_pct"]) < 2.0  # 0.62%
+
+
+def test_layer_gpu_times_match_the_cuda_event_truth(known: MeasurementStore) -> None:
+    """The layers of 0.3 ms or more within 1.5% of CUDA events around each (the shorter ones'
+    events also hold the launch latency); layer 2 (2.03 ms) leads."""
+    truth = json.loads((DATA / "known-layers" / "truth.json").read_text())["layer_ms"]
+    rows = critical_path.layers(known).to_pylist()
+    assert rows[0]["layer"] == "2"
+    assert rows[0]["gpu_ms"] == pytest.approx(2.0306, abs=0.0005)
+    by_layer = {int(r["layer"]): r["gpu_ms"] for r in rows}
+    for index, ms in enumerate(truth):
+        if ms >= 0.3:
+            assert by_layer[index] == pytest.approx(ms, rel=0.015), index
+    assert rows[0]["share_pct"] == pytest.approx(100 * 2.0306 / 5.772, abs=0.1)  # 35.2%
+
+
+def test_the_replay_is_causal_by_construction(
+    known: MeasurementStore, resnet: MeasurementStore
+) -> None:
+    for store in (known, resnet):
+        checks = replay(store).checks
+        assert checks == {
+            "activities_before_launch": 0,
+            "activities_overlapping_on_a_stream": 0,
+            "spans_outside_their_step": 0,
+        }
+
+
+def test_the_critical_path_covers_each_replayed_step_exactly(resnet: MeasurementStore) -> None:
+    result = replay(resnet)
+    path = result.path.to_pydict()
+    steps = result.steps.to_pydict()
+    for iteration, replayed_ms in zip(steps["iteration"], steps["replayed_ms"], strict=True):
+        charged = sum(
+            d for it, d in zip(path["iteration"], path["dur_ns"], strict=True) if it == iteration
+        )
+        assert charged == round(replayed_ms * 1e6)
+
+
+def test_resnet50_leads_with_bn1_by_gpu_time_forward_and_backward(
+    resnet: MeasurementStore,
+) -> None:
+    """The issue's finding on this model: bn1's kernels (forward + backward) take the most GPU
+    time, backward more than forward; the old table led with conv1 by host time."""
+    rows = critical_path.layers(resnet, limit=3).to_pylist()
+    assert [r["layer"] for r in rows] == ["bn1", "conv1", "maxpool"]
+    bn1 = rows[0]
+    assert bn1["forward_gpu_ms"] == pytest.approx(0.4691, abs=0.0005)
+    assert bn1["backward_gpu_ms"] == pytest.approx(1.2031, abs=0.0005)
+    assert bn1["gpu_ms"] == pytest.approx(1.6723, abs=0.0005)
+    assert critical_path.verdict(resnet).startswith("GPU-bound")
+    causes = {
+        r["cause"]: r["ms_per_iteration"] for r in critical_path.step_causes(resnet).to_pylist()
+    }
+    assert causes[CAUSE_GPU] == max(causes.values())
+
+
+def test_the_reconstruction_is_the_replays_timeline(resnet: MeasurementStore) -> None:
+    spans, _, _ = reconstruct_with_report(resnet)
+    result = replay(resnet)
+    assert np.array_equal(np.asarray(spans.column("dur_ns")), result.dur_ns)
+
+
+def test_host_times_lose_the_calibrated_cost_of_the_records_before_them(
+    resnet: MeasurementStore,
+) -> None:
+    """The MF process measured 322.7 ns per op record and 1,029.8 ns per module call; a leaf
+    op's replayed length loses half its own record's cost (its start's half)."""
+    mf = next(i for i, run in enumerate(resnet.runs) if run.levels == "MF")
+    calib = calibration(resnet, mf)
+    assert (calib.op_ns, calib.module_ns) == (322.7, 1029.8)
+    from xsp.analysis.reconstruct import _keyed
+
+    table, _, parent = _keyed(resnet, mf)
+    start, end = _debiased(table, parent, calib)
+    kind = np.asarray(table.column("kind").cast("string").fill_null(""), dtype=object)
+    leaf = np.ones(len(parent), dtype=bool)
+    leaf[parent[parent >= 0]] = False
+    op = int(np.nonzero(leaf & (kind == "op"))[0][0])
+    measured = int(table.column("dur_ns")[op].as_py())
+    assert end[op] - start[op] == pytest.approx(measured - 322.7 / 2, abs=1)
+
+
+def test_unsteady_iterations_are_flagged() -> None:
+    """One MFLG run's first measured iteration took 234 ms against about 51 ms after."""
+    flags = steady(np.array([234.2, 51.5, 53.4, 58.3, 50.3, 49.4]))
+    assert flags.tolist() == [False, True, True, True, True, True]
+
+
+def test_warm_up_settles_when_the_last_steps_agree() -> None:
+    assert settled([30_000, 20_000, 10_000, 10_100, 9_900, 10_000])
+    assert not settled([30_000, 20_000, 12_000, 10_000])  # 200% spread
+    assert not settled([10_000, 10_000])  # too few to say
+
+
+def test_overhead_verdicts_name_an_unstable_baseline() -> None:
+    """The demo's -43.9 +- 1.1 ms was called noise; it is a baseline that had not settled."""
+    assert overhead_verdict(-43.9, 1.1) == "baseline unstable"
+    assert overhead_verdict(-0.5, 1.0) == "noise"
+    assert overhead_verdict(5.0, 1.0) == "added"

@@ -1,0 +1,708 @@
+"""Replay reconstruction: a causal model of the untraced step, checked against what M measured.
+
+Fitting the traced runs' spans into M's step by shrinking gaps cannot be true for asynchronous GPU
+work (a host timeline with MF's op durations put ResNet-50's backward launches 6 ms after the
+kernels they launch). So the step is replayed, as trace-replay simulators do (Daydream, dPRO,
+Lumos), from the deepest run's dependency graph with each node's time taken from the shallowest
+run that measures it:
+
+1. **Nodes and edges.** Host spans (F ops, modules, autograd nodes; L library and CUDA calls) in
+   program order; launch -> activity by CUDA correlation id (an activity's parent is its launch
+   call); stream order per (device, stream); a synchronizing call (device, stream and event syncs,
+   blocking copies) waits for every activity launched before it. Host threads run in turn: the
+   step's thread hands its work to autograd's thread during backward and waits for it, so the
+   threads' spans form one program order (two threads working at once would be serialized).
+2. **Host durations without the tracer's cost.** Every F span takes its duration from the
+   shallowest run with F, less the calibrated cost of the F records inside it (the level-set
+   process timed the same small ops with and without its levels: ``run.json``'s
+   ``calibration``); L spans take the shallowest L run's. Children are laid out inside their
+   parents as ``xsp.analysis.lanes.layout_host`` does (gaps shrink, never grow). A sync keeps
+   only what it took after the work it awaited had ended.
+3. **Replay.** The host issues in that order; a launch enqueues its activity at the launch
+   call's end; a stream runs its activities in order, each once it is launched and the one before
+   it has ended, with its G-run duration; a sync blocks the host until the awaited work has ended,
+   and everything after it moves by that wait. The step ends when both the host and the GPU are
+   done (M's step is bounded by a device sync). By construction no activity starts before its
+   launch, none overlaps another of its stream, and all lie inside their step.
+4. **Critical path.** Walked back from the step's end: an activity that waited for the one before
+   it on its stream hands the path to it; one that waited for its launch hands it to the host at
+   that launch; a sync that waited hands it to the activity it waited for. Every nanosecond of
+   the step gets one cause: GPU compute, host work, launch overhead (launch calls), sync (a
+   sync's return after the GPU finished), data loading or communication.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
+from xsp.tracer.convert.intervals import find_rows
+
+#: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
+#: and the work queued before it; a stream or event sync is taken to wait for every stream, as
+#: API spans do not say which stream they name).
+SYNC_CALLS = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cudaMemcpy2D",
+        "cudaMemcpyFromSymbol",
+        "cudaMemcpyToSymbol",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyHtoD_v2",
+        "cuMemcpyDtoD_v2",
+        "cuMemcpy",
+    }
+)
+
+#: Causes on the critical path, in the order tables list them.
+CAUSE_GPU = "gpu compute"
+CAUSE_HOST = "host work"
+CAUSE_LAUNCH = "launch overhead"
+CAUSE_SYNC = "synchronization"
+CAUSE_DATA = "data loading"
+CAUSE_COMMUNICATION = "communication"
+CAUSES = (CAUSE_GPU, CAUSE_HOST, CAUSE_LAUNCH, CAUSE_SYNC, CAUSE_DATA, CAUSE_COMMUNICATION)
+#: The verdict each cause gives when it holds the largest share of the step.
+VERDICTS = {
+    CAUSE_GPU: "GPU-bound",
+    CAUSE_HOST: "host-bound",
+    CAUSE_LAUNCH: "launch-bound",
+    CAUSE_SYNC: "sync-bound",
+    CAUSE_DATA: "input-bound",
+    CAUSE_COMMUNICATION: "communication-bound",
+}
+
+#: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
+#: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after
+#: the levels came on (234 ms against 51 ms in one MFLG run) is one.
+STEADY_DEVIATIONS = 5.0
+STEADY_MIN_EXCESS = 0.10
+
+
+def steady(durations: np.ndarray) -> np.ndarray:
+    """True for each step that is steady (see ``STEADY_DEVIATIONS``); all are when fewer than
+    three."""
+    values = np.asarray(durations, dtype=np.float64)
+    if len(values) < 3:
+        return np.ones(len(values), dtype=bool)
+    median = float(np.median(values))
+    spread = 1.4826 * float(np.median(np.abs(values - median)))
+    limit = max(median + STEADY_DEVIATIONS * spread, median * (1 + STEADY_MIN_EXCESS))
+    return values <= limit
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The tracer's own cost per F record, taken off F spans' durations before the replay
+    (measured by ``xsp.tracer.capture.calibrate`` in the F run's process).
+
+    ``op_ns`` and ``module_ns`` are None when the F run recorded no calibration (older stores):
+    host durations then keep the tracer's cost, and the report says so."""
+
+    op_ns: float | None
+    module_ns: float | None
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "framework_ns_per_record": self.op_ns,
+            "module_ns_per_call": self.module_ns,
+            "source": self.source,
+        }
+
+
+@dataclass
+class Replay:
+    """The replayed timeline of the deep run's spans and where each step's time went.
+
+    ``start_ns``/``dur_ns`` hold every row of ``spans`` (the deep run's), replayed; ``steps``
+    one row per iteration; ``path`` the critical path's segments (``row`` is the span charged)."""
+
+    spans: pa.Table
+    parent: np.ndarray
+    start_ns: np.ndarray
+    dur_ns: np.ndarray
+    calibration: Calibration
+    measured_run: str | None  # the run whose step the replay is checked against (M)
+    steps: pa.Table  # iteration, replayed_ms, measured_ms, deep_ms, error_pct, steady
+    path: pa.Table  # iteration, cause, row, dur_ns
+    checks: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """``xsp analyze --json``'s ``reconstruction.replay``."""
+        rows = self.steps.to_pylist()
+        kept = [r for r in rows if r["steady"]]
+        replayed = float(np.median([r["replayed_ms"] for r in kept])) if kept else None
+        measured = (
+            float(np.median([r["measured_ms"] for r in kept if r["measured_ms"] is not None]))
+            if any(r["measured_ms"] is not None for r in kept)
+            else None
+        )
+        error = (
+            100.0 * (replayed - measured) / measured if replayed is not None and measured else None
+        )
+        return {
+            "step_ms": replayed,
+            "measured_step_ms": measured,
+            "measured_run": self.measured_run,
+            "error_pct": error,
+            "iterations": rows,
+            "unsteady_iterations": [r["iteration"] for r in rows if not r["steady"]],
+            "calibration": self.calibration.as_dict(),
+            "checks": dict(self.checks),
+        }
+
+
+def calibration(store: MeasurementStore, source: int | None) -> Calibration:
+    """The F run's calibration from its run.json, if it recorded one."""
+    if source is None:
+        return Calibration(None, None, "no run with level F")
+    run = store.runs[source]
+    found = run.meta.get("calibration") or {}
+    op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
+    if op is None:
+        return Calibration(None, None, f"the {run.levels} run recorded no calibration")
+    return Calibration(
+        float(op), float(module or 0.0), f"measured in the {run.levels} run's process"
+    )
+
+
+def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+    """(deep run index, each deep row's host start and end for the replay, the calibration):
+    step 2 of the module's algorithm.
+
+    1. The F run's own timeline is taken as the host's, less the tracer's cost: every F record
+       costs its calibrated share, half at its start and half at its end, so a time ``t`` of the
+       F run moves back by the cost of the record starts and ends before it in its iteration.
+    2. Deep-run F spans take those times (matched by structural key), relative to their step.
+    3. Every other host span (L calls, spans the F run lacks) is placed by interpolating between
+       the matched spans' starts and ends around it, so a launch call keeps its place inside its
+       op and the op its untraced length; past the last of them (the step's closing sync) it
+       keeps its measured distance.
+    """
+    from xsp.analysis.reconstruct import _keyed, _sources
+
+    runs, source_of = _sources(store)
+    deep_index = runs[-1][0]
+    deep, key, parent = _keyed(store, deep_index)
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    end = start + np.asarray(deep.column("dur_ns"), dtype=np.int64)
+    source = source_of.get(schema.LEVEL_FRAMEWORK)
+    calib = calibration(store, source)
+    if source is None:
+        return deep_index, start.copy(), end.copy(), calib
+    table, keys, source_parent = _keyed(store, source)
+    s_start, s_end = _debiased(table, source_parent, calib)
+    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    owner = _owning_step(np.where(kind == schema.KIND_STEP, -1, parent))
+    found = find_rows(keys, key)
+    matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
+    source_kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    source_owner = _owning_step(np.where(source_kind == schema.KIND_STEP, -1, source_parent))
+    at = np.maximum(found, 0)
+    anchor = s_start[source_owner[at]]
+    out_start, out_end = start.copy(), end.copy()
+    out_start[matched] = start[owner[matched]] + (s_start[at] - anchor)[matched]
+    out_end[matched] = start[owner[matched]] + (s_end[at] - anchor)[matched]
+    others = ~matched & (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+    order = np.argsort(owner, kind="stable")
+    first = np.searchsorted(owner[order], np.arange(len(owner)))
+    last = np.searchsorted(owner[order], np.arange(len(owner)), side="right")
+    for step in np.unique(owner[others]):
+        members = order[first[step] : last[step]]
+        knots = members[matched[members]]
+        todo = members[others[members]]
+        if not len(knots):
+            continue
+        x = np.concatenate(([start[step]], start[knots], end[knots]))
+        y = np.concatenate(([start[step]], out_start[knots], out_end[knots]))
+        by = np.argsort(x, kind="stable")
+        x, y = x[by], np.maximum.accumulate(y[by])
+        for times, out in ((start, out_start), (end, out_end)):
+            placed = np.round(np.interp(times[todo], x, y)).astype(np.int64)
+            out[todo] = np.where(times[todo] > x[-1], y[-1] + (times[todo] - x[-1]), placed)
+    return deep_index, out_start, np.maximum(out_end, out_start), calib
+
+
+def _debiased(
+    table: pa.Table, parent: np.ndarray, calib: Calibration
+) -> tuple[np.ndarray, np.ndarray]:
+    """The F run's start and end times, each moved back by the calibrated cost of the F record
+    starts and ends before it in its iteration (step 2.1)."""
+    start = np.asarray(table.column("start_ns"), dtype=np.int64)
+    end = start + np.asarray(table.column("dur_ns"), dtype=np.int64)
+    if calib.op_ns is None:
+        return start, end
+    level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    records = np.nonzero(level == schema.LEVEL_FRAMEWORK)[0]
+    half = np.where(kind[records] == schema.KIND_MODULE, calib.module_ns or 0.0, calib.op_ns) / 2
+    times = np.concatenate((start[records], end[records]))
+    by = np.argsort(times, kind="stable")
+    times = times[by]
+    cost = np.concatenate(([0.0], np.cumsum(np.concatenate((half, half))[by])))
+
+    def before(t: np.ndarray) -> np.ndarray:
+        return cost[np.searchsorted(times, t, side="left")]
+
+    owner = _owning_step(np.where(kind == schema.KIND_STEP, -1, parent))
+    base = before(start[owner])  # what earlier iterations' records cost
+    moved_start = start - np.round(before(start) - base).astype(np.int64)
+    moved_end = end - np.round(before(end) - base).astype(np.int64)
+    return moved_start, np.maximum(moved_end, moved_start)
+
+
+def replay(store: MeasurementStore) -> Replay:
+    """Replay every iteration of the measurement (see the module's algorithm); once per store."""
+    if "replay" not in store.memo:
+        store.memo["replay"] = _replay(store)
+    return store.memo["replay"]
+
+
+def _replay(store: MeasurementStore) -> Replay:
+    from xsp.analysis.reconstruct import _keyed
+
+    deep_index, warped_start, warped_end, calib = host_timeline(store)
+    deep, _, parent = _keyed(store, deep_index)
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
+    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    names = np.asarray(deep.column("name").cast(pa.string()).fill_null(""), dtype=object)
+    gpu = level == schema.LEVEL_GPU
+    is_sync = (level == schema.LEVEL_LIBRARY) & np.isin(names, list(SYNC_CALLS))
+    steps = np.nonzero(kind == schema.KIND_STEP)[0]
+    # a multi-rank iteration's ranks are replayed each as a step of its own
+    layout_parent = parent.copy()
+    layout_parent[steps] = -1
+    base = _sync_base(start, dur, parent, gpu, is_sync)
+    warped_dur = warped_end - warped_start
+    owner = _owning_step(layout_parent)
+    device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
+    stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
+    out_start = start.copy()
+    out_dur = dur.copy()
+    segments: list[tuple[int, str, int, int]] = []
+    step_rows = []
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], steps)
+    ends = np.searchsorted(owner[order], steps, side="right")
+    for step, lo, hi in zip(steps, bounds, ends, strict=True):
+        members = order[lo:hi]
+        sim = _Iteration(
+            int(step),
+            members,
+            parent,
+            warped_start,
+            warped_dur,
+            dur,
+            start,
+            gpu,
+            is_sync,
+            base,
+            kind,
+            device,
+            stream,
+        )
+        sim.run()
+        out_start[members] = sim.start
+        out_dur[members] = sim.dur
+        out_start[step], out_dur[step] = sim.step_start, sim.step_end - sim.step_start
+        segments.extend(sim.critical_path())
+    iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
+    measured, measured_run = _measured_steps(store, deep_index)
+    replayed_ms = out_dur[steps] / 1e6
+    deep_ms = dur[steps] / 1e6
+    keep = steady(deep_ms) & steady(replayed_ms)
+    for position, step in enumerate(steps):
+        it = int(iteration[step])
+        m = measured.get(it)
+        step_rows.append(
+            {
+                "iteration": it,
+                "replayed_ms": float(replayed_ms[position]),
+                "measured_ms": m,
+                "deep_ms": float(deep_ms[position]),
+                "error_pct": 100.0 * (replayed_ms[position] - m) / m if m else None,
+                "steady": bool(keep[position]),
+            }
+        )
+    measured_median = (
+        float(np.median([r["measured_ms"] for r in step_rows if r["measured_ms"] is not None]))
+        if measured
+        else None
+    )
+    for row in step_rows:  # against M's median: iterations of different runs do not pair up
+        if measured_median is not None:
+            replayed = float(row["replayed_ms"] or 0.0)
+            row["error_pct"] = 100.0 * (replayed - measured_median) / measured_median
+    path = pa.table(
+        {
+            "iteration": pa.array([iteration[s[2]] for s in segments], pa.int64()),
+            "cause": pa.array([s[1] for s in segments], pa.string()),
+            "row": pa.array([s[2] for s in segments], pa.int64()),
+            "dur_ns": pa.array([s[3] for s in segments], pa.int64()),
+        }
+    )
+    checks = _checks(out_start, out_dur, parent, gpu, steps, owner, device, stream)
+    return Replay(
+        deep,
+        parent,
+        out_start,
+        out_dur,
+        calib,
+        measured_run,
+        pa.Table.from_pylist(
+            step_rows,
+            schema=pa.schema(
+                [
+                    ("iteration", pa.int64()),
+                    ("replayed_ms", pa.float64()),
+                    ("measured_ms", pa.float64()),
+                    ("deep_ms", pa.float64()),
+                    ("error_pct", pa.float64()),
+                    ("steady", pa.bool_()),
+                ]
+            ),
+        ),
+        path,
+        checks,
+    )
+
+
+def _owning_step(parent: np.ndarray) -> np.ndarray:
+    """Each row's root (its step, with steps made roots)."""
+    root = np.arange(len(parent))
+    while ((up := parent[root]) >= 0).any():
+        root = np.where(up >= 0, up, root)
+    return root
+
+
+def _sync_base(
+    start: np.ndarray, dur: np.ndarray, parent: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+) -> np.ndarray:
+    """What each sync took after the GPU work before it had ended (measured in the deep run):
+    the sync's own cost, which the replay keeps while it recomputes the wait."""
+    base = np.zeros(len(start), dtype=np.int64)
+    syncs = np.nonzero(is_sync)[0]
+    if not len(syncs):
+        return base
+    owner = _owning_step(parent)
+    act = np.nonzero(gpu)[0]
+    act_end = start[act] + dur[act]
+    act_owner = owner[act]
+    act_launch = np.where(parent[act] >= 0, start[np.maximum(parent[act], 0)], start[act])
+    for s in syncs:
+        before = (act_owner == owner[s]) & (act_launch <= start[s] + dur[s])
+        done = int(act_end[before].max()) if before.any() else int(start[s])
+        base[s] = int(np.clip(start[s] + dur[s] - max(done, int(start[s])), 0, dur[s]))
+    return base
+
+
+class _Iteration:
+    """One step's replay (step 3) and its critical path (step 4)."""
+
+    def __init__(
+        self,
+        step: int,
+        members: np.ndarray,
+        parent: np.ndarray,
+        warped_start: np.ndarray,
+        warped_dur: np.ndarray,
+        measured_dur: np.ndarray,
+        measured_start: np.ndarray,
+        gpu: np.ndarray,
+        is_sync: np.ndarray,
+        sync_base: np.ndarray,
+        kind: np.ndarray,
+        device: np.ndarray,
+        stream: np.ndarray,
+    ) -> None:
+        self.sync_base = sync_base
+        self.step = int(step)
+        self.members = members
+        self.parent = parent
+        self.kind = kind
+        host = members[~gpu[members] & (members != step)]
+        self.host = host[np.lexsort((-warped_dur[host], warped_start[host]))]
+        self.activities = members[gpu[members]]
+        self.is_sync = is_sync
+        self.ws = warped_start
+        self.wd = warped_dur
+        self.step_start = int(measured_start[step])
+        # the step's measured tail after its last host span (the marker's own sync and return)
+        host_end = (
+            int((measured_start[host] + measured_dur[host]).max()) if len(host) else self.step_start
+        )
+        self.tail = max(0, int(measured_start[step] + measured_dur[step]) - host_end)
+        self.lane = {
+            int(a): (int(device[a]), int(stream[a])) for a in self.activities
+        }  # (device, stream) of each activity
+        self.start = np.zeros(len(members), dtype=np.int64)
+        self.dur = np.zeros(len(members), dtype=np.int64)
+        self.position = {int(r): i for i, r in enumerate(members)}
+        self.measured_dur = measured_dur
+
+    # -- step 3 --------------------------------------------------------------------------------
+    def run(self) -> None:
+        ws, wd, parent = self.ws, self.wd, self.parent
+        syncs = [int(r) for r in self.host if self.is_sync[r]]
+        sync_start = [int(ws[r]) for r in syncs]
+        acts = self.activities
+        launcher = parent[acts]
+        # an activity is launched at its launch call's end; a blocking copy's at the call's
+        # start, and one whose parent is an op (a level set without L) at the op's start
+        call = np.isin(self.kind[launcher], (schema.KIND_RUNTIME, schema.KIND_DRIVER))
+        at_end = call & ~self.is_sync[launcher]
+        launch = np.where(at_end, ws[launcher] + wd[launcher], ws[launcher]).astype(np.int64)
+        order = np.argsort(launch, kind="stable")
+        acts, launch, launcher = acts[order], launch[order], launcher[order]
+        self.act_rows = acts
+        self.act_launch = np.zeros(len(acts), dtype=np.int64)
+        self.act_start = np.zeros(len(acts), dtype=np.int64)
+        self.act_end = np.zeros(len(acts), dtype=np.int64)
+        self.act_prev = np.full(len(acts), -1, dtype=np.int64)  # previous on its stream
+        self.sync_wait: dict[int, tuple[int, int]] = {}  # sync row -> (awaited act, its end)
+        delays: list[int] = []  # each sync's added wait, in warped order
+        lane_last: dict[tuple[int, int], int] = {}
+        delta = 0
+        done = 0  # activities replayed so far
+
+        def replay_until(limit: float) -> None:
+            nonlocal done
+            while done < len(acts) and (
+                launch[done] < limit or (launch[done] == limit and self.is_sync[launcher[done]])
+            ):
+                at = int(launch[done]) + delta
+                lane = self.lane[int(acts[done])]
+                prev = lane_last.get(lane, -1)
+                begin = max(at, int(self.act_end[prev])) if prev >= 0 else at
+                self.act_launch[done] = at
+                self.act_start[done] = begin
+                self.act_end[done] = begin + int(self.measured_dur[acts[done]])
+                self.act_prev[done] = prev
+                lane_last[lane] = done
+                done += 1
+
+        for sync, at in zip(syncs, sync_start, strict=True):
+            replay_until(at)
+            real = at + delta
+            ready = real
+            if done:
+                last = int(np.argmax(self.act_end[:done]))
+                finish = int(self.act_end[last])
+                if finish > real:
+                    ready = finish
+                    self.sync_wait[sync] = (last, finish)
+            # the sync's replayed length against the one it has on the host timeline (which
+            # holds the F run's own wait)
+            change = (ready - real) + int(self.sync_base[sync]) - int(self.wd[sync])
+            delays.append(change)
+            delta += change
+        replay_until(float("inf"))
+        self.sync_rows = syncs
+        self.sync_starts = np.asarray(sync_start, dtype=np.int64)
+        self.sync_delays = np.cumsum(delays, dtype=np.int64) if delays else np.zeros(0, np.int64)
+        # host spans move by the waits of the syncs that began before them
+        host = self.host
+        begin = self._shift(ws[host], inclusive=False)
+        end = self._shift(ws[host] + wd[host], inclusive=False)
+        host_end = int(end.max()) if len(host) else self.step_start
+        gpu_end = int(self.act_end.max()) if len(acts) else self.step_start
+        self.host_end = host_end
+        self.gpu_end = gpu_end
+        self.step_end = max(host_end + self.tail, gpu_end)
+        for rows, s, e in ((host, begin, end), (acts, self.act_start, self.act_end)):
+            index = [self.position[int(r)] for r in rows]
+            self.start[index] = s
+            self.dur[index] = e - s
+        self.start[self.position[self.step]] = self.step_start
+        self.dur[self.position[self.step]] = self.step_end - self.step_start
+        self.host_begin, self.host_finish = begin, end
+
+    def _shift(self, times: np.ndarray, inclusive: bool) -> np.ndarray:
+        """``times`` (warped) plus the waits of the syncs that started before them."""
+        if not len(self.sync_starts):
+            return times.astype(np.int64)
+        count = np.searchsorted(self.sync_starts, times, side="right" if inclusive else "left")
+        added = np.where(count > 0, self.sync_delays[np.maximum(count - 1, 0)], 0)
+        return (times + added).astype(np.int64)
+
+    # -- step 4 --------------------------------------------------------------------------------
+    def critical_path(self) -> list[tuple[int, str, int, int]]:
+        """(step row, cause, charged row, ns) segments, walked back from the step's end."""
+        segments = self._host_segments()
+        seg_end = [s[1] for s in segments]
+        out: list[tuple[int, str, int, int]] = []
+        t = self.step_end
+        act = -1
+        if len(self.act_rows) and self.gpu_end >= self.host_end + self.tail:
+            act = int(np.argmax(self.act_end))
+            if t > self.gpu_end:
+                out.append((self.step, CAUSE_SYNC, self.step, t - self.gpu_end))
+            t = self.gpu_end
+        elif self.tail:
+            out.append((self.step, CAUSE_SYNC, self.step, self.tail))
+            t -= self.tail
+        guard = 0
+        while t > self.step_start and guard < 10 * (len(segments) + len(self.act_rows) + 10):
+            guard += 1
+            if act >= 0:
+                begin = int(self.act_start[act])
+                out.append((self.step, CAUSE_GPU, int(self.act_rows[act]), t - begin))
+                t = begin
+                prev = int(self.act_prev[act])
+                if prev >= 0 and int(self.act_end[prev]) >= begin:
+                    act = prev
+                    continue
+                act = -1  # waited for its launch: the path goes to the host there
+                continue
+            i = bisect.bisect_left(seg_end, t)
+            if i >= len(segments):
+                i = len(segments) - 1
+            if i < 0 or not segments:
+                out.append((self.step, CAUSE_HOST, self.step, t - self.step_start))
+                break
+            s_begin, s_end, row = segments[i]
+            if s_begin >= t:  # before the first host segment: the step's own lead-in
+                if i == 0:
+                    out.append((self.step, CAUSE_HOST, self.step, t - self.step_start))
+                    break
+                i -= 1
+                s_begin, s_end, row = segments[i]
+            if s_end < t:  # a gap between host spans no span covers
+                out.append((self.step, CAUSE_HOST, self.step, t - s_end))
+                t = s_end
+                continue
+            if row in self.sync_wait:
+                awaited, finish = self.sync_wait[row]
+                if finish < t:
+                    out.append((self.step, CAUSE_SYNC, row, t - max(finish, s_begin)))
+                    t = max(finish, s_begin)
+                if t <= finish:
+                    act = awaited
+                    t = min(t, finish)
+                    continue
+            out.append((self.step, self._cause(row), row, t - s_begin))
+            t = s_begin
+        return [s for s in out if s[3] > 0]
+
+    def _cause(self, row: int) -> str:
+        kind = self.kind[row]
+        if self.is_sync[row]:
+            return CAUSE_SYNC
+        if kind in (schema.KIND_RUNTIME, schema.KIND_DRIVER) and row in self._launchers():
+            return CAUSE_LAUNCH
+        if kind == schema.KIND_DATA_LOADING or self._inside(row, schema.KIND_DATA_LOADING):
+            return CAUSE_DATA
+        if kind == schema.KIND_COLLECTIVE or self._inside(row, schema.KIND_COLLECTIVE):
+            return CAUSE_COMMUNICATION
+        return CAUSE_HOST
+
+    def _launchers(self) -> set[int]:
+        if not hasattr(self, "_launcher_set"):
+            self._launcher_set = {int(r) for r in self.parent[self.act_rows]}
+        return self._launcher_set
+
+    def _inside(self, row: int, kind: str) -> bool:
+        up = int(self.parent[row])
+        while up >= 0 and up != self.step:
+            if self.kind[up] == kind:
+                return True
+            up = int(self.parent[up])
+        return False
+
+    def _host_segments(self) -> list[tuple[int, int, int]]:
+        """The replayed host timeline as (start, end, innermost span) pieces, in time order."""
+        order = np.lexsort((-(self.host_finish - self.host_begin), self.host_begin))
+        rows = self.host[order]
+        begins = self.host_begin[order]
+        ends = self.host_finish[order]
+        pieces: list[tuple[int, int, int]] = []
+        stack: list[tuple[int, int]] = []  # (end, row)
+        cursor = int(begins[0]) if len(rows) else 0
+
+        def emit(upto: int) -> None:
+            nonlocal cursor
+            while stack and stack[-1][0] <= upto:
+                end, row = stack.pop()
+                if end > cursor:
+                    pieces.append((cursor, end, row))
+                    cursor = end
+            if stack and upto > cursor:
+                pieces.append((cursor, upto, stack[-1][1]))
+                cursor = upto
+            cursor = max(cursor, upto)
+
+        for row, b, e in zip(rows, begins, ends, strict=True):
+            while stack and stack[-1][0] <= b:
+                emit(stack[-1][0])
+            emit(int(b))
+            stack.append((int(e), int(row)))
+        emit(int(ends.max()) if len(rows) else 0)
+        return [p for p in pieces if p[1] > p[0]]
+
+
+def _measured_steps(
+    store: MeasurementStore, deep_index: int
+) -> tuple[dict[int, float], str | None]:
+    """Each iteration's step (ms) in the shallowest run, if it is not the deep run itself."""
+    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
+    index, run = runs[0]
+    if index == deep_index:
+        return {}, None
+    table = store.run_spans(index)
+    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    ok = (kind == schema.KIND_STEP) & np.asarray(table.column("status_message").is_null())
+    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
+    rows = np.nonzero(ok)[0]
+    keep = steady(dur[rows] / 1e6)
+    return {int(iteration[r]): dur[r] / 1e6 for r, k in zip(rows, keep, strict=True) if k}, (
+        run.levels
+    )
+
+
+def _checks(
+    start: np.ndarray,
+    dur: np.ndarray,
+    parent: np.ndarray,
+    gpu: np.ndarray,
+    steps: np.ndarray,
+    owner: np.ndarray,
+    device: np.ndarray,
+    stream: np.ndarray,
+) -> dict[str, int]:
+    """What the replay guarantees by construction, counted: activities before their launch
+    call, overlapping another of their stream, and anything outside its step."""
+    act = np.nonzero(gpu)[0]
+    launcher = parent[act]
+    before = int(np.count_nonzero((launcher >= 0) & (start[act] < start[np.maximum(launcher, 0)])))
+    order = act[np.lexsort((start[act], stream[act], device[act], owner[act]))]
+    same = (
+        (owner[order][1:] == owner[order][:-1])
+        & (device[order][1:] == device[order][:-1])
+        & (stream[order][1:] == stream[order][:-1])
+    )
+    overlap = int(np.count_nonzero(same & (start[order][1:] < (start + dur)[order][:-1])))
+    step_start = start[owner]
+    step_end = start[owner] + dur[owner]
+    outside = int(np.count_nonzero((start < step_start) | (start + dur > step_end)))
+    return {
+        "activities_before_launch": before,
+        "activities_overlapping_on_a_stream": overlap,
+        "spans_outside_their_step": outside,
+    }
