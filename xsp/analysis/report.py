@@ -63,7 +63,7 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{spans.num_rows:,} reconstructed spans; {mismatches.num_rows:,} had no counterpart "
         "in a shallower run and kept their own timing. "
-        f"{_lanes_text(lanes)}</p>",
+        f"{_lanes_text(lanes)} {html.escape(_replay_text(store))}</p>",
     ]
     figures: list[Any] = []
 
@@ -108,6 +108,28 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     )
     path.write_text(page, encoding="utf-8")
     return count
+
+
+def _replay_text(store: MeasurementStore) -> str:
+    """The replayed step against M's, in one sentence (single-rank measurements)."""
+    from xsp.analysis import distributed
+    from xsp.analysis.replay import replay
+
+    if distributed.is_multi_rank(store):
+        return ""
+    found = replay(store).summary()
+    if found["step_ms"] is None:
+        return ""
+    text = (
+        f"The timeline is a replay of the untraced step (causal by construction): "
+        f"{found['step_ms']:.3f} ms"
+    )
+    if found["measured_step_ms"]:
+        text += (
+            f" against {found['measured_run']}'s measured {found['measured_step_ms']:.3f} ms "
+            f"({found['error_pct']:+.1f}%)"
+        )
+    return text + "."
 
 
 def _lanes_text(lanes: Any) -> str:
