@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from xsp.analysis import critical_path
+from xsp.analysis.matching import keyed
 from xsp.analysis.reconstruct import overhead_verdict, reconstruct_with_report
 from xsp.analysis.replay import CAUSE_GPU, _debiased, calibration, replay, steady
 from xsp.analysis.store import MeasurementStore
@@ -108,9 +109,7 @@ def test_host_times_lose_the_calibrated_cost_of_the_records_before_them(
     mf = next(i for i, run in enumerate(resnet.runs) if run.levels == "MF")
     calib = calibration(resnet, mf)
     assert (calib.op_ns, calib.module_ns) == (322.7, 1029.8)
-    from xsp.analysis.reconstruct import _keyed
-
-    table, _, parent = _keyed(resnet, mf)
+    table, _, parent = keyed(resnet, mf)
     start, end = _debiased(table, parent, calib)
     kind = np.asarray(table.column("kind").cast("string").fill_null(""), dtype=object)
     leaf = np.ones(len(parent), dtype=bool)

@@ -3,10 +3,8 @@ measures its level (model latency from M, layers and ops from MF, library calls 
 from MFLG), plus the overhead each added level put on the levels above it.
 
 Algorithm:
-1. Every span of every run gets a structural key: its parent's key, its name and its ordinal among
-   same-named siblings (by start time), under its iteration (the model span is keyed by its
-   iteration alone). Repeated identical kernels stay distinct, which matching by name alone
-   (XSP's original code) merged.
+1. Every span of every run gets a structural key (``xsp.analysis.matching``): its parent's key,
+   its name and its ordinal among same-named siblings (by start time), under its iteration.
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
    is reported as a mismatch (a structure that differs between runs is reported, not guessed).
@@ -26,7 +24,6 @@ Algorithm:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -35,76 +32,12 @@ import pyarrow.compute as pc
 
 from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
+from xsp.analysis.matching import keyed, level_sources, roots
+from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-from xsp.tracer.convert.intervals import depths, find_rows
+from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
-
-_MULT = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _name_hashes(names: pa.Array) -> np.ndarray:
-    """A stable 64-bit hash of each row's name (hashed once per distinct name)."""
-    encoded = names.dictionary_encode() if not pa.types.is_dictionary(names.type) else names
-    values = [
-        int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")
-        for v in encoded.dictionary.to_pylist()
-    ]
-    table = np.array(values or [0], dtype=np.uint64)
-    return table[np.asarray(encoded.indices.fill_null(0), dtype=np.int64)]
-
-
-def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(key, parent row) per span: the key hashes the span's iteration and its path of
-    (name, ordinal among same-named siblings by start time) from the root, so repeated
-    identical kernels keep distinct keys. Vectorized: one pass per tree depth."""
-    span_id = np.asarray(table.column("span_id"), dtype=np.uint64).astype(np.int64)
-    parent_id = np.asarray(table.column("parent_span_id"), dtype=np.uint64).astype(np.int64)
-    start = np.asarray(table.column("start_ns"), dtype=np.int64)
-    names = _name_hashes(table.column("name").combine_chunks())
-    parent = find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
-    # ordinal among siblings of the same name, by start time
-    order = np.lexsort((start, names, parent))
-    same = np.zeros(len(order), dtype=bool)
-    if len(order) > 1:
-        same[1:] = (parent[order][1:] == parent[order][:-1]) & (
-            names[order][1:] == names[order][:-1]
-        )
-    run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(order))))
-    ordinal = np.empty(len(order), dtype=np.uint64)
-    ordinal[order] = (np.arange(len(order)) - run_start).astype(np.uint64)
-    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
-    key = np.zeros(len(order), dtype=np.uint64)
-    depth = depths(parent)
-    with np.errstate(over="ignore"):
-        for level in range(int(depth.max()) + 1 if len(depth) else 0):
-            rows = np.nonzero(depth == level)[0]
-            if level == 0:  # roots: the iteration alone (trace titles name the level set)
-                mixed = (iteration[rows].astype(np.uint64) + np.uint64(1)) * _MULT
-            else:
-                mixed = (key[parent[rows]] ^ names[rows]) * _MULT + ordinal[rows]
-            key[rows] = mixed ^ (mixed >> np.uint64(29))
-    return key, parent
-
-
-def _keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """(spans, structural keys, parent rows) of run ``index``, computed once per store."""
-    memo = ("structural_keys", index)
-    if memo not in store.memo:
-        spans = store.run_spans(index)
-        store.memo[memo] = (spans, *structural_keys(spans))
-    return store.memo[memo]
-
-
-def _sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, int]]:
-    """Runs by depth, and for each level the run that measures it with the fewest levels."""
-    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
-    source_of: dict[str, int] = {}
-    for index, run in runs:
-        for letter in run.levels:
-            if letter in schema.LEVEL_BY_LETTER:  # H (counters) times nothing
-                source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
-    return runs, source_of
 
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
@@ -122,9 +55,9 @@ def reconstruct_with_report(store: MeasurementStore) -> tuple[pa.Table, pa.Table
 
 
 def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
-    runs, source_of = _sources(store)
+    runs, source_of = level_sources(store)
     deepest_index = runs[-1][0]
-    deep, key, parent = _keyed(store, deepest_index)
+    deep, key, parent = keyed(store, deepest_index)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
     new_dur = dur.copy()
@@ -132,7 +65,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
     spans = deep
     for name, source in source_of.items():
         rows = np.nonzero(level == name)[0]
-        table, keys, _ = _keyed(store, source)
+        table, keys, _ = keyed(store, source)
         found = find_rows(keys, key[rows])
         missing[rows] = found < 0
         source_dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
@@ -153,8 +86,6 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         new_start, new_dur = layout_host(layout_parent, start, dur, new_dur, ~gpu)
         _layout_gpu(deep, layout_parent, start, new_start, new_dur, gpu, report)
     else:  # the replay's timeline: causal by construction (xsp.analysis.replay)
-        from xsp.analysis.replay import replay
-
         replayed = replay(store)
         new_start, new_dur = replayed.start_ns, replayed.dur_ns
     spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
@@ -185,7 +116,7 @@ def _ranks_where_measured(
     """The deep run's start times with each rank's step, and everything under it, moved to
     where run ``model`` (the shallowest with M) measured that step from its iteration's start;
     a step without a counterpart there stays where the deep run has it."""
-    source, source_keys, _ = _keyed(store, model)
+    source, source_keys, _ = keyed(store, model)
     source_start = np.asarray(source.column("start_ns"), dtype=np.int64)
     found = find_rows(source_keys, key[ranked])
     root = find_rows(source_keys, key[parent[ranked]])
@@ -221,9 +152,7 @@ def _layout_gpu(
     rows = np.nonzero(gpu)[0]
     if not len(rows):
         return
-    root = np.arange(len(parent))  # each row's model span: follow parents up to the root
-    while ((up := parent[root]) >= 0).any():
-        root = np.where(up >= 0, up, root)
+    root = roots(parent)  # each row's model span
     device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
     stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
     rows = rows[np.lexsort((start[rows], stream[rows], device[rows], root[rows]))]
@@ -317,20 +246,20 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     that level with the fewest levels: level, run (its level set), spans, mean_added_ms,
     trimmed_mean_added_ms, stderr_ms (of the trimmed mean), p50_added_ms, p90_added_ms and a
     verdict (``overhead_verdict``)."""
-    runs, source_of = _sources(store)
-    keyed = {}
+    runs, source_of = level_sources(store)
+    by_run = {}
     for index, _ in runs:
-        table, keys, _ = _keyed(store, index)
+        table, keys, _ = keyed(store, index)
         level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
-        keyed[index] = (keys, np.asarray(table.column("dur_ns")), level)
+        by_run[index] = (keys, np.asarray(table.column("dur_ns")), level)
     out = []
     for name, source in source_of.items():
         for index, run in runs:
             if index == source or name not in {schema.LEVEL_BY_LETTER.get(c) for c in run.levels}:
                 continue
-            keys, dur, level = keyed[index]
+            keys, dur, level = by_run[index]
             rows = level == name
-            source_keys, source_dur, _ = keyed[source]
+            source_keys, source_dur, _ = by_run[source]
             found = find_rows(source_keys, keys[rows])
             added = (dur[rows] - source_dur[found])[found >= 0] / 1e6
             if not len(added):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import find_rows
@@ -192,26 +193,24 @@ def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray,
        op and the op its untraced length; past the last of them (the step's closing sync) it
        keeps its measured distance.
     """
-    from xsp.analysis.reconstruct import _keyed, _sources
-
-    runs, source_of = _sources(store)
+    runs, source_of = level_sources(store)
     deep_index = runs[-1][0]
-    deep, key, parent = _keyed(store, deep_index)
+    deep, key, parent = keyed(store, deep_index)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     end = start + np.asarray(deep.column("dur_ns"), dtype=np.int64)
     source = source_of.get(schema.LEVEL_FRAMEWORK)
     calib = calibration(store, source)
     if source is None:
         return deep_index, start.copy(), end.copy(), calib
-    table, keys, source_parent = _keyed(store, source)
+    table, keys, source_parent = keyed(store, source)
     s_start, s_end = _debiased(table, source_parent, calib)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
     kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
-    owner = _owning_step(np.where(kind == schema.KIND_STEP, -1, parent))
+    owner = _owning_steps(parent, kind)
     found = find_rows(keys, key)
     matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
     source_kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
-    source_owner = _owning_step(np.where(source_kind == schema.KIND_STEP, -1, source_parent))
+    source_owner = _owning_steps(source_parent, source_kind)
     at = np.maximum(found, 0)
     anchor = s_start[source_owner[at]]
     out_start, out_end = start.copy(), end.copy()
@@ -258,7 +257,7 @@ def _debiased(
     def before(t: np.ndarray) -> np.ndarray:
         return cost[np.searchsorted(times, t, side="left")]
 
-    owner = _owning_step(np.where(kind == schema.KIND_STEP, -1, parent))
+    owner = _owning_steps(parent, kind)
     base = before(start[owner])  # what earlier iterations' records cost
     moved_start = start - np.round(before(start) - base).astype(np.int64)
     moved_end = end - np.round(before(end) - base).astype(np.int64)
@@ -273,10 +272,8 @@ def replay(store: MeasurementStore) -> Replay:
 
 
 def _replay(store: MeasurementStore) -> Replay:
-    from xsp.analysis.reconstruct import _keyed
-
     deep_index, warped_start, warped_end, calib = host_timeline(store)
-    deep, _, parent = _keyed(store, deep_index)
+    deep, _, parent = keyed(store, deep_index)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
@@ -285,12 +282,9 @@ def _replay(store: MeasurementStore) -> Replay:
     gpu = level == schema.LEVEL_GPU
     is_sync = (level == schema.LEVEL_LIBRARY) & np.isin(names, list(SYNC_CALLS))
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
-    # a multi-rank iteration's ranks are replayed each as a step of its own
-    layout_parent = parent.copy()
-    layout_parent[steps] = -1
-    base = _sync_base(start, dur, parent, gpu, is_sync)
+    owner = _owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
+    base = _sync_base(start, dur, parent, owner, gpu, is_sync)
     warped_dur = warped_end - warped_start
-    owner = _owning_step(layout_parent)
     device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
     stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
     out_start = start.copy()
@@ -383,16 +377,18 @@ def _replay(store: MeasurementStore) -> Replay:
     )
 
 
-def _owning_step(parent: np.ndarray) -> np.ndarray:
-    """Each row's root (its step, with steps made roots)."""
-    root = np.arange(len(parent))
-    while ((up := parent[root]) >= 0).any():
-        root = np.where(up >= 0, up, root)
-    return root
+def _owning_steps(parent: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Each row's step (a multi-rank iteration's ranks each own theirs)."""
+    return roots(np.where(kind == schema.KIND_STEP, -1, parent))
 
 
 def _sync_base(
-    start: np.ndarray, dur: np.ndarray, parent: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+    start: np.ndarray,
+    dur: np.ndarray,
+    parent: np.ndarray,
+    owner: np.ndarray,
+    gpu: np.ndarray,
+    is_sync: np.ndarray,
 ) -> np.ndarray:
     """What each sync took after the GPU work before it had ended (measured in the deep run):
     the sync's own cost, which the replay keeps while it recomputes the wait."""
@@ -400,7 +396,6 @@ def _sync_base(
     syncs = np.nonzero(is_sync)[0]
     if not len(syncs):
         return base
-    owner = _owning_step(parent)
     act = np.nonzero(gpu)[0]
     act_end = start[act] + dur[act]
     act_owner = owner[act]

@@ -1,0 +1,93 @@
+"""Spans of different level-set runs matched by structure: the keys the reconstruction, the
+replay and the overhead analysis join runs on, and which run measures each level.
+
+A span's structural key hashes its iteration and its path of (name, ordinal among same-named
+siblings by start time) from the root, so repeated identical kernels keep distinct keys, which
+matching by name alone (XSP's original code) merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
+from xsp.tracer.convert.intervals import depths, find_rows
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _name_hashes(names: pa.Array) -> np.ndarray:
+    """A stable 64-bit hash of each row's name (hashed once per distinct name)."""
+    encoded = names.dictionary_encode() if not pa.types.is_dictionary(names.type) else names
+    values = [
+        int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")
+        for v in encoded.dictionary.to_pylist()
+    ]
+    table = np.array(values or [0], dtype=np.uint64)
+    return table[np.asarray(encoded.indices.fill_null(0), dtype=np.int64)]
+
+
+def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(key, parent row) per span: the key hashes the span's iteration and its path of
+    (name, ordinal among same-named siblings by start time) from the root, so repeated
+    identical kernels keep distinct keys. Vectorized: one pass per tree depth."""
+    span_id = np.asarray(table.column("span_id"), dtype=np.uint64).astype(np.int64)
+    parent_id = np.asarray(table.column("parent_span_id"), dtype=np.uint64).astype(np.int64)
+    start = np.asarray(table.column("start_ns"), dtype=np.int64)
+    names = _name_hashes(table.column("name").combine_chunks())
+    parent = find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
+    # ordinal among siblings of the same name, by start time
+    order = np.lexsort((start, names, parent))
+    same = np.zeros(len(order), dtype=bool)
+    if len(order) > 1:
+        same[1:] = (parent[order][1:] == parent[order][:-1]) & (
+            names[order][1:] == names[order][:-1]
+        )
+    run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(order))))
+    ordinal = np.empty(len(order), dtype=np.uint64)
+    ordinal[order] = (np.arange(len(order)) - run_start).astype(np.uint64)
+    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    key = np.zeros(len(order), dtype=np.uint64)
+    depth = depths(parent)
+    with np.errstate(over="ignore"):
+        for level in range(int(depth.max()) + 1 if len(depth) else 0):
+            rows = np.nonzero(depth == level)[0]
+            if level == 0:  # roots: the iteration alone (trace titles name the level set)
+                mixed = (iteration[rows].astype(np.uint64) + np.uint64(1)) * _MULT
+            else:
+                mixed = (key[parent[rows]] ^ names[rows]) * _MULT + ordinal[rows]
+            key[rows] = mixed ^ (mixed >> np.uint64(29))
+    return key, parent
+
+
+def keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """(spans, structural keys, parent rows) of run ``index``, computed once per store."""
+    memo = ("structural_keys", index)
+    if memo not in store.memo:
+        spans = store.run_spans(index)
+        store.memo[memo] = (spans, *structural_keys(spans))
+    return store.memo[memo]
+
+
+def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, int]]:
+    """Runs by depth, and for each level the run that measures it with the fewest levels."""
+    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
+    source_of: dict[str, int] = {}
+    for index, run in runs:
+        for letter in run.levels:
+            if letter in schema.LEVEL_BY_LETTER:  # H (counters) times nothing
+                source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
+    return runs, source_of
+
+
+def roots(parent: np.ndarray) -> np.ndarray:
+    """Each row's root: follow parents up until none is left."""
+    root = np.arange(len(parent))
+    while ((up := parent[root]) >= 0).any():
+        root = np.where(up >= 0, up, root)
+    return root
