@@ -91,15 +91,15 @@ def test_each_span_takes_its_own_levels_timing(measurement: MeasurementStore) ->
             assert parent["start_ns"] <= row["start_ns"]
             assert row["start_ns"] + row["dur_ns"] <= parent["start_ns"] + parent["dur_ns"]
     # Iteration 0 by hand: conv at 1 ms (MF), its kernels from its start, one after the other
-    # (1-3 and 3-3.5 ms); the host's last span ends at 8 ms and the deep run's 4.8 ms after it
-    # close the step at 12.8 ms (MF's uncalibrated 2 ms of F cost stay in).
+    # (1-3 and 3-3.5 ms); the host's last span ends at 8 ms and the F run's 4 ms after it close
+    # the step at 12 ms, MF's own step (its uncalibrated 2 ms of F cost stay in).
     first = [r for r in rows if r["iteration"] == 0]
     conv = next(r for r in first if r["name"] == "conv1")
     assert conv["start_ns"] == 1 * MS
     kernels = sorted((r["start_ns"], r["dur_ns"]) for r in first if r["name"] == "k")
     assert kernels == [(1 * MS, 2 * MS), (3 * MS, int(0.5 * MS))]
     step = next(r for r in first if r["name"] == "step")
-    assert step["dur_ns"] == int(12.8 * MS)
+    assert step["dur_ns"] == 12 * MS
 
 
 def test_the_reconstruction_is_a_trace_of_its_own(measurement: MeasurementStore) -> None:

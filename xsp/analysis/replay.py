@@ -169,7 +169,9 @@ class Replay:
 def calibration(store: MeasurementStore, source: int | None) -> Calibration:
     """The F run's calibration from its run.json, if it recorded one."""
     if source is None:
-        return Calibration(None, None, "no run with level F")
+        return Calibration(
+            None, None, "no run with level F: the host lasts M's step, so only the GPU is checked"
+        )
     run = store.runs[source]
     found = run.meta.get("calibration") or {}
     op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
@@ -201,7 +203,7 @@ def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray,
     source = source_of.get(schema.LEVEL_FRAMEWORK)
     calib = calibration(store, source)
     if source is None:
-        return deep_index, start.copy(), end.copy(), calib
+        return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
     table, keys, source_parent = keyed(store, source)
     s_start, s_end = _debiased(table, source_parent, calib)
     level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
@@ -216,6 +218,12 @@ def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray,
     out_start, out_end = start.copy(), end.copy()
     out_start[matched] = start[owner[matched]] + (s_start[at] - anchor)[matched]
     out_end[matched] = start[owner[matched]] + (s_end[at] - anchor)[matched]
+    steps = np.nonzero(kind == schema.KIND_STEP)[0]
+    in_source = found[steps] >= 0  # the step's end on the F run's debiased timeline
+    at_step = np.maximum(found[steps], 0)
+    out_end[steps] = np.where(
+        in_source, start[steps] + s_end[at_step] - s_start[at_step], end[steps]
+    )
     others = ~matched & (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
     order = np.argsort(owner, kind="stable")
     first = np.searchsorted(owner[order], np.arange(len(owner)))
@@ -224,16 +232,34 @@ def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray,
         members = order[first[step] : last[step]]
         knots = members[matched[members]]
         todo = members[others[members]]
-        if not len(knots):
-            continue
-        x = np.concatenate(([start[step]], start[knots], end[knots]))
-        y = np.concatenate(([start[step]], out_start[knots], out_end[knots]))
+        # placed by interpolation between the matched spans' starts and ends around it
+        x = np.concatenate(([start[step]], start[knots], end[knots], [end[step]]))
+        y = np.concatenate(([start[step]], out_start[knots], out_end[knots], [out_end[step]]))
         by = np.argsort(x, kind="stable")
         x, y = x[by], np.maximum.accumulate(y[by])
-        for times, out in ((start, out_start), (end, out_end)):
-            placed = np.round(np.interp(times[todo], x, y)).astype(np.int64)
-            out[todo] = np.where(times[todo] > x[-1], y[-1] + (times[todo] - x[-1]), placed)
-    return deep_index, out_start, np.maximum(out_end, out_start), calib
+        out_start[todo] = np.round(np.interp(start[todo], x, y)).astype(np.int64)
+        out_end[todo] = np.round(np.interp(end[todo], x, y)).astype(np.int64)
+    # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
+    return deep_index, out_start, np.maximum(out_end, out_start + (end > start)), calib
+
+
+def _host_length_from_m(
+    store: MeasurementStore, deep: pa.Table, deep_index: int, end: np.ndarray
+) -> np.ndarray:
+    """Without an F run nothing measured the host's untraced length: each step's host then
+    lasts M's step of that iteration (M's median where M lacks it), so the check against M
+    only tests the GPU side, as ``Calibration.source`` says."""
+    measured, _ = _measured_steps(store, deep_index)
+    if not measured:
+        return end.copy()
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    median = float(np.median(list(measured.values())))
+    out = end.copy()
+    for row in np.nonzero(kind == schema.KIND_STEP)[0]:
+        out[row] = start[row] + round(measured.get(int(iteration[row]), median) * 1e6)
+    return out
 
 
 def _debiased(
@@ -438,11 +464,11 @@ class _Iteration:
         self.ws = warped_start
         self.wd = warped_dur
         self.step_start = int(measured_start[step])
-        # the step's measured tail after its last host span (the marker's own sync and return)
-        host_end = (
-            int((measured_start[host] + measured_dur[host]).max()) if len(host) else self.step_start
-        )
-        self.tail = max(0, int(measured_start[step] + measured_dur[step]) - host_end)
+        # the step's tail after its last host span (the marker's own sync and return), on the
+        # host timeline
+        host_end = int((warped_start[host] + warped_dur[host]).max()) if len(host) else 0
+        step_end = int(warped_start[step] + warped_dur[step])
+        self.tail = max(0, step_end - max(host_end, self.step_start))
         self.lane = {
             int(a): (int(device[a]), int(stream[a])) for a in self.activities
         }  # (device, stream) of each activity
