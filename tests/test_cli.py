@@ -324,7 +324,7 @@ def test_analyze_json_holds_every_analysis_with_stable_keys() -> None:
     # host keeps F's cost (the MF run's 48 ms step) and the replay says it has none
     replay = rebuilt["replay"]
     assert replay["measured_run"] == "M"
-    assert replay["measured_step_ms"] == pytest.approx(32.756, abs=0.001)
+    assert replay["measured_step_ms"] == pytest.approx(32.762, abs=0.001)
     assert replay["calibration"]["framework_ns_per_record"] is None
     assert replay["unsteady_iterations"] == [0]  # 234 ms against about 51 ms after
     assert replay["checks"] == {

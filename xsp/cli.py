@@ -782,9 +782,7 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
             _ratio(r["overhead_x"], r.get("overhead_verdict")),
         )
     out_console.print(table)
-    if _print_gpu_layers(store):
-        pass
-    elif layers := top_layers(store).to_pylist():
+    if not _print_gpu_layers(store) and (layers := top_layers(store).to_pylist()):
         lt = Table(
             title="slowest layers (forward host time, shallowest run with F; no G run for GPU time)",
             title_justify="left",

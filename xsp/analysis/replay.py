@@ -137,6 +137,7 @@ class Replay:
     dur_ns: np.ndarray
     calibration: Calibration
     measured_run: str | None  # the run whose step the replay is checked against (M)
+    measured_step_ms: float | None  # its median over its steady steps
     steps: pa.Table  # iteration, replayed_ms, measured_ms, deep_ms, error_pct, steady
     path: pa.Table  # iteration, cause, row, dur_ns
     checks: dict[str, int] = field(default_factory=dict)
@@ -146,11 +147,7 @@ class Replay:
         rows = self.steps.to_pylist()
         kept = [r for r in rows if r["steady"]]
         replayed = float(np.median([r["replayed_ms"] for r in kept])) if kept else None
-        measured = (
-            float(np.median([r["measured_ms"] for r in kept if r["measured_ms"] is not None]))
-            if any(r["measured_ms"] is not None for r in kept)
-            else None
-        )
+        measured = self.measured_step_ms
         error = (
             100.0 * (replayed - measured) / measured if replayed is not None and measured else None
         )
@@ -344,31 +341,26 @@ def _replay(store: MeasurementStore) -> Replay:
         segments.extend(sim.critical_path())
     iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
     measured, measured_run = _measured_steps(store, deep_index)
+    # against M's median: the iterations of different processes do not pair up
+    measured_ms = float(np.median(list(measured.values()))) if measured else None
     replayed_ms = out_dur[steps] / 1e6
     deep_ms = dur[steps] / 1e6
     keep = steady(deep_ms) & steady(replayed_ms)
     for position, step in enumerate(steps):
         it = int(iteration[step])
-        m = measured.get(it)
+        replayed = float(replayed_ms[position])
         step_rows.append(
             {
                 "iteration": it,
-                "replayed_ms": float(replayed_ms[position]),
-                "measured_ms": m,
+                "replayed_ms": replayed,
+                "measured_ms": measured.get(it),
                 "deep_ms": float(deep_ms[position]),
-                "error_pct": 100.0 * (replayed_ms[position] - m) / m if m else None,
+                "error_pct": 100.0 * (replayed - measured_ms) / measured_ms
+                if measured_ms
+                else None,
                 "steady": bool(keep[position]),
             }
         )
-    measured_median = (
-        float(np.median([r["measured_ms"] for r in step_rows if r["measured_ms"] is not None]))
-        if measured
-        else None
-    )
-    for row in step_rows:  # against M's median: iterations of different runs do not pair up
-        if measured_median is not None:
-            replayed = float(row["replayed_ms"] or 0.0)
-            row["error_pct"] = 100.0 * (replayed - measured_median) / measured_median
     path = pa.table(
         {
             "iteration": pa.array([iteration[s[2]] for s in segments], pa.int64()),
@@ -385,6 +377,7 @@ def _replay(store: MeasurementStore) -> Replay:
         out_dur,
         calib,
         measured_run,
+        measured_ms,
         pa.Table.from_pylist(
             step_rows,
             schema=pa.schema(
