@@ -175,7 +175,9 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
     if op is None:
         return Calibration(None, None, f"the {run.levels} run recorded no calibration")
     return Calibration(
-        float(op), float(module or 0.0), f"measured in the {run.levels} run's process"
+        float(op),
+        float(op if module is None else module),
+        f"measured in the {run.levels} run's process",
     )
 
 

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from xsp.tracer import config
 from xsp.tracer.convert.arena import ARENA_FILE, ArenaContents, read_arena
 
@@ -49,6 +51,13 @@ class CaptureArena:
             self._contents = read_arena(self.path)
             self._contents.counts.update(counts)
         return self._contents
+
+    def records_written(self, kinds: tuple[int, ...]) -> int:
+        """How many complete records of ``kinds`` the arena holds so far (the calibration's
+        count; a read of the file, which recording goes on writing)."""
+        if not self._open:
+            return 0
+        return int(np.isin(read_arena(self.path).records["kind"], kinds).sum())
 
     def close(self) -> None:
         if self._open:
