@@ -5,6 +5,7 @@ Analysis reading it as it reads a torch.profiler trace."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 from collections import Counter
@@ -105,7 +106,7 @@ def test_no_complete_events_overlap_on_a_gpu_track(document: dict[str, Any]) -> 
             tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
     for events in tracks.values():
         events.sort()
-        assert all(end <= start for (_, end), (start, _) in zip(events, events[1:], strict=False))
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(events))
     assert len(tracks[(0, 7 + OVERLAP_TID_STRIDE)]) == 572
     assert sum(len(v) for v in tracks.values()) == 15_820
 
