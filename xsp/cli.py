@@ -545,9 +545,7 @@ def _replay_summary(store: Any) -> dict[str, Any] | None:
 
 
 def _print_replay(store: Any) -> None:
-    """One line each: the replayed step against M's, and what bounds it."""
-    from xsp.analysis import critical_path
-
+    """One line: the replayed step against M's (the summary above says what bounds it)."""
     found = _replay_summary(store)
     if found is None or found["step_ms"] is None:
         return
@@ -563,8 +561,6 @@ def _print_replay(store: Any) -> None:
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
         highlight=False,
     )
-    if critical_path.has_gpu(store):
-        console.print(critical_path.verdict(store), highlight=False)
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
@@ -586,6 +582,21 @@ def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
     console.print(f"stored the reconstruction in {out}", highlight=False)
 
 
+def _fits(view: Any, ellipses: int) -> bool:
+    """True when ``view`` renders at the terminal's width with no cell cut short and no line
+    cropped (rich would otherwise cut cells with "…" or crop the table's right side)."""
+    import io
+
+    from rich.console import Console
+
+    probe = Console(file=io.StringIO(), width=out_console.width, color_system=None)
+    probe.print(view)
+    rendered = probe.file.getvalue()  # type: ignore[attr-defined]
+    # a cropped table loses its right border: its top edge no longer ends in a corner
+    top = next((line for line in rendered.splitlines() if line.startswith("┏")), "┓")
+    return top.endswith("┓") and rendered.count("…") <= ellipses
+
+
 def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
     """A table that reads at 80 columns: headers as words with units, numbers whole and never
     wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
@@ -595,15 +606,17 @@ def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
     records = table.slice(0, rows).to_pylist()
     cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
     view = Table(title=title, title_justify="left", caption_justify="left")
-    needed = 1
     for name in table.column_names:
         numeric = any(isinstance(r[name], (int, float)) for r in records)
         longest = max((len(c[name]) for c in cells), default=1)
+        # numbers never wrap; text narrower than 14 columns wraps into too many lines to read
         width = longest if numeric else min(longest, 14)
-        # text narrower than 24 columns wraps into too many lines to read
-        wanted = width if numeric else min(longest, 24)
-        needed += 3 + max(wanted, *(len(word) for word in header(name).split()))
-        view.add_column(header(name), justify="right" if numeric else "left", min_width=width)
+        view.add_column(
+            header(name),
+            justify="right" if numeric else "left",
+            min_width=width,
+            overflow="ellipsis" if numeric else "fold",  # a long name wraps, whole
+        )
     for row in cells:
         view.add_row(*row.values())
     captions = []
@@ -612,7 +625,7 @@ def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
     if note:
         captions.append(note)
     caption = "; ".join(captions)
-    if needed <= out_console.width:
+    if _fits(view, sum(c.count("…") for row in cells for c in row.values())):
         view.caption = caption or None
         out_console.print(view)
         return
