@@ -86,12 +86,62 @@ def _step_source(store: MeasurementStore) -> str:
     return f"the {shallowest} run's traced step (no M run: shares are of a slower step)"
 
 
-def _replay_sections(store: MeasurementStore) -> list[Section]:
-    """Where the replayed step goes, and layers by GPU time: with level G, single-rank."""
+def _replayed(store: MeasurementStore) -> bool:
+    """True where the layer views read the replay: a run with G, one rank."""
     from xsp.analysis import critical_path, distributed
+
+    return critical_path.has_gpu(store) and not distributed.is_multi_rank(store)
+
+
+def _layer_types(store: MeasurementStore) -> Section:
+    """A5: by GPU time (forward + backward) on the replay; without G, by forward host time."""
+    from xsp.analysis import critical_path, layers
     from xsp.analysis.charts import bar
 
-    if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
+    if _replayed(store):
+        return Section(
+            "layer_types",
+            "Layer types (A5)",
+            critical_path.layer_types(store),
+            "GPU time of each type's layers, forward + backward, per steady iteration",
+            chart=lambda t: bar(t, "layer_type", "gpu_ms_per_iteration", "GPU time by layer type"),
+        )
+    return Section(
+        "layer_types",
+        "Layer types (A5)",
+        layers.layer_types(store),
+        "forward host time in the shallowest run with F (no run with G for GPU time)",
+        chart=lambda t: bar(t, "module_type", "latency_ms_per_iteration", "Time by layer type"),
+    )
+
+
+def _gpu_time_per_layer(store: MeasurementStore) -> Section:
+    """A13: on the replay, each layer's critical-path time split into GPU and non-GPU."""
+    from xsp.analysis import critical_path, kernels
+
+    if _replayed(store):
+        return Section(
+            "gpu_time_per_layer",
+            "GPU and non-GPU time per layer (A13)",
+            critical_path.layer_split(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} layers with the most time on the replayed step's critical path: "
+            "gpu_ms is its kernels', non_gpu_ms its host work, launches and syncs "
+            "(asynchronous GPU work makes 'host minus GPU latency' meaningless)",
+        )
+    return Section(
+        "gpu_time_per_layer",
+        "GPU and non-GPU time per layer (A13)",
+        kernels.gpu_time_per_layer(store, limit=TOP_LAYERS),
+        f"the {TOP_LAYERS} slowest leaf layers",
+    )
+
+
+def _replay_sections(store: MeasurementStore) -> list[Section]:
+    """Where the replayed step goes, and layers by GPU time: with level G, single-rank."""
+    from xsp.analysis import critical_path
+    from xsp.analysis.charts import bar
+
+    if not _replayed(store):
         return []
     return [
         Section(
@@ -141,12 +191,7 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             "GPU monitor: SM active and occupancy against NVML's utilization",
             monitor_summary(store),
         ),
-        Section(
-            "layer_types",
-            "Layer types (A5)",
-            layers.layer_types(store),
-            chart=lambda t: bar(t, "module_type", "latency_ms_per_iteration", "Time by layer type"),
-        ),
+        _layer_types(store),
         Section("layer_info", "Layer info (A2)", layers.layer_info(store)),
         Section(
             "layer_latency",
@@ -173,12 +218,7 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             kernels.kernels_by_layer(store, limit=TOP_LAYERS),
             f"the {TOP_LAYERS} layers with the most kernel time",
         ),
-        Section(
-            "gpu_time_per_layer",
-            "GPU and non-GPU time per layer (A13)",
-            kernels.gpu_time_per_layer(store, limit=TOP_LAYERS),
-            f"the {TOP_LAYERS} slowest leaf layers",
-        ),
+        _gpu_time_per_layer(store),
         Section(
             "temporal_breakdown",
             "GPU busy and idle per iteration (HTA temporal breakdown)",

@@ -10,15 +10,12 @@ host work and launches where the host did.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
 
 
 def has_gpu(store: MeasurementStore) -> bool:
@@ -62,57 +59,129 @@ def verdict(store: MeasurementStore) -> str:
     return f"{VERDICTS[causes[0]['cause']]}: {shares} of the step's critical path"
 
 
-def layers(store: MeasurementStore, limit: int = 20) -> pa.Table:
-    """Layers by GPU time: layer, forward_gpu_ms, backward_gpu_ms, other_gpu_ms, gpu_ms,
-    critical_path_ms, share_pct (GPU time of the replayed step), per steady iteration."""
+def layer_times(store: MeasurementStore) -> pa.Table:
+    """Every layer's times per steady iteration, largest GPU time first: layer, layer_type,
+    forward_gpu_ms, backward_gpu_ms, other_gpu_ms, gpu_ms, critical_path_ms (of which
+    path_gpu_ms on its kernels and path_host_ms on its host work, launches and syncs), share_pct
+    (its GPU time against the replayed step). Computed once per store."""
+    if "layer_times" in store.memo:
+        return store.memo["layer_times"]
     result = replay(store)
     spans = result.spans
-    kept = _steady_iterations(result)
-    n = max(len(kept), 1)
-    iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
-    level = np.asarray(spans.column("level").cast(pa.string()).fill_null(""), dtype=object)
-    path_of = np.asarray(spans.column("module_path").cast(pa.string()).fill_null(""), dtype=object)
-    phase = np.asarray(spans.column("phase").cast(pa.string()).fill_null(""), dtype=object)
-    gpu = (level == schema.LEVEL_GPU) & np.isin(iteration, kept) & (path_of != "")
-    dur = result.dur_ns.astype(np.float64)
-    table: dict[str, dict[str, float]] = {}
-    for name, ph, d in zip(path_of[gpu], phase[gpu], dur[gpu], strict=True):
-        row = table.setdefault(name, {"forward": 0.0, "backward": 0.0, "other": 0.0, "path": 0.0})
-        row[ph if ph in ("forward", "backward") else "other"] += d
-    path = result.path
-    charged = np.asarray(path.column("row"), dtype=np.int64)
-    on_path = np.isin(np.asarray(path.column("iteration"), dtype=np.int64), kept)
-    for row, d in zip(charged[on_path], np.asarray(path.column("dur_ns"))[on_path], strict=True):
-        name = path_of[row]
-        if name and name in table:
-            table[name]["path"] += float(d)
-    step_ms = result.summary()["step_ms"] or 0.0
-    rows: list[dict[str, Any]] = []
-    for name, values in table.items():
-        gpu_ms = (values["forward"] + values["backward"] + values["other"]) / n / 1e6
-        rows.append(
+    kept = pa.array(_steady_iterations(result), pa.int64())
+    layer = spans.column("module_path").cast(pa.string())
+    store.con.register(
+        "replay_spans",
+        pa.table(
             {
-                "layer": name,
-                "forward_gpu_ms": values["forward"] / n / 1e6,
-                "backward_gpu_ms": values["backward"] / n / 1e6,
-                "other_gpu_ms": values["other"] / n / 1e6,
-                "gpu_ms": gpu_ms,
-                "critical_path_ms": values["path"] / n / 1e6,
-                "share_pct": 100.0 * gpu_ms / step_ms if step_ms else 0.0,
+                "iteration": spans.column("iteration").cast(pa.int64()),
+                "level": spans.column("level").cast(pa.string()),
+                "kind": spans.column("kind").cast(pa.string()),
+                "phase": spans.column("phase").cast(pa.string()),
+                "layer": layer,
+                "layer_type": spans.column("module_type").cast(pa.string()),
+                "dur_ns": pa.array(result.dur_ns, pa.int64()),
             }
-        )
-    rows.sort(key=lambda r: -float(r["gpu_ms"]))
-    return pa.Table.from_pylist(
-        rows[:limit],
-        schema=pa.schema(
-            [
-                ("layer", pa.string()),
-                ("forward_gpu_ms", pa.float64()),
-                ("backward_gpu_ms", pa.float64()),
-                ("other_gpu_ms", pa.float64()),
-                ("gpu_ms", pa.float64()),
-                ("critical_path_ms", pa.float64()),
-                ("share_pct", pa.float64()),
-            ]
         ),
+    )
+    path = result.path
+    store.con.register("replay_path", path.append_column("layer", layer.take(path.column("row"))))
+    store.con.register("replay_kept", pa.table({"iteration": kept}))
+    times = store.sql(
+        """
+        WITH n AS (SELECT greatest(count(*), 1) AS it FROM replay_kept),
+        step AS (SELECT median(dur_ns) / 1e6 AS ms FROM replay_spans
+                 WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)),
+        types AS (SELECT layer, any_value(layer_type) AS layer_type FROM replay_spans
+                  WHERE kind = 'module' GROUP BY layer),
+        gpu AS (
+            SELECT layer,
+                   sum(dur_ns) FILTER (WHERE phase = 'forward') AS fwd,
+                   sum(dur_ns) FILTER (WHERE phase = 'backward') AS bwd,
+                   sum(dur_ns) FILTER (WHERE phase IS NULL OR phase NOT IN ('forward', 'backward'))
+                       AS other
+            FROM replay_spans
+            WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+            GROUP BY layer
+        ),
+        on_path AS (
+            SELECT layer, sum(dur_ns) AS total,
+                   sum(dur_ns) FILTER (WHERE cause = 'gpu compute') AS on_gpu
+            FROM replay_path
+            WHERE layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+            GROUP BY layer
+        )
+        SELECT gpu.layer, types.layer_type,
+               coalesce(fwd, 0) / n.it / 1e6 AS forward_gpu_ms,
+               coalesce(bwd, 0) / n.it / 1e6 AS backward_gpu_ms,
+               coalesce(other, 0) / n.it / 1e6 AS other_gpu_ms,
+               (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6 AS gpu_ms,
+               coalesce(total, 0) / n.it / 1e6 AS critical_path_ms,
+               coalesce(on_gpu, 0) / n.it / 1e6 AS path_gpu_ms,
+               (coalesce(total, 0) - coalesce(on_gpu, 0)) / n.it / 1e6 AS path_host_ms,
+               100.0 * (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6
+                   / nullif(step.ms, 0) AS share_pct
+        FROM gpu LEFT JOIN on_path USING (layer) LEFT JOIN types USING (layer), n, step
+        ORDER BY gpu_ms DESC, gpu.layer
+        """
+    )
+    store.con.register("replay_layer_times", times)
+    store.memo["layer_times"] = times
+    return times
+
+
+def layers(store: MeasurementStore, limit: int = 20) -> pa.Table:
+    """Layers by GPU time (``layer_times``): layer, forward_gpu_ms, backward_gpu_ms, gpu_ms
+    (every phase's), critical_path_ms, share_pct."""
+    return (
+        layer_times(store)
+        .select(
+            [
+                "layer",
+                "forward_gpu_ms",
+                "backward_gpu_ms",
+                "gpu_ms",
+                "critical_path_ms",
+                "share_pct",
+            ]
+        )
+        .slice(0, limit)
+    )
+
+
+def layer_split(store: MeasurementStore, limit: int = 20) -> pa.Table:
+    """A13 on the replay: each layer's time on the step's critical path and how much of it was
+    its kernels (GPU) or its host work, launches and syncs (non-GPU), with its GPU time (forward +
+    backward) beside: layer, layer_type, critical_path_ms, gpu_ms (on the path), non_gpu_ms,
+    gpu_pct, gpu_total_ms. GPU work runs asynchronously, so "host latency minus GPU latency"
+    (XSP's A13 for synchronous execution) says nothing here; the critical path does."""
+    times = layer_times(store)
+    return (
+        store.sql(
+            """
+        SELECT layer, layer_type, critical_path_ms, path_gpu_ms AS gpu_ms,
+               path_host_ms AS non_gpu_ms,
+               100.0 * path_gpu_ms / nullif(critical_path_ms, 0) AS gpu_pct,
+               gpu_ms AS gpu_total_ms
+        FROM replay_layer_times ORDER BY critical_path_ms DESC, layer LIMIT ?
+        """,
+            [limit],
+        )
+        if times.num_rows
+        else times
+    )
+
+
+def layer_types(store: MeasurementStore) -> pa.Table:
+    """A5 on the replay: layer types by GPU time (forward + backward): layer_type, layers,
+    gpu_ms_per_iteration, critical_path_ms_per_iteration, share_pct (of all layers' GPU time)."""
+    layer_times(store)  # registers replay_layer_times
+    return store.sql(
+        """
+        SELECT coalesce(layer_type, '?') AS layer_type, count(*) AS layers,
+               sum(gpu_ms) AS gpu_ms_per_iteration,
+               sum(critical_path_ms) AS critical_path_ms_per_iteration,
+               100.0 * sum(gpu_ms) / (SELECT sum(gpu_ms) FROM replay_layer_times) AS share_pct
+        FROM replay_layer_times GROUP BY ALL ORDER BY gpu_ms_per_iteration DESC
+        """
     )
