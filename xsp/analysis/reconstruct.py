@@ -88,6 +88,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
     else:  # the replay's timeline: causal by construction (xsp.analysis.replay)
         replayed = replay(store)
         new_start, new_dur = replayed.start_ns, replayed.dur_ns
+        spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
     spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
@@ -103,6 +104,24 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         }
     )
     return spans, miss, report
+
+
+def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array:
+    """On each module span: the GPU time of its layer's activities in its iteration, forward
+    and backward (activities carry their layer's path); null elsewhere."""
+    path = np.asarray(spans.column("module_path").cast(pa.string()).fill_null(""), dtype=object)
+    iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
+    dur = np.asarray(spans.column("dur_ns"), dtype=np.int64)
+    totals: dict[tuple[int, str], int] = {}
+    for it, name, d in zip(iteration[gpu], path[gpu], dur[gpu], strict=True):
+        if name:
+            totals[(it, name)] = totals.get((it, name), 0) + int(d)
+    module = kind == schema.KIND_MODULE
+    values = [
+        totals.get((int(it), name), 0) if is_module else None
+        for it, name, is_module in zip(iteration, path, module, strict=True)
+    ]
+    return pa.array(values, pa.int64())
 
 
 def _ranks_where_measured(

@@ -55,6 +55,7 @@ class Flame:
     names: list[str]  # full names, for hover
     values_ns: list[int]
     levels: list[str]  # a level, or "phase" for a phase box
+    layer_gpu_ns: list[int]  # a layer box's GPU time, forward + backward (-1: none)
     left_out: int  # spans below the duration threshold
     threshold_ns: int
 
@@ -75,7 +76,7 @@ def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
     rows = {c: np.asarray(one.column(c).fill_null(0)) for c in columns}
     for c in ("name", "level", "kind", "phase"):
         rows[c] = np.asarray(one.column(c).cast(pa.string()).fill_null(""), dtype=object)
-    for c in ("thread_id", "gpu_device", "gpu_stream", "rank"):
+    for c in ("thread_id", "gpu_device", "gpu_stream", "rank", "layer_gpu_ns"):
         rows[c] = np.asarray(one.column(c).fill_null(-1), dtype=np.int64)
     return rows
 
@@ -101,9 +102,12 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
     for row in keep.tolist():
         up = int(rows["parent_span_id"][row])
         (children.setdefault(up, []) if up in present else roots).append(row)
-    out = Flame(iteration, [], [], [], [], [], [], left_out, threshold)
+    out = Flame(iteration, [], [], [], [], [], [], [], left_out, threshold)
 
-    def add(box: str, parent: str, label: str, name: str, value: int, level: str) -> None:
+    def add(
+        box: str, parent: str, label: str, name: str, value: int, level: str, gpu: int = -1
+    ) -> None:
+        out.layer_gpu_ns.append(gpu)
         out.ids.append(box)
         out.parents.append(parent)
         out.labels.append(label)
@@ -118,7 +122,8 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
         if not rows["parent_span_id"][i]:  # the root: "step 3", or "iteration 3" above ranks
             root = "iteration" if rows["kind"][i] == schema.KIND_ITERATION else "step"
             label = f"{root} {iteration}"
-        add(box, parent, short_label(label), name, int(rows["dur_ns"][i]), str(rows["level"][i]))
+        level, gpu = str(rows["level"][i]), int(rows["layer_gpu_ns"][i])
+        add(box, parent, short_label(label), name, int(rows["dur_ns"][i]), level, gpu)
         kids = children.get(int(rows["span_id"][i]), [])
         phases = {rows["phase"][k] for k in kids}
         for run in _phase_runs(kids, rows["phase"]) if len(phases) > 1 else [kids]:
@@ -160,7 +165,10 @@ def flame_figure(spans: pa.Table) -> Any:
     colours = [LEVEL_COLOURS.get(level, PHASE_COLOUR) for level in boxes.levels]
     hover = [
         f"{name}<br>{value / 1e6:.3f} ms · {level}"
-        for name, value, level in zip(boxes.names, boxes.values_ns, boxes.levels, strict=True)
+        + (f"<br>layer GPU time (forward + backward): {gpu / 1e6:.3f} ms" if gpu >= 0 else "")
+        for name, value, level, gpu in zip(
+            boxes.names, boxes.values_ns, boxes.levels, boxes.layer_gpu_ns, strict=True
+        )
     ]
     figure = go.Figure(
         go.Icicle(

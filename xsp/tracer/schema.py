@@ -97,6 +97,9 @@ ATTR_DATA_WORKERS: Final = "xsp.data.workers"
 ATTR_DATA_MEMORY: Final = "xsp.data.memory"
 ATTR_COLLECTIVE: Final = "xsp.collective.name"
 ATTR_COLLECTIVE_BYTES: Final = "xsp.collective.bytes"
+#: On a reconstruction's layer (module) spans: the GPU time of the layer's kernels in the
+#: iteration, forward and backward (every call of the layer), from the G run
+ATTR_LAYER_GPU_NS: Final = "xsp.layer.gpu_ns"
 
 # Resource attribute keys.
 RES_SERVICE_NAME: Final = "service.name"
@@ -206,6 +209,7 @@ COLUMNS: Final[tuple[Column, ...]] = (
     # collectives: the operation ("allreduce", "broadcast") and the bytes of its tensors
     Column("collective", _DICT, ATTR_COLLECTIVE),
     Column("collective_bytes", pa.int64(), ATTR_COLLECTIVE_BYTES),
+    Column("layer_gpu_ns", pa.int64(), ATTR_LAYER_GPU_NS),  # reconstructed layer spans only
     # GPU monitor summaries, on model spans only (means over the iteration).
     *(Column(f"gpu_{name}", pa.float64(), f"xsp.gpu.{name}") for name in MONITOR_SUMMARIES),
     # Hardware counters, on reconstructed kernel spans only (see COUNTER_SUMMARIES).
