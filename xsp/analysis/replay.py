@@ -33,7 +33,7 @@ run that measures it:
 
 from __future__ import annotations
 
-import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ import pyarrow as pa
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-from xsp.tracer.convert.intervals import find_rows
+from xsp.tracer.convert.intervals import depths, find_rows, inherit, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync is taken to wait for every stream, as
@@ -296,7 +296,56 @@ def replay(store: MeasurementStore) -> Replay:
     return store.memo["replay"]
 
 
-def _replay(store: MeasurementStore) -> Replay:
+@dataclass(frozen=True)
+class WhatIf:
+    """An edit of the replay's graph (step 5): what a fix would change, replayed.
+
+    ``model`` says what the edit assumes, in words; ``drop_activities`` picks GPU activities
+    that take no time, ``drop_host`` host spans whose time leaves the host timeline (what runs
+    after them moves earlier), both from the deep run's spans; ``launch_at_step_start`` launches
+    every activity at the step's start (one CUDA graph for the whole step)."""
+
+    model: str
+    drop_activities: Callable[[pa.Table], np.ndarray] | None = None
+    drop_host: Callable[[pa.Table], np.ndarray] | None = None
+    launch_at_step_start: bool = False
+
+
+def what_if(store: MeasurementStore, edit: WhatIf) -> float | None:
+    """The replayed step (median of the steady iterations, ms) with ``edit`` applied; once per
+    store and edit. The gain of a fix is ``replay(store).summary()["step_ms"]`` minus this."""
+    memo = ("what_if", edit)
+    if memo not in store.memo:
+        result = _replay(store, edit)
+        steps = result.steps
+        kept = np.asarray(steps.column("steady"), dtype=bool)
+        replayed = np.asarray(steps.column("replayed_ms"), dtype=np.float64)[kept]
+        store.memo[memo] = float(np.median(replayed)) if len(replayed) else None
+    return store.memo[memo]
+
+
+def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> np.ndarray:
+    """``times`` with the union of the [cut_start, cut_end) intervals taken out of the clock:
+    a time moves back by the cut time before it (a time inside a cut lands on its start)."""
+    if not len(cut_start):
+        return times
+    order = np.argsort(cut_start, kind="stable")
+    begin, end = cut_start[order], np.maximum.accumulate(cut_end[order])
+    fresh = np.ones(len(begin), dtype=bool)
+    fresh[1:] = begin[1:] > end[:-1]
+    group = np.cumsum(fresh) - 1
+    merged_begin = begin[fresh]
+    merged_end = np.zeros(len(merged_begin), dtype=np.int64)
+    np.maximum.at(merged_end, group, end)
+    before = np.concatenate(([0], np.cumsum(merged_end - merged_begin)))
+    i = np.searchsorted(merged_begin, times, side="right") - 1
+    inside = np.clip(
+        times - merged_begin[np.maximum(i, 0)], 0, (merged_end - merged_begin)[np.maximum(i, 0)]
+    )
+    return times - np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+
+
+def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     deep_index, warped_start, warped_end, calib = host_timeline(store)
     deep, _, parent = keyed(store, deep_index)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
@@ -309,12 +358,22 @@ def _replay(store: MeasurementStore) -> Replay:
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = _owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
+    causes = _causes(parent, kind, gpu, is_sync)
+    gpu_dur = dur.copy()
+    if edit is not None and edit.drop_activities is not None:
+        gpu_dur[gpu & edit.drop_activities(deep)] = 0
+    if edit is not None and edit.drop_host is not None:
+        cut = np.nonzero(~gpu & edit.drop_host(deep))[0]  # a step's own: its untraced gaps too
+        cut_start, cut_end = warped_start[cut], warped_end[cut]
+        warped_start = _without(warped_start, cut_start, cut_end)
+        warped_end = _without(warped_end, cut_start, cut_end)
     warped_dur = warped_end - warped_start
     device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
     stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
     out_start = start.copy()
     out_dur = dur.copy()
-    segments: list[tuple[int, str, int, int]] = []
+    charged_rows: list[np.ndarray] = []
+    charged_ns: list[np.ndarray] = []
     step_rows = []
     order = np.argsort(owner, kind="stable")
     bounds = np.searchsorted(owner[order], steps)
@@ -327,7 +386,7 @@ def _replay(store: MeasurementStore) -> Replay:
             parent,
             warped_start,
             warped_dur,
-            dur,
+            gpu_dur,
             start,
             gpu,
             is_sync,
@@ -335,12 +394,16 @@ def _replay(store: MeasurementStore) -> Replay:
             kind,
             device,
             stream,
+            causes,
         )
-        sim.run()
+        sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
         out_start[members] = sim.start
         out_dur[members] = sim.dur
         out_start[step], out_dur[step] = sim.step_start, sim.step_end - sim.step_start
-        segments.extend(sim.critical_path())
+        if edit is None:  # a what-if needs only its step
+            path_rows, path_ns = sim.critical_path()
+            charged_rows.append(path_rows)
+            charged_ns.append(path_ns)
     iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
     measured, measured_run = _measured_steps(store, deep_index)
     # against M's median: the iterations of different processes do not pair up
@@ -363,12 +426,15 @@ def _replay(store: MeasurementStore) -> Replay:
                 "steady": bool(keep[position]),
             }
         )
+    path_rows = np.concatenate(charged_rows) if charged_rows else np.zeros(0, np.int64)
     path = pa.table(
         {
-            "iteration": pa.array([iteration[s[2]] for s in segments], pa.int64()),
-            "cause": pa.array([s[1] for s in segments], pa.string()),
-            "row": pa.array([s[2] for s in segments], pa.int64()),
-            "dur_ns": pa.array([s[3] for s in segments], pa.int64()),
+            "iteration": pa.array(iteration[path_rows], pa.int64()),
+            "cause": pa.array(causes[path_rows].tolist(), pa.string()),
+            "row": pa.array(path_rows, pa.int64()),
+            "dur_ns": pa.array(
+                np.concatenate(charged_ns) if charged_ns else np.zeros(0, np.int64), pa.int64()
+            ),
         }
     )
     checks = _checks(out_start, out_dur, parent, gpu, steps, owner, device, stream)
@@ -396,6 +462,27 @@ def _replay(store: MeasurementStore) -> Replay:
         path,
         checks,
     )
+
+
+def _causes(
+    parent: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+) -> np.ndarray:
+    """The cause each span's time is charged to on the critical path (step 4); a step's own
+    (untraced gaps between its spans) is host work."""
+    causes = np.full(len(kind), CAUSE_HOST, dtype=object)
+    depth = depths(parent)
+    for marked, cause in (
+        (kind == schema.KIND_COLLECTIVE, CAUSE_COMMUNICATION),
+        (kind == schema.KIND_DATA_LOADING, CAUSE_DATA),
+    ):  # a span inside a collective's or a batch's range is its time
+        inside = inherit(np.where(marked, 1, -1), parent, depth) > 0
+        causes[inside] = cause
+    launcher = np.zeros(len(kind), dtype=bool)
+    launcher[parent[gpu & (parent >= 0)]] = True
+    causes[launcher & np.isin(kind, (schema.KIND_RUNTIME, schema.KIND_DRIVER))] = CAUSE_LAUNCH
+    causes[is_sync] = CAUSE_SYNC
+    causes[gpu] = CAUSE_GPU
+    return causes
 
 
 def _owning_steps(parent: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -446,8 +533,10 @@ class _Iteration:
         kind: np.ndarray,
         device: np.ndarray,
         stream: np.ndarray,
+        causes: np.ndarray,
     ) -> None:
         self.sync_base = sync_base
+        self.causes = causes
         self.step = int(step)
         self.members = members
         self.parent = parent
@@ -473,7 +562,7 @@ class _Iteration:
         self.measured_dur = measured_dur
 
     # -- step 3 --------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, launch_at_step_start: bool = False) -> None:
         ws, wd, parent = self.ws, self.wd, self.parent
         syncs = [int(r) for r in self.host if self.is_sync[r]]
         sync_start = [int(ws[r]) for r in syncs]
@@ -484,6 +573,8 @@ class _Iteration:
         call = np.isin(self.kind[launcher], (schema.KIND_RUNTIME, schema.KIND_DRIVER))
         at_end = call & ~self.is_sync[launcher]
         launch = np.where(at_end, ws[launcher] + wd[launcher], ws[launcher]).astype(np.int64)
+        if launch_at_step_start:
+            launch = np.full(len(acts), self.step_start, dtype=np.int64)
         order = np.argsort(launch, kind="stable")
         acts, launch, launcher = acts[order], launch[order], launcher[order]
         self.act_rows = acts
@@ -558,118 +649,79 @@ class _Iteration:
         return (times + added).astype(np.int64)
 
     # -- step 4 --------------------------------------------------------------------------------
-    def critical_path(self) -> list[tuple[int, str, int, int]]:
-        """(step row, cause, charged row, ns) segments, walked back from the step's end."""
-        segments = self._host_segments()
-        seg_end = [s[1] for s in segments]
-        out: list[tuple[int, str, int, int]] = []
+    def critical_path(self) -> tuple[np.ndarray, np.ndarray]:
+        """(charged rows, ns) of the step's critical path, walked back from its end. The host's
+        stretches between waited syncs are charged piece by piece in one slice each."""
+        p_begin, p_end, p_row = self._host_pieces()
+        waited = np.nonzero(np.isin(p_row, list(self.sync_wait)))[0]
+        rows: list[np.ndarray] = []
+        durs: list[np.ndarray] = []
+
+        def charge(row: int, ns: int) -> None:
+            if ns > 0:
+                rows.append(np.array([row]))
+                durs.append(np.array([ns]))
+
         t = self.step_end
         act = -1
         if len(self.act_rows) and self.gpu_end >= self.host_end + self.tail:
             act = int(np.argmax(self.act_end))
-            if t > self.gpu_end:
-                out.append((self.step, CAUSE_SYNC, self.step, t - self.gpu_end))
+            charge(self.step, t - self.gpu_end)  # the closing sync's return
             t = self.gpu_end
-        elif self.tail:
-            out.append((self.step, CAUSE_SYNC, self.step, self.tail))
+        else:
+            charge(self.step, min(self.tail, t - self.step_start))
             t -= self.tail
-        guard = 0
-        while t > self.step_start and guard < 10 * (len(segments) + len(self.act_rows) + 10):
-            guard += 1
+        while t > self.step_start:
             if act >= 0:
                 begin = int(self.act_start[act])
-                out.append((self.step, CAUSE_GPU, int(self.act_rows[act]), t - begin))
+                charge(int(self.act_rows[act]), t - begin)
                 t = begin
                 prev = int(self.act_prev[act])
-                if prev >= 0 and int(self.act_end[prev]) >= begin:
-                    act = prev
-                    continue
-                act = -1  # waited for its launch: the path goes to the host there
+                # stream-bound: the one before held it; else it waited for its launch (host)
+                act = prev if prev >= 0 and int(self.act_end[prev]) >= begin else -1
                 continue
-            i = bisect.bisect_left(seg_end, t)
-            if i >= len(segments):
-                i = len(segments) - 1
-            if i < 0 or not segments:
-                out.append((self.step, CAUSE_HOST, self.step, t - self.step_start))
+            if not len(p_begin) or t <= p_begin[0]:
+                charge(self.step, t - self.step_start)  # before the host's first span
                 break
-            s_begin, s_end, row = segments[i]
-            if s_begin >= t:  # before the first host segment: the step's own lead-in
-                if i == 0:
-                    out.append((self.step, CAUSE_HOST, self.step, t - self.step_start))
-                    break
-                i -= 1
-                s_begin, s_end, row = segments[i]
-            if s_end < t:  # a gap between host spans no span covers
-                out.append((self.step, CAUSE_HOST, self.step, t - s_end))
-                t = s_end
-                continue
-            if row in self.sync_wait:
-                awaited, finish = self.sync_wait[row]
-                if finish < t:
-                    out.append((self.step, CAUSE_SYNC, row, t - max(finish, s_begin)))
-                    t = max(finish, s_begin)
-                if t <= finish:
-                    act = awaited
-                    t = min(t, finish)
-                    continue
-            out.append((self.step, self._cause(row), row, t - s_begin))
-            t = s_begin
-        return [s for s in out if s[3] > 0]
+            i = min(int(np.searchsorted(p_end, t, side="left")), len(p_end) - 1)
+            j = (
+                int(waited[np.searchsorted(waited, i, side="right") - 1])
+                if (len(waited) and waited[0] <= i)
+                else -1
+            )
+            lo = j + 1
+            if lo <= i:  # the host's work back to the waited sync (or its first span)
+                ends = np.minimum(p_end[lo : i + 1], t)
+                rows.append(p_row[lo : i + 1])
+                durs.append(np.maximum(ends - p_begin[lo : i + 1], 0))
+            if j < 0:
+                charge(self.step, int(p_begin[0]) - self.step_start)
+                break
+            awaited, finish = self.sync_wait[int(p_row[j])]
+            sync_end = min(int(p_end[j]), t)
+            charge(int(p_row[j]), sync_end - max(finish, int(p_begin[j])))  # its return
+            act, t = awaited, min(finish, sync_end)
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        all_rows, all_durs = np.concatenate(rows), np.concatenate(durs)
+        keep = all_durs > 0
+        return all_rows[keep].astype(np.int64), all_durs[keep].astype(np.int64)
 
-    def _cause(self, row: int) -> str:
-        kind = self.kind[row]
-        if self.is_sync[row]:
-            return CAUSE_SYNC
-        if kind in (schema.KIND_RUNTIME, schema.KIND_DRIVER) and row in self._launchers():
-            return CAUSE_LAUNCH
-        if kind == schema.KIND_DATA_LOADING or self._inside(row, schema.KIND_DATA_LOADING):
-            return CAUSE_DATA
-        if kind == schema.KIND_COLLECTIVE or self._inside(row, schema.KIND_COLLECTIVE):
-            return CAUSE_COMMUNICATION
-        return CAUSE_HOST
-
-    def _launchers(self) -> set[int]:
-        if not hasattr(self, "_launcher_set"):
-            self._launcher_set = {int(r) for r in self.parent[self.act_rows]}
-        return self._launcher_set
-
-    def _inside(self, row: int, kind: str) -> bool:
-        up = int(self.parent[row])
-        while up >= 0 and up != self.step:
-            if self.kind[up] == kind:
-                return True
-            up = int(self.parent[up])
-        return False
-
-    def _host_segments(self) -> list[tuple[int, int, int]]:
-        """The replayed host timeline as (start, end, innermost span) pieces, in time order."""
-        order = np.lexsort((-(self.host_finish - self.host_begin), self.host_begin))
-        rows = self.host[order]
-        begins = self.host_begin[order]
-        ends = self.host_finish[order]
-        pieces: list[tuple[int, int, int]] = []
-        stack: list[tuple[int, int]] = []  # (end, row)
-        cursor = int(begins[0]) if len(rows) else 0
-
-        def emit(upto: int) -> None:
-            nonlocal cursor
-            while stack and stack[-1][0] <= upto:
-                end, row = stack.pop()
-                if end > cursor:
-                    pieces.append((cursor, end, row))
-                    cursor = end
-            if stack and upto > cursor:
-                pieces.append((cursor, upto, stack[-1][1]))
-                cursor = upto
-            cursor = max(cursor, upto)
-
-        for row, b, e in zip(rows, begins, ends, strict=True):
-            while stack and stack[-1][0] <= b:
-                emit(stack[-1][0])
-            emit(int(b))
-            stack.append((int(e), int(row)))
-        emit(int(ends.max()) if len(rows) else 0)
-        return [p for p in pieces if p[1] > p[0]]
+    def _host_pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The replayed host timeline from the step's start to the host's end as consecutive
+        pieces (begin, end, innermost span; the step where no span covers it)."""
+        begins, ends = self.host_begin, self.host_finish
+        if not len(begins):
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        bounds = np.unique(np.concatenate(([self.step_start], begins, ends)))
+        bounds = bounds[bounds >= self.step_start]
+        p_begin, p_end = bounds[:-1], bounds[1:]
+        middle = p_begin + (p_end - p_begin) // 2
+        zeros = np.zeros(len(begins), dtype=np.int64)
+        inner = stab(zeros, begins, ends, np.zeros(len(middle), np.int64), middle)
+        p_row = np.where(inner >= 0, self.host[np.maximum(inner, 0)], self.step)
+        return p_begin, p_end, p_row
 
 
 def _measured_steps(

@@ -1,22 +1,30 @@
 """Suggestions: rules that point at evidence in a measurement and state the expected gain.
 
 Each rule is a function from the store to zero or one ``Suggestion``; ``suggest`` runs them all
-and returns a table (rule, advice, evidence, gain_ms_per_iteration, share_pct). A gain is what
-the evidence costs per iteration of the untraced step, the most that removing it can save. It is
-measured on the leveled reconstruction (each span timed by the run that measures its level with
-the least overhead, the step by M) as the time the evidence covers, overlaps counted once, so a
-gain never exceeds the step.
+and returns a table (rule, advice, evidence, gain_ms_per_iteration, share_pct, estimate). A gain
+is an estimate, never a measurement (``xsp verify`` is to measure it), and ``estimate`` says its
+model:
+
+1. where a fix is an edit of the replay's graph (``xsp.analysis.replay.WhatIf``: drop the layout
+   transposes, launch the whole step as one CUDA graph, take data loading off the host) and the
+   replay's host times are untraced (a calibrated F run), the replayed step less the edited
+   graph's replayed step;
+2. otherwise the time the evidence covers on the replayed timeline, overlaps counted once: the
+   most that removing it could save.
+
+Either way no gain exceeds the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.replay import WhatIf, replay, what_if
 from xsp.analysis.store import MeasurementStore
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
@@ -43,6 +51,50 @@ class Suggestion:
     evidence: str
     gain_ms_per_iteration: float | None
     share_pct: float | None
+    estimate: str = "the time its evidence covers on the replayed step"
+
+
+#: Fixes the replay can try (``_replayed``): the edit, in words, is each estimate's model.
+CHANNELS_LAST = WhatIf(
+    "replay without the nchwToNhwc/nhwcToNchw kernels",
+    drop_activities=lambda spans: np.asarray(
+        pc.match_substring_regex(
+            spans.column("name").cast(pa.string()), "nchwToNhwc|nhwcToNchw", ignore_case=True
+        ).fill_null(False)
+    ),
+)
+CUDA_GRAPH = WhatIf(
+    "replay as one CUDA graph: every activity launched at the step's start, no host work",
+    drop_host=lambda spans: np.ones(spans.num_rows, dtype=bool),
+    launch_at_step_start=True,
+)
+LOADER_WORKERS = WhatIf(
+    "replay with the DataLoader's batches ready (no data loading on the host)",
+    drop_host=lambda spans: np.asarray(
+        pc.equal(spans.column("kind").cast(pa.string()), "data_loading").fill_null(False)
+    ),
+)
+
+
+def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Suggestion:
+    """``found`` with its gain from the replay of ``edit``, where the replay's host is the
+    untraced one (a calibrated F run: else the tracer's own host time would hide GPU gains) and
+    the job has one rank; otherwise ``found`` as it is."""
+    from xsp.analysis import distributed
+
+    if distributed.is_multi_rank(store):
+        return found
+    replayed = replay(store)
+    if replayed.calibration.op_ns is None:
+        return found
+    step_ms = replayed.summary()["step_ms"]
+    edited = what_if(store, edit)
+    if step_ms is None or edited is None:
+        return found
+    gain = max(step_ms - edited, 0.0)
+    return replace(
+        found, gain_ms_per_iteration=gain, share_pct=100.0 * gain / step_ms, estimate=edit.model
+    )
 
 
 def _rebuilt(store: MeasurementStore) -> pa.Table:
@@ -101,13 +153,14 @@ def _costly(
 
 def layout_transposes(store: MeasurementStore) -> Suggestion | None:
     """cuDNN converting NCHW to NHWC and back around convolutions: channels_last avoids it."""
-    return _costly(
+    found = _costly(
         store,
         "kind = 'kernel' AND (name ILIKE '%nchwToNhwc%' OR name ILIKE '%nhwcToNchw%')",
         "layout-transposes",
         "use channels_last: model.to(memory_format=torch.channels_last) and the same for inputs",
         "nchwToNhwc/nhwcToNchw kernels",
     )
+    return None if found is None else _replayed(store, found, CHANNELS_LAST)
 
 
 def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
@@ -172,14 +225,16 @@ def launch_bound(store: MeasurementStore) -> Suggestion | None:
     busy_pct = 100.0 * busy_ms / step_ms if step_ms else 100.0
     if busy_pct >= LAUNCH_BOUND_BUSY_PCT:
         return None
-    return Suggestion(
+    found = Suggestion(
         "launch-bound",
         "capture the step in a CUDA graph (torch.cuda.graphs) or compile it (torch.compile)",
         f"{kernels.num_rows / iterations:.0f} kernels per iteration, median {median_us:.1f} µs; "
         f"the GPU is busy {busy_pct:.0f}% of the untraced step",
         max(step_ms - busy_ms, 0.0),
         100.0 - busy_pct,
+        "the step's GPU idle time",
     )
+    return _replayed(store, found, CUDA_GRAPH)
 
 
 def host_syncs(store: MeasurementStore) -> Suggestion | None:
@@ -209,7 +264,7 @@ def input_bound(store: MeasurementStore) -> Suggestion | None:
     )
     if found is None or (found.share_pct or 0.0) < INPUT_BOUND_SHARE_PCT:
         return None
-    return found
+    return _replayed(store, found, LOADER_WORKERS)
 
 
 def index_select(store: MeasurementStore) -> Suggestion | None:
@@ -244,6 +299,7 @@ _SCHEMA = pa.schema(
         ("evidence", pa.string()),
         ("gain_ms_per_iteration", pa.float64()),
         ("share_pct", pa.float64()),
+        ("estimate", pa.string()),
     ]
 )
 
