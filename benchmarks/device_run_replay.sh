@@ -5,7 +5,7 @@
 set -u
 source benchmarks/device_setup.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-gpu_tests 200
+gpu_tests 320
 R=/tmp/replay; mkdir -p $R
 xrun() { timeout "$1" python3 -m xsp run "${@:2}" 2>&1 | tail -12; }
 python3 benchmarks/workloads/known_layers.py --truth $R/known-truth.json --steps 60
@@ -22,6 +22,17 @@ import json, glob
 for p in sorted(glob.glob("/tmp/replay/*/*/run.json")):
     m = json.load(open(p))
     print(p, m.get("status"), "warmup", m.get("warmup"), m.get("warmup_settled"), "calib", m.get("calibration"))
+PY
+python3 - <<'PY'
+from xsp.analysis import critical_path
+from xsp.analysis.replay import replay
+from xsp.analysis.store import MeasurementStore
+for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "gpt-lm-train"):
+    store = MeasurementStore(f"/tmp/replay/{name}")
+    found = replay(store).summary()
+    print(name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),
+          "error %", round(found["error_pct"], 2), found["calibration"], found["checks"])
+    print("  ", critical_path.verdict(store))
 PY
 tar -C $R -czf "$OUT/replay-stores.tgz" .
 ls -la "$OUT"

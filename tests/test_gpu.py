@@ -110,3 +110,46 @@ def test_mflg_training_hangs_kernels_under_library_op_and_layer(cuda_device: str
     assert "cuDNN" in libraries and libraries & {"cuBLAS", "cuBLASLt"}
     conv_kernels = [c for c in chains if "library_call" in c]
     assert len(conv_kernels) > len(kernels) // 10
+
+
+def test_the_replay_matches_cuda_event_truth_on_known_layers(cuda_device: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The known-duration workload (benchmarks/workloads/known_layers.py), measured at M, MF and
+    MFLG: the replayed step within 2% of M's, and every layer of 0.3 ms or more within 1.5% of
+    the CUDA events around it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from xsp.analysis import critical_path
+    from xsp.analysis.replay import replay
+    from xsp.analysis.store import MeasurementStore
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "workloads" / "known_layers.py"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    truth_path = tmp_path / "truth.json"
+    subprocess.run(
+        [sys.executable, str(script), "--truth", str(truth_path), "--steps", "60"],
+        check=True, env=env, timeout=300,
+    )  # fmt: skip
+    out = tmp_path / "known"
+    subprocess.run(
+        [sys.executable, "-m", "xsp", "run", "--levels", "M,MF,MFLG", "--iterations", "20",
+         "--warmup", "5", "--device", cuda_device, "--out", str(out), "--", sys.executable,
+         str(script), "--steps", "40"],
+        check=True, env=env, timeout=600,
+    )  # fmt: skip
+    store = MeasurementStore(out)
+    found = replay(store).summary()
+    assert abs(found["error_pct"]) < 2.0, found
+    truth = json.loads(truth_path.read_text())["layer_ms"]
+    by_layer = {int(r["layer"]): r["gpu_ms"] for r in critical_path.layers(store).to_pylist()}
+    for index, ms in enumerate(truth):
+        if ms >= 0.3:
+            assert abs(by_layer[index] - ms) <= 0.015 * ms, (index, by_layer[index], ms)
+    assert critical_path.layers(store, 1).column("layer")[0].as_py() == "2"
