@@ -91,9 +91,12 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
     edited = what_if(store, edit)
     if step_ms is None or edited is None:
         return found
-    gain = max(step_ms - edited, 0.0)
+    gain = min(max(step_ms - edited, 0.0), step_ms)
     return replace(
-        found, gain_ms_per_iteration=gain, share_pct=100.0 * gain / step_ms, estimate=edit.model
+        found,
+        gain_ms_per_iteration=gain,
+        share_pct=min(100.0 * gain / step_ms, 100.0),
+        estimate=edit.model,
     )
 
 

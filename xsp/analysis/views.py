@@ -141,7 +141,18 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
 
     for root in roots:
         visit(root, "")
+    _cover_children(out)
     return out
+
+
+def _cover_children(boxes: Flame) -> None:
+    """A box at least as wide as its children together (plotly draws no icicle otherwise): the
+    replay keeps children inside their parents, and a 1 ns span squeezed into a parent's last
+    nanosecond can overshoot it by that nanosecond."""
+    children: dict[str, int] = {}
+    for i in range(len(boxes.ids) - 1, -1, -1):  # parents come before their children
+        boxes.values_ns[i] = max(boxes.values_ns[i], children.get(boxes.ids[i], 0))
+        children[boxes.parents[i]] = children.get(boxes.parents[i], 0) + boxes.values_ns[i]
 
 
 def _phase_runs(kids: list[int], phase: np.ndarray) -> list[list[int]]:
