@@ -163,3 +163,21 @@ def test_a_fixs_gain_is_the_replay_of_the_edited_graph(resnet: MeasurementStore)
     assert found["rule"] == "layout-transposes"
     assert found["gain_ms_per_iteration"] == pytest.approx(32.0142 - 29.1553, abs=0.001)
     assert found["estimate"] == CHANNELS_LAST.model
+
+
+def test_replayed_host_spans_nest_and_none_is_left_empty() -> None:
+    """On the GPT LM (its MF and MFLG runs nest some ops differently, and the calibrated cost
+    exceeds some measured gaps): every host span lies inside its host parent, and none that
+    lasted is empty (Jaeger rewrites empty spans)."""
+    store = MeasurementStore(DATA / "gpt-lm-train")
+    result = replay(store)
+    start, end = result.start_ns, result.start_ns + result.dur_ns
+    level = np.asarray(result.spans.column("level").cast("string").fill_null(""), dtype=object)
+    kind = np.asarray(result.spans.column("kind").cast("string").fill_null(""), dtype=object)
+    parent = result.parent
+    host = (level != "gpu") & (kind != "step")
+    child = np.nonzero(host & (parent >= 0))[0]
+    child = child[host[parent[child]]]
+    assert (start[child] >= start[parent[child]]).all() and (end[child] <= end[parent[child]]).all()
+    measured = np.asarray(result.spans.column("dur_ns"))  # the deep run's own
+    assert not ((result.dur_ns == 0) & (measured > 0) & host).any()
