@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from xsp.analysis import critical_path
+from xsp.analysis.host_timeline import _debiased, calibration, steady
 from xsp.analysis.matching import keyed
 from xsp.analysis.reconstruct import overhead_verdict, reconstruct_with_report
-from xsp.analysis.replay import CAUSE_GPU, _debiased, calibration, replay, steady
+from xsp.analysis.replay import CAUSE_GPU, replay
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.capture.warmup import settled
 

@@ -1,0 +1,259 @@
+"""The replay's host timeline: the untraced host, taken from the shallowest run with level F
+less the tracer's own cost (``xsp.analysis.replay``, step 2).
+
+1. The F run's timeline is the host's, less the tracer's cost: every F record costs its
+   calibrated share (``run.json``'s ``calibration``, measured by ``xsp.tracer.capture.calibrate``
+   in the F run's process), half at its start and half at its end, so a time of the F run moves
+   back by the cost of the record starts and ends before it in its step.
+2. The deep run's F spans take those times by structural key, relative to their step; every other
+   host span (L calls, spans the F run lacks) is placed by interpolating between the matched
+   spans' starts and ends around it, so a launch call keeps its place inside its op and the op
+   its untraced length.
+3. Children stay inside their parents and after their earlier siblings: the calibrated cost can
+   exceed a gap the F run measured, and two runs can nest an op differently.
+4. Without an F run nothing measured the host's untraced length: a step's host lasts M's step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.analysis.matching import keyed, level_sources, roots
+from xsp.analysis.store import MeasurementStore
+from xsp.tracer import schema
+from xsp.tracer.convert.intervals import depths, find_rows
+
+#: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
+#: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after
+#: the levels came on (234 ms against 51 ms in one MFLG run) is one.
+STEADY_DEVIATIONS = 5.0
+STEADY_MIN_EXCESS = 0.10
+
+
+def steady(durations: np.ndarray) -> np.ndarray:
+    """True for each step that is steady (see ``STEADY_DEVIATIONS``); all are when fewer than
+    three."""
+    values = np.asarray(durations, dtype=np.float64)
+    if len(values) < 3:
+        return np.ones(len(values), dtype=bool)
+    median = float(np.median(values))
+    spread = 1.4826 * float(np.median(np.abs(values - median)))
+    limit = max(median + STEADY_DEVIATIONS * spread, median * (1 + STEADY_MIN_EXCESS))
+    return values <= limit
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The tracer's own cost per F record, taken off F spans' durations before the replay
+    (measured by ``xsp.tracer.capture.calibrate`` in the F run's process).
+
+    ``op_ns`` and ``module_ns`` are None when the F run recorded no calibration (older stores):
+    host durations then keep the tracer's cost, and the report says so."""
+
+    op_ns: float | None
+    module_ns: float | None
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "framework_ns_per_record": self.op_ns,
+            "module_ns_per_call": self.module_ns,
+            "source": self.source,
+        }
+
+
+def calibration(store: MeasurementStore, source: int | None) -> Calibration:
+    """The F run's calibration from its run.json, if it recorded one."""
+    if source is None:
+        return Calibration(
+            None, None, "no run with level F: the host lasts M's step, so only the GPU is checked"
+        )
+    run = store.runs[source]
+    found = run.meta.get("calibration") or {}
+    op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
+    if op is None:
+        return Calibration(None, None, f"the {run.levels} run recorded no calibration")
+    return Calibration(
+        float(op),
+        float(op if module is None else module),
+        f"measured in the {run.levels} run's process",
+    )
+
+
+def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+    """(deep run index, each deep row's host start and end for the replay, the calibration):
+    step 2 of the module's algorithm.
+
+    1. The F run's own timeline is taken as the host's, less the tracer's cost: every F record
+       costs its calibrated share, half at its start and half at its end, so a time ``t`` of the
+       F run moves back by the cost of the record starts and ends before it in its iteration.
+    2. Deep-run F spans take those times (matched by structural key), relative to their step.
+    3. Every other host span (L calls, spans the F run lacks) is placed by interpolating between
+       the matched spans' starts and ends around it, so a launch call keeps its place inside its
+       op and the op its untraced length; past the last of them (the step's closing sync) it
+       keeps its measured distance.
+    """
+    runs, source_of = level_sources(store)
+    deep_index = runs[-1][0]
+    deep, key, parent = keyed(store, deep_index)
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    end = start + np.asarray(deep.column("dur_ns"), dtype=np.int64)
+    source = source_of.get(schema.LEVEL_FRAMEWORK)
+    calib = calibration(store, source)
+    if source is None:
+        return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
+    table, keys, source_parent = keyed(store, source)
+    s_start, s_end = _debiased(table, source_parent, calib)
+    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    owner = owning_steps(parent, kind)
+    found = find_rows(keys, key)
+    matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
+    source_kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    source_owner = owning_steps(source_parent, source_kind)
+    at = np.maximum(found, 0)
+    anchor = s_start[source_owner[at]]
+    out_start, out_end = start.copy(), end.copy()
+    out_start[matched] = start[owner[matched]] + (s_start[at] - anchor)[matched]
+    out_end[matched] = start[owner[matched]] + (s_end[at] - anchor)[matched]
+    steps = np.nonzero(kind == schema.KIND_STEP)[0]
+    in_source = found[steps] >= 0  # the step's end on the F run's debiased timeline
+    at_step = np.maximum(found[steps], 0)
+    out_end[steps] = np.where(
+        in_source, start[steps] + s_end[at_step] - s_start[at_step], end[steps]
+    )
+    others = ~matched & (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+    order = np.argsort(owner, kind="stable")
+    first = np.searchsorted(owner[order], np.arange(len(owner)))
+    last = np.searchsorted(owner[order], np.arange(len(owner)), side="right")
+    for step in np.unique(owner[others]):
+        members = order[first[step] : last[step]]
+        knots = members[matched[members]]
+        todo = members[others[members]]
+        # placed by interpolation between the matched spans' starts and ends around it
+        x = np.concatenate(([start[step]], start[knots], end[knots], [end[step]]))
+        y = np.concatenate(([start[step]], out_start[knots], out_end[knots], [out_end[step]]))
+        by = np.argsort(x, kind="stable")
+        x, y = x[by], np.maximum.accumulate(y[by])
+        out_start[todo] = np.round(np.interp(start[todo], x, y)).astype(np.int64)
+        out_end[todo] = np.round(np.interp(end[todo], x, y)).astype(np.int64)
+    # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
+    out_end = np.maximum(out_end, out_start + (end > start))
+    host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+    return deep_index, *_inside_parents(out_start, out_end, parent, host), calib
+
+
+def _inside_parents(
+    start: np.ndarray, end: np.ndarray, parent: np.ndarray, host: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host spans kept inside their host parents, top-down: the calibrated cost taken off a
+    parent's end can exceed the gap it measured after its last child (810 ns a record against
+    a 200 ns gap), and a child that outlasts its parent breaks every nested view."""
+    start, end = start.copy(), end.copy()
+    depth = depths(parent)
+    for level in range(1, int(depth.max(initial=0)) + 1):
+        rows = np.nonzero((depth == level) & host)[0]
+        rows = rows[host[parent[rows]]]
+        if not len(rows):
+            continue
+        up_start, up_end = start[parent[rows]], end[parent[rows]]
+        lasted = end[rows] > start[rows]
+        start[rows] = np.clip(start[rows], up_start, np.maximum(up_start, up_end - lasted))
+        end[rows] = np.clip(end[rows], start[rows] + (lasted & (up_end > start[rows])), up_end)
+        _after_siblings(rows, start, end, parent)
+    return start, end
+
+
+def _after_siblings(
+    rows: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray
+) -> None:
+    """Each of ``rows`` starts no earlier than its earlier siblings end (in place): where the runs
+    nest a span differently (an op under another in MF, beside it in MFLG), interpolation can
+    overlap siblings, and the children of a span must not outlast it together."""
+    rows = rows[np.lexsort((start[rows], parent[rows]))]
+    group = np.cumsum(np.concatenate(([True], parent[rows][1:] != parent[rows][:-1]))) - 1
+    base = start[parent[rows]]  # times relative to the parent's start, groups apart
+    span = int((end[rows] - base).max(initial=0)) + 1
+    shifted = end[rows] - base + group * span
+    reach = np.concatenate(([0], np.maximum.accumulate(shifted)[:-1])) - group * span
+    first = np.concatenate(([True], group[1:] != group[:-1]))
+    earliest = np.where(first, 0, reach) + base
+    up_end = end[parent[rows]]
+    lasted = end[rows] > start[rows]
+    # no room left: the last nanosecond of the parent (Jaeger "sanitizes" an empty span)
+    start[rows] = np.minimum(np.maximum(start[rows], earliest), up_end - lasted)
+    end[rows] = np.minimum(np.maximum(end[rows], start[rows] + lasted), up_end)
+
+
+def _host_length_from_m(
+    store: MeasurementStore, deep: pa.Table, deep_index: int, end: np.ndarray
+) -> np.ndarray:
+    """Without an F run nothing measured the host's untraced length: each step's host then
+    lasts M's step of that iteration (M's median where M lacks it), so the check against M
+    only tests the GPU side, as ``Calibration.source`` says."""
+    measured, _ = measured_steps(store, deep_index)
+    if not measured:
+        return end.copy()
+    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
+    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    median = float(np.median(list(measured.values())))
+    out = end.copy()
+    for row in np.nonzero(kind == schema.KIND_STEP)[0]:
+        out[row] = start[row] + round(measured.get(int(iteration[row]), median) * 1e6)
+    return out
+
+
+def _debiased(
+    table: pa.Table, parent: np.ndarray, calib: Calibration
+) -> tuple[np.ndarray, np.ndarray]:
+    """The F run's start and end times, each moved back by the calibrated cost of the F record
+    starts and ends before it in its iteration (step 2.1)."""
+    start = np.asarray(table.column("start_ns"), dtype=np.int64)
+    end = start + np.asarray(table.column("dur_ns"), dtype=np.int64)
+    if calib.op_ns is None:
+        return start, end
+    level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    records = np.nonzero(level == schema.LEVEL_FRAMEWORK)[0]
+    half = np.where(kind[records] == schema.KIND_MODULE, calib.module_ns or 0.0, calib.op_ns) / 2
+    times = np.concatenate((start[records], end[records]))
+    by = np.argsort(times, kind="stable")
+    times = times[by]
+    cost = np.concatenate(([0.0], np.cumsum(np.concatenate((half, half))[by])))
+
+    def before(t: np.ndarray) -> np.ndarray:
+        return cost[np.searchsorted(times, t, side="left")]
+
+    owner = owning_steps(parent, kind)
+    base = before(start[owner])  # what earlier iterations' records cost
+    moved_start = start - np.round(before(start) - base).astype(np.int64)
+    moved_end = end - np.round(before(end) - base).astype(np.int64)
+    return moved_start, np.maximum(moved_end, moved_start)
+
+
+def owning_steps(parent: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Each row's step (a multi-rank iteration's ranks each own theirs)."""
+    return roots(np.where(kind == schema.KIND_STEP, -1, parent))
+
+
+def measured_steps(store: MeasurementStore, deep_index: int) -> tuple[dict[int, float], str | None]:
+    """Each iteration's step (ms) in the shallowest run, if it is not the deep run itself."""
+    runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
+    index, run = runs[0]
+    if index == deep_index:
+        return {}, None
+    table = store.run_spans(index)
+    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    ok = (kind == schema.KIND_STEP) & np.asarray(table.column("status_message").is_null())
+    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
+    rows = np.nonzero(ok)[0]
+    keep = steady(dur[rows] / 1e6)
+    return {int(iteration[r]): dur[r] / 1e6 for r, k in zip(rows, keep, strict=True) if k}, (
+        run.levels
+    )
