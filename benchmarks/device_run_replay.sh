@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU job for the replay issue: fresh measurements with the current capture (calibration, settling
-# warm-up) of ResNet-50 b64 training (NCHW and channels_last), the GPT LM training script and the
+# warm-up) of ResNet-50 b64 training (NCHW and channels_last), ResNet-50 b1 inference (launch-bound),
+# the GPT LM training script and the
 # known-duration workload (with its CUDA-event truth), brought back as one archive; the GPU tests.
 set -u
 source benchmarks/device_setup.sh
@@ -15,6 +16,8 @@ cp $R/known-truth.json $R/known-layers/truth.json
 common="--model torchvision:resnet50 --batch-size 64 --mode train --levels M,MF,MFLG --iterations 20 --warmup 3 --device cuda"
 xrun 200 $common --out $R/r50-b64-train
 xrun 200 $common --channels-last --out $R/r50-b64-train-cl
+xrun 200 --model torchvision:resnet50 --batch-size 1 --mode infer --levels M,MF,MFLG \
+  --iterations 20 --warmup 3 --device cuda --out $R/r50-b1-infer
 xrun 200 --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out $R/gpt-lm-train \
   -- python3 benchmarks/workloads/gpt_lm_train.py --steps 40
 python3 - <<'PY'
@@ -27,7 +30,7 @@ python3 - <<'PY'
 from xsp.analysis import critical_path
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore
-for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "gpt-lm-train"):
+for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "r50-b1-infer", "gpt-lm-train"):
     store = MeasurementStore(f"/tmp/replay/{name}")
     found = replay(store).summary()
     print(name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),

@@ -62,6 +62,29 @@ def test_mf_training_session_records_layers_ops_backward_and_optimizer() -> None
     )
 
 
+def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> None:
+    """The calibration's probes (xsp.tracer.capture.calibrate): the chain of 16 Identity
+    modules writes 17 module records and no op record a call; the small training step writes
+    its 4 module calls' records and its ops'; an op record costs the step's added time less its
+    module calls', per op record."""
+    model, opt, x = _mlp()
+    session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    for _ in range(3):
+        with xsp.iteration():
+            _train_step(model, opt, x)
+    session.close()
+    found = json.loads((tmp_path / "MF" / "run.json").read_text())["calibration"]
+    chain, step = found["probes"]["modules"], found["probes"]["step"]
+    assert chain["records"] == {"modules": 17.0, "ops": 0.0}
+    assert step["records"]["modules"] == 4.0 and step["records"]["ops"] > 20
+    module_ns = max(0.0, chain["on_ns"] - chain["off_ns"]) / 17
+    added = step["on_ns"] - step["off_ns"] - 4 * module_ns
+    assert found["module_ns_per_call"] == pytest.approx(module_ns, abs=0.1)
+    op_ns = max(0.0, added) / step["records"]["ops"]
+    assert found["framework_ns_per_record"] == pytest.approx(op_ns, abs=0.1)
+    assert found["device"] == "cpu"
+
+
 def test_step_marks_boundaries_and_warmup_is_not_recorded() -> None:
     model, opt, x = _mlp()
     sink = InMemorySink()

@@ -561,6 +561,14 @@ def _print_replay(store: Any) -> None:
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
         highlight=False,
     )
+    base = found["baseline"]
+    if base is not None and not base["stable"]:
+        _warn(
+            f"baseline unstable: the {base['run']} process's own untraced warm-up steps took "
+            f"{base['untraced_ms']:.2f} ms against M's {base['measured_ms']:.2f} ms "
+            f"({base['difference_pct']:+.0f}%): the host ran at another speed in the two "
+            "processes (its clocks, other work on the machine), so host time is not comparable"
+        )
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:

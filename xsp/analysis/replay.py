@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from xsp.analysis.host_timeline import (
     Calibration,
+    baseline,
     host_timeline,
     measured_steps,
     owning_steps,
@@ -113,6 +114,7 @@ class Replay:
     steps: pa.Table  # iteration, replayed_ms, measured_ms, deep_ms, error_pct, steady
     path: pa.Table  # iteration, cause, row, dur_ns
     checks: dict[str, int] = field(default_factory=dict)
+    baseline: dict[str, Any] | None = None  # M against the F run's untraced warm-up
 
     def summary(self) -> dict[str, Any]:
         """``xsp analyze --json``'s ``reconstruction.replay``."""
@@ -132,6 +134,7 @@ class Replay:
             "unsteady_iterations": [r["iteration"] for r in rows if not r["steady"]],
             "calibration": self.calibration.as_dict(),
             "checks": dict(self.checks),
+            "baseline": self.baseline,
         }
 
 
@@ -205,6 +208,9 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
     causes = _causes(parent, kind, gpu, is_sync)
+    device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
+    stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
+    latency, gap = _device_delays(start, dur, parent, kind, gpu, is_sync, owner, device, stream)
     gpu_dur = dur.copy()
     if edit is not None and edit.drop_activities is not None:
         gpu_dur[gpu & edit.drop_activities(deep)] = 0
@@ -216,8 +222,6 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         warped_start = _without(warped_start, cut_start, cut_end) + earlier
         warped_end = _without(warped_end, cut_start, cut_end) + earlier
     warped_dur = warped_end - warped_start
-    device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
-    stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
     out_start = start.copy()
     out_dur = dur.copy()
     charged_rows: list[np.ndarray] = []
@@ -236,6 +240,8 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
             warped_dur,
             gpu_dur,
             start,
+            latency,
+            gap,
             gpu,
             is_sync,
             base,
@@ -309,6 +315,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         ),
         path,
         checks,
+        baseline(store, measured_ms),
     )
 
 
@@ -331,6 +338,56 @@ def _causes(
     causes[is_sync] = CAUSE_SYNC
     causes[gpu] = CAUSE_GPU
     return causes
+
+
+def _device_delays(
+    start: np.ndarray,
+    dur: np.ndarray,
+    parent: np.ndarray,
+    kind: np.ndarray,
+    gpu: np.ndarray,
+    is_sync: np.ndarray,
+    owner: np.ndarray,
+    device: np.ndarray,
+    stream: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each activity's device-side delays, as the deep run measured them: its latency (from its
+    launch to its start, where it waited for the launch) and its dispatch gap (from the end of the
+    one before it on its stream, where it was queued behind it). An activity measured one way
+    takes the median of the other way's. A GPU runs back-to-back kernels about a microsecond
+    apart; ResNet-50's ~560 queued kernels a step add up to 0.7 ms. A negative gap (programmatic
+    dependent launch lets a kernel start before the one before it ends) is taken as none, as a
+    stream's activities do not overlap in the replay."""
+    latency = np.zeros(len(start), dtype=np.int64)
+    gap = np.zeros(len(start), dtype=np.int64)
+    act = np.nonzero(gpu)[0]
+    if not len(act):
+        return latency, gap
+    order = act[np.lexsort((start[act], stream[act], device[act], owner[act]))]
+    launcher = np.maximum(parent[order], 0)
+    by_call = (parent[order] >= 0) & np.isin(
+        kind[launcher], (schema.KIND_RUNTIME, schema.KIND_DRIVER)
+    )
+    # as the replay launches it: at a call's end, at a blocking copy's start
+    launched = np.where(
+        by_call & ~is_sync[launcher], start[launcher] + dur[launcher], start[launcher]
+    )
+    ends = start[order] + dur[order]
+    same = (
+        (owner[order][1:] == owner[order][:-1])
+        & (device[order][1:] == device[order][:-1])
+        & (stream[order][1:] == stream[order][:-1])
+    )
+    prev_end = np.concatenate(([-1], np.where(same, ends[:-1], -1)))
+    queued = (prev_end >= 0) & (prev_end > launched)
+    own_gap = np.maximum(start[order] - prev_end, 0)
+    own_latency = np.maximum(start[order] - launched, 0)
+    timed = ~queued & by_call
+    median_gap = int(np.median(own_gap[queued])) if queued.any() else 0
+    median_latency = int(np.median(own_latency[timed])) if timed.any() else 0
+    gap[order] = np.where(queued, own_gap, median_gap)
+    latency[order] = np.where(timed, own_latency, median_latency)
+    return latency, gap
 
 
 def _sync_base(
@@ -370,6 +427,8 @@ class _Iteration:
         warped_dur: np.ndarray,
         measured_dur: np.ndarray,
         measured_start: np.ndarray,
+        latency: np.ndarray,
+        gap: np.ndarray,
         gpu: np.ndarray,
         is_sync: np.ndarray,
         sync_base: np.ndarray,
@@ -403,6 +462,8 @@ class _Iteration:
         self.dur = np.zeros(len(members), dtype=np.int64)
         self.position = {int(r): i for i, r in enumerate(members)}
         self.measured_dur = measured_dur
+        self.latency = latency
+        self.gap = gap
 
     # -- step 3 --------------------------------------------------------------------------------
     def run(self, launch_at_step_start: bool = False) -> None:
@@ -421,10 +482,12 @@ class _Iteration:
         order = np.argsort(launch, kind="stable")
         acts, launch, launcher = acts[order], launch[order], launcher[order]
         self.act_rows = acts
+        self.act_launcher = launcher
         self.act_launch = np.zeros(len(acts), dtype=np.int64)
         self.act_start = np.zeros(len(acts), dtype=np.int64)
         self.act_end = np.zeros(len(acts), dtype=np.int64)
-        self.act_prev = np.full(len(acts), -1, dtype=np.int64)  # previous on its stream
+        # the one before on its stream, where it (not the launch) held the activity back
+        self.act_prev = np.full(len(acts), -1, dtype=np.int64)
         self.sync_wait: dict[int, tuple[int, int]] = {}  # sync row -> (awaited act, its end)
         delays: list[int] = []  # each sync's added wait, in warped order
         lane_last: dict[tuple[int, int], int] = {}
@@ -436,14 +499,17 @@ class _Iteration:
             while done < len(acts) and (
                 launch[done] < limit or (launch[done] == limit and self.is_sync[launcher[done]])
             ):
+                row = int(acts[done])
                 at = int(launch[done]) + delta
-                lane = self.lane[int(acts[done])]
+                lane = self.lane[row]
                 prev = lane_last.get(lane, -1)
-                begin = max(at, int(self.act_end[prev])) if prev >= 0 else at
+                ready = at + int(self.latency[row])
+                queued = int(self.act_end[prev]) + int(self.gap[row]) if prev >= 0 else -1
+                begin = max(ready, queued)
                 self.act_launch[done] = at
                 self.act_start[done] = begin
-                self.act_end[done] = begin + int(self.measured_dur[acts[done]])
-                self.act_prev[done] = prev
+                self.act_end[done] = begin + int(self.measured_dur[row])
+                self.act_prev[done] = prev if queued >= ready else -1
                 lane_last[lane] = done
                 done += 1
 
@@ -516,12 +582,18 @@ class _Iteration:
             t -= self.tail
         while t > self.step_start:
             if act >= 0:
-                begin = int(self.act_start[act])
-                charge(int(self.act_rows[act]), t - begin)
-                t = begin
                 prev = int(self.act_prev[act])
-                # stream-bound: the one before held it; else it waited for its launch (host)
-                act = prev if prev >= 0 and int(self.act_end[prev]) >= begin else -1
+                if prev >= 0:  # stream-bound: the one before held it, its dispatch gap too
+                    begin = int(self.act_end[prev])
+                    charge(int(self.act_rows[act]), t - begin)
+                    t, act = begin, prev
+                    continue
+                # it waited for its launch: the launch's latency, then the host at the launch
+                charge(int(self.act_rows[act]), t - int(self.act_start[act]))
+                t = int(self.act_start[act])
+                launched = int(self.act_launch[act])
+                charge(int(self.act_launcher[act]), t - launched)
+                t, act = launched, -1
                 continue
             if not len(p_begin) or t <= p_begin[0]:
                 charge(self.step, t - self.step_start)  # before the host's first span

@@ -2,17 +2,22 @@
 
 The replay (``xsp.analysis.replay``) takes host durations from the shallowest run with F and
 must take F's own cost off them. Calibrating from that run's step against M's would make the
-replay's check against M circular, so each process with F times the same small training step
-with its levels off and on, just before and just after they come on (outside every iteration, so
-nothing measured changes): a two-layer perceptron's forward (module calls, aten ops, allocations)
-and backward (autograd nodes, gradient accumulation), on the CPU.
+replay's check against M circular, so each process with F times two small probes with its levels
+off and on, just before and just after they come on (outside every iteration, so nothing
+measured changes), on the program's GPU when it has started CUDA, else on the CPU:
 
-Each side is timed in ``ROUNDS`` rounds of ``CALLS`` steps; the medians' difference, on minus
-off, divided by the F records one step wrote (read back from the capture arena), is the cost of
-one record, allocator events and module calls folded in as the step has them. An in-place add
-alone (one op record, no allocation) measured 0.32 µs a record on the H200's host; steps of real
-models cost more per record, as their callbacks run with colder caches, so this is a lower bound
-of F's cost. It is written into ``run.json`` as ``calibration``.
+- a two-layer perceptron's training step: module calls, aten ops and their allocations, autograd
+  nodes and gradient accumulation;
+- a chain of ``MODULE_CHAIN`` ``nn.Identity`` modules, which run no op: module records alone.
+
+Each side is timed in ``ROUNDS`` rounds of ``CALLS`` calls; the medians' difference, on minus
+off, over the records the probe wrote (read back from the capture arena by kind) gives the cost
+of a module record (the chain) and of an op record (the step less its module calls), allocator
+events folded in as the step has them. On the GPU each op also launches a kernel and the caching
+allocator reports its blocks, so the callbacks run amid the driver's work, as the workload's do:
+on the H200 the same step on the CPU gave 0.8-1.6 µs a record, on the GPU 1.8-3.3 µs, where
+host-bound workloads' MF steps paid 1.7-4.5 µs a record more than their M steps (both processes'
+steps drift by up to 40% on that host). The result goes into ``run.json`` as ``calibration``.
 """
 
 from __future__ import annotations
@@ -25,16 +30,21 @@ from typing import Any
 
 import torch
 
+from xsp.tracer.convert.arena import KIND_MODULE, KIND_OP, KIND_RANGE
+
 log = logging.getLogger(__name__)
 
 #: Steps per timed round, and rounds per side (about 10 ms a side on the dev machine).
 CALLS = 50
 ROUNDS = 7
+#: Modules in the chain that times a module record.
+MODULE_CHAIN = 16
 
 
-def _per_call_ns(work: Callable[[], Any]) -> float:
+def _per_call_ns(work: Callable[[], Any], settle: Callable[[], Any]) -> float:
     rounds = []
     for _ in range(ROUNDS):
+        settle()  # each round starts with the GPU idle: no queue left from the round before
         begin = time.perf_counter_ns()
         for _ in range(CALLS):
             work()
@@ -42,51 +52,104 @@ def _per_call_ns(work: Callable[[], Any]) -> float:
     return statistics.median(rounds)
 
 
+def _program_device() -> torch.device:
+    """The GPU the program uses, if it has started CUDA (never starts it itself)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class _Probe:
+    """One piece of work timed with the levels off and on, with the records it writes."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.work = work
+        self.off: float | None = None
+        self.on: float | None = None
+        self.records: dict[str, float] = {}
+
+    def cost(self) -> float:
+        assert self.off is not None and self.on is not None
+        return max(0.0, self.on - self.off)
+
+
 class Calibration:
-    """Times the small step with the levels off (``before``) and on (``after``)."""
+    """Times two probes with the levels off (``before``) and on (``after``): the small training
+    step (ops, allocations, autograd nodes and a few module calls) and a chain of modules that
+    run no op (``nn.Identity``), whose cost per call is the module record's. The step's cost
+    less its module calls', per op record, is the op record's: a model with many small modules
+    (ResNet-50 b1, 18% of its records) pays more per record than one with few (a GPT, 2%)."""
 
     def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)  # the program's random state stays as it is
-        self._model = torch.nn.Sequential(
-            torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
-        )
-        self._input = torch.rand(4, 8, generator=generator)
-        self._off: float | None = None
+        self._device = torch.device("cpu")
+        self._probes: dict[str, _Probe] = {}
         self.result: dict[str, Any] | None = None
 
-    def _step(self) -> None:
-        self._model(self._input).sum().backward()
+    def _build(self) -> None:
+        self._device = device = _program_device()
+        generator = torch.Generator().manual_seed(0)  # the program's random state stays as it is
+        mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        mlp = mlp.to(device)
+        x = torch.rand(4, 8, generator=generator).to(device)
+        chain = torch.nn.Sequential(*(torch.nn.Identity() for _ in range(MODULE_CHAIN)))
+        self._probes = {
+            "step": _Probe(lambda: mlp(x).sum().backward()),
+            "modules": _Probe(lambda: chain(x)),
+        }
+
+    def _settle(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
 
     def before(self) -> None:
-        """Time the step with the levels still off. Never raises."""
+        """Time the probes with the levels still off. Never raises."""
         try:
+            self._build()
             with torch.enable_grad():
-                _per_call_ns(self._step)  # warm: the first calls pay dispatch set-up
-                self._off = _per_call_ns(self._step)
+                for probe in self._probes.values():
+                    _per_call_ns(probe.work, self._settle)  # warm: the first calls pay set-up
+                    probe.off = _per_call_ns(probe.work, self._settle)
         except Exception:
+            self._probes = {}
             log.exception("xsp: calibration (levels off) failed; host durations keep F's cost")
 
-    def after(self, records: Callable[[], int]) -> None:
-        """Time the step with the levels on, count the F records it wrote (``records()``: how
-        many the arena holds), and keep the cost per record. Never raises."""
-        if self._off is None:
+    def after(self, records: Callable[[tuple[int, ...]], int]) -> None:
+        """Time the probes with the levels on, count the records of each kind they wrote
+        (``records(kinds)``: how many the arena holds), and keep the cost of a module record
+        and of an op record. Never raises."""
+        if not self._probes:
             return
+        kinds = {"ops": (KIND_OP, KIND_RANGE), "modules": (KIND_MODULE,)}
         try:
             with torch.enable_grad():
-                self._step()  # warm, as before
-                held = records()
-                on = _per_call_ns(self._step)
-                per_step = (records() - held) / (ROUNDS * CALLS)
+                for probe in self._probes.values():
+                    probe.work()  # warm, as before
+                    held = {name: records(k) for name, k in kinds.items()}
+                    probe.on = _per_call_ns(probe.work, self._settle)
+                    calls = ROUNDS * CALLS
+                    probe.records = {
+                        name: (records(k) - held[name]) / calls for name, k in kinds.items()
+                    }
         except Exception:
             log.exception("xsp: calibration (levels on) failed; host durations keep F's cost")
             return
-        if per_step <= 0:
+        step, modules = self._probes["step"], self._probes["modules"]
+        if step.records["ops"] <= 0 or modules.records["modules"] <= 0:
             return
+        module_ns = modules.cost() / modules.records["modules"]
+        op_ns = max(0.0, step.cost() - module_ns * step.records["modules"]) / step.records["ops"]
         self.result = {
-            "framework_ns_per_record": round(max(0.0, on - self._off) / per_step, 1),
-            "records_per_step": per_step,
-            "step_off_ns": round(self._off, 1),
-            "step_on_ns": round(on, 1),
+            "framework_ns_per_record": round(op_ns, 1),
+            "module_ns_per_call": round(module_ns, 1),
+            "probes": {
+                name: {
+                    "off_ns": round(probe.off or 0.0, 1),
+                    "on_ns": round(probe.on or 0.0, 1),
+                    "records": probe.records,
+                }
+                for name, probe in self._probes.items()
+            },
+            "device": str(self._device),
             "calls": CALLS,
             "rounds": ROUNDS,
         }

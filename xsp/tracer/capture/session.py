@@ -410,13 +410,8 @@ class Session:
                 self._level_failure = self._level_failure or message
         self._levels = enabled
         if self._calibration is not None:
-            self._calibration.after(self._framework_records_written)
+            self._calibration.after(self._context.arena.records_written)
         self._phase_ns["enabled"] = time.time_ns()
-
-    def _framework_records_written(self) -> int:
-        from xsp.tracer.convert.arena import KIND_MODULE, KIND_OP, KIND_RANGE
-
-        return self._context.arena.records_written((KIND_OP, KIND_RANGE, KIND_MODULE))
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:
         """Switch levels off, convert what they recorded, export it, write run.json.
