@@ -248,3 +248,45 @@ def train(session: Any, model: Any, x: Any) -> None:
             optimizer.zero_grad()
             model(x).sum().backward()
             optimizer.step()
+
+
+def plain_cupti_kernels(workload: Any, iterations: int) -> list[int]:
+    """Kernels per iteration of ``workload.step()`` as CUPTI alone counts them (no xsp level
+    active), through the native core's CUPTI buffers, split by time (GPU only)."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from xsp.tracer.native.build import load
+
+    native = load()
+    offset = time.time_ns() - native.cupti_timestamp()
+    native.cupti_start(["CONCURRENT_KERNEL"], 256 * 1024 * 1024, 1, [])
+    bounds = []
+    for _ in range(iterations):
+        torch.cuda.synchronize()
+        t0 = time.time_ns()
+        workload.step()
+        torch.cuda.synchronize()
+        bounds.append((t0, time.time_ns()))
+    native.cupti_stop()
+    starts = np.frombuffer(native.cupti_decode()["gpu"]["start_ns"], dtype=np.int64) + offset
+    native.cupti_finalize()
+    # each kernel goes to the last iteration that began before it: none is lost to a clock
+    # offset that moves the first or last kernels out of the windows
+    slot = np.searchsorted(np.array([t0 for t0, _ in bounds]), starts, side="right") - 1
+    return np.bincount(np.clip(slot, 0, iterations - 1), minlength=iterations).tolist()
+
+
+def dynamo_counts() -> dict[str, int]:
+    """torch.compile's counters that level F must leave alone: graph breaks, graphs, frames
+    compiled and recompiles, since the process started."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "frames_compiled": int(counters["frames"]["ok"]),
+        "recompiles": sum(counters["recompiles"].values()),
+    }

@@ -25,7 +25,7 @@ from xsp.tracer.run.runner import LeveledSpec, child_spec, run_leveled
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ResNet-50 b64 training on the H200: M, MF, MFLG and the counter run MH, recorded by
-#: benchmarks/device_run_counters.sh.
+#: `bash benchmarks/device.sh counters`.
 COUNTED = ROOT / "benchmarks/data/r50-b64-train-counters"
 #: The same without a counter run.
 UNCOUNTED = ROOT / "benchmarks/data/r50-b64-train"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from tests.conftest import ancestors, reachable_from_root
 from xsp.tracer.capture.session import Session
 from xsp.tracer.export.sinks import InMemorySink
 from xsp.tracer.workloads import zoo
+
+pytestmark = pytest.mark.gpu
 
 
 def test_mf_training_on_cuda_nests_and_attributes_backward(cuda_device: str) -> None:

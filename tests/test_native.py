@@ -360,13 +360,14 @@ def _convert(scenario: str, levels: str):  # type: ignore[no-untyped-def]
     )
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the H200)")
 def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
-    from benchmarks.gpu_check import plain_cupti_kernels
+    from tests.fixtures import plain_cupti_kernels
     from xsp.tracer.workloads import zoo
 
     workload = zoo.build("torchvision:resnet18", 4, "train", "cuda")
-    for _ in range(3):  # as benchmarks/gpu_check.py: cuDNN has chosen its algorithms by then
+    for _ in range(3):  # as tests/test_gpu_checks.py: cuDNN has chosen its algorithms by then
         workload.step()
     reference = plain_cupti_kernels(workload, 2)
     session = Session("MFLG", iterations=2, warmup=1, out=tmp_path / "g", device="cuda").start()
@@ -464,7 +465,7 @@ def test_host_work_around_the_layers_and_the_step_is_phase_host(tmp_path: Path) 
 
 
 def test_torch_compile_gets_no_graph_break_or_recompile_from_f(tmp_path: Path) -> None:
-    from benchmarks.compile_check import dynamo_counts
+    from tests.fixtures import dynamo_counts
 
     torch._dynamo.reset()
     model = torch.compile(TwoLayers(), backend="eager")

@@ -1,5 +1,5 @@
 """The replay reconstruction on real H200 measurements (benchmarks/data/replay-h200, recorded by
-benchmarks/device_run_replay.sh with the calibrating capture): the known-duration workload, whose
+`bash benchmarks/device.sh replay` with the calibrating capture): the known-duration workload, whose
 layers' GPU times have CUDA-event truth (truth.json), and ResNet-50 b64 training."""
 
 from __future__ import annotations

@@ -1,0 +1,409 @@
+#!/usr/bin/env bash
+# The GPU machine's benchmark jobs as named presets: the setup once (benchmarks/device_setup.sh:
+# the carried wheels, the project on the path, the native core built), then each preset named, in
+# order. Run from the repository root on the device machine, with .whl carried; results land in
+# $OUT (/tmp/out when it is unset).
+#
+#   bash benchmarks/device.sh PRESET [PRESET ...]
+#   bash benchmarks/device.sh --list             # the presets: name, time on the H200, what
+#   bash benchmarks/device.sh --local PRESET ...  # here: the python3 on PATH, no wheels, no build
+#
+# Settings come from the environment and are named in each preset's line (ROUNDS, CONFIGS, ...).
+# One device command runs at most 10 minutes: name together only presets whose times fit.
+# benchmarks/README.md says what each preset measures and which results it produced.
+# shellcheck disable=SC2317  # the presets' functions are called by name, "p_$preset"
+set -u
+
+# name | time on the H200 | what it runs (settings)
+PRESETS=(
+  "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
+  "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first"
+  "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
+  "overhead-b1|5 min|overhead.py, ResNet-50 and MobileNetV2 batch-1 inference (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
+  "overhead-gpt|4 min|overhead.py, the GPT LM training step (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
+  "overhead-compiled|5 min|overhead.py, torch.compile'd ResNet-18 b32 training (ROUNDS=2 ITERS=30 CONFIGS=none,MF(no shapes),MFLG)"
+  "inprocess|6 min|inprocess.py: level sets against the untraced loop in rounds inside one process, four cases"
+  "ncu-probe|1 min|Nsight Compute: its metrics, the ones xsp picks, one tiny kernel under the whole set and the lean one (XSP_NCU=path)"
+  "counter-calibration|2 min|counter_calibration.py: GEMMs of known shape and a 2 GiB copy under ncu, into calibration/"
+  "counters|6 min|xsp run of ResNet-50 b64 training at M,MF,MFLG and the counter run MH; its analyses; the store as r50-b64-train-counters.tgz"
+  "campaign|up to 9 min|one part of campaigns/default.toml, resumable, and its campaign_time.py figures (PART=0/1 ONLY= KEEP= PREV= LIMIT_S=480 EXTRA=)"
+  "views|2 min|the GPT LM training script, unmodified, at M,MF,MFLG; its analyses and store (gpt-store.tgz)"
+  "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
+  "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
+  "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
+  "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
+  "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
+  "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
+  "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
+)
+
+usage() {
+  echo "usage: bash benchmarks/device.sh [--local] PRESET [PRESET ...] | --list"
+  echo "presets:"
+  list | sed 's/^/  /'
+}
+
+list() {
+  local line name time what
+  for line in "${PRESETS[@]}"; do
+    IFS='|' read -r name time what <<<"$line"
+    printf '%-20s %-11s %s\n' "$name" "$time" "$what"
+  done
+}
+
+known() {
+  local line
+  for line in "${PRESETS[@]}"; do
+    [ "${line%%|*}" = "$1" ] && return 0
+  done
+  return 1
+}
+
+# --- the presets ------------------------------------------------------------------------------
+
+p_gpu_tests() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  set -o pipefail
+  timeout "${GPU_TESTS_S:-500}" python3 -m pytest -q -p no:cacheprovider --tb=short \
+    tests/test_gpu.py tests/test_gpu_checks.py tests/test_native.py tests/test_compiled.py 2>&1 \
+    | tee "$OUT/gpu-tests.log" | grep -E "^E |^(FAILED|ERROR|SKIPPED)|passed|failed"
+  local rc=$?
+  set +o pipefail
+  return "$rc"
+}
+
+# The replay issue's fixtures: fresh measurements with the current capture (calibration, settling
+# warm-up) of ResNet-50 b64 training (NCHW and channels_last), ResNet-50 b1 inference (host-bound),
+# the GPT LM training script and the known-duration workload (with its CUDA-event truth), brought back as one archive; the GPU tests.
+p_replay() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  gpu_tests 320
+  R=/tmp/replay; mkdir -p "$R"
+  xrun() { timeout "$1" python3 -m xsp run "${@:2}" 2>&1 | tail -12; }
+  python3 benchmarks/workloads/known_layers.py --truth "$R/known-truth.json" --steps 60
+  xrun 150 --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out "$R/known-layers" \
+    -- python3 benchmarks/workloads/known_layers.py --steps 40
+  cp "$R/known-truth.json" "$R/known-layers/truth.json"
+  common=(--model torchvision:resnet50 --batch-size 64 --mode train --levels "M,MF,MFLG" --iterations 20 --warmup 3 --device cuda)
+  xrun 200 "${common[@]}" --out "$R/r50-b64-train"
+  xrun 200 "${common[@]}" --channels-last --out "$R/r50-b64-train-cl"
+  xrun 200 --model torchvision:resnet50 --batch-size 1 --mode infer --levels M,MF,MFLG \
+    --iterations 20 --warmup 3 --device cuda --out "$R/r50-b1-infer"
+  xrun 200 --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out "$R/gpt-lm-train" \
+    -- python3 benchmarks/workloads/gpt_lm_train.py --steps 40
+  python3 - <<'PY'
+import json, glob
+for p in sorted(glob.glob("/tmp/replay/*/*/run.json")):
+    m = json.load(open(p))
+    print(p, m.get("status"), "warmup", m.get("warmup"), m.get("warmup_settled"), "calib", m.get("calibration"))
+PY
+  python3 - <<'PY'
+from xsp.analysis import critical_path
+from xsp.analysis.replay import replay
+from xsp.analysis.store import MeasurementStore
+for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "r50-b1-infer", "gpt-lm-train"):
+    store = MeasurementStore(f"/tmp/replay/{name}")
+    found = replay(store).summary()
+    print(name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),
+          "error %", round(found["error_pct"], 2), found["calibration"], found["checks"],
+          "baseline", found["baseline"])
+    print("  ", critical_path.verdict(store))
+PY
+  tar -C "$R" -czf "$OUT/replay-stores.tgz" .
+  ls -la "$OUT"
+}
+
+# overhead.py: one fresh process per (round, case, configuration); step, paired step, end to end
+# and peak RSS against the untraced process (the figures the goals are read against).
+OVERHEAD_CONFIGS="none,MF(no shapes),MFLG,torch.profiler(cpu+cuda)"
+p_overhead_train() {
+  overhead 300 r50-train --rounds "${ROUNDS:-3}" --iters "${ITERS:-30}" \
+    --cases torchvision:resnet50/train/64 --configs "${CONFIGS:-$OVERHEAD_CONFIGS}"
+}
+p_overhead_b1() {
+  overhead 150 r50-infer-b1 --rounds "${ROUNDS:-3}" --iters "${ITERS:-30}" \
+    --cases torchvision:resnet50/infer/1 --configs "${CONFIGS:-$OVERHEAD_CONFIGS}"
+  overhead 140 mobilenet-b1 --rounds "${ROUNDS:-3}" --iters "${ITERS:-30}" \
+    --cases torchvision:mobilenet_v2/infer/1 --configs "${CONFIGS:-$OVERHEAD_CONFIGS}"
+}
+p_overhead_gpt() {  # about 20 s per process on the H200
+  overhead 250 gpt-lm --rounds "${ROUNDS:-3}" --iters "${ITERS:-30}" --cases gpt-lm/train/16 \
+    --configs "${CONFIGS:-$OVERHEAD_CONFIGS}"
+}
+p_overhead_compiled() {  # about 60 s per process: each compiles afresh, inductor's caches off
+  overhead 300 compiled --rounds "${ROUNDS:-2}" --iters "${ITERS:-30}" \
+    --cases compiled:torchvision:resnet18/train/32 --configs "${CONFIGS:-none,MF(no shapes),MFLG}"
+}
+
+# inprocess.py: every level set against the untraced loop in one process per case, in rounds
+# (the host's drift cancels within a round).
+p_inprocess() {
+  case_() {  # seconds, name, inprocess.py arguments...
+    local limit=$1 name=$2; shift 2
+    timeout "$limit" python3 benchmarks/inprocess.py --out "$OUT/inprocess-$name.json" "$@" 2>&1 \
+      | grep -v "^\[transformers\]" | tail -14
+  }
+  case_ 110 r50-infer-b1 --case torchvision:resnet50/infer/1 --rounds 8 --iters 100 \
+    --configs "none,MF,MLG,MFLG,MFLG(no correlation)"
+  case_ 110 r50-train-b64 --case torchvision:resnet50/train/64 --rounds 6 --iters 50 \
+    --configs "none,MF,MFLG"
+  case_ 90 gpt-lm --case gpt-lm/train/16 --rounds 6 --iters 50 --configs "none,MF,MFLG"
+  case_ 70 mobilenet-b1 --case torchvision:mobilenet_v2/infer/1 --rounds 6 --iters 100 \
+    --configs "none,MF,MFLG"
+}
+
+# The hardware-counter level, with Nsight Compute on PATH (or XSP_NCU).
+ncu_header() {
+  NCU=${XSP_NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+  echo "ncu: $NCU"; "$NCU" --version 2>&1 | tail -1
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+}
+
+# ncu's version and the metrics the GPU offers (--query-metrics), the metrics xsp picks from
+# them, and one tiny kernel profiled with the whole set (and the lean one: its replay passes); if
+# ncu refuses the set, every metric is tried alone and the bad ones are named.
+p_ncu_probe() {
+  ncu_header
+  "$NCU" --query-metrics > "$OUT/ncu-query-metrics.txt" 2>&1
+  "$NCU" --query-metrics --chip gh100 > "$OUT/ncu-query-metrics-gh100.txt" 2>&1
+  echo "query-metrics: $(wc -l < "$OUT/ncu-query-metrics.txt") lines"
+  python3 - "$OUT/ncu-metric-selection.json" <<'PY'
+import json, sys
+from xsp.tracer.convert import ncu as counters
+from xsp.tracer.run import ncu
+tool = ncu.find()
+offered = ncu.available_metrics(tool)
+chosen, missing = counters.requested_metrics(offered)
+first, _ = counters.requested_metrics(None)
+report = {"tool": tool, "version": ncu.version(tool), "device_list_read": offered is not None,
+          "offered": len(offered or ()), "chosen": chosen, "quantities_without_metric": missing,
+          "first_choices_not_offered": [m for m in first if offered and m.split(".")[0] not in offered]}
+json.dump(report, open(sys.argv[1], "w"), indent=1)
+print(json.dumps({k: v for k, v in report.items() if k != "chosen"}, indent=1))
+print("chosen:", ",".join(chosen))
+PY
+  local metrics lean tiny
+  metrics=$(python3 -c 'from xsp.tracer.run import ncu; print(",".join(ncu.selection(ncu.find())[0]))')
+  tiny='import torch; torch.cuda.profiler.start(); (torch.ones(1 << 20, device="cuda") * 2).sum(); torch.cuda.synchronize(); torch.cuda.profiler.stop()'
+  if "$NCU" --target-processes all --clock-control none --profile-from-start off --metrics "$metrics" \
+      --csv --page raw --print-units base python3 -c "$tiny" > "$OUT/ncu-tiny.csv" 2> "$OUT/ncu-tiny.err"; then
+    echo "the whole metric set profiles: $(grep -c '^"[0-9]' "$OUT/ncu-tiny.csv") kernels"
+    grep -h "passes" "$OUT/ncu-tiny.csv" "$OUT/ncu-tiny.err" | head -3
+    lean=$(XSP_COUNTER_METRICS=lean python3 -c 'from xsp.tracer.run import ncu; print(",".join(ncu.selection(ncu.find())[0]))')
+    echo "lean set (XSP_COUNTER_METRICS=lean):"
+    "$NCU" --profile-from-start off --metrics "$lean" python3 -c "$tiny" 2>&1 | grep passes | head -3
+  else
+    echo "ncu refused the set: $(grep -h ERROR "$OUT/ncu-tiny.csv" "$OUT/ncu-tiny.err" | head -3)"
+    local m
+    for m in ${metrics//,/ }; do
+      if ! "$NCU" --profile-from-start off --metrics "$m" python3 -c "$tiny" > /dev/null 2>&1; then
+        echo "bad metric: $m" | tee -a "$OUT/ncu-bad-metrics.txt"
+      fi
+    done
+  fi
+}
+
+# GEMMs of known shape (fp32, tf32, bf16, fp16) and a 2 GiB copy kernel under ncu against
+# 2*M*N*K and the bytes moved; commit calibration/counter-calibration.json as
+# benchmarks/results/counter-calibration-h200.json.
+p_counter_calibration() {
+  ncu_header
+  python3 benchmarks/counter_calibration.py --out /tmp/calibration 2>&1 | tail -12
+  mkdir -p "$OUT/calibration"
+  cp /tmp/calibration/counter-calibration.json /tmp/calibration/calibration-raw.csv \
+    /tmp/calibration/ncu.log "$OUT/calibration/" 2>/dev/null
+}
+
+# xsp run of ResNet-50 b64 training at M, MF, MFLG and the counter run MH (one iteration under
+# ncu), timed; its analyses as JSON and HTML; the store as a tarball
+# (benchmarks/data/r50-b64-train-counters), ncu's report apart.
+p_counters() {
+  ncu_header
+  local start=$SECONDS
+  rm -rf /tmp/r50c
+  python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train \
+    --levels M,MF,MFLG,MH --iterations 10 --warmup 3 --device cuda --out /tmp/r50c 2>&1 | tail -14
+  echo "xsp run (4 level sets): $((SECONDS - start)) s"
+  python3 - /tmp/r50c <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+for run in m["runs"]:
+    print(run["levels"], run["status"], run.get("seconds"), run.get("counters") or "", run.get("status_reasons") or "")
+mh = json.load(open(sys.argv[1] + "/MH/run.json"))
+c = mh.get("counters", {})
+print("counter run:", {k: c.get(k) for k in ("kernels", "kernels_per_iteration", "passes", "iterations_from_nvtx",
+      "kernels_outside_iterations", "unreadable_cells", "quantities_without_metric", "import_s", "calibration_s", "errors")})
+print("peaks measured:", {k: round(v / 1e12, 1) for k, v in (c.get("peaks_measured") or {}).items()})
+PY
+  python3 -m xsp analyze /tmp/r50c --json > "$OUT/r50c-analyze.json" 2> "$OUT/r50c-analyze.err"
+  python3 -m xsp analyze /tmp/r50c --rows 5 --report "$OUT/r50c-report.html" 2>&1 \
+    | grep -A40 "matched to the G run" | head -60
+  python3 - "$OUT/r50c-analyze.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))["analyses"]
+print("counter_matching", a.get("counter_matching", {}).get("rows"))
+print("model_metrics", a.get("model_metrics", {}).get("rows"))
+print("hardware_counters", a.get("hardware_counters"))
+PY
+  mkdir -p /tmp/ncu-reports && mv /tmp/r50c/MH/counters.ncu-rep /tmp/ncu-reports/ 2>/dev/null
+  cp /tmp/r50c/MH/ncu.log "$OUT/r50c-ncu.log" 2>/dev/null
+  rm -rf /tmp/r50-b64-train-counters && mv /tmp/r50c /tmp/r50-b64-train-counters
+  tar -C /tmp -czf "$OUT/r50-b64-train-counters.tgz" r50-b64-train-counters
+  tar -C /tmp -czf "$OUT/r50c-ncu-report.tgz" ncu-reports
+  mv /tmp/r50-b64-train-counters /tmp/r50c
+}
+
+# One part of the default campaign on the device machine (every GPU, one job each), stopped
+# after LIMIT_S seconds; a rerun resumes where it stopped. PART=i/k runs every k-th model from
+# the i-th, so that each part spans the model families; ONLY=globs (comma-separated) names the
+# models instead; PREV=DIR resumes DIR (carried). Back in $OUT: the job records, manifests and
+# logs (campaign-part.tgz; span files stay behind, they are too large to return), the complete
+# stores of the KEEP models (stores.tgz), and campaign_time.py's figures for the part.
+p_campaign() {
+  local part=${PART:-0/1} only keep start
+  keep=${KEEP:-"torchvision-resnet50__infer__b1 transformers-bert__infer__b16"}
+  only=${ONLY:-$(python3 - "$part" <<'PY'
+import sys, tomllib
+names = tomllib.load(open("campaigns/default.toml", "rb"))["models"]["names"]
+i, k = map(int, sys.argv[1].split("/"))
+print(",".join(names[i::k]))
+PY
+)}
+  nvidia-smi -L > "$OUT/gpus.txt"
+  if [ -n "${PREV:-}" ]; then cp -r "$PREV" /tmp/c; fi
+  start=$(date +%s)
+  # the first job alone: if it fails, say how, and run the rest without the fork server
+  python3 -m xsp campaign run campaigns/default.toml --out /tmp/c --only "$only" --limit 1 \
+    > "$OUT/first-job.log" 2>&1
+  if ! grep -q '"status": "ok"' /tmp/c/jobs/*.json 2>/dev/null; then
+    echo "first job failed: XSP_FORK_SERVER=0 from here" | tee -a "$OUT/first-job.log"
+    cat /tmp/c/runs/*/*.stderr.log >> "$OUT/first-job.log" 2>/dev/null
+    export XSP_FORK_SERVER=0
+  fi
+  # shellcheck disable=SC2086  # EXTRA is a list of arguments
+  timeout "${LIMIT_S:-480}" python3 -m xsp campaign run campaigns/default.toml --out /tmp/c \
+    --only "$only" ${EXTRA:-} > "$OUT/campaign.log" 2>&1
+  echo "campaign part $part: $(( $(date +%s) - start )) s" | tee -a "$OUT/campaign.log"
+  tail -3 "$OUT/campaign.log"
+  python3 benchmarks/campaign_time.py /tmp/c --project-overlap 2>&1 | tee "$OUT/campaign-time.txt"
+  tar -C /tmp -czf "$OUT/campaign-part.tgz" --exclude='*.parquet' c
+  # shellcheck disable=SC2046,SC2086  # the KEEP stores that exist, one word each
+  (cd /tmp/c/runs && tar -czf "$OUT/stores.tgz" $(ls -d $keep 2>/dev/null))
+  ls -la "$OUT"
+}
+
+# A small GPT training script, unmodified, at M, MF and MFLG; its analyses as JSON (suggestion
+# gains against the untraced step) and its store (benchmarks/data/gpt-lm-train).
+p_views() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 benchmarks/workloads/gpt_lm_train.py --steps 40 2>&1 | tail -2
+  python3 -m xsp run --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out /tmp/gpt \
+    -- python benchmarks/workloads/gpt_lm_train.py --steps 40 2>&1 | tail -25
+  python3 -m xsp analyze /tmp/gpt --json > "$OUT/gpt-analyze.json" 2> "$OUT/gpt-analyze.err"
+  python3 -m xsp analyze /tmp/gpt --rows 8 2>&1 | head -60
+  python3 - "$OUT/gpt-analyze.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("reconstruction", d["reconstruction"])
+for r in d["analyses"]["suggestions"]["rows"]:
+    print("suggestion", r["rule"], round(r["gain_ms_per_iteration"], 3), "ms", round(r["share_pct"], 1), "%")
+PY
+  tar -C /tmp -czf "$OUT/gpt-store.tgz" gpt
+  ls -la "$OUT"
+}
+
+# The NCCL issue's job (the nvidia-h200-x2 kind): ResNet-50 DDP training, batch 64 per GPU,
+# untraced and under xsp run at M, MF and MFLG; its analyses as JSON and HTML.
+p_ddp() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  nvidia-smi --query-gpu=index,name --format=csv,noheader
+  python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/workloads/ddp_resnet50.py --steps 30 \
+    2>&1 | grep "median step" | tee "$OUT/ddp-untraced.txt"
+  python3 -m xsp run --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out /tmp/ddp -- \
+    python -m torch.distributed.run --nproc-per-node 2 benchmarks/workloads/ddp_resnet50.py --steps 30 \
+    2>&1 | tail -20
+  python3 -m xsp analyze /tmp/ddp --json > "$OUT/ddp-analyze.json" 2> "$OUT/ddp-analyze.err"
+  python3 -m xsp analyze /tmp/ddp --rows 8 --report "$OUT/ddp-report.html" 2>&1 | tail -40
+  tar -C /tmp -czf "$OUT/ddp-r50-b64-nccl.tgz" ddp
+}
+
+# The leveled stores the tests and the analyze benchmark read: benchmarks/data/r50-b64-train
+# (the reconstruction's acceptance) and r50-b64-train-cl (the layout suggestion).
+p_r50_stores() {
+  rm -rf /tmp/r50-b64-train /tmp/r50-b64-train-cl
+  python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels M,MF,MFL,MFLG \
+    --iterations 20 --warmup 3 --device cuda --out /tmp/r50-b64-train 2>&1 | tail -9
+  python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels M,MFLG \
+    --iterations 5 --warmup 3 --device cuda --channels-last --out /tmp/r50-b64-train-cl 2>&1 | tail -3
+  tar -C /tmp -czf "$OUT/r50-b64-train.tgz" r50-b64-train r50-b64-train-cl
+}
+
+# A ResNet-50 b64 training measurement's memory analyses (allocator events per layer and type).
+p_memory() {
+  python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels M,MF,MFLG \
+    --iterations 3 --warmup 2 --device cuda --out /tmp/r50m 2>&1 | tail -4
+  python3 - /tmp/r50m "$OUT/memory-r50-b64-train.json" <<'PY'
+import json, sys
+from xsp.analysis.store import MeasurementStore
+from xsp.analysis import memory
+store = MeasurementStore(sys.argv[1])
+runs = {r.levels: r.meta for r in store.runs}
+layers = memory.layer_memory(store).to_pylist()
+types = memory.layer_type_memory(store).to_pylist()
+out = {"status": {k: (m["status"], m.get("memory_events"), m.get("api_ops")) for k, m in runs.items()},
+       "layer_memory_top": layers[:8], "layer_type_memory": types, "layers": len(layers)}
+json.dump(out, open(sys.argv[2], "w"), indent=1, default=str)
+print(json.dumps(out["status"]), len(layers), "layers")
+for row in types[:6]:
+    print(row["layer_type"], row["device"], row["allocations_per_iteration"], row["allocated_bytes_per_iteration"], row["peak_allocated_bytes"])
+PY
+}
+
+# The raw CUDA captures the CPU tests convert (copy them into tests/data/).
+p_cuda_fixtures() {
+  local levels
+  for levels in MF MFLG; do
+    python3 tests/record_fixture.py --device cuda --levels "$levels" --iterations 1 \
+      --out "$OUT/fixtures/resnet18_train_${levels,,}_cuda_native/raw.json" 2>&1 | tail -2
+  done
+}
+
+p_conversion() {
+  python3 benchmarks/conversion.py 2>&1 | tee "$OUT/conversion.txt"
+}
+
+p_collector() {
+  python3 benchmarks/collector_load.py --seconds "${LOAD_S:-10}" --clients "${CLIENTS:-2}" 2>&1 \
+    | tee "$OUT/collector-load.txt"
+}
+
+p_analyze() {
+  python3 benchmarks/analyze.py --repeats "${REPEATS:-5}" 2>&1 | tee "$OUT/analyze.txt"
+}
+
+# --- main -------------------------------------------------------------------------------------
+
+local_run=0
+case "${1:-}" in
+  "" ) usage >&2; exit 2 ;;
+  -h | --help ) usage; exit 0 ;;
+  -l | --list ) list; exit 0 ;;
+  --local ) local_run=1; shift ;;
+esac
+[ $# -gt 0 ] || { usage >&2; exit 2; }
+for preset in "$@"; do
+  known "$preset" || { echo "device.sh: no preset '$preset'" >&2; usage >&2; exit 2; }
+done
+
+cd "$(dirname "$0")/.." || exit 1
+export XSP_BENCH_LOCAL=$local_run
+# shellcheck source=benchmarks/device_setup.sh
+source benchmarks/device_setup.sh
+status=0
+for preset in "$@"; do
+  echo "=== $preset"
+  began=$SECONDS
+  "p_${preset//-/_}" || status=1
+  echo "=== $preset: $((SECONDS - began)) s"
+done
+exit $status
