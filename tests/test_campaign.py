@@ -22,7 +22,7 @@ from xsp.campaign.executor import run_local
 from xsp.campaign.files import from_dict, load
 from xsp.campaign.spec import CampaignSpec
 from xsp.campaign.store import CampaignStore
-from xsp.tracer.errors import ConfigError
+from xsp.tracer.errors import ConfigError, DeviceError, WorkloadError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5", "torchvision:mnasnet0_5"]
@@ -175,6 +175,19 @@ def test_failures_are_recorded_with_their_reason_and_the_campaign_moves_on(
     rows = con.sql("SELECT model, batch_size, latency_ms FROM jobs ORDER BY 1").fetchall()
     assert rows == [("timm:nosuchnet", 1, None), ("torchvision:nosuchnet", 1, None)]
     assert con.sql("SELECT count(*) FROM spans WHERE kind = 'step'").fetchall() == [(0,)]
+
+
+def test_an_error_is_classified_by_its_type_and_a_level_sets_output_by_its_text() -> None:
+    """Raised in this process (refused before the job ran): its type says the reason. A level
+    set runs in a process of its own, whose failure arrives as text (stderr, run.json)."""
+    from xsp.campaign.jobs import classify_error, classify_output
+
+    assert classify_error(WorkloadError("bad model name 'resnet'")) == "unsupported"
+    assert classify_error(DeviceError("--device cuda: no CUDA GPU is visible")) == "device"
+    assert classify_error(ConfigError("bad --iterations 0: must be at least 1")) == "failed"
+    assert classify_output("torch.OutOfMemoryError: CUDA out of memory.") == "out-of-memory"
+    assert classify_output("xsp.tracer.errors.WorkloadError: cannot build x") == "unsupported"
+    assert classify_output("level set MF: exit -11") == "failed"
 
 
 def test_jobs_in_a_lane_overlap_but_never_measure_while_another_job_runs(tmp_path: Path) -> None:

@@ -282,3 +282,8 @@ def test_a_bad_cupti_buffer_size_is_a_config_error_when_used_not_at_import(
     assert cuda._CuptiSession().buffer_bytes == 64 * 1024 * 1024
     with pytest.raises(ConfigError, match=r"XSP_OVERLAP='maybe'"):
         config.switch("XSP_OVERLAP", True, {"XSP_OVERLAP": "maybe"})
+
+
+def test_the_native_core_is_built_where_xsp_native_dir_says() -> None:
+    assert config.native_dir({"XSP_NATIVE_DIR": " /opt/xsp-native "}) == Path("/opt/xsp-native")
+    assert config.native_dir({"XSP_NATIVE_DIR": ""}) == Path.home() / ".cache/xsp/native"

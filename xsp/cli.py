@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import pyarrow.compute as pc
@@ -27,6 +27,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from xsp.tracer.errors import XspError
+from xsp.tracer.export.formats import FORMATS
+
+if TYPE_CHECKING:
+    from xsp.tracer.export.formats import ExportSource, RunSpans
+    from xsp.tracer.store import Run
 
 console = Console(stderr=True)
 out_console = Console()
@@ -193,12 +198,10 @@ def run(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["otlp-json", "chrome", "otlp-metrics-json"]),
-    default="otlp-json",
+    type=click.Choice(list(FORMATS)),
+    default=next(iter(FORMATS)),
     show_default=True,
-    help="otlp-json: OTLP JSON Lines; chrome: Chrome/Perfetto trace JSON in torch.profiler's "
-    "layout, which HTA reads too (gzip with -o *.gz); "
-    "otlp-metrics-json: the GPU monitor's samples as OTLP metrics, one line per run.",
+    help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + ".",
 )
 @click.option(
     "--reconstructed",
@@ -211,67 +214,32 @@ def run(
 def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) -> None:
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
-    from xsp.tracer.export.sinks import OtlpJsonFileSink, SpanBatch
-    from xsp.tracer.store import check_output, open_measurement, open_output
+    from xsp.tracer.store import check_output, open_measurement
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
     runs = open_measurement(run_dir, _warn)
-    if fmt == "otlp-metrics-json":
-        _export_metrics(runs, output)
-        return
-    batches = _batches(run_dir, runs, reconstructed)
-    if fmt == "chrome":
-        from xsp.tracer.export.chrome import split_ranks, write_chrome_trace
-
-        if output is None:
-            raise XspError("--format chrome needs -o FILE (a .json or .json.gz file)")
-        # the ranks of a multi-rank job are processes of their own, with their own pids
-        pids = [_rank_pids(run.meta) for run in runs] if not reconstructed else [{}]
-        parts = [
-            part
-            for (resource, spans), own in zip(batches, pids, strict=True)
-            for part in split_ranks(resource, spans, own)
-        ]
-        try:
-            count = write_chrome_trace(output, parts)
-        except OSError as exc:
-            raise XspError(f"cannot write {output}: {exc}") from exc
-        console.print(f"wrote {count} spans to {output}", highlight=False)
-        return
-    try:
-        handle = open_output(output) if output else sys.stdout  # .gz: gzipped
-    except OSError as exc:
-        raise XspError(f"cannot write {output}: {exc.strerror or exc}") from exc
-    try:
-        sink = OtlpJsonFileSink(handle)
-        for resource, spans in batches:
-            sink.export(SpanBatch.of(resource, spans))
-        sink.shutdown()
-    except OSError as exc:
-        raise XspError(f"cannot write {output or 'stdout'}: {exc}") from exc
-    finally:
-        if output:
-            handle.close()
-    if output:
-        console.print(f"wrote {sink.lines} traces to {output}", highlight=False)
+    said = FORMATS[fmt].write(_source(run_dir, runs, reconstructed), output)
+    if said:
+        console.print(said, highlight=False)
 
 
-def _rank_pids(meta: dict[str, Any]) -> dict[int, int]:
-    """Rank -> OS pid of a multi-rank run (its run.json's ``ranks``)."""
-    return {
-        int(rank["rank"]): int(rank["pid"])
-        for rank in meta.get("ranks") or []
-        if isinstance(rank, dict) and isinstance(rank.get("pid"), int)
-    }
+def _source(run_dir: Path, runs: list[Run], reconstructed: bool) -> ExportSource:
+    """What export and push write: each run's spans, or the one reconstructed measurement
+    (rebuilt only when the spans are read)."""
+    from xsp.tracer.export.formats import ExportSource
 
-
-def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[Any, Any]]:
-    """(resource, spans) to export: each run's, or the one reconstructed measurement."""
     if not reconstructed:
-        return [(r.resource, r.spans()) for r in runs]
+        return ExportSource.of_runs(runs)
+    return ExportSource(runs, lambda: [_reconstructed(run_dir)])
+
+
+def _reconstructed(run_dir: Path) -> RunSpans:
+    """The leveled reconstruction of a measurement, as one batch of spans."""
     from xsp.analysis.reconstruct import reconstruct, reconstructed_resource
     from xsp.analysis.store import MeasurementStore
+    from xsp.tracer.export.formats import RunSpans
+    from xsp.tracer.export.sinks import SpanBatch
 
     store = MeasurementStore(run_dir)  # its warnings were printed as the runs were opened
     store.require_spans()
@@ -282,35 +250,7 @@ def _batches(run_dir: Path, runs: list[Any], reconstructed: bool) -> list[tuple[
             "and kept their own timing",
             highlight=False,
         )
-    return [(reconstructed_resource(store), spans)]
-
-
-def _export_metrics(runs: list[Any], output: Path | None) -> None:
-    import json
-
-    from xsp.tracer.convert.records import MonitorSamples
-    from xsp.tracer.export.metrics import encode_metrics, metrics_to_json
-
-    lines = []
-    for run_ in runs:
-        table = run_.monitor()
-        if table is None or not table.num_rows:
-            continue
-        columns = table.to_pydict()
-        samples = MonitorSamples(time_ns=columns.pop("time_ns"), values=columns)
-        request = encode_metrics(samples, run_.resource)
-        lines.append(json.dumps(metrics_to_json(request), separators=(",", ":")))
-    if not lines:
-        raise XspError(f"no GPU monitor samples in {runs[0].path.parent} (CPU runs have none)")
-    text = "\n".join(lines) + "\n"
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        output.write_text(text)
-    except OSError as exc:
-        raise XspError(f"cannot write {output}: {exc}") from exc
-    console.print(f"wrote the monitor metrics of {len(lines)} runs to {output}", highlight=False)
+    return RunSpans(SpanBatch.of(reconstructed_resource(store), spans))
 
 
 @main.command()
@@ -323,7 +263,7 @@ def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
     One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
     OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout.
     """
-    from xsp.tracer.export.sinks import OtlpSink, SpanBatch
+    from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
     from xsp.tracer.store import open_measurement
 
@@ -333,8 +273,8 @@ def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
     sink = OtlpSink(make_transport(config))
     try:
-        for resource, spans in _batches(run_dir, runs, reconstructed):
-            sink.export(SpanBatch.of(resource, spans))
+        for spans in _source(run_dir, runs, reconstructed).spans():
+            sink.export(spans.batch)
     finally:
         sink.shutdown()
     console.print(

@@ -34,7 +34,14 @@ def sections(store: MeasurementStore) -> list[Section]:
     """Every analysis of the measurement, suggestions first; empty tables included. The
     multi-rank analyses (``ranks``, ``communication_overlap``, ``collective_skew``) are there
     only for a multi-rank job."""
-    return [*_every_measurement(store), *_memory(store), *_multi_rank(store)]
+    return [
+        *_overview(store),
+        *_layers(store),
+        *_kernels(store),
+        *counter_sections(store),
+        *_memory(store),
+        *_multi_rank(store),
+    ]
 
 
 def _memory(store: MeasurementStore) -> list[Section]:
@@ -162,14 +169,13 @@ def _replay_sections(store: MeasurementStore) -> list[Section]:
     ]
 
 
-def _every_measurement(store: MeasurementStore) -> list[Section]:
-    from xsp.analysis import kernels, layers, library, summary
-    from xsp.analysis.charts import bar
+def _overview(store: MeasurementStore) -> list[Section]:
+    """What to change, where the step goes, and what the measurement itself cost and saw."""
+    from xsp.analysis import summary
     from xsp.analysis.monitor import monitor_summary
     from xsp.analysis.reconstruct import level_overhead
     from xsp.analysis.suggestions import suggest
 
-    gpu_run = "from the deepest run with level G (traced)"
     return [
         Section(
             "suggestions",
@@ -191,6 +197,15 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             "GPU monitor: SM active and occupancy against NVML's utilization",
             monitor_summary(store),
         ),
+    ]
+
+
+def _layers(store: MeasurementStore) -> list[Section]:
+    """The layers (A2, A3, A5) and the library calls they make."""
+    from xsp.analysis import layers, library
+    from xsp.analysis.charts import bar
+
+    return [
         _layer_types(store),
         Section("layer_info", "Layer info (A2)", layers.layer_info(store)),
         Section(
@@ -205,6 +220,16 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
             library.library_calls(store, limit=TOP_LAYERS),
             f"the {TOP_LAYERS} calls with the most time",
         ),
+    ]
+
+
+def _kernels(store: MeasurementStore) -> list[Section]:
+    """The kernels (A10, A11), GPU time per layer (A13) and HTA's GPU time breakdowns."""
+    from xsp.analysis import kernels
+    from xsp.analysis.charts import bar
+
+    gpu_run = "from the deepest run with level G (traced)"
+    return [
         Section(
             "kernels_by_name",
             "Kernels by name (A10)",
@@ -247,7 +272,6 @@ def _every_measurement(store: MeasurementStore) -> list[Section]:
                 t, "bucket", "share_of_time_pct", "Share of kernel time by duration"
             ),
         ),
-        *counter_sections(store),
     ]
 
 

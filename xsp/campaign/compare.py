@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from xsp.campaign.names import family, family_order, labels
@@ -142,168 +144,221 @@ def _by_batch(values: dict[int, str], unit: str = "") -> str:
     return ", ".join(parts)
 
 
-def findings(results: list[Record]) -> list[tuple[str, str]]:
-    """The campaign's headline facts, as (lead, sentence) pairs, worked out from the records:
-    job outcomes, launch- against compute-bound by batch size, GPU busy share, the optimal batch,
-    the throughput range, convolution's share, the suggestions that fired and tracing's cost."""
-    out: list[tuple[str, str]] = []
-    ok = ok_jobs(results)
-    names = display_names(results)
-    batches = batch_sizes(ok)
-    workloads = {(r["model"], r["mode"]) for r in results}
-    failed = [r for r in results if r.get("status") != "ok"]
+Finding = tuple[str, str]  # (lead, sentence)
+
+
+@dataclass(frozen=True)
+class _Campaign:
+    """What the findings read: every job's record, the successful ones, the workloads' short
+    names, the batch sizes of the successful jobs and how many are bound how at each."""
+
+    results: list[Record]
+    ok: list[Record]
+    names: dict[Workload, str]
+    batches: list[int]
+    bounds: dict[int, Counter[str]]
+
+    @classmethod
+    def of(cls, results: list[Record]) -> _Campaign:
+        ok = ok_jobs(results)
+        return cls(results, ok, display_names(results), batch_sizes(ok), bound_counts(results))
+
+    def name(self, r: Record) -> str:
+        return self.names[(r["model"], r["mode"])]
+
+
+def _jobs(c: _Campaign) -> Finding:
+    workloads = {(r["model"], r["mode"]) for r in c.results}
+    failed = [r for r in c.results if r.get("status") != "ok"]
     outcome = (
-        f"{len(ok)} of {len(results)} jobs ok: {len(workloads)} workloads × batch "
-        f"{', '.join(map(str, batch_sizes(results)))}."
+        f"{len(c.ok)} of {len(c.results)} jobs ok: {len(workloads)} workloads × batch "
+        f"{', '.join(map(str, batch_sizes(c.results)))}."
     )
     if failed:
         reasons = Counter(str(r.get("reason") or r.get("status")) for r in failed)
         outcome += " Failed: " + ", ".join(f"{why} ({n})" for why, n in reasons.most_common())
-        outcome += (
-            "; "
-            + _few([f"{names[(r['model'], r['mode'])]} b{r['batch_size']}" for r in failed])
-            + "."
-        )
-    out.append(("Jobs", outcome))
-    if not ok:
-        return out
-    counts = bound_counts(results)
-    if any(counts.values()):
-        total = {b: sum(c.values()) for b, c in counts.items()}
-        out.append(
-            (
-                "Launch-bound or compute-bound",
-                "launch-bound: "
-                + _by_batch({b: f"{c['launch-bound']} of {total[b]}" for b, c in counts.items()})
-                + "; compute-bound: "
-                + _by_batch({b: str(c["compute-bound"]) for b, c in counts.items()})
-                + "; the rest mixed.",
-            )
-        )
-        busy = {
-            b: [
-                r["summary"]["gpu_busy_pct"]
-                for r in ok
-                if r["batch_size"] == b and r["summary"].get("gpu_busy_pct") is not None
-            ]
-            for b in batches
-        }
-        kernel = {
-            b: [
-                r["summary"]["median_kernel_us"]
-                for r in ok
-                if r["batch_size"] == b and r["summary"].get("median_kernel_us")
-            ]
-            for b in batches
-        }
-        out.append(
-            (
-                "GPU busy share of the step",
-                "median over models "
-                + _by_batch({b: _pct(statistics.median(v)) for b, v in busy.items() if v})
-                + "; median kernel "
-                + _by_batch(
-                    {b: f"{statistics.median(v):.1f}" for b, v in kernel.items() if v}, " µs"
-                )
-                + ".",
-            )
-        )
-        first, last = batches[0], batches[-1]
-        early = [
-            names[(r["model"], r["mode"])]
-            for r in ok
-            if r["batch_size"] == first and r["summary"].get("bound") == "compute-bound"
+        outcome += "; " + _few([f"{c.name(r)} b{r['batch_size']}" for r in failed]) + "."
+    return ("Jobs", outcome)
+
+
+def _bounds(c: _Campaign) -> Finding | None:
+    if not any(c.bounds.values()):
+        return None
+    total = {b: sum(n.values()) for b, n in c.bounds.items()}
+    return (
+        "Launch-bound or compute-bound",
+        "launch-bound: "
+        + _by_batch({b: f"{n['launch-bound']} of {total[b]}" for b, n in c.bounds.items()})
+        + "; compute-bound: "
+        + _by_batch({b: str(n["compute-bound"]) for b, n in c.bounds.items()})
+        + "; the rest mixed.",
+    )
+
+
+def _gpu_busy(c: _Campaign) -> Finding | None:
+    if not any(c.bounds.values()):  # told beside the bounds, as their cause
+        return None
+    busy = {
+        b: [
+            r["summary"]["gpu_busy_pct"]
+            for r in c.ok
+            if r["batch_size"] == b and r["summary"].get("gpu_busy_pct") is not None
         ]
-        if early and first != last:
-            out.append((f"Compute-bound already at batch {first}", _few(early) + "."))
-        stuck = sorted(
-            (
-                r
-                for r in ok
-                if r["batch_size"] == last and r["summary"].get("bound") == "launch-bound"
-            ),
-            key=lambda r: r["summary"]["gpu_busy_pct"],
-        )
-        if stuck and first != last:
-            out.append(
-                (
-                    f"Still launch-bound at batch {last}",
-                    _few(
-                        [
-                            f"{names[(r['model'], r['mode'])]} ({_pct(r['summary']['gpu_busy_pct'])} busy)"
-                            for r in stuck
-                        ]
-                    )
-                    + ": kernels too small for the GPU at every batch size.",
-                )
-            )
-    best = optimal_batches(results)
-    if best:
-        at = Counter(best.values())
-        top_batch, top_n = at.most_common(1)[0]
-        text = f"batch {top_batch} for {top_n} of {len(best)} workloads"
-        others = [f"{names[k]} (batch {b})" for k, b in sorted(best.items()) if b != top_batch]
-        out.append(("Best throughput", text + ("; " + _few(others) if others else "") + "."))
-    last = batches[-1]
-    at_last = [r for r in ok if r["batch_size"] == last and r["summary"].get("throughput_per_s")]
-    at_first = [r for r in ok if r["batch_size"] == batches[0] and r["summary"].get("latency_ms")]
-    if at_last and at_first:
-        fast = max(at_last, key=lambda r: r["summary"]["throughput_per_s"])
-        slow = min(at_last, key=lambda r: r["summary"]["throughput_per_s"])
-        quick = min(at_first, key=lambda r: r["summary"]["latency_ms"])
-        late = max(at_first, key=lambda r: r["summary"]["latency_ms"])
-        out.append(
-            (
-                "Range",
-                f"at batch {last} from {slow['summary']['throughput_per_s']:,.0f} items/s "
-                f"({names[(slow['model'], slow['mode'])]}) to {fast['summary']['throughput_per_s']:,.0f} "
-                f"({names[(fast['model'], fast['mode'])]}); at batch {batches[0]} latency from "
-                f"{quick['summary']['latency_ms']:.2f} ms ({names[(quick['model'], quick['mode'])]}) to "
-                f"{late['summary']['latency_ms']:.2f} ms ({names[(late['model'], late['mode'])]}).",
-            )
-        )
-    largest = largest_batch_jobs(results)
+        for b in c.batches
+    }
+    kernel = {
+        b: [
+            r["summary"]["median_kernel_us"]
+            for r in c.ok
+            if r["batch_size"] == b and r["summary"].get("median_kernel_us")
+        ]
+        for b in c.batches
+    }
+    return (
+        "GPU busy share of the step",
+        "median over models "
+        + _by_batch({b: _pct(statistics.median(v)) for b, v in busy.items() if v})
+        + "; median kernel "
+        + _by_batch({b: f"{statistics.median(v):.1f}" for b, v in kernel.items() if v}, " µs")
+        + ".",
+    )
+
+
+def _compute_bound_early(c: _Campaign) -> Finding | None:
+    first, last = c.batches[0], c.batches[-1]
+    early = [
+        c.name(r)
+        for r in c.ok
+        if r["batch_size"] == first and r["summary"].get("bound") == "compute-bound"
+    ]
+    if not early or first == last:
+        return None
+    return (f"Compute-bound already at batch {first}", _few(early) + ".")
+
+
+def _launch_bound_late(c: _Campaign) -> Finding | None:
+    first, last = c.batches[0], c.batches[-1]
+    stuck = sorted(
+        (
+            r
+            for r in c.ok
+            if r["batch_size"] == last and r["summary"].get("bound") == "launch-bound"
+        ),
+        key=lambda r: r["summary"]["gpu_busy_pct"],
+    )
+    if not stuck or first == last:
+        return None
+    return (
+        f"Still launch-bound at batch {last}",
+        _few([f"{c.name(r)} ({_pct(r['summary']['gpu_busy_pct'])} busy)" for r in stuck])
+        + ": kernels too small for the GPU at every batch size.",
+    )
+
+
+def _best_batch(c: _Campaign) -> Finding | None:
+    best = optimal_batches(c.results)
+    if not best:
+        return None
+    top_batch, top_n = Counter(best.values()).most_common(1)[0]
+    text = f"batch {top_batch} for {top_n} of {len(best)} workloads"
+    others = [f"{c.names[k]} (batch {b})" for k, b in sorted(best.items()) if b != top_batch]
+    return ("Best throughput", text + ("; " + _few(others) if others else "") + ".")
+
+
+def _range(c: _Campaign) -> Finding | None:
+    first, last = c.batches[0], c.batches[-1]
+    at_last = [r for r in c.ok if r["batch_size"] == last and r["summary"].get("throughput_per_s")]
+    at_first = [r for r in c.ok if r["batch_size"] == first and r["summary"].get("latency_ms")]
+    if not (at_last and at_first):
+        return None
+    fast = max(at_last, key=lambda r: r["summary"]["throughput_per_s"])
+    slow = min(at_last, key=lambda r: r["summary"]["throughput_per_s"])
+    quick = min(at_first, key=lambda r: r["summary"]["latency_ms"])
+    late = max(at_first, key=lambda r: r["summary"]["latency_ms"])
+    return (
+        "Range",
+        f"at batch {last} from {slow['summary']['throughput_per_s']:,.0f} items/s "
+        f"({c.name(slow)}) to {fast['summary']['throughput_per_s']:,.0f} ({c.name(fast)}); "
+        f"at batch {first} latency from {quick['summary']['latency_ms']:.2f} ms "
+        f"({c.name(quick)}) to {late['summary']['latency_ms']:.2f} ms ({c.name(late)}).",
+    )
+
+
+def _convolution(c: _Campaign) -> Finding | None:
     conv = sorted(
-        ((k, r["summary"].get("conv_share_pct") or 0.0) for k, r in largest.items()),
+        (
+            (k, r["summary"].get("conv_share_pct") or 0.0)
+            for k, r in largest_batch_jobs(c.results).items()
+        ),
         key=lambda item: -item[1],
     )
-    if conv and conv[0][1] > 0:
-        none = [names[k] for k, share in conv if share < 0.5]
-        text = ", ".join(f"{names[k]} {_pct(share)}" for k, share in conv[:3])
-        if none:
-            text += f"; none in {len(none)} ({_few(none)})"
-        out.append(("Convolution's share of layer time (largest batch)", "highest " + text + "."))
+    if not conv or conv[0][1] <= 0:
+        return None
+    none = [c.names[k] for k, share in conv if share < 0.5]
+    text = ", ".join(f"{c.names[k]} {_pct(share)}" for k, share in conv[:3])
+    if none:
+        text += f"; none in {len(none)} ({_few(none)})"
+    return ("Convolution's share of layer time (largest batch)", "highest " + text + ".")
+
+
+def _suggestions(c: _Campaign) -> Finding | None:
     jobs_by_rule: Counter[str] = Counter()
     models_by_rule: dict[str, set[Workload]] = defaultdict(set)
-    for r in ok:
+    for r in c.ok:
         for rule in r["summary"].get("suggestions") or []:
             jobs_by_rule[rule] += 1
             models_by_rule[rule].add((r["model"], r["mode"]))
-    if jobs_by_rule:
-        out.append(
-            (
-                "Suggestions that fired",
-                ", ".join(
-                    f"{rule} in {n} jobs ({len(models_by_rule[rule])} workloads)"
-                    for rule, n in jobs_by_rule.most_common()
-                )
-                + ".",
-            )
+    if not jobs_by_rule:
+        return None
+    return (
+        "Suggestions that fired",
+        ", ".join(
+            f"{rule} in {n} jobs ({len(models_by_rule[rule])} workloads)"
+            for rule, n in jobs_by_rule.most_common()
         )
-    cost = tracing_cost(results)
-    if cost:
-        steps = next(
-            r["summary"]["step_ms"] for r in ok if len(r["summary"].get("step_ms") or {}) > 1
+        + ".",
+    )
+
+
+def _tracing_cost(c: _Campaign) -> Finding | None:
+    cost = tracing_cost(c.results)
+    if not cost:
+        return None
+    steps = next(
+        r["summary"]["step_ms"] for r in c.ok if len(r["summary"].get("step_ms") or {}) > 1
+    )
+    shallow = min(steps, key=len)
+    return (
+        f"Tracing cost, median step time against {shallow}",
+        "; ".join(
+            f"{name} " + _by_batch({b: f"{v:.2f}" for b, v in by_batch.items()}, "×")
+            for name, by_batch in cost.items()
         )
-        shallow = min(steps, key=len)
-        out.append(
-            (
-                f"Tracing cost, median step time against {shallow}",
-                "; ".join(
-                    f"{name} " + _by_batch({b: f"{v:.2f}" for b, v in by_batch.items()}, "×")
-                    for name, by_batch in cost.items()
-                )
-                + ".",
-            )
-        )
-    return out
+        + ".",
+    )
+
+
+#: The findings told after the jobs' outcome when some job succeeded, in this order; each
+#: returns None when the campaign has nothing to say on it.
+FINDINGS: tuple[Callable[[_Campaign], Finding | None], ...] = (
+    _bounds,
+    _gpu_busy,
+    _compute_bound_early,
+    _launch_bound_late,
+    _best_batch,
+    _range,
+    _convolution,
+    _suggestions,
+    _tracing_cost,
+)
+
+
+def findings(results: list[Record]) -> list[Finding]:
+    """The campaign's headline facts, as (lead, sentence) pairs, worked out from the records:
+    job outcomes, launch- against compute-bound by batch size, GPU busy share, the optimal batch,
+    the throughput range, convolution's share, the suggestions that fired and tracing's cost."""
+    campaign = _Campaign.of(results)
+    told = [_jobs(campaign)]
+    if not campaign.ok:
+        return told
+    return told + [f for f in (finding(campaign) for finding in FINDINGS) if f is not None]

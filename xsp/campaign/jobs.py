@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from xsp.campaign.spec import CampaignSpec, Job
+from xsp.tracer.errors import DeviceError, WorkloadError, XspError
 
-#: Reason classes, matched against the job's error output (first match wins).
+#: Reason classes of the errors xsp raises before a job runs anything (first match wins).
+_REASON_BY_ERROR: tuple[tuple[type[XspError], str], ...] = (
+    (WorkloadError, "unsupported"),
+    (DeviceError, "device"),
+)
+#: Reason classes, matched against a failed level set's output (first match wins).
 _REASONS = (
     ("out-of-memory", ("CUDA out of memory", "OutOfMemoryError", "Cannot allocate memory")),
     ("unsupported", ("unknown model", "cannot build", "WorkloadError", "not supported")),
@@ -32,7 +38,18 @@ def switched_on(variable: str) -> bool:
     return config.switch(variable, True)
 
 
-def classify(output: str) -> str:
+def classify_error(exc: XspError) -> str:
+    """The reason class of an error raised in this process: its type says it."""
+    for kind, reason in _REASON_BY_ERROR:
+        if isinstance(exc, kind):
+            return reason
+    return "failed"
+
+
+def classify_output(output: str) -> str:
+    """The reason class of a failed level set, from its output. Each level set runs in a process
+    of its own: what failed there (a torch OutOfMemoryError, an xsp WorkloadError) reaches this
+    process only as text, its stderr log and its run.json's failure line, so the text is read."""
     for reason, needles in _REASONS:
         if any(n in output for n in needles):
             return reason
@@ -54,7 +71,6 @@ def run_job(
     in this process (each level set in its own process, forked from a server that imported
     torch once), so a job pays no interpreter start-up. Each level set's start-up and warm-up
     overlap the end of the one before, whose measurement is over by then."""
-    from xsp.tracer.errors import XspError
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
     started = time.time()
@@ -85,8 +101,7 @@ def run_job(
     try:
         result = run_leveled(leveled, after=after, on_measured=on_measured)
     except XspError as exc:  # refused before anything ran: an unknown model, a bad device
-        text = str(exc)
-        record.update(status="failed", reason=classify(text), error=text, wall_s=0.0)
+        record.update(status="failed", reason=classify_error(exc), error=str(exc), wall_s=0.0)
         return record
     record["wall_s"] = time.time() - started
     record["seconds_by_level_set"] = {run["levels"]: run.get("seconds") for run in result.runs}
@@ -112,7 +127,7 @@ def run_job(
         elif result.status == "partial":  # it measured, but something is missing
             status, reason = "partial", "partial"
         else:
-            status, reason = "failed", classify(f"{error}\n{logs}")
+            status, reason = "failed", classify_output(f"{error}\n{logs}")
         record.update(status=status, reason=reason, error=error[-500:])
         return record
     try:

@@ -32,6 +32,8 @@ from xsp.campaign.summary import COMPUTE_BOUND_BUSY_PCT
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
+    from xsp.campaign.spec import CampaignSpec
+
 __all__ = ["optimal_batches", "write_campaign_report", "write_run_reports"]
 
 RUN_REPORT = "report.html"
@@ -59,6 +61,9 @@ BOUND_COLORS = {"launch-bound": "crimson", "mixed": "orange", "compute-bound": "
 PANEL_COLUMNS = 3
 PANEL_ROW_PX = 320
 BAR_PX = 420
+#: The figures' sections: id -> heading, in page order.
+FIGURE_SECTIONS = {"figures": "Across models", "scaling": "Batch scaling"}
+Figure = tuple[str, str, "go.Figure"]  # (section id, title, figure)
 
 CSS = """
 body{font-family:sans-serif;margin:1.5em;max-width:1800px}
@@ -525,80 +530,13 @@ def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = T
     results = store.results()
     if run_reports:
         write_run_reports(store, results, os.cpu_count() or 1)
-    ok = compare.ok_jobs(results)
     rows = compare.per_model(results)
     batches = compare.batch_sizes(results)
-    names = compare.display_names(results)
     modes = len({r["mode"] for r in results})
-    largest = batches[-1] if batches else 0
-    figures: list[tuple[str, str, go.Figure]] = []
-    if ok:
-        figures.append(
-            (
-                "figures",
-                f"Throughput per model at batch {largest}",
-                plot_ranked(rows, f"throughput_per_s_b{largest}", names, "items/s", log=True),
-            )
-        )
-        if any(r.get(f"gpu_busy_pct_b{b}") is not None for r in rows for b in batches):
-            figures.append(
-                (
-                    "figures",
-                    "Launch-bound or compute-bound: GPU busy share of the step, per model and "
-                    f"batch size (dotted: {COMPUTE_BOUND_BUSY_PCT:.0f}%, compute-bound above)",
-                    plot_busy(rows, batches, names),
-                )
-            )
-        if any(r.get("conv_share_pct") for r in rows):
-            figures.append(
-                (
-                    "figures",
-                    "Convolution's share of layer time, largest batch of each model "
-                    "(models without convolutions left out)",
-                    plot_ranked(rows, "conv_share_pct", names, "conv share (%)"),
-                )
-            )
-        counted = [r for r in ok if (r.get("summary") or {}).get("counters")]
-        if counted:
-            figures.append(
-                (
-                    "figures",
-                    "Roofline across models: each counted job's iteration as one point "
-                    "(FLOPs and DRAM bytes from its counter run, kernel time from its G run)",
-                    plot_models_roofline(counted, names),
-                )
-            )
-        figures.append(
-            (
-                "scaling",
-                "Throughput against batch size, one panel per model family",
-                plot_scaling(rows, batches, names),
-            )
-        )
-    sections = {"figures": "Across models", "scaling": "Batch scaling"}
     parts = [
-        f"<h1>Campaign {html.escape(spec.name)}</h1>",
-        f"<p class='meta'>{len(ok)} of {len(results)} jobs ok; device "
-        f"{html.escape(spec.device)}; level sets {html.escape(', '.join(spec.level_sets))}; "
-        f"{spec.iterations} iterations after {spec.warmup} warm-up. "
-        "<a href='#findings'>Findings</a> · <a href='#figures'>Across models</a> · "
-        "<a href='#scaling'>Batch scaling</a> · <a href='#per-model'>Per model</a> · "
-        "<a href='#jobs'>All jobs</a></p>",
+        _header(spec, results),
         _findings_section(results, store, out),
-    ]
-    current = None
-    for index, (section, title, figure) in enumerate(figures):
-        if section != current:
-            if current is not None:
-                parts.append("</section>")
-            parts.append(f"<section id='{section}'><h2>{sections[section]}</h2>")
-            current = section
-        figure.update_layout(margin_l=5, margin_r=5, margin_b=5, template="plotly_white")
-        parts.append(f"<h3>{html.escape(title)}</h3>")
-        parts.append(figure.to_html(full_html=False, include_plotlyjs=(index == 0)))
-    if current is not None:
-        parts.append("</section>")
-    parts += [
+        *_figure_sections(_figures(results, rows, batches)),
         "<section id='per-model'><h2>Per model</h2>"
         "<p class='meta'>One row per model, the batch sizes as columns; click a heading to sort."
         "</p>",
@@ -615,3 +553,89 @@ def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = T
     )
     out.write_text(page, encoding="utf-8")
     return len(results)
+
+
+def _header(spec: CampaignSpec, results: list[Record]) -> str:
+    """The title, what ran, and the page's table of contents."""
+    ok = compare.ok_jobs(results)
+    return (
+        f"<h1>Campaign {html.escape(spec.name)}</h1>"
+        f"<p class='meta'>{len(ok)} of {len(results)} jobs ok; device "
+        f"{html.escape(spec.device)}; level sets {html.escape(', '.join(spec.level_sets))}; "
+        f"{spec.iterations} iterations after {spec.warmup} warm-up. "
+        "<a href='#findings'>Findings</a> · <a href='#figures'>Across models</a> · "
+        "<a href='#scaling'>Batch scaling</a> · <a href='#per-model'>Per model</a> · "
+        "<a href='#jobs'>All jobs</a></p>"
+    )
+
+
+def _figures(results: list[Record], rows: list[Record], batches: list[int]) -> list[Figure]:
+    """The cross-model figures and the batch-scaling panels, each where there is data for it
+    (none when no job succeeded)."""
+    ok = compare.ok_jobs(results)
+    if not ok:
+        return []
+    names = compare.display_names(results)
+    largest = batches[-1] if batches else 0
+    figures: list[Figure] = [
+        (
+            "figures",
+            f"Throughput per model at batch {largest}",
+            plot_ranked(rows, f"throughput_per_s_b{largest}", names, "items/s", log=True),
+        )
+    ]
+    if any(r.get(f"gpu_busy_pct_b{b}") is not None for r in rows for b in batches):
+        figures.append(
+            (
+                "figures",
+                "Launch-bound or compute-bound: GPU busy share of the step, per model and "
+                f"batch size (dotted: {COMPUTE_BOUND_BUSY_PCT:.0f}%, compute-bound above)",
+                plot_busy(rows, batches, names),
+            )
+        )
+    if any(r.get("conv_share_pct") for r in rows):
+        figures.append(
+            (
+                "figures",
+                "Convolution's share of layer time, largest batch of each model "
+                "(models without convolutions left out)",
+                plot_ranked(rows, "conv_share_pct", names, "conv share (%)"),
+            )
+        )
+    counted = [r for r in ok if (r.get("summary") or {}).get("counters")]
+    if counted:
+        figures.append(
+            (
+                "figures",
+                "Roofline across models: each counted job's iteration as one point "
+                "(FLOPs and DRAM bytes from its counter run, kernel time from its G run)",
+                plot_models_roofline(counted, names),
+            )
+        )
+    figures.append(
+        (
+            "scaling",
+            "Throughput against batch size, one panel per model family",
+            plot_scaling(rows, batches, names),
+        )
+    )
+    return figures
+
+
+def _figure_sections(figures: list[Figure]) -> list[str]:
+    """The figures as HTML, in one section per run of figures of the same section id;
+    plotly.js goes in once, with the first figure."""
+    parts = []
+    current = None
+    for index, (section, title, figure) in enumerate(figures):
+        if section != current:
+            if current is not None:
+                parts.append("</section>")
+            parts.append(f"<section id='{section}'><h2>{FIGURE_SECTIONS[section]}</h2>")
+            current = section
+        figure.update_layout(margin_l=5, margin_r=5, margin_b=5, template="plotly_white")
+        parts.append(f"<h3>{html.escape(title)}</h3>")
+        parts.append(figure.to_html(full_html=False, include_plotlyjs=(index == 0)))
+    if current is not None:
+        parts.append("</section>")
+    return parts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from xsp.tracer.errors import ConfigError
 
@@ -63,7 +64,7 @@ def _megabytes(name: str, default: int, maximum: int, env: Mapping[str, str] | N
 
 
 def cupti_buffer_bytes(env: Mapping[str, str] | None = None) -> int:
-    """``XSP_CUPTI_BUFFER_MB`` (default 256): the size of each CUPTI activity buffer."""
+    """``XSP_CUPTI_BUFFER_MB`` (default 16): the size of each CUPTI activity buffer."""
     return _megabytes("XSP_CUPTI_BUFFER_MB", DEFAULT_CUPTI_BUFFER_MB, MAX_CUPTI_BUFFER_MB, env)
 
 
@@ -82,6 +83,13 @@ def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
     """``XSP_NCU``: the Nsight Compute command line (``ncu``) for the hardware-counter level set
     MH (None: unset; xsp looks on PATH and in CUDA's and Nsight Compute's install folders)."""
     return _get("XSP_NCU", env)
+
+
+def native_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``XSP_NATIVE_DIR`` (default ``~/.cache/xsp/native``): where the native capture core is
+    built (``xsp.tracer.native.build``), one folder per source, torch and Python."""
+    value = _get("XSP_NATIVE_DIR", env)
+    return Path(value) if value is not None else Path.home() / ".cache" / "xsp" / "native"
 
 
 #: When level F records op input shapes: in the ``first`` measured iteration, which the others
@@ -123,5 +131,6 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)
     ncu_path(env)
+    native_dir(env)
     counter_set(env)
     op_shape_iterations(env)

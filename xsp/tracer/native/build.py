@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from xsp.tracer import config
 from xsp.tracer.errors import XspError
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,6 @@ def _key(with_cupti: Cupti | None) -> str:
     return digest.hexdigest()[:16]
 
 
-def native_dir() -> Path:
-    return Path(os.environ.get("XSP_NATIVE_DIR") or Path.home() / ".cache" / "xsp" / "native")
-
-
 @contextlib.contextmanager
 def _locked(directory: Path) -> Iterator[None]:
     """One builder at a time: the level-set processes of a run may all start cold."""
@@ -132,7 +129,7 @@ def load() -> ModuleType:
     cupti = find_cupti() if torch.version.cuda else None
     key = _key(cupti)
     name = f"xsp_capture_{key}"
-    directory = native_dir() / key
+    directory = config.native_dir() / key
     built = directory / f"{name}.so"
     if not built.is_file():
         with _locked(directory):
