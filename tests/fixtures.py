@@ -21,6 +21,7 @@ from xsp.tracer.convert.records import (
     ModuleInfo,
     StepRecords,
 )
+from xsp.tracer.levelset import LevelSet
 
 DATA = Path(__file__).parent / "data"
 SECTIONS = {"M": "steps", "F": "framework", "L": "api", "G": "gpu"}
@@ -37,11 +38,12 @@ def capture_raw(
     from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
     from xsp.tracer.workloads import zoo
 
-    os.environ.update(level_environment(LevelContext(device, levels)))  # before libraries start
+    level_set = LevelSet(levels)
+    os.environ.update(level_environment(LevelContext(device, level_set)))  # before libraries start
     workload = zoo.build(model, batch_size, mode, device)
     workload.step()  # warm-up: allocator, cuDNN/cuBLAS handles
-    context = LevelContext(device, levels)
-    built = build_levels(levels, context)
+    context = LevelContext(device, level_set)
+    built = build_levels(level_set, context)
     for level in built:
         level.enable()
     for i in range(iterations):
@@ -145,13 +147,14 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
     from xsp.tracer.convert.spans import build_table
 
     records, _ = load_records(scenario)
+    level_set = LevelSet(levels)
     return build_table(
         run_id,
-        levels,
+        level_set,
         records["M"],
-        records.get("F") if "F" in levels else None,
-        api=records.get("L") if "L" in levels else None,
-        gpu=records.get("G") if "G" in levels else None,
+        records.get("F") if level_set.framework else None,
+        api=records.get("L") if level_set.library else None,
+        gpu=records.get("G") if level_set.gpu else None,
     )[0]
 
 

@@ -18,10 +18,11 @@ from xsp.analysis import counters
 from xsp.analysis.catalog import COUNTER_KEYS, sections
 from xsp.analysis.peaks import datasheet, resolve
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
 from xsp.tracer.convert import ncu
+from xsp.tracer.levelset import LevelSet, parse_level_sets
 from xsp.tracer.run import ncu as ncu_run
 from xsp.tracer.run.runner import LeveledSpec, child_spec, run_leveled
+from xsp.tracer.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ResNet-50 b64 training on the H200: M, MF, MFLG and the counter run MH, recorded by
@@ -248,17 +249,20 @@ def test_a_kernel_launched_with_another_shape_does_not_pair() -> None:
 
 
 def test_level_set_mh_stands_alone() -> None:
-    assert schema.parse_levels("hm") == "MH"
-    assert schema.parse_level_sets("M,MF,MFLG,MH") == ["M", "MF", "MFLG", "MH"]
+    assert LevelSet("hm") == "MH" and LevelSet("hm").counters
+    assert parse_level_sets("M,MF,MFLG,MH") == ["M", "MF", "MFLG", "MH"]
     for bad in ("MFH", "H", "MHG"):
         with pytest.raises(ValueError, match="runs alone with M"):
-            schema.parse_levels(bad)
+            LevelSet(bad)
 
 
 def test_the_counter_run_measures_its_own_iteration_count(tmp_path: Path) -> None:
-    spec = LeveledSpec(out=tmp_path, iterations=10, model="torchvision:resnet18", device="cuda")
-    assert child_spec(spec, "MH", "m").iterations == 1
-    assert child_spec(spec, "MF", "m").iterations == 10
+    spec = LeveledSpec(
+        out=tmp_path,
+        profile=ProfileSpec(iterations=10, model="torchvision:resnet18", device="cuda"),
+    )
+    assert child_spec(spec, LevelSet("MH"), "m").run.profile.iterations == 1
+    assert child_spec(spec, LevelSet("MF"), "m").run.profile.iterations == 10
 
 
 def test_the_child_runs_under_ncu_with_its_report_in_the_run(tmp_path: Path) -> None:
@@ -289,11 +293,10 @@ def test_without_a_counter_tool_mh_is_skipped_in_one_line_and_the_rest_runs(
     script.write_text(textwrap.dedent(MEASURED_SCRIPT))
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=1, device="cpu", command=(sys.executable, str(script))
+        ),
         level_sets=("M", "MH"),
-        iterations=2,
-        warmup=1,
-        device="cpu",
-        command=(sys.executable, str(script)),
     )
     result = run_leveled(spec)
     assert result.ok, result.failure

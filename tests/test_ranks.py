@@ -20,6 +20,8 @@ from xsp.tracer.convert.ranks import join_ranks
 from xsp.tracer.convert.records import FrameworkRecords, ModuleInfo, StepRecords
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.levelset import LevelSet
+from xsp.tracer.spec import ProfileSpec, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -350,20 +352,21 @@ def test_a_rank_writes_its_own_directory_with_the_shared_run_id() -> None:
     from xsp.tracer.run.rank import rank_spec
 
     shared = ChildSpec(
-        levels="MF",
-        out="/r/MF",
-        iterations=3,
-        warmup=1,
-        measurement_id="m",
-        device="cuda",
-        run_id="run-1",
+        RunSpec(
+            LevelSet("MF"),
+            ProfileSpec(iterations=3, warmup=1, device="cuda"),
+            out="/r/MF",
+            measurement_id="m",
+            run_id="run-1",
+        ),
         progress_path="/proc/7/fd/9",
     )
     env = {RANK_SPEC_ENV: shared.to_json(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
     spec = rank_spec(env, ["train.py", "--lr", "0.1"])
-    assert (spec.out, spec.rank, spec.world_size, spec.run_id) == ("/r/MF/rank-1", 1, 2, "run-1")
-    assert spec.device == "cuda:1" and spec.progress_path is None  # rank 0 reports progress
-    assert spec.command == ("train.py", "--lr", "0.1")
+    run = spec.run
+    assert (run.out, run.rank, run.world_size, run.run_id) == ("/r/MF/rank-1", 1, 2, "run-1")
+    assert run.profile.device == "cuda:1" and spec.progress_path is None  # rank 0 reports progress
+    assert run.profile.command == ("train.py", "--lr", "0.1") and run.profile.iterations == 3
     with pytest.raises(ConfigError, match="RANK and WORLD_SIZE"):
         rank_spec({RANK_SPEC_ENV: shared.to_json()}, ["train.py"])
     with pytest.raises(ConfigError, match="started by xsp run"):
@@ -393,12 +396,17 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     from xsp.tracer.run.ranks import RankedRun
 
     spec = ChildSpec(
-        levels="M", out=str(tmp_path / "M"), iterations=1, warmup=0, measurement_id="m"
+        RunSpec(
+            LevelSet("M"),
+            ProfileSpec(iterations=1, warmup=0),
+            out=str(tmp_path / "M"),
+            measurement_id="m",
+        )
     )
     job = RankedRun(spec, "train.py")
     job.begin()
     assert store.read_json(tmp_path / "M" / store.RUN_META)["status"] == "running"
-    assert json.loads(job.rank_environment()[RANK_SPEC_ENV])["run_id"] == job.run_id
+    assert json.loads(job.rank_environment()[RANK_SPEC_ENV])["run"]["run_id"] == job.run_id
     _rank_run(tmp_path / "M", 0)
     sink = InMemorySink()
     meta = job.finish(JobEnd({"exit_code": 0}), [sink])

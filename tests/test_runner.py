@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from xsp.tracer.errors import XspError
+from xsp.tracer.levelset import LevelSet
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
+from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,11 +24,10 @@ def test_an_overlapped_level_set_switches_its_levels_on_after_the_one_before_exi
 ) -> None:
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=3, warmup=2, device="cpu", model="torchvision:squeezenet1_1"
+        ),
         level_sets=("M", "MF"),
-        iterations=3,
-        warmup=2,
-        device="cpu",
-        model="torchvision:squeezenet1_1",
         fork_server=True,
         overlap=True,
     )
@@ -58,11 +59,10 @@ def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Pa
     script.write_text(textwrap.dedent(FAILS_AFTER_MEASURING.format(root=str(ROOT))))
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=0, device="cpu", command=(sys.executable, str(script))
+        ),
         level_sets=("M", "MF"),
-        iterations=2,
-        warmup=0,
-        device="cpu",
-        command=(sys.executable, str(script)),
         log_stderr=True,
         overlap=True,
     )
@@ -84,12 +84,11 @@ def _spec(
     script.write_text(textwrap.dedent(body.format(root=str(ROOT))))
     return LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=0, device="cpu", command=(sys.executable, str(script))
+        ),
         level_sets=level_sets,
-        iterations=2,
-        warmup=0,
-        device="cpu",
-        command=(sys.executable, str(script)),
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -177,11 +176,10 @@ def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> No
 
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=100_000, warmup=0, device="cpu", model="torchvision:squeezenet1_1"
+        ),
         level_sets=("M",),
-        iterations=100_000,
-        warmup=0,
-        device="cpu",
-        model="torchvision:squeezenet1_1",
         fork_server=True,
         timeout_s=1,
     )
@@ -206,30 +204,33 @@ def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
 
     spec = LeveledSpec(
         out=tmp_path,
+        profile=ProfileSpec(
+            iterations=3,
+            warmup=1,
+            device="cpu",
+            model="torchvision:resnet18",
+            batch_size=2,
+            mode="train",
+            op_shapes=False,
+        ),
         level_sets=["M", "MF"],
-        iterations=3,
-        warmup=1,
-        device="cpu",
-        model="torchvision:resnet18",
-        batch_size=2,
-        mode="train",
-        op_shapes=False,
     )
-    sent = child_spec(spec, "MF", "m-1")
+    sent = child_spec(spec, LevelSet("MF"), "m-1")
     back = ChildSpec.from_argv(sent.to_argv())
-    assert back == sent and back.out == str(tmp_path / "MF") and not back.op_shapes
+    assert back == sent and back.run.out == str(tmp_path / "MF") and not back.run.profile.op_shapes
+    assert isinstance(back.run.levels, LevelSet) and back.run.profile.mode == "train"
     script = child_spec(
         LeveledSpec(
             out=tmp_path,
+            profile=ProfileSpec(
+                iterations=1, warmup=0, command=("python", "train.py", "--lr", "0.1")
+            ),
             level_sets=["M"],
-            iterations=1,
-            warmup=0,
-            command=("python", "train.py", "--lr", "0.1"),
         ),
-        "M",
+        LevelSet("M"),
         "m-2",
     )
-    assert ChildSpec.from_argv(script.to_argv()).command == ("train.py", "--lr", "0.1")
+    assert ChildSpec.from_argv(script.to_argv()).run.profile.command == ("train.py", "--lr", "0.1")
     with pytest.raises(XspError, match="takes --spec JSON"):
         ChildSpec.from_argv(["--levels", "M"])
 
@@ -238,14 +239,23 @@ def test_only_the_deepest_framework_level_set_records_op_shapes(tmp_path: Path) 
     from xsp.tracer.run.runner import LeveledSpec, child_spec
 
     levels = ["M", "MF", "MFL", "MFLG"]
-    spec = LeveledSpec(out=tmp_path, level_sets=levels, model="torchvision:resnet18")
-    assert [child_spec(spec, s, "m").op_shapes for s in levels] == [False, False, False, True]
-    alone = LeveledSpec(out=tmp_path, level_sets=["M", "MF"], model="torchvision:resnet18")
-    assert child_spec(alone, "MF", "m").op_shapes
-    ranks = LeveledSpec(
-        out=tmp_path, level_sets=levels, command=("torchrun", "--nproc-per-node", "2", "t.py")
+    spec = LeveledSpec(
+        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=levels
     )
-    assert child_spec(ranks, "MF", "m").op_shapes  # collective sizes come from them
+    shapes = [child_spec(spec, LevelSet(s), "m").run.profile.op_shapes for s in levels]
+    assert shapes == [False, False, False, True]
+    alone = LeveledSpec(
+        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=["M", "MF"]
+    )
+    assert child_spec(alone, LevelSet("MF"), "m").run.profile.op_shapes
+    ranks = LeveledSpec(
+        out=tmp_path,
+        profile=ProfileSpec(command=("torchrun", "--nproc-per-node", "2", "t.py")),
+        level_sets=levels,
+    )
+    assert child_spec(
+        ranks, LevelSet("MF"), "m"
+    ).run.profile.op_shapes  # collective sizes come from them
 
 
 WRITES_ITS_ENVIRONMENT = """
@@ -288,8 +298,10 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
         "NVSHMEM_DISABLE_NVLS": "1",
     }
     # a forked zoo process gets the same environment (the fork server's child replaces its own)
-    zoo = LeveledSpec(out=tmp_path / "Z", model="torchvision:resnet18", env=dict(spec.env))
-    forced = child_environment(zoo, "M")
+    zoo = LeveledSpec(
+        out=tmp_path / "Z", profile=ProfileSpec(model="torchvision:resnet18"), env=dict(spec.env)
+    )
+    forced = child_environment(zoo, LevelSet("M"))
     assert {k: forced[k] for k in SHARED_HOST_ENV} == SHARED_HOST_ENV
 
 
@@ -310,7 +322,7 @@ def test_a_python_command_that_cannot_run_is_refused_before_anything_starts(
     from xsp.tracer.errors import ConfigError
     from xsp.tracer.run.runner import validate
 
-    spec = LeveledSpec(out=tmp_path / "R", device="cpu", command=command)
+    spec = LeveledSpec(out=tmp_path / "R", profile=ProfileSpec(device="cpu", command=command))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         validate(spec)
     assert not spec.out.exists()
@@ -337,11 +349,10 @@ def test_python_c_and_m_from_the_working_directory_run_under_u(
     program = CODE_AND_MODULE if how == "-c" else "local_train"
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=1, device="cpu", command=["python", "-u", how, program, "x"]
+        ),
         level_sets=("M",),
-        iterations=2,
-        warmup=1,
-        device="cpu",
-        command=["python", "-u", how, program, "x"],
         log_stderr=True,
     )
     result = run_leveled(spec)
@@ -359,11 +370,8 @@ def test_a_script_the_user_interrupts_exits_130(tmp_path: Path) -> None:
     )
     spec = LeveledSpec(
         out=tmp_path / "R",
+        profile=ProfileSpec(iterations=5, warmup=0, device="cpu", command=["python", str(script)]),
         level_sets=("M", "MF"),
-        iterations=5,
-        warmup=0,
-        device="cpu",
-        command=["python", str(script)],
     )
     result = run_leveled(spec)
     assert result.exit_code == 130

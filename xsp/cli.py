@@ -140,29 +140,29 @@ def run(
     """
     import time
 
-    from xsp.tracer import schema
+    from xsp.tracer.levelset import parse_level_sets
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
+    from xsp.tracer.spec import ProfileSpec
 
     try:
-        level_sets = schema.parse_level_sets(levels)
+        level_sets = parse_level_sets(levels)
     except ValueError as exc:
         raise XspError(str(exc)) from exc
     out = out or Path("xsp-runs") / time.strftime("%Y%m%d-%H%M%S")
-    spec = LeveledSpec(
-        out=out,
-        level_sets=level_sets,
+    profile = ProfileSpec(
         iterations=iterations,
         warmup=warmup,
         device=device,
         model=model,
         batch_size=batch_size,
         mode=mode,
+        channels_last=channels_last,
         command=command,
         otlp_endpoint=otlp_endpoint,
         op_shapes=op_shapes,
-        channels_last=channels_last,
         counter_iterations=counter_iterations,
     )
+    spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),
         TextColumn("{task.description}"),

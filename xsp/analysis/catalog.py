@@ -58,7 +58,7 @@ def _memory(store: MeasurementStore) -> list[Section]:
                 "no allocator events: "
                 + (
                     "its runs with level F recorded none (no memory.parquet)"
-                    if any("F" in r.levels for r in store.runs)
+                    if any(r.level_set.framework for r in store.runs)
                     else "the measurement has no run with level F"
                 ),
                 absent=True,

@@ -20,7 +20,7 @@ from xsp.analysis.store import MeasurementStore
 
 def has_gpu(store: MeasurementStore) -> bool:
     """True when a run recorded GPU activities (level G)."""
-    return any("G" in run.levels for run in store.runs)
+    return any(run.level_set.gpu for run in store.runs)
 
 
 def _steady_iterations(result: Replay) -> np.ndarray:

@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, find_rows
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -79,9 +78,8 @@ def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[
     runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
     source_of: dict[str, int] = {}
     for index, run in runs:
-        for letter in run.levels:
-            if letter in schema.LEVEL_BY_LETTER:  # H (counters) times nothing
-                source_of.setdefault(schema.LEVEL_BY_LETTER[letter], index)
+        for name in run.level_set.timed_levels:  # H (counters) times nothing
+            source_of.setdefault(name, index)
     return runs, source_of
 
 

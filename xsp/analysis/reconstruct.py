@@ -274,7 +274,7 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     out = []
     for name, source in source_of.items():
         for index, run in runs:
-            if index == source or name not in {schema.LEVEL_BY_LETTER.get(c) for c in run.levels}:
+            if index == source or name not in run.level_set.timed_levels:
                 continue
             keys, dur, level = by_run[index]
             rows = level == name

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from xsp.campaign.spec import DEFAULT_TIMEOUT_S, CampaignSpec
-from xsp.tracer import schema
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.levelset import LevelSet
 from xsp.tracer.workloads import zoo
 
 
@@ -68,7 +68,7 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
         raise ConfigError(f"unknown [campaign] keys {sorted(unknown)}")
     models = _models(data.get("models", {}))
     try:
-        level_sets = [schema.parse_levels(s) for s in _strings(section, "level_sets", ["M", "MF"])]
+        level_sets = [LevelSet(s) for s in _strings(section, "level_sets", ["M", "MF"])]
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     modes = _strings(section, "modes", ["infer"])

@@ -72,6 +72,7 @@ def run_job(
     torch once), so a job pays no interpreter start-up. Each level set's start-up and warm-up
     overlap the end of the one before, whose measurement is over by then."""
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
+    from xsp.tracer.spec import ProfileSpec
 
     started = time.time()
     record: dict[str, Any] = {
@@ -82,23 +83,26 @@ def run_job(
         "gpu": gpu,
         "started": started,
     }
-    leveled = LeveledSpec(
-        out=out,
-        level_sets=spec.level_sets_of(job),
+    profile = ProfileSpec(
         iterations=spec.iterations,
         warmup=spec.warmup,
         device="cuda" if gpu is not None else spec.device,
         model=job.model,
         batch_size=job.batch_size,
         mode=job.mode,
-        env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
-        timeout_s=spec.timeout_s,
-        log_stderr=True,
-        fork_server=switched_on("XSP_FORK_SERVER"),
-        overlap=switched_on("XSP_OVERLAP"),
         counter_iterations=spec.counter_iterations,
     )
     try:
+        leveled = LeveledSpec(
+            out=out,
+            profile=profile,
+            level_sets=tuple(spec.level_sets_of(job)),
+            env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
+            timeout_s=spec.timeout_s,
+            log_stderr=True,
+            fork_server=switched_on("XSP_FORK_SERVER"),
+            overlap=switched_on("XSP_OVERLAP"),
+        )
         result = run_leveled(leveled, after=after, on_measured=on_measured)
     except XspError as exc:  # refused before anything ran: an unknown model, a bad device
         record.update(status="failed", reason=classify_error(exc), error=str(exc), wall_s=0.0)

@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from xsp.tracer.levelset import LevelSet
+
 DEFAULT_TIMEOUT_S = 900
 
 
@@ -53,12 +55,13 @@ class CampaignSpec:
             fnmatch.fnmatch(job.model, pattern) for pattern in self.counter_models
         )
 
-    def level_sets_of(self, job: Job) -> list[str]:
-        """The level sets ``job`` runs: the campaign's, plus MH when it is counted."""
+    def level_sets_of(self, job: Job) -> list[LevelSet]:
+        """The level sets ``job`` runs: the campaign's, plus MH when it is counted (the
+        campaign file's were checked when it was read)."""
         from xsp.tracer.schema import COUNTER_LEVEL_SET
 
-        extra = [COUNTER_LEVEL_SET] if self.counted(job) else []
-        return [s for s in self.level_sets if s != COUNTER_LEVEL_SET] + extra
+        extra = [LevelSet(COUNTER_LEVEL_SET)] if self.counted(job) else []
+        return [s for s in map(LevelSet, self.level_sets) if not s.counters] + extra
 
     def jobs(self) -> list[Job]:
         """Every (model, mode, batch size), models outermost, smallest batch first."""

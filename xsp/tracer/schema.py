@@ -19,7 +19,8 @@ import pyarrow as pa
 #: Format tag written into every run's ``run.json``; readers refuse other majors.
 STORE_FORMAT: Final = "xsp-run/1"
 
-# Level names, in stack order, and the letters used in level sets ("MF", "MFLG").
+# Level names, in stack order, and the letters used in level sets ("MF", "MFLG"; a level set is
+# parsed into an ``xsp.tracer.levelset.LevelSet``).
 LEVEL_MODEL: Final = "model"
 LEVEL_FRAMEWORK: Final = "framework"
 LEVEL_LIBRARY: Final = "library"
@@ -219,49 +220,6 @@ COLUMNS: Final[tuple[Column, ...]] = (
 SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
 ATTRIBUTE_COLUMNS: Final = tuple(c for c in COLUMNS if c.attribute is not None)
 REQUIRED_COLUMNS: Final = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "dur_ns")
-
-
-def parse_levels(text: str) -> str:
-    """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
-
-    A level set is a subset of MFLG in stack order that includes M, because the model span is
-    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level). The
-    hardware-counter level H runs in a level set of its own, MH (see ``COUNTER_LETTER``).
-    """
-    letters = text.strip().upper()
-    if COUNTER_LETTER in letters:
-        if "".join(sorted(letters)) != "".join(sorted(COUNTER_LEVEL_SET)):
-            raise ValueError(
-                f"bad level set {text!r}: the hardware-counter level H runs alone with M, as "
-                f"{COUNTER_LEVEL_SET} (its kernel replay would distort every other level's timing)"
-            )
-        return COUNTER_LEVEL_SET
-    if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):
-        raise ValueError(
-            f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF "
-            f"(or {COUNTER_LEVEL_SET} for hardware counters)"
-        )
-    if len(set(letters)) != len(letters):
-        raise ValueError(f"bad level set {text!r}: a level letter repeats")
-    ordered = "".join(ch for ch in LEVEL_ORDER if ch in letters)
-    if not ordered.startswith("M"):
-        raise ValueError(f"bad level set {text!r}: every level set includes M (the model span)")
-    return ordered
-
-
-def parse_level_sets(text: str) -> list[str]:
-    """Parse "M,MF,MFLG" into ["M", "MF", "MFLG"], rejecting duplicates."""
-    sets = [parse_levels(part) for part in text.split(",") if part.strip()]
-    if not sets:
-        raise ValueError(f"bad level sets {text!r}: give at least one, e.g. M,MF")
-    if len(set(sets)) != len(sets):
-        raise ValueError(f"bad level sets {text!r}: a level set repeats")
-    return sets
-
-
-def is_counter_levels(levels: str) -> bool:
-    """True for the hardware-counter level set (MH)."""
-    return COUNTER_LETTER in levels.upper()
 
 
 def trace_id_for(run_id: str, levels: str, iteration: int) -> bytes:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import NullColumns
 from xsp.tracer.errors import StoreError
+from xsp.tracer.levelset import LevelSet
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,11 @@ class Run:
         return str(self.meta.get("levels", self.path.name))
 
     @property
+    def level_set(self) -> LevelSet:
+        """``levels`` parsed: what the run recorded (``open_run`` has checked it)."""
+        return LevelSet(self.levels)
+
+    @property
     def resource(self) -> dict[str, Any]:
         return dict(self.meta.get("resource", {}))
 
@@ -237,7 +243,7 @@ class Run:
     @property
     def is_counter_run(self) -> bool:
         """The hardware-counter run (level set MH): its step times are those of kernel replay."""
-        return schema.is_counter_levels(self.levels)
+        return self.level_set.counters
 
     def counters(self) -> pa.Table | None:
         """A hardware-counter run's counter table (one row per profiled kernel; columns in
@@ -302,7 +308,7 @@ def open_run(path: Path) -> Run:
         try:
             if not isinstance(levels, str):
                 raise ValueError(f'expected a string such as "MF", found {levels!r}')
-            schema.parse_levels(levels)
+            LevelSet(levels)
         except ValueError as exc:
             raise StoreError(f"{path / RUN_META}: bad levels: {exc}") from exc
     return Run(path, meta)

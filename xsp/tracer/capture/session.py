@@ -48,11 +48,10 @@ from xsp.tracer.convert.records import MemoryRecords, MonitorSamples
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import ConfigError, DeviceError, XspError
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch, StoreSink
+from xsp.tracer.levelset import LevelSet
+from xsp.tracer.spec import DEFAULT_ITERATIONS, DEFAULT_WARMUP, ProfileSpec, RunSpec
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ITERATIONS = 10
-DEFAULT_WARMUP = 2
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -141,23 +140,73 @@ class Session:
         settle: bool = False,
     ) -> None:
         try:
-            self.levels = schema.parse_levels(levels)
+            level_set = LevelSet(levels)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        spec = RunSpec(
+            level_set,
+            ProfileSpec(iterations=iterations, warmup=warmup, device=device, op_shapes=op_shapes),
+            out=str(out) if out is not None else None,
+            measurement_id=measurement_id,
+            run_id=run_id,
+            rank=rank,
+            world_size=world_size,
+            workload=workload,
+        )
+        self._setup(
+            spec, sinks, auto_iterations, resource, progress, monitor, before_levels, settle
+        )
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: RunSpec,
+        sinks: Sequence[Sink] = (),
+        auto_iterations: bool = False,
+        resource: Mapping[str, Any] | None = None,
+        progress: ProgressCallback | None = None,
+        monitor: bool = True,
+        before_levels: Callable[[], None] | None = None,
+        settle: bool = False,
+    ) -> Session:
+        """The session of one level-set run as xsp's own processes start it: ``spec`` says
+        what to record (``xsp.tracer.spec``), the other arguments are as above."""
+        session = cls.__new__(cls)
+        session._setup(
+            spec, sinks, auto_iterations, resource, progress, monitor, before_levels, settle
+        )
+        return session
+
+    def _setup(
+        self,
+        spec: RunSpec,
+        sinks: Sequence[Sink],
+        auto_iterations: bool,
+        resource: Mapping[str, Any] | None,
+        progress: ProgressCallback | None,
+        monitor: bool,
+        before_levels: Callable[[], None] | None,
+        settle: bool,
+    ) -> None:
+        profile = spec.profile
+        iterations, warmup = profile.iterations, profile.warmup
+        rank, world_size = spec.rank, spec.world_size
         if iterations < 1:
             raise ConfigError(f"bad iterations {iterations}: must be at least 1")
         if warmup < 0:
             raise ConfigError(f"bad warmup {warmup}: must be 0 or more")
+        self.spec = spec
+        self.levels = spec.levels
         self.iterations = iterations
         self.warmup = warmup
-        self.device = resolve_device(device)
-        self.run_id = run_id or uuid.uuid4().hex
-        self.measurement_id = measurement_id or self.run_id
-        self.workload = workload
+        self.device = resolve_device(profile.device)
+        self.run_id = spec.run_id or uuid.uuid4().hex
+        self.measurement_id = spec.measurement_id or self.run_id
+        self.workload = spec.workload if spec.workload is not None else profile.workload
         if rank is not None and (world_size is None or not 0 <= rank < world_size):
             raise ConfigError(f"bad rank {rank} of world size {world_size}")
         self.rank, self.world_size = rank, world_size
-        self.run_dir = Path(out) if out is not None else None
+        self.run_dir = Path(spec.out) if spec.out is not None else None
         if self.run_dir is not None:
             store.check_writable(self.run_dir)
             store.reset_run_dir(self.run_dir)
@@ -168,7 +217,7 @@ class Session:
         context = LevelContext(
             self.device,
             self.levels,
-            op_shapes=op_shapes,
+            op_shapes=profile.op_shapes,
             run_dir=self.run_dir,
             multi_rank=(world_size or _distributed_world_size()) > 1,
         )
@@ -391,7 +440,7 @@ class Session:
             self._before_levels()
         self._levels_on = True
         self._phase_ns["levels_on"] = time.time_ns()
-        if "F" in self.levels:  # the replay takes F's own cost off host durations
+        if self.levels.framework:  # the replay takes F's own cost off host durations
             self._calibration = Calibration()
             self._calibration.before()
         if self._monitor is not None:

@@ -21,6 +21,7 @@ too long).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import runpy
@@ -36,6 +37,7 @@ from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.run.protocol import ChildSpec, check_program
+from xsp.tracer.spec import RunSpec
 
 log = logging.getLogger("xsp")
 
@@ -132,21 +134,22 @@ def main(spec: ChildSpec | None = None) -> int:
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)
         return EXIT_XSP_ERROR
-    command = [c for c in args.command if c != "--"]
+    model = args.run.profile.model
+    command = [c for c in args.run.profile.command if c != "--"]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_interrupt)
     try:
-        if args.model:
-            code = _run_zoo(args, args.model)
+        if model:
+            code = _run_zoo(args, model)
             # under ncu, a normal exit: ncu's injection sees the process end as it expects
-            return code if schema.is_counter_levels(args.levels) else _fast_exit(code)
+            return code if args.run.levels.counters else _fast_exit(code)
         return _run_script(args, command)
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)
         return EXIT_XSP_ERROR
     except KeyboardInterrupt:
         code = _interrupted()
-        return _fast_exit(code) if args.model else code
+        return _fast_exit(code) if model else code
 
 
 def _fast_exit(code: int) -> int:
@@ -160,24 +163,17 @@ def _fast_exit(code: int) -> int:
     os._exit(code)
 
 
-def _session(args: ChildSpec, **options: Any) -> Session:
-    """A started session with the options every level-set process shares."""
-    return Session(
-        args.levels,
-        args.iterations,
-        args.warmup,
-        out=args.out,
+def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
+    """A started session of ``run`` (``args.run``, completed by the workload) with the options
+    every level-set process shares."""
+    return Session.from_spec(
+        run,
         # a rank sends nothing: the joined run is sent whole (xsp.tracer.run.ranks)
-        sinks=_sinks(args.otlp_endpoint) if args.rank is None else [],
-        run_id=args.run_id,
-        measurement_id=args.measurement_id,
+        sinks=_sinks(run.profile.otlp_endpoint) if run.rank is None else [],
         progress=_progress_writer(args.progress_fd, args.progress_path),
-        op_shapes=args.op_shapes,
         before_levels=_gate(args.gate_fd),
         # kernel replay makes the monitor's samples meaningless (and it would run for minutes)
-        monitor=not schema.is_counter_levels(args.levels),
-        rank=args.rank,
-        world_size=args.world_size,
+        monitor=not run.levels.counters,
         **options,
     ).start()
 
@@ -186,19 +182,19 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
 
-    device = resolve_device(args.device)
+    profile = args.run.profile
+    device = resolve_device(profile.device)
     workload = zoo.build(
-        model, args.batch_size, args.mode, device, channels_last=args.channels_last
+        model, profile.batch_size, profile.mode, device, channels_last=profile.channels_last
     )
     session = _session(
         args,
-        workload=model,
-        device=device,
+        dataclasses.replace(args.run, workload=model).with_profile(device=device),
         settle=True,  # this loop runs until the session is done
         resource={
-            schema.RES_MODE: args.mode,
-            schema.RES_BATCH_SIZE: args.batch_size,
-            schema.RES_MEMORY_FORMAT: "channels_last" if args.channels_last else "contiguous",
+            schema.RES_MODE: profile.mode,
+            schema.RES_BATCH_SIZE: profile.batch_size,
+            schema.RES_MEMORY_FORMAT: "channels_last" if profile.channels_last else "contiguous",
         },
     )
     try:
@@ -228,7 +224,7 @@ def _run_launcher(args: ChildSpec, command: list[str]) -> int:
     if wait is not None:
         wait()
     end = launcher.run_workers(arguments, job.rank_environment())
-    meta = job.finish(end, _sinks(args.otlp_endpoint))
+    meta = job.finish(end, _sinks(args.run.profile.otlp_endpoint))
     if meta["status"] == "interrupted" or end.program.get("interrupted"):
         return EXIT_INTERRUPTED
     code = meta["program"].get("exit_code")
@@ -242,10 +238,10 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
         raise XspError("nothing to run: give --model or a Python command after --")
     from xsp.tracer.run import launcher
 
-    if args.rank is None and launcher.is_launcher(command):
+    if args.run.rank is None and launcher.is_launcher(command):
         return _run_launcher(args, command)
-    workload = args.workload or " ".join(command)[:200]
-    session = _session(args, workload=workload, device=args.device, auto_iterations=True)
+    run = dataclasses.replace(args.run, workload=args.run.workload or " ".join(command)[:200])
+    session = _session(args, run, auto_iterations=True)
     sys.argv = list(command)
     code = 0
     try:

@@ -1,7 +1,8 @@
-"""What the runner hands one level-set process: a single ``ChildSpec``, serialized as JSON in the
-process's arguments, so that a fresh interpreter (``python -m xsp.tracer.run.child --spec …``)
-and a process forked from the fork server read the same object, and a field added here reaches
-both without a second argument parser to keep in step. The ranks of a multi-rank job, which a
+"""What the runner hands one level-set process: a single ``ChildSpec`` (its ``RunSpec`` and its
+pipes), serialized as JSON in the process's arguments, so that a fresh interpreter
+(``python -m xsp.tracer.run.child --spec …``) and a process forked from the fork server read the
+same object, and a field added to the spec reaches both without a second argument parser to
+keep in step. The ranks of a multi-rank job, which a
 launcher starts with its own command line, read the same object from their environment
 (``RANK_SPEC_ENV``). ``describe_end`` words how a program ended (run.json's ``program``) for
 the runner and for the join of a multi-rank job's ranks alike; ``check_program`` refuses a
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.spec import RunSpec
 
 SPEC_FLAG = "--spec"
 #: The environment variable through which a multi-rank job's level-set process hands its spec
@@ -31,31 +33,21 @@ RANK_SPEC_ENV = "XSP_RANK_SPEC"
 
 @dataclass(frozen=True)
 class ChildSpec:
-    levels: str
-    out: str
-    iterations: int
-    warmup: int
-    measurement_id: str
-    device: str | None = None
-    otlp_endpoint: str | None = None
-    op_shapes: bool = True
-    #: a zoo workload (model, batch_size, mode, channels_last), or else a Python command
-    model: str | None = None
-    batch_size: int = 1
-    mode: str = "infer"
-    channels_last: bool = False
-    command: tuple[str, ...] = ()
-    #: file descriptors inherited from the runner: progress lines out, the gate's byte in
+    """A level-set process's run (``xsp.tracer.spec.RunSpec``) and its ends of the runner's
+    pipes: file descriptors inherited from the runner (progress lines out, the gate's byte
+    in), or, for rank 0 of a multi-rank job, the progress pipe by path."""
+
+    run: RunSpec
     progress_fd: int | None = None
     gate_fd: int | None = None
-    #: a rank of a multi-rank job: its level set's shared run id (one trace per iteration
-    #: across ranks), its rank and the world size, the workload's name, and where rank 0 writes
-    #: its progress lines (the level-set process's progress pipe, by path)
-    run_id: str | None = None
-    rank: int | None = None
-    world_size: int | None = None
-    workload: str | None = None
     progress_path: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory (a level-set process always writes one)."""
+        if self.run.out is None:
+            raise ConfigError("a level-set process needs a run directory (its spec's out)")
+        return Path(self.run.out)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -68,9 +60,8 @@ class ChildSpec:
         """The spec from its JSON; ConfigError naming ``what`` for anything else."""
         try:
             data = json.loads(text)
-            data["command"] = tuple(data.get("command") or ())
-            return cls(**data)
-        except (ValueError, TypeError, AttributeError) as exc:
+            return cls(**{**data, "run": RunSpec.from_dict(data["run"])})
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise ConfigError(f"bad {what}: {exc}") from exc
 
     @classmethod

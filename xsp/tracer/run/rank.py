@@ -17,7 +17,6 @@ import dataclasses
 import os
 import signal
 import sys
-from pathlib import Path
 
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.run import child
@@ -38,19 +37,18 @@ def rank_spec(environ: dict[str, str], command: list[str]) -> ChildSpec:
         local_rank = int(environ.get("LOCAL_RANK", rank))
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"a rank needs RANK and WORLD_SIZE from its launcher ({exc})") from exc
-    device = spec.device
+    device = spec.run.profile.device
     if device == "cuda":
         device = f"cuda:{local_rank}"
-    return dataclasses.replace(
-        spec,
-        out=str(Path(spec.out) / RANK_DIR.format(rank=rank)),
-        command=tuple(command),
-        device=device,
+    run = dataclasses.replace(
+        spec.run,
+        out=str(spec.run_dir / RANK_DIR.format(rank=rank)),
         rank=rank,
         world_size=world_size,
+    )
+    return ChildSpec(
+        run.with_profile(command=tuple(command), device=device),
         progress_path=spec.progress_path if rank == 0 else None,
-        progress_fd=None,
-        gate_fd=None,
     )
 
 

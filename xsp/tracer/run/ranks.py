@@ -44,7 +44,7 @@ class RankedRun:
     def __init__(self, spec: ChildSpec, workload: str) -> None:
         self.spec = spec
         self.workload = workload
-        self.run_dir = Path(spec.out)
+        self.run_dir = spec.run_dir
         self.run_id = uuid.uuid4().hex  # shared by the ranks: their trace ids agree
         self.started_ns = time.time_ns()
 
@@ -62,13 +62,9 @@ class RankedRun:
         """What the launcher's workers need in their environment: the spec of their sessions.
         Rank 0 writes its progress lines into this process's progress pipe, by path."""
         fd = self.spec.progress_fd
-        ranks = dataclasses.replace(
-            self.spec,
-            run_id=self.run_id,
-            workload=self.workload,
+        ranks = ChildSpec(
+            dataclasses.replace(self.spec.run, run_id=self.run_id, workload=self.workload),
             progress_path=f"/proc/{os.getpid()}/fd/{fd}" if fd is not None else None,
-            progress_fd=None,
-            gate_fd=None,
         )
         return {RANK_SPEC_ENV: ranks.to_json()}
 
@@ -121,7 +117,7 @@ class RankedRun:
             status = "partial"
         files: list[str] = []
         spans = 0
-        resource = _resource(ranks, self.spec.command, world_size)
+        resource = _resource(ranks, self.spec.run.profile.command, world_size)
         if ranks:
             try:
                 tables = [store.open_run(self.run_dir / _rank_dir(r)).spans() for r, _ in ranks]
@@ -211,11 +207,11 @@ class RankedRun:
         meta = {
             "format": schema.STORE_FORMAT,
             "run_id": self.run_id,
-            "measurement_id": self.spec.measurement_id,
-            "levels": self.spec.levels,
+            "measurement_id": self.spec.run.measurement_id,
+            "levels": self.spec.run.levels,
             "workload": self.workload,
-            "iterations_requested": self.spec.iterations,
-            "warmup": self.spec.warmup,
+            "iterations_requested": self.spec.run.profile.iterations,
+            "warmup": self.spec.run.profile.warmup,
             "started_ns": self.started_ns,
             **fields,
         }

@@ -22,6 +22,7 @@ from xsp.tracer.convert.memory import memory_table
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import SpanBatch, StoreSink
+from xsp.tracer.levelset import LevelSet
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
 
 
 def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) -> dict[str, Any]:
-    levels = str(meta["levels"])
+    levels = LevelSet(str(meta["levels"]))
     contents = read_arena(arena_path)
     steps = step_records(contents)
-    framework = framework_records(contents) if "F" in levels else None
+    framework = framework_records(contents) if levels.framework else None
     # a rank of a multi-rank job numbers its spans as its own process would have
     rank, world_size = meta.get("rank"), meta.get("world_size")
     table, report = build_table(
@@ -76,7 +77,7 @@ def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) 
         reasons.append(
             f"{contents.counts['open_records']} records still open when it died were left out"
         )
-    lost = [letter for letter in "LG" if letter in levels]
+    lost = [letter for letter, on in (("L", levels.library), ("G", levels.gpu)) if on]
     if lost:
         reasons.append(
             f"level{'s' if len(lost) > 1 else ''} {' and '.join(lost)}: CUPTI never delivered "

@@ -31,15 +31,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
 from xsp.tracer import schema, store
-from xsp.tracer.capture.session import DEFAULT_ITERATIONS, DEFAULT_WARMUP
 from xsp.tracer.errors import ConfigError, StoreError
+from xsp.tracer.levelset import LevelSet, level_sets
 from xsp.tracer.run.protocol import ChildSpec, check_program, describe_end
 from xsp.tracer.run.recover import recover_run
+from xsp.tracer.spec import ProfileSpec, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,12 @@ ProgressFn = Callable[[str, str, int, int], None]
 
 @dataclass(frozen=True)
 class LeveledSpec:
-    """What to run and how: a zoo model (``model``) or a Python command (``command``)."""
+    """A leveled measurement: ``profile`` (what to run and how) once per level set, into
+    ``out``. Level sets given as text are parsed here (ConfigError naming a bad one)."""
 
     out: Path
-    level_sets: Sequence[str] = ("M", "MF")
-    iterations: int = DEFAULT_ITERATIONS
-    warmup: int = DEFAULT_WARMUP
-    device: str | None = None
-    model: str | None = None
-    batch_size: int = 1
-    mode: str = "infer"
-    command: Sequence[str] = field(default_factory=tuple)
-    otlp_endpoint: str | None = None
-    op_shapes: bool = True
-    channels_last: bool = False
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
+    level_sets: tuple[LevelSet, ...] = (LevelSet("M"), LevelSet("MF"))
     # For campaigns: extra environment for the level-set processes (CUDA_VISIBLE_DEVICES), a
     # time limit per level set, and the processes' stderr kept in OUT/<levels>.stderr.log.
     env: dict[str, str] = field(default_factory=dict)
@@ -90,13 +83,19 @@ class LeveledSpec:
     # its levels on only once the one before has exited, so no measurement overlaps another
     # process's work.
     overlap: bool = False
-    # The hardware-counter level set (MH) measures at most this many iterations: Nsight Compute
-    # replays each of their kernels once per pass (minutes for a ResNet-50 training step).
-    counter_iterations: int = 1
 
-    @property
-    def workload(self) -> str:
-        return self.model or " ".join(self.command)
+    def __post_init__(self) -> None:
+        try:
+            parsed = level_sets(self.level_sets)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        object.__setattr__(self, "level_sets", parsed)
+
+    def record(self) -> dict[str, Any]:
+        """The spec as the manifest keeps it: one flat record of JSON values."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "profile"}
+        flat = {**own, **asdict(self.profile)}
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in flat.items()}
 
 
 @dataclass
@@ -186,28 +185,25 @@ def script_command(command: Sequence[str]) -> list[str]:
     return rest
 
 
-def validate(spec: LeveledSpec) -> list[str]:
-    """Check the spec before anything runs; return the normalised level sets."""
-    try:
-        level_sets = schema.parse_level_sets(",".join(spec.level_sets))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    if spec.iterations < 1:
-        raise ConfigError(f"bad --iterations {spec.iterations}: must be at least 1")
-    if spec.warmup < 0:
-        raise ConfigError(f"bad --warmup {spec.warmup}: must be 0 or more")
-    if (spec.model is None) == (not spec.command):
+def validate(spec: LeveledSpec) -> list[LevelSet]:
+    """Check the spec before anything runs; return the level sets that will run."""
+    profile = spec.profile
+    if profile.iterations < 1:
+        raise ConfigError(f"bad --iterations {profile.iterations}: must be at least 1")
+    if profile.warmup < 0:
+        raise ConfigError(f"bad --warmup {profile.warmup}: must be 0 or more")
+    if (profile.model is None) == (not profile.command):
         raise ConfigError("give either --model NAME or a Python command after --")
-    if spec.model is not None:
+    if profile.model is not None:
         from xsp.tracer.workloads import zoo
 
-        zoo.find(spec.model)
-        if spec.mode not in zoo.MODES:
-            raise ConfigError(f"bad --mode {spec.mode!r}: use train or infer")
-        if spec.batch_size < 1:
-            raise ConfigError(f"bad --batch-size {spec.batch_size}: must be at least 1")
+        zoo.find(profile.model)
+        if profile.mode not in zoo.MODES:
+            raise ConfigError(f"bad --mode {profile.mode!r}: use train or infer")
+        if profile.batch_size < 1:
+            raise ConfigError(f"bad --batch-size {profile.batch_size}: must be at least 1")
     else:
-        command = script_command(spec.command)
+        command = script_command(profile.command)
         from xsp.tracer.run import launcher
 
         if launcher.is_launcher(command):
@@ -219,23 +215,23 @@ def validate(spec: LeveledSpec) -> list[str]:
     from xsp.tracer.capture.session import resolve_device
 
     config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
-    skipped = counter_skips(level_sets)
-    level_sets = [levels for levels in level_sets if levels not in skipped]
+    skipped = counter_skips(spec.level_sets)
+    level_sets = [levels for levels in spec.level_sets if levels not in skipped]
     if not level_sets:
         raise ConfigError(f"nothing to run: {'; '.join(skipped.values())}")
-    if spec.counter_iterations < 1:
-        raise ConfigError(f"bad counter iterations {spec.counter_iterations}: at least 1")
-    device = resolve_device(spec.device)
+    if profile.counter_iterations < 1:
+        raise ConfigError(f"bad counter iterations {profile.counter_iterations}: at least 1")
+    device = resolve_device(profile.device)
     for levels in level_sets:
         check_levels(levels, device)
     store.check_writable(spec.out)
     return level_sets
 
 
-def counter_skips(level_sets: Sequence[str]) -> dict[str, str]:
+def counter_skips(level_sets: Sequence[LevelSet]) -> dict[LevelSet, str]:
     """The hardware-counter level sets that cannot run here, with the one-line reason (no
     counter tool): they are left out, and every other level set runs."""
-    if not any(schema.is_counter_levels(levels) for levels in level_sets):
+    if not any(levels.counters for levels in level_sets):
         return {}
     from xsp.tracer.run import ncu
 
@@ -243,9 +239,7 @@ def counter_skips(level_sets: Sequence[str]) -> dict[str, str]:
     if reason is None:
         return {}
     return {
-        levels: f"level set {levels} skipped: {reason}"
-        for levels in level_sets
-        if schema.is_counter_levels(levels)
+        levels: f"level set {levels} skipped: {reason}" for levels in level_sets if levels.counters
     }
 
 
@@ -268,8 +262,8 @@ def run_leveled(
         "format": schema.STORE_FORMAT,
         "measurement_id": measurement_id,
         "created_ns": time.time_ns(),
-        "workload": spec.workload,
-        "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+        "workload": spec.profile.workload,
+        "spec": spec.record(),
         "level_sets": level_sets,
         "runs": [],
         "status": "running",
@@ -285,7 +279,7 @@ def run_leveled(
         measured: Callable[[], None] | None = None
         if i + 1 == len(level_sets):
             measured = on_measured  # the caller's: the next job may start
-        elif spec.overlap and not schema.is_counter_levels(level_sets[i + 1]):
+        elif spec.overlap and not level_sets[i + 1].counters:
             measured = lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))  # noqa: E731
         return _launch(spec, level_sets[i], measurement_id, progress, gated, measured)
 
@@ -365,52 +359,49 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
     entry.update(status="interrupted", error="interrupted (Ctrl-C)")
     _amend_run(spec, process.levels, entry)
     if progress:
-        progress(process.levels, "end", returncode, spec.iterations)
+        progress(process.levels, "end", returncode, spec.profile.iterations)
     return entry
 
 
-def records_shapes(spec: LeveledSpec, levels: str) -> bool:
+def records_shapes(spec: LeveledSpec, levels: LevelSet) -> bool:
     """Whether the level set ``levels`` records aten ops' input shapes and dtypes: only the
     deepest one with level F does. Shapes do not change with the levels, so the reconstruction
     and the layer table take them from there, and the shallower level sets measure op and layer
     latency without their cost (the inputs RecordFunction boxes for the callback: 9% of a
     ResNet-50 b64 training step and 18% of a batch-1 inference step on the H200). Every rank of
     a multi-rank job records them: collective sizes come from them."""
-    if "F" not in levels:
+    if not levels.framework:
         return False
-    if spec.command:
+    if spec.profile.command:
         from xsp.tracer.run import launcher
 
-        if launcher.is_launcher(script_command(spec.command)):
+        if launcher.is_launcher(script_command(spec.profile.command)):
             return True
-    framework = [s for s in spec.level_sets if "F" in s]
+    framework = [s for s in spec.level_sets if s.framework]
     return levels == max(framework, key=len, default=levels)
 
 
-def child_spec(spec: LeveledSpec, levels: str, measurement_id: str) -> ChildSpec:
-    """What the level-set process of ``levels`` runs (its pipes are added where it starts)."""
-    iterations = spec.iterations
-    if schema.is_counter_levels(levels):
-        iterations = min(iterations, spec.counter_iterations)
-    run = ChildSpec(
-        levels=levels,
+def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> ChildSpec:
+    """What the level-set process of ``levels`` runs (its pipes are added where it starts):
+    the measurement's profile, with the iterations the counter level set measures, op shapes
+    where this level set records them, and a command as the process runs it."""
+    profile = spec.profile
+    iterations = profile.iterations
+    if levels.counters:
+        iterations = min(iterations, profile.counter_iterations)
+    command = tuple(script_command(profile.command)) if profile.command else ()
+    run = RunSpec(
+        levels,
+        dataclasses.replace(
+            profile,
+            iterations=iterations,
+            op_shapes=profile.op_shapes and records_shapes(spec, levels),
+            command=command,
+        ),
         out=str(spec.out / levels),
-        iterations=iterations,
-        warmup=spec.warmup,
         measurement_id=measurement_id,
-        device=spec.device,
-        otlp_endpoint=spec.otlp_endpoint,
-        op_shapes=spec.op_shapes and records_shapes(spec, levels),
     )
-    if spec.model:
-        return dataclasses.replace(
-            run,
-            model=spec.model,
-            batch_size=spec.batch_size,
-            mode=spec.mode,
-            channels_last=spec.channels_last,
-        )
-    return dataclasses.replace(run, command=tuple(script_command(spec.command)))
+    return ChildSpec(run)
 
 
 #: Waits for a level-set process for at most the given seconds (None: no limit) and, past them,
@@ -429,7 +420,7 @@ class _Process:
     """A started level-set process: its wait, its progress reader and, when it was started
     ahead of its turn, the write end of its gate (a byte lets it switch its levels on)."""
 
-    levels: str
+    levels: LevelSet
     wait: Wait
     reader: threading.Thread
     spawned_ns: int
@@ -487,21 +478,21 @@ class _Handoff:
 
 def _launch(
     spec: LeveledSpec,
-    levels: str,
+    levels: LevelSet,
     measurement_id: str,
     progress: ProgressFn | None,
     gated: bool,
     on_measured: Callable[[], None] | None,
 ) -> _Process:
     if progress:
-        progress(levels, "start", 0, spec.iterations)
+        progress(levels, "start", 0, spec.profile.iterations)
     env = child_environment(spec, levels)
     stderr_path = spec.out / f"{levels}.stderr.log" if spec.log_stderr else None
     if stderr_path is not None:
         spec.out.mkdir(parents=True, exist_ok=True)
     spawned_ns = time.time_ns()
-    counted = schema.is_counter_levels(levels)  # under ncu: a fresh process, no pipes
-    start = _fork if spec.fork_server and spec.model and not counted else _spawn
+    counted = levels.counters  # under ncu: a fresh process, no pipes
+    start = _fork if spec.fork_server and spec.profile.model and not counted else _spawn
     own_group = spec.timeout_s is not None  # so that a time limit takes its children too
     wait, read_fd, gate, pid = start(spec, levels, measurement_id, env, stderr_path, gated)
     reader = threading.Thread(
@@ -516,7 +507,7 @@ def _launch(
 
         process.on_exit, process.ncu = on_measured, ncu.find()
         if progress:
-            progress(levels, "replaying kernels (ncu)", 0, spec.iterations)
+            progress(levels, "replaying kernels (ncu)", 0, spec.profile.iterations)
     return process
 
 
@@ -534,12 +525,12 @@ def _complete(spec: LeveledSpec, process: _Process, progress: ProgressFn | None)
         from xsp.tracer.run import ncu
 
         if progress:
-            progress(process.levels, "importing counters", 0, spec.iterations)
+            progress(process.levels, "importing counters", 0, spec.profile.iterations)
         entry = ncu.finish(spec.out / process.levels, entry, process.ncu)
     if process.on_exit is not None:
         process.on_exit()
     if progress:
-        progress(process.levels, "end", returncode, spec.iterations)
+        progress(process.levels, "end", returncode, spec.profile.iterations)
     return entry
 
 
@@ -665,7 +656,7 @@ def _cancel(spec: LeveledSpec, process: _Process) -> None:
 
 def _spawn(
     spec: LeveledSpec,
-    levels: str,
+    levels: LevelSet,
     measurement_id: str,
     env: dict[str, str],
     stderr_path: Path | None,
@@ -675,7 +666,7 @@ def _spawn(
     when ``gated``, its pid)."""
     # Under ncu (the hardware-counter level set) the process gets no pipes: ncu starts it, and
     # what it inherits is ncu's to decide; its progress pipe closes at once.
-    counted = schema.is_counter_levels(levels)
+    counted = levels.counters
     read_fd, write_fd = os.pipe()
     gate_read, gate_write = os.pipe() if gated and not counted else (None, None)
     log = open(stderr_path, "wb") if stderr_path else None  # noqa: SIM115 - closed below
@@ -749,7 +740,7 @@ def _send(pid: int, own_group: bool, signum: int) -> None:
 
 def _fork(
     spec: LeveledSpec,
-    levels: str,
+    levels: LevelSet,
     measurement_id: str,
     env: dict[str, str],
     stderr_path: Path | None,
@@ -809,7 +800,7 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
     return seconds
 
 
-def child_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
+def child_environment(spec: LeveledSpec, levels: LevelSet) -> dict[str, str]:
     """The environment of the level-set process of ``levels``: the runner's, the spec's own
     (a campaign's CUDA_VISIBLE_DEVICES), what the levels need, and ``SHARED_HOST_ENV`` last, so
     that nothing overrides it."""
@@ -819,14 +810,14 @@ def child_environment(spec: LeveledSpec, levels: str) -> dict[str, str]:
 
 
 def _level_environment(
-    spec: LeveledSpec, levels: str, environ: Mapping[str, str]
+    spec: LeveledSpec, levels: LevelSet, environ: Mapping[str, str]
 ) -> dict[str, str]:
     """What the levels need in the environment before the child's libraries start; the user's
     own settings win."""
     from xsp.tracer.capture.levels import LevelContext, level_environment
     from xsp.tracer.capture.session import resolve_device
 
-    device = resolve_device(spec.device)
+    device = resolve_device(spec.profile.device)
     needed = level_environment(LevelContext(device, levels))
     return {k: v for k, v in needed.items() if k not in environ}
 

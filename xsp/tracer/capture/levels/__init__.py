@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from xsp.tracer.levelset import LevelSet
+
 if TYPE_CHECKING:
     from xsp.tracer.capture.arena import CaptureArena
 
@@ -57,7 +59,7 @@ class LevelContext:
     """
 
     device: str
-    levels: str = ""
+    levels: LevelSet
     op_shapes: bool = True
     run_dir: Path | None = None
     multi_rank: bool = False  # collectives' sizes come from every iteration's op shapes
@@ -70,7 +72,7 @@ class LevelContext:
     @property
     def uses_cupti(self) -> bool:
         """Levels L or G on CUDA."""
-        return self.on_cuda and ("L" in self.levels or "G" in self.levels)
+        return self.on_cuda and (self.levels.library or self.levels.gpu)
 
     @property
     def arena(self) -> CaptureArena:
@@ -117,7 +119,7 @@ def _library(ctx: LevelContext) -> Level:
         return OneDnnLevel()
     from xsp.tracer.capture.levels.cuda import LibraryLevel
 
-    return LibraryLevel(with_ops="F" in ctx.levels)
+    return LibraryLevel(with_ops=ctx.levels.framework)
 
 
 def _gpu(ctx: LevelContext) -> Level:
@@ -127,7 +129,7 @@ def _gpu(ctx: LevelContext) -> Level:
         raise ConfigError("level G records GPU work: it needs --device cuda")
     from xsp.tracer.capture.levels.cuda import GpuLevel
 
-    return GpuLevel(with_ops="F" in ctx.levels)
+    return GpuLevel(with_ops=ctx.levels.framework)
 
 
 def _counters(ctx: LevelContext) -> Level:
@@ -150,16 +152,16 @@ REGISTRY: dict[str, LevelFactory] = {
 }
 
 
-def check_levels(levels: str, device: str) -> None:
+def check_levels(levels: LevelSet, device: str) -> None:
     """Raise ConfigError when a level of ``levels`` cannot run on ``device``."""
-    if "G" in levels and not device.startswith("cuda"):
+    if levels.gpu and not device.startswith("cuda"):
         from xsp.tracer.errors import ConfigError
 
         raise ConfigError(
             f"level set {levels}: level G records GPU work and needs --device cuda "
             "(on CPU, use M, MF or MFL)"
         )
-    if "H" in levels and not device.startswith("cuda"):
+    if levels.counters and not device.startswith("cuda"):
         from xsp.tracer.errors import ConfigError
 
         raise ConfigError(
@@ -175,14 +177,14 @@ def level_environment(ctx: LevelContext) -> dict[str, str]:
         from xsp.tracer.capture.cupti import nvtx_environment
 
         return nvtx_environment()
-    if "L" in ctx.levels and not ctx.on_cuda:
+    if ctx.levels.library and not ctx.on_cuda:
         from xsp.tracer.capture.levels.onednn import ONEDNN_ENV
 
         return dict(ONEDNN_ENV)
     return {}
 
 
-def build_levels(levels: str, ctx: LevelContext) -> list[Level]:
-    """Instantiate the levels of a level set validated by ``schema.parse_levels``, in stack
-    order (every letter it accepts has a registry entry)."""
-    return [REGISTRY[ch](ctx) for ch in levels]
+def build_levels(levels: LevelSet, ctx: LevelContext) -> list[Level]:
+    """Instantiate the levels of a level set in stack order (every letter a ``LevelSet``
+    accepts has a registry entry)."""
+    return [REGISTRY[ch](ctx) for ch in levels.letters]

@@ -1,0 +1,102 @@
+"""A level set ("M", "MF", "MFLG", "MH"): which levels one run records, parsed once.
+
+``LevelSet`` is a ``str`` whose text is the canonical level set (upper case, stack order), so
+that it names the run's directory, goes into ``run.json``, the manifest and the resource
+attribute ``xsp.levels`` unchanged, and equals the plain text that stored runs carry. Building
+one validates it (``LevelSet("mf") == "MF"``; ``LevelSet("MX")`` raises ValueError naming the
+bad value), and its properties answer what the code asks of a level set: does it record level
+F, L, G, the hardware counters?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from xsp.tracer.schema import COUNTER_LETTER, COUNTER_LEVEL_SET, LEVEL_BY_LETTER, LEVEL_ORDER
+
+
+def _canonical(text: str) -> str:
+    """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
+
+    A level set is a subset of MFLG in stack order that includes M, because the model span is
+    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level). The
+    hardware-counter level H runs in a level set of its own, MH (see ``schema.COUNTER_LETTER``).
+    """
+    letters = text.strip().upper()
+    if COUNTER_LETTER in letters:
+        if "".join(sorted(letters)) != "".join(sorted(COUNTER_LEVEL_SET)):
+            raise ValueError(
+                f"bad level set {text!r}: the hardware-counter level H runs alone with M, as "
+                f"{COUNTER_LEVEL_SET} (its kernel replay would distort every other level's timing)"
+            )
+        return COUNTER_LEVEL_SET
+    if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):
+        raise ValueError(
+            f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF "
+            f"(or {COUNTER_LEVEL_SET} for hardware counters)"
+        )
+    if len(set(letters)) != len(letters):
+        raise ValueError(f"bad level set {text!r}: a level letter repeats")
+    ordered = "".join(ch for ch in LEVEL_ORDER if ch in letters)
+    if not ordered.startswith("M"):
+        raise ValueError(f"bad level set {text!r}: every level set includes M (the model span)")
+    return ordered
+
+
+class LevelSet(str):
+    """One validated level set; its text is the canonical one ("MF")."""
+
+    __slots__ = ()
+
+    def __new__(cls, text: str) -> LevelSet:
+        if isinstance(text, LevelSet):
+            return text
+        return super().__new__(cls, _canonical(text))
+
+    @property
+    def letters(self) -> tuple[str, ...]:
+        """Its level letters in stack order: ("M", "F")."""
+        return tuple(self)
+
+    @property
+    def framework(self) -> bool:
+        """Records level F: modules and aten ops."""
+        return "F" in self
+
+    @property
+    def library(self) -> bool:
+        """Records level L: library and CUDA API calls (oneDNN on CPU)."""
+        return "L" in self
+
+    @property
+    def gpu(self) -> bool:
+        """Records level G: kernels, copies and memsets."""
+        return "G" in self
+
+    @property
+    def counters(self) -> bool:
+        """The hardware-counter level set (MH, under Nsight Compute)."""
+        return COUNTER_LETTER in self
+
+    @property
+    def timed_levels(self) -> tuple[str, ...]:
+        """The names of the levels whose spans it times ("model", "framework"); H times none."""
+        return tuple(LEVEL_BY_LETTER[ch] for ch in self.letters if ch in LEVEL_BY_LETTER)
+
+
+def parse_level_sets(text: str) -> list[LevelSet]:
+    """Parse "M,MF,MFLG" into [LevelSet("M"), ...], rejecting none and duplicates."""
+    return list(level_sets([part for part in text.split(",") if part.strip()], text))
+
+
+def level_sets(texts: Iterable[str], text: str | None = None) -> tuple[LevelSet, ...]:
+    """The level sets of ``texts`` (a LevelSet passes as it is), rejecting none and duplicates;
+    ``text`` is what the error messages quote (the texts, comma-separated, by default)."""
+    texts = list(texts)
+    quoted = ",".join(texts) if text is None else text
+    sets = tuple(LevelSet(part) for part in texts)
+    if not sets:
+        raise ValueError(f"bad level sets {quoted!r}: give at least one, e.g. M,MF")
+    if len(set(sets)) != len(sets):
+        raise ValueError(f"bad level sets {quoted!r}: a level set repeats")
+    return sets

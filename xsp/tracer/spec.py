@@ -1,0 +1,97 @@
+"""What xsp profiles and how: the one spec that flows from the CLI to the session.
+
+Two frozen values, built once and read everywhere rather than copied field by field::
+
+    ProfileSpec   what to run and how, the same for every level set of a measurement: the
+                  workload (a zoo model or a Python command), iterations, warm-up, device,
+                  which optional records to take (op shapes), where to send spans (OTLP)
+    RunSpec       one level-set run: a ProfileSpec at one level set, written to one directory,
+                  with its ids (and, in a multi-rank job, its rank)
+
+``xsp run`` builds a ProfileSpec into the leveled runner's ``LeveledSpec``
+(``xsp.tracer.run.runner``); the runner makes one RunSpec per level set and hands it to the
+level-set process (``xsp.tracer.run.protocol.ChildSpec``: JSON in its arguments, or pickled by
+the fork server, or in the environment of a multi-rank job's ranks); the process starts its
+``Session`` from it (``Session.from_spec``). ``xsp.session(...)``'s keyword arguments build the
+same RunSpec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from xsp.tracer.levelset import LevelSet
+
+DEFAULT_ITERATIONS = 10
+DEFAULT_WARMUP = 2
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What to run and how: a zoo model (``model``, ``batch_size``, ``mode``,
+    ``channels_last``) or a Python command (``command``), and how each level set measures it.
+
+    ``command`` is the program as the user gave it (``python train.py``) in a measurement's
+    spec, and as a level-set process runs it (``train.py``, in xsp's own interpreter) in a
+    run's. ``op_shapes``: record aten ops' input shapes and dtypes (level F; the runner leaves
+    them to the deepest level set with F). ``counter_iterations``: the hardware-counter level
+    set (MH) measures at most this many iterations (Nsight Compute replays each kernel once
+    per pass: minutes for a ResNet-50 training step)."""
+
+    iterations: int = DEFAULT_ITERATIONS
+    warmup: int = DEFAULT_WARMUP
+    device: str | None = None
+    model: str | None = None
+    batch_size: int = 1
+    mode: str = "infer"
+    channels_last: bool = False
+    command: tuple[str, ...] = field(default_factory=tuple)
+    otlp_endpoint: str | None = None
+    op_shapes: bool = True
+    counter_iterations: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))  # a list given: hashable
+
+    @property
+    def workload(self) -> str:
+        """What runs, in words: the model's name or the command."""
+        return self.model or " ".join(self.command)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One level-set run of a ProfileSpec.
+
+    ``out``: its run directory (``RUN_DIR/<levels>``), or None to store nothing.
+    ``run_id``: shared by the ranks of a multi-rank job (one trace per iteration across
+    ranks); a fresh one when None. ``measurement_id``: the leveled measurement it belongs to
+    (its own run id when None). ``rank``, ``world_size``: a rank of a multi-rank job.
+    ``workload``: its name, stored as ``xsp.workload`` (the profile's when None)."""
+
+    levels: LevelSet
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
+    out: str | None = None
+    measurement_id: str | None = None
+    run_id: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    workload: str | None = None
+
+    def with_profile(self, **changes: Any) -> RunSpec:
+        """This run with some of its profile's fields changed."""
+        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the level set as its text, the profile nested."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        """The spec back from ``to_dict`` (TypeError, ValueError, KeyError on anything else)."""
+        data = dict(data)
+        levels = LevelSet(data.pop("levels"))
+        profile = ProfileSpec(**(data.pop("profile", None) or {}))
+        return cls(levels, profile, **data)
