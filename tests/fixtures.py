@@ -148,10 +148,7 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
     return build_table(
         run_id,
         levels,
-        records["M"],
-        records.get("F") if "F" in levels else None,
-        api=records.get("L") if "L" in levels else None,
-        gpu=records.get("G") if "G" in levels else None,
+        {letter: level_records for letter, level_records in records.items() if letter in levels},
     )[0]
 
 

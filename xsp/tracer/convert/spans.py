@@ -8,7 +8,7 @@ ids (profiler range nesting on a thread, autograd sequence numbers), never from 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from xsp.tracer import schema
 from xsp.tracer.convert import collectives, compiled
+from xsp.tracer.convert.arena import ArenaContents, framework_records, step_records
 from xsp.tracer.convert.columns import NullColumns, arrow, dictionary_column, numbers
 from xsp.tracer.convert.cuda import api_columns, gpu_columns, library_columns
 from xsp.tracer.convert.intervals import depths, inherit, nest
@@ -99,45 +100,35 @@ class _Block:
 def build_table(
     run_id: str,
     levels: str,
-    steps: StepRecords,
-    framework: FrameworkRecords | None = None,
+    records: Mapping[str, Any],
     failures: dict[int, str] | None = None,
-    api: ApiRecords | None = None,
-    gpu: GpuRecords | None = None,
     monitor: MonitorSamples | None = None,
     rank: int | None = None,
     world_size: int | None = None,
 ) -> tuple[pa.Table, ConversionReport]:
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
+    ``records`` maps a level's letter to what it recorded (``Level.drain()``, or its part of a
+    capture arena); each level's ``CONVERSIONS`` entry turns its records into blocks of rows.
+    Level M's are required: every other level hangs under its iteration spans. Span ids are
+    assigned block by block, in stack order (model, framework, library calls, API calls, GPU),
+    so a deeper block can name its parents in an earlier one. A letter without a conversion
+    (level H, whose counters Nsight Compute stores) or without records is skipped.
+
     ``failures`` maps an iteration to the error that ended it; its model span gets that status.
-    Span ids are assigned block by block (model, framework, library calls, API calls, GPU), so a
-    deeper block can name its parents in an earlier one.
+    ``monitor``: NVML samples summarized onto each model span.
 
     A rank of a multi-rank job (``rank``, ``world_size``) numbers its spans above
     ``schema.rank_span_id_base(rank)``, marks every span with its rank, names its steps
     ``rank N`` and hangs them under ``schema.iteration_root_id(iteration)``, the root that
     joining the ranks adds (``xsp.tracer.convert.ranks``).
     """
-    step_block = _step_block(steps, failures or {}, rank, world_size)
-    if monitor is not None and monitor.time_ns:
-        summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
-        for name in schema.MONITOR_SUMMARIES:
-            step_block.columns[f"gpu_{name}"] = arrow(summary[name], pa.float64())
-    table = _Table(run_id, levels, step_block, rank)
-    framework_rows = None
-    if framework is not None:
-        fw_block, outside, without_shapes = _framework_block(framework)
-        table.report.events_outside_iterations += outside
-        table.report.iterations_without_op_shapes = without_shapes
-        framework_rows = _Placed(fw_block, table.add(fw_block))
-    launches = _Placed.none()
-    if api is not None:
-        calls = _library_call_block(table, api, steps, framework_rows)
-        launches = _api_block(table, api, steps, framework_rows, calls)
-    if gpu is not None:
-        sources = framework.kernel_sources if framework is not None else {}
-        _gpu_block(table, gpu, steps, launches, sources)
+    if records.get(ROOT_LEVEL) is None:
+        raise ValueError(f"no records of level {ROOT_LEVEL}: every span hangs under its steps")
+    table = _Table(run_id, levels, failures or {}, monitor, rank, world_size)
+    for letter, conversion in CONVERSIONS.items():
+        if records.get(letter) is not None:
+            conversion.convert(table, records[letter])
     return table.finish()
 
 
@@ -156,17 +147,31 @@ class _Placed:
 
 class _Table:
     """The span table being built: blocks in id order, each hung under its iteration's model
-    span unless it names its parents."""
+    span unless it names its parents. It also holds what the conversion was asked for and what
+    earlier levels placed, for the deeper levels to hang under."""
 
     def __init__(
-        self, run_id: str, levels: str, step_block: _Block, rank: int | None = None
+        self,
+        run_id: str,
+        levels: str,
+        failures: dict[int, str],
+        monitor: MonitorSamples | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.run_id, self.levels, self.rank = run_id, levels, rank
+        self.failures, self.monitor, self.world_size = failures, monitor, world_size
         self.report = ConversionReport()
         self.tables: list[pa.Table] = []
         self.next_id = schema.rank_span_id_base(rank) + 1
-        self.step_rows = {int(it): row for row, it in enumerate(step_block.iteration)}
-        self.step_ids = self.add(step_block)
+        # level M's iterations, placed first: every other level's top rows hang under them
+        self.steps = StepRecords()
+        self.step_rows: dict[int, int] = {}
+        self.step_ids = np.zeros(0, dtype=np.uint64)
+        # what deeper levels hang under: F's ops and compiled kernels' sources, L's API calls
+        self.framework: _Placed | None = None
+        self.kernel_sources: dict[str, list[list[str]]] = {}
+        self.launches = _Placed.none()
 
     def add(self, block: _Block) -> np.ndarray:
         """Append ``block``; return the span ids its rows got."""
@@ -176,6 +181,8 @@ class _Table:
         if block.level == schema.LEVEL_MODEL:
             roots = block.iteration.astype(np.int64) + schema.iteration_root_id(0)
             parent_ids = (roots if self.rank is not None else np.zeros(n)).astype(np.uint64)
+            self.step_rows = {int(it): row for row, it in enumerate(block.iteration)}
+            self.step_ids = ids
         else:
             step_of = _lookup(self.step_rows, block.iteration)
             top = _ids_of(self.step_ids, step_of)
@@ -196,6 +203,62 @@ class _Table:
         table = pa.concat_tables(self.tables, promote_options="permissive")
         self.report.spans = table.num_rows
         return table.cast(schema.SPAN_SCHEMA), self.report
+
+
+# -- each level's conversion: its records -> its blocks, added to the table ----------------------
+def _convert_model(table: _Table, steps: StepRecords) -> None:
+    """Level M: one span per iteration, with the NVML samples of its time summarized on it."""
+    block = _step_block(steps, table.failures, table.rank, table.world_size)
+    monitor = table.monitor
+    if monitor is not None and monitor.time_ns:
+        summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))
+        for name in schema.MONITOR_SUMMARIES:
+            block.columns[f"gpu_{name}"] = arrow(summary[name], pa.float64())
+    table.steps = steps
+    table.add(block)
+
+
+def _convert_framework(table: _Table, framework: FrameworkRecords) -> None:
+    """Level F: module calls, ops, autograd nodes and optimizer calls, nested by their ranges."""
+    block, outside, without_shapes = _framework_block(framework)
+    table.report.events_outside_iterations += outside
+    table.report.iterations_without_op_shapes = without_shapes
+    table.framework = _Placed(block, table.add(block))
+    table.kernel_sources = framework.kernel_sources
+
+
+def _convert_library(table: _Table, api: ApiRecords) -> None:
+    """Level L: library calls under their ops, then API calls under their library call or op."""
+    calls = _library_call_block(table, api, table.steps, table.framework)
+    table.launches = _api_block(table, api, table.steps, table.framework, calls)
+
+
+def _convert_gpu(table: _Table, gpu: GpuRecords) -> None:
+    """Level G: GPU work under the API call that launched it."""
+    _gpu_block(table, gpu, table.steps, table.launches, table.kernel_sources)
+
+
+@dataclass(frozen=True)
+class LevelConversion:
+    """What conversion knows of one level: how its records become spans (``convert`` adds its
+    blocks to the table being built) and how to read them back from a capture arena
+    (``from_arena``; None for a level whose records live elsewhere, such as CUPTI's buffers,
+    and die with the process)."""
+
+    convert: Callable[[_Table, Any], None]
+    from_arena: Callable[[ArenaContents], Any] | None = None
+
+
+#: The level every span hangs under: its records are required.
+ROOT_LEVEL = "M"
+#: Level letter -> its conversion, in stack order (the order span ids are given in). Capture's
+#: registry (``xsp.tracer.capture.levels.REGISTRY``) holds the same letters' recording side.
+CONVERSIONS: dict[str, LevelConversion] = {
+    "M": LevelConversion(_convert_model, from_arena=step_records),
+    "F": LevelConversion(_convert_framework, from_arena=framework_records),
+    "L": LevelConversion(_convert_library),
+    "G": LevelConversion(_convert_gpu),
+}
 
 
 def _op_intervals(framework: _Placed | None) -> dict[str, Any] | None:
