@@ -27,7 +27,8 @@ import pyarrow as pa
 from xsp.tracer import store
 from xsp.tracer.convert.memory import memory_table
 from xsp.tracer.convert.records import MonitorSamples
-from xsp.tracer.convert.spans import ConversionReport, build_table
+from xsp.tracer.convert.spans import build_table
+from xsp.tracer.convert.table import ConversionReport
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
 
 log = logging.getLogger(__name__)
