@@ -3,10 +3,12 @@
 A program that ends with ``os._exit``, a signal or a segfault never reaches xsp's own finish. Its
 capture arena (``RUN_DIR/<levels>/capture.arena``, written natively and mapped shared) still
 holds every record that was complete: the iterations level M closed and level F's ops, module
-calls and ranges. The runner converts those iterations and stores them beside the run.json the
-process wrote when it started, with status ``partial`` and reasons that say how the program
-ended and what was lost: an iteration still open, and CUPTI's records (levels L and G), which
-CUPTI only delivers at its final flush.
+calls and ranges. The runner reads back the records of the levels whose conversion says how
+(``CONVERSIONS[letter].from_arena``), then converts and stores them through the same finish as a
+live session (``xsp.tracer.export.finish``), beside the run.json the process wrote when it
+started, with status ``partial`` and reasons that say how the program ended and what was lost: an
+iteration still open, a full arena, and CUPTI's records (levels L and G), which CUPTI only
+delivers at its final flush.
 """
 
 from __future__ import annotations
