@@ -40,7 +40,7 @@ RESOURCE = {
 
 def requests(count: int, spans: int) -> list[bytes]:
     steps, framework, _ = load_raw("resnet18_train_cpu")
-    base = build_table("load", "MF", steps, framework)[0].slice(0, spans)
+    base = build_table("load", "MF", {"M": steps, "F": framework})[0].slice(0, spans)
     out = []
     for i in range(count):
         trace = pa.array([i.to_bytes(16, "big")] * base.num_rows, pa.binary(16))

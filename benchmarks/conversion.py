@@ -71,7 +71,7 @@ def main() -> None:
     records = from_json(replicate(data, copies))
     steps, fw, meta = records["M"], records["F"], data["meta"]
     t0 = time.perf_counter()
-    table, _report = build_table("bench", "MF", steps, fw)
+    table, _report = build_table("bench", "MF", {"M": steps, "F": fw})
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = store.write_span_part(Path(tmp), table)

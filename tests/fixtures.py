@@ -151,10 +151,11 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
     return build_table(
         run_id,
         level_set,
-        records["M"],
-        records.get("F") if level_set.framework else None,
-        api=records.get("L") if level_set.library else None,
-        gpu=records.get("G") if level_set.gpu else None,
+        {
+            letter: level_records
+            for letter, level_records in records.items()
+            if letter in level_set.letters
+        },
     )[0]
 
 

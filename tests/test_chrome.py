@@ -202,9 +202,9 @@ def test_runs_of_one_export_keep_apart(tmp_path: Path) -> None:
     """Two level-set runs (the CPU ResNet-18 capture at MF, the CUDA one at MLG) in one file: a
     host process each, a GPU process for the one with GPU work, none sharing a pid."""
     records, _ = load_records("resnet18_train_mlg_cuda")
-    gpu_table = build_table("run-c", "MLG", records["M"], api=records["L"], gpu=records["G"])[0]
+    gpu_table = build_table("run-c", "MLG", {k: records[k] for k in "MLG"})[0]
     steps, framework, _ = load_raw("resnet18_train_cpu")
-    fw_table = build_table("run-c", "MF", steps, framework)[0]
+    fw_table = build_table("run-c", "MF", {"M": steps, "F": framework})[0]
     path = tmp_path / "trace.json"
     count = write_chrome_trace(
         path, [({"xsp.levels": "MF"}, fw_table), ({"xsp.levels": "MLG"}, gpu_table)]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _table(run_id: str) -> pa.Table:
     steps, framework, _ = load_raw("resnet18_train_cpu")
-    return build_table(run_id, "MF", steps, framework)[0]
+    return build_table(run_id, "MF", {"M": steps, "F": framework})[0]
 
 
 def _resource(run_id: str, levels: str = "MF") -> dict[str, object]:

@@ -24,7 +24,7 @@ SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda", "resnet18_train_mflg_c
 
 def _convert(scenario: str):  # type: ignore[no-untyped-def]
     steps, framework, meta = load_raw(scenario)
-    table, report = build_table("run-1", "MF", steps, framework)
+    table, report = build_table("run-1", "MF", {"M": steps, "F": framework})
     return table, report, framework, meta
 
 
@@ -113,7 +113,9 @@ def test_optimizer_step_is_its_own_span_under_the_root() -> None:
 
 def test_failed_iteration_carries_its_error_and_ids_are_stable() -> None:
     steps, framework, _ = load_raw("resnet18_train_cpu")
-    table, _ = build_table("run-1", "MF", steps, framework, failures={0: "ValueError: boom"})
+    table, _ = build_table(
+        "run-1", "MF", {"M": steps, "F": framework}, failures={0: "ValueError: boom"}
+    )
     step = _rows(table, "step")[0]
     assert step["status_message"] == "ValueError: boom"
     assert set(table.column("trace_id").to_pylist()) == {schema.trace_id_for("run-1", "MF", 0)}
@@ -124,11 +126,31 @@ def test_model_level_alone_gives_one_span_per_iteration() -> None:
     from xsp.tracer.convert.records import StepRecords
 
     steps = StepRecords(iteration=[0, 1], start_ns=[100, 300], end_ns=[250, 420])
-    table, report = build_table("run-2", "M", steps)
+    table, report = build_table("run-2", "M", {"M": steps})
     assert table.column("dur_ns").to_pylist() == [150, 120]
     assert table.column("parent_span_id").to_pylist() == [0, 0]
     assert len(set(table.column("trace_id").to_pylist())) == 2
     assert report.spans == 2
+
+
+def test_every_span_level_has_one_registered_conversion_in_stack_order() -> None:
+    """Conversion asks the registry: one entry per level that makes spans, in the order span
+    ids are given, and the levels whose records a dead process's arena keeps (M and F)."""
+    from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
+
+    assert "".join(CONVERSIONS) == schema.LEVEL_ORDER == "".join(schema.LEVEL_BY_LETTER)
+    assert next(iter(CONVERSIONS)) == ROOT_LEVEL
+    assert [k for k, c in CONVERSIONS.items() if c.from_arena is not None] == ["M", "F"]
+
+
+def test_a_level_without_spans_or_records_is_skipped_and_level_m_is_required() -> None:
+    from xsp.tracer.convert.records import StepRecords
+
+    steps = StepRecords(iteration=[0], start_ns=[100], end_ns=[250])
+    table, report = build_table("run-h", "MH", {"M": steps, "H": None, "F": None})
+    assert table.num_rows == report.spans == 1 and report.counts_by_level == {"model": 1}
+    with pytest.raises(ValueError, match="no records of level M"):
+        build_table("run-h", "MF", {"F": None})
 
 
 def test_mlg_capture_hangs_kernels_under_their_launch_and_launches_under_the_step() -> None:
@@ -138,7 +160,7 @@ def test_mlg_capture_hangs_kernels_under_their_launch_and_launches_under_the_ste
     from tests.fixtures import load_records
 
     records, _ = load_records("resnet18_train_mlg_cuda")
-    table, report = build_table("run-g", "MLG", records["M"], api=records["L"], gpu=records["G"])
+    table, report = build_table("run-g", "MLG", {k: records[k] for k in "MLG"})
     assert reachable_from_root(table)
     rows = {r["span_id"]: r for r in table.to_pylist()}
     step = next(r for r in rows.values() if r["kind"] == "step")
@@ -171,7 +193,7 @@ def test_gpu_work_without_api_calls_hangs_under_the_step() -> None:
     from tests.fixtures import load_records
 
     records, _ = load_records("resnet18_train_mlg_cuda")
-    table, _ = build_table("run-g", "MG", records["M"], gpu=records["G"])
+    table, _ = build_table("run-g", "MG", {k: records[k] for k in "MG"})
     assert reachable_from_root(table)
     gpu = _rows(table, "kernel") + _rows(table, "memset")
     assert len(gpu) == 339 and {r["parent_span_id"] for r in gpu} == {1}
@@ -185,9 +207,7 @@ def test_mflg_capture_nests_kernel_launch_library_call_op_and_layer() -> None:
     from tests.fixtures import load_records
 
     records, _ = load_records("resnet18_train_mflg_cuda")
-    table, report = build_table(
-        "run-a", "MFLG", records["M"], records["F"], api=records["L"], gpu=records["G"]
-    )
+    table, report = build_table("run-a", "MFLG", {k: records[k] for k in "MFLG"})
     assert reachable_from_root(table)
     rows = {r["span_id"]: r for r in table.to_pylist()}
     kernels = [r for r in rows.values() if r["kind"] == "kernel"]

@@ -42,7 +42,7 @@ def test_a_failed_conversion_is_an_error_with_its_reason_not_ok(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("forced conversion failure")
 
-    monkeypatch.setattr("xsp.tracer.capture.session.build_table", broken)
+    monkeypatch.setattr("xsp.tracer.export.finish.build_table", broken)
     meta = _run_session(tmp_path)
     assert meta["status"] == "error" and meta["spans"] == 0 and meta["files"] == []
     assert "conversion failed: RuntimeError: forced conversion failure" in meta["error"]
@@ -110,6 +110,25 @@ def test_a_failed_drain_and_cupti_losses_make_the_run_partial_with_counts(tmp_pa
     assert "level F failed to drain: drain broke" in reasons
     assert "CUPTI dropped 7 records (buffers full)" in reasons
     assert "2 CUPTI records could not be decoded" in reasons
+
+
+def test_the_finish_names_each_kind_of_capture_loss_in_one_line() -> None:
+    """The losses a live session and a recovered arena share (``xsp.tracer.export.finish``)."""
+    from xsp.tracer.export.finish import capture_losses
+
+    arena = {"dropped_records": 5, "callback_errors": 2, "first_callback_error": "bad shape"}
+    counts = {"ranges_left_open": 3, "arena": arena, "cupti": {"undecodable_records": 1}}
+    assert capture_losses(counts) == [
+        "3 ranges other threads still had open when the levels stopped were left out",
+        "the capture arena was full: 5 records dropped (raise XSP_ARENA_MB)",
+        "2 op records failed inside the callback (first: bad shape)",
+        "1 CUPTI records could not be decoded",
+    ]
+    # a dead process's arena file keeps the counts but not the native core's first error
+    assert capture_losses({"arena": {"callback_errors": 1}}) == [
+        "1 op records failed inside the callback"
+    ]
+    assert capture_losses({"arena": {"dropped_records": 0}, "cupti": {}}) == []
 
 
 def test_cupti_without_a_gpu_is_one_line_not_a_crash() -> None:

@@ -355,9 +355,7 @@ def _convert(scenario: str, levels: str):  # type: ignore[no-untyped-def]
     from xsp.tracer.convert.spans import build_table
 
     records, _ = load_records(scenario)
-    return build_table(
-        "run-n", levels, records["M"], records.get("F"), api=records.get("L"), gpu=records.get("G")
-    )
+    return build_table("run-n", levels, records)
 
 
 @pytest.mark.gpu

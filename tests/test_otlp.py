@@ -37,7 +37,7 @@ RESOURCE = {
 @pytest.fixture(scope="module")
 def table() -> pa.Table:
     steps, framework, _ = load_raw("resnet18_train_cpu")
-    return build_table("run-otlp", "MF", steps, framework)[0]
+    return build_table("run-otlp", "MF", {"M": steps, "F": framework})[0]
 
 
 def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) -> None:

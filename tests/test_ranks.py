@@ -98,14 +98,16 @@ def _two_rank_measurement(root: Path) -> Path:
         build_table(
             "run-mf",
             "MF",
-            _steps(events[0][1], events[0][2]),
-            _framework(events),
+            {"M": _steps(events[0][1], events[0][2]), "F": _framework(events)},
             rank=rank,
             world_size=2,
         )[0]
         for rank, events in RANK_EVENTS.items()
     ]
-    m = [build_table("run-m", "M", _steps(*M_STEPS[r]), rank=r, world_size=2)[0] for r in (0, 1)]
+    m = [
+        build_table("run-m", "M", {"M": _steps(*M_STEPS[r])}, rank=r, world_size=2)[0]
+        for r in (0, 1)
+    ]
     store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
     store.write_run(root / "MF", join_ranks(mf, 2), "MF", _resource("MF"), world_size=2)
     store.write_json_atomic(
@@ -374,7 +376,7 @@ def test_a_rank_writes_its_own_directory_with_the_shared_run_id() -> None:
 
 
 def _rank_run(run_dir: Path, rank: int, status: str = "ok", **meta: object) -> None:
-    table = build_table("run-1", "M", _steps(*M_STEPS[rank]), rank=rank, world_size=2)[0]
+    table = build_table("run-1", "M", {"M": _steps(*M_STEPS[rank])}, rank=rank, world_size=2)[0]
     resource = {**_resource("M"), schema.RES_RANK: rank, "process.pid": 100 + rank}
     store.write_run(
         run_dir / f"rank-{rank}",

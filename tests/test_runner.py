@@ -96,13 +96,13 @@ CONVERSION_FAILS = """
     import sys
     sys.path.insert(0, {root!r})
     import torch
-    import xsp.tracer.capture.session
+    import xsp.tracer.export.finish
     import xsp
 
     def broken(*args, **kwargs):
         raise RuntimeError("forced conversion failure")
 
-    xsp.tracer.capture.session.build_table = broken  # the fault: conversion fails in this process
+    xsp.tracer.export.finish.build_table = broken  # the fault: conversion fails in this process
     for _ in range(2):
         with xsp.iteration():
             torch.ones(4).sum()

@@ -177,13 +177,13 @@ def test_a_script_without_modules_gets_its_ops(tmp_path: Path) -> None:
 def test_a_conversion_that_fails_keeps_the_raw_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from xsp.tracer.capture import session as session_module
     from xsp.tracer.convert.arena import read_arena, step_records
+    from xsp.tracer.export import finish
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a converter bug")
 
-    monkeypatch.setattr(session_module, "build_table", broken)
+    monkeypatch.setattr(finish, "build_table", broken)
     model, opt, x = _mlp()
     session = Session("MF", iterations=2, warmup=0, out=tmp_path / "MF", device="cpu").start()
     while not session.done:

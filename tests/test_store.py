@@ -35,7 +35,7 @@ def test_twenty_iterations_cost_under_16_bytes_a_span(tmp_path: Path) -> None:
     from tests.fixtures import from_json, load_json
 
     records = from_json(replicate(load_json("resnet18_train_cpu"), 20))
-    table, _ = build_table("run-z", "MF", records["M"], records["F"])
+    table, _ = build_table("run-z", "MF", {k: records[k] for k in "MF"})
     path = store.write_span_part(tmp_path, table)
     assert path.stat().st_size / table.num_rows < 16
 

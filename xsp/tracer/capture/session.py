@@ -44,10 +44,11 @@ from xsp.tracer.capture.levels import (
 )
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.capture.warmup import WarmupClock
-from xsp.tracer.convert.records import MemoryRecords, MonitorSamples
-from xsp.tracer.convert.spans import build_table
+from xsp.tracer.convert.records import MonitorSamples
+from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.errors import ConfigError, DeviceError, XspError
-from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch, StoreSink
+from xsp.tracer.export.finish import Losses, capture_losses, sink_losses, store_spans
+from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 from xsp.tracer.levelset import LevelSet
 from xsp.tracer.spec import DEFAULT_ITERATIONS, DEFAULT_WARMUP, ProfileSpec, RunSpec
 
@@ -474,10 +475,32 @@ class Session:
         if self.result is not None:
             return
         self._phase_ns["measured"] = time.time_ns()
-        raw: dict[str, Any] = {}
+        losses = Losses()
+        stopped = self._stop_levels(losses)
+        self._phase_ns["stopped"] = time.time_ns()
+        counts: dict[str, Any] = {}
+        if self._calibration is not None and self._calibration.result is not None:
+            counts["calibration"] = self._calibration.result
+        raw = self._drain_levels(stopped, counts, losses)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        losses.missing.extend(capture_losses(counts))
+        samples = self._stop_monitor(counts)
+        self._phase_ns["drained"] = time.time_ns()
+        counts["spans"] = 0
+        kept = self._store(raw, samples, counts, losses)
+        self._sink.shutdown()
+        self._errors.extend(self._sink.errors)
+        if sink_losses(self._sink, self._store_sink, losses):
+            counts["spans"] = 0
+        self.result = self._write_result(error, interrupted, counts, losses)
+        if kept is None:
+            self._context.discard_arena()  # stored (or nothing to keep): the raw records go
+
+    def _stop_levels(self, losses: Losses) -> list[Level]:
+        """Switch the levels off, deepest first; returns those that stopped."""
         stopped = []
-        fatal: list[str] = []  # nothing usable stored: status error
-        missing: list[str] = []  # something lost: status partial
         for level in reversed(self._levels):
             try:
                 level.disable()
@@ -485,48 +508,29 @@ class Session:
             except Exception as exc:
                 message = f"level {level.letter} failed to stop: {exc}"
                 self._errors.append(message)
-                missing.append(message)
+                losses.missing.append(message)
                 log.exception("xsp: level %s failed to stop", level.letter)
-        self._phase_ns["stopped"] = time.time_ns()
-        counts: dict[str, Any] = {}
-        if self._calibration is not None and self._calibration.result is not None:
-            counts["calibration"] = self._calibration.result
-        for (
-            level
-        ) in stopped:  # drains run once every level has stopped (see xsp.tracer.capture.levels)
+        return stopped
+
+    def _drain_levels(
+        self, stopped: list[Level], counts: dict[str, Any], losses: Losses
+    ) -> dict[str, Any]:
+        """Each stopped level's records, by letter, and its loss counts into ``counts``. Drains
+        run once every level has stopped (see ``xsp.tracer.capture.levels``)."""
+        raw: dict[str, Any] = {}
+        for level in stopped:
             try:
                 raw[level.letter] = level.drain()
             except Exception as exc:
                 message = f"level {level.letter} failed to drain: {exc}"
                 self._errors.append(message)
-                missing.append(message)
+                losses.missing.append(message)
                 log.exception("xsp: level %s failed to drain", level.letter)
             counts.update(self._level_counts(level))
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        if counts.get("ranges_left_open"):
-            missing.append(
-                f"{counts['ranges_left_open']} ranges other threads still had open when the "
-                "levels stopped were left out"
-            )
-        arena = counts.get("arena") or {}
-        if arena.get("dropped_records"):
-            missing.append(
-                f"the capture arena was full: {arena['dropped_records']} records dropped "
-                "(raise XSP_ARENA_MB)"
-            )
-        if arena.get("callback_errors"):
-            missing.append(
-                f"{arena['callback_errors']} op records failed inside the callback "
-                f"(first: {arena.get('first_callback_error')})"
-            )
-        cupti = counts.get("cupti")
-        if cupti:
-            if cupti.get("dropped_records"):
-                missing.append(f"CUPTI dropped {cupti['dropped_records']} records (buffers full)")
-            if cupti.get("undecodable_records"):
-                missing.append(f"{cupti['undecodable_records']} CUPTI records could not be decoded")
+        return raw
+
+    def _stop_monitor(self, counts: dict[str, Any]) -> MonitorSamples | None:
+        """Stop NVML sampling; keep the samples beside the spans and count them."""
         samples = self._monitor.stop() if self._monitor is not None else None
         if samples is not None:
             counts["monitor"] = {
@@ -535,66 +539,52 @@ class Session:
                 "gpm_unavailable": samples.gpm_unavailable,
             }
             self._write_monitor(samples)
-        self._phase_ns["drained"] = time.time_ns()
-        counts["spans"] = 0
-        kept: Path | None = None  # the arena, where conversion failed
-        if "M" not in raw:
-            fatal.append("level M recorded nothing: no spans were converted")
-        else:
-            try:
-                table, report = build_table(
-                    self.run_id,
-                    self.levels,
-                    raw["M"],
-                    raw.get("F"),
-                    self._failures,
-                    api=raw.get("L"),
-                    gpu=raw.get("G"),
-                    monitor=samples,
-                    rank=self.rank,
-                    world_size=self.world_size,
-                )
-                self._phase_ns["converted"] = time.time_ns()
-                counts.update(
-                    spans=report.spans,
-                    spans_by_level=report.counts_by_level,
-                    events_outside_iterations=report.events_outside_iterations,
-                )
-                if report.iterations_without_op_shapes:
-                    counts["iterations_without_op_shapes"] = report.iterations_without_op_shapes
-                    log.warning(
-                        "xsp: %d measured iteration(s) ran other ops or input shapes than the "
-                        "first and have no op shapes (XSP_OP_SHAPES=every records them in each)",
-                        report.iterations_without_op_shapes,
-                    )
-                if api_joined := report.api_ops_by_id + report.api_ops_by_time:
-                    counts["api_ops"] = {
-                        "by_correlation_id": report.api_ops_by_id,
-                        "by_time": report.api_ops_by_time,
-                        "by_correlation_id_pct": round(100 * report.api_ops_by_id / api_joined, 3),
-                    }
-                self._sink.export(SpanBatch.of(self.resource, table))
-                if raw.get("F") is not None:
-                    counts["memory_events"] = self._write_memory(raw["F"].memory, table)
-                self._sink.force_flush()
-            except Exception as exc:
-                message = f"conversion failed: {type(exc).__name__}: {exc}"
-                kept = self._context.keep_arena()
-                if kept is not None:
-                    message += f" (levels M and F's raw records are kept in {kept})"
-                self._errors.append(message)
-                fatal.append(message)
-                counts["spans"] = 0
-                log.exception("xsp: converting the recorded spans failed")
-        self._sink.shutdown()
-        self._errors.extend(self._sink.errors)
-        for sink in self._sink.failed:
-            reasons = [e for e in self._sink.errors if e.startswith(type(sink).__name__ + ".")]
-            if sink is self._store_sink:
-                fatal.append(f"the spans could not be stored: {reasons[0] if reasons else sink}")
-                counts["spans"] = 0
-            else:
-                missing.append(f"a sink failed: {reasons[0] if reasons else sink}")
+        return samples
+
+    def _store(
+        self,
+        raw: dict[str, Any],
+        samples: MonitorSamples | None,
+        counts: dict[str, Any],
+        losses: Losses,
+    ) -> Path | None:
+        """Convert the records and export them (``xsp.tracer.export.finish``). Where conversion
+        fails, the capture arena is kept; returns its path then, else None."""
+        if raw.get(ROOT_LEVEL) is None:
+            losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
+            return None
+        try:
+            stored = store_spans(
+                raw,
+                self._sink,
+                run_id=self.run_id,
+                levels=self.levels,
+                resource=self.resource,
+                run_dir=self.run_dir,
+                failures=self._failures,
+                monitor=samples,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        except Exception as exc:
+            message = f"conversion failed: {type(exc).__name__}: {exc}"
+            kept = self._context.keep_arena()
+            if kept is not None:
+                message += f" (levels M and F's raw records are kept in {kept})"
+            self._errors.append(message)
+            losses.fatal.append(message)
+            counts["spans"] = 0
+            log.exception("xsp: converting the recorded spans failed")
+            return kept
+        self._phase_ns["converted"] = stored.converted_ns
+        counts.update(stored.counts())
+        self._errors.extend(stored.errors)
+        return None
+
+    def _write_result(
+        self, error: str | None, interrupted: bool, counts: dict[str, Any], losses: Losses
+    ) -> dict[str, Any]:
+        """The run's status and its reasons, written into run.json; returns run.json."""
         measured = max(0, min(self._index - self.warmup, self.iterations) - self._cut_short)
         if measured == 0 and not interrupted and error is None:
             hint = (
@@ -603,28 +593,26 @@ class Session:
                 if self._auto
                 else ""
             )
-            fatal.append(f"0 of {self.iterations} iterations measured{hint}")
+            losses.fatal.append(f"0 of {self.iterations} iterations measured{hint}")
         elif measured < self.iterations:
-            missing.append(f"{measured} of {self.iterations} iterations measured")
-        error = error or self._level_failure or (fatal[0] if fatal else None)
+            losses.missing.append(f"{measured} of {self.iterations} iterations measured")
+        error = error or self._level_failure or (losses.fatal[0] if losses.fatal else None)
         if interrupted:
             status = "interrupted"
         elif error is not None:
             status = "error"
-        elif missing:
+        elif losses.missing:
             status = "partial"
         else:
             status = "ok"
-        reasons = [r for r in [error, *fatal, *missing] if r]
-        self.result = self._write_meta(
+        reasons = [r for r in [error, *losses.fatal, *losses.missing] if r]
+        return self._write_meta(
             status,
             error=error,
             measured=measured,
             status_reasons=list(dict.fromkeys(reasons)),
             **counts,
         )
-        if kept is None:
-            self._context.discard_arena()  # stored (or nothing to keep): the raw records go
 
     def _level_counts(self, level: Level) -> dict[str, Any]:
         """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""
@@ -637,22 +625,6 @@ class Session:
             message = f"level {level.letter} could not count its losses: {exc}"
             self._errors.append(message)
             return {}
-
-    def _write_memory(self, memory: MemoryRecords, table: Any) -> int:
-        """Keep level F's allocator events, attributed to spans: RUN_DIR/<levels>/memory.parquet.
-        Returns how many were stored."""
-        from xsp.tracer.convert.memory import memory_table
-
-        try:  # the spans are stored by now: a failure here only loses the memory events
-            events = memory_table(memory, table)
-            if self.run_dir is None or events is None:
-                return 0
-            store.write_memory_events(self.run_dir, events)
-        except Exception as exc:
-            self._errors.append(f"memory events not stored: {type(exc).__name__}: {exc}")
-            log.exception("xsp: storing the memory events failed")
-            return 0
-        return events.num_rows
 
     def _write_monitor(self, samples: MonitorSamples) -> None:
         """Keep the raw samples beside the spans: RUN_DIR/<levels>/monitor.parquet."""

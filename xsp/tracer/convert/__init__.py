@@ -1,1 +1,1 @@
-"""Conversion: raw records (records.py) to span tables (spans.py: model and framework; cuda.py: library and GPU), nested by recorded ranges and ids (intervals.py). Pure functions, no torch."""
+"""Conversion: raw records (records.py) to span tables. spans.py's ``build_table`` asks the level registry, ``CONVERSIONS``, whose entries are one module per level (model.py, framework.py, library.py, gpu.py; cuda.py builds the library and GPU columns) adding blocks to the table being built (table.py), nested by recorded ranges and ids (intervals.py). Pure functions, no torch."""

@@ -3,10 +3,12 @@
 A program that ends with ``os._exit``, a signal or a segfault never reaches xsp's own finish. Its
 capture arena (``RUN_DIR/<levels>/capture.arena``, written natively and mapped shared) still
 holds every record that was complete: the iterations level M closed and level F's ops, module
-calls and ranges. The runner converts those iterations and stores them beside the run.json the
-process wrote when it started, with status ``partial`` and reasons that say how the program
-ended and what was lost: an iteration still open, and CUPTI's records (levels L and G), which
-CUPTI only delivers at its final flush.
+calls and ranges. The runner reads back the records of the levels whose conversion says how
+(``CONVERSIONS[letter].from_arena``), then converts and stores them through the same finish as a
+live session (``xsp.tracer.export.finish``), beside the run.json the process wrote when it
+started, with status ``partial`` and reasons that say how the program ended and what was lost: an
+iteration still open, a full arena, and CUPTI's records (levels L and G), which CUPTI only
+delivers at its final flush.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from xsp.tracer import store
-from xsp.tracer.convert.arena import ARENA_FILE, framework_records, read_arena, step_records
-from xsp.tracer.convert.memory import memory_table
-from xsp.tracer.convert.spans import build_table
+from xsp.tracer.convert.arena import ARENA_FILE, read_arena
+from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
 from xsp.tracer.errors import XspError
-from xsp.tracer.export.sinks import SpanBatch, StoreSink
+from xsp.tracer.export.finish import capture_losses, store_spans
+from xsp.tracer.export.sinks import StoreSink
 from xsp.tracer.levelset import LevelSet
 
 log = logging.getLogger(__name__)
@@ -55,45 +57,51 @@ def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
 def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) -> dict[str, Any]:
     levels = LevelSet(str(meta["levels"]))
     contents = read_arena(arena_path)
-    steps = step_records(contents)
-    framework = framework_records(contents) if levels.framework else None
-    # a rank of a multi-rank job numbers its spans as its own process would have
-    rank, world_size = meta.get("rank"), meta.get("world_size")
-    table, report = build_table(
-        str(meta["run_id"]), levels, steps, framework, rank=rank, world_size=world_size
-    )
+    records, lost = {}, []
+    for letter, conversion in CONVERSIONS.items():
+        if letter in levels.letters:
+            if conversion.from_arena is None:  # CUPTI's buffers died with the process
+                lost.append(letter)
+            else:
+                records[letter] = conversion.from_arena(contents)
     sink = StoreSink(run_dir)
-    sink.export(SpanBatch.of(dict(meta.get("resource") or {}), table))
-    measured = len(steps.iteration)
+    stored = store_spans(
+        records,
+        sink,
+        run_id=str(meta["run_id"]),
+        levels=levels,
+        resource=dict(meta.get("resource") or {}),
+        run_dir=run_dir,
+        # a rank of a multi-rank job numbers its spans as its own process would have
+        rank=meta.get("rank"),
+        world_size=meta.get("world_size"),
+    )
+    measured = len(records[ROOT_LEVEL].iteration)
     reasons = [f"the program {ended} after {measured} measured iterations"]
     reasons.append(f"{measured} iterations recovered from the capture arena")
-    memory_events = 0
-    if framework is not None:
-        events = memory_table(framework.memory, table)
-        if events is not None:
-            store.write_memory_events(run_dir, events)
-            memory_events = events.num_rows
     if contents.counts.get("open_records"):
         reasons.append(
             f"{contents.counts['open_records']} records still open when it died were left out"
         )
-    lost = [letter for letter, on in (("L", levels.library), ("G", levels.gpu)) if on]
+    reasons.extend(capture_losses({"arena": contents.counts}))
     if lost:
         reasons.append(
             f"level{'s' if len(lost) > 1 else ''} {' and '.join(lost)}: CUPTI never delivered "
             "its records (they are lost)"
         )
+    if stored.errors:
+        meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
     meta.update(
         status="partial",
         error=None,
         iterations_measured=measured,
         status_reasons=reasons,
         recovered=True,
-        spans=report.spans,
-        spans_by_level=report.counts_by_level,
+        spans=stored.report.spans,
+        spans_by_level=stored.report.counts_by_level,
         arena={k: int(v) for k, v in contents.counts.items()},
         files=[p.name for p in sink.files],
-        memory_events=memory_events,
+        memory_events=stored.memory_events or 0,
         finished_ns=time.time_ns(),
     )
     return meta

@@ -11,9 +11,13 @@ A level captures one layer of the stack. Its life inside a session::
 
 All five are called from the thread that runs the user's training or inference loop; enable,
 disable and drain may block (they run outside the measured window), begin/end_iteration must only
-append to preallocated buffers. Raw records are turned into spans later by ``xsp.tracer.convert.spans``.
+append to preallocated buffers.
 
-Each level is one module plus one registry entry; `check_levels` says which combinations can run.
+Each level is one capture module here plus one entry in ``REGISTRY``; `check_levels` says which
+combinations can run. Its records become spans through its entry under the same letter in
+``xsp.tracer.convert.spans.CONVERSIONS`` (one conversion module, and for the levels that write the
+capture arena, how a dead process's arena gives their records back). The two registries sit on
+either side of the capture -> convert arrow: conversion loads without torch.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
    says "disabled", so torch sees no profiler); they become the run's memory events.
 
 Nothing is turned into spans during the measured window; ``drain`` reads the arena after it,
-and ``xsp.tracer.convert.spans`` nests the records. Under ``torch.compile`` the wrapper only calls
+and ``xsp.tracer.convert.framework`` nests the records. Under ``torch.compile`` the wrapper only calls
 through while dynamo traces, so it adds no graph break; the compiled code's ops still reach the
 callback.
 """

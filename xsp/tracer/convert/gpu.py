@@ -1,0 +1,58 @@
+"""Level G's conversion: kernels, copies and sets under the API call that launched them (CUPTI
+correlation id), with that call's layer and phase. The columns come from
+``xsp.tracer.convert.cuda``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.tracer import schema
+from xsp.tracer.convert import compiled
+from xsp.tracer.convert.cuda import gpu_columns
+from xsp.tracer.convert.records import GpuRecords, StepRecords
+from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, ids_of, take
+
+
+def convert_gpu(table: SpanTable, gpu: GpuRecords) -> None:
+    """Level G: GPU work under the API call that launched it."""
+    _gpu_block(table, gpu, table.steps, table.launches, table.kernel_sources)
+
+
+def _gpu_block(
+    table: SpanTable,
+    gpu: GpuRecords,
+    steps: StepRecords,
+    launches: Placed,
+    sources: dict[str, list[list[str]]],
+) -> None:
+    """Kernels, copies and sets under the API call that launched them (CUPTI correlation id),
+    with that call's layer and phase; a compiled kernel with the module inductor's provenance
+    names (``sources``)."""
+    correlation = np.asarray(launches.block.columns.get("correlation_id", []), dtype=np.int64)
+    kept, iteration, columns, api_row = gpu_columns(
+        gpu, steps, correlation, launches.block.iteration.astype(np.int64)
+    )
+    table.report.events_outside_iterations += len(gpu.start_ns) - len(kept)
+    for name in INHERITED:
+        if name in launches.block.columns:
+            columns[name] = take(launches.block.columns[name], api_row)
+    if sources and "module_path" in columns:
+        launch_parents = launches.block.foreign_parent
+        regions = ids_of(launch_parents, api_row) if launch_parents is not None else api_row
+        columns["module_path"] = compiled.attribute(
+            columns["module_path"],
+            columns["name"].cast(pa.string()).to_pylist(),
+            columns["phase"].cast(pa.string()).to_pylist(),
+            regions,
+            columns["start_ns"],
+            sources,
+        )
+    block = Block(
+        schema.LEVEL_GPU,
+        iteration.astype(np.int32),
+        np.full(len(kept), -1),
+        columns,
+        ids_of(launches.ids, api_row),
+    )
+    table.add(block)

@@ -1,0 +1,189 @@
+"""The span table being built: blocks of rows, one level at a time, given span ids in stack order.
+
+Each level's conversion (``xsp.tracer.convert.spans.CONVERSIONS``) turns its records into a
+``Block`` of rows with local parent links and adds it to the ``SpanTable``, which gives every row a
+span id, turns local links into span ids and hangs each block's top-level rows under the model span
+of their iteration (or under the rows of an earlier block they name). Pure functions, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.tracer import schema
+from xsp.tracer.convert.columns import NullColumns, arrow, numbers
+from xsp.tracer.convert.records import MonitorSamples, StepRecords
+
+#: Columns that library, API and GPU spans take from the op (and layer) they run under.
+INHERITED = ("module_path", "phase")
+
+
+@dataclass
+class ConversionReport:
+    """What conversion kept and what it left out, for the run's manifest."""
+
+    spans: int = 0
+    events_outside_iterations: int = 0
+    counts_by_level: dict[str, int] = field(default_factory=dict)
+    #: API calls (outside library calls) that reached their op by external correlation id,
+    #: and those that fell back to time containment on their thread.
+    api_ops_by_id: int = 0
+    api_ops_by_time: int = 0
+    #: Iterations that neither recorded op shapes nor ran the ops of the one that did.
+    iterations_without_op_shapes: int = 0
+
+
+@dataclass
+class Block:
+    """Rows of one level; ``parent`` indexes rows of the same block (-1: none there), and
+    ``foreign_parent`` holds span ids of parents in earlier blocks (0: none); rows with neither
+    hang under the model span of their iteration."""
+
+    level: str
+    iteration: np.ndarray
+    parent: np.ndarray
+    columns: dict[str, Any]
+    foreign_parent: np.ndarray | None = None
+    external_id: np.ndarray | None = None  # framework ops: their CUPTI external correlation id
+
+    def __len__(self) -> int:
+        return len(self.iteration)
+
+
+@dataclass
+class Placed:
+    """A block already in the table, with the span ids it was given."""
+
+    block: Block
+    ids: np.ndarray
+
+    @staticmethod
+    def none() -> Placed:
+        empty = Block(schema.LEVEL_LIBRARY, np.zeros(0, np.int32), np.zeros(0, np.int64), {})
+        return Placed(empty, np.zeros(0, dtype=np.uint64))
+
+
+class SpanTable:
+    """The span table being built: blocks in id order, each hung under its iteration's model
+    span unless it names its parents. It also holds what the conversion was asked for and what
+    earlier levels placed, for the deeper levels to hang under."""
+
+    def __init__(
+        self,
+        run_id: str,
+        levels: str,
+        failures: dict[int, str],
+        monitor: MonitorSamples | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.run_id, self.levels, self.rank = run_id, levels, rank
+        self.failures, self.monitor, self.world_size = failures, monitor, world_size
+        self.report = ConversionReport()
+        self.tables: list[pa.Table] = []
+        self.next_id = schema.rank_span_id_base(rank) + 1
+        # level M's iterations, placed first: every other level's top rows hang under them
+        self.steps = StepRecords()
+        self.step_rows: dict[int, int] = {}
+        self.step_ids = np.zeros(0, dtype=np.uint64)
+        # what deeper levels hang under: F's ops and compiled kernels' sources, L's API calls
+        self.framework: Placed | None = None
+        self.kernel_sources: dict[str, list[list[str]]] = {}
+        self.launches = Placed.none()
+
+    def add(self, block: Block) -> np.ndarray:
+        """Append ``block``; return the span ids its rows got."""
+        n = len(block)
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.uint64)
+        self.next_id += n
+        if block.level == schema.LEVEL_MODEL:
+            roots = block.iteration.astype(np.int64) + schema.iteration_root_id(0)
+            parent_ids = (roots if self.rank is not None else np.zeros(n)).astype(np.uint64)
+            self.step_rows = {int(it): row for row, it in enumerate(block.iteration)}
+            self.step_ids = ids
+        else:
+            step_of = _lookup(self.step_rows, block.iteration)
+            top = ids_of(self.step_ids, step_of)
+            if block.foreign_parent is not None:
+                top = np.where(block.foreign_parent > 0, block.foreign_parent, top).astype(
+                    np.uint64
+                )
+            local = np.where(block.parent >= 0, ids[np.maximum(block.parent, 0)], 0)
+            parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
+        if self.rank is not None:
+            block.columns["rank"] = arrow(np.full(n, self.rank, np.int32))
+        self.tables.append(_block_table(self.run_id, self.levels, block, ids, parent_ids))
+        counts = self.report.counts_by_level
+        counts[block.level] = counts.get(block.level, 0) + n
+        return ids
+
+    def finish(self) -> tuple[pa.Table, ConversionReport]:
+        table = pa.concat_tables(self.tables, promote_options="permissive")
+        self.report.spans = table.num_rows
+        return table.cast(schema.SPAN_SCHEMA), self.report
+
+
+def ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Span ids of ``rows`` of an earlier block; 0 where a row is -1."""
+    if len(ids) == 0:
+        return np.zeros(len(rows), dtype=np.uint64)
+    return np.where(rows >= 0, ids[np.maximum(rows, 0)], 0).astype(np.uint64)
+
+
+def codes_of(column: pa.DictionaryArray) -> np.ndarray:
+    """A dictionary column's codes, -1 for null."""
+    return numbers(column.indices, null=-1).astype(np.int64)
+
+
+def take(column: Any, rows: np.ndarray) -> pa.Array:
+    """Rows of an arrow column; -1 gives null."""
+    indices = arrow(np.maximum(rows, 0), pa.int64(), mask=rows < 0)
+    return column.take(indices)
+
+
+def _lookup(mapping: dict[int, int], keys: np.ndarray) -> np.ndarray:
+    """``mapping[k]`` for each key, -1 where absent (vectorised over few distinct keys)."""
+    unique, position = np.unique(keys, return_inverse=True)
+    values = np.array([mapping.get(int(k), -1) for k in unique], dtype=np.int64)
+    return values[position] if len(keys) else np.zeros(0, dtype=np.int64)
+
+
+def _block_table(
+    run_id: str, levels: str, block: Block, ids: np.ndarray, parent_ids: np.ndarray
+) -> pa.Table:
+    n = len(block)
+    unique, position = np.unique(block.iteration, return_inverse=True)
+    trace_ids = arrow(
+        [schema.trace_id_for(run_id, levels, int(it)) for it in unique], pa.binary(16)
+    )
+    data: dict[str, Any] = {
+        "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
+        "span_id": arrow(ids, pa.uint64()),
+        "parent_span_id": arrow(parent_ids, pa.uint64()),
+        "level": pa.DictionaryArray.from_arrays(
+            arrow(np.zeros(n, dtype=np.int32)), arrow([block.level], pa.string())
+        ),
+        "iteration": arrow(block.iteration, pa.int32()),
+    }
+    data.update(block.columns)
+    columns = []
+    nulls = NullColumns(n)
+    for field_ in schema.SPAN_SCHEMA:
+        value = data.get(field_.name)
+        if value is None:
+            columns.append(nulls(field_.type))
+        else:
+            columns.append(_as_arrow(value, field_.type))
+    return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
+
+
+def _as_arrow(value: Any, type_: pa.DataType) -> pa.Array:
+    if isinstance(value, (pa.Array, pa.ChunkedArray)):
+        return value if value.type == type_ else value.cast(type_)
+    if pa.types.is_dictionary(type_):
+        return arrow(value, pa.string()).dictionary_encode().cast(type_)
+    return arrow(value, type_)
