@@ -63,7 +63,7 @@ def _megabytes(name: str, default: int, maximum: int, env: Mapping[str, str] | N
 
 
 def cupti_buffer_bytes(env: Mapping[str, str] | None = None) -> int:
-    """``XSP_CUPTI_BUFFER_MB`` (default 256): the size of each CUPTI activity buffer."""
+    """``XSP_CUPTI_BUFFER_MB`` (default 16): the size of each CUPTI activity buffer."""
     return _megabytes("XSP_CUPTI_BUFFER_MB", DEFAULT_CUPTI_BUFFER_MB, MAX_CUPTI_BUFFER_MB, env)
 
 
