@@ -384,7 +384,8 @@ def analyze(
     run_dir: Path, rows: int, report: Path | None, save_reconstruction: bool, as_json: bool
 ) -> None:
     """Reconstruct a leveled measurement and print its analyses: suggestions, per-level overhead,
-    the GPU monitor, layers (A2, A3, A5), kernels (A10, A11, A13), HTA's GPU time breakdowns,
+    the GPU monitor, layers (A3, A5; layer info, A2, only in --json and the report), kernels
+    (A10, A11, A13), HTA's GPU time breakdowns,
     and with a counter run (level set MH) the hardware-counter analyses: kernel info (A8), the
     kernel roofline (A9), GPU metrics per layer (A12), the layer roofline (A14) and the model's
     aggregate (A15); without one, a line says they are absent. For a multi-rank job also each
