@@ -238,3 +238,21 @@ def test_samples_are_zero_where_a_row_is_absent() -> None:
                          np.array([1, 2]), calls=True)  # fmt: skip
     assert found.values["b"].tolist() == [0.0, 5.0]
     assert found.calls == {"a": 1.0, "b": 0.5}
+
+
+def test_diff_loads_no_torch() -> None:
+    """A store-only command: `python -X importtime -m xsp diff A B` imports no torch."""
+    import os
+    import subprocess
+    import sys
+
+    root = DATA.parents[1]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xsp", "diff", str(CHANNELS_LAST),
+         str(CHANNELS_LAST), "--json"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert not {m for m in imported if m.split(".")[0] == "torch"}

@@ -688,7 +688,7 @@ def _diff_view(table: Any) -> Any:
                 for r in records
             ]
         elif name == "before_calls_per_iteration":
-            view["calls_per_iteration"] = [
+            view["calls"] = [  # per iteration
                 f"{r[name]:g} -> {r['after_calls_per_iteration']:g}" for r in records
             ]
         else:
