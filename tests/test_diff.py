@@ -256,3 +256,54 @@ def test_diff_loads_no_torch() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert not {m for m in imported if m.split(".")[0] == "torch"}
+
+
+def _campaign(root: Path, measurement: Path, step_ms: float) -> Path:
+    """A campaign directory holding one job, ResNet-50 b64 training, with the M run of
+    ``measurement`` kept, and one job that only the committed H200 campaign's result holds."""
+    campaign = DATA.parents[0] / "results/campaign-h200"
+    (root / "jobs").mkdir(parents=True)
+    shutil.copy(campaign / "campaign.json", root / "campaign.json")
+    job = "torchvision-resnet50__train__b64"
+    record = {"job": job, "model": "torchvision:resnet50", "mode": "train", "batch_size": 64,
+              "status": "ok", "summary": {"latency_ms": step_ms}}  # fmt: skip
+    (root / "jobs" / f"{job}.json").write_text(json.dumps(record))
+    shutil.copytree(measurement / "M", root / "runs" / job / "M")
+    return root
+
+
+def test_campaign_diff_job_by_job(tmp_path: Path) -> None:
+    from xsp.campaign.diff import campaign_diff
+    from xsp.campaign.store import CampaignStore
+
+    before = _campaign(tmp_path / "a", NCHW, 32.7659)
+    after = _campaign(tmp_path / "b", CHANNELS_LAST, 23.3621)
+    inference = "torchvision-resnet50__infer__b64.json"
+    shutil.copy(DATA.parents[0] / "results/campaign-h200/jobs" / inference, before / "jobs")
+    rows = {
+        r["job"]: r for r in campaign_diff(CampaignStore(before), CampaignStore(after)).to_pylist()
+    }
+    train = rows["torchvision-resnet50__train__b64"]
+    assert (train["before_ms"], train["after_ms"]) == pytest.approx((32.7659, 23.3621), abs=1e-4)
+    assert train["verdict"] == "faster" and train["samples"] == "steps"
+    assert rows["torchvision-resnet50__infer__b64"]["verdict"] == "missing"
+    shown = CliRunner().invoke(cli_main, ["campaign", "diff", str(before), str(after), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["jobs"][0]["verdict"] == "faster"
+
+
+def test_campaign_diff_from_results_alone_is_untested() -> None:
+    from xsp.campaign.diff import campaign_diff
+    from xsp.campaign.store import CampaignStore
+
+    results = DATA.parents[0] / "results"
+    table = campaign_diff(
+        CampaignStore(results / "campaign-h200"),
+        CampaignStore(results / "campaign-native-h200/job12"),
+    )
+    rows = {r["job"]: r for r in table.to_pylist()}
+    assert len(rows) == 210
+    row = rows["timm-cspresnet50__infer__b16"]  # the jobs' summaries: 6.796 -> 5.359 ms
+    assert (row["before_ms"], row["after_ms"]) == pytest.approx((6.7958, 5.3588), abs=1e-4)
+    assert row["verdict"] == "untested" and row["samples"] == "medians"
+    assert sum(r["verdict"] == "missing" for r in rows.values()) == 168

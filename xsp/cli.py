@@ -1010,3 +1010,30 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
     except duckdb.Error as exc:
         raise XspError(f"query failed: {exc}") from exc
     _print_table("", table, 1000)
+
+
+@campaign.command("diff")
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--rows", type=int, default=20, show_default=True, help="Rows shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print every job's row as JSON.")
+def campaign_diff(before: Path, after: Path, rows: int, as_json: bool) -> None:
+    """Compare two campaigns job by job: each job's untraced step before and after, with a
+    verdict (faster, slower or noise) where both kept the job's measurement (a bootstrap over
+    its M steps), "untested" where only the jobs' median steps remain, "missing" where a side
+    has no successful result. ``xsp diff BEFORE/runs/JOB AFTER/runs/JOB`` compares one job in
+    full."""
+    import json
+
+    from xsp.analysis.diff import TEST
+    from xsp.campaign.diff import campaign_diff as compare_campaigns
+    from xsp.campaign.store import CampaignStore
+
+    table = compare_campaigns(CampaignStore(before), CampaignStore(after))
+    if as_json:
+        click.echo(json.dumps({"test": TEST, "jobs": table.to_pylist()}, indent=1))
+        return
+    _print_table(f"campaign diff: {before} -> {after}", table, rows)
+    verdicts = table.column("verdict").to_pylist()
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
+    console.print(f"{table.num_rows} jobs: {counts}; verdicts: {TEST}", highlight=False)
