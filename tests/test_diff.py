@@ -307,3 +307,12 @@ def test_campaign_diff_from_results_alone_is_untested() -> None:
     assert (row["before_ms"], row["after_ms"]) == pytest.approx((6.7958, 5.3588), abs=1e-4)
     assert row["verdict"] == "untested" and row["samples"] == "medians"
     assert sum(r["verdict"] == "missing" for r in rows.values()) == 168
+
+
+def test_without_level_g_the_step_alone_is_compared(tmp_path: Path) -> None:
+    for name in ("M", "MF"):
+        shutil.copytree(NEW_NCHW / name, tmp_path / "a" / name)
+    result = diffs.diff(MeasurementStore(tmp_path / "a"), MeasurementStore(NEW_CHANNELS_LAST))
+    assert result.section("layers_gpu").absent == "needs level G in both measurements"
+    assert _row(result, "step", "untraced step (M)")["verdict"] == "faster"
+    assert result.section("memory").table.num_rows  # both MF runs recorded allocator events

@@ -407,13 +407,13 @@ class _Spec:
     label: str
     unit: str
     samples: Callable[[MeasurementStore], Samples | None]
-    needs_gpu: bool = True
+    needs_replay: bool = True
     note: str = ""
 
 
 NS_PER_MS = 1e6
 SECTIONS = (
-    _Spec("step", "Step", "step", "ms", step_samples, needs_gpu=False),
+    _Spec("step", "Step", "step", "ms", step_samples, needs_replay=False),
     _Spec("replayed_step", "Replayed step", "step", "ms", replayed_step_samples),
     _Spec(
         "layers_gpu",
@@ -452,7 +452,7 @@ SECTIONS = (
         "layer",
         "bytes",
         memory_samples,
-        needs_gpu=False,
+        needs_replay=False,
         note="bytes per iteration, from the F run's allocator events",
     ),
     _Spec(
@@ -461,7 +461,7 @@ SECTIONS = (
         "metric",
         "",
         counter_values,
-        needs_gpu=False,
+        needs_replay=False,
         note="one counted pass each: no per-iteration samples, so no verdict",
     ),
     _Spec(
@@ -480,11 +480,11 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
     for store in (before, after):
         require_model_run(store)
         store.require_spans()
-    both_gpu = has_gpu(before) and has_gpu(after)
+    unreplayed = _why_no_replay(before) or _why_no_replay(after)
     sections = []
     for spec in SECTIONS:
-        if spec.needs_gpu and not both_gpu:
-            sections.append(_absent(spec, "needs level G in both measurements"))
+        if spec.needs_replay and unreplayed:
+            sections.append(_absent(spec, unreplayed))
             continue
         b, a = spec.samples(before), spec.samples(after)
         if b is None or a is None:
@@ -505,6 +505,17 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
         pair_warnings(before, after),
         configuration_changes(before, after),
     )
+
+
+def _why_no_replay(store: MeasurementStore) -> str | None:
+    """Why the sections from the G run and the replay cannot be filled, or None."""
+    from xsp.analysis.distributed import is_multi_rank
+
+    if not has_gpu(store):
+        return "needs level G in both measurements"
+    if is_multi_rank(store):
+        return "a multi-rank measurement: the replay and its rows are single-rank"
+    return None
 
 
 def _absent(spec: _Spec, why: str) -> DiffSection:
