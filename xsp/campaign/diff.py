@@ -1,0 +1,98 @@
+"""Two campaigns compared job by job: ``xsp campaign diff BEFORE AFTER``.
+
+Jobs match by their id (model, mode, batch size). A job's figure is its untraced step: where
+both campaigns kept the job's measurement (``DIR/runs/<job>/`` with an M run), the median of
+its M run's steps, with the verdict of ``xsp.analysis.diff`` (a bootstrap of the difference of
+medians over the steps); where either kept only the job's result (``DIR/jobs/<job>.json``), the
+result's median step, and no verdict ("untested": a median alone says nothing of noise).
+``xsp diff BEFORE/runs/<job> AFTER/runs/<job>`` compares one job's measurements in full.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.analysis import diff as diffs
+from xsp.campaign.store import CampaignStore
+
+#: What a job row says where one campaign lacks the job or its result is not ok.
+MISSING = "missing"
+
+
+def _step_samples(run_dir: Path) -> np.ndarray | None:
+    """The job's M steps (ns), or None where its measurement was not kept or holds no M."""
+    from xsp.analysis.store import MeasurementStore
+    from xsp.tracer.errors import StoreError
+
+    if not (run_dir / "M").is_dir():
+        return None
+    try:
+        store = MeasurementStore(run_dir)
+        return next(iter(diffs.step_samples(store).values.values()))
+    except (StoreError, StopIteration):
+        return None
+
+
+def _step_ms(record: dict[str, Any] | None) -> float | None:
+    if record is None or record.get("status") != "ok":
+        return None
+    return (record.get("summary") or {}).get("latency_ms")
+
+
+def _job_row(job: str, before: CampaignStore, after: CampaignStore, records: Any) -> dict:
+    b_record, a_record = records
+    b_ms, a_ms = _step_ms(b_record), _step_ms(a_record)
+    row: dict[str, Any] = {
+        "job": job,
+        "before_ms": b_ms,
+        "after_ms": a_ms,
+        "change_ms": None,
+        "change_pct": None,
+        "verdict": diffs.UNTESTED,
+        "samples": "medians",
+    }
+    if b_ms is None or a_ms is None:
+        row["verdict"] = MISSING
+        return row
+    b_steps = _step_samples(before.runs_dir / job)
+    a_steps = _step_samples(after.runs_dir / job)
+    if b_steps is not None and a_steps is not None and len(b_steps) and len(a_steps):
+        b_ms, a_ms = float(np.median(b_steps)) / 1e6, float(np.median(a_steps)) / 1e6
+        interval = diffs.bootstrap_interval(b_steps / 1e6, a_steps / 1e6)
+        row.update(
+            before_ms=b_ms,
+            after_ms=a_ms,
+            verdict=diffs.verdict(interval, "ms"),
+            samples="steps",
+        )
+    row["change_ms"] = a_ms - b_ms
+    row["change_pct"] = 100.0 * (a_ms - b_ms) / b_ms if b_ms else None
+    return row
+
+
+def campaign_diff(before: CampaignStore, after: CampaignStore) -> pa.Table:
+    """One row per job of either campaign: job, before_ms, after_ms, change_ms, change_pct,
+    verdict (faster, slower, noise; untested from two medians; missing where a side has no
+    successful result) and samples ("steps" or "medians"); largest change first."""
+    before.spec()  # a directory that is no campaign is named
+    after.spec()
+    b = {r["job"]: r for r in before.results()}
+    a = {r["job"]: r for r in after.results()}
+    rows = [_job_row(job, before, after, (b.get(job), a.get(job))) for job in sorted({*b, *a})]
+    rows.sort(key=lambda r: (r["change_ms"] is None, -abs(r["change_ms"] or 0.0), r["job"]))
+    schema = pa.schema(
+        [
+            ("job", pa.string()),
+            ("before_ms", pa.float64()),
+            ("after_ms", pa.float64()),
+            ("change_ms", pa.float64()),
+            ("change_pct", pa.float64()),
+            ("verdict", pa.string()),
+            ("samples", pa.string()),
+        ]
+    )
+    return pa.Table.from_pylist(rows, schema=schema)
