@@ -221,10 +221,10 @@ def test_achieved_tflops_per_op_from_g_durations(gpt: MeasurementStore) -> None:
     ops = utilization.op_flops(gpt).to_pylist()
     head = next(r for r in ops if r["layer"] == "lm_head" and r["phase"] == "forward")
     assert head["input_shapes"] == "[[4096,512],[512,8192]]" and head["dtype"] == "c10::BFloat16"
-    assert head["gflop_per_iteration"] == pytest.approx(2 * 4096 * 512 * 8192 / 1e9)
+    assert head["algorithmic_gflop_per_iteration"] == pytest.approx(2 * 4096 * 512 * 8192 / 1e9)
     assert head["kernels_per_iteration"] == 1
     assert head["achieved_tflop_per_s"] == pytest.approx(
-        head["gflop_per_iteration"] / head["kernel_ms_per_iteration"]
+        head["algorithmic_gflop_per_iteration"] / head["kernel_ms_per_iteration"]
     )
     assert head["roof"] == "bf16_tensor"
     assert head["of_peak_pct"] == pytest.approx(100 * head["achieved_tflop_per_s"] / 989.4)
@@ -238,7 +238,7 @@ def test_shapes_from_another_run_still_give_layers_their_rates() -> None:
     head = next(r for r in utilization.op_flops(store).to_pylist() if r["layer"] == "lm_head")
     assert head["kernel_ms_per_iteration"] is None  # its kernels are in another run
     layers = {r["layer"]: r for r in utilization.layer_flops(store).to_pylist()}
-    assert layers["lm_head"]["gflop_per_iteration"] == pytest.approx(3 * 34.359738368)
+    assert layers["lm_head"]["algorithmic_gflop_per_iteration"] == pytest.approx(3 * 34.359738368)
     assert layers["lm_head"]["achieved_tflop_per_s"] is not None  # kernels joined by layer
 
 

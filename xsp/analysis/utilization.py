@@ -64,7 +64,7 @@ _OP_SCHEMA = pa.schema(
         ("input_shapes", pa.string()),
         ("dtype", pa.string()),
         ("calls_per_iteration", pa.float64()),
-        ("gflop_per_iteration", pa.float64()),
+        ("algorithmic_gflop_per_iteration", pa.float64()),
         ("kernels_per_iteration", pa.float64()),
         ("kernel_ms_per_iteration", pa.float64()),
         ("achieved_tflop_per_s", pa.float64()),
@@ -104,13 +104,13 @@ def op_flops(store: MeasurementStore, limit: int = 25) -> pa.Table:
                 "input_shapes": shapes,
                 "dtype": dtype,
                 "calls_per_iteration": len(members) / n,
-                "gflop_per_iteration": gflop,
+                "algorithmic_gflop_per_iteration": gflop,
                 "kernels_per_iteration": len(times) / n if durations else None,
                 "kernel_ms_per_iteration": kernel_ms,
                 **_rate(gflop, kernel_ms, members[0].roof, peaks),
             }
         )
-    rows.sort(key=lambda r: -r["gflop_per_iteration"])
+    rows.sort(key=lambda r: -r["algorithmic_gflop_per_iteration"])
     return pa.Table.from_pylist(rows[:limit], schema=_OP_SCHEMA)
 
 
@@ -144,7 +144,7 @@ def _roof_of(ops: list[flops.OpFlops]) -> str | None:
 _LAYER_SCHEMA = pa.schema(
     [
         ("layer", pa.string()),
-        ("gflop_per_iteration", pa.float64()),
+        ("algorithmic_gflop_per_iteration", pa.float64()),
         ("kernel_ms_per_iteration", pa.float64()),
         ("achieved_tflop_per_s", pa.float64()),
         ("roof", pa.string()),
@@ -171,7 +171,7 @@ def layer_flops(store: MeasurementStore, limit: int = 20) -> pa.Table:
         rows.append(
             {
                 "layer": layer,
-                "gflop_per_iteration": work,
+                "algorithmic_gflop_per_iteration": work,
                 "kernel_ms_per_iteration": ms,
                 **_rate(work, ms, _roof_of(by_layer[layer]), peaks),
             }
@@ -179,11 +179,20 @@ def layer_flops(store: MeasurementStore, limit: int = 20) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=_LAYER_SCHEMA)
 
 
+def _ranks(store: MeasurementStore, run: int | None) -> int:
+    """How many ranks' ops the shapes run holds (their FLOPs add up; so do their GPUs' peaks)."""
+    rows = store.sql(
+        "SELECT count(DISTINCT rank) AS n FROM spans WHERE run_index = ? AND kind = 'op'", [run]
+    ).to_pylist()
+    return max(1, int(rows[0]["n"] or 0)) if rows else 1
+
+
 def model_flops(store: MeasurementStore) -> pa.Table:
     """One row per iteration: algorithmic GFLOP in all and by family, ops whose shapes fit no
     formula, kernel time (G run) and the untraced step (M), achieved TFLOP/s over each, the roof
     of most FLOPs with its peak and source, and model FLOPs utilization (``mfu_pct``: the
-    step's rate against that peak); empty without shapes."""
+    step's rate against that peak, times the GPUs of a multi-rank job, whose ranks' FLOPs add
+    up); empty without shapes."""
     found = flops.counted(store)
     total = flops.total_per_iteration(store)
     if total is None:
@@ -195,10 +204,11 @@ def model_flops(store: MeasurementStore) -> pa.Table:
     peaks = store_peaks(store)
     roof = _roof_of(found.ops)
     peak = peaks.values.get(roof) if roof else None
+    gpus = _ranks(store, found.run_index)
     gflop = total / 1e9
     over_step = gflop / step_ms if step_ms else None
     row = {
-        "gflop_per_iteration": gflop,
+        "algorithmic_gflop_per_iteration": gflop,
         **{f"{family}_gflop": families.get(family, 0.0) / 1e9 for family in FAMILIES},
         "uncounted_ops_per_iteration": flops.uncounted_per_iteration(store),
         "kernel_ms_per_iteration": kernel_ms,
@@ -208,6 +218,9 @@ def model_flops(store: MeasurementStore) -> pa.Table:
         "roof": roof,
         "peak_tflop_per_s": peak / 1e12 if peak else None,
         "peak_source": peaks.sources.get(roof) if roof else None,
-        "mfu_pct": 100.0 * over_step * 1e12 / peak if over_step is not None and peak else None,
+        "gpus": gpus,
+        "mfu_pct": (
+            100.0 * over_step * 1e12 / (peak * gpus) if over_step is not None and peak else None
+        ),
     }
     return pa.Table.from_pylist([row])
