@@ -48,6 +48,7 @@ _COLUMNS = (
     "kind",
     "name",
     "iteration",
+    "rank",
     "module_path",
     "module_type",
     "phase",
@@ -190,9 +191,9 @@ def _sequence_number(spans: _Spans, i: int) -> int | None:
     return None
 
 
-def _backward_twins(spans: _Spans) -> dict[tuple[int, int], list[int]]:
-    """(iteration, sequence number) -> the grad_output shape of each convolution backward, by
-    the sequence number of the backward node it runs under (its forward op's)."""
+def _backward_twins(spans: _Spans) -> dict[tuple[Any, ...], list[int]]:
+    """(rank, iteration, sequence number) -> the grad_output shape of each convolution
+    backward, by the sequence number of the backward node it runs under (its forward op's)."""
     out = {}
     for i, name in enumerate(spans.col["name"]):
         if name != "aten::convolution_backward":
@@ -200,7 +201,7 @@ def _backward_twins(spans: _Spans) -> dict[tuple[int, int], list[int]]:
         shapes = _parse(spans.col["input_shapes"][i])
         seq = _sequence_number(spans, i)
         if shapes and _is_shape(shapes[0]) and seq is not None:
-            out[(spans.col["iteration"][i], seq)] = shapes[0]
+            out[(spans.col["rank"][i], spans.col["iteration"][i], seq)] = shapes[0]
     return out
 
 
@@ -227,7 +228,7 @@ def _module_output(spans: _Spans, i: int, x: Shape, w: Shape, transposed: bool) 
     return None
 
 
-def _op_flops(spans: _Spans, i: int, twins: dict[tuple[int, int], list[int]]) -> OpFlops:
+def _op_flops(spans: _Spans, i: int, twins: dict[tuple[Any, ...], list[int]]) -> OpFlops:
     col = spans.col
     name = col["name"][i]
     formula = FORMULAS[name]
@@ -239,7 +240,8 @@ def _op_flops(spans: _Spans, i: int, twins: dict[tuple[int, int], list[int]]) ->
     if name != "aten::convolution_backward" and formula.family == CONVOLUTION:
         transposed = _transposed(spans, i)
         seq = _sequence_number(spans, i)
-        out: Shape | None = twins.get((col["iteration"][i], seq)) if seq is not None else None
+        twin = (col["rank"][i], col["iteration"][i], seq)
+        out: Shape | None = twins.get(twin) if seq is not None else None
         if out is None and len(shapes) >= 2 and len(shapes[1]) >= 3 and shapes[0]:
             out = _module_output(spans, i, shapes[0], shapes[1], transposed)
         context = Context(out, transposed)
