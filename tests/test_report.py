@@ -20,10 +20,10 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     # plotly.js is inlined once: the file opens offline
     assert '<script src="http' not in page and len(page) > 3_000_000
     # every analysis is an HTML table with all its rows; the flame view, the timeline and the
-    # seven analyses with a chart (the step's causes, layers by GPU time, layer types, layer
-    # latency, kernels, busy %, durations) plot
+    # eight analyses with a chart (the step's causes, layers by GPU time, layer types, layer
+    # latency, kernels, busy %, durations, TFLOP/s per layer) plot
     assert page.count("<table>") == sections
-    assert page.count("Plotly.newPlot") == 2 + 7
+    assert page.count("Plotly.newPlot") == 2 + 8
     assert "<h2>Flame view</h2>" in page and "<h2>Timeline</h2>" in page
     for key, heading in (
         ("suggestions", "Suggestions"),

@@ -38,6 +38,7 @@ def sections(store: MeasurementStore) -> list[Section]:
         *_overview(store),
         *_layers(store),
         *_kernels(store),
+        *flop_sections(store),
         *counter_sections(store),
         *_memory(store),
         *_multi_rank(store),
@@ -275,6 +276,47 @@ def _kernels(store: MeasurementStore) -> list[Section]:
     ]
 
 
+#: The algorithmic-FLOP analyses' keys (present together, or absent with one note).
+FLOP_KEYS = ("model_flops", "layer_flops", "op_flops")
+
+
+def flop_sections(store: MeasurementStore) -> list[Section]:
+    """Algorithmic FLOPs from the recorded op shapes, with achieved TFLOP/s and MFU over G's
+    kernel durations and M's step; without shapes, one empty ``flops`` section saying so."""
+    from xsp.analysis import utilization
+    from xsp.analysis.charts import bar
+
+    reason = utilization.unavailable(store)
+    if reason is not None:
+        return [Section("flops", "FLOPs and utilization", pa.table({}), reason, absent=True)]
+    source = (
+        "algorithmic FLOPs: the math of the recorded shapes, as torch.utils.flop_counter counts "
+        "matmuls, convolutions and attention (norms: fvcore's estimate); rates over G's kernel "
+        "durations, against the tensor-core peak of the operands' dtype (fp32: TF32's)"
+    )
+    return [
+        Section(
+            "model_flops",
+            "Model FLOPs and utilization (MFU)",
+            utilization.model_flops(store),
+            source + "; mfu_pct is the untraced step's rate against that peak",
+        ),
+        Section(
+            "layer_flops",
+            "FLOPs and achieved TFLOP/s per layer",
+            utilization.layer_flops(store, limit=TOP_LAYERS),
+            f"the {TOP_LAYERS} layers with the most FLOPs, forward + backward; {source}",
+            chart=lambda t: bar(t, "layer", "achieved_tflop_per_s", "Achieved TFLOP/s per layer"),
+        ),
+        Section(
+            "op_flops",
+            "FLOPs and achieved TFLOP/s per op",
+            utilization.op_flops(store, limit=TOP_KERNELS),
+            f"the {TOP_KERNELS} op groups with the most FLOPs; {source}",
+        ),
+    ]
+
+
 #: The hardware-counter analyses' keys (present together, or absent with one note).
 COUNTER_KEYS = (
     "counter_matching",
@@ -306,6 +348,11 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
         ]
     peaks = counters.store_peaks(store)
     source = f"latency from the G run, counters from the counter run; {peaks.summary}"
+    counted = (
+        f"{source}; executed_over_algorithmic: the FLOPs the hardware executed over the math's "
+        "(matmuls, convolutions, attention; a multi-kernel op's split by executed FLOPs), "
+        f"tile_waste_pct its excess; {counters.DRAM_WRITE_NOTE}"
+    )
     return [
         Section(
             "counter_matching",
@@ -316,7 +363,7 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
         Section(
             "peaks", "Roofs: peak FLOP/s and DRAM bandwidth", counters.peaks(store), peaks.summary
         ),
-        Section("kernel_info", "Kernel info (A8)", counters.kernel_info(store), source),
+        Section("kernel_info", "Kernel info (A8)", counters.kernel_info(store), counted),
         Section(
             "kernel_roofline",
             "Kernel roofline (A9)",
@@ -325,7 +372,7 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
             chart=lambda t: plot_roofline(t, peaks, "Kernel roofline (A9)"),
         ),
         Section(
-            "layer_metrics", "GPU metrics per layer (A12)", counters.layer_metrics(store), source
+            "layer_metrics", "GPU metrics per layer (A12)", counters.layer_metrics(store), counted
         ),
         Section(
             "layer_roofline",
@@ -338,7 +385,7 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
             "model_metrics",
             "The model's aggregate and bound (A15)",
             counters.model_metrics(store),
-            source,
+            counted,
         ),
     ]
 

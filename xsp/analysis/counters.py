@@ -36,6 +36,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from xsp.analysis.flop_formulas import EXACT_FAMILIES
+from xsp.analysis.flops import counted as counted_ops
+from xsp.analysis.flops import gpu_run, per_iteration, split, total_per_iteration
 from xsp.analysis.peaks import Peaks, peaks_table, resolve
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
@@ -127,7 +130,7 @@ def store_peaks(store: MeasurementStore) -> Peaks:
 def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
     return store.sql(
         """
-        SELECT iteration, name, dur_ns, module_path, phase, grid, block
+        SELECT span_id, iteration, name, dur_ns, module_path, phase, grid, block
         FROM spans WHERE run_index = (SELECT max(run_index) FROM spans WHERE level = 'gpu')
           AND kind = 'kernel' AND iteration IS NOT NULL
         ORDER BY iteration, correlation_id NULLS LAST, start_ns
@@ -306,6 +309,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         kernels.append(
             {
                 "ordinal": position,
+                "span_id": row["span_id"],
                 "kernel": row["name"],
                 "layer": row["module_path"],
                 "phase": row["phase"],
@@ -315,6 +319,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
             }
         )
         position += 1
+    _add_algorithmic(store, kernels)
     return CounterJoin(
         kernels,
         alignment.matching,
@@ -325,6 +330,31 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         len(gpu_iterations),
         coverage=coverage,
     )
+
+
+def _add_algorithmic(store: MeasurementStore, kernels: list[dict[str, Any]]) -> None:
+    """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.flops``, note 4) as
+    ``algorithmic_flops`` (and as ``exact_flops`` where its op's family is counted exactly): 0
+    for a kernel under no counted op, None where the G run recorded no shapes or the op's
+    shapes do not fit its formula."""
+    found = counted_ops(store)
+    shaped = found.run_index is not None and found.run_index == gpu_run(store)
+    ops = found.by_span
+    members: dict[int, list[dict[str, Any]]] = {}
+    for k in kernels:
+        op = found.kernel_op.get(k["span_id"])
+        k["algorithmic_flops"] = k["exact_flops"] = 0.0 if shaped and op is None else None
+        if op is not None:
+            members.setdefault(op, []).append(k)
+    for op, group in members.items():
+        total = ops[op].flops
+        if total is None:
+            continue
+        shares = split(total, [k["flops"] for k in group], [k["latency_ns"] for k in group])
+        exact = ops[op].family in EXACT_FAMILIES
+        for k, share in zip(group, shares, strict=True):
+            k["algorithmic_flops"] = share
+            k["exact_flops"] = share if exact else 0.0
 
 
 def _mean(members: list[dict[str, Any]]) -> dict[str, Any]:
@@ -381,6 +411,34 @@ def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> di
     }
 
 
+#: Executed FLOPs (the counters) against algorithmic ones (the math, ``xsp.analysis.flops``).
+WASTE_COLUMNS = (
+    ("algorithmic_gflop", pa.float64()),
+    ("executed_over_algorithmic", pa.float64()),
+    ("tile_waste_pct", pa.float64()),
+)
+#: Where DRAM write bytes are shown: why they fall short of what a kernel wrote.
+DRAM_WRITE_NOTE = (
+    "DRAM writes count what reached DRAM while the kernel ran: lines still in the L2 when it "
+    "ended are written back later, uncounted (the H200 calibration's 2 GiB copy counted reads "
+    "of 1.0000x its bytes and writes of 0.9888x: 24 MB still in the 50 MB L2)"
+)
+
+
+def waste(executed: float | None, algorithmic: float | None, exact: float | None) -> dict[str, Any]:
+    """Executed against algorithmic FLOPs (``exact``: those of them counted exactly, not the
+    norms' estimate): ``executed_over_algorithmic`` above 1 is work the hardware did beyond the
+    math (whole tiles, padded channels), as ``tile_waste_pct`` of the math; below 1, it did
+    less than the direct math (Winograd, a gradient nobody needed). None where the counters saw
+    no FLOPs (a precision without a metric) or nothing was counted exactly."""
+    ratio = executed / exact if executed and exact else None
+    return {
+        "algorithmic_gflop": algorithmic / 1e9 if algorithmic is not None else None,
+        "executed_over_algorithmic": ratio,
+        "tile_waste_pct": 100.0 * (ratio - 1.0) if ratio is not None else None,
+    }
+
+
 _KERNEL_SCHEMA = pa.schema(
     [
         ("ordinal", pa.int64()),
@@ -389,6 +447,7 @@ _KERNEL_SCHEMA = pa.schema(
         ("phase", pa.string()),
         ("latency_us", pa.float64()),
         ("work_gflop", pa.float64()),
+        *WASTE_COLUMNS,
         ("achieved_gflop_per_s", pa.float64()),
         ("dram_read_bytes", pa.float64()),
         ("dram_write_bytes", pa.float64()),
@@ -431,6 +490,7 @@ def kernel_info(store: MeasurementStore) -> pa.Table:
                 "latency_us": k["latency_ns"] / 1e3,
                 **{name: k.get(name) for name in _KERNEL_SCHEMA.names if name in k},
                 **{name: rates[name] for name in _KERNEL_SCHEMA.names if name in rates},
+                **waste(k.get("flops"), k.get("algorithmic_flops"), k.get("exact_flops")),
             }
         )
     return pa.Table.from_pylist(rows, schema=_KERNEL_SCHEMA)
@@ -501,6 +561,7 @@ _LAYER_SCHEMA = pa.schema(
         ("kernels", pa.int64()),
         ("kernel_ms", pa.float64()),
         ("work_gflop", pa.float64()),
+        *WASTE_COLUMNS,
         ("achieved_gflop_per_s", pa.float64()),
         ("dram_read_bytes", pa.float64()),
         ("dram_write_bytes", pa.float64()),
@@ -528,6 +589,9 @@ def layer_metrics(store: MeasurementStore) -> pa.Table:
     time (G run), work, achieved GFLOP/s over that time, DRAM bytes, intensity, time-weighted
     occupancy and throughputs, precision and bound; slowest layer first."""
     join = counter_join(store)
+    algorithmic = per_iteration(store, "layer")
+    exact = per_iteration(store, "layer", exact=True)
+    shaped = counted_ops(store).run_index is not None
     rows = []
     for layer, members in _by_layer(join) if join else []:
         values, total_ns = _aggregate(members)
@@ -539,6 +603,11 @@ def layer_metrics(store: MeasurementStore) -> pa.Table:
                 "kernel_ms": sum(k["latency_ns"] for k in members) / 1e6,
                 **{name: values.get(name) for name in _LAYER_SCHEMA.names if name in values},
                 **{name: rates[name] for name in _LAYER_SCHEMA.names if name in rates},
+                **waste(
+                    values.get("flops"),
+                    algorithmic.get(layer, 0.0 if shaped else None),
+                    exact.get(layer),
+                ),
             }
         )
     rows.sort(key=lambda r: -r["kernel_ms"])
@@ -568,27 +637,30 @@ def model_metrics(store: MeasurementStore) -> pa.Table:
         return pa.Table.from_pylist([])
     values, counted_ns = _aggregate(join.kernels)
     rates = _rates(values, counted_ns, join.peaks)
-    step_ms = _step_ms(store)
-    flops = values.get("flops")
+    step_ms = untraced_step_ms(store)
+    flops_executed = values.get("flops")
     row: dict[str, Any] = {
         "kernels": len(join.kernels),
         "counted_kernels": sum(1 for k in join.kernels if k["counted"]),
         "kernel_ms": sum(k["latency_ns"] for k in join.kernels) / 1e6,
         "step_ms": step_ms,
         "work_gflop": rates["work_gflop"],
+        **waste(flops_executed, total_per_iteration(store), total_per_iteration(store, exact=True)),
         **{
             f"{p}_gflop": (values[f"flops_{p}"] / 1e9 if values.get(f"flops_{p}") else 0.0)
             for p in PRECISIONS
         },
         "tensor_share_pct": (
-            100.0 * (values.get("tensor_flops") or 0.0) / flops if flops else None
+            100.0 * (values.get("tensor_flops") or 0.0) / flops_executed if flops_executed else None
         ),
         "dram_read_bytes": values.get("dram_read_bytes"),
         "dram_write_bytes": values.get("dram_write_bytes"),
         "l2_bytes": values.get("l2_bytes"),
         "arithmetic_intensity_flop_per_byte": rates["arithmetic_intensity_flop_per_byte"],
         "achieved_gflop_per_s": rates["achieved_gflop_per_s"],
-        "over_step_gflop_per_s": flops / (step_ms * 1e6) if flops and step_ms else None,
+        "over_step_gflop_per_s": (
+            flops_executed / (step_ms * 1e6) if flops_executed and step_ms else None
+        ),
         "attainable_gflop_per_s": rates["attainable_gflop_per_s"],
         "of_attainable_pct": (
             100.0 * rates["achieved_gflop_per_s"] / rates["attainable_gflop_per_s"]
@@ -606,7 +678,7 @@ def model_metrics(store: MeasurementStore) -> pa.Table:
     return pa.Table.from_pylist([row])
 
 
-def _step_ms(store: MeasurementStore) -> float | None:
+def untraced_step_ms(store: MeasurementStore) -> float | None:
     """The untraced step: median model span of the shallowest run with level M."""
     rows = store.sql(
         """
