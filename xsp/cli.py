@@ -510,6 +510,12 @@ def _print_replay(store: Any) -> None:
             f"({base['difference_pct']:+.0f}%): the host ran at another speed in the two "
             "processes (its clocks, other work on the machine), so host time is not comparable"
         )
+    if base is not None and not base["replay_consistent"]:
+        _warn(
+            f"the replayed step is {base['replay_vs_untraced_pct']:+.0f}% off the {base['run']} "
+            f"process's own untraced warm-up steps ({base['untraced_ms']:.2f} ms): the host "
+            "changed speed within that process, or the tracer's calibrated cost is off"
+        )
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:

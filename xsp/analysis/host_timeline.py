@@ -243,29 +243,42 @@ BASELINE_TOLERANCE_PCT = 10.0
 WARMUP_TAIL = 4
 
 
-def baseline(store: MeasurementStore, measured_ms: float | None) -> dict[str, Any] | None:
-    """M's step against the F run's own untraced steps: the warm-up steps it ran before its
-    levels came on (its first, cold one left out). On the H200's host the two differed by up
-    to 2.4x (ResNet-50 b1 inference: 9.6 ms in the MF process, 3.95 ms in M's) while the same
-    GPU work ran: the host's speed (its clocks, other work on the machine) is not steady across
-    processes, and a host-bound replay cannot be checked against M then. None without an F run
-    or its warm-up steps."""
+def baseline(
+    store: MeasurementStore, measured_ms: float | None, replayed_ms: float | None
+) -> dict[str, Any] | None:
+    """M's step and the replayed step against the F run's own untraced steps: the warm-up
+    steps it ran before its levels came on (its first, cold one left out).
+
+    - M against them (``difference_pct``, ``stable``): on the H200's host the two differed by up
+      to 2.4x while the same GPU work ran (ResNet-50 b1 inference: 9.6 ms in the MF process,
+      3.95 ms in M's): the host's speed (its clocks, other work on the machine) is not steady
+      across processes, and a host-bound replay cannot be checked against M then.
+    - The replay against them (``replay_vs_untraced_pct``, ``replay_consistent``): a check
+      within one process, free of that noise; beyond the tolerance, the host changed speed
+      between the warm-up and the measured steps, or the calibrated cost of F is off.
+
+    None without an F run or its warm-up steps."""
     _, source_of = level_sources(store)
     source = source_of.get(schema.LEVEL_FRAMEWORK)
-    if source is None or not measured_ms:
+    if source is None:
         return None
     run = store.runs[source]
     tail = list(run.meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
     if not tail:
         return None
     untraced = float(np.median(tail))
-    difference = 100.0 * (untraced - measured_ms) / measured_ms
+    # M's against the warm-up's, as M is the reference; the replay's against the warm-up's
+    difference = 100.0 * (untraced - measured_ms) / measured_ms if measured_ms else None
+    replay_off = 100.0 * (replayed_ms - untraced) / untraced if replayed_ms else None
     return {
         "run": run.levels,
         "untraced_ms": untraced,
         "measured_ms": measured_ms,
         "difference_pct": difference,
-        "stable": abs(difference) <= BASELINE_TOLERANCE_PCT,
+        "stable": difference is None or abs(difference) <= BASELINE_TOLERANCE_PCT,
+        "replayed_ms": replayed_ms,
+        "replay_vs_untraced_pct": replay_off,
+        "replay_consistent": replay_off is None or abs(replay_off) <= BASELINE_TOLERANCE_PCT,
     }
 
 

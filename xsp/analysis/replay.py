@@ -119,8 +119,7 @@ class Replay:
     def summary(self) -> dict[str, Any]:
         """``xsp analyze --json``'s ``reconstruction.replay``."""
         rows = self.steps.to_pylist()
-        kept = [r for r in rows if r["steady"]]
-        replayed = float(np.median([r["replayed_ms"] for r in kept])) if kept else None
+        replayed = _median_steady(rows)
         measured = self.measured_step_ms
         error = (
             100.0 * (replayed - measured) / measured if replayed is not None and measured else None
@@ -136,6 +135,11 @@ class Replay:
             "checks": dict(self.checks),
             "baseline": self.baseline,
         }
+
+
+def _median_steady(rows: list[dict[str, Any]]) -> float | None:
+    kept = [r["replayed_ms"] for r in rows if r["steady"]]
+    return float(np.median(kept)) if kept else None
 
 
 def replay(store: MeasurementStore) -> Replay:
@@ -315,7 +319,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         ),
         path,
         checks,
-        baseline(store, measured_ms),
+        baseline(store, measured_ms, _median_steady(step_rows)),
     )
 
 
