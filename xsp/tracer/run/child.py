@@ -178,6 +178,22 @@ def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
     ).start()
 
 
+def _fixes_resource(names: tuple[str, ...]) -> dict[str, Any]:
+    return {schema.RES_FIXES: ",".join(names)} if names else {}
+
+
+def _apply_fixes(session: Session, device: str) -> Any:
+    """The spec's fixes (``xsp.tracer.workloads.fixes``), their process-wide parts applied
+    now, before the workload's first step; None when it asks for none. A fix that cannot
+    apply is written into run.json's errors."""
+    names = session.spec.profile.fixes
+    if not names:
+        return None
+    from xsp.tracer.workloads.fixes import AppliedFixes
+
+    return AppliedFixes(names, device, on_error=session.add_error).apply()
+
+
 def _run_zoo(args: ChildSpec, model: str) -> int:
     from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
@@ -195,8 +211,12 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
             schema.RES_MODE: profile.mode,
             schema.RES_BATCH_SIZE: profile.batch_size,
             schema.RES_MEMORY_FORMAT: "channels_last" if profile.channels_last else "contiguous",
+            **_fixes_resource(profile.fixes),
         },
     )
+    fixes = _apply_fixes(session, device)
+    if fixes is not None:
+        fixes.attach(workload.model)  # the zoo knows its model: no first call to wait for
     try:
         while not session.done:
             with session.iteration():
@@ -241,7 +261,10 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     if args.run.rank is None and launcher.is_launcher(command):
         return _run_launcher(args, command)
     run = dataclasses.replace(args.run, workload=args.run.workload or " ".join(command)[:200])
-    session = _session(args, run, auto_iterations=True)
+    session = _session(args, run, auto_iterations=True, resource=_fixes_resource(run.profile.fixes))
+    fixes = _apply_fixes(session, session.device)
+    if fixes is not None:
+        fixes.attach_at_first_call()  # the script's model: the first module it calls
     sys.argv = list(command)
     code = 0
     try:
