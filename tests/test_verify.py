@@ -22,8 +22,10 @@ from click.testing import CliRunner, Result
 from xsp.campaign import verify as verifying
 from xsp.campaign.paired import paired_gain
 from xsp.cli import main as cli_main
+from xsp.tracer.capture.first_call import NextModuleCall
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.spec import ProfileSpec
+from xsp.tracer.workloads import numerics
 from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, loader_workers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,9 @@ def test_the_input_bound_fix_takes_the_loader_time_off_the_step(verified: tuple)
     mechanism = run / "verify" / "input-bound" / "mechanism" / "MF"
     loading = [s for s in _spans(mechanism) if s["kind"] == "data_loading"]
     assert loading and {s["data_workers"] for s in loading} == {loader_workers()}
+    # the script draws its samples unseeded: no two runs see the same first batch
+    assert {r["comparable"] for r in details["numerics"]["rounds"]} == {False}
+    assert details["numerics"]["relative_l2"] is None
     assert json.loads((run / "verify" / "verify.json").read_text()) == document
 
 
@@ -211,7 +216,7 @@ def test_channels_last_converts_the_first_called_module_and_its_4d_inputs() -> N
     )
     call = torch.nn.Module.__call__
     fixes = AppliedFixes(["channels_last"], "cpu").apply()
-    fixes.attach_at_first_call()
+    NextModuleCall(fixes.attach)  # as the level-set process of a script does
     assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
     out = model(x)  # the first module call: the root found, converted, its input converted
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
@@ -221,6 +226,32 @@ def test_channels_last_converts_the_first_called_module_and_its_4d_inputs() -> N
     assert torch.nn.Module.__call__ is call  # unwrapped again
     model(x.contiguous())  # each call's input is converted again
     assert seen == [True, True]
+
+
+def _first_output(tmp_path: Path, fixes: list[str], name: str) -> dict:
+    """The numerics probe's record of a seeded conv model's first forward pass with ``fixes``
+    applied, as a level-set process applies them: the fixes first, then the probe."""
+    model, path = _conv_model(), tmp_path / name
+    torch.manual_seed(1)
+    AppliedFixes(fixes, "cpu").apply().attach(model)
+    numerics.record(model, path)
+    model(torch.randn(2, 3, 16, 16))
+    model(torch.randn(2, 3, 16, 16))  # recorded once
+    return json.loads(path.read_text())
+
+
+def test_the_numerics_probe_tells_a_layout_change_from_bf16(tmp_path: Path) -> None:
+    base = _first_output(tmp_path, [], "base.json")
+    assert base["output_values"] == 2 * 4 * 12 * 12 and len(base["output_sample"]) == 1152
+    layout = numerics.compare(base, _first_output(tmp_path, ["channels_last"], "cl.json"))
+    assert layout["comparable"] and layout["relative_l2"] < 1e-6
+    bf16 = numerics.compare(base, _first_output(tmp_path, ["bf16"], "bf16.json"))
+    assert bf16["comparable"] and 1e-4 < bf16["relative_l2"] < 0.05
+    other = {**base, "input_checksum": [base["input_checksum"][0] + 1.0]}
+    assert numerics.compare(other, base) == {
+        "comparable": False,
+        "why": "the first forward pass's inputs differ (unseeded)",
+    }
 
 
 def test_fixes_say_whether_they_change_numerics() -> None:

@@ -11,6 +11,8 @@ For each suggestion (``xsp.analysis.suggestions``) whose rule maps to a fix (``R
    ``RUN/verify/<rule>/round-<k>/{base,fixed}/``.
 2. The gain is the paired rounds' (``xsp.campaign.paired``): mean step time without the fix
    less with it, with a bootstrap confidence interval.
+   Each run records its first forward pass's output (``xsp.tracer.workloads.numerics``): a
+   fix that changes numerics says by how much, on the same inputs (a seeded program's).
 3. Run the fixed workload once more at the original's deepest level set, so that what the fix
    changed shows (the transposes gone, the loader's workers): ``RUN/verify/<rule>/mechanism/``;
    the rule is asked again there, and its evidence after the fix is kept.
@@ -103,6 +105,8 @@ class RuleResult:
     estimate: str
     runs: list[dict[str, Any]] = field(default_factory=list)
     mechanism: dict[str, Any] | None = None
+    #: the fixed output against the base's, on the same inputs (``_numerics``)
+    numerics: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -115,6 +119,7 @@ class RuleResult:
             "suggestion_evidence": self.suggestion_evidence,
             "estimate": self.estimate,
             "runs": self.runs,
+            "numerics": self.numerics,
             "mechanism": self.mechanism,
         }
 
@@ -346,6 +351,7 @@ def _verify_rule(
                 result.row["status"] = f"failed: {label}: {run.failure}"
                 return result, run.interrupted
             steps[side].append(run.steps_ms)
+    result.numerics = _numerics(target, rounds)
     gain = paired_gain(steps["base"], steps["fixed"])
     result.row.update(
         measured_gain_ms_per_iteration=gain.gain_ms,
@@ -363,6 +369,29 @@ def _verify_rule(
             result.mechanism["rule_after_fix"] = _rule_after_fix(out, rule)
         return result, run.interrupted
     return result, False
+
+
+def _numerics(target: Path, rounds: int) -> dict[str, Any] | None:
+    """Each round's fixed output against its base output on the same inputs (the first
+    forward pass, ``xsp.tracer.workloads.numerics``), and the largest relative difference;
+    None when the runs recorded none."""
+    from xsp.tracer.workloads import numerics
+
+    compared = []
+    for k in range(1, rounds + 1):
+        base = numerics.read(target / f"round-{k}" / "base" / str(UNTRACED))
+        fixed = numerics.read(target / f"round-{k}" / "fixed" / str(UNTRACED))
+        if base is not None and fixed is not None:
+            compared.append({"round": k, **numerics.compare(base, fixed)})
+    if not compared:
+        return None
+    comparable = [c for c in compared if c["comparable"]]
+    return {
+        "what": "the first forward pass's output, without and with the fix, on the same inputs",
+        "relative_l2": max((c["relative_l2"] for c in comparable), default=None),
+        "max_abs": max((c["max_abs"] for c in comparable), default=None),
+        "rounds": compared,
+    }
 
 
 @dataclass
@@ -398,7 +427,14 @@ def _measure(
     its complete steps' times (ms) from the run of ``levels``."""
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
-    profile = dataclasses.replace(original.profile, fixes=tuple(fixes), otlp_endpoint=None)
+    profile = dataclasses.replace(
+        original.profile,
+        fixes=tuple(fixes),
+        otlp_endpoint=None,
+        # the first forward pass's output, compared across sides; never inside the measured
+        # iterations (it reads the output back to the host)
+        numerics_probe=levels == UNTRACED and original.profile.warmup > 0,
+    )
     spec = LeveledSpec(out=out.resolve(), profile=profile, level_sets=(levels,), env=original.env)
 
     def forward(_: str, phase: str, step: int, steps: int) -> None:
@@ -469,6 +505,9 @@ def summary_line(result: RuleResult) -> str:
         line += f", {row['measured_gain_pct']:.1f}% of the step"
     if row["numerics_change"]:
         line += "; changes numerics"
+        change = (result.numerics or {}).get("relative_l2")
+        if change is not None:
+            line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
     return line

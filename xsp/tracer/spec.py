@@ -40,7 +40,10 @@ class ProfileSpec:
     set (MH) measures at most this many iterations (Nsight Compute replays each kernel once
     per pass: minutes for a ResNet-50 training step). ``fixes``: names from the fix registry
     (``xsp.tracer.workloads.fixes``) applied in each level-set process before the workload
-    starts (``xsp run --fix``, ``xsp verify``); an unknown name raises ConfigError."""
+    starts (``xsp run --fix``, ``xsp verify``); an unknown name raises ConfigError.
+    ``numerics_probe``: record the root module's first forward pass (its inputs' checksum, its
+    output's first values) for ``xsp verify`` to compare runs without and with a fix
+    (``xsp.tracer.workloads.numerics``)."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -54,6 +57,7 @@ class ProfileSpec:
     op_shapes: bool = True
     counter_iterations: int = 1
     fixes: tuple[str, ...] = field(default_factory=tuple)
+    numerics_probe: bool = False
 
     def __post_init__(self) -> None:
         from xsp.tracer.workloads import fixes

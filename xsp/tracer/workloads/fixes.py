@@ -222,8 +222,8 @@ def check(names: Iterable[str]) -> tuple[str, ...]:
 
 class AppliedFixes:
     """The fixes of one process: ``apply`` their process-wide parts now; ``attach`` their
-    root-module parts to a known model, or ``attach_at_first_call`` to the first module an
-    unmodified script calls. A fix that fails is logged, passed to ``on_error`` (the session
+    root-module parts to the model (a zoo model as built; for an unmodified script, the first
+    module it calls, through ``NextModuleCall(fixes.attach)``). A fix that fails is logged, passed to ``on_error`` (the session
     writes it into run.json) and skipped: never an exception into the traced program."""
 
     def __init__(
@@ -257,15 +257,6 @@ class AppliedFixes:
         for fix in self.roots:
             if fix.root is not None:
                 self._run(fix, fix.root, module, self.context)
-
-    def attach_at_first_call(self) -> Any:
-        """Apply the root-module fixes at the next ``nn.Module`` call, to the module called;
-        returns the wrapper (``remove()`` takes it off unused), or None when no fix needs it."""
-        if not self.roots:
-            return None
-        from xsp.tracer.capture.first_call import NextModuleCall
-
-        return NextModuleCall(self.attach)
 
     def _run(self, fix: Fix, function: Callable[..., None], *args: Any) -> None:
         try:
