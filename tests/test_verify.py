@@ -309,3 +309,13 @@ def test_the_measurement_spec_round_trips_its_fixes() -> None:
 
     spec = RunSpec(LevelSet("M"), ProfileSpec(model="torchvision:resnet18", fixes=("tf32",)))
     assert RunSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="here it would re-run ResNet-50")
+def test_a_cuda_measurement_cannot_re_run_on_a_host_without_a_gpu() -> None:
+    """The committed H200 measurement (its spec says --device cuda) has suggestions, and says in
+    one line, before anything runs, why it cannot run here."""
+    run = ROOT / "benchmarks" / "data" / "r50-b64-train"
+    refused = CliRunner().invoke(cli_main, ["verify", str(run), "--rule", "layout-transposes"])
+    _one_line_error(refused, f"cannot re-run the workload of {run}: --device cuda: ")
+    assert not (run / "verify").exists()

@@ -52,6 +52,18 @@ RULE_FIXES = {
     "launch-bound": "compile",
     "input-bound": "dataloader",
 }
+#: Why a rule's estimate and its fix's measurement can differ: the closing note of a row whose
+#: estimate lies outside the measured interval.
+ESTIMATE_NOTES = {
+    "layout-transposes": "the estimate drops the transpose kernels only; channels_last also "
+    "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
+    "fp32-on-tensor-cores": "the estimate is the fp32 kernels' whole time; TF32 makes them "
+    "faster, not free",
+    "launch-bound": "the estimate replays the step as one CUDA graph; torch.compile fuses "
+    "kernels but still launches each one",
+    "input-bound": "the estimate takes all loading off the step; W workers take off about "
+    "(1 - 1/W) of it while loading outweighs the step's own work",
+}
 MEASURED = "measured"
 CODE_CHANGE = "needs a code change"
 
@@ -510,6 +522,8 @@ def summary_line(result: RuleResult) -> str:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
+        if row["rule"] in ESTIMATE_NOTES:
+            line += f": {ESTIMATE_NOTES[row['rule']]}"
     return line
 
 
