@@ -359,9 +359,12 @@ def _verify_rule(
             run = _measure(original, sides[side], UNTRACED, out, rule, label, done, total, progress)
             done += 1
             result.runs.append({"round": k, "side": side, **run.record()})
+            if run.interrupted:
+                result.row["status"] = "not run: interrupted"
+                return result, True
             if run.failure is not None:
                 result.row["status"] = f"failed: {label}: {run.failure}"
-                return result, run.interrupted
+                return result, False
             steps[side].append(run.steps_ms)
     result.numerics = _numerics(target, rounds)
     gain = paired_gain(steps["base"], steps["fixed"])
