@@ -319,3 +319,38 @@ def test_a_cuda_measurement_cannot_re_run_on_a_host_without_a_gpu() -> None:
     refused = CliRunner().invoke(cli_main, ["verify", str(run), "--rule", "layout-transposes"])
     _one_line_error(refused, f"cannot re-run the workload of {run}: --device cuda: ")
     assert not (run / "verify").exists()
+
+
+def test_a_campaign_verify_step_gives_the_what_if_table(verified: tuple, tmp_path: Path) -> None:
+    """A campaign directory with two finished jobs: the script's measurement (its host-syncs
+    rule verified: a code change, nothing to run) and the fixed script's M run (nothing to
+    suggest: recorded with its reason). The what-if table of the script's verification names
+    the fix, the job and the change of the step."""
+    from xsp.campaign.spec import CampaignSpec, Job
+    from xsp.campaign.store import CampaignStore
+    from xsp.campaign.whatif import verify_campaign, what_if, what_if_line
+
+    run, verified_document = verified
+    spec = CampaignSpec("t", ["script:train.py", "script:fixed"], [BATCH], ["train"])
+    campaign = CampaignStore(tmp_path / "C")
+    campaign.begin(spec)
+    script, fixed = Job("script:train.py", "train", BATCH), Job("script:fixed", "train", BATCH)
+    shutil.copytree(run, campaign.run_dir(script), ignore=shutil.ignore_patterns("verify"))
+    fixed_run = run / "verify" / "input-bound" / "round-1" / "fixed"
+    shutil.copytree(fixed_run, campaign.run_dir(fixed))
+    for job in (script, fixed):
+        campaign.save({"job": job.id, "status": "ok"})
+    document = verify_campaign(campaign, rules=["host-syncs"])
+    assert json.loads((campaign.root / "verify.json").read_text()) == document
+    first, second = document["jobs"]
+    assert first["status"] == "verified"
+    assert [(r["rule"], r["status"]) for r in first["rows"]] == [
+        ("host-syncs", "needs a code change")
+    ]
+    assert second["status"] == "not verified" and "no suggestion host-syncs" in second["why"]
+    assert what_if(document) == []
+    measured = {"jobs": [{**first, "rows": verified_document["rows"]}]}
+    [row] = what_if(measured)
+    assert (row["fix"], row["job"]) == ("dataloader", f"script:train.py b{BATCH} train")
+    assert row["step_change_pct"] < -20  # 40 ms of loading in a ~42 ms step, halved or more
+    assert what_if_line(row).startswith(f"dataloader: {row['step_change_pct']:+.1f}% on script:")

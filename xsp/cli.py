@@ -956,6 +956,55 @@ def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) 
     console.print(f"wrote the report of {count} jobs to {output}", highlight=False)
 
 
+@campaign.command("verify")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.option("--rounds", type=int, default=3, show_default=True, help="Paired rounds per fix.")
+@click.option("--only", help="Verify only models matching these comma-separated globs.")
+@click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print DIR/verify.json's object.")
+def campaign_verify(
+    campaign_dir: Path, rounds: int, only: str | None, rules: tuple[str, ...], as_json: bool
+) -> None:
+    """Run `xsp verify` on each finished job, one at a time, and print the what-if table: each
+    fix's measured change of the step, job by job. A job that cannot be verified (no
+    suggestions, a workload that cannot run here) is recorded with its reason. Rows go to
+    DIR/verify.json, each job's runs to its own measurement's verify/."""
+    import json
+
+    from xsp.campaign.store import CampaignStore
+    from xsp.campaign.whatif import verify_campaign, what_if, what_if_line
+
+    campaign = CampaignStore(campaign_dir)
+    campaign.spec()  # a directory that is no campaign is named before the bar
+    globs = [g.strip() for g in (only or "").split(",") if g.strip()]
+    columns = (
+        TextColumn("[bold]{task.fields[job]}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(job: str, what: str, done: int, total: int) -> None:
+            if job not in tasks:
+                tasks[job] = bar.add_task(what, total=total, job=job)
+            bar.update(tasks[job], description=what, completed=done, total=total)
+
+        document = verify_campaign(campaign, rounds, globs, progress, rules)
+    if as_json:
+        click.echo(json.dumps(document, indent=1))
+    else:
+        for row in what_if(document):
+            out_console.print(what_if_line(row), highlight=False, soft_wrap=True)
+        for job in document["jobs"]:
+            if job["status"] != "verified":
+                console.print(f"{job['job']}: not verified: {job['why']}", highlight=False)
+    if document["interrupted"]:
+        _fail("interrupted; the jobs verified so far are in verify.json", EXIT_INTERRUPTED)
+
+
 @campaign.command("sql")
 @click.argument("campaign_dir", type=click.Path(path_type=Path))
 @click.argument("query")
