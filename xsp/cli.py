@@ -852,7 +852,7 @@ def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) ->
         console.print(f"runs and verify.json in {run_dir / verifying.VERIFY_DIR}", highlight=False)
     if result.interrupted:
         _fail("interrupted; the rules verified so far are in verify.json", EXIT_INTERRUPTED)
-    failed = [row["rule"] for row in result.rows if str(row["status"]).startswith("failed")]
+    failed = [found.row["rule"] for found in result.results if found.failed]
     if failed:
         _fail(f"runs failed for {', '.join(failed)}; their reasons are in verify.json", code=1)
 
