@@ -78,7 +78,10 @@ def record(module: Any, path: Path) -> None:
         except Exception as exc:
             log.warning("xsp: cannot record the first forward pass's output: %s", exc)
 
-    handle = module.register_forward_hook(after_forward, with_kwargs=True)
+    import torch
+
+    # run eagerly under the compile fix: the probe reads values back, which a graph cannot
+    handle = module.register_forward_hook(torch.compiler.disable(after_forward), with_kwargs=True)
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
