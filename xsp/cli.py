@@ -4,6 +4,7 @@
     xsp run --levels M,MF --iterations 5 --out R -- python train.py --epochs 1
     xsp export R --format otlp-json -o trace.jsonl
     xsp summary R
+    xsp verify R --rounds 3
     xsp models --source timm --filter vit
 
 Every failure prints one line, ``xsp: error: ...``, and exits with status 2 (bad input) or 1 (the
@@ -106,6 +107,13 @@ def main() -> None:
     show_default=True,
     help="Iterations the hardware-counter level set (MH, under ncu) measures.",
 )
+@click.option(
+    "--fix",
+    "fixes",
+    multiple=True,
+    help="Apply a fix without editing the program (repeatable): channels_last, tf32, bf16, "
+    "cudnn_benchmark, dataloader, compile (docs/verify.md).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -120,6 +128,7 @@ def run(
     op_shapes: bool,
     channels_last: bool,
     counter_iterations: int,
+    fixes: tuple[str, ...],
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
@@ -161,6 +170,7 @@ def run(
         otlp_endpoint=otlp_endpoint,
         op_shapes=op_shapes,
         counter_iterations=counter_iterations,
+        fixes=fixes,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     columns = (
@@ -892,6 +902,65 @@ def counter_line(run: Any) -> str:
     return ", ".join(parts)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--rounds",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Paired rounds (without, with the fix; each run a fresh process).",
+)
+@click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
+def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) -> None:
+    """Measure each suggestion of a measurement: re-run its workload untraced (level set M)
+    without and with the suggestion's fix, applied without editing the program, in paired
+    rounds (the order alternates, each run a fresh process), then once with the fix at the
+    measurement's deepest level set to show what changed. A suggestion that needs a change to
+    the program's code says so and is not run.
+
+    Runs are stored in RUN_DIR/verify/<rule>/ (round-K/base, round-K/fixed, mechanism); the
+    rows in RUN_DIR/verify/verify.json. Each row: rule, predicted_gain_ms_per_iteration,
+    measured_gain_ms_per_iteration, measured_gain_ci_ms, measured_gain_pct, numerics_change,
+    rounds, status, evidence (docs/verify.md says how the gain and its interval are computed).
+    Exits 0 when every rule was verified or needs a code change, 1 when a run failed, 2 on bad
+    input, 130 when interrupted.
+    """
+    import json
+
+    from xsp.campaign import verify as verifying
+
+    planned = verifying.plan(run_dir, rounds, rules)  # bad input: one line, before any bar
+    columns = (
+        TextColumn("[bold]{task.fields[rule]}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(rule: str, what: str, done: int, total: int) -> None:
+            if rule not in tasks:
+                tasks[rule] = bar.add_task(what, total=total, rule=rule)
+            bar.update(tasks[rule], description=what, completed=done, total=total)
+
+        result = verifying.run_plan(planned, progress)
+    if as_json:
+        click.echo(json.dumps(result.document(), indent=1))
+    else:
+        for found in result.results:
+            out_console.print(verifying.summary_line(found), highlight=False, soft_wrap=True)
+        console.print(f"runs and verify.json in {run_dir / verifying.VERIFY_DIR}", highlight=False)
+    if result.interrupted:
+        _fail("interrupted; the rules verified so far are in verify.json", EXIT_INTERRUPTED)
+    failed = [found.row["rule"] for found in result.results if found.failed]
+    if failed:
+        _fail(f"runs failed for {', '.join(failed)}; their reasons are in verify.json", code=1)
+
+
 @main.group()
 def campaign() -> None:
     """Batch characterization: a models x batch sizes x modes matrix of leveled runs."""
@@ -989,6 +1058,55 @@ def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) 
     output = output or campaign_dir / "report.html"
     count = write_campaign_report(CampaignStore(campaign_dir), output, run_reports)
     console.print(f"wrote the report of {count} jobs to {output}", highlight=False)
+
+
+@campaign.command("verify")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.option("--rounds", type=int, default=3, show_default=True, help="Paired rounds per fix.")
+@click.option("--only", help="Verify only models matching these comma-separated globs.")
+@click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print DIR/verify.json's object.")
+def campaign_verify(
+    campaign_dir: Path, rounds: int, only: str | None, rules: tuple[str, ...], as_json: bool
+) -> None:
+    """Run `xsp verify` on each finished job, one at a time, and print the what-if table: each
+    fix's measured change of the step, job by job. A job that cannot be verified (no
+    suggestions, a workload that cannot run here) is recorded with its reason. Rows go to
+    DIR/verify.json, each job's runs to its own measurement's verify/."""
+    import json
+
+    from xsp.campaign.store import CampaignStore
+    from xsp.campaign.whatif import verify_campaign, what_if, what_if_line
+
+    campaign = CampaignStore(campaign_dir)
+    campaign.spec()  # a directory that is no campaign is named before the bar
+    globs = [g.strip() for g in (only or "").split(",") if g.strip()]
+    columns = (
+        TextColumn("[bold]{task.fields[job]}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(job: str, what: str, done: int, total: int) -> None:
+            if job not in tasks:
+                tasks[job] = bar.add_task(what, total=total, job=job)
+            bar.update(tasks[job], description=what, completed=done, total=total)
+
+        document = verify_campaign(campaign, rounds, globs, progress, rules)
+    if as_json:
+        click.echo(json.dumps(document, indent=1))
+    else:
+        for row in what_if(document):
+            out_console.print(what_if_line(row), highlight=False, soft_wrap=True)
+        for job in document["jobs"]:
+            if job["status"] != "verified":
+                console.print(f"{job['job']}: not verified: {job['why']}", highlight=False)
+    if document["interrupted"]:
+        _fail("interrupted; the jobs verified so far are in verify.json", EXIT_INTERRUPTED)
 
 
 @campaign.command("sql")

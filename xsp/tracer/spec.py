@@ -38,7 +38,12 @@ class ProfileSpec:
     run's. ``op_shapes``: record aten ops' input shapes and dtypes (level F; the runner leaves
     them to the deepest level set with F). ``counter_iterations``: the hardware-counter level
     set (MH) measures at most this many iterations (Nsight Compute replays each kernel once
-    per pass: minutes for a ResNet-50 training step)."""
+    per pass: minutes for a ResNet-50 training step). ``fixes``: names from the fix registry
+    (``xsp.tracer.workloads.fixes``) applied in each level-set process before the workload
+    starts (``xsp run --fix``, ``xsp verify``); an unknown name raises ConfigError.
+    ``numerics_probe``: record the root module's first forward pass (its inputs' checksum, its
+    output's first values) for ``xsp verify`` to compare runs without and with a fix
+    (``xsp.tracer.workloads.numerics``)."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -51,9 +56,14 @@ class ProfileSpec:
     otlp_endpoint: str | None = None
     op_shapes: bool = True
     counter_iterations: int = 1
+    fixes: tuple[str, ...] = field(default_factory=tuple)
+    numerics_probe: bool = False
 
     def __post_init__(self) -> None:
+        from xsp.tracer.workloads import fixes
+
         object.__setattr__(self, "command", tuple(self.command))  # a list given: hashable
+        object.__setattr__(self, "fixes", fixes.check(self.fixes))
 
     @property
     def workload(self) -> str:

@@ -35,6 +35,7 @@ import torch
 
 from xsp.tracer import schema, store
 from xsp.tracer.capture.calibrate import Calibration
+from xsp.tracer.capture.first_call import NextModuleCall
 from xsp.tracer.capture.levels import (
     Level,
     LevelContext,
@@ -272,7 +273,7 @@ class Session:
         if self.warmup <= 1:
             self._enable_levels()
         if self._auto:  # after level F wraps module calls: this wrapper must run before F's
-            self._first_call_hook = _NextModuleCall(self._auto_begin)
+            self._first_call_hook = NextModuleCall(self._auto_begin)
             self._hooks.append(self._first_call_hook)
         return self
 
@@ -375,7 +376,7 @@ class Session:
         return self._index >= self.warmup + self.iterations
 
     # -- internals ----------------------------------------------------------------------------------
-    def _auto_begin(self) -> None:
+    def _auto_begin(self, module: Any) -> None:
         """The first module call begins the first iteration; later ones come from the steps."""
         if self._first_call_hook is not None:
             self._hooks.remove(self._first_call_hook)
@@ -393,13 +394,13 @@ class Session:
         try:
             self.end_iteration()
             if self._finish_pending:
-                self._hooks.append(_NextModuleCall(self._finish_at_next_call))
+                self._hooks.append(NextModuleCall(self._finish_at_next_call))
                 return
             self.begin_iteration()
         except Exception:
             self._misuse("automatic iteration end failed")
 
-    def _finish_at_next_call(self) -> None:
+    def _finish_at_next_call(self, module: Any) -> None:
         for hook in self._hooks:  # the run is over: no more iterations to detect
             hook.remove()
         self._hooks = []
@@ -417,6 +418,11 @@ class Session:
             self._hooks = []
             self._first_call_hook = None
             log.info("xsp: explicit iteration markers found; optimizer-step detection is off")
+
+    def add_error(self, message: str) -> None:
+        """Record a failure outside the session's own work (a fix that could not apply) in
+        run.json's ``errors``; tracing carries on."""
+        self._errors.append(message)
 
     def _misuse(self, what: str) -> None:
         self._errors.append(what)
@@ -702,33 +708,6 @@ class Session:
             resource.update({schema.RES_RANK: self.rank, schema.RES_WORLD_SIZE: self.world_size})
         resource.update(extra)
         return resource
-
-
-class _NextModuleCall:
-    """Calls ``callback`` once, just before the next nn.Module call, by wrapping
-    ``nn.Module.__call__`` (outside level F's own wrapper, so that the call is recorded inside
-    the iteration the callback begins), then unwraps itself. ``remove`` unwraps it if the
-    wrapper is still in place; one wrapped over since only calls through."""
-
-    def __init__(self, callback: Callable[[], None]) -> None:
-        import torch
-
-        self._module = torch.nn.Module
-        inner = torch.nn.Module.__call__
-        pending = [callback]
-
-        def next_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            self.remove()
-            if pending:
-                pending.pop()()
-            return inner(module, *args, **kwargs)
-
-        self._inner, self._wrapper = inner, next_call
-        self._module.__call__ = next_call  # type: ignore[method-assign]
-
-    def remove(self) -> None:
-        if self._module.__call__ is self._wrapper:
-            self._module.__call__ = self._inner  # type: ignore[method-assign]
 
 
 def fail_message(exc: BaseException) -> str:

@@ -28,11 +28,13 @@ import runpy
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from xsp.tracer import schema
 from xsp.tracer.capture import session as sessions
+from xsp.tracer.capture.first_call import NextModuleCall
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
@@ -178,6 +180,38 @@ def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
     ).start()
 
 
+def _fixes_resource(names: tuple[str, ...]) -> dict[str, Any]:
+    return {schema.RES_FIXES: ",".join(names)} if names else {}
+
+
+def _root_changes(session: Session, device: str) -> Callable[[Any], None] | None:
+    """Apply the spec's fixes' process-wide parts now, before the workload's first step
+    (``xsp.tracer.workloads.fixes``; one that cannot apply is written into run.json's errors);
+    return what the root module needs before its first forward pass (the fixes' root parts,
+    the numerics probe), or None when nothing."""
+    profile = session.spec.profile
+    changes: list[Callable[[Any], None]] = []
+    if profile.fixes:
+        from xsp.tracer.workloads.fixes import AppliedFixes
+
+        fixes = AppliedFixes(profile.fixes, device, on_error=session.add_error).apply()
+        if fixes.roots:
+            changes.append(fixes.attach)
+    if profile.numerics_probe and session.run_dir is not None:
+        from xsp.tracer.workloads import numerics
+
+        run_dir = session.run_dir
+        changes.append(lambda module: numerics.record(module, run_dir / numerics.PROBE_FILE))
+    if not changes:
+        return None
+
+    def change(module: Any) -> None:
+        for apply in changes:  # the fixes first: the probe sees what the fixed model computes
+            apply(module)
+
+    return change
+
+
 def _run_zoo(args: ChildSpec, model: str) -> int:
     from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
@@ -195,8 +229,12 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
             schema.RES_MODE: profile.mode,
             schema.RES_BATCH_SIZE: profile.batch_size,
             schema.RES_MEMORY_FORMAT: "channels_last" if profile.channels_last else "contiguous",
+            **_fixes_resource(profile.fixes),
         },
     )
+    root = _root_changes(session, device)
+    if root is not None:
+        root(workload.model)  # the zoo knows its model: no first call to wait for
     try:
         while not session.done:
             with session.iteration():
@@ -241,7 +279,10 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     if args.run.rank is None and launcher.is_launcher(command):
         return _run_launcher(args, command)
     run = dataclasses.replace(args.run, workload=args.run.workload or " ".join(command)[:200])
-    session = _session(args, run, auto_iterations=True)
+    session = _session(args, run, auto_iterations=True, resource=_fixes_resource(run.profile.fixes))
+    root = _root_changes(session, session.device)
+    if root is not None:
+        NextModuleCall(root)  # the script's model: the first module it calls
     sys.argv = list(command)
     code = 0
     try:

@@ -264,6 +264,8 @@ def run_leveled(
         "created_ns": time.time_ns(),
         "workload": spec.profile.workload,
         "spec": spec.record(),
+        # where a command's relative paths resolve: `xsp verify` re-runs the workload from here
+        "cwd": os.getcwd(),
         "level_sets": level_sets,
         "runs": [],
         "status": "running",

@@ -1,0 +1,544 @@
+"""``xsp verify RUN``: measure each suggestion of a measurement by re-running its workload with
+the fix the suggestion names, applied without editing the program (``xsp.tracer.workloads
+.fixes``).
+
+For each suggestion (``xsp.analysis.suggestions``) whose rule maps to a fix (``RULE_FIXES``):
+
+1. Re-run the measurement's workload, as its manifest's spec says, untraced (level set M),
+   without and with the fix, in ``rounds`` paired rounds, each run a fresh process. The order
+   alternates (base then fixed, then fixed then base, ...), so that a host drifting one way
+   weighs on both sides alike. Each run is a measurement of its own:
+   ``RUN/verify/<rule>/round-<k>/{base,fixed}/``.
+2. The gain is the paired rounds' (``xsp.campaign.paired``): mean step time without the fix
+   less with it, with a bootstrap confidence interval.
+   Each run records its first forward pass's output (``xsp.tracer.workloads.numerics``): a
+   fix that changes numerics says by how much, on the same inputs (a seeded program's).
+3. Run the fixed workload once more at the original's deepest level set, so that what the fix
+   changed shows (the transposes gone, the loader's workers): ``RUN/verify/<rule>/mechanism/``;
+   the rule is asked again there, and its evidence after the fix is kept.
+
+A rule without a fix (a host sync at a line of the program) needs a code change and is
+reported so, not run. Each suggestion gives one row (``ROW_KEYS``); ``RUN/verify/verify.json``
+holds the rows and each rule's runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xsp.campaign.paired import paired_gain
+from xsp.tracer import store
+from xsp.tracer.errors import StoreError, XspError
+from xsp.tracer.levelset import LevelSet
+from xsp.tracer.spec import ProfileSpec
+
+DEFAULT_ROUNDS = 3
+VERIFY_DIR = "verify"
+RESULT_FILE = "verify.json"
+MECHANISM_DIR = "mechanism"
+UNTRACED = LevelSet("M")
+
+#: The fix that answers each rule (``xsp.tracer.workloads.fixes``); a rule not here needs a
+#: change to the program's code.
+RULE_FIXES = {
+    "layout-transposes": "channels_last",
+    "fp32-on-tensor-cores": "tf32",
+    "launch-bound": "compile",
+    "input-bound": "dataloader",
+}
+#: Why a rule's estimate and its fix's measurement can differ: the closing note of a row whose
+#: estimate lies outside the measured interval.
+ESTIMATE_NOTES = {
+    "layout-transposes": "the estimate drops the transpose kernels only; channels_last also "
+    "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
+    "fp32-on-tensor-cores": "the estimate is the fp32 kernels' whole time; TF32 makes them "
+    "faster, not free",
+    "launch-bound": "the estimate replays the step as one CUDA graph; torch.compile fuses "
+    "kernels but still launches each one",
+    "input-bound": "the estimate takes all loading off the step; W workers take off about "
+    "(1 - 1/W) of it while loading outweighs the step's own work",
+}
+MEASURED = "measured"
+CODE_CHANGE = "needs a code change"
+
+#: Every row's keys, in order.
+ROW_KEYS = (
+    "rule",
+    "predicted_gain_ms_per_iteration",
+    "measured_gain_ms_per_iteration",
+    "measured_gain_ci_ms",
+    "measured_gain_pct",
+    "numerics_change",
+    "rounds",
+    "status",
+    "evidence",
+)
+GAIN_METHOD = (
+    "mean step time without the fix less with it, per paired round, averaged over the rounds; "
+    "95% interval from a two-level bootstrap (rounds, then each round's iterations per side; "
+    "10,000 samples, seed 0)"
+)
+
+#: (rule, what is running, runs done, runs in all) -> None
+VerifyProgress = Callable[[str, str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Original:
+    """The measurement to verify, as its manifest says it was made."""
+
+    root: Path
+    profile: ProfileSpec
+    level_sets: tuple[LevelSet, ...]
+    env: dict[str, str]
+    cwd: Path | None
+
+    @property
+    def deepest(self) -> LevelSet:
+        """The timing level set with the most levels (a counter run, MH, replays kernels)."""
+        timing = [levels for levels in self.level_sets if not levels.counters] or [UNTRACED]
+        return max(timing, key=len)
+
+
+@dataclass
+class RuleResult:
+    """One suggestion's verification: its row, and its runs for verify.json."""
+
+    row: dict[str, Any]
+    fix: str | None
+    advice: str
+    suggestion_evidence: str
+    estimate: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    mechanism: dict[str, Any] | None = None
+    #: the fixed output against the base's, on the same inputs (``_numerics``)
+    numerics: dict[str, Any] | None = None
+
+    @property
+    def failed(self) -> bool:
+        return str(self.row["status"]).startswith("failed")
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "fix": self.fix,
+            "advice": self.advice,
+            "suggestion_evidence": self.suggestion_evidence,
+            "estimate": self.estimate,
+            "runs": self.runs,
+            "numerics": self.numerics,
+            "mechanism": self.mechanism,
+        }
+
+
+@dataclass
+class Verification:
+    root: Path
+    rounds: int
+    results: list[RuleResult] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return [r.row for r in self.results]
+
+    def document(self) -> dict[str, Any]:
+        """verify.json, and what ``xsp verify --json`` prints."""
+        return {
+            "measurement": str(self.root),
+            "rounds": self.rounds,
+            "gain_method": GAIN_METHOD,
+            "interrupted": self.interrupted,
+            "rows": self.rows,
+            "details": {r.row["rule"]: r.record() for r in self.results},
+        }
+
+    def write(self) -> Path:
+        path = self.root / VERIFY_DIR / RESULT_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.write_json_atomic(path, self.document())
+        return path
+
+
+def load_original(root: Path) -> Original:
+    """The measurement's spec from its manifest; XspError, one line, when there is none."""
+    if not root.is_dir():
+        raise XspError(f"{root}: no such measurement directory")
+    path = root / store.MANIFEST
+    if not path.exists():
+        raise XspError(
+            f"{root}: no {store.MANIFEST}: xsp verify re-runs a measurement made by xsp run"
+        )
+    try:
+        manifest = store.read_json(path)
+    except StoreError as exc:
+        raise XspError(f"cannot read {path}: {exc}") from exc
+    record = manifest.get("spec")
+    if not isinstance(record, dict):
+        raise XspError(f"{path} has no spec: it does not say what was run, so it cannot re-run")
+    names = {f.name for f in dataclasses.fields(ProfileSpec)}
+    try:
+        profile = ProfileSpec(**{k: v for k, v in record.items() if k in names})
+        level_sets = tuple(LevelSet(str(v)) for v in manifest.get("level_sets") or ["M"])
+    except (TypeError, ValueError) as exc:
+        raise XspError(f"{path}: bad spec: {exc}") from exc
+    env = record.get("env")
+    env = env if isinstance(env, dict) else {}
+    cwd = Path(manifest["cwd"]) if isinstance(manifest.get("cwd"), str) else None
+    return Original(root, profile, level_sets, {str(k): str(v) for k, v in env.items()}, cwd)
+
+
+@contextlib.contextmanager
+def _working_directory(cwd: Path | None) -> Iterator[None]:
+    """Where the original ran (its command's relative paths), when that is known and there."""
+    if cwd is None or not cwd.is_dir():
+        yield
+        return
+    with contextlib.chdir(cwd):
+        yield
+
+
+def check_rerun(original: Original, fixes: Sequence[str]) -> None:
+    """Refuse, before anything runs, a workload that cannot run here again (a script gone, a
+    device missing); XspError, one line."""
+    from xsp.tracer.run.runner import LeveledSpec, validate
+
+    out = (original.root / VERIFY_DIR).resolve()
+    profile = dataclasses.replace(original.profile, fixes=tuple(fixes))
+    level_sets = tuple(dict.fromkeys([UNTRACED, original.deepest]))
+    try:
+        with _working_directory(original.cwd):
+            validate(LeveledSpec(out=out, profile=profile, level_sets=level_sets))
+    except XspError as exc:
+        raise XspError(f"cannot re-run the workload of {original.root}: {exc}") from exc
+
+
+def suggestions(root: Path) -> list[dict[str, Any]]:
+    """The measurement's suggestions (rows of ``xsp.analysis.suggestions.suggest``)."""
+    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.suggestions import suggest
+
+    measurement = MeasurementStore(root)
+    measurement.require_spans()
+    return list(suggest(measurement).to_pylist())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``run_plan`` verifies: the measurement, its suggestions (rows of ``suggest``), and
+    the rounds."""
+
+    original: Original
+    suggestions: list[dict[str, Any]]
+    rounds: int
+
+
+def plan(root: Path, rounds: int = DEFAULT_ROUNDS, rules: Sequence[str] = ()) -> Plan:
+    """Check, before anything runs, that the measurement ``root`` can be verified (for the
+    suggestions of ``rules`` only, when given); XspError, one line, when it cannot: no manifest
+    or spec, no suggestions, a workload that cannot run here again."""
+    if rounds < 1:
+        raise XspError(f"bad --rounds {rounds}: must be at least 1")
+    root = root.resolve() if root.exists() else root
+    original = load_original(root)
+    found = suggestions(root)
+    if rules:
+        unknown = sorted(set(rules) - {s["rule"] for s in found})
+        if unknown:
+            raise XspError(f"{root}: no suggestion {', '.join(unknown)} to verify")
+        found = [s for s in found if s["rule"] in rules]
+    if not found:
+        raise XspError(f"{root}: no suggestions to verify (xsp analyze {root} lists them)")
+    fixes = {RULE_FIXES[s["rule"]] for s in found if s["rule"] in RULE_FIXES}
+    if fixes:
+        check_rerun(original, sorted({*original.profile.fixes, *fixes}))
+    return Plan(original, found, rounds)
+
+
+def verify(
+    root: Path,
+    rounds: int = DEFAULT_ROUNDS,
+    rules: Sequence[str] = (),
+    progress: VerifyProgress | None = None,
+) -> Verification:
+    """``run_plan(plan(root, rounds, rules), progress)``."""
+    return run_plan(plan(root, rounds, rules), progress)
+
+
+def run_plan(planned: Plan, progress: VerifyProgress | None = None) -> Verification:
+    """Verify each planned suggestion; writes ``verify/verify.json`` as each rule ends."""
+    original, rounds = planned.original, planned.rounds
+    result = Verification(original.root, rounds)
+    for suggestion in planned.suggestions:
+        rule = suggestion["rule"]
+        fix = RULE_FIXES.get(rule)
+        if result.interrupted:
+            result.results.append(_unrun(suggestion, "not run: interrupted", fix))
+            continue
+        if fix is None:
+            result.results.append(_unrun(suggestion, CODE_CHANGE))
+            continue
+        already = _already_applied(original.profile, fix)
+        if already:
+            result.results.append(_unrun(suggestion, f"not run: {already}", fix))
+            continue
+        target = original.root / VERIFY_DIR / rule
+        shutil.rmtree(target, ignore_errors=True)  # an earlier verification's runs
+        rule_result, interrupted = _verify_rule(original, suggestion, fix, rounds, target, progress)
+        result.results.append(rule_result)
+        result.interrupted = interrupted
+        result.write()
+    result.write()
+    return result
+
+
+def _already_applied(profile: ProfileSpec, fix: str) -> str | None:
+    if fix in profile.fixes:
+        return f"the measurement applied the {fix} fix already"
+    if fix == "channels_last" and profile.channels_last:
+        return "the measurement ran the zoo model channels_last already"
+    return None
+
+
+def _row(suggestion: dict[str, Any], status: str, fix: str | None, **measured: Any) -> dict:
+    from xsp.tracer.workloads.fixes import FIXES
+
+    row = {
+        "rule": suggestion["rule"],
+        "predicted_gain_ms_per_iteration": suggestion["gain_ms_per_iteration"],
+        "measured_gain_ms_per_iteration": None,
+        "measured_gain_ci_ms": None,
+        "measured_gain_pct": None,
+        "numerics_change": FIXES[fix].changes_numerics if fix else False,
+        "rounds": 0,
+        "status": status,
+        "evidence": None,
+    }
+    row.update(measured)
+    return row
+
+
+def _unrun(suggestion: dict[str, Any], status: str, fix: str | None = None) -> RuleResult:
+    return RuleResult(
+        _row(suggestion, status, fix),
+        fix,
+        suggestion["advice"],
+        suggestion["evidence"],
+        suggestion["estimate"],
+    )
+
+
+def _verify_rule(
+    original: Original,
+    suggestion: dict[str, Any],
+    fix: str,
+    rounds: int,
+    target: Path,
+    progress: VerifyProgress | None,
+) -> tuple[RuleResult, bool]:
+    """The paired rounds, then the mechanism run; (the result, whether Ctrl-C stopped it)."""
+    rule = suggestion["rule"]
+    result = _unrun(suggestion, MEASURED, fix)
+    result.row["evidence"] = str(target)
+    fixed = tuple(dict.fromkeys([*original.profile.fixes, fix]))
+    sides = {"base": original.profile.fixes, "fixed": fixed}
+    has_mechanism = original.deepest != UNTRACED
+    total = 2 * rounds + int(has_mechanism)
+    steps: dict[str, list[list[float]]] = {"base": [], "fixed": []}
+    done = 0
+    for k in range(1, rounds + 1):
+        order = ("base", "fixed") if k % 2 else ("fixed", "base")  # ABBA: drift weighs alike
+        for side in order:
+            label = f"round {k}/{rounds} {side}"
+            out = target / f"round-{k}" / side
+            run = _measure(original, sides[side], UNTRACED, out, rule, label, done, total, progress)
+            done += 1
+            result.runs.append({"round": k, "side": side, **run.record()})
+            if run.interrupted:
+                result.row["status"] = "not run: interrupted"
+                return result, True
+            if run.failure is not None:
+                result.row["status"] = f"failed: {label}: {run.failure}"
+                return result, False
+            steps[side].append(run.steps_ms)
+    result.numerics = _numerics(target, rounds)
+    gain = paired_gain(steps["base"], steps["fixed"])
+    result.row.update(
+        measured_gain_ms_per_iteration=gain.gain_ms,
+        measured_gain_ci_ms=list(gain.ci_ms),
+        measured_gain_pct=gain.gain_pct,
+        rounds=gain.rounds,
+    )
+    if has_mechanism:
+        out = target / MECHANISM_DIR
+        run = _measure(
+            original, fixed, original.deepest, out, rule, "mechanism", done, total, progress
+        )
+        result.mechanism = {"path": str(out), "levels": str(original.deepest), **run.record()}
+        if run.failure is None:
+            result.mechanism["rule_after_fix"] = _rule_after_fix(out, rule)
+        return result, run.interrupted
+    return result, False
+
+
+def _numerics(target: Path, rounds: int) -> dict[str, Any] | None:
+    """Each round's fixed output against its base output on the same inputs (the first
+    forward pass, ``xsp.tracer.workloads.numerics``), and the largest relative difference;
+    None when the runs recorded none."""
+    from xsp.tracer.workloads import numerics
+
+    compared = []
+    for k in range(1, rounds + 1):
+        base = numerics.read(target / f"round-{k}" / "base" / str(UNTRACED))
+        fixed = numerics.read(target / f"round-{k}" / "fixed" / str(UNTRACED))
+        if base is not None and fixed is not None:
+            compared.append({"round": k, **numerics.compare(base, fixed)})
+    if not compared:
+        return None
+    comparable = [c for c in compared if c["comparable"]]
+    return {
+        "what": "the first forward pass's output, without and with the fix, on the same inputs",
+        "relative_l2": max((c["relative_l2"] for c in comparable), default=None),
+        "max_abs": max((c["max_abs"] for c in comparable), default=None),
+        "rounds": compared,
+    }
+
+
+@dataclass
+class _Run:
+    path: Path
+    steps_ms: list[float]
+    failure: str | None
+    interrupted: bool
+
+    def record(self) -> dict[str, Any]:
+        steps = sorted(self.steps_ms)
+        return {
+            "path": str(self.path),
+            "iterations": len(steps),
+            "step_mean_ms": sum(steps) / len(steps) if steps else None,
+            "step_median_ms": steps[len(steps) // 2] if steps else None,
+            "error": self.failure,
+        }
+
+
+def _measure(
+    original: Original,
+    fixes: Sequence[str],
+    levels: LevelSet,
+    out: Path,
+    rule: str,
+    label: str,
+    done: int,
+    total: int,
+    progress: VerifyProgress | None,
+) -> _Run:
+    """One measurement of the original's workload at ``levels`` with ``fixes``, into ``out``;
+    its complete steps' times (ms) from the run of ``levels``."""
+    from xsp.tracer.run.runner import LeveledSpec, run_leveled
+
+    profile = dataclasses.replace(
+        original.profile,
+        fixes=tuple(fixes),
+        otlp_endpoint=None,
+        # the first forward pass's output, compared across sides; never inside the measured
+        # iterations (it reads the output back to the host)
+        numerics_probe=levels == UNTRACED and original.profile.warmup > 0,
+    )
+    spec = LeveledSpec(out=out.resolve(), profile=profile, level_sets=(levels,), env=original.env)
+
+    def forward(_: str, phase: str, step: int, steps: int) -> None:
+        if progress is not None:
+            what = label if phase in ("start", "end") else f"{label}: {phase} {step}/{steps}"
+            progress(rule, what, done, total)
+
+    forward(str(levels), "start", 0, 0)
+    with _working_directory(original.cwd):
+        finished = run_leveled(spec, forward)
+    if progress is not None:
+        progress(rule, label, done + 1, total)
+    failure = finished.failure
+    steps: list[float] = []
+    if failure is None:
+        run = store.open_run(out / str(levels))
+        failure = _fix_failure(run.meta)
+        steps = _steps_ms(run)
+        if not steps and failure is None:
+            failure = "no complete step was measured"
+    return _Run(out, steps, failure, finished.interrupted)
+
+
+def _fix_failure(meta: dict[str, Any]) -> str | None:
+    """A fix that could not apply (the level-set process wrote it into run.json)."""
+    return next((e for e in meta.get("errors") or [] if str(e).startswith("fix ")), None)
+
+
+def _steps_ms(run: store.Run) -> list[float]:
+    """The run's complete steps (no failed or cut-short one), in ms."""
+    spans = run.spans().select(["kind", "dur_ns", "status_message"]).to_pylist()
+    return [s["dur_ns"] / 1e6 for s in spans if s["kind"] == "step" and s["status_message"] is None]
+
+
+def _rule_after_fix(out: Path, rule: str) -> dict[str, Any]:
+    """What the rule finds in the fixed workload's traced run: its evidence (the transposes
+    left, the loader's batches) or that it no longer fires."""
+    try:
+        after = {s["rule"]: s for s in suggestions(out)}.get(rule)
+    except Exception as exc:  # the runs are stored whatever the analysis makes of them
+        return {"fires": None, "error": f"{type(exc).__name__}: {exc}"}
+    if after is None:
+        return {"fires": False}
+    return {
+        "fires": True,
+        "evidence": after["evidence"],
+        "gain_ms_per_iteration": after["gain_ms_per_iteration"],
+    }
+
+
+def summary_line(result: RuleResult) -> str:
+    """ "estimated X ms, measured Y ms ± Z (n rounds)", or the status of a rule not measured
+    (with the advice, for a code change)."""
+    row = result.row
+    if row["status"] == CODE_CHANGE:
+        return f"{row['rule']}: {CODE_CHANGE}: {result.advice}"
+    if row["status"] != MEASURED:
+        return f"{row['rule']}: {row['status']}"
+    predicted = row["predicted_gain_ms_per_iteration"]
+    low, high = row["measured_gain_ci_ms"]
+    estimated = f"estimated {predicted:.2f} ms" if predicted is not None else "no estimate"
+    rounds = row["rounds"]
+    line = (
+        f"{row['rule']}: {estimated}, measured {row['measured_gain_ms_per_iteration']:.2f} ms "
+        f"± {(high - low) / 2:.2f} ({rounds} round{'s' if rounds != 1 else ''})"
+    )
+    if row["measured_gain_pct"] is not None:
+        line += f", {row['measured_gain_pct']:.1f}% of the step"
+    if row["numerics_change"]:
+        line += "; changes numerics"
+        change = (result.numerics or {}).get("relative_l2")
+        if change is not None:
+            line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
+    if predicted is not None and not low <= predicted <= high:
+        line += "; the estimate lies outside the measured interval"
+        if row["rule"] in ESTIMATE_NOTES:
+            line += f": {ESTIMATE_NOTES[row['rule']]}"
+    return line
+
+
+__all__ = [
+    "DEFAULT_ROUNDS",
+    "ROW_KEYS",
+    "RULE_FIXES",
+    "Plan",
+    "Verification",
+    "load_original",
+    "plan",
+    "run_plan",
+    "summary_line",
+    "verify",
+]

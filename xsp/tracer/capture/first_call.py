@@ -1,0 +1,36 @@
+"""The next ``nn.Module`` call, caught once: the root module of a program's first forward pass
+(a model's call comes before its children's). The session begins an unmodified script's first
+iteration there, and the root-module fixes find their model there
+(``xsp.tracer.workloads.fixes``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class NextModuleCall:
+    """Calls ``callback(module)`` once, just before the next nn.Module call, by wrapping
+    ``nn.Module.__call__`` (outside level F's own wrapper, so that the call is recorded inside
+    the iteration the callback begins), then unwraps itself. ``remove`` unwraps it if the
+    wrapper is still in place; one wrapped over since only calls through."""
+
+    def __init__(self, callback: Callable[[Any], None]) -> None:
+        self._module = torch.nn.Module
+        inner = torch.nn.Module.__call__
+        pending = [callback]
+
+        def next_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            self.remove()
+            if pending:
+                pending.pop()(module)
+            return inner(module, *args, **kwargs)
+
+        self._inner, self._wrapper = inner, next_call
+        self._module.__call__ = next_call  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        if self._module.__call__ is self._wrapper:
+            self._module.__call__ = self._inner  # type: ignore[method-assign]
