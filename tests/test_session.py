@@ -141,6 +141,26 @@ def test_an_exception_marks_the_iteration_failed_and_keeps_what_was_recorded(
     assert json.loads((run_dir / "run.json").read_text())["spans"] == run.spans().num_rows
 
 
+def test_the_reason_line_counts_only_the_iterations_the_summary_keeps(tmp_path: Path) -> None:
+    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.summary import level_sets
+
+    run_dir = tmp_path / "M"
+    with (
+        pytest.raises(ValueError, match="boom"),
+        xsp.session("M", iterations=5, warmup=0, out=run_dir, device="cpu"),
+    ):
+        for i in range(5):
+            with xsp.iteration():
+                if i == 2:
+                    raise ValueError("boom")  # iterations 0 and 1 measured, 2 failed
+    meta = open_run(run_dir).meta
+    assert meta["iterations_measured"] == 2
+    assert "2 of 5 iterations measured" in meta["status_reasons"]
+    (row,) = level_sets(MeasurementStore(run_dir)).to_pylist()
+    assert row["iterations"] == 2
+
+
 def test_framework_level_records_beside_a_running_torch_profiler(tmp_path: Path) -> None:
     model, opt, x = _mlp()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -364,8 +364,11 @@ def serve(
             parts.append(f"gRPC {grpc_address.rsplit(':', 1)[0]}:{c.grpc_port}")
         if c.http_port:
             parts.append(f"HTTP {http_address.rsplit(':', 1)[0]}:{c.http_port}")
+        replaying = len(c.spool.recovered)
         console.print(
-            f"xsp collector: receiving on {', '.join(parts)}; store {store_dir}", highlight=False
+            f"xsp collector: receiving on {', '.join(parts)}; store {store_dir}"
+            + (f"; storing {replaying} spooled segments in the background" if replaying else ""),
+            highlight=False,
         )
 
     run_server(config, ready)

@@ -26,13 +26,15 @@ MISSING = "missing"
 def _step_samples(run_dir: Path) -> np.ndarray | None:
     """The job's M steps (ns), or None where its measurement was not kept or holds no M."""
     from xsp.analysis.store import MeasurementStore
-    from xsp.tracer.errors import StoreError
+    from xsp.tracer.errors import DamagedFileError, StoreError
 
     if not (run_dir / "M").is_dir():
         return None
     try:
         store = MeasurementStore(run_dir)
         return next(iter(diffs.step_samples(store).values.values()))
+    except DamagedFileError:
+        raise  # a kept measurement that is damaged is an error, never a fallback to medians
     except (StoreError, StopIteration):
         return None
 

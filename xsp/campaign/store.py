@@ -78,7 +78,8 @@ class CampaignStore:
     # -- SQL -------------------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
         """DuckDB with two tables: ``jobs`` (one row per job result, summary flattened) and
-        ``spans`` (every span of every job's runs, with its job id, model, mode and batch)."""
+        ``spans`` (every span of every job's runs, with its job id, model, mode and batch).
+        A damaged span file (``tracer.store.read_span_file``) is a StoreError naming it."""
         con = duckdb.connect()
         con.register("jobs", _jobs_table([_flatten(r) for r in self.results()]))
         files = sorted(self.runs_dir.glob("*/*/spans-*.parquet"))
@@ -92,6 +93,8 @@ class CampaignStore:
                 "FROM spans_stored AS s LEFT JOIN jobs USING (job)"
             )
         else:
+            for path in files:  # DuckDB verifies no checksum nor value: a damaged file stops here
+                run_store.read_span_file(path)
             listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
             con.execute(
                 f"""CREATE VIEW spans AS SELECT s.*, jobs.model, jobs.mode, jobs.batch_size

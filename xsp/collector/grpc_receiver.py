@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from xsp.collector.http_receiver import RETRY_AFTER_S, Busy
+from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.export import otlp
 
@@ -40,6 +40,7 @@ class GrpcReceiver:
         ingest: Callable[[bytes], int],
         authorized: Callable[[str | None], bool],
         max_request_bytes: int,
+        idle_s: float = DEFAULT_IDLE_S,
         tls: tuple[Path, Path] | None = None,
     ) -> None:
         self._ingest = ingest
@@ -47,6 +48,8 @@ class GrpcReceiver:
         options = [
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.so_reuseport", 0),
+            # a connection without a call for this long gets GOAWAY and is closed, as over HTTP
+            ("grpc.max_connection_idle_ms", max(1, round(idle_s * 1000))),
         ]
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS), options=options

@@ -31,8 +31,9 @@ TRACES_PATH = "/v1/traces"
 RETRY_AFTER_S = 1
 #: Connections waiting for accept(); the kernel caps it at net.core.somaxconn.
 DEFAULT_BACKLOG = 1024
-#: A connection that sends no request for this long is closed (also a brand-new one).
-DEFAULT_KEEPALIVE_S = 15.0
+#: A connection that sends no request for this long is closed (also a brand-new one), over
+#: HTTP and gRPC alike: idle senders must not hold sockets and memory for ever.
+DEFAULT_IDLE_S = 15.0
 #: Bodies in flight (being read or decoded) across all requests, in units of the request limit:
 #: past it, a sender is told to retry, so memory stays bounded however many senders there are.
 INFLIGHT_REQUESTS = 4
@@ -102,10 +103,12 @@ class HttpReceiver:
         authorized: Callable[[str | None], bool],
         max_request_bytes: int,
         read_timeout_s: float,
+        idle_s: float = DEFAULT_IDLE_S,
         ssl_context: ssl.SSLContext | None = None,
         workers: int = 4,
     ) -> None:
         self._ingest = ingest
+        self._idle_s = idle_s
         self._check_capacity = check_capacity
         self._authorized = authorized
         self._limit = max_request_bytes
@@ -128,7 +131,7 @@ class HttpReceiver:
         self._runner = web.AppRunner(
             app,
             access_log=None,
-            keepalive_timeout=DEFAULT_KEEPALIVE_S,
+            keepalive_timeout=self._idle_s,
             lingering_time=LINGER_S,
             auto_decompress=False,  # inflated here, under the cap
             read_bufsize=READ_BUFFER_BYTES,

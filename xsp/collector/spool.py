@@ -46,7 +46,7 @@ DEFAULT_DEDUP_WINDOW = 32768
 
 class Spool:
     """``append`` is thread-safe and blocks on fsync; ``rotate``/``read``/``remove`` are called
-    by the one flusher (or at start-up, before the receivers open)."""
+    by the one flusher, which replays the ``recovered`` segments while ``append`` goes on."""
 
     def __init__(
         self, directory: Path, quarantine: Quarantine, dedup_window: int = DEFAULT_DEDUP_WINDOW
@@ -64,6 +64,9 @@ class Spool:
         self._file = self._open_segment()
         self._written = 0
         self.duplicates = 0  # byte-identical retries acknowledged without a second copy
+        for path in self.recovered:  # before any append: a retry of these is not spooled again
+            legacy = _LEGACY_SEGMENT.fullmatch(path.name) is not None
+            self._remember_payloads(read_frames(path.read_bytes(), legacy)[0])
 
     def _scan(self) -> list[Path]:
         found: list[tuple[tuple[str, int], Path]] = []
@@ -169,10 +172,13 @@ class Spool:
                 data[start:end],
                 f"{end - start} bytes of {path} at offset {start} hold no intact frame",
             )
-        with self._lock:
-            for payload in records:
-                self._remember(hashlib.blake2b(payload, digest_size=16).digest())
+        self._remember_payloads(records)
         return records
+
+    def _remember_payloads(self, payloads: list[bytes]) -> None:
+        with self._lock:
+            for payload in payloads:
+                self._remember(hashlib.blake2b(payload, digest_size=16).digest())
 
 
 def read_frames(data: bytes, legacy: bool = False) -> tuple[list[bytes], list[tuple[int, int]]]:

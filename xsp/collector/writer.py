@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from xsp.tracer import schema, store
@@ -230,9 +229,9 @@ def _read_keys(path: Path) -> pa.Table:
     """The key columns of one part; one that cannot be read counts as holding no span (its
     spans may then be stored again, never lost)."""
     try:
-        return pq.read_table(path, columns=_KEY_COLUMNS)
-    except (OSError, pa.ArrowException) as exc:
-        log.warning("xsp collector: cannot read the span keys of %s: %s", path, exc)
+        return store.read_parquet(path, "span", columns=_KEY_COLUMNS)
+    except StoreError as exc:
+        log.warning("xsp collector: cannot read the span keys: %s", exc)
         return pa.table(
             {"trace_id": pa.array([], pa.binary(16)), "span_id": pa.array([], pa.uint64())}
         )

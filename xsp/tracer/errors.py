@@ -7,6 +7,7 @@ Every failure that xsp reports to its user is one of these::
     ├── WorkloadError             an unknown zoo model, or a workload that cannot be built or run
     ├── DeviceError               the requested device is missing (no GPU, no CUDA build)
     ├── StoreError                a run directory or store file that is missing, corrupt or truncated
+    │   └── DamagedFileError      a store file whose bytes or values are damaged: never read as data
     └── ExportError               an OTLP endpoint that refuses, times out or cannot be reached
 
 Errors from third-party code (pyarrow, grpc, urllib, torch) are translated at the boundary with
@@ -35,6 +36,11 @@ class DeviceError(XspError):
 
 class StoreError(XspError):
     """A run store that cannot be read or written; the message names the file."""
+
+
+class DamagedFileError(StoreError):
+    """A store file that fails its checksums, cannot be decoded, or holds values no writer
+    stores (a negative duration); no figure is computed from it. The message names the file."""
 
 
 class ExportError(XspError):

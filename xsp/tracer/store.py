@@ -14,6 +14,11 @@ Parquet keeps the store columnar and embedded; DuckDB queries it in place
 (``SELECT * FROM read_parquet('RUN_DIR/*/spans-*.parquet')``). Every reader error names the file,
 and what a reader leaves out (a level set whose directory is missing, an interrupted one, a
 missing manifest) it says, as a warning line.
+
+A damaged file is an error, never data: every parquet file is written with page checksums (CRC32)
+that every read verifies, and span values that cannot be (a negative duration or start, an end
+past the int64 range, a null id, name or time) are refused on read (``check_spans``), since a
+flipped bit can still leave a page whose checksum is absent (files of older writers).
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import NullColumns
-from xsp.tracer.errors import StoreError
+from xsp.tracer.errors import DamagedFileError, StoreError
 from xsp.tracer.levelset import LevelSet
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,24 @@ PARQUET_OPTIONS: dict[str, Any] = {
     "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _DELTA_COLUMNS},
     "write_statistics": ["iteration", "start_ns"],
 }
+#: Every parquet file of the store: a CRC32 per page (4 bytes a page), checked on every read.
+_CHECKSUMS: dict[str, Any] = {"write_page_checksum": True}
+_INT64_MAX = (1 << 63) - 1
+
+
+def write_counters(run_dir: Path, counters: pa.Table) -> None:
+    """Store a hardware-counter run's table (``counters.parquet``), whole or not at all."""
+    _write_parquet(run_dir / COUNTERS, counters, compression="zstd")
+
+
+def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    """One parquet file of the store, its page checksums verified; a file that cannot be read
+    whole is a one-line DamagedFileError naming it."""
+    try:
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DamagedFileError(f"{path}: corrupt or truncated {what} file ({reason})") from exc
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -166,7 +190,7 @@ def _write_parquet(path: Path, table: pa.Table, **options: Any) -> None:
     collector replays it), synced, then renamed over ``path``."""
     tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
     try:
-        pq.write_table(table, tmp, **options)
+        pq.write_table(table, tmp, **_CHECKSUMS, **options)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -235,10 +259,7 @@ class Run:
         path = self.path / name
         if not path.exists():
             return None
-        try:
-            return pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated {what} file ({exc})") from exc
+        return read_parquet(path, what)
 
     @property
     def is_counter_run(self) -> bool:
@@ -248,29 +269,57 @@ class Run:
     def counters(self) -> pa.Table | None:
         """A hardware-counter run's counter table (one row per profiled kernel; columns in
         ``xsp.tracer.convert.ncu``), None when it has none."""
-        path = self.path / COUNTERS
-        if not path.exists():
-            return None
-        try:
-            return pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated counter file ({exc})") from exc
+        return self._side_table(COUNTERS, "counter")
 
 
 def read_spans(files: list[Path]) -> pa.Table:
-    tables = []
-    for path in files:
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise StoreError(f"{path}: corrupt or truncated span file ({exc})") from exc
-        missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
-        if missing:
-            raise StoreError(f"{path}: not an xsp span file (missing columns {', '.join(missing)})")
-        tables.append(conform(table, path))
+    """The span rows of ``files``, each file's checksums and values checked."""
+    tables = [read_span_file(path) for path in files]
     if not tables:
         return schema.SPAN_SCHEMA.empty_table()
     return pa.concat_tables(tables)
+
+
+def read_span_file(path: Path) -> pa.Table:
+    """One span part, checked (``read_parquet``, ``check_spans``) and conformed to the schema."""
+    table = read_parquet(path, "span")
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise StoreError(f"{path}: not an xsp span file (missing columns {', '.join(missing)})")
+    table = conform(table, path)
+    check_spans(table, path)
+    return table
+
+
+def check_spans(table: pa.Table, path: Path) -> None:
+    """Refuse values no writer stores: a null in a required column, a negative start or
+    duration, or an end (start + duration) past the int64 range, i.e. before its start once
+    wrapped. Each is a DamagedFileError naming the file, the column and how many spans; the
+    cost is a null count (free) and one min/max per time column."""
+    for name in schema.REQUIRED_COLUMNS:
+        nulls = table.column(name).null_count
+        if nulls:
+            raise DamagedFileError(f"{path}: damaged span file: {name} is null in {nulls} spans")
+    if not table.num_rows:
+        return
+    ranges: dict[str, int] = {}
+    for name in ("start_ns", "dur_ns"):
+        low, high = pc.min_max(table.column(name)).values()
+        if low.as_py() < 0:
+            count = pc.sum(pc.less(table.column(name), 0)).as_py()
+            raise DamagedFileError(
+                f"{path}: damaged span file: {name} is negative in {count} spans "
+                f"(as low as {low.as_py()})"
+            )
+        ranges[name] = high.as_py()
+    if ranges["start_ns"] + ranges["dur_ns"] > _INT64_MAX:  # rare: find the spans exactly
+        ends = pc.add(table.column("start_ns"), table.column("dur_ns"))  # wraps on overflow
+        count = pc.sum(pc.less(ends, table.column("start_ns"))).as_py()
+        if count:
+            raise DamagedFileError(
+                f"{path}: damaged span file: start_ns + dur_ns is past the int64 range "
+                f"(an end before its start) in {count} spans"
+            )
 
 
 def conform(table: pa.Table, path: Path | None = None) -> pa.Table:

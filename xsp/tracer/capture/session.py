@@ -231,7 +231,6 @@ class Session:
         self._first_call_hook: Any = None
         self._progress = progress
         self._index = 0  # iterations begun so far, warm-up included
-        self._cut_short = 0  # 1 when close() ended an iteration nothing else had
         self._open = False
         self._levels_on = False
         self._finish_pending = False
@@ -294,8 +293,7 @@ class Session:
         try:
             if self._open:
                 # a tail after the last step (a script that stepped fewer times than asked) is
-                # kept, marked, but not counted as measured
-                self._cut_short = int(self.measuring and error is None)
+                # kept, marked failed, so not counted as measured
                 self.end_iteration(error=error or "the session closed inside this iteration")
             self._finish(error, interrupted)
         finally:
@@ -591,7 +589,9 @@ class Session:
         self, error: str | None, interrupted: bool, counts: dict[str, Any], losses: Losses
     ) -> dict[str, Any]:
         """The run's status and its reasons, written into run.json; returns run.json."""
-        measured = max(0, min(self._index - self.warmup, self.iterations) - self._cut_short)
+        # as the summary counts them: the measured iterations that ended, less the failed ones
+        ended = min(self._index - self.warmup, self.iterations)
+        measured = max(0, ended - len(self._failures))
         if measured == 0 and not interrupted and error is None:
             hint = (
                 ": an unmodified script's iterations end at optimizer.step(); mark an inference "

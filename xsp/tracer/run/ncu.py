@@ -29,8 +29,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from xsp.tracer import config, store
 from xsp.tracer.convert import ncu as counters
 from xsp.tracer.errors import StoreError
@@ -195,7 +193,7 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
             parsed = counters.read_raw_csv(
                 import_csv(ncu, report), iterations=meta.get("iterations_measured")
             )
-            pq.write_table(parsed.table, run_dir / store.COUNTERS, compression="zstd")
+            store.write_counters(run_dir, parsed.table)
             table = parsed.table
             per_iteration: dict[str, int] = {}
             for it in table.column("iteration").to_pylist():

@@ -1,0 +1,184 @@
+"""A damaged store file is an error, never data: page checksums catch flipped bits, and values
+no writer stores (a negative duration, a null id or time, an end before its start) are refused
+on read. Every command that reads spans says so in one line naming the file, with exit code 2."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from tests.fixtures import fixture_table, write_run
+from xsp.analysis.store import MeasurementStore
+from xsp.campaign.files import from_dict
+from xsp.campaign.store import CampaignStore
+from xsp.cli import main as cli_main
+from xsp.tracer import store
+from xsp.tracer.errors import DamagedFileError
+
+LEVELS = "MF"
+PART = "spans-00000.parquet"
+
+
+def _table() -> pa.Table:
+    return fixture_table("resnet18_train_cpu", LEVELS, "run-d")
+
+
+def _with_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def _silent_flip(path: Path, column: str) -> int:
+    """Flip one bit inside ``column``'s chunk of ``path`` such that a reader without checksum
+    verification reads the file and gets other values (what 26 of 200 flips did before
+    checksums); returns the byte offset flipped."""
+    good = pq.read_table(path)
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    index = [chunk.column(i).path_in_schema for i in range(chunk.num_columns)].index(column)
+    meta = chunk.column(index)
+    begin = meta.dictionary_page_offset or meta.data_page_offset
+    data = path.read_bytes()
+    middle = begin + meta.total_compressed_size // 2
+    for offset in range(middle, begin + meta.total_compressed_size):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[offset] ^= 1 << bit
+            path.write_bytes(damaged)
+            try:
+                if not pq.read_table(path, page_checksum_verification=False).equals(good):
+                    return offset
+            except (OSError, pa.ArrowException):
+                pass  # a flip that breaks decoding: not the silent kind
+    raise AssertionError(f"no silent flip found in {column}")
+
+
+def _stored(tmp_path: Path, table: pa.Table) -> Path:
+    return write_run(tmp_path / "R", LEVELS, table)
+
+
+def _damaged_runs(tmp_path: Path) -> dict[str, Path]:
+    """A run directory per kind of damage, each written by the store's own writer."""
+    table = _table()
+    dur = table.column("dur_ns").combine_chunks()
+    steps = pc.equal(table.column("kind"), "step")
+    flipped = _stored(tmp_path / "flip", table)
+    _silent_flip(flipped / PART, "dur_ns")
+    end_past = pc.if_else(steps, (1 << 63) - 10, table.column("start_ns"))
+    return {
+        "flipped bit": flipped,
+        "negative dur_ns": _stored(
+            tmp_path / "neg", _with_column(table, "dur_ns", pc.if_else(steps, -2_865_567, dur))
+        ),
+        "null dur_ns": _stored(
+            tmp_path / "null", _with_column(table, "dur_ns", pc.if_else(steps, None, dur))
+        ),
+        "end past int64": _stored(tmp_path / "end", _with_column(table, "start_ns", end_past)),
+    }
+
+
+EXPECTED = {
+    "flipped bit": "corrupt or truncated span file (could not verify page integrity",
+    "negative dur_ns": "damaged span file: dur_ns is negative in 1 spans (as low as -2865567)",
+    "null dur_ns": "damaged span file: dur_ns is null in 1 spans",
+    "end past int64": "start_ns + dur_ns is past the int64 range (an end before its start)",
+}
+
+
+@pytest.mark.parametrize("damage", list(EXPECTED))
+def test_a_damaged_span_file_is_refused_by_every_reader(tmp_path: Path, damage: str) -> None:
+    run_dir = _damaged_runs(tmp_path)[damage]
+    part = run_dir / PART
+    with pytest.raises(DamagedFileError) as raised:
+        MeasurementStore(run_dir)
+    message = str(raised.value)
+    assert message.startswith(f"{part}: ") and EXPECTED[damage] in message
+    assert "\n" not in message
+    with pytest.raises(DamagedFileError, match=PART):
+        store.open_run(run_dir).spans()
+
+
+def _one_error_line(result: object, part: Path, code: int = 2) -> str:
+    exit_code = result.exit_code  # type: ignore[attr-defined]
+    output = result.output  # type: ignore[attr-defined]
+    assert exit_code == code, output
+    assert isinstance(result.exception, SystemExit), output  # type: ignore[attr-defined]
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    assert lines[0].startswith("xsp: error: ") and str(part) in lines[0], output
+    return str(lines[0])
+
+
+COMMANDS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "summary": lambda run, tmp: ["summary", str(run)],
+    "analyze": lambda run, tmp: ["analyze", str(run)],
+    "export": lambda run, tmp: ["export", str(run), "-o", str(tmp / "out.jsonl")],
+    "export chrome": lambda run, tmp: [
+        *["export", str(run), "--format", "chrome", "-o", str(tmp / "out.json.gz")]
+    ],
+    # nothing listens on port 9: the spans are read (and refused) before anything is sent
+    "push": lambda run, tmp: ["push", str(run), "--endpoint", "http://127.0.0.1:9/v1/traces"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_says_one_line_naming_the_file_and_exits_2(
+    tmp_path: Path, command: str
+) -> None:
+    for damage, run_dir in _damaged_runs(tmp_path).items():
+        result = CliRunner().invoke(cli_main, COMMANDS[command](run_dir, tmp_path))
+        line = _one_error_line(result, run_dir / PART)
+        assert EXPECTED[damage] in line, (damage, line)
+        assert "-2.87" not in line and "-2865567 ns" not in result.output
+
+
+def _campaign(root: Path, table: pa.Table) -> Path:
+    """A campaign directory as ``xsp campaign run`` leaves it, with one job and its run."""
+    spec = from_dict(
+        {
+            "campaign": {"device": "cpu", "level_sets": ["M"]},
+            "models": {"names": ["torchvision:squeezenet1_1"]},
+        }
+    )
+    campaign = CampaignStore(root)
+    campaign.begin(spec)
+    job = spec.jobs()[0]
+    write_run(campaign.run_dir(job), "M", table.filter(pc.equal(table.column("level"), "model")))
+    record = {"job": job.id, "status": "ok", "summary": {"latency_ms": 1.0}}
+    campaign.save({**record, "model": job.model, "mode": job.mode, "batch_size": 1})
+    return campaign.run_dir(job) / "M" / PART
+
+
+def test_campaign_readers_refuse_a_damaged_span_file(tmp_path: Path) -> None:
+    table = _table()
+    _campaign(tmp_path / "before", table)
+    steps = pc.equal(table.column("kind"), "step")
+    negative = pc.if_else(steps, -2_865_567, table.column("dur_ns"))
+    part = _campaign(tmp_path / "after", _with_column(table, "dur_ns", negative))
+    with pytest.raises(DamagedFileError, match=f"{part}: damaged span file: dur_ns is negative"):
+        CampaignStore(tmp_path / "after").connect()
+    sql = ["campaign", "sql", str(tmp_path / "after"), "SELECT count(*) FROM spans"]
+    _one_error_line(CliRunner().invoke(cli_main, sql), part)
+    diff = ["campaign", "diff", str(tmp_path / "before"), str(tmp_path / "after")]
+    _one_error_line(CliRunner().invoke(cli_main, diff), part)
+
+
+def test_a_side_table_with_a_flipped_bit_is_refused(tmp_path: Path) -> None:
+    run_dir = _stored(tmp_path, _table())
+    samples = pa.table({"time_ns": pa.array(range(0, 50_000, 10), pa.int64())})
+    store.write_monitor_samples(run_dir, samples)
+    path = run_dir / store.MONITOR
+    _silent_flip(path, "time_ns")
+    with pytest.raises(DamagedFileError, match=f"{path}: corrupt or truncated monitor file"):
+        store.open_run(run_dir).monitor()
+
+
+def test_intact_files_of_a_writer_without_checksums_still_read(tmp_path: Path) -> None:
+    run_dir = _stored(tmp_path, _table())
+    table = pq.read_table(run_dir / PART)
+    pq.write_table(table, run_dir / PART, write_page_checksum=False)
+    assert store.open_run(run_dir).spans().num_rows == table.num_rows
