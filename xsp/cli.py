@@ -106,6 +106,12 @@ def main() -> None:
     show_default=True,
     help="Iterations the hardware-counter level set (MH, under ncu) measures.",
 )
+@click.option(
+    "--iteration-fn",
+    metavar="MODULE.QUALNAME",
+    help="Each call of this function is one iteration (a whole request), e.g. "
+    "transformers.GenerationMixin.generate.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -120,6 +126,7 @@ def run(
     op_shapes: bool,
     channels_last: bool,
     counter_iterations: int,
+    iteration_fn: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
@@ -132,6 +139,15 @@ def run(
     ties them into one leveled measurement. A summary is printed at the end. A multi-rank job
     (-- torchrun ... or -- python -m torch.distributed.run ...) is traced on every rank, one
     trace per iteration across ranks.
+
+    \b
+    How a command's iterations are found (run.json: iteration_boundary):
+      marked            xsp.step() or `with xsp.iteration():` in the script; these win
+      function:NAME     --iteration-fn NAME: each call of the function
+      optimizer-step    training: from one optimizer.step() to the next
+      root-module-call  inference: each call of the outermost module (a forward pass;
+                        under transformers' generate(), one decoding step)
+    Optimizer steps are the boundary if any comes during the warm-up, else root-module calls.
 
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
@@ -161,6 +177,7 @@ def run(
         otlp_endpoint=otlp_endpoint,
         op_shapes=op_shapes,
         counter_iterations=counter_iterations,
+        iteration_fn=iteration_fn,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     columns = (
@@ -182,6 +199,8 @@ def run(
                 bar.update(tasks[levels], description=phase, completed=done, total=total or None)
 
         result = run_leveled(spec, progress)
+    if result.runs and not result.stored:  # nothing measured: one line, no summary of nothing
+        _fail(f"{result.failure}; nothing was stored", code=result.exit_code)
     try:
         _print_summary(out)
     except XspError as exc:  # nothing finished (an interrupt, a crash): no summary to print

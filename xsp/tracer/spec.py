@@ -38,7 +38,9 @@ class ProfileSpec:
     run's. ``op_shapes``: record aten ops' input shapes and dtypes (level F; the runner leaves
     them to the deepest level set with F). ``counter_iterations``: the hardware-counter level
     set (MH) measures at most this many iterations (Nsight Compute replays each kernel once
-    per pass: minutes for a ResNet-50 training step)."""
+    per pass: minutes for a ResNet-50 training step). ``iteration_fn``: ``MODULE.QUALNAME`` of
+    a function each call of which is one iteration of a command (``xsp.tracer.capture.
+    iterations``); without it, optimizer steps or the root module's calls are."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -51,6 +53,7 @@ class ProfileSpec:
     otlp_endpoint: str | None = None
     op_shapes: bool = True
     counter_iterations: int = 1
+    iteration_fn: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))  # a list given: hashable
