@@ -147,7 +147,8 @@ def run(
       optimizer-step    training: from one optimizer.step() to the next
       root-module-call  inference: each call of the outermost module (a forward pass;
                         under transformers' generate(), one decoding step)
-    Optimizer steps are the boundary if any comes during the warm-up, else root-module calls.
+    Optimizer steps are the boundary if one comes during the warm-up, else root-module
+    calls (see docs/profiling.md).
 
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on

@@ -327,11 +327,15 @@ def run_leveled(
                 manifest["runs"].append(_interrupt(spec, process, progress))
         manifest["interrupted_ns"] = time.time_ns()
     manifest["status"] = result.status
-    if fresh and result.runs and not result.stored:
+    if fresh and result.runs and not result.stored and _only_manifest(spec.out):
         shutil.rmtree(spec.out, ignore_errors=True)  # nothing measured: no empty measurement
-    else:
+    else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _only_manifest(out: Path) -> bool:
+    return all(p.name == store.MANIFEST for p in out.iterdir())
 
 
 def _drop_empty(spec: LeveledSpec, entry: dict[str, Any]) -> dict[str, Any]:
