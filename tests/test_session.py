@@ -251,19 +251,20 @@ def test_the_tail_after_the_last_step_is_kept_but_not_measured(tmp_path: Path) -
 
 
 def test_a_session_that_measured_nothing_is_an_error_that_says_why(tmp_path: Path) -> None:
-    model, _, x = _mlp()
+    x = torch.randn(3, 8)
     session = Session(
         "M", iterations=2, warmup=0, out=tmp_path / "M", device="cpu", auto_iterations=True
     ).start()
-    with torch.no_grad():
-        for _ in range(5):
-            model(x)  # inference, no optimizer step, no marker
+    for _ in range(5):
+        torch.relu(x @ x.T)  # no module, no optimizer step, no marker
     meta = session.close()
     assert meta is not None and meta["status"] == "error"
     assert meta["error"] == (
-        "0 of 2 iterations measured: an unmodified script's iterations end at optimizer.step(); "
-        "mark an inference loop's with xsp.step()"
+        "0 of 2 iterations measured: the program called no nn.Module with parameters and no "
+        "optimizer.step(); mark its iterations with xsp.step() or name a function with "
+        "--iteration-fn"
     )
+    assert meta["iteration_boundary"] is None
 
 
 def test_markers_without_a_session_do_nothing() -> None:

@@ -114,6 +114,12 @@ def main() -> None:
     help="Apply a fix without editing the program (repeatable): channels_last, tf32, bf16, "
     "cudnn_benchmark, dataloader, compile (docs/verify.md).",
 )
+@click.option(
+    "--iteration-fn",
+    metavar="MODULE.QUALNAME",
+    help="Each call of this function is one iteration (a whole request), e.g. "
+    "transformers.GenerationMixin.generate.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(
     model: str | None,
@@ -129,6 +135,7 @@ def run(
     channels_last: bool,
     counter_iterations: int,
     fixes: tuple[str, ...],
+    iteration_fn: str | None,
     command: tuple[str, ...],
 ) -> None:
     """Profile a zoo model, or a Python command given after --, once per level set.
@@ -141,6 +148,16 @@ def run(
     ties them into one leveled measurement. A summary is printed at the end. A multi-rank job
     (-- torchrun ... or -- python -m torch.distributed.run ...) is traced on every rank, one
     trace per iteration across ranks.
+
+    \b
+    How a command's iterations are found (run.json: iteration_boundary):
+      marked            xsp.step() or `with xsp.iteration():` in the script; these win
+      function:NAME     --iteration-fn NAME: each call of the function
+      optimizer-step    training: from one optimizer.step() to the next
+      root-module-call  inference: each call of the outermost module (a forward pass;
+                        under transformers' generate(), one decoding step)
+    Optimizer steps are the boundary if one comes during the warm-up, else root-module
+    calls (see docs/profiling.md).
 
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
@@ -171,6 +188,7 @@ def run(
         op_shapes=op_shapes,
         counter_iterations=counter_iterations,
         fixes=fixes,
+        iteration_fn=iteration_fn,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     columns = (
@@ -192,6 +210,8 @@ def run(
                 bar.update(tasks[levels], description=phase, completed=done, total=total or None)
 
         result = run_leveled(spec, progress)
+    if result.runs and not result.stored:  # nothing measured: one line, no summary of nothing
+        _fail(f"{result.failure}; nothing was stored", code=result.exit_code)
     try:
         _print_summary(out)
     except XspError as exc:  # nothing finished (an interrupt, a crash): no summary to print

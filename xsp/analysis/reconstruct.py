@@ -94,7 +94,9 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
     for name, values in (counter_columns(store, deep) or {}).items():
         spans = _replace(spans, f"hw_{name}", values)
-    spans = _own_identity(spans, store, key, parent).cast(schema.SPAN_SCHEMA)
+    spans = _own_identity(spans, store, key, parent)
+    spans = _link_requests(spans, parent, store, source_of.get(schema.LEVEL_MODEL, deepest_index))
+    spans = spans.cast(schema.SPAN_SCHEMA)
     rows = pa.array(np.nonzero(missing)[0])
     miss = pa.table(
         {
@@ -214,6 +216,38 @@ def _own_identity(
     spans = _replace(spans, "trace_id", pa.array([traces[it] for it in iteration], pa.binary(16)))
     spans = _replace(spans, "span_id", pa.array(span_id, pa.uint64()))
     return _replace(spans, "parent_span_id", pa.array(parent_id, pa.uint64()))
+
+
+def _link_requests(
+    spans: pa.Table, parent: np.ndarray, store: MeasurementStore, model_run: int
+) -> pa.Table:
+    """Each root an OpenTelemetry span link to the application span (a request) that its
+    iteration's model span ran in, in the run that times it (level M's shallowest); the
+    reconstruction keeps its own trace, so no row keeps an application parent."""
+    n = spans.num_rows
+    spans = _replace(spans, "remote_parent_span_id", pa.nulls(n, pa.uint64()))
+    source = store.run_spans(model_run)
+    steps = source.filter(
+        pc.and_(
+            pc.equal(source.column("kind"), schema.KIND_STEP),
+            pc.is_valid(source.column("remote_parent_span_id")),
+        )
+    )
+    requests = {
+        it: (trace, span)
+        for it, trace, span in zip(
+            steps.column("iteration").to_pylist(),
+            steps.column("trace_id").to_pylist(),
+            steps.column("remote_parent_span_id").to_pylist(),
+            strict=True,
+        )
+    }
+    if not requests:
+        return spans
+    iteration = spans.column("iteration").to_pylist()
+    links = [requests.get(it) if parent[row] < 0 else None for row, it in enumerate(iteration)]
+    spans = _replace(spans, "link_trace_id", pa.array([k and k[0] for k in links], pa.binary(16)))
+    return _replace(spans, "link_span_id", pa.array([k and k[1] for k in links], pa.uint64()))
 
 
 def reconstructed_resource(store: MeasurementStore) -> dict[str, Any]:

@@ -177,6 +177,14 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("start_ns", pa.int64()),
     Column("dur_ns", pa.int64()),
     Column("status_message", _STR),  # null when the span ended normally
+    # A model span whose iteration began inside a recording OpenTelemetry span of the traced
+    # application: that span's id, its parent on the wire (the row's trace id is that span's);
+    # null for xsp's own roots (xsp.tracer.capture.context). parent_span_id stays 0.
+    Column("remote_parent_span_id", pa.uint64()),
+    # An OpenTelemetry span link: a reconstruction's root links the request's span that the
+    # model span it was rebuilt from ran in (the reconstruction keeps its own trace ids).
+    Column("link_trace_id", pa.binary(16)),
+    Column("link_span_id", pa.uint64()),
     Column("level", _DICT, ATTR_LEVEL),
     Column("iteration", pa.int32(), ATTR_ITERATION),
     # multi-rank jobs: the rank on every span of a rank, the world size on its step and the root

@@ -43,7 +43,9 @@ class ProfileSpec:
     starts (``xsp run --fix``, ``xsp verify``); an unknown name raises ConfigError.
     ``numerics_probe``: record the root module's first forward pass (its inputs' checksum, its
     output's first values) for ``xsp verify`` to compare runs without and with a fix
-    (``xsp.tracer.workloads.numerics``)."""
+    (``xsp.tracer.workloads.numerics``). ``iteration_fn``: ``MODULE.QUALNAME`` of a function
+    each call of which is one iteration of a command (``xsp.tracer.capture.iterations``);
+    without it, optimizer steps or the root module's calls are."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -58,6 +60,7 @@ class ProfileSpec:
     counter_iterations: int = 1
     fixes: tuple[str, ...] = field(default_factory=tuple)
     numerics_probe: bool = False
+    iteration_fn: str | None = None
 
     def __post_init__(self) -> None:
         from xsp.tracer.workloads import fixes

@@ -373,6 +373,8 @@ def _listed_levels(path: Path, manifest: dict[str, Any]) -> list[tuple[str, str 
         levels = entry.get("levels") if isinstance(entry, dict) else None
         if not isinstance(levels, str) or not levels:
             raise StoreError(f"{path}: runs[{index}] has no 'levels' (a level set such as \"MF\")")
+        if entry.get("stored") is False:
+            continue  # it measured nothing and its directory was removed; the entry says why
         status = entry.get("status")
         listed.append((levels, status if isinstance(status, str) else None))
     return listed

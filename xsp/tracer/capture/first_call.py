@@ -1,7 +1,7 @@
 """The next ``nn.Module`` call, caught once: the root module of a program's first forward pass
-(a model's call comes before its children's). The session begins an unmodified script's first
-iteration there, and the root-module fixes find their model there
-(``xsp.tracer.workloads.fixes``)."""
+(a model's call comes before its children's). The root-module fixes find their model there
+(``xsp.tracer.workloads.fixes``), and the automatic iterations finish a run at the first call
+after its last one (``xsp.tracer.capture.iterations``)."""
 
 from __future__ import annotations
 

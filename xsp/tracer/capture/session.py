@@ -4,11 +4,9 @@ Iterations are marked in one of three ways, all ending in ``begin_iteration``/``
 
 1. ``session.step()`` (``xsp.step()``): ends the open iteration, if any, and begins the next;
 2. ``with session.iteration():`` (``xsp.iteration()``) around one iteration;
-3. automatically, for unmodified training scripts: an iteration runs from one optimizer step to
-   the next (a global optimizer hook), as Nsight's and torch.profiler's step ranges do, so data
-   loading, host-to-device copies and the syncs between steps fall inside it; the first one
-   begins at the first nn.Module call (a global module hook, removed once it has fired, so later
-   module calls pay nothing). An explicit marker switches this off.
+3. automatically, for unmodified scripts (``xsp.tracer.capture.iterations``): each call of a
+   named function (``iteration_fn``), else optimizer steps (training) or, without any during the
+   warm-up, calls of the root module (inference). An explicit marker switches this off.
 
 Levels are switched on between iterations, before the first measured one, and switched off,
 drained, converted and exported once the last measured iteration is over (at the next marker or
@@ -34,8 +32,8 @@ from typing import Any
 import torch
 
 from xsp.tracer import schema, store
+from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
-from xsp.tracer.capture.first_call import NextModuleCall
 from xsp.tracer.capture.levels import (
     Level,
     LevelContext,
@@ -103,7 +101,10 @@ class Session:
         sinks: further sinks (OTLP, in-memory).
         workload: a name for what runs, stored as ``xsp.workload``.
         device: "cpu", "cuda", "cuda:N" or None for the best available.
-        auto_iterations: detect iterations through the optimizer hook (see module docs).
+        auto_iterations: find an unmodified script's iterations (optimizer steps or root-module
+            calls, ``xsp.tracer.capture.iterations``).
+        iteration_fn: ``MODULE.QUALNAME`` of a function each call of which is one iteration
+            (ConfigError when it cannot be found).
         resource: extra resource attributes.
         progress: called with (phase, done, total) after each iteration.
         op_shapes: record aten ops' input shapes and dtypes (level F).
@@ -140,6 +141,7 @@ class Session:
         rank: int | None = None,
         world_size: int | None = None,
         settle: bool = False,
+        iteration_fn: str | None = None,
     ) -> None:
         try:
             level_set = LevelSet(levels)
@@ -147,7 +149,13 @@ class Session:
             raise ConfigError(str(exc)) from exc
         spec = RunSpec(
             level_set,
-            ProfileSpec(iterations=iterations, warmup=warmup, device=device, op_shapes=op_shapes),
+            ProfileSpec(
+                iterations=iterations,
+                warmup=warmup,
+                device=device,
+                op_shapes=op_shapes,
+                iteration_fn=iteration_fn,
+            ),
             out=str(out) if out is not None else None,
             measurement_id=measurement_id,
             run_id=run_id,
@@ -228,7 +236,8 @@ class Session:
             os.environ.setdefault(key, value)
         self._levels: list[Level] = build_levels(self.levels, context)
         self._auto = auto_iterations
-        self._first_call_hook: Any = None
+        self._watch: boundaries.ModelCalls | boundaries.FunctionCalls | None = None
+        self._marked = False  # xsp.step() or xsp.iteration() was called
         self._progress = progress
         self._index = 0  # iterations begun so far, warm-up included
         self._open = False
@@ -244,7 +253,6 @@ class Session:
             self._monitor = GpuMonitor(index if index is not None else torch.cuda.current_device())
         self._errors: list[str] = []
         self._misuse_logged = False
-        self._hooks: list[Any] = []
         self.started_ns = time.time_ns()
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
         self._before_levels = before_levels
@@ -262,18 +270,17 @@ class Session:
         if self._started:
             return self
         self._started = True
+        if self.spec.profile.iteration_fn:  # ConfigError when it cannot be found
+            self._watch = boundaries.FunctionCalls(self.spec.profile.iteration_fn, self)
         _current = self
-        if self._auto:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._hooks = [register_optimizer_step_post_hook(self._auto_end)]
         self._write_meta("running")
         atexit.register(self.close)
         if self.warmup <= 1:
             self._enable_levels()
-        if self._auto:  # after level F wraps module calls: this wrapper must run before F's
-            self._first_call_hook = NextModuleCall(self._auto_begin)
-            self._hooks.append(self._first_call_hook)
+        if self._auto and self._watch is None:
+            # after level F wraps module calls: the root module's iterations must begin
+            # outside F's wrapper, so that the root's own span falls inside them
+            self._watch = boundaries.ModelCalls(self)
         return self
 
     def __enter__(self) -> Session:
@@ -291,15 +298,15 @@ class Session:
             return self.result
         self._closed = True
         try:
+            if isinstance(self._watch, boundaries.ModelCalls):
+                self._watch.settle()
             if self._open:
                 # a tail after the last step (a script that stepped fewer times than asked) is
                 # kept, marked failed, so not counted as measured
                 self.end_iteration(error=error or "the session closed inside this iteration")
             self._finish(error, interrupted)
         finally:
-            for hook in self._hooks:
-                hook.remove()
-            self._hooks = []
+            self._remove_watch()
             if _current is self:
                 _current = None
             atexit.unregister(self.close)
@@ -308,7 +315,24 @@ class Session:
     # -- iteration markers ------------------------------------------------------------------------
     @property
     def measuring(self) -> bool:
+        """The open iteration, or the next one to begin, is a measured one."""
         return self.warmup <= self._index < self.warmup + self.iterations
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def iteration_boundary(self) -> str | None:
+        """What ended this run's iterations (``xsp.tracer.capture.iterations``), None while
+        nothing has."""
+        if self._marked:
+            return boundaries.MARKED
+        if self._watch is not None and self._watch.boundary is not None:
+            return self._watch.boundary
+        if isinstance(self._watch, boundaries.ModelCalls) and self._index:
+            return boundaries.ROOT_MODULE_CALL  # undecided: the warm-up's were root calls
+        return None
 
     def begin_iteration(self) -> None:
         if self._finish_pending:
@@ -374,48 +398,31 @@ class Session:
         return self._index >= self.warmup + self.iterations
 
     # -- internals ----------------------------------------------------------------------------------
-    def _auto_begin(self, module: Any) -> None:
-        """The first module call begins the first iteration; later ones come from the steps."""
-        if self._first_call_hook is not None:
-            self._hooks.remove(self._first_call_hook)
-            self._first_call_hook = None
-        if not self._open:
-            try:
-                self.begin_iteration()
-            except Exception:
-                self._misuse("automatic iteration start failed")
-
-    def _auto_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """An optimizer step ends the iteration and begins the next one. After the last one
-        the levels stay on until the next module call (or the close): this hook runs inside the
-        optimizer's own range, which would otherwise be cut short."""
-        try:
-            self.end_iteration()
-            if self._finish_pending:
-                self._hooks.append(NextModuleCall(self._finish_at_next_call))
-                return
-            self.begin_iteration()
-        except Exception:
-            self._misuse("automatic iteration end failed")
-
-    def _finish_at_next_call(self, module: Any) -> None:
-        for hook in self._hooks:  # the run is over: no more iterations to detect
-            hook.remove()
-        self._hooks = []
+    def finish_if_done(self) -> None:
+        """Store the run now if its last measured iteration is over (an automatic boundary
+        calls this where no profiler range is open)."""
         if self._finish_pending:
             try:
                 self._finish(None)
             except Exception:
                 self._misuse("finishing the run failed")
 
+    def note(self, what: str) -> None:
+        """Something an automatic boundary wants in ``run.json`` (logged once)."""
+        self._misuse(what)
+
+    def _remove_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.remove()
+
     def _auto_off(self) -> None:
-        if self._auto:
-            self._auto = False
-            for hook in self._hooks:
-                hook.remove()
-            self._hooks = []
-            self._first_call_hook = None
-            log.info("xsp: explicit iteration markers found; optimizer-step detection is off")
+        if self._marked:
+            return
+        self._marked = True
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
+            log.info("xsp: explicit iteration markers found; automatic boundaries are off")
 
     def add_error(self, message: str) -> None:
         """Record a failure outside the session's own work (a fix that could not apply) in
@@ -486,9 +493,7 @@ class Session:
         if self._calibration is not None and self._calibration.result is not None:
             counts["calibration"] = self._calibration.result
         raw = self._drain_levels(stopped, counts, losses)
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self._remove_watch()  # the run is over: no more iterations to find
         losses.missing.extend(capture_losses(counts))
         samples = self._stop_monitor(counts)
         self._phase_ns["drained"] = time.time_ns()
@@ -593,13 +598,7 @@ class Session:
         ended = min(self._index - self.warmup, self.iterations)
         measured = max(0, ended - len(self._failures))
         if measured == 0 and not interrupted and error is None:
-            hint = (
-                ": an unmodified script's iterations end at optimizer.step(); mark an inference "
-                "loop's with xsp.step()"
-                if self._auto
-                else ""
-            )
-            losses.fatal.append(f"0 of {self.iterations} iterations measured{hint}")
+            losses.fatal.append(f"0 of {self.iterations} iterations measured: {self._why_none()}")
         elif measured < self.iterations:
             losses.missing.append(f"{measured} of {self.iterations} iterations measured")
         error = error or self._level_failure or (losses.fatal[0] if losses.fatal else None)
@@ -619,6 +618,25 @@ class Session:
             status_reasons=list(dict.fromkeys(reasons)),
             **counts,
         )
+
+    def _why_none(self) -> str:
+        """Why a run measured no iteration, in words a user can act on."""
+        boundary = self.iteration_boundary
+        if self._index > 0:
+            return (
+                f"the program ran {self._index} iteration(s) ({boundary}), "
+                f"all of them warm-up (--warmup {self.warmup})"
+            )
+        if isinstance(self._watch, boundaries.FunctionCalls):
+            return (
+                f"{self._watch.boundary.removeprefix(boundaries.FUNCTION_PREFIX)} was never called"
+            )
+        if self._auto and not self._marked:
+            return (
+                "the program called no nn.Module with parameters and no optimizer.step(); mark "
+                "its iterations with xsp.step() or name a function with --iteration-fn"
+            )
+        return "no iteration was marked"
 
     def _level_counts(self, level: Level) -> dict[str, Any]:
         """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""
@@ -663,6 +681,7 @@ class Session:
             "error": error,
             "iterations_requested": self.iterations,
             "iterations_measured": measured,
+            "iteration_boundary": self.iteration_boundary,
             "warmup": self.warmup,
             **self._warmup.report(),
             "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},

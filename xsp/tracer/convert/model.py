@@ -21,8 +21,17 @@ RANK_STEP_NAME = "rank {rank}"
 
 
 def convert_model(table: SpanTable, steps: StepRecords) -> None:
-    """Level M: one span per iteration, with the NVML samples of its time summarized on it."""
+    """Level M: one span per iteration, with the NVML samples of its time summarized on it. An
+    iteration that began inside an application's OpenTelemetry span (single-rank: a rank's step
+    hangs under the iteration's root across ranks) is put in that span's trace, its model span
+    a child of it on the wire (``remote_parent_span_id``)."""
     block = _step_block(steps, table.failures, table.rank, table.world_size)
+    if table.rank is None and steps.app_parents:
+        table.app_parents = dict(steps.app_parents)
+        parents = [steps.app_parents.get(int(it)) for it in block.iteration]
+        block.columns["remote_parent_span_id"] = pa.array(
+            [p[1] if p is not None else None for p in parents], pa.uint64()
+        )
     monitor = table.monitor
     if monitor is not None and monitor.time_ns:
         summary = summarize(monitor, list(steps.start_ns), list(steps.end_ns))

@@ -38,11 +38,13 @@ GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
 
 @dataclass
 class StepRecords:
-    """Raw model-level records: one row per measured iteration."""
+    """Raw model-level records: one row per measured iteration. ``app_parents``: iteration ->
+    (trace id, span id) of the application's OpenTelemetry span it began in, where it did."""
 
     iteration: list[int] = field(default_factory=list)
     start_ns: list[int] = field(default_factory=list)
     end_ns: list[int] = field(default_factory=list)
+    app_parents: dict[int, tuple[bytes, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 Each level's conversion (``xsp.tracer.convert.spans.CONVERSIONS``) turns its records into a
 ``Block`` of rows with local parent links and adds it to the ``SpanTable``, which gives every row a
 span id, turns local links into span ids and hangs each block's top-level rows under the model span
-of their iteration (or under the rows of an earlier block they name). Pure functions, no torch.
+of their iteration (or under the rows of an earlier block they name). Every row takes its
+iteration's trace id: the application's, where the iteration began inside one of its
+OpenTelemetry spans (``app_parents``, set by level M's conversion), else xsp's own
+(``schema.trace_id_for``). Pure functions, no torch.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class SpanTable:
         self.steps = StepRecords()
         self.step_rows: dict[int, int] = {}
         self.step_ids = np.zeros(0, dtype=np.uint64)
+        # iteration -> (trace id, span id) of the application span it began in (single-rank)
+        self.app_parents: dict[int, tuple[bytes, int]] = {}
         # what deeper levels hang under: F's ops and compiled kernels' sources, L's API calls
         self.framework: Placed | None = None
         self.kernel_sources: dict[str, list[list[str]]] = {}
@@ -116,10 +121,41 @@ class SpanTable:
             parent_ids = np.where(block.parent >= 0, local, top).astype(np.uint64)
         if self.rank is not None:
             block.columns["rank"] = arrow(np.full(n, self.rank, np.int32))
-        self.tables.append(_block_table(self.run_id, self.levels, block, ids, parent_ids))
+        self.tables.append(self._block_table(block, ids, parent_ids))
         counts = self.report.counts_by_level
         counts[block.level] = counts.get(block.level, 0) + n
         return ids
+
+    def trace_id(self, iteration: int) -> bytes:
+        """The trace id of an iteration: its application span's, else xsp's own."""
+        app = self.app_parents.get(iteration)
+        return (
+            app[0] if app is not None else schema.trace_id_for(self.run_id, self.levels, iteration)
+        )
+
+    def _block_table(self, block: Block, ids: np.ndarray, parent_ids: np.ndarray) -> pa.Table:
+        n = len(block)
+        unique, position = np.unique(block.iteration, return_inverse=True)
+        trace_ids = arrow([self.trace_id(int(it)) for it in unique], pa.binary(16))
+        data: dict[str, Any] = {
+            "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
+            "span_id": arrow(ids, pa.uint64()),
+            "parent_span_id": arrow(parent_ids, pa.uint64()),
+            "level": pa.DictionaryArray.from_arrays(
+                arrow(np.zeros(n, dtype=np.int32)), arrow([block.level], pa.string())
+            ),
+            "iteration": arrow(block.iteration, pa.int32()),
+        }
+        data.update(block.columns)
+        columns = []
+        nulls = NullColumns(n)
+        for field_ in schema.SPAN_SCHEMA:
+            value = data.get(field_.name)
+            if value is None:
+                columns.append(nulls(field_.type))
+            else:
+                columns.append(_as_arrow(value, field_.type))
+        return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
 
     def finish(self) -> tuple[pa.Table, ConversionReport]:
         table = pa.concat_tables(self.tables, promote_options="permissive")
@@ -150,35 +186,6 @@ def _lookup(mapping: dict[int, int], keys: np.ndarray) -> np.ndarray:
     unique, position = np.unique(keys, return_inverse=True)
     values = np.array([mapping.get(int(k), -1) for k in unique], dtype=np.int64)
     return values[position] if len(keys) else np.zeros(0, dtype=np.int64)
-
-
-def _block_table(
-    run_id: str, levels: str, block: Block, ids: np.ndarray, parent_ids: np.ndarray
-) -> pa.Table:
-    n = len(block)
-    unique, position = np.unique(block.iteration, return_inverse=True)
-    trace_ids = arrow(
-        [schema.trace_id_for(run_id, levels, int(it)) for it in unique], pa.binary(16)
-    )
-    data: dict[str, Any] = {
-        "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
-        "span_id": arrow(ids, pa.uint64()),
-        "parent_span_id": arrow(parent_ids, pa.uint64()),
-        "level": pa.DictionaryArray.from_arrays(
-            arrow(np.zeros(n, dtype=np.int32)), arrow([block.level], pa.string())
-        ),
-        "iteration": arrow(block.iteration, pa.int32()),
-    }
-    data.update(block.columns)
-    columns = []
-    nulls = NullColumns(n)
-    for field_ in schema.SPAN_SCHEMA:
-        value = data.get(field_.name)
-        if value is None:
-            columns.append(nulls(field_.type))
-        else:
-            columns.append(_as_arrow(value, field_.type))
-    return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
 
 
 def _as_arrow(value: Any, type_: pa.DataType) -> pa.Array:

@@ -4,6 +4,11 @@
 without OTel SDK span objects; ``request_to_json`` renders it as OTLP/JSON, as the OpenTelemetry
 file-exporter and OTLP/HTTP JSON specs ask: lowerCamelCase keys, enums as integers, 64-bit integers
 as strings and trace/span ids as hex strings.
+
+A model span that ran inside an application's OpenTelemetry span (``remote_parent_span_id``)
+has that span as its parent on the wire, so a tracing backend shows the model under the request;
+a reconstruction's root carries an OpenTelemetry span link to it (``link_trace_id``,
+``link_span_id``). Decoding puts both back into their columns.
 """
 
 from __future__ import annotations
@@ -80,11 +85,13 @@ def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
 def _span_rows(
     resource: Mapping[str, Any], table: pa.Table
 ) -> Iterator[tuple[bytes, int, int, str, int, int, list[tuple[str, Any]], str | None]]:
-    """Each row of ``table`` as the wire has it: trace id, span id, parent id (0: none), name
-    (a root's is its trace title), start and end ns, the set attributes and the error message.
-    Both encoders (protobuf and OTLP/JSON) read spans through it."""
+    """Each row of ``table`` as the wire has it: trace id, span id, parent id (0: none; an
+    application's span above a model span), name (a root's is its trace title), start and end
+    ns, the set attributes and the error message. Both encoders (protobuf and OTLP/JSON) read
+    spans through it."""
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     n = table.num_rows
+    remote = cols.get("remote_parent_span_id") or [None] * n
     kinds = cols.get("kind") or [None] * n
     iterations = cols.get("iteration") or [None] * n
     messages = cols.get("status_message") or [None] * n
@@ -99,13 +106,22 @@ def _span_rows(
         yield (
             cols["trace_id"][row],
             cols["span_id"][row],
-            parent,
+            parent or remote[row] or 0,
             trace_title(resource, iterations[row]) if root else cols["name"][row],
             start,
             start + cols["dur_ns"][row],
             [(key, values[row]) for values, key in attribute_columns if values[row] is not None],
             messages[row],
         )
+
+
+def _span_links(table: pa.Table) -> list[tuple[bytes, int] | None]:
+    """Each row's OpenTelemetry span link (trace id, span id), None where it has none."""
+    if "link_span_id" not in table.column_names or "link_trace_id" not in table.column_names:
+        return [None] * table.num_rows
+    traces = table.column("link_trace_id").to_pylist()
+    spans = table.column("link_span_id").to_pylist()
+    return [(t, s) if t and s else None for t, s in zip(traces, spans, strict=True)]
 
 
 def encode_resource_spans(
@@ -127,9 +143,12 @@ def encode_resource_spans(
                 if message is not None
                 else Status(code=Status.STATUS_CODE_UNSET)
             ),
+            links=[Span.Link(trace_id=link[0], span_id=link[1].to_bytes(8, "big"))]
+            if link is not None
+            else [],
         )
-        for trace_id, span_id, parent, name, start, end, attributes, message in _span_rows(
-            resource, table
+        for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
+            _span_rows(resource, table), _span_links(table), strict=True
         )
     ]
     return ResourceSpans(
@@ -157,8 +176,8 @@ def encode_request_json(
     OTLP/JSON (hex ids, integer enums, 64-bit integers as strings, defaults left out) at a
     fraction of the cost (protobuf's MessageToDict took about 140 µs a span)."""
     spans = []
-    for trace_id, span_id, parent, name, start, end, attributes, message in _span_rows(
-        resource, table
+    for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
+        _span_rows(resource, table), _span_links(table), strict=True
     ):
         span: dict[str, Any] = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
         if parent:
@@ -178,6 +197,8 @@ def encode_request_json(
             span["status"] = {"message": message, "code": Status.STATUS_CODE_ERROR}
         else:
             span["status"] = {"code": Status.STATUS_CODE_ERROR}
+        if link is not None:
+            span["links"] = [{"traceId": link[0].hex(), "spanId": f"{link[1]:016x}"}]
         spans.append(span)
     scope: dict[str, Any] = {"name": SCOPE_NAME}
     if scope_version:
@@ -216,6 +237,10 @@ def request_to_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
                 for key in _ID_KEYS:
                     if key in span:
                         span[key] = _b64_to_hex(span[key])
+                for link in span.get("links", []):
+                    for key in ("traceId", "spanId"):
+                        if key in link:
+                            link[key] = _b64_to_hex(link[key])
     return data
 
 
@@ -380,6 +405,8 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
         assert column.attribute is not None
         slots[column.attribute] = ([None] * n, _KINDS[column.attribute])
     trace_ids, span_ids, parents, names, starts, durs, statuses = [], [], [], [], [], [], []
+    link_traces: list[bytes | None] = [None] * n
+    link_spans: list[int | None] = [None] * n
     error_code = Status.STATUS_CODE_ERROR
     for row, span in enumerate(spans):
         trace_ids.append(span.trace_id)
@@ -391,14 +418,22 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
         durs.append(max(0, span.end_time_unix_nano - start))
         status = span.status
         statuses.append((status.message or "error") if status.code == error_code else None)
+        if span.links:
+            link_traces[row] = span.links[0].trace_id
+            link_spans[row] = int.from_bytes(span.links[0].span_id, "big")
         for kv in span.attributes:
             slot = slots.get(kv.key)
             if slot is not None:
                 slot[0][row] = _typed(kv.value, slot[1])
+    kinds = slots[schema.ATTR_KIND][0]
+    remote = _remote_parents(trace_ids, span_ids, parents, kinds)
     columns: dict[str, list[Any]] = {
         "trace_id": trace_ids,
         "span_id": span_ids,
         "parent_span_id": parents,
+        "remote_parent_span_id": remote,
+        "link_trace_id": link_traces,
+        "link_span_id": link_spans,
         "name": names,
         "start_ns": starts,
         "dur_ns": durs,
@@ -417,6 +452,20 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
         else:
             arrays.append(pa.array(values, field_.type))
     return pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+
+
+def _remote_parents(
+    trace_ids: list[bytes], span_ids: list[int], parents: list[int], kinds: list[Any]
+) -> list[int | None]:
+    """The application spans above model spans: a root kind's parent that is no span of the
+    request is moved out of ``parents`` (0 there: xsp's tree keeps its root) into the list
+    returned (None elsewhere)."""
+    remote: list[int | None] = [None] * len(parents)
+    known = set(zip(trace_ids, span_ids, strict=True))
+    for row, parent in enumerate(parents):
+        if parent and kinds[row] in _ROOT_KINDS and (trace_ids[row], parent) not in known:
+            remote[row], parents[row] = parent, 0
+    return remote
 
 
 class _Kind:

@@ -279,6 +279,9 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     if args.run.rank is None and launcher.is_launcher(command):
         return _run_launcher(args, command)
     run = dataclasses.replace(args.run, workload=args.run.workload or " ".join(command)[:200])
+    # as python puts it first: the working directory for -m and -c, else the script's own; set
+    # before the session, which imports the function --iteration-fn names from there
+    sys.path.insert(0, os.getcwd() if command[0] in ("-m", "-c") else _script_dir(command[0]))
     session = _session(args, run, auto_iterations=True, resource=_fixes_resource(run.profile.fixes))
     root = _root_changes(session, session.device)
     if root is not None:
@@ -289,16 +292,12 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
         check_program(command)  # the runner checked it too; a rank worker's, only here
         if command[0] == "-m":
             sys.argv = command[1:]
-            sys.path.insert(0, os.getcwd())  # as python -m puts it first
             runpy.run_module(command[1], run_name="__main__", alter_sys=True)
         elif command[0] == "-c":
             sys.argv = ["-c", *command[2:]]
-            sys.path.insert(0, os.getcwd())
             exec(compile(command[1], "<string>", "exec"), {"__name__": "__main__"})
         else:
-            script = Path(command[0])
-            sys.path.insert(0, str(script.resolve().parent))
-            runpy.run_path(str(script), run_name="__main__")
+            runpy.run_path(command[0], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:
@@ -323,6 +322,10 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     _hold_interrupts()
     session.close()
     return code
+
+
+def _script_dir(script: str) -> str:
+    return str(Path(script).resolve().parent)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,11 @@ class LeveledResult:
         return "error" if any(r["status"] == "error" for r in self.runs) else "partial"
 
     @property
+    def stored(self) -> bool:
+        """Whether any level set stored a run (one that measured nothing is removed)."""
+        return any(r.get("stored", True) for r in self.runs)
+
+    @property
     def failure(self) -> str | None:
         for run in self.runs:
             if run["status"] != "ok":
@@ -194,6 +199,12 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
         raise ConfigError(f"bad --warmup {profile.warmup}: must be 0 or more")
     if (profile.model is None) == (not profile.command):
         raise ConfigError("give either --model NAME or a Python command after --")
+    if profile.iteration_fn is not None:
+        if profile.model is not None:
+            raise ConfigError("--iteration-fn names a function of a Python command, not of --model")
+        from xsp.tracer.capture.iterations import check_name
+
+        check_name(profile.iteration_fn)
     if profile.model is not None:
         from xsp.tracer.workloads import zoo
 
@@ -272,6 +283,7 @@ def run_leveled(
     }
     if skipped:
         manifest["skipped"] = [{"levels": k, "reason": v} for k, v in skipped.items()]
+    fresh = not spec.out.exists() or not any(spec.out.iterdir())
     store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     result = LeveledResult(spec.out, measurement_id, manifest["runs"])
     result.skipped = list(skipped.values())
@@ -295,7 +307,7 @@ def run_leveled(
         for i in range(len(level_sets)):
             if process is None:  # never: each turn starts the next or breaks
                 break
-            entry = _complete(spec, process, progress)
+            entry = _drop_empty(spec, _complete(spec, process, progress))
             process = None
             manifest["runs"].append(entry)
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
@@ -317,8 +329,25 @@ def run_leveled(
                 manifest["runs"].append(_interrupt(spec, process, progress))
         manifest["interrupted_ns"] = time.time_ns()
     manifest["status"] = result.status
-    store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+    if fresh and result.runs and not result.stored and _only_manifest(spec.out):
+        shutil.rmtree(spec.out, ignore_errors=True)  # nothing measured: no empty measurement
+    else:  # a campaign's stderr logs stay, with the manifest that says why
+        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _only_manifest(out: Path) -> bool:
+    return all(p.name == store.MANIFEST for p in out.iterdir())
+
+
+def _drop_empty(spec: LeveledSpec, entry: dict[str, Any]) -> dict[str, Any]:
+    """Remove the directory of a level-set run that measured nothing and stored no span: its
+    manifest entry keeps why (``stored``: false), and readers skip it."""
+    empty = entry.get("status") == "error" and not entry.get("iterations_measured")
+    if empty and not entry.get("spans") and not entry.get("timed_out"):
+        shutil.rmtree(spec.out / entry["levels"], ignore_errors=True)
+        entry["stored"] = False
+    return entry
 
 
 @contextlib.contextmanager

@@ -5,6 +5,10 @@ native op records, with CUPTI's shifted onto it) right after the device has drai
 span's duration is the true step latency, with no queued GPU work spilling into the next
 iteration. Each finished iteration goes into the capture arena at once, so it survives a program
 that dies later.
+
+An iteration that begins inside a recording OpenTelemetry span of the application joins that
+span's trace (``xsp.tracer.capture.context``): the span is read once, before the clock starts,
+and kept here beside the arena (a dead process's recovered run keeps xsp's own ids).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from typing import Any
 
 from xsp.tracer.capture.arena import CaptureArena
+from xsp.tracer.capture.context import SpanRef, application_span
 from xsp.tracer.convert.arena import step_records
 from xsp.tracer.convert.records import StepRecords
 
@@ -24,11 +29,15 @@ class ModelLevel:
         self._sync = _synchronizer(device)
         self._arena = arena
         self._open: tuple[int, int] | None = None
+        self._app_parents: dict[int, SpanRef] = {}
 
     def enable(self) -> None:
         self._arena.open()
 
     def begin_iteration(self, index: int) -> None:
+        parent = application_span()
+        if parent is not None:
+            self._app_parents[index] = parent
         self._sync()
         self._open = (index, time.time_ns())
 
@@ -45,7 +54,9 @@ class ModelLevel:
         pass
 
     def drain(self) -> StepRecords:
-        return step_records(self._arena.contents())
+        records = step_records(self._arena.contents())
+        records.app_parents = dict(self._app_parents)
+        return records
 
     def counts(self) -> dict[str, Any]:
         """What the arena could not hold (merged into run.json)."""
