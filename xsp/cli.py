@@ -309,6 +309,7 @@ def push(
         f"sent {sink.spans_sent} spans{added} in {sink.requests_sent} requests to "
         f"{config.endpoint} ({config.protocol})",
         highlight=False,
+        soft_wrap=True,
     )
     link = _jaeger_link(ui_url or _default_ui(config.endpoint), batches, not as_stored)
     if link:
