@@ -271,3 +271,27 @@ def test_push_shows_progress_and_prints_the_jaeger_link(mf_table: pa.Table, tmp_
     (run,) = store.open_measurement(tmp_path / "collected" / "view")
     assert run.spans().num_rows == mf_table.num_rows  # pushed twice, stored once, as stored
     assert run.resource[schema.RES_SERVICE_NAME] == "xsp"
+
+
+def test_a_moved_span_without_a_valid_stored_parent_is_refused_at_the_door(
+    mf_table: pa.Table,
+) -> None:
+    from xsp.collector import ingest_view
+
+    transport = _Collecting()
+    OtlpSink(transport).export(SpanBatch.of(RESOURCE, mf_table))
+    (request,) = transport.requests
+    moved = next(
+        kv
+        for rs in request.resource_spans
+        for span in rs.scope_spans[0].spans
+        for kv in span.attributes
+        if kv.key == schema.ATTR_VIEW_STORED_PARENT
+    )
+    assert otlp.validate(request) > mf_table.num_rows
+    moved.value.string_value = "not-a-span-id"
+    message = "xsp.view.stored_parent 'not-a-span-id' is not a span id of 16 hex digits"
+    with pytest.raises(otlp.DecodeError, match=message):
+        otlp.validate(request)
+    with pytest.raises(otlp.DecodeError, match=message):
+        ingest_view.check(request.SerializeToString())

@@ -26,7 +26,8 @@ Algorithm (``with_backward_layers``), per trace, parent and thread:
    innermost open one, or under the nodes' own parent. A node without a layer leaves the stack
    as it is: it stays where it was stored (``AccumulateGrad`` runs between a layer's nodes).
 3. Each layer span lasts from its first node's start to its last node's end; its id is a hash of
-   the trace, its parent, its path and its ordinal, so two exports agree.
+   the trace, its parent, its path and its first node's id, so two exports agree and batches
+   of one trace never make the same id twice.
 """
 
 from __future__ import annotations
@@ -130,19 +131,16 @@ def _lay_out(
     first = members[0][1]
     trace_id, root_parent = first["trace_id"], first["parent_span_id"]
     stack: list[dict[str, Any]] = []
-    ordinals: dict[str, int] = defaultdict(int)
     for row, node in members:
         path = node["module_path"]
         while stack and not _within(path, stack[-1]["module_path"]):
             stack.pop()
         prefixes = _prefixes(path)
         for prefix in prefixes[len(stack) :]:
-            ordinals[prefix] += 1
             span = _layer_span(
                 trace_id,
                 stack[-1]["span_id"] if stack else root_parent,
                 prefix,
-                ordinals[prefix],
                 types.get(prefix),
                 node,
             )
@@ -168,11 +166,11 @@ def _layer_span(
     trace_id: bytes,
     parent: int,
     path: str,
-    ordinal: int,
     module_type: str | None,
     node: Mapping[str, Any],
 ) -> dict[str, Any]:
-    seed = b"%s/%d/%s/%d" % (trace_id, parent, path.encode(), ordinal)
+    """A layer's backward span, opened at ``node``, its first."""
+    seed = b"%s/%d/%s/%d" % (trace_id, parent, path.encode(), node["span_id"])
     span_id = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big") or 1
     return {
         "trace_id": trace_id,
