@@ -156,7 +156,9 @@ def test_http_protobuf_export_with_retry(http_endpoint: str, table: pa.Table) ->
     _Receiver.answers = [503]
     config = OtlpConfig.from_env(http_endpoint, env={})
     assert config is not None and config.endpoint.endswith("/v1/traces")
-    sink = OtlpSink(HttpTransport(config, sleep=lambda s: None), max_spans_per_request=1000)
+    sink = OtlpSink(
+        HttpTransport(config, sleep=lambda s: None), max_spans_per_request=1000, view=False
+    )
     sink.export(SpanBatch.of(RESOURCE, table))
     sent = 0
     for content_type, body in _Receiver.received:
@@ -215,7 +217,7 @@ def test_grpc_export_with_headers(table: pa.Table) -> None:
         config = OtlpConfig.from_env(f"http://127.0.0.1:{port}", env=env)
         assert config is not None
         transport = GrpcTransport(config)
-        OtlpSink(transport).export(SpanBatch.of(RESOURCE, table))
+        OtlpSink(transport, view=False).export(SpanBatch.of(RESOURCE, table))
         transport.close()
     finally:
         server.stop(None)

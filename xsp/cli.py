@@ -32,6 +32,7 @@ from xsp.tracer.export.formats import FORMATS
 
 if TYPE_CHECKING:
     from xsp.tracer.export.formats import ExportSource, RunSpans
+    from xsp.tracer.export.sinks import SpanBatch
     from xsp.tracer.store import Run
 
 console = Console(stderr=True)
@@ -287,11 +288,27 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
 @click.option("--reconstructed", is_flag=True, help="Send the leveled reconstruction instead.")
-def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
-    """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint.
+@click.option(
+    "--as-stored",
+    is_flag=True,
+    help="Send the spans as stored: one service, stored names and parents (no viewer layout).",
+)
+@click.option(
+    "--ui",
+    "ui_url",
+    help="Jaeger UI base URL for the printed link (default: the endpoint's host, port 16686).",
+)
+def push(
+    run_dir: Path, endpoint: str | None, reconstructed: bool, as_stored: bool, ui_url: str | None
+) -> None:
+    """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint, and print the Jaeger
+    UI link that finds its traces.
 
     One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
-    OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout.
+    OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout. The spans go out
+    laid out for Jaeger (docs/export.md): one service per level (<service>.model, .framework,
+    .library, .gpu), each layer's backward under a "<layer> (backward)" span, short kernel
+    names (the full name in xsp.kernel.name); the xsp collector stores them as the tracer did.
     """
     from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
@@ -301,17 +318,67 @@ def push(run_dir: Path, endpoint: str | None, reconstructed: bool) -> None:
     config = OtlpConfig.from_env(endpoint)
     if config is None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
-    sink = OtlpSink(make_transport(config))
-    try:
-        for spans in _source(run_dir, runs, reconstructed).spans():
-            sink.export(spans.batch)
-    finally:
-        sink.shutdown()
+    with console.status("reading the spans" + (" and rebuilding them" if reconstructed else "")):
+        batches = [spans.batch for spans in _source(run_dir, runs, reconstructed).spans()]
+    total = sum(batch.table.num_rows for batch in batches)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("sending spans", total=total)
+        sink = OtlpSink(
+            make_transport(config),
+            view=not as_stored,
+            on_sent=lambda spans: bar.advance(task, spans),
+        )
+        try:
+            for batch in batches:
+                sink.export(batch)
+        finally:
+            sink.shutdown()
+    added = f" and {sink.view_spans_sent} backward layer spans" if sink.view_spans_sent else ""
     console.print(
-        f"sent {sink.spans_sent} spans in {sink.requests_sent} requests to {config.endpoint} "
-        f"({config.protocol})",
+        f"sent {sink.spans_sent} spans{added} in {sink.requests_sent} requests to "
+        f"{config.endpoint} ({config.protocol})",
         highlight=False,
+        soft_wrap=True,
     )
+    link = _jaeger_link(ui_url or _default_ui(config.endpoint), batches, not as_stored)
+    if link:
+        out_console.print(f"open in Jaeger: {link}", highlight=False, soft_wrap=True)
+
+
+#: Jaeger's query service (its UI) listens here unless configured otherwise.
+JAEGER_UI_PORT = 16686
+
+
+def _default_ui(endpoint: str) -> str:
+    """The Jaeger UI next to an OTLP endpoint: the endpoint's host, port 16686."""
+    import urllib.parse
+
+    host = urllib.parse.urlsplit(endpoint).hostname or "127.0.0.1"
+    return f"http://{host if ':' not in host else f'[{host}]'}:{JAEGER_UI_PORT}"
+
+
+def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | None:
+    """The UI's search for the pushed traces: the model level's service over the measurement's
+    time range (microseconds, as the UI's URL takes them), so a run of any age is found."""
+    import urllib.parse
+
+    from xsp.tracer import schema
+
+    tables = [b.table for b in batches if b.table.num_rows]
+    if not tables:
+        return None
+    start = min(pc.min(t.column("start_ns")).as_py() for t in tables)
+    end = max(pc.max(pc.add(t.column("start_ns"), t.column("dur_ns"))).as_py() for t in tables)
+    service = str(batches[0].resource.get(schema.RES_SERVICE_NAME) or schema.SERVICE_NAME)
+    query = {
+        "service": f"{service}.{schema.LEVEL_MODEL}" if per_level else service,
+        "start": start // 1000,
+        "end": -(-end // 1000),
+        "lookback": "custom",
+        "limit": 100,
+    }
+    return f"{ui.rstrip('/')}/search?{urllib.parse.urlencode(query)}"
 
 
 @main.group()

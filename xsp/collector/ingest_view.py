@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401  (AnyValue in the pool)
 
+from xsp.tracer import schema
 from xsp.tracer.export import otlp
 
 _PACKAGE = "xsp.ingest_view"
@@ -72,6 +73,7 @@ def _build() -> Any:
 
 _Request = _build()
 _NUMERIC_KEYS = frozenset(otlp._NUMERIC)
+_STORED_PARENT = schema.ATTR_VIEW_STORED_PARENT
 
 
 def check(body: bytes) -> int:
@@ -104,6 +106,11 @@ def check(body: bytes) -> int:
                         continue  # any int64 fits an int64 column
                     try:
                         typed(value, kind)
+                    except otlp.DecodeError as exc:
+                        raise otlp.DecodeError(f"span {span.name[:60]!r}: {exc}") from None
+                if _STORED_PARENT in attributes:  # a viewer layout's (xsp.tracer.export.view)
+                    try:
+                        otlp._stored_parent(attributes[_STORED_PARENT])
                     except otlp.DecodeError as exc:
                         raise otlp.DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1

@@ -101,6 +101,14 @@ ATTR_COLLECTIVE_BYTES: Final = "xsp.collective.bytes"
 #: On a reconstruction's layer (module) spans: the GPU time of the layer's kernels in the
 #: iteration, forward and backward (every call of the layer), from the G run
 ATTR_LAYER_GPU_NS: Final = "xsp.layer.gpu_ns"
+# Attributes of the layout sent to trace viewers only (xsp.tracer.export.view), never stored: the
+# decoder undoes what they mark.
+#: A kernel's full name where the span's name is its short form (xsp.tracer.export.kernel_names)
+ATTR_KERNEL_NAME: Final = "xsp.kernel.name"
+#: true on a span the viewer layout added (a layer's backward span); the decoder drops it
+ATTR_VIEW_ADDED: Final = "xsp.view.added"
+#: the stored parent (16 hex digits) of a span the viewer layout moved under an added span
+ATTR_VIEW_STORED_PARENT: Final = "xsp.view.stored_parent"
 
 # Resource attribute keys.
 RES_SERVICE_NAME: Final = "service.name"
@@ -125,6 +133,9 @@ RES_RECONSTRUCTED: Final = "xsp.reconstructed"  # true on a leveled reconstructi
 RES_RECONSTRUCTED_FROM: Final = "xsp.reconstructed.from"  # its level sets, "M,MF,MFLG"
 #: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see xsp.tracer.export.otlp.
 RES_JAEGER_HOST_KEY: Final = "ip"
+#: On a level's own resource (service "<service>.<level>", xsp.tracer.export.view): the run's
+#: own service name, which the decoder puts back.
+RES_SERVICE_BASE: Final = "xsp.service.base"
 
 SERVICE_NAME: Final = "xsp"
 

@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.json_format import MessageToDict
@@ -26,6 +27,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from xsp.tracer import schema
+from xsp.tracer.export.kernel_names import short_kernel_name
+from xsp.tracer.export.view import WIRE_COLUMNS, level_resource, stored_resource
 
 SCOPE_NAME = "xsp"
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
@@ -83,12 +86,13 @@ def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _span_rows(
-    resource: Mapping[str, Any], table: pa.Table
+    resource: Mapping[str, Any], table: pa.Table, view: bool = False
 ) -> Iterator[tuple[bytes, int, int, str, int, int, list[tuple[str, Any]], str | None]]:
     """Each row of ``table`` as the wire has it: trace id, span id, parent id (0: none; an
-    application's span above a model span), name (a root's is its trace title), start and end
-    ns, the set attributes and the error message. Both encoders (protobuf and OTLP/JSON) read
-    spans through it."""
+    application's span above a model span), name (a root's is its trace title; with ``view``, a
+    kernel's is its short name, its full name an attribute), start and end ns, the set
+    attributes and the error message. Both encoders (protobuf and OTLP/JSON) read spans through
+    it."""
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     n = table.num_rows
     remote = cols.get("remote_parent_span_id") or [None] * n
@@ -100,17 +104,27 @@ def _span_rows(
         for c in schema.ATTRIBUTE_COLUMNS
         if c.name in cols and c.attribute is not None
     ]
+    attribute_columns += [(cols[name], key) for name, key in WIRE_COLUMNS if name in cols]
     for row in range(n):
-        start, parent = cols["start_ns"][row], cols["parent_span_id"][row]
-        root = kinds[row] in _ROOT_KINDS and not parent
+        start, parent, name = cols["start_ns"][row], cols["parent_span_id"][row], cols["name"][row]
+        attributes = [
+            (key, values[row]) for values, key in attribute_columns if values[row] is not None
+        ]
+        if kinds[row] in _ROOT_KINDS and not parent:
+            name = trace_title(resource, iterations[row])
+        elif view and kinds[row] == schema.KIND_KERNEL and name:
+            short = short_kernel_name(name)
+            if short != name:
+                attributes.append((schema.ATTR_KERNEL_NAME, name))
+                name = short
         yield (
             cols["trace_id"][row],
             cols["span_id"][row],
             parent or remote[row] or 0,
-            trace_title(resource, iterations[row]) if root else cols["name"][row],
+            name,
             start,
             start + cols["dur_ns"][row],
-            [(key, values[row]) for values, key in attribute_columns if values[row] is not None],
+            attributes,
             messages[row],
         )
 
@@ -124,10 +138,30 @@ def _span_links(table: pa.Table) -> list[tuple[bytes, int] | None]:
     return [(t, s) if t and s else None for t, s in zip(traces, spans, strict=True)]
 
 
+def by_level(
+    resource: Mapping[str, Any], table: pa.Table, view: bool
+) -> Iterator[tuple[dict[str, Any], pa.Table]]:
+    """The resources and rows of a request: with ``view``, one per level, in stack order, each
+    its own service (``view.level_resource``); else the one resource as it is."""
+    if not view or "level" not in table.column_names:
+        yield dict(resource), table
+        return
+    levels = table.column("level").cast(pa.string())
+    present = set(levels.unique().to_pylist())
+    order = [name for name in schema.LEVEL_BY_LETTER.values() if name in present]
+    order += sorted(name for name in present if name not in order and name is not None)
+    for level in order:
+        rows = table.filter(pc.fill_null(pc.equal(levels, level), False))
+        yield level_resource(resource, level), rows
+    if None in present:
+        yield dict(resource), table.filter(pc.is_null(levels))
+
+
 def encode_resource_spans(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = ""
+    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
 ) -> ResourceSpans:
-    """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA)."""
+    """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA), under
+    ``resource`` as given (``wire_resource`` adds Jaeger's host key)."""
     spans = [
         Span(
             trace_id=trace_id,
@@ -148,7 +182,7 @@ def encode_resource_spans(
             else [],
         )
         for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
-            _span_rows(resource, table), _span_links(table), strict=True
+            _span_rows(resource, table, view), _span_links(table), strict=True
         )
     ]
     return ResourceSpans(
@@ -162,22 +196,38 @@ def encode_resource_spans(
 
 
 def encode_request(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = ""
+    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
 ) -> ExportTraceServiceRequest:
+    """The request of ``table``'s spans; with ``view``, laid out for a trace viewer (one service
+    per level, short kernel names: ``xsp.tracer.export.view``)."""
     return ExportTraceServiceRequest(
-        resource_spans=[encode_resource_spans(resource, table, scope_version)]
+        resource_spans=[
+            encode_resource_spans(wired, rows, scope_version, view)
+            for wired, rows in by_level(resource, table, view)
+        ]
     )
 
 
 def encode_request_json(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = ""
+    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
 ) -> dict[str, Any]:
     """``request_to_json(encode_request(...))``, built straight from the columns: the same
     OTLP/JSON (hex ids, integer enums, 64-bit integers as strings, defaults left out) at a
     fraction of the cost (protobuf's MessageToDict took about 140 µs a span)."""
+    return {
+        "resourceSpans": [
+            _resource_spans_json(wired, rows, scope_version, view)
+            for wired, rows in by_level(resource, table, view)
+        ]
+    }
+
+
+def _resource_spans_json(
+    resource: Mapping[str, Any], table: pa.Table, scope_version: str, view: bool
+) -> dict[str, Any]:
     spans = []
     for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
-        _span_rows(resource, table), _span_links(table), strict=True
+        _span_rows(resource, table, view), _span_links(table), strict=True
     ):
         span: dict[str, Any] = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
         if parent:
@@ -210,7 +260,7 @@ def encode_request_json(
     ]
     resource_spans: dict[str, Any] = {"resource": {"attributes": wired} if wired else {}}
     resource_spans["scopeSpans"] = [{"scope": scope, **({"spans": spans} if spans else {})}]
-    return {"resourceSpans": [resource_spans]}
+    return resource_spans
 
 
 def _json_value(value: Any) -> dict[str, Any]:
@@ -349,9 +399,12 @@ def validate(request: ExportTraceServiceRequest) -> int:
                 validate_span(span)
                 for kv in span.attributes:
                     slot = _NUMERIC.get(kv.key)
-                    if slot is not None:
+                    if slot is not None or kv.key == schema.ATTR_VIEW_STORED_PARENT:
                         try:
-                            _typed(kv.value, slot)
+                            if slot is None:
+                                _stored_parent(kv.value)
+                            else:
+                                _typed(kv.value, slot)
                         except DecodeError as exc:
                             raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
@@ -392,7 +445,9 @@ def _plain(value: AnyValue) -> Any:
 
 
 def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
-    return {kv.key: _plain(kv.value) for kv in resource_spans.resource.attributes}
+    """The resource's attributes as stored: a level's own service (a viewer layout) back to the
+    run's, so that the levels of one run are stored as one run."""
+    return stored_resource({kv.key: _plain(kv.value) for kv in resource_spans.resource.attributes})
 
 
 def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
@@ -407,6 +462,7 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     trace_ids, span_ids, parents, names, starts, durs, statuses = [], [], [], [], [], [], []
     link_traces: list[bytes | None] = [None] * n
     link_spans: list[int | None] = [None] * n
+    added: list[int] = []  # rows a viewer layout added (xsp.tracer.export.view): not stored
     error_code = Status.STATUS_CODE_ERROR
     for row, span in enumerate(spans):
         trace_ids.append(span.trace_id)
@@ -425,6 +481,9 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
             slot = slots.get(kv.key)
             if slot is not None:
                 slot[0][row] = _typed(kv.value, slot[1])
+            elif kv.key in _VIEW_KEYS:
+                _undo_view(kv, row, names, parents, added)
+    # after the view's stored parents are back: an application's span above a model span
     kinds = slots[schema.ATTR_KIND][0]
     remote = _remote_parents(trace_ids, span_ids, parents, kinds)
     columns: dict[str, list[Any]] = {
@@ -451,7 +510,45 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
             arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
         else:
             arrays.append(pa.array(values, field_.type))
-    return pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+    table = pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+    if added:
+        keep = np.ones(n, dtype=bool)
+        keep[added] = False
+        table = table.filter(pa.array(keep))
+    return table
+
+
+#: The attributes of a viewer layout that the decoder undoes (xsp.tracer.export.view).
+_VIEW_KEYS = frozenset(
+    (schema.ATTR_KERNEL_NAME, schema.ATTR_VIEW_ADDED, schema.ATTR_VIEW_STORED_PARENT)
+)
+
+
+def _undo_view(
+    kv: KeyValue, row: int, names: list[str], parents: list[int], added: list[int]
+) -> None:
+    """Put back what the viewer layout changed on span ``row``: its full kernel name, its stored
+    parent, or leave out a span it added."""
+    value = _plain(kv.value)
+    if kv.key == schema.ATTR_KERNEL_NAME and isinstance(value, str) and value:
+        names[row] = value
+    elif kv.key == schema.ATTR_VIEW_ADDED and value is True:
+        added.append(row)
+    elif kv.key == schema.ATTR_VIEW_STORED_PARENT:
+        parents[row] = _stored_parent(kv.value)
+
+
+def _stored_parent(value: AnyValue) -> int:
+    """The span id in ``schema.ATTR_VIEW_STORED_PARENT`` (16 hex digits)."""
+    text = _plain(value)
+    try:
+        if not isinstance(text, str) or len(text) != 16:
+            raise ValueError
+        return int(text, 16)
+    except ValueError:
+        raise DecodeError(
+            f"{schema.ATTR_VIEW_STORED_PARENT} {str(text)[:40]!r} is not a span id of 16 hex digits"
+        ) from None
 
 
 def _remote_parents(

@@ -13,13 +13,14 @@ over a transport (HTTP or gRPC); ``CompositeSink`` fans out to several, isolatin
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from xsp.tracer import store
 from xsp.tracer.errors import XspError
@@ -94,7 +95,11 @@ class StoreSink:
 
 
 class OtlpSink:
-    """Encodes batches as OTLP trace requests and sends them through a transport."""
+    """Encodes batches as OTLP trace requests and sends them through a transport.
+
+    ``view`` (the default) sends the layout for a trace viewer (``xsp.tracer.export.view``: one
+    service per level, backward under its layers, short kernel names), which the xsp collector
+    undoes; ``on_sent(spans)`` is called after each request with the stored spans it carried."""
 
     def __init__(
         self,
@@ -102,25 +107,35 @@ class OtlpSink:
         max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
         scope_version: str = "",
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        view: bool = True,
+        on_sent: Callable[[int], None] | None = None,
     ) -> None:
         self._transport = transport
         self._max_spans = max_spans_per_request
         self._max_bytes = max_request_bytes
         self._scope_version = scope_version
+        self._view = view
+        self._on_sent = on_sent
         self._closed = False
-        self.spans_sent = 0
+        self.spans_sent = 0  # stored spans
+        self.view_spans_sent = 0  # spans the viewer layout added (layers' backward spans)
         self.requests_sent = 0
 
     def export(self, batch: SpanBatch) -> None:
         from xsp.tracer.export import otlp  # here: protobuf's import is paid by OTLP users only
 
-        for part in otlp.batches_under(batch.table, self._max_spans):
+        table = batch.table
+        if self._view:
+            from xsp.tracer.export.view import with_backward_layers
+
+            table = with_backward_layers(table)
+        for part in otlp.batches_under(table, self._max_spans):
             self._send(batch.resource, part)
 
     def _send(self, resource: Mapping[str, Any], part: pa.Table) -> None:
         from xsp.tracer.export import otlp
 
-        request = otlp.encode_request(resource, part, self._scope_version)
+        request = otlp.encode_request(resource, part, self._scope_version, self._view)
         if request.ByteSize() > self._max_bytes and part.num_rows > 1:
             half = part.num_rows // 2  # rare: spans with very long attributes
             self._send(resource, part.slice(0, half))
@@ -128,7 +143,12 @@ class OtlpSink:
             return
         self._transport.send(request)
         self.requests_sent += 1
-        self.spans_sent += part.num_rows
+        added = _added_rows(part)
+        stored = part.num_rows - added
+        self.spans_sent += stored
+        self.view_spans_sent += added
+        if self._on_sent is not None:
+            self._on_sent(stored)
 
     def force_flush(self) -> None:
         pass
@@ -137,6 +157,15 @@ class OtlpSink:
         if not self._closed:
             self._closed = True
             self._transport.close()
+
+
+def _added_rows(part: pa.Table) -> int:
+    """The rows of ``part`` that a viewer layout added (not stored spans)."""
+    from xsp.tracer.export.view import ADDED_COLUMN
+
+    if ADDED_COLUMN not in part.column_names:
+        return 0
+    return int(pc.sum(part.column(ADDED_COLUMN).fill_null(False).cast(pa.int64())).as_py() or 0)
 
 
 class CompositeSink:
@@ -176,11 +205,13 @@ class CompositeSink:
 
 class OtlpJsonFileSink:
     """Writes OTLP/JSON Lines, as the OpenTelemetry file exporter specifies: one
-    ``{"resourceSpans": ...}`` request per line, here one line per trace (iteration)."""
+    ``{"resourceSpans": ...}`` request per line, here one line per trace (iteration); ``view``
+    as ``OtlpSink``'s (Jaeger's UI uploads such files)."""
 
-    def __init__(self, handle: Any, scope_version: str = "") -> None:
+    def __init__(self, handle: Any, scope_version: str = "", view: bool = True) -> None:
         self._handle = handle
         self._scope_version = scope_version
+        self._view = view
         self.lines = 0
 
     def export(self, batch: SpanBatch) -> None:
@@ -188,8 +219,15 @@ class OtlpJsonFileSink:
 
         from xsp.tracer.export import otlp
 
-        for trace in otlp.split_traces(batch.table):
-            request = otlp.encode_request_json(batch.resource, trace, self._scope_version)
+        table = batch.table
+        if self._view:
+            from xsp.tracer.export.view import with_backward_layers
+
+            table = with_backward_layers(table)
+        for trace in otlp.split_traces(table):
+            request = otlp.encode_request_json(
+                batch.resource, trace, self._scope_version, self._view
+            )
             self._handle.write(json.dumps(request, separators=(",", ":")))
             self._handle.write("\n")
             self.lines += 1

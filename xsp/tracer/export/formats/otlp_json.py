@@ -1,5 +1,7 @@
 """``otlp-json``: OTLP JSON Lines, as the OpenTelemetry file exporter specifies: one trace
-(iteration) per line; gzipped when the output's name ends in ``.gz``; stdout without an output."""
+(iteration) per line; gzipped when the output's name ends in ``.gz``; stdout without an output.
+Laid out for Jaeger's UI, which uploads such files (``xsp.tracer.export.view``: one service per
+level, the layers' backward spans, short kernel names); the xsp collector stores them as stored."""
 
 from __future__ import annotations
 
