@@ -245,3 +245,27 @@ def test_configuration_from_the_standard_variables() -> None:
         OtlpConfig.from_env("http://h:4318", env={"OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"})
     with pytest.raises(ConfigError, match="key=value"):
         OtlpConfig.from_env("http://h:4318", env={"OTEL_EXPORTER_OTLP_HEADERS": "novalue"})
+
+
+def test_a_link_with_ids_of_the_wrong_size_is_refused_at_the_door() -> None:
+    """Both the full parser and the collector's ingest view refuse it before acknowledgement
+    (a 3-byte link span id would otherwise fail at flush time, after the 200)."""
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from xsp.collector import ingest_view
+
+    span = trace_pb2.Span(
+        trace_id=b"\x01" * 16,
+        span_id=b"\x02" * 8,
+        name="step",
+        start_time_unix_nano=1,
+        end_time_unix_nano=2,
+        links=[trace_pb2.Span.Link(trace_id=b"\x03" * 16, span_id=b"\x04" * 3)],
+    )
+    request = trace_service_pb2.ExportTraceServiceRequest(
+        resource_spans=[trace_pb2.ResourceSpans(scope_spans=[trace_pb2.ScopeSpans(spans=[span])])]
+    )
+    with pytest.raises(otlp.DecodeError, match="link's trace_id must be 16 bytes"):
+        otlp.validate_span(span)
+    with pytest.raises(otlp.DecodeError, match="link's trace_id must be 16 bytes"):
+        ingest_view.check(request.SerializeToString())

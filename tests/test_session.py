@@ -372,3 +372,28 @@ def test_a_range_another_thread_still_has_open_at_the_end_is_waited_for_or_named
             in meta["status_reasons"]
         )
         assert "background_work" not in names
+
+
+def test_the_calibration_leaves_the_programs_random_draws_and_runs_in_inference_mode(
+    tmp_path: Path,
+) -> None:
+    """An inference loop under torch.inference_mode() draws the same random numbers with F on
+    (whose calibration builds and trains a small model when the levels come on) as with M alone,
+    and the calibration still measures there."""
+
+    def draws(levels: str) -> list[float]:
+        torch.manual_seed(7)
+        model = torch.nn.Linear(4, 4)
+        out: list[float] = []
+        with torch.inference_mode():
+            session = Session(levels, iterations=2, warmup=1, out=tmp_path / levels, device="cpu")
+            session.start()
+            for _ in range(3):
+                with xsp.iteration():
+                    out.append(float(model(torch.rand(1, 4)).sum()))
+            session.close()
+        return out
+
+    assert draws("M") == draws("MF")
+    found = json.loads((tmp_path / "MF" / "run.json").read_text())["calibration"]
+    assert found["probes"]["modules"]["records"]["modules"] == 17.0

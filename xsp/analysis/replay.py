@@ -217,7 +217,10 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     latency, gap = _device_delays(start, dur, parent, kind, gpu, is_sync, owner, device, stream)
     gpu_dur = dur.copy()
     if edit is not None and edit.drop_activities is not None:
-        gpu_dur[gpu & edit.drop_activities(deep)] = 0
+        dropped = gpu & edit.drop_activities(deep)
+        gpu_dur[dropped] = 0
+        latency, gap = latency.copy(), gap.copy()
+        latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
     if edit is not None and edit.drop_host is not None:
         cut = np.nonzero(~gpu & edit.drop_host(deep))[0]  # a step's own: its untraced gaps too
         cut_start, cut_end = warped_start[cut], warped_end[cut]

@@ -45,6 +45,8 @@ def _build() -> Any:
             _field("value", 2, _F.TYPE_MESSAGE, ".opentelemetry.proto.common.v1.AnyValue"),
         ]
     )
+    link = span.nested_type.add(name="Link")
+    link.field.extend([_field("trace_id", 1, _F.TYPE_BYTES), _field("span_id", 2, _F.TYPE_BYTES)])
     span.field.extend(
         [
             _field("trace_id", 1, _F.TYPE_BYTES),
@@ -54,6 +56,7 @@ def _build() -> Any:
             _field("start_time_unix_nano", 7, _F.TYPE_FIXED64),
             _field("end_time_unix_nano", 8, _F.TYPE_FIXED64),
             _field("attributes", 9, _F.TYPE_MESSAGE, f".{_PACKAGE}.Span.AttributesEntry", True),
+            _field("links", 13, _F.TYPE_MESSAGE, f".{_PACKAGE}.Span.Link", True),
         ]
     )
     scope = file_.message_type.add(name="ScopeSpans")
@@ -96,6 +99,7 @@ def check(body: bytes) -> int:
                     or span.start_time_unix_nano > int64_max
                     or span.end_time_unix_nano > int64_max
                     or span.end_time_unix_nano < span.start_time_unix_nano
+                    or any(len(k.trace_id) != 16 or len(k.span_id) != 8 for k in span.links)
                 ):
                     otlp.validate_span(span)  # raises with the message
                 attributes = span.attributes

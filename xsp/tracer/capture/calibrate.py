@@ -59,6 +59,17 @@ def _program_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _training() -> Any:
+    """Gradients on, even inside the program's ``torch.inference_mode()`` block (the levels of
+    an inference script come on there), where ``enable_grad`` alone leaves backward failing."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.enable_grad())
+    return stack
+
+
 class _Probe:
     """One piece of work timed with the levels off and on, with the records it writes."""
 
@@ -87,10 +98,13 @@ class Calibration:
 
     def _build(self) -> None:
         self._device = device = _program_device()
-        generator = torch.Generator().manual_seed(0)  # the program's random state stays as it is
-        mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-        mlp = mlp.to(device)
-        x = torch.rand(4, 8, generator=generator).to(device)
+        # the program's random state stays as it is: Linear's initialisation draws from the
+        # global generator, which the program's later draws (shuffles, dropout) read on
+        with torch.random.fork_rng(devices=[]):
+            generator = torch.Generator().manual_seed(0)
+            layers = (torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+            mlp = torch.nn.Sequential(*layers).to(device)
+            x = torch.rand(4, 8, generator=generator).to(device)
         chain = torch.nn.Sequential(*(torch.nn.Identity() for _ in range(MODULE_CHAIN)))
         self._probes = {
             "step": _Probe(lambda: mlp(x).sum().backward()),
@@ -104,8 +118,8 @@ class Calibration:
     def before(self) -> None:
         """Time the probes with the levels still off. Never raises."""
         try:
-            self._build()
-            with torch.enable_grad():
+            with _training():
+                self._build()  # outside inference mode: its parameters must take gradients
                 for probe in self._probes.values():
                     _per_call_ns(probe.work, self._settle)  # warm: the first calls pay set-up
                     probe.off = _per_call_ns(probe.work, self._settle)
@@ -121,7 +135,7 @@ class Calibration:
             return
         kinds = {"ops": (KIND_OP, KIND_RANGE), "modules": (KIND_MODULE,)}
         try:
-            with torch.enable_grad():
+            with _training():
                 for probe in self._probes.values():
                     probe.work()  # warm, as before
                     held = {name: records(k) for name, k in kinds.items()}

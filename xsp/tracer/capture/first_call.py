@@ -5,10 +5,13 @@ after its last one (``xsp.tracer.capture.iterations``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class NextModuleCall:
@@ -17,15 +20,22 @@ class NextModuleCall:
     the iteration the callback begins), then unwraps itself. ``remove`` unwraps it if the
     wrapper is still in place; one wrapped over since only calls through."""
 
-    def __init__(self, callback: Callable[[Any], None]) -> None:
+    def __init__(
+        self, callback: Callable[[Any], None], accept: Callable[[Any], bool] | None = None
+    ) -> None:
         self._module = torch.nn.Module
         inner = torch.nn.Module.__call__
         pending = [callback]
 
         def next_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if accept is not None and not _accepts(accept, module):
+                return inner(module, *args, **kwargs)  # not the one: wait for the next call
             self.remove()
             if pending:
-                pending.pop()(module)
+                try:
+                    pending.pop()(module)
+                except Exception:  # never into the program's forward pass
+                    log.exception("xsp: the work at the first module call failed")
             return inner(module, *args, **kwargs)
 
         self._inner, self._wrapper = inner, next_call
@@ -34,3 +44,10 @@ class NextModuleCall:
     def remove(self) -> None:
         if self._module.__call__ is self._wrapper:
             self._module.__call__ = self._inner  # type: ignore[method-assign]
+
+
+def _accepts(accept: Callable[[Any], bool], module: Any) -> bool:
+    try:
+        return bool(accept(module))
+    except Exception:
+        return False

@@ -280,7 +280,7 @@ class _RootFinder:
         pending = [found]
 
         def find_root(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if pending and depth[0] == 0 and _has_parameters(module):
+            if pending and depth[0] == 0 and has_parameters(module):
                 self.remove()
                 pending.pop()(module)
                 return module(*args, **kwargs)
@@ -304,7 +304,8 @@ def _grad_enabled() -> bool:
     return bool(torch.is_grad_enabled())
 
 
-def _has_parameters(module: Any) -> bool:
+def has_parameters(module: Any) -> bool:
+    """A model, not a transform or a loss: the root the iterations and the fixes look for."""
     try:
         return next(iter(module.parameters()), None) is not None
     except Exception:

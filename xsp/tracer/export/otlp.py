@@ -419,6 +419,11 @@ def validate_span(span: Any) -> None:
         raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
     if span.parent_span_id and len(span.parent_span_id) != 8:
         raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
+    for link in span.links:  # the store keeps the first link's ids (the request it served)
+        if len(link.trace_id) != 16 or len(link.span_id) != 8:
+            raise DecodeError(
+                f"span {span.name[:60]!r}: a link's trace_id must be 16 bytes, its span_id 8"
+            )
     for field_ in ("start_time_unix_nano", "end_time_unix_nano"):
         value = getattr(span, field_)
         if value > _INT64_MAX:
@@ -560,9 +565,20 @@ def _remote_parents(
     remote: list[int | None] = [None] * len(parents)
     known = set(zip(trace_ids, span_ids, strict=True))
     for row, parent in enumerate(parents):
-        if parent and kinds[row] in _ROOT_KINDS and (trace_ids[row], parent) not in known:
+        # a multi-rank iteration's root (``schema.iteration_root_id``: a small id) may travel in
+        # another request of the same trace: a rank's step under it stays in xsp's tree
+        if (
+            parent > _ITERATION_ROOT_IDS
+            and kinds[row] in _ROOT_KINDS
+            and (trace_ids[row], parent) not in known
+        ):
             remote[row], parents[row] = parent, 0
     return remote
+
+
+#: Span ids at or below this are multi-rank iteration roots (iteration + 1), never an
+#: application's (random 64-bit ids).
+_ITERATION_ROOT_IDS = 0xFFFF_FFFF
 
 
 class _Kind:

@@ -35,6 +35,7 @@ from typing import Any, TextIO
 from xsp.tracer import schema
 from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.first_call import NextModuleCall
+from xsp.tracer.capture.iterations import has_parameters
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
@@ -285,7 +286,8 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     session = _session(args, run, auto_iterations=True, resource=_fixes_resource(run.profile.fixes))
     root = _root_changes(session, session.device)
     if root is not None:
-        NextModuleCall(root)  # the script's model: the first module it calls
+        # the script's model: the first module with parameters it calls (not a transform)
+        NextModuleCall(root, accept=has_parameters)
     sys.argv = list(command)
     code = 0
     try:

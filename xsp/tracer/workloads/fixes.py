@@ -8,9 +8,9 @@ verify``, which re-runs a measurement with the fix its suggestion names), in two
    autotuner, the DataLoader's defaults);
 2. ``root``: the root module (the model), changed once before its first forward pass
    (channels_last, bf16 autocast, torch.compile). A zoo model is known before it runs; for an
-   unmodified script the root module is the first ``nn.Module`` called, found by the session's
-   first-call wrapper (``xsp.tracer.capture.first_call``): a model's outer call
-   comes before its children's.
+   unmodified script the root module is the first ``nn.Module`` with parameters called (not a
+   transform or a loss), found by the first-call wrapper (``xsp.tracer.capture.first_call``):
+   a model's outer call comes before its children's.
 
 Names are validated here without importing torch (``check``), since the spec validates them
 in every process that parses one.

@@ -81,7 +81,12 @@ def record(module: Any, path: Path) -> None:
     import torch
 
     # run eagerly under the compile fix: the probe reads values back, which a graph cannot
-    handle = module.register_forward_hook(torch.compiler.disable(after_forward), with_kwargs=True)
+    try:
+        handle = module.register_forward_hook(
+            torch.compiler.disable(after_forward), with_kwargs=True
+        )
+    except Exception as exc:  # a ScriptModule takes no hooks: no record, the program runs on
+        log.warning("xsp: cannot record the first forward pass's output: %s", exc)
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:
