@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from xsp.campaign import verify as verifying
 from xsp.campaign.paired import paired_gain
 from xsp.cli import main as cli_main
-from xsp.tracer.capture.first_call import NextModuleCall
+from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.workloads import numerics
@@ -216,7 +216,7 @@ def test_channels_last_converts_the_first_called_module_and_its_4d_inputs() -> N
     )
     call = torch.nn.Module.__call__
     fixes = AppliedFixes(["channels_last"], "cpu").apply()
-    NextModuleCall(fixes.attach)  # as the level-set process of a script does
+    RootFinder(fixes.attach)  # as the level-set process of a script does
     assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)
     out = model(x)  # the first module call: the root found, converted, its input converted
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)

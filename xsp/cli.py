@@ -16,7 +16,9 @@ What a reader leaves out of a store (a missing level set, no manifest) prints as
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,28 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _warn(message: str) -> None:
     console.print(f"[yellow]xsp: warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
+    """A progress callback ``(key, what, done, total)`` that draws one bar per key (a rule, a
+    campaign job), labelled with the key in bold, kept on screen when done."""
+    columns = (
+        TextColumn("[bold]{task.fields[key]}"),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(key: str, what: str, done: int, total: int) -> None:
+            if key not in tasks:
+                tasks[key] = bar.add_task(what, total=total, key=key)
+            bar.update(tasks[key], description=what, completed=done, total=total)
+
+        yield progress
 
 
 #: Ctrl-C: 128 + SIGINT, as a shell reports it.
@@ -1022,21 +1046,7 @@ def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) ->
     from xsp.campaign import verify as verifying
 
     planned = verifying.plan(run_dir, rounds, rules)  # bad input: one line, before any bar
-    columns = (
-        TextColumn("[bold]{task.fields[rule]}"),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(rule: str, what: str, done: int, total: int) -> None:
-            if rule not in tasks:
-                tasks[rule] = bar.add_task(what, total=total, rule=rule)
-            bar.update(tasks[rule], description=what, completed=done, total=total)
-
+    with _bar_per_key() as progress:
         result = verifying.run_plan(planned, progress)
     if as_json:
         click.echo(json.dumps(result.document(), indent=1))
@@ -1171,21 +1181,7 @@ def campaign_verify(
     campaign = CampaignStore(campaign_dir)
     campaign.spec()  # a directory that is no campaign is named before the bar
     globs = [g.strip() for g in (only or "").split(",") if g.strip()]
-    columns = (
-        TextColumn("[bold]{task.fields[job]}"),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(job: str, what: str, done: int, total: int) -> None:
-            if job not in tasks:
-                tasks[job] = bar.add_task(what, total=total, job=job)
-            bar.update(tasks[job], description=what, completed=done, total=total)
-
+    with _bar_per_key() as progress:
         document = verify_campaign(campaign, rounds, globs, progress, rules)
     if as_json:
         click.echo(json.dumps(document, indent=1))

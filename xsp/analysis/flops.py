@@ -42,13 +42,13 @@ from xsp.analysis.flop_formulas import (
     Context,
     Shape,
 )
+from xsp.analysis.matching import keyed
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
-from xsp.tracer.convert.intervals import depths, find_rows, inherit
+from xsp.tracer.convert.intervals import depths, inherit
 
 _COLUMNS = (
     "span_id",
-    "parent_span_id",
     "kind",
     "name",
     "iteration",
@@ -149,21 +149,16 @@ class _Spans:
     def __init__(self, store: MeasurementStore, run: int) -> None:
         table = store.run_spans(run).select(list(_COLUMNS))
         self.col: dict[str, list[Any]] = {c: _as_list(table.column(c)) for c in _COLUMNS}
-        self.row = {span: i for i, span in enumerate(self.col["span_id"])}
+        self.parents = keyed(store, run)[2]  # the parent rows the reconstruction shares
         self.module_types = {
             path: kind
             for path, kind in zip(self.col["module_path"], self.col["module_type"], strict=True)
             if kind
         }
 
-    def parent_rows(self) -> np.ndarray:
-        """Each row's parent row, -1 for a root."""
-        ids = np.asarray(self.col["span_id"], dtype=np.uint64)
-        parents = np.asarray([p or 0 for p in self.col["parent_span_id"]], dtype=np.uint64)
-        return find_rows(ids, parents)
-
     def parent(self, i: int) -> int | None:
-        return self.row.get(self.col["parent_span_id"][i])
+        up = int(self.parents[i])
+        return up if up >= 0 else None
 
     def ancestors(self, i: int) -> list[int]:
         out, j = [], self.parent(i)
@@ -186,7 +181,7 @@ def _count(store: MeasurementStore) -> Counted:
         )
         if kind == schema.KIND_OP and name in FORMULAS and shapes
     ]
-    parent = spans.parent_rows()
+    parent = spans.parents
     depth = depths(parent)
     # the nearest op with a formula at or above each row, found level by level in numpy
     formula_rows = np.full(len(parent), -1, dtype=np.int64)

@@ -33,12 +33,9 @@ import importlib
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from xsp.tracer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from xsp.tracer.capture.first_call import NextModuleCall
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +154,9 @@ class ModelCalls:
         self._grad = True  # grad mode at the open iteration's root call
         self._late_step_noted = False
         self._root_calls: _RootCalls | None = None
-        self._after_last: NextModuleCall | None = None
+        self._after_last: _NextModuleCall | None = None
         self._hooks: list[Any] = [register_optimizer_step_post_hook(self._optimizer_step)]
-        self._finder: _RootFinder | None = _RootFinder(self._root_found)
+        self._finder: RootFinder | None = RootFinder(self._root_found)
 
     def remove(self) -> None:
         for hook in [*self._hooks, self._finder, self._root_calls, self._after_last]:
@@ -222,9 +219,7 @@ class ModelCalls:
             session = self._session
             session.end_iteration()
             if session.done:
-                from xsp.tracer.capture.first_call import NextModuleCall
-
-                self._after_last = NextModuleCall(lambda _module: self._finish_at_next_call())
+                self._after_last = _NextModuleCall(self._finish_at_next_call)
                 return
             session.begin_iteration()
         except Exception:
@@ -265,7 +260,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _RootFinder:
+class RootFinder:
     """Wraps ``nn.Module.__call__`` until the root module is called: the first module with
     parameters called outside any other module call. Calls ``found(root)``, unwraps itself and
     sends that call on through the root's own class (where ``found`` may have put a wrapper).
@@ -282,7 +277,7 @@ class _RootFinder:
         def find_root(module: Any, *args: Any, **kwargs: Any) -> Any:
             if pending and depth[0] == 0 and has_parameters(module):
                 self.remove()
-                pending.pop()(module)
+                _guarded(pending.pop(), module)
                 return module(*args, **kwargs)
             depth[0] += 1
             try:
@@ -362,3 +357,29 @@ def _guarded(action: Callable[..., None], *args: Any) -> None:
         action(*args)
     except Exception:
         log.exception("xsp: automatic iteration marker failed")
+
+
+class _NextModuleCall:
+    """Calls ``callback()`` once, just before the next nn.Module call, by wrapping
+    ``nn.Module.__call__``, then unwraps itself. ``remove`` unwraps it if the wrapper is still
+    in place; one wrapped over since only calls through."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        import torch
+
+        self._module = torch.nn.Module
+        inner = torch.nn.Module.__call__
+        pending = [callback]
+
+        def next_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            self.remove()
+            if pending:
+                _guarded(pending.pop())
+            return inner(module, *args, **kwargs)
+
+        self._inner, self._wrapper = inner, next_call
+        self._module.__call__ = next_call  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        if self._module.__call__ is self._wrapper:
+            self._module.__call__ = self._inner  # type: ignore[method-assign]

@@ -34,8 +34,7 @@ from typing import Any, TextIO
 
 from xsp.tracer import schema
 from xsp.tracer.capture import session as sessions
-from xsp.tracer.capture.first_call import NextModuleCall
-from xsp.tracer.capture.iterations import has_parameters
+from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
@@ -286,8 +285,7 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
     session = _session(args, run, auto_iterations=True, resource=_fixes_resource(run.profile.fixes))
     root = _root_changes(session, session.device)
     if root is not None:
-        # the script's model: the first module with parameters it calls (not a transform)
-        NextModuleCall(root, accept=has_parameters)
+        RootFinder(root)  # the script's model, as the automatic iterations find it
     sys.argv = list(command)
     code = 0
     try:

@@ -8,9 +8,9 @@ verify``, which re-runs a measurement with the fix its suggestion names), in two
    autotuner, the DataLoader's defaults);
 2. ``root``: the root module (the model), changed once before its first forward pass
    (channels_last, bf16 autocast, torch.compile). A zoo model is known before it runs; for an
-   unmodified script the root module is the first ``nn.Module`` with parameters called (not a
-   transform or a loss), found by the first-call wrapper (``xsp.tracer.capture.first_call``):
-   a model's outer call comes before its children's.
+   unmodified script the root module is the first ``nn.Module`` with parameters called outside
+   any other module call (not a transform or a loss), found as the automatic iterations find it
+   (``xsp.tracer.capture.iterations.RootFinder``).
 
 Names are validated here without importing torch (``check``), since the spec validates them
 in every process that parses one.
@@ -223,7 +223,7 @@ def check(names: Iterable[str]) -> tuple[str, ...]:
 class AppliedFixes:
     """The fixes of one process: ``apply`` their process-wide parts now; ``attach`` their
     root-module parts to the model (a zoo model as built; for an unmodified script, the first
-    module it calls, through ``NextModuleCall(fixes.attach)``). A fix that fails is logged, passed to ``on_error`` (the session
+    module with parameters it calls, through ``RootFinder(fixes.attach)``). A fix that fails is logged, passed to ``on_error`` (the session
     writes it into run.json) and skipped: never an exception into the traced program."""
 
     def __init__(
