@@ -31,6 +31,8 @@ WORDS = {
     "p50": "p50",
     "p90": "p90",
     "l2": "L2",
+    "ci": "CI",
+    "mfu": "MFU",
     **{p: p.upper() for p in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")},
 }
 KERNEL_CHARS = 60
