@@ -18,6 +18,7 @@ set -u
 PRESETS=(
   "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first"
+  "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
   "overhead-b1|5 min|overhead.py, ResNet-50 and MobileNetV2 batch-1 inference (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
   "overhead-gpt|4 min|overhead.py, the GPT LM training step (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
@@ -111,6 +112,20 @@ for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "r50-b1-infer"
 PY
   tar -C "$R" -czf "$OUT/replay-stores.tgz" .
   ls -la "$OUT"
+}
+
+# xsp verify on the replay preset's host-bound store: each fix re-run in paired rounds against
+# the workload as it was, then once at MFLG (the mechanism), into verify-<fix>.json.
+p_verify() {
+  local store=/tmp/replay/r50-b1-infer rule fix
+  [ -f "$store/manifest.json" ] || { echo "verify: no $store (run the replay preset first)"; return 1; }
+  for pair in launch-bound:compile fp32-on-tensor-cores:tf32; do
+    rule=${pair%%:*} fix=${pair##*:}
+    timeout 280 python3 -m xsp verify "$store" --rule "$rule" --rounds "${ROUNDS:-3}" --json \
+      >"$OUT/verify-r50-b1-infer-$fix.json" 2>"$OUT/verify-r50-b1-infer-$fix.log"
+    echo "verify $rule: rc $?"; tail -c 1500 "$OUT/verify-r50-b1-infer-$fix.json"; echo
+  done
+  tar -C "$store" -czf "$OUT/verify-r50-b1-infer-runs.tgz" verify
 }
 
 # overhead.py: one fresh process per (round, case, configuration); step, paired step, end to end

@@ -162,6 +162,27 @@ def test_host_times_lose_the_calibrated_cost_of_the_records_before_them(
     assert end[op] - start[op] == pytest.approx(measured - 1228.3 / 2, abs=1)
 
 
+def test_the_first_iterations_op_records_lose_their_shapes_cost_too(
+    resnet: MeasurementStore,
+) -> None:
+    """F records the ops' shapes in the first measured iteration only: its op records lose the
+    calibrated cost with shapes (here 3000 ns), the later iterations' the cost without (1228.3)."""
+    from dataclasses import replace
+
+    mf = next(i for i, run in enumerate(resnet.runs) if run.levels == "MF")
+    calib = replace(calibration(resnet, mf), first_op_ns=3000.0)
+    table, _, parent = keyed(resnet, mf)
+    start, end = _debiased(table, parent, calib)
+    kind = np.asarray(table.column("kind").cast("string").fill_null(""), dtype=object)
+    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    leaf = np.ones(len(parent), dtype=bool)
+    leaf[parent[parent >= 0]] = False
+    for it, cost in ((0, 3000.0), (1, 1228.3)):
+        op = int(np.nonzero(leaf & (kind == "op") & (iteration == it))[0][0])
+        measured = int(table.column("dur_ns")[op].as_py())
+        assert end[op] - start[op] == pytest.approx(measured - cost / 2, abs=1)
+
+
 def test_unsteady_iterations_are_flagged() -> None:
     """One MFLG run's first measured iteration took 234 ms against about 51 ms after."""
     flags = steady(np.array([234.2, 51.5, 53.4, 58.3, 50.3, 49.4]))

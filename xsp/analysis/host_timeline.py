@@ -52,15 +52,19 @@ class Calibration:
     (measured by ``xsp.tracer.capture.calibrate`` in the F run's process).
 
     ``op_ns`` and ``module_ns`` are None when the F run recorded no calibration (older stores):
-    host durations then keep the tracer's cost, and the report says so."""
+    host durations then keep the tracer's cost, and the report says so. ``first_op_ns`` is an op
+    record's cost in the first measured iteration, where F records the ops' shapes too (None:
+    the same as the others')."""
 
     op_ns: float | None
     module_ns: float | None
     source: str
+    first_op_ns: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "framework_ns_per_record": self.op_ns,
+            "framework_ns_per_record_first_iteration": self.first_op_ns,
             "module_ns_per_call": self.module_ns,
             "source": self.source,
         }
@@ -77,10 +81,12 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
     op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
     if op is None:
         return Calibration(None, None, f"the {run.levels} run recorded no calibration")
+    first = found.get("framework_ns_per_record_first_iteration")
     return Calibration(
         float(op),
         float(op if module is None else module),
         f"measured in the {run.levels} run's process",
+        None if first is None else float(first),
     )
 
 
@@ -220,7 +226,11 @@ def _debiased(
     level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
     kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
     records = np.nonzero(level == schema.LEVEL_FRAMEWORK)[0]
-    half = np.where(kind[records] == schema.KIND_MODULE, calib.module_ns or 0.0, calib.op_ns) / 2
+    op_ns = np.full(len(records), calib.op_ns, dtype=np.float64)
+    if calib.first_op_ns is not None:  # the first measured iteration's ops record shapes too
+        iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+        op_ns[iteration[records] == 0] = calib.first_op_ns
+    half = np.where(kind[records] == schema.KIND_MODULE, calib.module_ns or 0.0, op_ns) / 2
     times = np.concatenate((start[records], end[records]))
     by = np.argsort(times, kind="stable")
     times = times[by]

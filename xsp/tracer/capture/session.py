@@ -471,7 +471,16 @@ class Session:
                 self._level_failure = self._level_failure or message
         self._levels = enabled
         if self._calibration is not None:
-            self._calibration.after(self._context.arena.records_written)
+            # F records the ops' shapes in its first measured iteration only: timed both ways
+            shapes = next(
+                (
+                    level.set_shapes
+                    for level in self._levels
+                    if getattr(level, "shapes_in_first_iteration_only", False)
+                ),
+                None,
+            )
+            self._calibration.after(self._context.arena.records_written, shapes)
         self._phase_ns["enabled"] = time.time_ns()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:

@@ -77,6 +77,15 @@ class FrameworkLevel:
         self._provenance = KernelProvenance()
         self._provenance.install()
 
+    @property
+    def shapes_in_first_iteration_only(self) -> bool:
+        """The ops' shapes are recorded in the first measured iteration and not after it."""
+        return self._shapes_after_first
+
+    def set_shapes(self, on: bool) -> None:
+        """Record the ops' shapes or not from now on (the calibration times both)."""
+        self._native.ops_shapes(on)
+
     # -- level interface -------------------------------------------------------------------
     def enable(self) -> None:
         self._arena.open()
