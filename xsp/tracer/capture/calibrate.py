@@ -19,12 +19,12 @@ on the H200 the same step on the CPU gave 0.8-1.6 µs a record, on the GPU 1.8-3
 host-bound workloads' MF steps paid 1.7-4.5 µs a record more than their M steps (both processes'
 steps drift by up to 40% on that host). The result goes into ``run.json`` as ``calibration``.
 
-Level F records the ops' shapes in the first measured iteration only (boxing each op's inputs
-costs), so the step probe is timed with the shapes on and off: ``framework_ns_per_record`` is
-what the later iterations pay a record, ``framework_ns_per_record_first_iteration`` what the
-first pays. Timed with the shapes on alone, the calibration charged the ResNet-50 b1 and GPT
-steps 2.1 and 2.7 µs a record where the same level sets added 1.2 and 1.5 µs a span against the
-untraced loop in one process (``benchmarks/results/inprocess-h200``).
+Level F records the ops' shapes (in the deepest level set with F: the runner leaves them to it)
+in the first measured iteration only, since boxing each op's inputs costs; there the step probe
+is timed with the shapes on and off: ``framework_ns_per_record`` is what the later iterations pay
+a record, ``framework_ns_per_record_first_iteration`` what the first pays. The replay reads its
+host from the shallowest F run, which records shapes only when it is the deepest one too (a
+measurement of M and MF alone).
 """
 
 from __future__ import annotations
