@@ -269,6 +269,36 @@ def test_bf16_autocasts_the_root_forward_only() -> None:
     assert torch.nn.functional.mse_loss(out.float(), torch.zeros(2, 4)).dtype == torch.float32
 
 
+def test_the_launch_bound_rule_is_verified_with_cuda_graphs() -> None:
+    """Its estimate replays the step as one CUDA graph: the fix that matches is compile's
+    reduce-overhead mode, applied to the root module in place (the call that found it runs
+    compiled already)."""
+    assert verifying.RULE_FIXES["launch-bound"] == "cuda_graphs"
+    model = torch.nn.Linear(4, 4)
+    fixes = AppliedFixes(["cuda_graphs"], "cpu")
+    fixes.attach(model)
+    assert fixes.errors == [] and model._compiled_call_impl is not None
+
+
+def test_the_allocator_fix_sets_its_conf_once_and_keeps_the_programs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from xsp.tracer.workloads.fixes import ALLOC_CONF
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert AppliedFixes(["alloc_conf"], "cpu").apply().errors == []
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == ALLOC_CONF == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    errors = AppliedFixes(["alloc_conf"], "cpu").apply().errors
+    assert errors == [
+        "fix alloc_conf could not apply: RuntimeError: PYTORCH_CUDA_ALLOC_CONF is set already "
+        "('max_split_size_mb:64'); left as it is"
+    ]
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+
+
 def test_the_dataloader_fix_fills_in_only_what_a_loader_left_at_its_default() -> None:
     from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 

@@ -137,7 +137,7 @@ def main() -> None:
     "fixes",
     multiple=True,
     help="Apply a fix without editing the program (repeatable): channels_last, tf32, bf16, "
-    "cudnn_benchmark, dataloader, compile (docs/verify.md).",
+    "cudnn_benchmark, dataloader, compile, cuda_graphs, alloc_conf (docs/verify.md).",
 )
 @click.option(
     "--iteration-fn",

@@ -49,7 +49,7 @@ UNTRACED = LevelSet("M")
 RULE_FIXES = {
     "layout-transposes": "channels_last",
     "fp32-on-tensor-cores": "tf32",
-    "launch-bound": "compile",
+    "launch-bound": "cuda_graphs",
     "input-bound": "dataloader",
 }
 #: Why a rule's estimate and its fix's measurement can differ: the closing note of a row whose
@@ -59,8 +59,10 @@ ESTIMATE_NOTES = {
     "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
     "fp32-on-tensor-cores": "the estimate is the fp32 kernels' whole time; TF32 makes them "
     "faster, not free",
-    "launch-bound": "the estimate replays the step as one CUDA graph; torch.compile fuses "
-    "kernels but still launches each one",
+    "launch-bound": "the estimate replays the whole step as one CUDA graph with no host work; "
+    "reduce-overhead graphs the compiled model only (the optimizer, the loss and the loop's "
+    "own host work stay), and falls back to launching each kernel where a graph cannot be "
+    "captured",
     "input-bound": "the estimate takes all loading off the step; W workers take off about "
     "(1 - 1/W) of it while loading outweighs the step's own work",
 }

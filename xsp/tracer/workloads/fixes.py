@@ -5,9 +5,9 @@ applies in the traced process before the workload starts (``xsp run --fix NAME``
 verify``, which re-runs a measurement with the fix its suggestion names), in two places:
 
 1. ``process``: process-wide switches, set once before the program runs (TF32, cuDNN's
-   autotuner, the DataLoader's defaults);
+   autotuner, the DataLoader's defaults, the caching allocator's settings);
 2. ``root``: the root module (the model), changed once before its first forward pass
-   (channels_last, bf16 autocast, torch.compile). A zoo model is known before it runs; for an
+   (channels_last, bf16 autocast, torch.compile, CUDA graphs). A zoo model is known before it runs; for an
    unmodified script the root module is the first ``nn.Module`` with parameters called outside
    any other module call (not a transform or a loss), found as the automatic iterations find it
    (``xsp.tracer.capture.iterations.RootFinder``).
@@ -123,6 +123,35 @@ def _compile_root(module: Any, context: FixContext) -> None:
     module.compile()
 
 
+def _cuda_graphs_root(module: Any, context: FixContext) -> None:
+    """``module.compile(mode="reduce-overhead")``: inductor's kernels replayed from CUDA graphs
+    (one launch for a whole graph instead of one per kernel), which is what the launch-bound
+    rule's estimate models. On the CPU the mode compiles without graphs."""
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
+    module.compile(mode="reduce-overhead")
+
+
+# -- the caching allocator -------------------------------------------------------------------------
+#: The caching allocator's settings the ``alloc_conf`` fix sets: segments that grow in place
+#: instead of new blocks per size, against the fragmentation that holds memory a step frees.
+ALLOC_CONF = "expandable_segments:True"
+
+
+def _alloc_conf_process(context: FixContext) -> None:
+    """``PYTORCH_CUDA_ALLOC_CONF``, read when CUDA's allocator starts, so set before the program
+    runs. A setting the program's environment gave is kept, and the fix says it did nothing."""
+    given = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if given:
+        raise RuntimeError(f"PYTORCH_CUDA_ALLOC_CONF is set already ({given!r}); left as it is")
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA started before the fix: the allocator's settings are read then")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONF
+
+
 # -- DataLoader defaults ---------------------------------------------------------------------------
 def loader_workers() -> int:
     """The workers the ``dataloader`` fix gives a loader built with none."""
@@ -206,6 +235,18 @@ FIXES: dict[str, Fix] = {
             "torch.compile of the model (eager where a graph cannot compile)",
             changes_numerics=False,
             root=_compile_root,
+        ),
+        Fix(
+            "cuda_graphs",
+            "torch.compile of the model in mode reduce-overhead: its kernels replayed from CUDA graphs",
+            changes_numerics=False,
+            root=_cuda_graphs_root,
+        ),
+        Fix(
+            "alloc_conf",
+            f"the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF={ALLOC_CONF})",
+            changes_numerics=False,
+            process=_alloc_conf_process,
         ),
     )
 }
