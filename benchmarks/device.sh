@@ -19,7 +19,7 @@ PRESETS=(
   "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
-  "verify-infer|8-9 min|fresh M,MF,MFLG stores of BERT b1 and ResNet-50 b1 inference, then xsp verify of every rule that fires on them (ROUNDS=2), into verify-infer.tgz and verify-*.json"
+  "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
   "overhead-b1|5 min|overhead.py, ResNet-50 and MobileNetV2 batch-1 inference (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
   "overhead-gpt|4 min|overhead.py, the GPT LM training step (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
@@ -132,19 +132,24 @@ p_verify() {
 # The inference verifications: a zoo transformer and ResNet-50 at batch 1, measured, then
 # each suggestion re-run with its fix (launch-bound: cuda_graphs).
 p_verify_infer() {
-  local R=/tmp/verify-infer name model
+  local R=/tmp/verify-infer
   mkdir -p "$R"
-  for pair in bert-b1-infer:transformers:bert r50-b1-infer:torchvision:resnet50; do
-    name=${pair%%:*} model=${pair#*:}
-    timeout 120 python3 -m xsp run --model "$model" --batch-size 1 --mode infer \
-      --levels M,MF,MFLG --iterations 20 --warmup 3 --device cuda --out "$R/$name" 2>&1 | tail -4
-    timeout 200 python3 -m xsp verify "$R/$name" --rounds "${ROUNDS:-2}" --json \
-      >"$OUT/verify-$name.json" 2>"$OUT/verify-$name.log"
-    echo "verify $name: rc $?"; tail -3 "$OUT/verify-$name.log"
-    python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1]))['rows']]" \
-      "$OUT/verify-$name.json"
-  done
-  tar -C "$R" -czf "$OUT/verify-infer.tgz" --exclude='*/MFLG/spans-*' .
+  timeout 120 python3 -m xsp run --model transformers:bert --batch-size 1 --mode infer \
+    --levels M,MF,MFLG --iterations 20 --warmup 3 --device cuda --out "$R/bert-b1-infer" 2>&1 | tail -4
+  verify_rows 280 "$R/bert-b1-infer" bert-b1-infer
+  # a ResNet-50 b1 inference store carried in xsp-runs/ (VERIFY_R50=path), its launch-bound rule
+  if [ -f "${VERIFY_R50:-xsp-runs/r50-b1-infer}/manifest.json" ]; then
+    verify_rows 170 "${VERIFY_R50:-xsp-runs/r50-b1-infer}" r50-b1-infer-cuda-graphs --rule launch-bound
+  fi
+}
+
+verify_rows() {  # limit_s run_dir name [xsp verify options]: rows into $OUT/verify-<name>.json
+  timeout "$1" python3 -m xsp verify "$2" --rounds "${ROUNDS:-2}" --json "${@:4}" \
+    >"$OUT/verify-$3.json" 2>"$OUT/verify-$3.log"
+  echo "verify $3: rc $?"; tail -3 "$OUT/verify-$3.log"
+  python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1]))['rows']]" \
+    "$OUT/verify-$3.json"
+  tar -C "$2" -czf "$OUT/verify-$3-runs.tgz" --exclude='*/MFLG/spans-*' verify
 }
 
 # overhead.py: one fresh process per (round, case, configuration); step, paired step, end to end
