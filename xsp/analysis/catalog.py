@@ -37,6 +37,7 @@ def sections(store: MeasurementStore) -> list[Section]:
     return [
         *_overview(store),
         *_layers(store),
+        _source_lines(store),
         *_kernels(store),
         *flop_sections(store),
         *counter_sections(store),
@@ -84,6 +85,32 @@ def _memory(store: MeasurementStore) -> list[Section]:
             ),
         ),
     ]
+
+
+def _source_lines(store: MeasurementStore) -> Section:
+    """The program's lines by the GPU and host time of the ops they called."""
+    from xsp.analysis import sources
+    from xsp.analysis.charts import bar
+
+    table = sources.lines(store, limit=TOP_LAYERS)
+    if not table.num_rows:
+        return Section(
+            "source_lines",
+            "Program lines",
+            table,
+            "no op recorded its calling line: the deepest run with level F records them (with "
+            "the ops' shapes); older measurements have none",
+            absent=True,
+        )
+    return Section(
+        "source_lines",
+        "Program lines by the GPU and host time of the ops they called",
+        table,
+        f"the {TOP_LAYERS} lines (file:line function, the innermost frame outside torch) with "
+        "the most GPU time, then host time, per steady iteration of the replayed step; a line's "
+        "GPU time is its ops' kernels, its host time what its outermost ops cover",
+        chart=lambda t: bar(t, "source", "gpu_ms", "GPU time per program line"),
+    )
 
 
 def _step_source(store: MeasurementStore) -> str:

@@ -246,12 +246,39 @@ def host_syncs(store: MeasurementStore) -> Suggestion | None:
         "keep values on the GPU inside the step: avoid .item(), .cpu(), printing tensors and "
         "blocking copies; read metrics every N steps"
     )
-    if _has(store, "library"):
+    library = _has(store, "library")
+    if library:
         names = ", ".join(f"'{n}'" for n in SYNC_CALLS)
         where = f"level = 'library' AND name IN ({names})"
-        return _costly(store, where, "host-syncs", advice, "synchronizing calls")
-    where = "kind = 'op' AND op_name = 'aten::_local_scalar_dense'"
-    return _costly(store, where, "host-syncs", advice, "synchronizing calls")
+    else:
+        where = "kind = 'op' AND op_name = 'aten::_local_scalar_dense'"
+    found = _costly(store, where, "host-syncs", advice, "synchronizing calls")
+    lines = _sync_lines(store, library)
+    if found is None or not lines:
+        return found
+    shown = ", ".join(lines[:SYNC_LINES_SHOWN]) + (", ..." if len(lines) > SYNC_LINES_SHOWN else "")
+    return replace(found, evidence=f"{found.evidence}, at {shown}")
+
+
+#: How many of the host syncs' program lines the suggestion names.
+SYNC_LINES_SHOWN = 3
+
+
+def _sync_lines(store: MeasurementStore, library: bool) -> list[str]:
+    """The program lines (``file:line function``) of the step's synchronizing calls, most
+    frequent first, where level F recorded them (``xsp.analysis.sources``)."""
+    from xsp.analysis.sources import line_of
+
+    result = replay(store)
+    spans = result.spans
+    if library:
+        level = np.asarray(spans.column("level").cast(pa.string()).fill_null(""), dtype=object)
+        names = np.asarray(spans.column("name").cast(pa.string()).fill_null(""), dtype=object)
+        rows = np.nonzero((level == "library") & np.isin(names, list(SYNC_CALLS)))[0]
+    else:
+        ops = np.asarray(spans.column("op_name").cast(pa.string()).fill_null(""), dtype=object)
+        rows = np.nonzero(ops == "aten::_local_scalar_dense")[0]
+    return line_of(spans, result.parent, rows)
 
 
 def input_bound(store: MeasurementStore) -> Suggestion | None:

@@ -31,6 +31,7 @@ from xsp.tracer.errors import StoreError
 MAGIC = b"XSPARENA"
 VERSION = 1
 KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO, KIND_MEMORY = 1, 2, 3, 4, 5, 6
+KIND_SOURCE = 7  # an op's calling Python line: seq_nr is the op's record id
 
 HEADER = np.dtype(
     [
@@ -234,6 +235,7 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
     dtype_codes = np.where(is_module, -1, rec["dtypes"][rows]).astype(np.int32)
     out.input_shapes = Interned.from_codes(*_with_blank(shape_codes, strings, "[]"))
     out.input_dtypes = Interned.from_codes(*_with_blank(dtype_codes, strings, ""))
+    out.op_source = Interned.from_codes(*_with_blank(_op_sources(arena, rows), strings, ""))
 
     infos = arena.of_kind(KIND_MODULE_INFO)
     table: dict[int, ModuleInfo] = {}
@@ -255,6 +257,18 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
     out.memory = memory_records(arena)
     link_backward_nodes(out)
     return out
+
+
+def _op_sources(arena: ArenaContents, rows: np.ndarray) -> np.ndarray:
+    """Each row's calling Python line (a string code), -1 where none was recorded."""
+    sources = arena.of_kind(KIND_SOURCE)
+    codes = np.full(len(rows), -1, dtype=np.int32)
+    if not len(sources):
+        return codes
+    slot = find_rows(arena.records["seq_nr"][sources], arena.record_id[rows])
+    found = slot >= 0
+    codes[found] = arena.records["name"][sources[slot[found]]]
+    return codes
 
 
 def memory_records(arena: ArenaContents) -> MemoryRecords:

@@ -318,10 +318,27 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
         "input_dtypes": dictionary_column(dtype_codes, dtype_values),
         "output_shapes": module_column([out_shapes.get(c) for c in calls]),
-        "source": module_column([i.source for i in mods]),
+        "source": _source_column(rec, ev, module_column([i.source for i in mods])),
         "seq_nr": arrow(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
         **_collective_columns(rec, ev),
     }
+
+
+def _source_column(
+    rec: FrameworkRecords, ev: _Events, modules: pa.DictionaryArray
+) -> pa.DictionaryArray:
+    """A module call's class source (``file:line``), an op's calling Python line (``file:line
+    function``, where level F recorded it): one column, null elsewhere."""
+    if not len(rec.op_source):
+        return modules
+    values = rec.op_source.values
+    codes = np.frombuffer(rec.op_source.codes, dtype=np.int32)[ev.rows].astype(np.int64)
+    blank = values.index("") if "" in values else -2
+    codes[(codes == blank) | ev.is_module] = -1
+    module_values = modules.dictionary.to_pylist()
+    module_codes = np.asarray(modules.indices.fill_null(-1), dtype=np.int64)
+    merged = np.where(module_codes >= 0, len(values) + module_codes, codes)
+    return dictionary_column(merged, values + module_values)
 
 
 def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Array]:

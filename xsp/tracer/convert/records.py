@@ -121,6 +121,9 @@ class FrameworkRecords:
     seq_nr: array[int] = field(default_factory=_int64s)
     input_shapes: Interned = field(default_factory=Interned)
     input_dtypes: Interned = field(default_factory=Interned)
+    #: The Python line that called each op (``file:line function``; "" where none was recorded:
+    #: a row that is not an op, an op of a thread without Python, an iteration without shapes).
+    op_source: Interned = field(default_factory=Interned)
     #: The id the op callback pushed to CUPTI as external correlation id; 0 for non-ops.
     external_id: array[int] = field(default_factory=_int64s)
     modules: list[ModuleInfo] = field(default_factory=list)

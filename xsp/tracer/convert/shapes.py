@@ -3,7 +3,8 @@
 Recording input shapes makes PyTorch box every op's inputs for the callback: on the H200 that
 was 16% of a ResNet-50 b64 training step under MFLG (1.343x against 1.183x without). So level F
 records shapes (ops' inputs, module calls' arguments and outputs) in its first measured
-iteration only (``XSP_OP_SHAPES=every`` records them in every one), and the arguments of root
+iteration only (``XSP_OP_SHAPES=every`` records them in every one), with each op's calling
+Python line (``file:line function``, the ``source`` column), and the arguments of root
 module calls in every iteration. Within one iteration, the ops a thread ran take the shapes
 of the ops the same thread ran in the first iteration, by position, when the two ran the same
 ops and module calls in the same order (names compared without a trailing ``#<number>``, as in
@@ -51,6 +52,8 @@ def copy_first_iterations_shapes(
     ran = _what_ran(rec, rows, call)
     template = _by_thread(*bounds[recorded.index(True)], thread)
     dtypes = np.frombuffer(rec.input_dtypes.codes, dtype=np.int32).copy()
+    # the ops' calling lines are recorded with their shapes, and copied with them
+    sources = np.frombuffer(rec.op_source.codes, dtype=np.int32).copy()
     calls_in, calls_out = rec.call_input_shapes, rec.call_output_shapes
     left = 0
     for (a, b), has in zip(bounds, recorded, strict=True):
@@ -72,6 +75,8 @@ def copy_first_iterations_shapes(
                 continue
             shapes[rows[c:d]] = shapes[rows[c0:d0]]
             dtypes[rows[c:d]] = dtypes[rows[c0:d0]]
+            if len(sources):
+                sources[rows[c:d]] = sources[rows[c0:d0]]
             modules = np.nonzero(call[c:d] >= 0)[0]
             for target, source in zip(
                 call[c:d][modules].tolist(), call[c0:d0][modules].tolist(), strict=True
@@ -82,6 +87,8 @@ def copy_first_iterations_shapes(
         left += not complete
     rec.input_shapes = Interned.from_codes(shapes, values)
     rec.input_dtypes = Interned.from_codes(dtypes, rec.input_dtypes.values)
+    if len(sources):
+        rec.op_source = Interned.from_codes(sources, rec.op_source.values)
     return left
 
 

@@ -43,7 +43,15 @@ constexpr uint32_t kVersion = 1;
 constexpr uint64_t kHeaderBytes = 4096;
 constexpr uint64_t kChunkRecords = 4096;
 
-enum Kind : uint8_t { kOp = 1, kModule = 2, kRange = 3, kStep = 4, kModuleInfo = 5, kMemory = 6 };
+enum Kind : uint8_t {
+  kOp = 1,
+  kModule = 2,
+  kRange = 3,
+  kStep = 4,
+  kModuleInfo = 5,
+  kMemory = 6,
+  kSource = 7,  // an op's calling Python line: seq_nr is the op's record id, name the line
+};
 
 struct Header {
   char magic[8];
@@ -126,6 +134,11 @@ struct ThreadState {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> shapes;
   std::vector<Record*> modules;  // open module calls
   std::vector<Record*> ranges;   // open xsp ranges (iterations)
+  // Python code objects: whether each is torch's or xsp's own (skipped when looking for the
+  // line that called an op), and each (code, line)'s interned "file:line function". The code
+  // objects are held (a reference each), so that an address is never reused while cached.
+  std::unordered_map<PyCodeObject*, bool> own_code;
+  std::unordered_map<uint64_t, int32_t> sources;
 };
 
 ThreadState& state() {
@@ -301,6 +314,88 @@ int32_t python_shapes(ThreadState& t, py::handle value, py::handle more = py::ha
   return intern(t, out);
 }
 
+// -- the Python line that called an op ---------------------------------------------------------
+// On a thread that runs Python, the innermost frame that is not torch's or xsp's own is the line
+// of the program (or of the model's code) that called the op. Asked only while shapes are
+// recorded (the first measured iteration of the deepest level set with F), as shapes are.
+bool library_file(PyCodeObject* code) {
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (file == nullptr) {
+    PyErr_Clear();
+    return true;
+  }
+  return std::strstr(file, "/torch/") != nullptr || std::strstr(file, "/xsp/tracer/") != nullptr ||
+         std::strncmp(file, "<frozen", 7) == 0;
+}
+
+int32_t intern_source(ThreadState& t, PyCodeObject* code, int line) {
+  uint64_t key = fnv(&code, sizeof(code), fnv(&line, sizeof(line)));
+  auto found = t.sources.find(key);
+  if (found != t.sources.end()) return found->second;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  const char* function = PyUnicode_AsUTF8(code->co_qualname);
+  if (file == nullptr || function == nullptr) {
+    PyErr_Clear();
+    return -1;
+  }
+  int32_t id = intern(t, std::string(file) + ":" + std::to_string(line) + " " + function);
+  t.sources[key] = id;
+  return id;
+}
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+int32_t op_source(ThreadState& t) {
+  // a thread Python never ran on (autograd's engine, a C++ pool) has no frames to look at
+  if (!Py_IsInitialized() || python_finalizing() || PyGILState_GetThisThreadState() == nullptr)
+    return -1;
+  // torch's bindings release the GIL around an op; take it back, as torch.profiler's with_stack
+  // does in its callback
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  int32_t id = -1;
+  for (int depth = 0; frame != nullptr && depth < 64 && id < 0; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // a new reference
+    auto found = t.own_code.find(code);
+    bool own;
+    if (found == t.own_code.end()) {
+      own = library_file(code);
+      Py_INCREF(code);  // held by the cache
+      t.own_code.emplace(code, own);
+    } else {
+      own = found->second;
+    }
+    if (!own) id = intern_source(t, code, PyFrame_GetLineNumber(frame));
+    Py_DECREF(code);
+    PyFrameObject* back = id < 0 ? PyFrame_GetBack(frame) : nullptr;  // a new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return id;
+}
+
+void record_source(ThreadState& t, uint64_t op_index) {
+  int32_t id = op_source(t);
+  if (id < 0) return;
+  Record* r = claim(t);
+  if (r == nullptr) return;
+  r->seq_nr = int64_t(op_index + 1);  // the op's record id
+  r->aux = -1;
+  r->name = id;
+  r->shapes = r->dtypes = -1;
+  r->scope = 0;
+  r->start_ns = r->end_ns = now_ns();
+  publish(r, kSource);
+}
+
 // -- the RecordFunction callback --------------------------------------------------------------
 struct OpContext : at::ObserverContext {
   Record* record = nullptr;
@@ -349,6 +444,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       auto ids = input_ids(t, fn.inputs());
       r->shapes = ids.first;
       r->dtypes = ids.second;
+      record_source(t, index);
     }
     r->end_ns = 0;
     if (g_push_correlation.load(std::memory_order_relaxed)) {

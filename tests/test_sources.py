@@ -1,0 +1,105 @@
+"""Python source per op (issue 30): level F records each op's calling line (the innermost frame
+outside torch and xsp) with the ops' shapes in the deepest level set with F, the later
+iterations take it from the first, and the analyses rank the program's lines and name the line
+of a host sync."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from xsp.tracer.store import open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent(
+    """\
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 16)
+            self.out = torch.nn.Linear(16, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.fc(x))
+            return self.out(h)
+
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    for _ in range(6):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        seen = loss.item()
+    """
+)
+#: Lines of SCRIPT (1-based): the two layer calls in forward, the loss, backward, the sync.
+FC_LINE, OUT_LINE, LOSS_LINE, BACKWARD_LINE, ITEM_LINE = 11, 12, 19, 20, 23
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("sources")
+    (work / "train.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "run", "--levels", "M,MF", "--iterations", "3",
+         "--warmup", "2", "--out", "R", "--", "python", "train.py"],
+        cwd=work, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return work / "R"
+
+
+def test_each_op_carries_the_line_that_called_it(measured: Path) -> None:
+    spans = open_run(measured / "MF").spans()
+    ops = spans.filter(pc.equal(spans.column("kind").cast("string"), "op"))
+    source = ops.column("source").cast("string").to_pylist()
+    name = ops.column("op_name").cast("string").to_pylist()
+    iteration = ops.column("iteration").to_pylist()
+    first = [(n, s) for n, s, i in zip(name, source, iteration, strict=True) if i == 0]
+    linear = [s for n, s in first if n == "aten::linear"]
+    assert linear == [f"train.py:{FC_LINE} Net.forward", f"train.py:{OUT_LINE} Net.forward"]
+    assert ("aten::relu", f"train.py:{FC_LINE} Net.forward") in first
+    assert ("aten::square", f"train.py:{LOSS_LINE} <module>") in first
+    assert ("aten::_local_scalar_dense", f"train.py:{ITEM_LINE} <module>") in first
+    # the CPU's backward runs on the thread that called backward(): its line
+    assert ("aten::mm", f"train.py:{BACKWARD_LINE} <module>") in first
+    # every op of the later iterations took its line from the first (the same ops ran)
+    later = [s for s, i in zip(source, iteration, strict=True) if i > 0]
+    assert later == [s for s, i in zip(source, iteration, strict=True) if i == 0] * 2
+    assert all(s is not None for s in source)
+
+
+def test_analyze_ranks_the_programs_lines_and_names_the_sync(measured: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "analyze", str(measured), "--json"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    analyses = json.loads(done.stdout)["analyses"]
+    rows = {r["source"]: r for r in analyses["source_lines"]["rows"]}
+    spans = open_run(measured / "MF").spans()
+    ops = spans.filter(pc.equal(spans.column("kind").cast("string"), "op"))
+    source = np.asarray(ops.column("source").cast("string").to_pylist(), dtype=object)
+    for line in (FC_LINE, OUT_LINE, BACKWARD_LINE, ITEM_LINE):
+        key = f"train.py:{line} " + ("Net.forward" if line < 15 else "<module>")
+        assert rows[key]["ops_per_iteration"] == np.count_nonzero(source == key) / 3
+        assert rows[key]["host_ms"] > 0 and rows[key]["gpu_ms"] == 0
+    syncs = [s for s in analyses["suggestions"]["rows"] if s["rule"] == "host-syncs"]
+    assert syncs and syncs[0]["evidence"].endswith(f"at train.py:{ITEM_LINE} <module>")
