@@ -139,6 +139,12 @@ struct ThreadState {
   // objects are held (a reference each), so that an address is never reused while cached.
   std::unordered_map<PyCodeObject*, bool> own_code;
   std::unordered_map<uint64_t, int32_t> sources;
+  // The innermost frame at the last op, its code and instruction, and the line found: ops that
+  // run inside one Python call (aten::linear, then its aten::t and aten::addmm) reuse it.
+  PyFrameObject* last_frame = nullptr;
+  PyCodeObject* last_code = nullptr;
+  int last_lasti = -1;
+  int32_t last_source = -1;
 };
 
 ThreadState& state() {
@@ -359,7 +365,14 @@ int32_t op_source(ThreadState& t) {
   // does in its callback
   py::gil_scoped_acquire gil;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
-  Py_XINCREF(frame);
+  if (frame == nullptr) return -1;
+  PyCodeObject* top = PyFrame_GetCode(frame);  // a new reference
+  int lasti = PyFrame_GetLasti(frame);
+  Py_DECREF(top);  // compared by address only: a cached code object is held (own_code)
+  if (frame == t.last_frame && top == t.last_code && lasti == t.last_lasti &&
+      t.own_code.count(top) != 0)
+    return t.last_source;
+  Py_INCREF(frame);
   int32_t id = -1;
   for (int depth = 0; frame != nullptr && depth < 64 && id < 0; ++depth) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // a new reference
@@ -379,10 +392,17 @@ int32_t op_source(ThreadState& t) {
     frame = back;
   }
   Py_XDECREF(frame);
+  t.last_frame = PyEval_GetFrame();
+  t.last_code = top;
+  t.last_lasti = lasti;
+  t.last_source = id;
   return id;
 }
 
+std::atomic<bool> g_record_sources{true};  // off only to measure what the lines cost
+
 void record_source(ThreadState& t, uint64_t op_index) {
+  if (!g_record_sources.load(std::memory_order_relaxed)) return;
   int32_t id = op_source(t);
   if (id < 0) return;
   Record* r = claim(t);
@@ -1117,6 +1137,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("arena_close", &arena_close);
   m.def("arena_counts", &arena_counts);
   m.def("ops_start", &ops_start, py::arg("record_shapes"));
+  m.def("ops_sources", [](bool on) { g_record_sources.store(on); }, py::arg("on"));
   m.def("ops_stop", &ops_stop);
   m.def("ops_shapes", &ops_shapes, py::arg("on"));
   m.def("module_enter", &module_enter);
