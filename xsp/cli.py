@@ -273,7 +273,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
-    runs = open_measurement(run_dir, _warn)
+    runs = open_measurement(run_dir, _warn, foreign=True)  # another sender's: as it came in
     said = FORMATS[fmt].write(_source(run_dir, runs, reconstructed), output)
     if said:
         console.print(said, highlight=False)
@@ -338,7 +338,7 @@ def push(
     from xsp.tracer.export.transport import OtlpConfig, make_transport
     from xsp.tracer.store import open_measurement
 
-    runs = open_measurement(run_dir, _warn)
+    runs = open_measurement(run_dir, _warn, foreign=True)  # another sender's: as it came in
     config = OtlpConfig.from_env(endpoint)
     if config is None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
