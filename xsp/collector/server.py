@@ -4,8 +4,10 @@ Request path (any number of tracer processes at once; ``http_receiver`` and ``gr
 hold the transports):
 1. size check (HTTP 413 / gRPC RESOURCE_EXHAUSTED), bearer token check, backpressure check (HTTP
    429 with Retry-After / gRPC UNAVAILABLE) when the spool holds more than ``max_pending_bytes``;
-2. decode and validate every span against the columns it will fill (HTTP 400 / gRPC
-   INVALID_ARGUMENT naming the field and value);
+2. decode the whole request as the store worker will (the resource, scopes, events, links, every
+   AnyValue: ``ingest_view``) and validate every span against the columns it will fill (HTTP
+   400 / gRPC INVALID_ARGUMENT naming the field and value): a request is acknowledged only when
+   every span of it will be stored;
 3. append to the write-ahead spool and fsync; only then acknowledge.
 
 A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first

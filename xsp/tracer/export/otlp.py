@@ -9,6 +9,11 @@ A model span that ran inside an application's OpenTelemetry span (``remote_paren
 has that span as its parent on the wire, so a tracing backend shows the model under the request;
 a reconstruction's root carries an OpenTelemetry span link to it (``link_trace_id``,
 ``link_span_id``). Decoding puts both back into their columns.
+
+Another sender's fields beyond xsp's (kind, status code, events, links, scope, every attribute
+with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and encoded back from
+them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type of its own
+(``otlp_values``); xsp's own spans leave them null and pay only a null check per column.
 """
 
 from __future__ import annotations
@@ -604,7 +609,7 @@ def validate_span(span: Any) -> None:
         raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
     if span.parent_span_id and len(span.parent_span_id) != 8:
         raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
-    for link in span.links:  # the store keeps the first link's ids (the request it served)
+    for link in span.links:  # link_trace_id, link_span_id: the first link's ids
         if len(link.trace_id) != 16 or len(link.span_id) != 8:
             raise DecodeError(
                 f"span {span.name[:60]!r}: a link's trace_id must be 16 bytes, its span_id 8"
