@@ -304,6 +304,7 @@ def test_sdk_exporters_round_trip_through_the_store(
     port, bodies = capture
     pushed = _xsp("push", str(run_dir), "--endpoint", f"http://127.0.0.1:{port}/v1/traces")
     assert pushed.returncode == 0, pushed.stderr
+    assert "search?service=shop&" in pushed.stdout  # the senders' own service, no xsp level
     _assert_same([Request.FromString(body) for body in bodies], sent)
 
 

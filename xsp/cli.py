@@ -392,6 +392,8 @@ def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | No
     tables = [b.table for b in batches if b.table.num_rows]
     if not tables:
         return None
+    if per_level and all(t.column("level").null_count == t.num_rows for t in tables):
+        per_level = False  # another sender's spans (no xsp level): its own service names
     start = min(pc.min(t.column("start_ns")).as_py() for t in tables)
     end = max(pc.max(pc.add(t.column("start_ns"), t.column("dur_ns"))).as_py() for t in tables)
     service = str(batches[0].resource.get(schema.RES_SERVICE_NAME) or schema.SERVICE_NAME)
