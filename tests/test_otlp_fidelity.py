@@ -317,6 +317,10 @@ def test_a_foreign_run_stays_out_of_the_analyses(tmp_path: Path) -> None:
     summary = _xsp("summary", str(tmp_path / "store" / "door" / "otlp"))
     assert summary.returncode != 0
     assert "`xsp export` and `xsp push` give them back" in summary.stderr
+    exported = _xsp("export", str(tmp_path / "store" / "door" / "otlp"))  # one sender, stdout
+    assert exported.returncode == 0, exported.stderr
+    (line,) = exported.stdout.splitlines()
+    _assert_same([otlp.parse_json(line.encode())], [_request()])
 
 
 def test_the_door_parses_every_field_the_store_worker_parses() -> None:

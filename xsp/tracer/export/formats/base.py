@@ -99,7 +99,10 @@ def by_sender(
         return [(resource, table)]
     ids = table.column("resource_id").cast(pa.string())
     out: list[tuple[Mapping[str, Any], pa.Table]] = []
-    for sender in ids.unique().to_pylist():
+    unique = ids.unique().to_pylist()
+    if len(unique) == 1 and isinstance(senders.get(unique[0]), dict):  # one sender: no copy
+        return [(otlp.plain_resource(senders[unique[0]]), table)]
+    for sender in unique:
         if sender is None:
             out.append((resource, table.filter(pc.is_null(ids))))
             continue
