@@ -51,6 +51,7 @@ def _request(host: str = "HOSTNAME", event: str = "EVENTNAME") -> Request:
         end_time_unix_nano=5,
     )
     span.events.add(name=event, time_unix_nano=3)
+    span.status.SetInParent()  # UNSET, as the encoders write it (absent is the same value)
     return request
 
 
