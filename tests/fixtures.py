@@ -189,8 +189,9 @@ def http_collector(store: Path, **options: Any) -> Any:
     return Collector(config).start()
 
 
-def start_collector(store_dir: Path, port: int) -> Any:
-    """``xsp collector serve`` (HTTP only) in its own process, returned once it answers."""
+def start_collector(store_dir: Path, port: int, grpc_port: int | None = None) -> Any:
+    """``xsp collector serve`` (HTTP, and gRPC on ``grpc_port``) in its own process, returned
+    once it answers."""
     import os
     import subprocess
     import sys
@@ -208,7 +209,7 @@ def start_collector(store_dir: Path, port: int) -> Any:
             "--store",
             str(store_dir),
             "--grpc",
-            "",
+            f"127.0.0.1:{grpc_port}" if grpc_port else "",
             "--http",
             f"127.0.0.1:{port}",
         ],

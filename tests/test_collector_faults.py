@@ -30,7 +30,7 @@ from tests.test_collector import _post, _resource, _table
 from xsp.collector.spool import Spool
 from xsp.tracer.errors import StoreError
 from xsp.tracer.export import otlp
-from xsp.tracer.store import open_measurement
+from xsp.tracer.store import open_measurement, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest
@@ -110,6 +110,9 @@ def test_a_request_failing_at_flush_is_quarantined_not_blocking(tmp_path: Path) 
     assert Request.FromString(item.read_bytes()) == _poison("iteration")
     assert c.spool.pending_bytes == 0
     c.stop()
+    # the run it was sent to says so: none of its spans stored, one request set aside
+    meta = read_json(tmp_path / "store" / "m-p" / "MF" / "run.json")
+    assert (meta["spans"], meta["quarantined_requests"], meta["quarantined"]) == (0, 1, [item.name])
 
 
 # -- 2. restarts never overwrite stored parts ----------------------------------------------------

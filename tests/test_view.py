@@ -190,7 +190,7 @@ def test_each_level_is_a_service_and_the_decoder_restores_the_stored_spans(
     # the collector stores one run, spans as the tracer stored them
     converted = [item for request in transport.requests for item in writer.convert(request)]
     assert {key for key, _, _ in converted} == {("view", "MF")}
-    assert all(resource == {**RESOURCE, "ip": "view-host"} for _, resource, _ in converted)
+    assert all(sender.attributes == {**RESOURCE, "ip": "view-host"} for _, sender, _ in converted)
     back = pa.concat_tables([table for _, _, table in converted])
     columns = ["span_id", "parent_span_id", "name", "start_ns", "dur_ns", "kind", "phase"]
     assert back.num_rows == mf_table.num_rows

@@ -273,7 +273,7 @@ def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) ->
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
-    runs = open_measurement(run_dir, _warn)
+    runs = open_measurement(run_dir, _warn, foreign=True)  # another sender's: as it came in
     said = FORMATS[fmt].write(_source(run_dir, runs, reconstructed), output)
     if said:
         console.print(said, highlight=False)
@@ -338,7 +338,7 @@ def push(
     from xsp.tracer.export.transport import OtlpConfig, make_transport
     from xsp.tracer.store import open_measurement
 
-    runs = open_measurement(run_dir, _warn)
+    runs = open_measurement(run_dir, _warn, foreign=True)  # another sender's: as it came in
     config = OtlpConfig.from_env(endpoint)
     if config is None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -392,6 +392,8 @@ def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | No
     tables = [b.table for b in batches if b.table.num_rows]
     if not tables:
         return None
+    if per_level and all(t.column("level").null_count == t.num_rows for t in tables):
+        per_level = False  # another sender's spans (no xsp level): its own service names
     start = min(pc.min(t.column("start_ns")).as_py() for t in tables)
     end = max(pc.max(pc.add(t.column("start_ns"), t.column("dur_ns"))).as_py() for t in tables)
     service = str(batches[0].resource.get(schema.RES_SERVICE_NAME) or schema.SERVICE_NAME)

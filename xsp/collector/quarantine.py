@@ -5,7 +5,8 @@ Three things land here, each as one file named after where it came from, with a 
 - ``<segment>.at<offset>.bad``: spool bytes that no intact frame covers (a flipped bit, a
   torn write, a file of garbage);
 - ``<segment>.r<index>.pb``: a spooled request that reads back but cannot be turned into store
-  rows (it passed ingest validation, yet its conversion failed);
+  rows (it passed ingest validation, yet its conversion failed: a fault nobody foresaw; the
+  run.json of each run it was sent to counts it, ``writer.note_quarantined``);
 - ``<name>.stray``: a file in the spool directory that is not a segment.
 
 Nothing here is deleted by the collector: an operator can inspect, fix and re-send it.

@@ -4,8 +4,10 @@ Request path (any number of tracer processes at once; ``http_receiver`` and ``gr
 hold the transports):
 1. size check (HTTP 413 / gRPC RESOURCE_EXHAUSTED), bearer token check, backpressure check (HTTP
    429 with Retry-After / gRPC UNAVAILABLE) when the spool holds more than ``max_pending_bytes``;
-2. decode and validate every span against the columns it will fill (HTTP 400 / gRPC
-   INVALID_ARGUMENT naming the field and value);
+2. decode the whole request as the store worker will (the resource, scopes, events, links, every
+   AnyValue: ``ingest_view``) and validate every span against the columns it will fill (HTTP
+   400 / gRPC INVALID_ARGUMENT naming the field and value): a request is acknowledged only when
+   every span of it will be stored;
 3. append to the write-ahead spool and fsync; only then acknowledge.
 
 A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first
@@ -59,7 +61,7 @@ from xsp.collector.http_receiver import (
 from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
 from xsp.collector.spool import Spool
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
-from xsp.collector.writer import StoreWriter
+from xsp.collector.writer import StoreWriter, note_quarantined
 from xsp.tracer.errors import ConfigError, StoreError, XspError
 from xsp.tracer.export import otlp
 from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
@@ -235,8 +237,9 @@ class Collector:
             raise Busy(f"spool holds {self.spool.pending_bytes} bytes not yet stored")
 
     def ingest(self, request: trace_service_pb2.ExportTraceServiceRequest) -> int:
-        """Validate and spool a request; returns the span count once it is durable."""
-        return self._spool(request, request.SerializeToString())
+        """Validate and spool a request; returns the span count once it is durable. Checked as
+        the bytes spooled, by the parser the store worker uses (``ingest_view``)."""
+        return self.ingest_protobuf(request.SerializeToString())
 
     def ingest_protobuf(self, body: bytes) -> int:
         """Decode, validate and spool a protobuf body (spooled as received: no re-encoding)."""
@@ -248,9 +251,6 @@ class Collector:
         if as_json:
             return self.ingest(otlp.parse_json(body))
         return self.ingest_protobuf(body)
-
-    def _spool(self, request: trace_service_pb2.ExportTraceServiceRequest, payload: bytes) -> int:
-        return self._append(otlp.validate(request), payload)
 
     def _append(self, spans: int, payload: bytes) -> int:
         self.check_capacity()
@@ -336,7 +336,8 @@ class Collector:
         poison = dict(stored.poison)
         for index, reason in poison.items():  # set aside; the rest of the segment is stored
             self.quarantined_requests += 1
-            self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
+            item = self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
+            note_quarantined(self.config.store, payloads[index], item.name)
         if self._forward is not None:
             for index, payload in enumerate(payloads):
                 if index not in poison:

@@ -33,7 +33,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,9 @@ MAX_INDEXED_RUNS = 64
 #: run.json keys: spans left out because the run already stored them (total, and by part).
 META_DUPLICATES = "duplicate_spans_skipped"
 META_DUPLICATES_BY_PART = "duplicate_spans_skipped_by_part"
+#: run.json keys: requests of the run set aside in the store's .quarantine/, and their files.
+META_QUARANTINED = "quarantined_requests"
+META_QUARANTINED_ITEMS = "quarantined"
 _KEY_COLUMNS = ["trace_id", "span_id"]
 
 
@@ -84,8 +87,17 @@ def run_key(resource: dict[str, Any]) -> tuple[str, str]:
     return _safe(str(measurement)) if measurement else UNIDENTIFIED, _safe(str(levels))
 
 
-#: One converted request: (run key, resource attributes, span rows) per run it touches.
-Converted = list[tuple[tuple[str, str], dict[str, Any], pa.Table]]
+class Sender(NamedTuple):
+    """A resource as stored: its id (``otlp.resource_id``, the spans' ``resource_id``), its
+    attributes as plain values (run.json's "resource") and typed (run.json's "resources")."""
+
+    id: str
+    attributes: dict[str, Any]
+    typed: dict[str, Any]
+
+
+#: One converted request: (run key, sender, span rows) per run it touches.
+Converted = list[tuple[tuple[str, str], Sender, pa.Table]]
 
 
 def convert(request: ExportTraceServiceRequest) -> Converted:
@@ -93,10 +105,11 @@ def convert(request: ExportTraceServiceRequest) -> Converted:
     request the caller quarantines)."""
     out: Converted = []
     for resource_spans in request.resource_spans:
-        resource = otlp.resource_attributes(resource_spans)
-        table = otlp.table_from_resource_spans(resource_spans)
+        typed = otlp.resource_json(resource_spans)
+        sender = Sender(otlp.resource_id(typed), otlp.plain_resource(typed), typed)
+        table = otlp.table_from_resource_spans(resource_spans, sender.id)
         if table.num_rows:
-            out.append((run_key(resource), resource, table))
+            out.append((run_key(sender.attributes), sender, table))
     return out
 
 
@@ -264,12 +277,14 @@ class StoreWriter:
     def write(self, part_name: str, converted: Iterable[Converted]) -> int:
         """Write one part per run; returns the spans written (duplicates left out, counted in
         ``duplicate_spans`` and the run's run.json)."""
-        groups: dict[tuple[str, str], tuple[dict[str, Any], list[pa.Table]]] = {}
+        groups: dict[tuple[str, str], tuple[dict[str, Sender], list[pa.Table]]] = {}
         for request in converted:
-            for key, resource, table in request:
-                groups.setdefault(key, (resource, []))[1].append(table)
+            for key, sender, table in request:
+                senders, tables = groups.setdefault(key, ({}, []))
+                senders.setdefault(sender.id, sender)
+                tables.append(table)
         written = 0
-        for (measurement, levels), (resource, tables) in groups.items():
+        for (measurement, levels), (senders, tables) in groups.items():
             run_dir = self.root / measurement / levels
             table = pa.concat_tables(tables, promote_options="permissive")
             keys = self._keys(run_dir, part_name)
@@ -280,7 +295,7 @@ class StoreWriter:
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
             try:
-                self._update_meta(run_dir, measurement, levels, resource, keys)
+                self._update_meta(run_dir, measurement, levels, senders, keys)
             except OSError as exc:
                 raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
             written += table.num_rows
@@ -304,8 +319,24 @@ class StoreWriter:
         return keys
 
     def _update_meta(
-        self, run_dir: Path, measurement: str, levels: str, resource: dict[str, Any], keys: SpanKeys
+        self,
+        run_dir: Path,
+        measurement: str,
+        levels: str,
+        senders: dict[str, Sender],
+        keys: SpanKeys,
     ) -> None:
+        """run.json: every sender's resource in "resources" (by id, as the spans'
+        ``resource_id`` names them), the first one's attributes in "resource"."""
+        earlier = _read_meta(run_dir)
+        resources = earlier.get("resources")
+        resources = dict(resources) if isinstance(resources, dict) else {}
+        for sender in senders.values():
+            resources.setdefault(sender.id, sender.typed)
+        first = next(iter(senders.values()))
+        resource = earlier.get("resource")
+        if not isinstance(resource, dict) or "resources" not in earlier:
+            resource = first.attributes  # a run.json of an older collector: its first sender's
         store.write_json_atomic(
             run_dir / store.RUN_META,
             {
@@ -315,21 +346,57 @@ class StoreWriter:
                 "levels": levels,
                 "workload": resource.get(schema.RES_WORKLOAD),
                 "resource": resource,
+                "resources": resources,
                 "status": "collected",
                 "spans": keys.spans,
                 META_DUPLICATES: sum(keys.skipped.values()),
                 META_DUPLICATES_BY_PART: dict(sorted(keys.skipped.items())),
                 "source": "collector",
+                **{
+                    k: earlier[k]
+                    for k in (META_QUARANTINED, META_QUARANTINED_ITEMS)
+                    if k in earlier
+                },
             },
         )
 
 
-def _skipped_by_part(run_dir: Path) -> dict[str, int]:
-    """The duplicates each part left out, as an earlier process recorded them in run.json."""
+def note_quarantined(root: Path, payload: bytes, item: str) -> None:
+    """Count a request set aside in the quarantine (``item``, its file name there) in the
+    run.json of each run it would have been stored in, where its resources can be read."""
     try:
-        meta = store.read_json(run_dir / store.RUN_META)
+        request = otlp.parse_protobuf(payload)
+        keys = {run_key(otlp.resource_attributes(rs)) for rs in request.resource_spans}
+    except Exception:  # unreadable: the collector's own count and log line still say it
+        return
+    for measurement, levels in sorted(keys):
+        run_dir = root / measurement / levels
+        meta = _read_meta(run_dir) or {
+            "format": schema.STORE_FORMAT,
+            "measurement_id": measurement,
+            "levels": levels,
+            "status": "collected",
+            "spans": 0,
+            "source": "collector",
+        }
+        meta[META_QUARANTINED] = int(meta.get(META_QUARANTINED) or 0) + 1
+        meta[META_QUARANTINED_ITEMS] = [*(meta.get(META_QUARANTINED_ITEMS) or []), item]
+        try:
+            store.write_json_atomic(run_dir / store.RUN_META, meta)
+        except OSError as exc:
+            log.error("xsp collector: cannot count %s in %s: %s", item, run_dir, exc)
+
+
+def _read_meta(run_dir: Path) -> dict[str, Any]:
+    try:
+        return store.read_json(run_dir / store.RUN_META)
     except StoreError:
         return {}
+
+
+def _skipped_by_part(run_dir: Path) -> dict[str, int]:
+    """The duplicates each part left out, as an earlier process recorded them in run.json."""
+    meta = _read_meta(run_dir)
     by_part = meta.get(META_DUPLICATES_BY_PART)
     if not isinstance(by_part, dict):
         return {}

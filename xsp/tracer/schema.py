@@ -177,6 +177,25 @@ class Column:
 
 _STR = pa.string()
 _DICT = pa.dictionary(pa.int32(), pa.string())
+#: An OTLP span event and link (attributes as OTLP/JSON text: xsp.tracer.export.otlp_values).
+EVENT_TYPE: Final = pa.struct(
+    [
+        ("time_ns", pa.int64()),
+        ("name", _STR),
+        ("attributes", _STR),
+        ("dropped_attributes_count", pa.uint32()),
+    ]
+)
+LINK_TYPE: Final = pa.struct(
+    [
+        ("trace_id", pa.binary(16)),
+        ("span_id", pa.uint64()),
+        ("trace_state", _STR),
+        ("flags", pa.uint32()),
+        ("attributes", _STR),
+        ("dropped_attributes_count", pa.uint32()),
+    ]
+)
 
 #: Identity and timing columns, then attribute columns. Nullable attribute columns are left
 #: null where they do not apply (an op has no module type).
@@ -235,9 +254,34 @@ COLUMNS: Final[tuple[Column, ...]] = (
     *(Column(f"gpu_{name}", pa.float64(), f"xsp.gpu.{name}") for name in MONITOR_SUMMARIES),
     # Hardware counters, on reconstructed kernel spans only (see COUNTER_SUMMARIES).
     *(Column(f"hw_{name}", type_, f"xsp.hw.{name}") for name, type_ in COUNTER_SUMMARIES),
+    # The rest of OTLP, which the collector keeps for any sender and the OTLP encoders give back
+    # (docs/store.md). xsp's own spans leave them null, which costs nothing at rest.
+    Column("span_kind", pa.int8()),  # OTLP Span.kind; null: INTERNAL, as xsp's own
+    Column("status_code", pa.int8()),  # OTLP Status.code; null: ERROR if status_message, else UNSET
+    Column("trace_state", _STR),
+    Column("flags", pa.uint32()),  # OTLP Span.flags; null: 0
+    Column("scope_name", _DICT),  # the instrumentation scope; null: xsp's own
+    Column("scope_version", _DICT),
+    # the rest of the scope, as OTLP/JSON: {"attributes": [...], "droppedAttributesCount": n,
+    # "schemaUrl": "..."} (ScopeSpans.schema_url); null when it has none
+    Column("scope_extra", _DICT),
+    # the sender's resource, a key of run.json's "resources"; null: run.json's "resource"
+    Column("resource_id", _DICT),
+    # the attributes no column above holds, as OTLP/JSON KeyValues, each value with its type
+    Column("attributes", _STR),
+    Column("events", pa.list_(EVENT_TYPE)),
+    # every link, when link_trace_id / link_span_id (the first link's ids) do not say them all
+    Column("links", pa.list_(LINK_TYPE)),
+    Column("dropped_attributes_count", pa.uint32()),  # null: 0, as the next two
+    Column("dropped_events_count", pa.uint32()),
+    Column("dropped_links_count", pa.uint32()),
 )
 
 SPAN_SCHEMA: Final = pa.schema([pa.field(c.name, c.type) for c in COLUMNS])
+#: The columns of OTLP's fields beyond xsp's (from ``span_kind`` on): one that a part's spans
+#: leave null is written without it (readers add it back, null), so xsp's own spans pay not even
+#: the ~600 bytes of footer each such column costs a part.
+OTLP_COLUMNS: Final = tuple(c.name for c in COLUMNS[[c.name for c in COLUMNS].index("span_kind") :])
 ATTRIBUTE_COLUMNS: Final = tuple(c for c in COLUMNS if c.attribute is not None)
 REQUIRED_COLUMNS: Final = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "dur_ns")
 

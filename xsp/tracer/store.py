@@ -71,7 +71,8 @@ _STORE_NAMES = (
 )
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
-# and delta-encoded integer columns (ids and start times grow steadily).
+# and delta-encoded integer columns (ids and start times grow steadily); an OTLP column
+# (schema.OTLP_COLUMNS) that a part's spans leave null is left out of it (readers add it back).
 _DELTA_COLUMNS = (
     "span_id",
     "parent_span_id",
@@ -180,7 +181,10 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     path = run_dir / f"spans-{name}.parquet"
     # One dictionary per column across the table's chunks (the conversion's blocks each have
     # their own): with several, the parquet writer held 54 MB more while writing 191k spans.
-    _write_parquet(path, table.cast(schema.SPAN_SCHEMA).unify_dictionaries(), **PARQUET_OPTIONS)
+    table = table.cast(schema.SPAN_SCHEMA).unify_dictionaries()
+    unused = [n for n in schema.OTLP_COLUMNS if table.column(n).null_count == table.num_rows]
+    table = table.drop_columns(unused)  # xsp's own leave them all: its parts as before OTLP's
+    _write_parquet(path, table, **PARQUET_OPTIONS)
     return path
 
 
@@ -342,7 +346,9 @@ def conform(table: pa.Table, path: Path | None = None) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema.SPAN_SCHEMA)
 
 
-def open_run(path: Path) -> Run:
+def open_run(path: Path, foreign: bool = False) -> Run:
+    """The run in ``path``; with ``foreign``, also the spans of a sender that is not xsp (the
+    collector's ``otlp`` directories), which only export and push read."""
     meta = read_json(path / RUN_META)
     fmt = str(meta.get("format", ""))
     if fmt.split("/")[0] != schema.STORE_FORMAT.split("/")[0]:
@@ -350,9 +356,12 @@ def open_run(path: Path) -> Run:
     if "levels" in meta:
         levels = meta["levels"]
         if levels == FOREIGN_LEVELS:
+            if foreign:
+                return Run(path, meta)
             raise StoreError(
                 f"{path}: spans of a sender that is not xsp (they have no xsp.levels): xsp's "
-                f"commands read xsp runs; the spans are in {path}/spans-*.parquet"
+                f"analyses read xsp runs; `xsp export` and `xsp push` give them back as they "
+                f"came in"
             )
         try:
             if not isinstance(levels, str):
@@ -380,8 +389,11 @@ def _listed_levels(path: Path, manifest: dict[str, Any]) -> list[tuple[str, str 
     return listed
 
 
-def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> list[Run]:
-    """The level-set runs of a measurement directory, in the order the manifest lists them.
+def open_measurement(
+    root: Path, warn: Callable[[str], None] | None = None, foreign: bool = False
+) -> list[Run]:
+    """The level-set runs of a measurement directory, in the order the manifest lists them
+    (with ``foreign``, a foreign sender's spans too: ``open_run``).
 
     A directory that is itself one run (it holds run.json) is returned as a one-run list. What
     is left out or guessed is said through ``warn`` (default: a logged warning): a level set
@@ -394,7 +406,7 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
     if not root.is_dir():
         raise StoreError(f"{root}: not a run directory (a file)")
     if (root / RUN_META).exists():
-        return [open_run(root)]
+        return [open_run(root, foreign)]
     on_disk = sorted(
         p.parent.name for p in root.glob(f"*/{RUN_META}") if p.parent.name != RECONSTRUCTED
     )
@@ -410,10 +422,10 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
             else:
                 names.append(levels)
         unlisted = [n for n in on_disk if n not in {levels for levels, _ in listed}]
-        foreign = [n for n in unlisted if not _same_measurement(root / n, manifest)]
-        if foreign:  # an earlier measurement into the same directory
-            say(f"level set {', '.join(foreign)}: from another measurement than {root}'s; left out")
-            unlisted = [n for n in unlisted if n not in foreign]
+        earlier = [n for n in unlisted if not _same_measurement(root / n, manifest)]
+        if earlier:  # an earlier measurement into the same directory
+            say(f"level set {', '.join(earlier)}: from another measurement than {root}'s; left out")
+            unlisted = [n for n in unlisted if n not in earlier]
         if unlisted:
             say(
                 f"{root / MANIFEST} does not list {', '.join(unlisted)} (its runner stopped "
@@ -429,7 +441,7 @@ def open_measurement(root: Path, warn: Callable[[str], None] | None = None) -> l
     runs = []
     for name in names:
         if (root / name / RUN_META).exists():
-            runs.append(open_run(root / name))
+            runs.append(open_run(root / name, foreign))
         else:
             missing = root / name if not (root / name).exists() else root / name / RUN_META
             say(f"level set {name}: {missing} is missing; left out")

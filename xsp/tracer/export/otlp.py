@@ -9,10 +9,17 @@ A model span that ran inside an application's OpenTelemetry span (``remote_paren
 has that span as its parent on the wire, so a tracing backend shows the model under the request;
 a reconstruction's root carries an OpenTelemetry span link to it (``link_trace_id``,
 ``link_span_id``). Decoding puts both back into their columns.
+
+Another sender's fields beyond xsp's (kind, status code, events, links, scope, every attribute
+with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and encoded back from
+them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type of its own
+(``otlp_values``); xsp's own spans leave them null and pay only a null check per column.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,8 +34,9 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from xsp.tracer import schema
+from xsp.tracer.export import otlp_values
 from xsp.tracer.export.kernel_names import short_kernel_name
-from xsp.tracer.export.view import WIRE_COLUMNS, level_resource, stored_resource
+from xsp.tracer.export.view import WIRE_COLUMNS, level_resource
 
 SCOPE_NAME = "xsp"
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
@@ -41,6 +49,9 @@ _ROOT_NAMES = {
 
 
 def any_value(value: Any) -> AnyValue:
+    """A plain value as OTLP; a dict is a typed value kept as OTLP/JSON (``otlp_values``)."""
+    if isinstance(value, dict):
+        return otlp_values.value_from_json(value)
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):
@@ -78,9 +89,11 @@ def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
     """The resource as sent: Jaeger's host key added where it is missing. Jaeger adjusts (or, with
     adjustment off, flags) clock skew between spans whose host keys differ or are absent; its v1
     API, which the UI reads, looks at ``ip`` alone. All of a run's spans come from one clock, so
-    they share one key: the run's own ``ip``, else its host name."""
+    they share one key: the run's own ``ip``, else its host name. Another sender's resource
+    (no ``xsp.`` attribute: the collector stored it) goes back as it came in."""
     wired = dict(resource)
-    if not wired.get(schema.RES_JAEGER_HOST_KEY):
+    ours = any(key.startswith("xsp.") for key in wired)
+    if ours and not wired.get(schema.RES_JAEGER_HOST_KEY):
         wired[schema.RES_JAEGER_HOST_KEY] = str(wired.get(schema.RES_HOST_NAME) or "localhost")
     return wired
 
@@ -93,7 +106,9 @@ def _span_rows(
     kernel's is its short name, its full name an attribute), start and end ns, the set
     attributes and the error message. Both encoders (protobuf and OTLP/JSON) read spans through
     it."""
-    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    cols = {
+        name: table.column(name).to_pylist() for name in table.column_names if name not in _REST
+    }
     n = table.num_rows
     remote = cols.get("remote_parent_span_id") or [None] * n
     kinds = cols.get("kind") or [None] * n
@@ -129,6 +144,57 @@ def _span_rows(
         )
 
 
+_REST = frozenset(schema.OTLP_COLUMNS)
+
+
+def _rest_rows(table: pa.Table) -> list[dict[str, Any] | None]:
+    """Each row's OTLP fields beyond xsp's (``schema.OTLP_COLUMNS``, those set), None where it
+    has none (every xsp span): both encoders give them back."""
+    n = table.num_rows
+    rows: list[dict[str, Any] | None] = [None] * n
+    for name in schema.OTLP_COLUMNS:
+        if name in _SCOPE_COLUMNS or name not in table.column_names:
+            continue
+        column = table.column(name)
+        if column.null_count == n:
+            continue
+        for row, value in enumerate(column.to_pylist()):
+            if value is not None:
+                found = rows[row]
+                if found is None:
+                    found = rows[row] = {}
+                found[name] = value
+    return rows
+
+
+#: The columns that group a resource's spans into scopes (ScopeSpans), not fields of a span.
+_SCOPE_COLUMNS = ("scope_name", "scope_version", "scope_extra", "resource_id")
+
+
+def _scope_groups(table: pa.Table, scope_version: str) -> list[tuple[tuple[Any, ...], list[int]]]:
+    """The rows of each instrumentation scope, scopes in the order of their first row: a
+    stored scope (name, version, the rest as OTLP/JSON text), or xsp's own where none is."""
+    n = table.num_rows
+    ours = (SCOPE_NAME, scope_version, None)
+    if "scope_name" not in table.column_names or table.column("scope_name").null_count == n:
+        return [(ours, list(range(n)))]
+    names = table.column("scope_name").to_pylist()
+    versions = table.column("scope_version").to_pylist()
+    extras = table.column("scope_extra").to_pylist()
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for row, name in enumerate(names):
+        key = ours if name is None else (name, versions[row] or "", extras[row])
+        groups.setdefault(key, []).append(row)
+    return list(groups.items())
+
+
+def _status_code(message: str | None, rest: Mapping[str, Any] | None) -> Any:
+    """The OTLP status code of a row (an int; Any for protobuf's enum type)."""
+    if rest is not None and rest.get("status_code") is not None:
+        return int(rest["status_code"])
+    return Status.STATUS_CODE_ERROR if message is not None else Status.STATUS_CODE_UNSET
+
+
 def _span_links(table: pa.Table) -> list[tuple[bytes, int] | None]:
     """Each row's OpenTelemetry span link (trace id, span id), None where it has none."""
     if "link_span_id" not in table.column_names or "link_trace_id" not in table.column_names:
@@ -161,38 +227,85 @@ def encode_resource_spans(
     resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
 ) -> ResourceSpans:
     """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA), under
-    ``resource`` as given (``wire_resource`` adds Jaeger's host key)."""
+    ``resource`` as given (``wire_resource`` adds Jaeger's host key), one ScopeSpans per
+    instrumentation scope."""
     spans = [
-        Span(
-            trace_id=trace_id,
-            span_id=span_id.to_bytes(8, "big"),
-            parent_span_id=parent.to_bytes(8, "big") if parent else b"",
-            name=name,
-            kind=Span.SPAN_KIND_INTERNAL,
-            start_time_unix_nano=start,
-            end_time_unix_nano=end,
-            attributes=[KeyValue(key=key, value=any_value(value)) for key, value in attributes],
-            status=(
-                Status(code=Status.STATUS_CODE_ERROR, message=message)
-                if message is not None
-                else Status(code=Status.STATUS_CODE_UNSET)
-            ),
-            links=[Span.Link(trace_id=link[0], span_id=link[1].to_bytes(8, "big"))]
-            if link is not None
-            else [],
-        )
-        for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
-            _span_rows(resource, table, view), _span_links(table), strict=True
+        _span(row, link, rest)
+        for row, link, rest in zip(
+            _span_rows(resource, table, view), _span_links(table), _rest_rows(table), strict=True
         )
     ]
     return ResourceSpans(
         resource=Resource(attributes=key_values(wire_resource(resource))),
         scope_spans=[
             ScopeSpans(
-                scope=InstrumentationScope(name=SCOPE_NAME, version=scope_version), spans=spans
+                scope=_scope(key),
+                spans=[spans[row] for row in rows],
+                schema_url=(json.loads(key[2]).get("schemaUrl", "") if key[2] else ""),
             )
+            for key, rows in _scope_groups(table, scope_version)
         ],
     )
+
+
+def _scope(key: tuple[Any, ...]) -> InstrumentationScope:
+    name, version, extra = key
+    scope = InstrumentationScope(name=name, version=version)
+    if extra:
+        rest = json.loads(extra)
+        scope.attributes.extend(otlp_values.key_values_from_json(rest.get("attributes")))
+        scope.dropped_attributes_count = int(rest.get("droppedAttributesCount", 0))
+    return scope
+
+
+def _span(
+    row: tuple[bytes, int, int, str, int, int, list[tuple[str, Any]], str | None],
+    link: tuple[bytes, int] | None,
+    rest: Mapping[str, Any] | None,
+) -> Span:
+    trace_id, span_id, parent, name, start, end, attributes, message = row
+    span = Span(
+        trace_id=trace_id,
+        span_id=span_id.to_bytes(8, "big"),
+        parent_span_id=parent.to_bytes(8, "big") if parent else b"",
+        name=name,
+        kind=Span.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=start,
+        end_time_unix_nano=end,
+        attributes=[KeyValue(key=key, value=any_value(value)) for key, value in attributes],
+        status=Status(code=_status_code(message, rest), message=message or ""),
+        links=[Span.Link(trace_id=link[0], span_id=link[1].to_bytes(8, "big"))]
+        if link is not None
+        else [],
+    )
+    if rest is None:
+        return span
+    if "span_kind" in rest:
+        span.kind = rest["span_kind"]
+    span.attributes.extend(otlp_values.key_values_from_text(rest.get("attributes")))
+    for event in rest.get("events") or []:
+        span.events.add(
+            time_unix_nano=event["time_ns"] or 0,
+            name=event["name"] or "",
+            attributes=otlp_values.key_values_from_text(event["attributes"]),
+            dropped_attributes_count=event["dropped_attributes_count"] or 0,
+        )
+    if rest.get("links") is not None:
+        del span.links[:]
+        for stored in rest["links"]:
+            span.links.add(
+                trace_id=stored["trace_id"] or b"",
+                span_id=(stored["span_id"] or 0).to_bytes(8, "big"),
+                trace_state=stored["trace_state"] or "",
+                flags=stored["flags"] or 0,
+                attributes=otlp_values.key_values_from_text(stored["attributes"]),
+                dropped_attributes_count=stored["dropped_attributes_count"] or 0,
+            )
+    span.trace_state = rest.get("trace_state") or ""
+    span.flags = rest.get("flags") or 0
+    for field_ in _DROPPED:
+        setattr(span, field_, rest.get(field_) or 0)
+    return span
 
 
 def encode_request(
@@ -225,46 +338,125 @@ def encode_request_json(
 def _resource_spans_json(
     resource: Mapping[str, Any], table: pa.Table, scope_version: str, view: bool
 ) -> dict[str, Any]:
-    spans = []
-    for (trace_id, span_id, parent, name, start, end, attributes, message), link in zip(
-        _span_rows(resource, table, view), _span_links(table), strict=True
-    ):
-        span: dict[str, Any] = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
-        if parent:
-            span["parentSpanId"] = f"{parent:016x}"
-        if name:
-            span["name"] = name
-        span["kind"] = Span.SPAN_KIND_INTERNAL
-        if start:
-            span["startTimeUnixNano"] = str(start)
-        if end:
-            span["endTimeUnixNano"] = str(end)
-        if attributes:
-            span["attributes"] = [{"key": k, "value": _json_value(v)} for k, v in attributes]
-        if message is None:
-            span["status"] = {}
-        elif message:
-            span["status"] = {"message": message, "code": Status.STATUS_CODE_ERROR}
-        else:
-            span["status"] = {"code": Status.STATUS_CODE_ERROR}
-        if link is not None:
-            span["links"] = [{"traceId": link[0].hex(), "spanId": f"{link[1]:016x}"}]
-        spans.append(span)
-    scope: dict[str, Any] = {"name": SCOPE_NAME}
-    if scope_version:
-        scope["version"] = scope_version
+    spans = [
+        _span_json(row, link, rest)
+        for row, link, rest in zip(
+            _span_rows(resource, table, view), _span_links(table), _rest_rows(table), strict=True
+        )
+    ]
     wired = [
         {"key": key, "value": _json_value(value)}
         for key, value in wire_resource(resource).items()
         if value is not None
     ]
     resource_spans: dict[str, Any] = {"resource": {"attributes": wired} if wired else {}}
-    resource_spans["scopeSpans"] = [{"scope": scope, **({"spans": spans} if spans else {})}]
+    scope_spans = []
+    for (name, version, extra), rows in _scope_groups(table, scope_version):
+        scope: dict[str, Any] = {"name": name} if name else {}
+        if version:
+            scope["version"] = version
+        entry: dict[str, Any] = {"scope": scope}
+        if extra:
+            rest = json.loads(extra)
+            if rest.get("attributes"):
+                scope["attributes"] = rest["attributes"]
+            if rest.get("droppedAttributesCount"):
+                scope["droppedAttributesCount"] = rest["droppedAttributesCount"]
+            if rest.get("schemaUrl"):
+                entry["schemaUrl"] = rest["schemaUrl"]
+        if rows:
+            entry["spans"] = [spans[row] for row in rows]
+        scope_spans.append(entry)
+    resource_spans["scopeSpans"] = scope_spans
     return resource_spans
+
+
+def _span_json(
+    row: tuple[bytes, int, int, str, int, int, list[tuple[str, Any]], str | None],
+    link: tuple[bytes, int] | None,
+    rest: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    trace_id, span_id, parent, name, start, end, attributes, message = row
+    span: dict[str, Any] = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
+    if rest is not None and rest.get("trace_state"):
+        span["traceState"] = rest["trace_state"]
+    if parent:
+        span["parentSpanId"] = f"{parent:016x}"
+    if rest is not None and rest.get("flags"):
+        span["flags"] = rest["flags"]
+    if name:
+        span["name"] = name
+    kind = rest.get("span_kind") if rest is not None else None
+    span["kind"] = Span.SPAN_KIND_INTERNAL if kind is None else kind
+    if start:
+        span["startTimeUnixNano"] = str(start)
+    if end:
+        span["endTimeUnixNano"] = str(end)
+    listed = [{"key": k, "value": _json_value(v)} for k, v in attributes]
+    if rest is not None:
+        listed += otlp_values.json_from_text(rest.get("attributes"))
+    if listed:
+        span["attributes"] = listed
+    status: dict[str, Any] = {}
+    if message:
+        status["message"] = message
+    code = _status_code(message, rest)
+    if code:
+        status["code"] = code
+    span["status"] = status
+    if rest is not None and rest.get("events"):
+        span["events"] = [_event_json(event) for event in rest["events"]]
+    if rest is not None and rest.get("links") is not None:
+        span["links"] = [_link_json(stored) for stored in rest["links"]]
+    elif link is not None:
+        span["links"] = [{"traceId": link[0].hex(), "spanId": f"{link[1]:016x}"}]
+    if rest is not None:
+        for field_, key in _DROPPED_JSON:
+            if rest.get(field_):
+                span[key] = rest[field_]
+    return span
+
+
+_DROPPED_JSON = (
+    ("dropped_attributes_count", "droppedAttributesCount"),
+    ("dropped_events_count", "droppedEventsCount"),
+    ("dropped_links_count", "droppedLinksCount"),
+)
+
+
+def _event_json(event: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if event["time_ns"]:
+        out["timeUnixNano"] = str(event["time_ns"])
+    if event["name"]:
+        out["name"] = event["name"]
+    if event["attributes"]:
+        out["attributes"] = json.loads(event["attributes"])
+    if event["dropped_attributes_count"]:
+        out["droppedAttributesCount"] = event["dropped_attributes_count"]
+    return out
+
+
+def _link_json(stored: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "traceId": (stored["trace_id"] or b"").hex(),
+        "spanId": f"{stored['span_id'] or 0:016x}",
+    }
+    if stored["trace_state"]:
+        out["traceState"] = stored["trace_state"]
+    if stored["attributes"]:
+        out["attributes"] = json.loads(stored["attributes"])
+    if stored["dropped_attributes_count"]:
+        out["droppedAttributesCount"] = stored["dropped_attributes_count"]
+    if stored["flags"]:
+        out["flags"] = stored["flags"]
+    return out
 
 
 def _json_value(value: Any) -> dict[str, Any]:
     """An attribute value as OTLP/JSON writes ``any_value(value)``."""
+    if isinstance(value, dict):  # a typed value kept as OTLP/JSON (an array, bytes)
+        return value
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
@@ -347,8 +539,6 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
 
 def parse_json(body: bytes) -> ExportTraceServiceRequest:
     """Parse OTLP/JSON (hex trace and span ids, as the spec requires)."""
-    import json
-
     from google.protobuf.json_format import ParseDict, ParseError
 
     try:
@@ -419,7 +609,7 @@ def validate_span(span: Any) -> None:
         raise DecodeError(f"span {span.name[:60]!r}: span_id must be 8 bytes")
     if span.parent_span_id and len(span.parent_span_id) != 8:
         raise DecodeError(f"span {span.name[:60]!r}: parent_span_id must be 8 bytes")
-    for link in span.links:  # the store keeps the first link's ids (the request it served)
+    for link in span.links:  # link_trace_id, link_span_id: the first link's ids
         if len(link.trace_id) != 16 or len(link.span_id) != 8:
             raise DecodeError(
                 f"span {span.name[:60]!r}: a link's trace_id must be 16 bytes, its span_id 8"
@@ -449,16 +639,120 @@ def _plain(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
+def resource_json(resource_spans: ResourceSpans) -> dict[str, Any]:
+    """The sender's resource as stored (run.json's "resources"): its attributes as OTLP/JSON,
+    each value with its type, a level's own service (a viewer layout) back to the run's; its
+    dropped count and schema URL where set."""
+    listed = otlp_values.key_values_json(resource_spans.resource.attributes)
+    base = next((kv for kv in listed if kv["key"] == schema.RES_SERVICE_BASE), None)
+    if base is not None:  # view.level_resource undone: the run's own service name back
+        listed = [kv for kv in listed if kv is not base]
+        for kv in listed:
+            if kv["key"] == schema.RES_SERVICE_NAME:
+                kv["value"] = base.get("value", {})
+    entry: dict[str, Any] = {"attributes": listed}
+    if resource_spans.resource.dropped_attributes_count:
+        entry["droppedAttributesCount"] = resource_spans.resource.dropped_attributes_count
+    if resource_spans.schema_url:
+        entry["schemaUrl"] = resource_spans.schema_url
+    return entry
+
+
+def resource_id(entry: Mapping[str, Any]) -> str:
+    """The key of a stored resource: a hash of its attributes (in any order), dropped count and
+    schema URL, so two senders that differ in any attribute are stored apart."""
+    canonical = dict(
+        entry, attributes=sorted(entry.get("attributes", []), key=lambda kv: kv["key"])
+    )
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def plain_resource(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored resource's attributes as plain values (``otlp_values.plain``)."""
+    return {kv["key"]: otlp_values.plain(kv.get("value", {})) for kv in entry.get("attributes", [])}
+
+
 def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
     """The resource's attributes as stored: a level's own service (a viewer layout) back to the
     run's, so that the levels of one run are stored as one run."""
-    return stored_resource({kv.key: _plain(kv.value) for kv in resource_spans.resource.attributes})
+    return plain_resource(resource_json(resource_spans))
 
 
-def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
-    """The spans of one ResourceSpans as rows of ``schema.SPAN_SCHEMA`` (attributes outside the
-    schema are not kept). Tight loop: each protobuf field access costs, so touch each once."""
-    spans = [span for scope_spans in resource_spans.scope_spans for span in scope_spans.spans]
+def _scope_columns(scope_spans: ScopeSpans) -> tuple[str, str, str | None]:
+    """A scope's stored name, version and the rest of it as OTLP/JSON text (None when empty)."""
+    scope = scope_spans.scope
+    extra: dict[str, Any] = {}
+    if scope.attributes:
+        extra["attributes"] = otlp_values.key_values_json(scope.attributes)
+    if scope.dropped_attributes_count:
+        extra["droppedAttributesCount"] = scope.dropped_attributes_count
+    if scope_spans.schema_url:
+        extra["schemaUrl"] = scope_spans.schema_url
+    text = json.dumps(extra, sort_keys=True, separators=(",", ":")) if extra else None
+    return scope.name, scope.version, text
+
+
+def _event_rows(events: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "time_ns": event.time_unix_nano,
+            "name": event.name,
+            "attributes": otlp_values.attributes_text(event.attributes),
+            "dropped_attributes_count": event.dropped_attributes_count or None,
+        }
+        for event in events
+    ]
+
+
+def _link_rows(links: Any) -> list[dict[str, Any]] | None:
+    """Every link in full, or None when the first link's ids (link_trace_id, link_span_id) say
+    all there is (xsp's own: one link, ids only)."""
+    if len(links) == 1:
+        link = links[0]
+        if not (link.trace_state or link.attributes or link.dropped_attributes_count or link.flags):
+            return None
+    return [
+        {
+            "trace_id": link.trace_id,
+            "span_id": int.from_bytes(link.span_id, "big"),
+            "trace_state": link.trace_state or None,
+            "flags": link.flags or None,
+            "attributes": otlp_values.attributes_text(link.attributes),
+            "dropped_attributes_count": link.dropped_attributes_count or None,
+        }
+        for link in links
+    ]
+
+
+class _Rest:
+    """The OTLP fields of a request beyond xsp's (``schema.OTLP_COLUMNS``), one list each,
+    made only once a span has one: xsp's own leave them null."""
+
+    __slots__ = ("columns", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.columns: dict[str, list[Any]] = {}
+
+    def set(self, name: str, row: int, value: Any) -> None:
+        column = self.columns.get(name)
+        if column is None:
+            column = self.columns[name] = [None] * self.n
+        column[row] = value
+
+
+def table_from_resource_spans(resource_spans: ResourceSpans, sender: str | None = None) -> pa.Table:
+    """The spans of one ResourceSpans as rows of ``schema.SPAN_SCHEMA``: xsp's attributes in
+    their columns, every other OTLP field in ``schema.OTLP_COLUMNS``; ``sender`` is the
+    ``resource_id`` of the resource (null: run.json's one resource). Tight loop: each protobuf
+    field access costs, so touch each once."""
+    spans: list[Span] = []
+    scopes: list[tuple[int, tuple[str, str, str | None]]] = []  # (first row, scope columns)
+    for scope_spans in resource_spans.scope_spans:
+        if scope_spans.spans:
+            scopes.append((len(spans), _scope_columns(scope_spans)))
+            spans.extend(scope_spans.spans)
     n = len(spans)
     slots: dict[str, tuple[list[Any], _Kind]] = {}
     for column in schema.ATTRIBUTE_COLUMNS:
@@ -468,7 +762,9 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     link_traces: list[bytes | None] = [None] * n
     link_spans: list[int | None] = [None] * n
     added: list[int] = []  # rows a viewer layout added (xsp.tracer.export.view): not stored
-    error_code = Status.STATUS_CODE_ERROR
+    rest = _Rest(n)
+    error_code, unset_code = Status.STATUS_CODE_ERROR, Status.STATUS_CODE_UNSET
+    internal = Span.SPAN_KIND_INTERNAL
     for row, span in enumerate(spans):
         trace_ids.append(span.trace_id)
         span_ids.append(int.from_bytes(span.span_id, "big"))
@@ -478,16 +774,50 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
         starts.append(start)
         durs.append(max(0, span.end_time_unix_nano - start))
         status = span.status
-        statuses.append((status.message or "error") if status.code == error_code else None)
-        if span.links:
-            link_traces[row] = span.links[0].trace_id
-            link_spans[row] = int.from_bytes(span.links[0].span_id, "big")
+        code = status.code
+        statuses.append(status.message if code == error_code else None)
+        if code != unset_code and code != error_code:
+            rest.set("status_code", row, code)  # OK: status_message cannot say it
+        if span.kind != internal:
+            rest.set("span_kind", row, span.kind)
+        links = span.links
+        if links:
+            link_traces[row] = links[0].trace_id
+            link_spans[row] = int.from_bytes(links[0].span_id, "big")
+            listed = _link_rows(links)
+            if listed is not None:
+                rest.set("links", row, listed)
+        if span.events:
+            rest.set("events", row, _event_rows(span.events))
+        if span.trace_state:
+            rest.set("trace_state", row, span.trace_state)
+        if span.flags:
+            rest.set("flags", row, span.flags)
+        for field_ in _DROPPED:
+            count = getattr(span, field_)
+            if count:
+                rest.set(field_, row, count)
+        others = None
         for kv in span.attributes:
             slot = slots.get(kv.key)
             if slot is not None:
                 slot[0][row] = _typed(kv.value, slot[1])
             elif kv.key in _VIEW_KEYS:
                 _undo_view(kv, row, names, parents, added)
+            else:
+                if others is None:
+                    others = []
+                others.append(kv)
+        if others:
+            rest.set("attributes", row, otlp_values.attributes_text(others))
+    ends = [first for first, _ in scopes[1:]] + [n] if scopes else []
+    for (first, (scope_name, version, extra)), end in zip(scopes, ends, strict=True):
+        rest.columns.setdefault("scope_name", [None] * n)[first:end] = [scope_name] * (end - first)
+        rest.columns.setdefault("scope_version", [None] * n)[first:end] = [version] * (end - first)
+        if extra is not None:
+            rest.columns.setdefault("scope_extra", [None] * n)[first:end] = [extra] * (end - first)
+    if sender is not None:
+        rest.columns["resource_id"] = [sender] * n
     # after the view's stored parents are back: an application's span above a model span
     kinds = slots[schema.ATTR_KIND][0]
     remote = _remote_parents(trace_ids, span_ids, parents, kinds)
@@ -505,12 +835,14 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
     }
     for column in schema.ATTRIBUTE_COLUMNS:
         columns[column.name] = slots[str(column.attribute)][0]
+    columns.update(rest.columns)
     for row, kind in enumerate(columns["kind"]):  # a root's wire title back to its plain name
         if kind in _ROOT_NAMES and not parents[row]:
             names[row] = _ROOT_NAMES[kind]
+    empty = [None] * n
     arrays = []
     for field_ in schema.SPAN_SCHEMA:
-        values = columns[field_.name]
+        values = columns.get(field_.name, empty)
         if pa.types.is_dictionary(field_.type):
             arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
         else:
@@ -521,6 +853,9 @@ def table_from_resource_spans(resource_spans: ResourceSpans) -> pa.Table:
         keep[added] = False
         table = table.filter(pa.array(keep))
     return table
+
+
+_DROPPED = ("dropped_attributes_count", "dropped_events_count", "dropped_links_count")
 
 
 #: The attributes of a viewer layout that the decoder undoes (xsp.tracer.export.view).

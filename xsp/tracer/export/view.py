@@ -76,14 +76,6 @@ def level_resource(resource: Mapping[str, Any], level: str | None) -> dict[str, 
     return wired
 
 
-def stored_resource(resource: dict[str, Any]) -> dict[str, Any]:
-    """``level_resource`` undone: the run's own service name back (the collector's side)."""
-    base = resource.pop(schema.RES_SERVICE_BASE, None)
-    if base is not None:
-        resource[schema.RES_SERVICE_NAME] = base
-    return resource
-
-
 def with_backward_layers(table: pa.Table) -> pa.Table:
     """``table`` with the layer spans of its backward (see the module notes), plus the view's
     columns (``WIRE_COLUMNS``); the stored rows keep their order, the added spans follow."""

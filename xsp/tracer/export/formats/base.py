@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of pyarrow
+    import pyarrow as pa
+
     from xsp.tracer.export.sinks import SpanBatch
     from xsp.tracer.store import Run
 
@@ -50,7 +52,11 @@ class ExportSource:
         def spans() -> list[RunSpans]:
             from xsp.tracer.export.sinks import SpanBatch
 
-            return [RunSpans(SpanBatch.of(r.resource, r.spans()), rank_pids(r.meta)) for r in runs]
+            return [
+                RunSpans(SpanBatch.of(resource, table), rank_pids(r.meta))
+                for r in runs
+                for resource, table in by_sender(r.meta, r.resource, r.spans())
+            ]
 
         return cls(runs, spans)
 
@@ -71,3 +77,36 @@ def rank_pids(meta: Mapping[str, Any]) -> dict[int, int]:
         for rank in meta.get("ranks") or []
         if isinstance(rank, dict) and isinstance(rank.get("pid"), int)
     }
+
+
+def by_sender(
+    meta: Mapping[str, Any], resource: Mapping[str, Any], table: pa.Table
+) -> list[tuple[Mapping[str, Any], pa.Table]]:
+    """A run's spans by the resource that sent them (the collector stores each sender's in
+    run.json's "resources", named by the spans' ``resource_id``), each value with its type;
+    spans that name none keep the run's ``resource``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from xsp.tracer.export import otlp
+
+    senders = meta.get("resources")
+    if (
+        not isinstance(senders, dict)
+        or "resource_id" not in table.column_names
+        or table.column("resource_id").null_count == table.num_rows
+    ):
+        return [(resource, table)]
+    ids = table.column("resource_id").cast(pa.string())
+    out: list[tuple[Mapping[str, Any], pa.Table]] = []
+    unique = ids.unique().to_pylist()
+    if len(unique) == 1 and isinstance(senders.get(unique[0]), dict):  # one sender: no copy
+        return [(otlp.plain_resource(senders[unique[0]]), table)]
+    for sender in unique:
+        if sender is None:
+            out.append((resource, table.filter(pc.is_null(ids))))
+            continue
+        rows = table.filter(pc.fill_null(pc.equal(ids, sender), False))
+        entry = senders.get(sender)
+        out.append((otlp.plain_resource(entry) if isinstance(entry, dict) else resource, rows))
+    return out
