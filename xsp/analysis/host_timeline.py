@@ -85,6 +85,15 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
 
 
 def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+    """The replay's host timeline (``_host_timeline``), once per store: the replay and each
+    what-if read the same one (never written to)."""
+    if "host_timeline" not in store.memo:
+        store.memo["host_timeline"] = _host_timeline(store)
+    found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo["host_timeline"]
+    return found
+
+
+def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
     """(deep run index, each deep row's host start and end for the replay, the calibration):
     step 2 of the module's algorithm.
 

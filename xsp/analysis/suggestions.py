@@ -130,8 +130,13 @@ def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
     iteration = np.asarray(found["iteration"], dtype=np.int64)
     starts = np.asarray(found["start_ns"], dtype=np.int64)
     ends = np.asarray(found["end_ns"], dtype=np.int64)
+    # one pass over the rows grouped by iteration (a mask per iteration grew with their number)
+    order = np.argsort(iteration, kind="stable")
+    cuts = np.flatnonzero(np.diff(iteration[order])) + 1
     covered = sum(
-        union_length(starts[iteration == i], ends[iteration == i]) for i in np.unique(iteration)
+        union_length(s, e)
+        for s, e in zip(np.split(starts[order], cuts), np.split(ends[order], cuts), strict=True)
+        if len(s)
     )
     return len(iteration), covered / _steps(store)[0] / 1e6
 
