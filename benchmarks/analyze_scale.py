@@ -15,6 +15,7 @@ timed. Each timing is a fresh process (``xsp analyze --json``), its peak RSS rea
 
     python benchmarks/analyze_scale.py [--sizes 100000,300000,1000000] [--repeats 2]
     python benchmarks/analyze_scale.py --sizes 1000000 --profile   # cProfile, in-process
+    python benchmarks/analyze_scale.py --baseline /tmp/xsp-before  # another checkout alongside
 """
 
 from __future__ import annotations
@@ -153,12 +154,15 @@ def generate(source: Path, copies: int, out: Path) -> dict[str, int]:
     return counts
 
 
-def measure(store: Path) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one ``xsp analyze --json`` in a fresh process."""
+def measure(store: Path, code: Path = ROOT) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of one ``xsp analyze --json`` in a fresh process, with
+    the xsp of the checkout at ``code``."""
     command = [sys.executable, "-m", "xsp", "analyze", "--json", str(store)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    child = subprocess.Popen(  # in the checkout: `python -m` puts the working directory first
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=code
+    )
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -197,6 +201,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="cProfile the largest size")
     parser.add_argument("--keep", type=Path, help="write the generated stores here and keep them")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (an earlier commit) to time alongside, alternating",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     deepest = max(run_store.open_measurement(args.source), key=lambda r: len(r.levels))
@@ -215,26 +224,28 @@ def main() -> None:
             if args.profile and size == max(sizes):
                 profile(out)
                 continue
-            runs = [measure(out) for _ in range(args.repeats)]
-            walls = [w for w, _ in runs]
-            figures.append(
-                {
+            codes = {"": ROOT, **({"baseline ": args.baseline} if args.baseline else {})}
+            runs: dict[str, list[tuple[float, int]]] = {label: [] for label in codes}
+            for _ in range(args.repeats):  # alternating: the machine's load falls on both
+                for label, code in codes.items():
+                    runs[label].append(measure(out, code))
+            for label, timed in runs.items():
+                walls = [w for w, _ in timed]
+                f = {
                     "spans": counts[deepest.levels],
                     "total": sum(counts.values()),
                     "wall": statistics.median(walls),
-                    "walls": walls,
-                    "rss": max(r for _, r in runs),
-                    "made": made,
+                    "rss": max(r for _, r in timed),
                 }
-            )
-            f = figures[-1]
-            print(
-                f"{f['spans']:>9,} spans ({deepest.levels}; {f['total']:,} in the measurement, "
-                f"{copies}x {args.source.name}): wall median {f['wall']:.2f} s "
-                f"({', '.join(f'{w:.2f}' for w in walls)}), peak RSS {f['rss'] / 2**20:,.0f} MB"
-                f"  [generated in {made:.1f} s]",
-                flush=True,
-            )
+                if not label:
+                    figures.append(f)
+                print(
+                    f"{label}{f['spans']:>9,} spans ({deepest.levels}; {f['total']:,} in the "
+                    f"measurement, {copies}x {args.source.name}): wall median {f['wall']:.2f} s "
+                    f"({', '.join(f'{w:.2f}' for w in walls)}), peak RSS "
+                    f"{f['rss'] / 2**20:,.0f} MB  [generated in {made:.1f} s]",
+                    flush=True,
+                )
         if len(figures) > 1:
             first, last = figures[0], figures[-1]
             scale = last["spans"] / first["spans"]

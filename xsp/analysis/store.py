@@ -92,3 +92,20 @@ class MeasurementStore:
 
     def bytes_on_disk(self) -> int:
         return sum(p.stat().st_size for run in self.runs for p in run.span_files)
+
+
+def texts(column: pa.ChunkedArray | pa.Array, null: str | None = "") -> np.ndarray:
+    """A text column as a numpy object array, ``null`` for nulls, as ``np.asarray(column.cast(
+    pa.string()).fill_null(""), dtype=object)`` gives it, but with equal values sharing one str:
+    8 bytes a row rather than a string object each (about 60: 180 MB for three columns of a
+    1M-span run)."""
+    chunks = [column] if isinstance(column, pa.Array) else column.chunks
+    parts = []
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.cast(pa.string()).dictionary_encode()
+        distinct = chunk.dictionary.cast(pa.string()).to_pylist()
+        values = np.array([*(v if v is not None else null for v in distinct), null], dtype=object)
+        rows = np.asarray(chunk.indices.fill_null(len(values) - 1), dtype=np.int64)
+        parts.append(values[rows])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=object)
