@@ -154,9 +154,10 @@ def generate(source: Path, copies: int, out: Path) -> dict[str, int]:
     return counts
 
 
-def measure(store: Path, code: Path = ROOT) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one ``xsp analyze --json`` in a fresh process, with
-    the xsp of the checkout at ``code``."""
+def measure(store: Path, code: Path = ROOT) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (bytes) of one ``xsp analyze
+    --json`` in a fresh process, with the xsp of the checkout at ``code``. On a shared machine
+    the CPU time is the steadier figure: the wall time waits for a free core."""
     command = [sys.executable, "-m", "xsp", "analyze", "--json", str(store)]
     env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.perf_counter()
@@ -169,7 +170,7 @@ def measure(store: Path, code: Path = ROOT) -> tuple[float, int]:
     if child.returncode:
         error = child.stderr.read().decode() if child.stderr else ""
         raise SystemExit(f"xsp analyze {store} failed ({child.returncode}): {error.strip()}")
-    return wall, usage.ru_maxrss * 1024
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
 def profile(store: Path, rows: int = 30) -> None:
@@ -225,24 +226,27 @@ def main() -> None:
                 profile(out)
                 continue
             codes = {"": ROOT, **({"baseline ": args.baseline} if args.baseline else {})}
-            runs: dict[str, list[tuple[float, int]]] = {label: [] for label in codes}
+            runs: dict[str, list[tuple[float, float, int]]] = {label: [] for label in codes}
             for _ in range(args.repeats):  # alternating: the machine's load falls on both
                 for label, code in codes.items():
                     runs[label].append(measure(out, code))
             for label, timed in runs.items():
-                walls = [w for w, _ in timed]
+                walls = [w for w, _, _ in timed]
+                cpus = [c for _, c, _ in timed]
                 f = {
                     "spans": counts[deepest.levels],
                     "total": sum(counts.values()),
                     "wall": statistics.median(walls),
-                    "rss": max(r for _, r in timed),
+                    "cpu": statistics.median(cpus),
+                    "rss": max(r for _, _, r in timed),
                 }
                 if not label:
                     figures.append(f)
                 print(
                     f"{label}{f['spans']:>9,} spans ({deepest.levels}; {f['total']:,} in the "
                     f"measurement, {copies}x {args.source.name}): wall median {f['wall']:.2f} s "
-                    f"({', '.join(f'{w:.2f}' for w in walls)}), peak RSS "
+                    f"({', '.join(f'{w:.2f}' for w in walls)}), CPU median {f['cpu']:.2f} s "
+                    f"({', '.join(f'{c:.2f}' for c in cpus)}), peak RSS "
                     f"{f['rss'] / 2**20:,.0f} MB  [generated in {made:.1f} s]",
                     flush=True,
                 )
@@ -251,6 +255,7 @@ def main() -> None:
             scale = last["spans"] / first["spans"]
             print(
                 f"{scale:.1f}x the spans: {last['wall'] / first['wall']:.2f}x the wall time, "
+                f"{last['cpu'] / first['cpu']:.2f}x the CPU time, "
                 f"{last['rss'] / first['rss']:.2f}x the peak RSS; per extra span "
                 f"{(last['wall'] - first['wall']) / (last['spans'] - first['spans']) * 1e6:.2f} µs "
                 f"and {(last['rss'] - first['rss']) / (last['spans'] - first['spans']):,.0f} B"

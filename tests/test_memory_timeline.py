@@ -182,3 +182,17 @@ def test_a_multi_rank_job_shows_the_rank_that_held_the_most(
     assert len(timeline.total_bytes) == 1365  # rank 1's events alone
     # the same events, so the same layers hold the same bytes; the extra GiB is from before
     assert timeline.held(timeline.peak)[mt.BEFORE] == 314_556_928 + (1 << 30)
+
+
+def test_the_report_draws_the_step_and_lists_the_layers_held(tmp_path: Path) -> None:
+    from xsp.analysis.report import write_report
+
+    out = tmp_path / "report.html"
+    write_report(MeasurementStore(STORE), out, "ResNet-50")
+    page = out.read_text()
+    section = page[page.index("<h2 id='memory_timeline'>") :]
+    section = section.split("<h2", 2)[1]  # to the next section, if any
+    assert "Plotly.newPlot" in section and "peak 5.5 GiB" in section
+    # the table: every layer holding bytes at the peak (111 of them), the largest first
+    assert "111 rows: peak 5.5 GiB at 12.073 ms of iteration 0" in section
+    assert section.index("layer1.2.bn3") < section.index("layer4.2.conv3")
