@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup native demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze clean
+.PHONY: setup native demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze bench-analyze-scale clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-collector: $(STAMP)
 
 bench-analyze: $(STAMP)
 	$(PY) benchmarks/analyze.py
+
+bench-analyze-scale: $(STAMP)
+	$(PY) benchmarks/analyze_scale.py
 
 clean:
 	rm -rf $(VENV) xsp-runs .pytest_cache .mypy_cache .ruff_cache .coverage

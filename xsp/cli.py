@@ -552,6 +552,8 @@ def analyze(
         skip = {"level_sets", "layer_info"}  # printed above / too wide for a terminal
         for section in sections(store):
             if section.table.num_rows and section.key not in skip:
+                if section.text:
+                    out_console.print(section.text, highlight=False)
                 _print_table(section.title, section.table, rows, section.note)
             elif section.absent:
                 console.print(f"{section.title}: {section.note}", highlight=False)
@@ -586,6 +588,7 @@ def _print_json(
             "title": section.title,
             "note": section.note,
             "rows": [{k: clean(v) for k, v in row.items()} for row in section.table.to_pylist()],
+            **(section.data or {}),
         }
         for section in sections(store)
     }

@@ -28,6 +28,10 @@ class Section:
     chart: Callable[[pa.Table], Any] | None = None
     #: the section stands for analyses this measurement cannot have; ``note`` says why
     absent: bool = False
+    #: what ``--json`` carries beside the rows (the memory timeline's series)
+    data: dict[str, Any] | None = None
+    #: a line the terminal prints above the table (the memory timeline's sparkline)
+    text: str = ""
 
 
 def sections(store: MeasurementStore) -> list[Section]:
@@ -84,6 +88,7 @@ def _memory(store: MeasurementStore) -> list[Section]:
                 t, "layer_type", "allocated_bytes_per_iteration", "Bytes allocated by layer type"
             ),
         ),
+        _memory_timeline(store),
     ]
 
 
@@ -110,6 +115,38 @@ def _source_lines(store: MeasurementStore) -> Section:
         "the most GPU time, then host time, per steady iteration of the replayed step; a line's "
         "GPU time is its ops' kernels, its host time what its outermost ops cover",
         chart=lambda t: bar(t, "source", "gpu_ms", "GPU time per program line"),
+    )
+
+
+def _memory_timeline(store: MeasurementStore) -> Section:
+    from xsp.analysis import memory_timeline as mt
+    from xsp.analysis.charts import memory_over_step
+    from xsp.analysis.present import human_bytes
+
+    timeline = mt.memory_timeline(store)
+    assert timeline is not None  # the measurement has allocator events (the caller's check)
+    before = timeline.held(timeline.peak)[mt.BEFORE]
+    note = (
+        f"peak {human_bytes(timeline.peak_bytes)} at {timeline.peak_ms:.3f} ms of iteration "
+        f"{timeline.iteration} on {timeline.device} ({timeline.levels} run), in "
+        f"{timeline.peak_where}; the layers' allocations still held then, with "
+        f"{human_bytes(before)} held from before the step (parameters, gradients, optimizer "
+        "state, allocations outside any framework span). The events carry no address: a free "
+        "pairs with the latest held allocation of its size, and "
+        f"{timeline.frees_with_choice:,} of {timeline.frees:,} frees had blocks of several "
+        "layers to pick from"
+    )
+    return Section(
+        "memory_timeline",
+        "Memory over the step: layers held at the peak",
+        mt.alive_at_peak(timeline),
+        note,
+        chart=lambda _: memory_over_step(timeline),
+        data=mt.series(timeline),
+        text=(
+            f"allocated, 0-{float(timeline.time_ms[-1]):.1f} ms: {mt.sparkline(timeline, 40)} "
+            f"peak {human_bytes(timeline.peak_bytes)}"
+        ),
     )
 
 

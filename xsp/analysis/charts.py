@@ -52,3 +52,60 @@ def stacked_bars(table: pa.Table, x: str, ys: list[str], title: str) -> Any:
         height=420,
     )
     return figure
+
+
+def memory_over_step(timeline: Any) -> Any:
+    """The allocated bytes over one step (a ``memory_timeline.MemoryTimeline``) as stacked
+    bands by the layer whose allocations hold them, from the bytes held from before the step up
+    to the allocator's total, with the peak marked."""
+    import plotly.graph_objects as go
+
+    from xsp.analysis.memory_timeline import BEFORE, CHART_POINTS, OTHERS, bands, sample
+    from xsp.analysis.present import human_bytes
+
+    rows = sample(timeline.total_bytes, CHART_POINTS)
+    x = timeline.time_ms[rows]
+    figure = go.Figure()
+    greys = {BEFORE: "#868e96", OTHERS: "#ced4da"}  # the bands that are no one layer
+    for name, held in bands(timeline).items():
+        figure.add_trace(
+            go.Scatter(
+                x=x,
+                y=held[rows] / 2**30,
+                name=short_label(name),
+                stackgroup="held",
+                line={
+                    "width": 0.5,
+                    "shape": "hv",
+                    **({"color": greys[name]} if name in greys else {}),
+                },
+                hovertemplate=f"{name}<br>%{{y:.3f}} GiB at %{{x:.3f}} ms<extra></extra>",
+            )
+        )
+    peak_gib = timeline.peak_bytes / 2**30
+    figure.add_trace(
+        go.Scatter(
+            x=[timeline.peak_ms],
+            y=[peak_gib],
+            mode="markers+text",
+            marker={"color": "#e03131", "size": 10, "symbol": "x"},
+            text=[f"peak {human_bytes(timeline.peak_bytes)}"],
+            textposition="top center",
+            name="peak",
+            hovertemplate=(
+                f"peak {human_bytes(timeline.peak_bytes)} at {timeline.peak_ms:.3f} ms, in "
+                f"{timeline.layer[timeline.peak]}<extra></extra>"
+            ),
+        )
+    )
+    figure.update_layout(
+        title=(
+            f"Allocated over the step ({timeline.device}, iteration {timeline.iteration}, "
+            f"{timeline.levels} run), by the layer holding it"
+        ),
+        xaxis_title="Time from the step's start (ms)",
+        yaxis_title="Allocated (GiB)",
+        margin={"t": 40, "l": 5, "r": 5, "b": 5},
+        height=480,
+    )
+    return figure

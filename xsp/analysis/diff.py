@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.errors import StoreError
 
@@ -256,8 +256,8 @@ def _replayed(store: MeasurementStore) -> _Replayed:
             result.parent,
             result.dur_ns,
             np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64),
-            np.asarray(spans.column("kind").cast(pa.string()).fill_null(""), dtype=object),
-            np.asarray(spans.column("module_path").cast(pa.string()).fill_null(""), dtype=object),
+            texts(spans.column("kind")),
+            texts(spans.column("module_path")),
             np.asarray(steps.column("iteration"), dtype=np.int64)[steady],
             result.path,
             np.asarray(steps.column("replayed_ms"), dtype=np.float64)[steady] * 1e6,

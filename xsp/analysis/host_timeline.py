@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.matching import keyed, level_sources, roots
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, find_rows
 
@@ -91,6 +91,15 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
 
 
 def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+    """The replay's host timeline (``_host_timeline``), once per store: the replay and each
+    what-if read the same one (never written to)."""
+    if "host_timeline" not in store.memo:
+        store.memo["host_timeline"] = _host_timeline(store)
+    found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo["host_timeline"]
+    return found
+
+
+def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
     """(deep run index, each deep row's host start and end for the replay, the calibration):
     step 2 of the module's algorithm.
 
@@ -114,12 +123,12 @@ def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray,
         return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
     table, keys, source_parent = keyed(store, source)
     s_start, s_end = _debiased(table, source_parent, calib)
-    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
-    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    level = texts(deep.column("level"))
+    kind = texts(deep.column("kind"))
     owner = owning_steps(parent, kind)
     found = find_rows(keys, key)
     matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
-    source_kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    source_kind = texts(table.column("kind"))
     source_owner = owning_steps(source_parent, source_kind)
     at = np.maximum(found, 0)
     anchor = s_start[source_owner[at]]
@@ -204,7 +213,7 @@ def _host_length_from_m(
     measured, _ = measured_steps(store, deep_index)
     if not measured:
         return end.copy()
-    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    kind = texts(deep.column("kind"))
     iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     median = float(np.median(list(measured.values())))
@@ -223,8 +232,8 @@ def _debiased(
     end = start + np.asarray(table.column("dur_ns"), dtype=np.int64)
     if calib.op_ns is None:
         return start, end
-    level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
-    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    level = texts(table.column("level"))
+    kind = texts(table.column("kind"))
     records = np.nonzero(level == schema.LEVEL_FRAMEWORK)[0]
     op_ns = np.full(len(records), calib.op_ns, dtype=np.float64)
     if calib.first_op_ns is not None:  # the first measured iteration's ops record shapes too
@@ -304,7 +313,7 @@ def measured_steps(store: MeasurementStore, deep_index: int) -> tuple[dict[int, 
     if index == deep_index:
         return {}, None
     table = store.run_spans(index)
-    kind = np.asarray(table.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    kind = texts(table.column("kind"))
     ok = (kind == schema.KIND_STEP) & np.asarray(table.column("status_message").is_null())
     iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
     dur = np.asarray(table.column("dur_ns"), dtype=np.int64)

@@ -34,7 +34,7 @@ from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
@@ -58,7 +58,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
     runs, source_of = level_sources(store)
     deepest_index = runs[-1][0]
     deep, key, parent = keyed(store, deepest_index)
-    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
+    level = texts(deep.column("level"))
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
     new_dur = dur.copy()
     missing = np.zeros(len(dur), dtype=bool)
@@ -73,7 +73,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         if name == schema.LEVEL_FRAMEWORK and source != deepest_index:
             spans = _fill_details(spans, table, rows, found)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
-    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    kind = texts(deep.column("kind"))
     ranked = np.nonzero((kind == schema.KIND_STEP) & (parent >= 0))[0]
     layout_parent = parent.copy()
     if len(ranked):
@@ -111,7 +111,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
 def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array:
     """On each module span: the GPU time of its layer's activities in its iteration, forward
     and backward (activities carry their layer's path); null elsewhere."""
-    path = np.asarray(spans.column("module_path").cast(pa.string()).fill_null(""), dtype=object)
+    path = texts(spans.column("module_path"))
     iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
     dur = np.asarray(spans.column("dur_ns"), dtype=np.int64)
     totals: dict[tuple[int, str], int] = {}
@@ -303,7 +303,7 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     by_run = {}
     for index, _ in runs:
         table, keys, _ = keyed(store, index)
-        level = np.asarray(table.column("level").cast(pa.string()).fill_null(""), dtype=object)
+        level = texts(table.column("level"))
         by_run[index] = (keys, np.asarray(table.column("dur_ns")), level)
     out = []
     for name, source in source_of.items():

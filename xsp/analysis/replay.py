@@ -52,7 +52,7 @@ from xsp.analysis.host_timeline import (
     steady,
 )
 from xsp.analysis.matching import keyed
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, inherit, stab
 
@@ -203,9 +203,9 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     deep, _, parent = keyed(store, deep_index)
     start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
-    level = np.asarray(deep.column("level").cast(pa.string()).fill_null(""), dtype=object)
-    kind = np.asarray(deep.column("kind").cast(pa.string()).fill_null(""), dtype=object)
-    names = np.asarray(deep.column("name").cast(pa.string()).fill_null(""), dtype=object)
+    level = texts(deep.column("level"))
+    kind = texts(deep.column("kind"))
+    names = texts(deep.column("name"))
     gpu = level == schema.LEVEL_GPU
     is_sync = (level == schema.LEVEL_LIBRARY) & np.isin(names, list(SYNC_CALLS))
     steps = np.nonzero(kind == schema.KIND_STEP)[0]

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from xsp.analysis.kernels import union_length
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, inherit
 
@@ -24,7 +24,7 @@ from xsp.tracer.convert.intervals import depths, inherit
 def row_sources(spans: pa.Table, parent: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Each row's line as a code into the returned values (-1: none): an op's own, any other
     row's its nearest op ancestor's (a module's class source is not a calling line)."""
-    kind = np.asarray(spans.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    kind = texts(spans.column("kind"))
     column = spans.column("source").combine_chunks()
     if isinstance(column.type, pa.DictionaryType):
         values = column.dictionary.to_pylist()
@@ -53,8 +53,8 @@ def lines(store: MeasurementStore, limit: int | None = None) -> pa.Table:
     kept = np.asarray(steps.column("iteration"))[np.asarray(steps.column("steady"), dtype=bool)]
     iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
     steady = np.isin(iteration, kept) & (code >= 0)
-    level = np.asarray(spans.column("level").cast(pa.string()).fill_null(""), dtype=object)
-    kind = np.asarray(spans.column("kind").cast(pa.string()).fill_null(""), dtype=object)
+    level = texts(spans.column("level"))
+    kind = texts(spans.column("kind"))
     start, dur = result.start_ns, result.dur_ns
     gpu = steady & (level == schema.LEVEL_GPU)
     ops = steady & (kind == schema.KIND_OP)

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import WhatIf, replay, what_if
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, texts
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
 SHORT_KERNEL_US = 10.0
@@ -130,8 +130,13 @@ def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
     iteration = np.asarray(found["iteration"], dtype=np.int64)
     starts = np.asarray(found["start_ns"], dtype=np.int64)
     ends = np.asarray(found["end_ns"], dtype=np.int64)
+    # one pass over the rows grouped by iteration (a mask per iteration grew with their number)
+    order = np.argsort(iteration, kind="stable")
+    cuts = np.flatnonzero(np.diff(iteration[order])) + 1
     covered = sum(
-        union_length(starts[iteration == i], ends[iteration == i]) for i in np.unique(iteration)
+        union_length(s, e)
+        for s, e in zip(np.split(starts[order], cuts), np.split(ends[order], cuts), strict=True)
+        if len(s)
     )
     return len(iteration), covered / _steps(store)[0] / 1e6
 
@@ -272,11 +277,11 @@ def _sync_lines(store: MeasurementStore, library: bool) -> list[str]:
     result = replay(store)
     spans = result.spans
     if library:
-        level = np.asarray(spans.column("level").cast(pa.string()).fill_null(""), dtype=object)
-        names = np.asarray(spans.column("name").cast(pa.string()).fill_null(""), dtype=object)
+        level = texts(spans.column("level"))
+        names = texts(spans.column("name"))
         rows = np.nonzero((level == "library") & np.isin(names, list(SYNC_CALLS)))[0]
     else:
-        ops = np.asarray(spans.column("op_name").cast(pa.string()).fill_null(""), dtype=object)
+        ops = texts(spans.column("op_name"))
         rows = np.nonzero(ops == "aten::_local_scalar_dense")[0]
     return line_of(spans, result.parent, rows)
 
