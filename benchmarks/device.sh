@@ -67,7 +67,7 @@ p_gpu_tests() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   set -o pipefail
   timeout "${GPU_TESTS_S:-500}" python3 -m pytest -q -p no:cacheprovider --tb=short \
-    tests/test_gpu.py tests/test_gpu_checks.py tests/test_native.py tests/test_compiled.py 2>&1 \
+    tests/test_gpu.py tests/test_gpu_checks.py tests/test_native.py tests/test_compiled.py tests/test_sources.py 2>&1 \
     | tee "$OUT/gpu-tests.log" | grep -E "^E |^(FAILED|ERROR|SKIPPED)|passed|failed"
   local rc=$?
   set +o pipefail
