@@ -228,19 +228,37 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
             ["--model", "torchvision:resnet18", "--levels", "M,MFLG", "--device", "cpu"],
             "level G records GPU work and needs --device cuda",
         ),
+        (["--model", "keras:resnet50"], "unknown model source 'keras'"),
+        (["--model", "timm:resnet18", "--device", "gpu"], "bad device 'gpu': use cpu or cuda"),
+        (["--model", "timm:resnet18", "--iterations", "0"], "bad --iterations 0"),
     ],
 )
-def test_bad_input_gets_a_one_line_error(args: list[str], message: str) -> None:
-    done = xsp("run", *args)
+def test_bad_input_gets_a_one_line_error_before_torch_is_imported(
+    args: list[str], message: str
+) -> None:
+    """Refused at once: one line on stderr (no progress bar drawn first) and no torch imported
+    (`python -X importtime` lists every import on stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xsp", "run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     assert len(lines) == 1 and message in lines[0], done.stderr
+    assert lines[0].startswith("xsp: error: ")
+    assert not [m for m in imported if m.split(".")[0] in ("torch", "torchvision", "timm")]
 
 
 def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
     listed = xsp("models", "--filter", "resnet18")
     assert listed.returncode == 0
     assert "torchvision:resnet18\tclassification" in listed.stdout
+    assert "timm:resnet18\tclassification" in listed.stdout
     missing = xsp("export", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import pyarrow.compute as pc
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -192,7 +191,7 @@ def run(
     import time
 
     from xsp.tracer.levelset import parse_level_sets
-    from xsp.tracer.run.runner import LeveledSpec, run_leveled
+    from xsp.tracer.run.runner import LeveledSpec, check_arguments, run_leveled
     from xsp.tracer.spec import ProfileSpec
 
     try:
@@ -216,6 +215,7 @@ def run(
         iteration_fn=iteration_fn,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
+    check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),
         TextColumn("{task.description}"),
@@ -387,6 +387,8 @@ def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | No
     time range (microseconds, as the UI's URL takes them), so a run of any age is found."""
     import urllib.parse
 
+    import pyarrow.compute as pc
+
     from xsp.tracer import schema
 
     tables = [b.table for b in batches if b.table.num_rows]
@@ -521,6 +523,8 @@ def analyze(
     ``kernels_by_name``, ...), each with its ``title``, ``note`` and ``rows``; row keys are the
     analysis' column names, which carry their units (``gain_ms_per_iteration``, ``share_pct``).
     """
+    import pyarrow.compute as pc
+
     from xsp.analysis.catalog import sections
     from xsp.analysis.reconstruct import reconstruct_with_report
 
@@ -847,9 +851,9 @@ def native() -> None:
 @click.option("--filter", "pattern", help="Substring or shell pattern, e.g. resnet or 'vit_*224'.")
 def models(source: str | None, pattern: str | None) -> None:
     """List the zoo models (random weights, synthetic inputs, nothing downloaded)."""
-    from xsp.tracer.workloads import zoo
+    from xsp.tracer.workloads.names import list_models
 
-    entries = zoo.list_models(source, pattern)
+    entries = list_models(source, pattern)
     for entry in entries:
         click.echo(f"{entry.qualified}\t{entry.task}")  # plain tab-separated lines, for scripts
     console.print(f"{len(entries)} models", highlight=False)

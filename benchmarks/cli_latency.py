@@ -1,0 +1,117 @@
+"""What a user waits for before the ``xsp`` command line answers: ``--help``, a rejected
+argument of several kinds (an unknown zoo model among them), and the store-only commands
+``xsp summary`` and ``xsp analyze`` on the committed ResNet-50 b64 training measurement.
+
+Each figure is the median wall time of fresh processes (``python -m xsp ...``), as a user runs
+the command. Give ``--tree`` twice to compare two checkouts in the same run: their processes
+alternate, so a busy machine slows both alike and the ratio holds. Issue 31's goals: a
+rejected argument in 0.5 s or less, ``xsp summary`` warm in 1 s or less.
+
+    python benchmarks/cli_latency.py [--repeats 5] [--tree /work/main --tree .] [--only summary]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "benchmarks" / "data" / "r50-b64-train"
+#: xsp's exit status for bad input.
+BAD_INPUT = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    exit_code: int = 0
+
+    @property
+    def rejected(self) -> bool:
+        return self.exit_code == BAD_INPUT
+
+
+def cases(out: Path) -> list[Case]:
+    """The commands timed; ``out`` is a run directory that a rejected ``xsp run`` never makes."""
+    run = ("run", "--out", str(out))
+    return [
+        Case("--help", ("--help",)),
+        Case("run: unknown model", (*run, "--model", "torchvision:nosuch"), BAD_INPUT),
+        Case("run: unknown source", (*run, "--model", "nosuch:model"), BAD_INPUT),
+        Case(
+            "run: bad --iterations",
+            (*run, "--model", "timm:resnet50", "--iterations", "0"),
+            BAD_INPUT,
+        ),
+        Case("run: bad --levels", (*run, "--model", "timm:resnet50", "--levels", "MX"), BAD_INPUT),
+        Case("run: not a python command", (*run, "--", "ls", "-l"), BAD_INPUT),
+        Case("run: unknown option", ("run", "--bogus"), BAD_INPUT),
+        Case("summary: no such store", ("summary", str(out)), BAD_INPUT),
+        Case("summary", ("summary", str(STORE))),
+        Case("analyze", ("analyze", str(STORE))),
+    ]
+
+
+def time_once(tree: Path, case: Case) -> float:
+    """One fresh ``python -m xsp`` process of ``case`` with ``tree`` first on the path; its
+    wall time in seconds. A case that exits otherwise than expected stops the benchmark."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", *case.args], env=env, cwd=ROOT, capture_output=True
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != case.exit_code:
+        raise SystemExit(
+            f"{tree}: xsp {' '.join(case.args)} exited {done.returncode}, expected "
+            f"{case.exit_code}: {done.stderr.decode(errors='replace')[-400:]}"
+        )
+    if case.rejected and not done.stderr.decode().lstrip().startswith(("xsp: error:", "Usage:")):
+        raise SystemExit(f"{tree}: xsp {' '.join(case.args)} said no clear error: {done.stderr!r}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="fresh processes per figure")
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        action="append",
+        help="a checkout to time (repeatable; default: this one)",
+    )
+    parser.add_argument("--only", help="only the cases whose name contains this")
+    args = parser.parse_args()
+    trees = [t.resolve() for t in args.tree or [ROOT]]
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [c for c in cases(Path(tmp) / "never") if not args.only or args.only in c.name]
+        times: dict[tuple[str, Path], list[float]] = {}
+        for case in chosen:
+            for tree in trees:  # one untimed process first: bytecode compiled, files cached
+                time_once(tree, case)
+            for _ in range(args.repeats):
+                for tree in trees:  # alternating: the machine's load falls on every tree alike
+                    times.setdefault((case.name, tree), []).append(time_once(tree, case))
+    print(f"xsp CLI latency: median wall s of {args.repeats} fresh processes (min-max)")
+    header = f"{'case':28}" + "".join(f"{str(t)[-22:]:>24}" for t in trees)
+    print(header + ("   ratio" if len(trees) == 2 else ""))
+    for case in chosen:
+        medians = [statistics.median(times[case.name, t]) for t in trees]
+        cells = "".join(
+            f"{m:>8.2f} ({min(times[case.name, t]):.2f}-{max(times[case.name, t]):.2f})"
+            for m, t in zip(medians, trees, strict=True)
+        )
+        ratio = f"{medians[1] / medians[0]:>8.2f}" if len(trees) == 2 else ""
+        print(f"{case.name:28}{cells:>{24 * len(trees)}}{ratio}")
+
+
+if __name__ == "__main__":
+    main()
