@@ -948,7 +948,8 @@ def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
 def _print_summary(run_dir: Path, store: Any = None) -> None:
     """The measurement's summary; a ``store`` given was opened by ``_open_store``, which printed
     its reader's warnings."""
-    from xsp.analysis.summary import level_sets, top_layers
+    from xsp.analysis.summary import level_sets, time_line, top_layers
+    from xsp.tracer.store import MANIFEST, read_json
 
     store = store or _open_store(run_dir)
     rows = level_sets(store).to_pylist()
@@ -999,6 +1000,8 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
         )
     for run_ in store.counter_runs:
         out_console.print(counter_line(run_), highlight=False)
+    if (store.root / MANIFEST).exists() and (said := time_line(read_json(store.root / MANIFEST))):
+        out_console.print(said, highlight=False, soft_wrap=True)
     for run_ in [*store.runs, *store.counter_runs]:
         for line in run_warnings(run_):
             _warn(line)

@@ -345,6 +345,7 @@ def run_leveled(
                 manifest["runs"].append(_interrupt(spec, process, progress))
         manifest["interrupted_ns"] = time.time_ns()
     manifest["status"] = result.status
+    manifest["finished_ns"] = time.time_ns()  # with created_ns: the whole, as `xsp summary` says
     if fresh and result.runs and not result.stored and _only_manifest(spec.out):
         shutil.rmtree(spec.out, ignore_errors=True)  # nothing measured: no empty measurement
     else:  # a campaign's stderr logs stay, with the manifest that says why
