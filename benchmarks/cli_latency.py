@@ -2,8 +2,9 @@
 argument of several kinds (an unknown zoo model among them), and the store-only commands
 ``xsp summary`` and ``xsp analyze`` on the committed ResNet-50 b64 training measurement.
 
-Each figure is the median wall time of fresh processes (``python -m xsp ...``), as a user runs
-the command. Give ``--tree`` twice to compare two checkouts in the same run: their processes
+Each figure is the median of fresh processes (``python -m xsp ...``), as a user runs the
+command: wall time, and CPU time (user + system), which other work on a shared machine sways
+less. Give ``--tree`` twice to compare two checkouts in the same run: their processes
 alternate, so a busy machine slows both alike and the ratio holds. Issue 31's goals: a
 rejected argument in 0.5 s or less, ``xsp summary`` warm in 1 s or less.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,15 +62,19 @@ def cases(out: Path) -> list[Case]:
     ]
 
 
-def time_once(tree: Path, case: Case) -> float:
+def time_once(tree: Path, case: Case) -> tuple[float, float]:
     """One fresh ``python -m xsp`` process of ``case`` with ``tree`` first on the path; its
-    wall time in seconds. A case that exits otherwise than expected stops the benchmark."""
+    wall time and CPU time (user + system) in seconds. A case that exits otherwise than
+    expected stops the benchmark."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "xsp", *case.args], env=env, cwd=ROOT, capture_output=True
     )
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != case.exit_code:
         raise SystemExit(
             f"{tree}: xsp {' '.join(case.args)} exited {done.returncode}, expected "
@@ -76,7 +82,7 @@ def time_once(tree: Path, case: Case) -> float:
         )
     if case.rejected and not done.stderr.decode().lstrip().startswith(("xsp: error:", "Usage:")):
         raise SystemExit(f"{tree}: xsp {' '.join(case.args)} said no clear error: {done.stderr!r}")
-    return seconds
+    return seconds, cpu
 
 
 def main() -> None:
@@ -93,24 +99,32 @@ def main() -> None:
     trees = [t.resolve() for t in args.tree or [ROOT]]
     with tempfile.TemporaryDirectory() as tmp:
         chosen = [c for c in cases(Path(tmp) / "never") if not args.only or args.only in c.name]
-        times: dict[tuple[str, Path], list[float]] = {}
+        times: dict[tuple[str, Path], list[tuple[float, float]]] = {}
         for case in chosen:
             for tree in trees:  # one untimed process first: bytecode compiled, files cached
                 time_once(tree, case)
             for _ in range(args.repeats):
                 for tree in trees:  # alternating: the machine's load falls on every tree alike
                     times.setdefault((case.name, tree), []).append(time_once(tree, case))
-    print(f"xsp CLI latency: median wall s of {args.repeats} fresh processes (min-max)")
-    header = f"{'case':28}" + "".join(f"{str(t)[-22:]:>24}" for t in trees)
-    print(header + ("   ratio" if len(trees) == 2 else ""))
+    print(
+        f"xsp CLI latency: median of {args.repeats} fresh processes, wall s (min-max) and "
+        "CPU s (user + system: less swayed by other work on the machine)"
+    )
+    width = 26
+    header = f"{'case':26}" + "".join(f"{str(t)[-width + 2 :]:>{width}}" for t in trees)
+    print(header + ("  wall ratio  CPU ratio" if len(trees) == 2 else ""))
+    print(f"{'':26}" + f"{'wall (min-max) CPU':>{width}}" * len(trees))
     for case in chosen:
-        medians = [statistics.median(times[case.name, t]) for t in trees]
-        cells = "".join(
-            f"{m:>8.2f} ({min(times[case.name, t]):.2f}-{max(times[case.name, t]):.2f})"
-            for m, t in zip(medians, trees, strict=True)
-        )
-        ratio = f"{medians[1] / medians[0]:>8.2f}" if len(trees) == 2 else ""
-        print(f"{case.name:28}{cells:>{24 * len(trees)}}{ratio}")
+        cells, walls, cpus = "", [], []
+        for tree in trees:
+            wall = [w for w, _ in times[case.name, tree]]
+            cpu = statistics.median(c for _, c in times[case.name, tree])
+            walls.append(statistics.median(wall))
+            cpus.append(cpu)
+            cell = f"{walls[-1]:.2f} ({min(wall):.2f}-{max(wall):.2f}) {cpu:.2f}"
+            cells += f"{cell:>{width}}"
+        ratio = f"{walls[1] / walls[0]:>12.2f}{cpus[1] / cpus[0]:>11.2f}" if len(trees) == 2 else ""
+        print(f"{case.name:26}{cells}{ratio}")
 
 
 if __name__ == "__main__":
