@@ -70,8 +70,8 @@ def time_once(tree: Path, case: Case) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "xsp", *case.args], env=env, cwd=ROOT, capture_output=True
-    )
+        [sys.executable, "-m", "xsp", *case.args], env=env, cwd=tree, capture_output=True
+    )  # in the tree: `python -m` puts the working directory first on the path
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -20,7 +20,7 @@ from xsp.tracer.convert.columns import arrow
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
-# from_batches: Schema.empty_table() imports pandas (0.25 s of every store-only command)
+# from_batches: Schema.empty_table() imports pandas (0.25 s), which opening a store needs not
 _EMPTY = pa.Table.from_batches(
     [],
     pa.schema(
