@@ -177,3 +177,47 @@ def test_the_summarys_slowest_layers_come_from_the_shallowest_framework_run() ->
             AND phase = 'forward' AND module_path = '{top["module_path"]}'"""
     )
     assert top["mean_ms"] == pytest.approx(mf.column("ms")[0].as_py())
+
+
+REPLAY_R50 = Path(__file__).resolve().parents[1] / "benchmarks/data/replay-h200/r50-b64-train"
+
+
+def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
+    """The committed H200 measurement's manifest (M, MF, MFLG): start-up 7.071 + 7.539 + 10.412
+    = 25.022 s of the processes' 8.617 + 10.250 + 13.819 = 32.686 s (76.6%); warm-up 0.710 +
+    0.707 + 0.751 = 2.168 s; levels on 0.004 + 0.842 + 1.191 = 2.037 s; traced 0.716 + 0.749 +
+    0.952 = 2.417 s; finish (stop, drain, convert, store) 0.012 + 0.182 + 0.290 + 0.212 =
+    0.696 s; exit 0.094 + 0.141 + 0.111 = 0.346 s."""
+    import json
+
+    from xsp.analysis.summary import time_by_phase, time_line
+
+    manifest = json.loads((REPLAY_R50 / "manifest.json").read_text())
+    rows = time_by_phase(manifest).to_pylist()
+    assert [r["phase"] for r in rows] == [
+        "start-up",
+        "warm-up",
+        "levels on",
+        "traced",
+        "finish",
+        "exit",
+    ]
+    expected = [25.022, 2.168, 2.037, 2.417, 0.696, 0.346]
+    assert [r["seconds"] for r in rows] == pytest.approx(expected)
+    assert [r["share_pct"] for r in rows] == pytest.approx([100 * s / 32.686 for s in expected])
+    assert time_line(manifest) == (
+        "time: 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), "
+        "levels on 2.0 s (6%), traced 2.4 s (7%), finish 0.7 s (2%), exit 0.3 s (1%)"
+    )
+    # a manifest that records the measurement's end says the whole too (processes overlapped)
+    ended = {**manifest, "finished_ns": manifest["created_ns"] + 30_040_000_000}
+    said = time_line(ended) or ""
+    assert said.startswith("time: 30.0 s in all; 3 level-set processes 32.7 s: start-up 25.0 s")
+    # a level set started ahead of its turn (overlap) waited for the one before: its own phase
+    waited = json.loads(json.dumps(manifest))
+    waited["runs"][1]["seconds"]["waiting_for_previous"] = 1.5
+    waited["runs"][1]["seconds"]["total"] += 1.5
+    assert [r["phase"] for r in time_by_phase(waited).to_pylist()][2] == "waiting"
+    # runs without phase seconds (a manifest older than them): no line
+    older = json.loads((REPLAY_R50.parent.parent / "r50-b64-train/manifest.json").read_text())
+    assert time_by_phase(older).num_rows == 0 and time_line(older) is None

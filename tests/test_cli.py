@@ -173,6 +173,15 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("trained 4") == 2  # the script ran once per level set
+    # where the time went: the manifest's phases, and the whole from its start to its end
+    from xsp.analysis.summary import time_line
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    whole = (manifest["finished_ns"] - manifest["created_ns"]) / 1e9
+    assert sum(r["seconds"]["total"] for r in manifest["runs"]) <= whole  # one after the other
+    said = [line for line in done.stdout.splitlines() if line.startswith("time: ")]
+    assert said == [time_line(manifest)]
+    assert said[0].startswith(f"time: {whole:.1f} s in all; 2 level-set processes ")
     for run in open_measurement(out):
         spans = run.spans()
         kinds = spans.column("kind").to_pylist()
@@ -228,19 +237,47 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
             ["--model", "torchvision:resnet18", "--levels", "M,MFLG", "--device", "cpu"],
             "level G records GPU work and needs --device cuda",
         ),
+        (["--model", "keras:resnet50"], "unknown model source 'keras'"),
+        (["--model", "timm:resnet18", "--device", "gpu"], "bad device 'gpu': use cpu or cuda"),
+        (["--model", "timm:resnet18", "--iterations", "0"], "bad --iterations 0"),
     ],
 )
-def test_bad_input_gets_a_one_line_error(args: list[str], message: str) -> None:
-    done = xsp("run", *args)
+def test_bad_input_gets_a_one_line_error_before_torch_is_imported(
+    args: list[str], message: str
+) -> None:
+    """Refused at once: one line on stderr (no progress bar drawn first) and no torch imported
+    (`python -X importtime` lists every import on stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xsp", "run", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     assert len(lines) == 1 and message in lines[0], done.stderr
+    assert lines[0].startswith("xsp: error: ")
+    assert not [m for m in imported if m.split(".")[0] in ("torch", "torchvision", "timm")]
+
+
+def test_summary_says_where_the_measurements_time_went() -> None:
+    """The manifest's phases in one line (tests/test_analysis.py works the figures out)."""
+    done = xsp("summary", "benchmarks/data/replay-h200/r50-b64-train")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "time: 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), "
+        "levels on 2.0 s (6%), traced 2.4 s (7%), finish 0.7 s (2%), exit 0.3 s (1%)"
+    )
 
 
 def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
     listed = xsp("models", "--filter", "resnet18")
     assert listed.returncode == 0
     assert "torchvision:resnet18\tclassification" in listed.stdout
+    assert "timm:resnet18\tclassification" in listed.stdout
     missing = xsp("export", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such run directory" in missing.stderr
 

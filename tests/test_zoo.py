@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from xsp.tracer.errors import ConfigError, WorkloadError
-from xsp.tracer.workloads import zoo
+from xsp.tracer.workloads import names, zoo
 
 
 def test_names_resolve_and_unknown_ones_are_reported() -> None:
@@ -20,17 +22,50 @@ def test_names_resolve_and_unknown_ones_are_reported() -> None:
     with pytest.raises(WorkloadError, match="unknown model source 'keras'"):
         zoo.find("keras:resnet50")
     with pytest.raises(ConfigError, match="'keras'"):
-        zoo.list_models("keras")
+        names.list_models("keras")
 
 
 def test_listing_covers_the_three_sources() -> None:
-    entries = zoo.list_models()
+    entries = names.list_models()
     sources = {e.source for e in entries}
     assert sources == {"torchvision", "timm", "transformers"}
-    assert [e.qualified for e in zoo.list_models("torchvision", "resnet18")] == [
+    assert [e.qualified for e in names.list_models("torchvision", "resnet18")] == [
         "torchvision:resnet18"
     ]
     assert any(e.task == "segmentation" for e in entries)
+
+
+@pytest.mark.parametrize("source", names.CATALOGUED)
+def test_the_catalogue_of_names_is_the_installed_librarys(source: str) -> None:
+    """The catalogue that answers without torch holds what the library registers: after an
+    upgrade, `python -m xsp.tracer.workloads.names` rewrites it."""
+    catalogue = json.loads(names.CATALOGUE.read_text())[source]
+    assert catalogue["version"] == names.installed_version(source), "rewrite the catalogue"
+    listed = [(task, n) for task, models in catalogue["tasks"].items() for n in models]
+    assert listed == [(e.task, e.name) for e in names.library_entries(source)]
+    assert names.list_models(source) == names.library_entries(source)
+
+
+def test_names_come_from_the_catalogue_of_the_installed_version_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalogue of the installed timm is believed (here a doctored one: one model of a
+    made-up name); one of another version is not, and timm itself answers."""
+    doctored = tmp_path / "zoo_names.json"
+    version = names.installed_version("timm")
+    doctored.write_text(json.dumps({"timm": {"version": version, "tasks": {"x": ["made_up"]}}}))
+    monkeypatch.setattr(names, "CATALOGUE", doctored)
+    names._catalogue.cache_clear()
+    try:
+        assert names.find("timm:made_up") == names.ZooEntry("timm", "made_up", "x")
+        with pytest.raises(WorkloadError, match="unknown model 'timm:resnet18'"):
+            names.find("timm:resnet18")
+        monkeypatch.setattr(names, "installed_version", lambda distribution: "0.0.1")
+        assert names.find("timm:resnet18").task == "classification"  # timm's own list
+        with pytest.raises(WorkloadError, match="unknown model 'timm:made_up'"):
+            names.find("timm:made_up")
+    finally:
+        names._catalogue.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -62,7 +97,7 @@ def test_the_fork_servers_preload_imports_every_transformers_familys_modeling_co
     # a fresh interpreter: the test process may have imported some of them already
     code = (
         "import sys, torch; import xsp.tracer.workloads.preload; "
-        "from xsp.tracer.workloads import zoo; "
+        "from xsp.tracer.workloads import names as zoo; "
         "names = zoo.TRANSFORMERS_TEXT + zoo.TRANSFORMERS_SEQ2SEQ + zoo.TRANSFORMERS_VISION; "
         "print(sum(f'transformers.models.{n}.modeling_{n}' in sys.modules for n in names), "
         "len(names), torch.cuda.is_initialized())"

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import pyarrow.compute as pc
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -192,7 +191,7 @@ def run(
     import time
 
     from xsp.tracer.levelset import parse_level_sets
-    from xsp.tracer.run.runner import LeveledSpec, run_leveled
+    from xsp.tracer.run.runner import LeveledSpec, check_arguments, run_leveled
     from xsp.tracer.spec import ProfileSpec
 
     try:
@@ -216,6 +215,7 @@ def run(
         iteration_fn=iteration_fn,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
+    check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     columns = (
         TextColumn("[bold]{task.fields[levels]:>5}"),
         TextColumn("{task.description}"),
@@ -387,6 +387,8 @@ def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | No
     time range (microseconds, as the UI's URL takes them), so a run of any age is found."""
     import urllib.parse
 
+    import pyarrow.compute as pc
+
     from xsp.tracer import schema
 
     tables = [b.table for b in batches if b.table.num_rows]
@@ -523,6 +525,8 @@ def analyze(
     ``kernels_by_name``, ...), each with its ``title``, ``note`` and ``rows``; row keys are the
     analysis' column names, which carry their units (``gain_ms_per_iteration``, ``share_pct``).
     """
+    import pyarrow.compute as pc
+
     from xsp.analysis.catalog import sections
     from xsp.analysis.reconstruct import reconstruct_with_report
 
@@ -852,9 +856,9 @@ def native() -> None:
 @click.option("--filter", "pattern", help="Substring or shell pattern, e.g. resnet or 'vit_*224'.")
 def models(source: str | None, pattern: str | None) -> None:
     """List the zoo models (random weights, synthetic inputs, nothing downloaded)."""
-    from xsp.tracer.workloads import zoo
+    from xsp.tracer.workloads.names import list_models
 
-    entries = zoo.list_models(source, pattern)
+    entries = list_models(source, pattern)
     for entry in entries:
         click.echo(f"{entry.qualified}\t{entry.task}")  # plain tab-separated lines, for scripts
     console.print(f"{len(entries)} models", highlight=False)
@@ -949,7 +953,8 @@ def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
 def _print_summary(run_dir: Path, store: Any = None) -> None:
     """The measurement's summary; a ``store`` given was opened by ``_open_store``, which printed
     its reader's warnings."""
-    from xsp.analysis.summary import level_sets, top_layers
+    from xsp.analysis.summary import level_sets, time_line, top_layers
+    from xsp.tracer.store import MANIFEST, read_json
 
     store = store or _open_store(run_dir)
     rows = level_sets(store).to_pylist()
@@ -1000,6 +1005,8 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
         )
     for run_ in store.counter_runs:
         out_console.print(counter_line(run_), highlight=False)
+    if (store.root / MANIFEST).exists() and (said := time_line(read_json(store.root / MANIFEST))):
+        out_console.print(said, highlight=False, soft_wrap=True)
     for run_ in [*store.runs, *store.counter_runs]:
         for line in run_warnings(run_):
             _warn(line)

@@ -15,12 +15,17 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import arrow
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
-_EMPTY = pa.schema(
-    [*schema.SPAN_SCHEMA, pa.field("run_index", pa.int32()), pa.field("levels", pa.string())]
-).empty_table()
+# from_batches: Schema.empty_table() imports pandas (0.25 s), which opening a store needs not
+_EMPTY = pa.Table.from_batches(
+    [],
+    pa.schema(
+        [*schema.SPAN_SCHEMA, pa.field("run_index", pa.int32()), pa.field("levels", pa.string())]
+    ),
+)
 
 
 class MeasurementStore:
@@ -47,8 +52,11 @@ class MeasurementStore:
             spans = run.spans()  # raises StoreError naming a corrupt or truncated file
             self._run_tables.append(spans)
             n = spans.num_rows
-            spans = spans.append_column("run_index", pa.array(np.full(n, index, np.int32)))
-            tables.append(spans.append_column("levels", pa.array([run.levels] * n, pa.string())))
+            spans = spans.append_column("run_index", arrow(np.full(n, index, np.int32)))
+            levels = pa.DictionaryArray.from_arrays(
+                arrow(np.zeros(n, np.int32)), arrow([run.levels], pa.string())
+            ).cast(pa.string())  # n copies of one string without a Python list of them
+            tables.append(spans.append_column("levels", levels))
         # Arrow in memory, scanned by DuckDB in place: an analysis runs dozens of queries, and
         # re-reading Parquet for each cost ~60 ms a query on a 100k-span store.
         self.table = pa.concat_tables(tables) if tables else _EMPTY

@@ -1,12 +1,29 @@
 """The summary ``xsp run`` prints: step latency per level set, overhead against the shallowest
-run, spans per iteration and the slowest layers."""
+run, spans per iteration, the slowest layers, and where the measurement's time went."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.store import MeasurementStore
+from xsp.tracer.convert.columns import arrow
+
+#: The phases of a level-set process as the manifest's runs record them (``seconds``: the
+#: runner's ``_phase_seconds``), grouped under the names the time line gives them.
+PHASE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("start-up", ("start_up",)),
+    ("warm-up", ("untraced_warm_up",)),
+    ("waiting", ("waiting_for_previous",)),
+    ("levels on", ("switch_on",)),
+    ("traced", ("traced_iterations",)),
+    ("finish", ("stop", "drain", "convert", "store")),
+    ("exit", ("exit",)),
+)
 
 
 def level_sets(store: MeasurementStore) -> pa.Table:
@@ -90,3 +107,50 @@ def _verdict(first: dict, row: dict) -> str | None:
         return None
     spread = (first.get("step_stderr_ms") or 0.0) ** 2 + (row.get("step_stderr_ms") or 0.0) ** 2
     return overhead_verdict(row["step_mean_ms"] - first["step_mean_ms"], spread**0.5)
+
+
+def time_by_phase(manifest: Mapping[str, Any]) -> pa.Table:
+    """Where a leveled measurement's processes spent their time, summed over its level sets:
+    one row per phase group of ``PHASE_GROUPS`` that some run recorded, in the order they come,
+    with columns phase, seconds and share_pct (of all the processes' seconds). Runs without
+    phase seconds (a manifest older than them) add nothing."""
+    runs = [r.get("seconds") or {} for r in manifest.get("runs") or [] if isinstance(r, dict)]
+    total = sum(float(r.get("total") or 0.0) for r in runs)
+    phases, seconds = [], []
+    for group, names in PHASE_GROUPS:
+        if any(name in r for r in runs for name in names):
+            phases.append(group)
+            seconds.append(sum(float(r.get(name) or 0.0) for r in runs for name in names))
+    values = np.array(seconds, dtype=np.float64)
+    share = 100.0 * values / total if total > 0 else np.zeros(len(values))
+    return pa.Table.from_arrays(
+        [arrow(phases, pa.string()), arrow(values), arrow(share)],
+        names=["phase", "seconds", "share_pct"],
+    )
+
+
+def time_line(manifest: Mapping[str, Any]) -> str | None:
+    """The one line on where a leveled measurement's time went, for example ``time: 33.4 s in
+    all; 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), ...``; the
+    whole is given where the manifest has the measurement's end (``finished_ns``). None when
+    its runs recorded no phases."""
+    table = time_by_phase(manifest)
+    if not table.num_rows:
+        return None
+    runs = [r for r in manifest.get("runs") or [] if isinstance(r, dict) and r.get("seconds")]
+    processes = sum(float(r["seconds"].get("total") or 0.0) for r in runs)
+    count = f"{len(runs)} level-set process{'es' if len(runs) != 1 else ''} {processes:.1f} s"
+    start, end = manifest.get("created_ns"), manifest.get("finished_ns")
+    whole = ""
+    if isinstance(start, int) and isinstance(end, int) and end > start:
+        whole = f"{(end - start) / 1e9:.1f} s in all; "
+    parts = [
+        f"{phase} {seconds:.1f} s ({share:.0f}%)"
+        for phase, seconds, share in zip(
+            table.column("phase").to_pylist(),
+            table.column("seconds").to_pylist(),
+            table.column("share_pct").to_pylist(),
+            strict=True,
+        )
+    ]
+    return f"time: {whole}{count}: {', '.join(parts)}"

@@ -35,7 +35,7 @@ from typing import Any
 from xsp.campaign.spec import DEFAULT_TIMEOUT_S, CampaignSpec
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.levelset import LevelSet
-from xsp.tracer.workloads import zoo
+from xsp.tracer.workloads import names as zoo_names
 
 
 def load(path: Path) -> CampaignSpec:
@@ -72,7 +72,7 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     modes = _strings(section, "modes", ["infer"])
-    bad_modes = [m for m in modes if m not in zoo.MODES]
+    bad_modes = [m for m in modes if m not in zoo_names.MODES]
     if bad_modes:
         raise ConfigError(f"bad modes {bad_modes}: use train and/or infer")
     batch_sizes = _integers(section, "batch_sizes", [1])
@@ -160,7 +160,7 @@ def _models(section: dict[str, Any]) -> list[str]:
     for selector in section.get("select", []):
         if not isinstance(selector, dict) or set(selector) - {"source", "pattern", "task"}:
             raise ConfigError(f"bad models.select entry {selector!r}: keys source, pattern, task")
-        entries = zoo.list_models(selector.get("source"), selector.get("pattern"))
+        entries = zoo_names.list_models(selector.get("source"), selector.get("pattern"))
         task = selector.get("task")
         names += [e.qualified for e in entries if task is None or e.task == task]
     unique = list(dict.fromkeys(names))

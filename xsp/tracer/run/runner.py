@@ -39,7 +39,6 @@ from xsp.tracer import schema, store
 from xsp.tracer.errors import ConfigError, StoreError
 from xsp.tracer.levelset import LevelSet, level_sets
 from xsp.tracer.run.protocol import ChildSpec, check_program, describe_end
-from xsp.tracer.run.recover import recover_run
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
 log = logging.getLogger(__name__)
@@ -190,8 +189,12 @@ def script_command(command: Sequence[str]) -> list[str]:
     return rest
 
 
-def validate(spec: LeveledSpec) -> list[LevelSet]:
-    """Check the spec before anything runs; return the level sets that will run."""
+def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
+    """Check what can be checked without importing torch (a second at least; seconds with
+    torchvision, timm and transformers): the numbers, the workload (a zoo name from the
+    catalogue of names, a command's program), the XSP_* settings, the level sets against a
+    device given by name, and the output directory; return the level sets that will run.
+    ``xsp run`` calls it before anything else, so a bad argument is refused at once."""
     profile = spec.profile
     if profile.iterations < 1:
         raise ConfigError(f"bad --iterations {profile.iterations}: must be at least 1")
@@ -206,10 +209,10 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
 
         check_name(profile.iteration_fn)
     if profile.model is not None:
-        from xsp.tracer.workloads import zoo
+        from xsp.tracer.workloads import names
 
-        zoo.find(profile.model)
-        if profile.mode not in zoo.MODES:
+        names.find(profile.model)
+        if profile.mode not in names.MODES:
             raise ConfigError(f"bad --mode {profile.mode!r}: use train or infer")
         if profile.batch_size < 1:
             raise ConfigError(f"bad --batch-size {profile.batch_size}: must be at least 1")
@@ -223,7 +226,6 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
             check_program(command)
     from xsp.tracer import config
     from xsp.tracer.capture.levels import check_levels
-    from xsp.tracer.capture.session import resolve_device
 
     config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
     skipped = counter_skips(spec.level_sets)
@@ -232,10 +234,24 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
         raise ConfigError(f"nothing to run: {'; '.join(skipped.values())}")
     if profile.counter_iterations < 1:
         raise ConfigError(f"bad counter iterations {profile.counter_iterations}: at least 1")
-    device = resolve_device(profile.device)
+    if profile.device is not None:  # one by name; None is chosen with torch (validate)
+        if profile.device != "cpu" and not profile.device.startswith("cuda"):
+            raise ConfigError(f"bad device {profile.device!r}: use cpu or cuda[:N]")
+        for levels in level_sets:
+            check_levels(levels, profile.device)
+    store.check_writable(spec.out)
+    return level_sets
+
+
+def validate(spec: LeveledSpec) -> list[LevelSet]:
+    """Check the spec before anything runs; return the level sets that will run."""
+    from xsp.tracer.capture.levels import check_levels
+    from xsp.tracer.capture.session import resolve_device
+
+    level_sets = check_arguments(spec)
+    device = resolve_device(spec.profile.device)  # imports torch; a missing GPU is named
     for levels in level_sets:
         check_levels(levels, device)
-    store.check_writable(spec.out)
     return level_sets
 
 
@@ -329,6 +345,7 @@ def run_leveled(
                 manifest["runs"].append(_interrupt(spec, process, progress))
         manifest["interrupted_ns"] = time.time_ns()
     manifest["status"] = result.status
+    manifest["finished_ns"] = time.time_ns()  # with created_ns: the whole, as `xsp summary` says
     if fresh and result.runs and not result.stored and _only_manifest(spec.out):
         shutil.rmtree(spec.out, ignore_errors=True)  # nothing measured: no empty measurement
     else:  # a campaign's stderr logs stay, with the manifest that says why
@@ -602,6 +619,8 @@ def _entry(
     program = program_end(returncode, meta.get("program"))
     entry["program"] = program
     if meta.get("status") == "running" and not timed_out:
+        from xsp.tracer.run.recover import recover_run  # conversion: only for a dead process
+
         meta = recover_run(spec.out / levels, describe_end(program)) or meta
     if meta:
         entry.update(

@@ -10,14 +10,14 @@ here initializes CUDA, which a forking server must not.
 
 from __future__ import annotations
 
-from xsp.tracer.workloads import zoo
+from xsp.tracer.workloads import names
 
 
 def import_model_classes() -> None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-    for name in zoo.TRANSFORMERS_TEXT + zoo.TRANSFORMERS_SEQ2SEQ + zoo.TRANSFORMERS_VISION:
+    for name in names.TRANSFORMERS_TEXT + names.TRANSFORMERS_SEQ2SEQ + names.TRANSFORMERS_VISION:
         MODEL_MAPPING[type(AutoConfig.for_model(name))]
 
 

@@ -3,92 +3,27 @@ synthetic inputs of the right shape. Nothing is downloaded: every model is built
 default configuration.
 
 Names are ``SOURCE:NAME``: ``torchvision:resnet50``, ``timm:vit_base_patch16_224``,
-``transformers:bert``. A workload is one model with its inputs, loss and optimizer; ``step()``
-runs one iteration (a forward pass, or forward, backward and optimizer step).
+``transformers:bert``; ``xsp.tracer.workloads.names`` knows them without importing torch. A
+workload is one model with its inputs, loss and optimizer; ``step()`` runs one iteration (a
+forward pass, or forward, backward and optimizer step).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.tracer.workloads.names import MODES, ZooEntry, find
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("torchvision", "timm", "transformers")
-MODES = ("train", "infer")
 DEFAULT_IMAGE_SIZE = 224
 TEXT_SEQUENCE_LENGTH = 128
 DEFAULT_LR = 0.01
-
-# transformers model types built from their default configuration (the base-size model of each
-# family), with the inputs each takes.
-TRANSFORMERS_TEXT = ("bert", "distilbert", "roberta", "albert", "electra", "gpt2", "xlnet", "mpnet")
-TRANSFORMERS_SEQ2SEQ = ("t5", "bart")
-TRANSFORMERS_VISION = ("vit", "deit", "swin", "convnext")
-
-
-@dataclass(frozen=True)
-class ZooEntry:
-    source: str
-    name: str
-    task: str
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.source}:{self.name}"
-
-
-def list_models(source: str | None = None, pattern: str | None = None) -> list[ZooEntry]:
-    """Every zoo model, optionally of one source and matching a shell-style ``pattern``."""
-    if source is not None and source not in SOURCES:
-        raise ConfigError(f"unknown zoo source {source!r}: use one of {', '.join(SOURCES)}")
-    entries: list[ZooEntry] = []
-    if source in (None, "torchvision"):
-        from torchvision import models
-
-        entries += [
-            ZooEntry("torchvision", n, "classification") for n in models.list_models(module=models)
-        ]
-        entries += [
-            ZooEntry("torchvision", n, "segmentation")
-            for n in models.list_models(module=models.segmentation)
-        ]
-    if source in (None, "timm"):
-        import timm
-
-        entries += [ZooEntry("timm", n, "classification") for n in timm.list_models()]
-    if source in (None, "transformers"):
-        entries += [ZooEntry("transformers", n, "text") for n in TRANSFORMERS_TEXT]
-        entries += [ZooEntry("transformers", n, "seq2seq") for n in TRANSFORMERS_SEQ2SEQ]
-        entries += [ZooEntry("transformers", n, "vision") for n in TRANSFORMERS_VISION]
-    if pattern:
-        entries = [e for e in entries if fnmatch.fnmatch(e.qualified, f"*{pattern}*")]
-    return entries
-
-
-def find(name: str) -> ZooEntry:
-    source, sep, model = name.partition(":")
-    if not sep or not model:
-        raise WorkloadError(
-            f"bad model name {name!r}: write SOURCE:NAME, e.g. torchvision:resnet50"
-        )
-    if source not in SOURCES:
-        raise WorkloadError(
-            f"unknown model source {source!r} in {name!r}: use one of {', '.join(SOURCES)}"
-        )
-    for entry in list_models(source):
-        if entry.name == model:
-            return entry
-    raise WorkloadError(
-        f"unknown model {name!r}: `xsp models --source {source}` lists the known ones"
-    )
 
 
 class Workload:
