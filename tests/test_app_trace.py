@@ -183,3 +183,28 @@ def test_xsp_never_imports_the_opentelemetry_api_into_a_program(tmp_path: Path) 
     done = _measure(tmp_path, PLAIN)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("otel imported: False") == 2
+
+
+LOGGING = """
+    import logging
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="app %(levelname)s %(message)s")
+    logging.getLogger("app").info("configured by the program")
+    logging.getLogger("opentelemetry.exporter").warning("export failed")
+    model = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(1, 8))
+"""
+
+
+def test_the_programs_own_logging_stays_its_own(tmp_path: Path) -> None:
+    """xsp's log handler sits on xsp's loggers: the program's basicConfig takes effect, and a
+    library's warning (an OTLP exporter's, say) is not prefixed as if xsp said it."""
+    done = _measure(tmp_path, LOGGING)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines.count("app INFO configured by the program") == 2  # one per level set
+    assert lines.count("app WARNING export failed") == 2
+    assert not any(line.startswith("xsp: ") and "export failed" in line for line in lines)

@@ -130,7 +130,12 @@ class _Prefixed(logging.Formatter):
 def main(spec: ChildSpec | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(_Prefixed("%(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    # on xsp's own loggers only: the program's records stay the program's (its basicConfig
+    # takes effect, and an OpenTelemetry exporter's warning does not read as xsp's)
+    xsp_log = logging.getLogger("xsp")
+    xsp_log.handlers = [handler]
+    xsp_log.setLevel(logging.WARNING)
+    xsp_log.propagate = False
     try:
         args = spec or ChildSpec.from_argv(sys.argv[1:])
     except XspError as exc:
