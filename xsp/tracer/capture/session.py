@@ -496,6 +496,10 @@ class Session:
     def _rotate(self) -> None:
         """Hand the iterations finished since the last batch to the exporter and start the next
         batch: levels off, drained, the arena recycled, levels on again (between iterations)."""
+        with _signals_held():  # a Ctrl-C now would cut a batch in two
+            self._rotate_held()
+
+    def _rotate_held(self) -> None:
         losses = Losses()
         stopped = self._stop_levels(losses)
         counts: dict[str, Any] = {}
@@ -958,6 +962,23 @@ def fail_message(exc: BaseException) -> str:
         return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (the main thread's) while a batch changes hands: they arrive,
+    and interrupt the program, once it is whole."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _distributed_world_size() -> int:
