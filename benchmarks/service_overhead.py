@@ -9,12 +9,13 @@ the host's drift cancels within a round. A configuration's turn is ``--requests`
 forward pass of an MLP, batch 1, each timed around the call as the service's caller sees it)
 after ``--warmup`` untimed ones; a traced turn is a fresh continuous session (``iterations=0``,
 iterations found as root-module calls) storing its batches into a temporary run directory in the
-background, as a service's would. Reported per configuration: the median over rounds of its
+background, as a service's would (every ``--export-every`` seconds: short, so that each timed
+turn pays for batches stored while it runs). Reported per configuration: the median over rounds of its
 mean request against the same round's untraced mean, and the mean, p50 and p99 over every timed
 request of every round.
 
     python benchmarks/service_overhead.py [--rounds 10] [--requests 2000] [--width 512]
-        [--sample-every 100] [--out FILE.json]
+        [--sample-every 100] [--export-every 0.5] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
             device="cpu",
             auto_iterations=True,
             sample_every=every,
+            export_every_s=args.export_every,
             monitor=False,
         )
     times = []
@@ -90,6 +92,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--sample-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
+    # short, so that batches are stored in the background during each timed turn
+    parser.add_argument("--export-every", type=float, default=0.5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
