@@ -11,8 +11,9 @@ after ``--warmup`` untimed ones; a traced turn is a fresh continuous session (``
 iterations found as root-module calls) storing its batches into a temporary run directory in the
 background, as a service's would (every ``--export-every`` seconds: short, so that each timed
 turn pays for batches stored while it runs). Reported per configuration: the median over rounds of its
-mean request against the same round's untraced mean, and the mean, p50 and p99 over every timed
-request of every round.
+mean request against the same round's untraced mean, the median over rounds of its median
+request against the untraced one's (ratio and µs added: robust to a shared host's spikes), and
+the mean, p50 and p99 over every timed request of every round.
 
     python benchmarks/service_overhead.py [--rounds 10] [--requests 2000] [--width 512]
         [--sample-every 100] [--export-every 0.5] [--out FILE.json]
@@ -101,25 +102,35 @@ def main() -> None:
     net, x = model(args.width), torch.randn(1, args.width)
     times: dict[str, list[int]] = {c: [] for c in configs}
     ratios: dict[str, list[float]] = {c: [] for c in configs[1:]}
+    # per round, a turn's median request against the untraced turn's: robust to the spikes a
+    # shared host puts into means, and its difference is the tracer's cost per request
+    p50_ratios: dict[str, list[float]] = {c: [] for c in configs[1:]}
+    p50_added: dict[str, list[float]] = {c: [] for c in configs[1:]}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             order = configs[:]
             rng.shuffle(order)
-            means = {}
+            means, medians = {}, {}
             for config in order:
                 got = turn(config, net, x, args, Path(tmp))
                 times[config] += got
                 means[config] = statistics.fmean(got)
+                medians[config] = statistics.median(got)
             for config in configs[1:]:
                 ratios[config].append(means[config] / means["none"])
+                p50_ratios[config].append(medians[config] / medians["none"])
+                p50_added[config].append((medians[config] - medians["none"]) / 1e3)
             print(
                 f"round {round_index + 1}: "
                 + ", ".join(f"{c} {means[c] / 1e3:.1f} µs" for c in configs),
                 flush=True,
             )
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-    print(f"\n{'config':>10} {'mean µs':>9} {'p50 µs':>8} {'p99 µs':>8} {'vs none':>20}")
+    print(
+        f"\n{'config':>10} {'mean µs':>9} {'p50 µs':>8} {'p99 µs':>8} {'mean vs none':>22} "
+        f"{'p50 vs none':>12} {'p50 added µs':>13}"
+    )
     for config in configs:
         row = {
             "mean_us": statistics.fmean(times[config]) / 1e3,
@@ -129,13 +140,18 @@ def main() -> None:
         if config in ratios:
             r = ratios[config]
             row.update(ratio=statistics.median(r), ratio_min=min(r), ratio_max=max(r))
+            row.update(
+                p50_ratio=statistics.median(p50_ratios[config]),
+                p50_added_us=statistics.median(p50_added[config]),
+            )
             versus = f"{row['ratio']:.4f}x [{min(r):.3f}, {max(r):.3f}]"
+            versus += f" {row['p50_ratio']:11.4f}x {row['p50_added_us']:13.2f}"
         else:
             versus = ""
         results[config] = row
         print(
             f"{config:>10} {row['mean_us']:9.1f} {row['p50_us']:8.1f} {row['p99_us']:8.1f} "
-            f"{versus:>20}"
+            f"{versus:>22}"
         )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
