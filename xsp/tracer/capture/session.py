@@ -64,6 +64,8 @@ from xsp.tracer.spec import (
 log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, done, total)
+#: A continuous session reports its measured iterations at most this often.
+PROGRESS_EVERY_S = 0.5
 
 _current: Session | None = None
 
@@ -306,6 +308,7 @@ class Session:
         self._measure_end: float | None = None  # monotonic: the duration's end
         self._stopped_at: int | None = None  # the index the duration stopped measuring at
         self._meta_lock = threading.Lock()
+        self._progress_at = 0.0
         self.result: dict[str, Any] | None = None
         #: How the traced program ended, written into run.json (``exit_code``, ``exception``,
         #: ``interrupted``; the leveled runner adds ``signal`` for a killed process).
@@ -619,6 +622,11 @@ class Session:
         try:
             if self._index <= self.warmup:
                 self._progress("warmup", self._index, self.warmup)
+            elif self.continuous:  # a service's thousands a second: a line now and then
+                now = time.monotonic()
+                if now - self._progress_at >= PROGRESS_EVERY_S:
+                    self._progress_at = now
+                    self._progress("measure", self._index - self.warmup, self.iterations)
             else:
                 self._progress("measure", self._index - self.warmup, self.iterations)
         except Exception:

@@ -167,7 +167,11 @@ class BatchExporter:
         totals.next_span_id = report.next_span_id
         totals.errors.extend(stored.errors)
         if self._on_stored is not None:
-            self._on_stored(totals)
+            try:
+                self._on_stored(totals)
+            except Exception as exc:  # the batch is stored: only run.json's update is late
+                totals.errors.append(f"run.json not updated after batch {batch.part}: {exc}")
+                log.exception("xsp: updating run.json after batch %s failed", batch.part)
         self._forget(batch)
 
     @staticmethod
