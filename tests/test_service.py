@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from tests.test_cli import ROOT, _env
 from tests.test_cli import xsp as xsp_cli
 from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.export.batches import BatchExporter
+from xsp.tracer.run.recover import recover_run
 from xsp.tracer.store import open_run
 
 #: A service as people write one: it answers requests (one forward pass of a tiny model each)
@@ -220,3 +224,49 @@ def test_a_session_with_a_duration_stops_measuring_and_the_program_runs_on(tmp_p
 def test_sampling_without_an_end_is_refused_in_the_api() -> None:
     with pytest.raises(ConfigError, match="continuous session"):
         xsp.session("MF", iterations=3, sample_rate=5.0)
+
+
+def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that dies while its exporter is behind: two drained batches still wait as
+    ``capture-<part>.arena`` beside the open arena. Its directory, copied as it was, is what the
+    runner recovers: every finished iteration, each batch in its own part."""
+    monkeypatch.setenv("XSP_ARENA_MB", "4")  # the copy below copies the sparse files whole
+    held = threading.Event()
+    store_batch = BatchExporter._store
+
+    def behind(self: BatchExporter, batch: Any) -> None:
+        held.wait()
+        store_batch(self, batch)
+
+    monkeypatch.setattr(BatchExporter, "_store", behind)
+    live = tmp_path / "live" / "MF"
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    session = xsp.session(
+        "MF", iterations=0, warmup=0, out=live, device="cpu", sample_every=2, export_every_s=1e6
+    )
+    for i in range(7):
+        with xsp.iteration():
+            net(torch.ones(1, 4))
+        if i in (1, 3):  # batches 0 (iterations 0, 1) and 1 (2, 3); 4 to 6 stay in the arena
+            session._rotate()
+    dead = tmp_path / "dead" / "MF"
+    shutil.copytree(live, dead)
+    held.set()
+    session.close()
+    assert sorted(p.name for p in dead.glob("*.arena")) == [
+        "capture-00000.arena",
+        "capture-00001.arena",
+        "capture.arena",
+    ]
+    assert json.loads((dead / "run.json").read_text())["status"] == "running"
+    meta = recover_run(dead, "was killed by SIGKILL")
+    assert meta is not None and meta["status"] == "partial" and meta["recovered"] is True
+    assert meta["iterations_measured"] == 7
+    assert meta["files"] == ["spans-00000.parquet", "spans-00001.parquet", "spans-00002.parquet"]
+    steps, framework = _steps_and_framework(dead)
+    assert sorted(steps) == list(range(7)) and framework == {0, 2, 4, 6}
+    assert not list(dead.glob("*.arena"))
+    live_steps, live_framework = _steps_and_framework(live)  # the live one stored the same
+    assert sorted(live_steps) == list(range(7)) and live_framework == {0, 2, 4, 6}
