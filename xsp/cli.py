@@ -278,6 +278,10 @@ def run(
                 tasks[levels] = bar.add_task("starting", total=total or None, levels=levels)
             elif phase == "end":
                 bar.update(tasks[levels], description="done" if done == 0 else f"exit {done}")
+            elif phase == "measure" and not total:  # a service: measured until stopped
+                bar.update(
+                    tasks[levels], description="measure (until stopped)", completed=done, total=done
+                )
             else:
                 bar.update(tasks[levels], description=phase, completed=done, total=total or None)
 
