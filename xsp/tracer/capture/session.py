@@ -12,6 +12,12 @@ Levels are switched on between iterations, before the first measured one, and sw
 drained, converted and exported once the last measured iteration is over (at the next marker or
 at ``close()``, so that no profiler range is cut in the middle). The session never raises into
 the traced program: failures are logged, counted and written into the run's ``run.json``.
+
+A continuous session (``iterations`` 0 or a duration: a service, docs/serving.md) runs that
+cycle once per batch instead: every ``export_every_s`` seconds, at the end of an iteration, the
+levels are switched off, drained and switched on again into a recycled arena, and the batch goes
+to a background exporter (``xsp.tracer.export.batches``). Its sampling policy
+(``xsp.tracer.capture.sampling``) switches the levels below M on or off as each iteration begins.
 """
 
 from __future__ import annotations
