@@ -270,3 +270,47 @@ def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
     assert not list(dead.glob("*.arena"))
     live_steps, live_framework = _steps_and_framework(live)  # the live one stored the same
     assert sorted(live_steps) == list(range(7)) and live_framework == {0, 2, 4, 6}
+
+
+def test_each_batch_is_sent_over_otlp_while_the_service_runs(tmp_path: Path) -> None:
+    """The collector acknowledges a batch's spans while the session runs, and holds every stored span in the
+    end (level M on each of 9 iterations, F on 0, 3 and 6)."""
+    from tests.fixtures import http_collector
+    from xsp.tracer.export.sinks import OtlpSink
+    from xsp.tracer.export.transport import OtlpConfig, make_transport
+
+    collector = http_collector(tmp_path / "collector", flush_interval_s=0.05)
+    try:
+        config = OtlpConfig.from_env(f"http://127.0.0.1:{collector.http_port}")
+        assert config is not None
+        otlp = OtlpSink(make_transport(config))
+        run_dir = tmp_path / "run" / "MF"
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        session = xsp.session(
+            "MF", iterations=0, warmup=0, out=run_dir, device="cpu", sample_every=3,
+            export_every_s=1e6, sinks=[otlp],
+        )  # fmt: skip
+        for i in range(9):
+            with xsp.iteration():
+                net(torch.ones(1, 4))
+            if i == 3:
+                session._rotate()  # batch 0: iterations 0 to 3
+        deadline = time.monotonic() + 60
+        while (
+            time.monotonic() < deadline
+            and json.loads((run_dir / "run.json").read_text()).get("batches_stored") != 1
+        ):
+            time.sleep(0.05)
+        running = json.loads((run_dir / "run.json").read_text())
+        assert running["status"] == "running" and running["iterations_measured"] == 4
+        assert running["otlp_spans_sent"] == running["spans"] > 4  # steps 0-3, F of 0 and 3
+        meta = session.close()
+    finally:
+        collector.stop()
+    assert meta is not None and meta["status"] == "ok" and meta["batches_stored"] == 2
+    assert meta["otlp_spans_sent"] == meta["spans"] == open_run(run_dir).spans().num_rows
+    received = [open_run(p.parent) for p in (tmp_path / "collector").rglob("run.json")]
+    rows = [r for run in received for r in run.spans().to_pylist()]
+    assert len(rows) == meta["spans"]
+    assert sorted(r["iteration"] for r in rows if r["kind"] == "step") == list(range(9))
+    assert {r["iteration"] for r in rows if r["level"] == "framework"} == {0, 3, 6}

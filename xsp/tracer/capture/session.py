@@ -555,7 +555,11 @@ class Session:
     def _stored_so_far(self, totals: Totals) -> None:
         """run.json while a continuous session runs: what its batches stored so far."""
         self._write_meta(
-            "running", measured=totals.iterations, **totals.counts(), **self._service_meta()
+            "running",
+            measured=totals.iterations,
+            **totals.counts(),
+            **self._service_meta(),
+            **self._otlp_sent(),
         )
 
     def _service_meta(self) -> dict[str, Any]:
