@@ -273,8 +273,8 @@ def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
 
 
 def test_each_batch_is_sent_over_otlp_while_the_service_runs(tmp_path: Path) -> None:
-    """The collector acknowledges a batch's spans while the session runs, and holds every stored span in the
-    end (level M on each of 9 iterations, F on 0, 3 and 6)."""
+    """The collector acknowledges a batch's spans while the session runs, and holds every
+    stored span in the end (level M on each of 9 iterations, F on 0, 3 and 6)."""
     from tests.fixtures import http_collector
     from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
