@@ -314,3 +314,30 @@ def test_each_batch_is_sent_over_otlp_while_the_service_runs(tmp_path: Path) -> 
     assert len(rows) == meta["spans"]
     assert sorted(r["iteration"] for r in rows if r["kind"] == "step") == list(range(9))
     assert {r["iteration"] for r in rows if r["level"] == "framework"} == {0, 3, 6}
+
+
+def test_onednn_calls_are_recorded_on_the_sampled_iterations_only(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Level L on CPU (oneDNN's verbose lines) follows the policy too, across a batch boundary,
+    and the program's own output still reaches its stdout."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU())
+    x = torch.randn(2, 3, 32, 32)
+    session = xsp.session(
+        "MFL", iterations=0, warmup=0, out=tmp_path / "MFL", device="cpu", sample_every=3,
+        export_every_s=1e6,
+    )  # fmt: skip
+    for i in range(8):
+        with xsp.iteration():
+            net(x)
+            print("served", i, flush=True)
+        if i == 4:
+            session._rotate()
+    meta = session.close()
+    assert meta is not None and meta["status"] == "ok" and meta["batches_stored"] == 2
+    assert capfd.readouterr().out.count("served") == 8
+    rows = open_run(tmp_path / "MFL").spans().to_pylist()
+    convs = [r for r in rows if r["kind"] == "library_call" and r["name"] == "convolution"]
+    assert sorted(r["iteration"] for r in convs) == [0, 3, 6]
+    assert {r["iteration"] for r in rows if r["level"] == "framework"} == {0, 3, 6}
