@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.tracer import schema
+from xsp.tracer.convert.arena import PENDING_ARENA_PATTERN
 from xsp.tracer.convert.columns import NullColumns
 from xsp.tracer.errors import DamagedFileError, StoreError
 from xsp.tracer.levelset import LevelSet
@@ -168,6 +169,8 @@ def reset_run_dir(run_dir: Path) -> None:
         run_dir / MONITOR,
         run_dir / MEMORY,
         *run_dir.glob(MEMORY_PART_PATTERN),
+        # an earlier service's batches still waiting: never recovered into this run
+        *run_dir.glob(PENDING_ARENA_PATTERN),
         run_dir / COUNTERS,
     ]:
         try:
