@@ -50,10 +50,14 @@ EXIT_CANCELLED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
+_interrupted_by: list[int] = []  # the signal that interrupted the workload
+
+
 def on_interrupt(signum: int, frame: Any) -> None:
-    """The first Ctrl-C (or, in a rank, SIGTERM) interrupts the workload; later ones are ignored
-    while the run is stored."""
+    """The first Ctrl-C (or, in a rank or a service, SIGTERM) interrupts the workload; later
+    ones are ignored while the run is stored."""
     signal.signal(signum, signal.SIG_IGN)
+    _interrupted_by.append(signum)
     raise KeyboardInterrupt
 
 
@@ -70,7 +74,8 @@ def _interrupted() -> int:
     current = sessions.current()
     if current is not None:
         current.program = {"interrupted": True}
-        current.close(error="interrupted (Ctrl-C)", interrupted=True)
+        by = "SIGTERM" if _interrupted_by[:1] == [signal.SIGTERM] else "Ctrl-C"
+        current.close(error=f"interrupted ({by})", interrupted=True)
     print("xsp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
 

@@ -376,6 +376,9 @@ def _drop_empty(spec: LeveledSpec, entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+_terminated = threading.Event()  # the interrupt was a SIGTERM
+
+
 def _terminate_as_interrupt() -> Callable[[], None] | None:
     """A service's measurement is stopped with SIGTERM (``docker stop``, a process manager) as
     often as with Ctrl-C: both store what the level-set process measured. Returns what puts the
@@ -385,8 +388,10 @@ def _terminate_as_interrupt() -> Callable[[], None] | None:
         return None
     if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return None
+    _terminated.clear()
 
     def interrupt(signum: int, frame: Any) -> None:
+        _terminated.set()
         raise KeyboardInterrupt
 
     def restore() -> None:
@@ -433,7 +438,8 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
     if returncode is None:
         returncode, _ = process.wait(0, kill=True)
     entry = _entry(spec, process, returncode, timed_out=False)
-    entry.update(status="interrupted", error="interrupted (Ctrl-C)")
+    by = "SIGTERM" if _terminated.is_set() else "Ctrl-C"
+    entry.update(status="interrupted", error=f"interrupted ({by})")
     _amend_run(spec, process.levels, entry)
     if progress:
         progress(process.levels, "end", returncode, spec.profile.iterations)
