@@ -284,8 +284,14 @@ def test_markers_without_a_session_do_nothing() -> None:
 def test_bad_configuration_names_the_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'MX'"):
         Session("MX")
-    with pytest.raises(ConfigError, match="iterations 0"):
-        Session("M", iterations=0)
+    with pytest.raises(ConfigError, match="iterations -1"):
+        Session("M", iterations=-1)
+    with pytest.raises(ConfigError, match="sample-every 0"):
+        Session("M", iterations=0, sample_every=0)
+    with pytest.raises(ConfigError, match="duration 0"):
+        Session("M", duration_s=0)
+    with pytest.raises(ConfigError, match="continuous session"):  # sampling needs no end
+        Session("MF", iterations=5, sample_every=2)
     with pytest.raises(ConfigError, match="'tpu'"):
         Session("M", device="tpu")
     if not torch.cuda.is_available():

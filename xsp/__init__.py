@@ -19,6 +19,9 @@ Functions:
         Start a tracing session (also a context manager). ``levels`` is a level set such as "M"
         or "MF"; ``out`` a run directory; ``sinks`` extra span sinks (``OtlpSink``,
         ``InMemorySink``). Raises ConfigError for bad values, DeviceError for a missing GPU.
+        ``iterations=0`` (or ``duration_s=``) makes it continuous, for a service: batches of
+        finished iterations are stored while it runs, and ``sample_every=``/``sample_rate=``
+        limit the levels below M to a sample (docs/serving.md).
     step()
         End the current iteration, if any, and begin the next. Without a session it does nothing.
     iteration()

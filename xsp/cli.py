@@ -99,7 +99,41 @@ def main() -> None:
 @click.option(
     "--levels", default="M,MF", show_default=True, help="Level sets, one run each: M,MF,..."
 )
-@click.option("--iterations", type=int, default=10, show_default=True, help="Measured iterations.")
+@click.option(
+    "--iterations",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Measured iterations; 0: until the program ends or is stopped (a service, docs/serving.md).",
+)
+@click.option(
+    "--duration",
+    type=float,
+    metavar="SECONDS",
+    help="Stop measuring after this long (a service); stored in batches while it runs.",
+)
+@click.option(
+    "--sample-every",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="With --iterations 0 or --duration: levels below M record every Nth iteration.",
+)
+@click.option(
+    "--sample-rate",
+    type=float,
+    metavar="R",
+    help="With --iterations 0 or --duration: levels below M record at most R iterations a second.",
+)
+@click.option(
+    "--export-every",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --iterations 0 or --duration: store (and send) finished iterations this often.",
+)
 @click.option(
     "--warmup",
     type=int,
@@ -151,6 +185,10 @@ def run(
     mode: str,
     levels: str,
     iterations: int,
+    duration: float | None,
+    sample_every: int,
+    sample_rate: float | None,
+    export_every: float,
     warmup: int,
     device: str | None,
     out: Path | None,
@@ -183,6 +221,11 @@ def run(
     Optimizer steps are the boundary if one comes during the warm-up, else root-module
     calls (see docs/profiling.md).
 
+    A service: --iterations 0 measures until the program ends or is stopped (Ctrl-C,
+    SIGTERM), --duration for a time; finished iterations are stored every --export-every
+    seconds while it runs. M records every iteration, the levels below it the sample that
+    --sample-every / --sample-rate pick (docs/serving.md).
+
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
     bad input; 130 when interrupted (Ctrl-C stops the level-set process too; the manifest
@@ -213,6 +256,10 @@ def run(
         counter_iterations=counter_iterations,
         fixes=fixes,
         iteration_fn=iteration_fn,
+        duration_s=duration,
+        sample_every=sample_every,
+        sample_rate=sample_rate,
+        export_every_s=export_every,
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
@@ -231,6 +278,10 @@ def run(
                 tasks[levels] = bar.add_task("starting", total=total or None, levels=levels)
             elif phase == "end":
                 bar.update(tasks[levels], description="done" if done == 0 else f"exit {done}")
+            elif phase == "measure" and not total:  # a service: measured until stopped
+                bar.update(
+                    tasks[levels], description="measure (until stopped)", completed=done, total=done
+                )
             else:
                 bar.update(tasks[levels], description=phase, completed=done, total=total or None)
 

@@ -88,7 +88,9 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
                                 AND c.iteration = m.iteration)
         ),
         steps AS (SELECT sum(dur_ns) AS total, count(*) AS n FROM spans, run
-                  WHERE run_index = run.r AND kind = 'step')
+                  WHERE run_index = run.r AND kind = 'step'
+                    -- a sampled service run: the iterations level F recorded
+                    AND iteration IN (SELECT DISTINCT iteration FROM mods))
         SELECT module_path, any_value(module_type) AS module_type,
                count(*) / any_value(steps.n) AS calls_per_iteration,
                sum(dur_ns) / count(*) / 1e6 AS mean_ms,

@@ -26,6 +26,8 @@ from xsp.tracer.levelset import LevelSet
 
 DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 2
+#: How often a continuous session stores the iterations finished since its last batch.
+DEFAULT_EXPORT_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,14 @@ class ProfileSpec:
     output's first values) for ``xsp verify`` to compare runs without and with a fix
     (``xsp.tracer.workloads.numerics``). ``iteration_fn``: ``MODULE.QUALNAME`` of a function
     each call of which is one iteration of a command (``xsp.tracer.capture.iterations``);
-    without it, optimizer steps or the root module's calls are."""
+    without it, optimizer steps or the root module's calls are.
+
+    A service (``docs/serving.md``): ``iterations`` 0 measures until the program ends or is
+    stopped, ``duration_s`` (with any ``iterations``) stops measuring after that many seconds
+    of measurement; either makes the session continuous: finished iterations are stored (and
+    sent) in batches while it runs, one every ``export_every_s`` seconds. ``sample_every`` N
+    and ``sample_rate`` R (iterations per second, at most) pick the iterations that the levels
+    below M record; level M records every one (``xsp.tracer.capture.sampling``)."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -61,17 +70,52 @@ class ProfileSpec:
     fixes: tuple[str, ...] = field(default_factory=tuple)
     numerics_probe: bool = False
     iteration_fn: str | None = None
+    duration_s: float | None = None
+    sample_every: int = 1
+    sample_rate: float | None = None
+    export_every_s: float = DEFAULT_EXPORT_EVERY_S
 
     def __post_init__(self) -> None:
         from xsp.tracer.workloads import fixes
 
         object.__setattr__(self, "command", tuple(self.command))  # a list given: hashable
         object.__setattr__(self, "fixes", fixes.check(self.fixes))
+        _check_service(self)
+
+    @property
+    def continuous(self) -> bool:
+        """Measured until stopped or for a time: stored in batches while it runs."""
+        return self.iterations == 0 or self.duration_s is not None
 
     @property
     def workload(self) -> str:
         """What runs, in words: the model's name or the command."""
         return self.model or " ".join(self.command)
+
+
+def _check_service(profile: ProfileSpec) -> None:
+    """ConfigError, one line, for a measurement length or sampling policy that cannot be."""
+    from xsp.tracer.errors import ConfigError
+
+    if profile.iterations < 0:
+        raise ConfigError(
+            f"bad iterations {profile.iterations}: give 1 or more, or 0 to measure until stopped"
+        )
+    if profile.duration_s is not None and not profile.duration_s > 0:
+        raise ConfigError(f"bad duration {profile.duration_s}: give seconds above 0")
+    if profile.sample_every < 1:
+        raise ConfigError(f"bad sample-every {profile.sample_every}: must be at least 1")
+    if profile.sample_rate is not None and not profile.sample_rate > 0:
+        raise ConfigError(
+            f"bad sample-rate {profile.sample_rate}: give iterations per second above 0"
+        )
+    if not profile.export_every_s > 0:
+        raise ConfigError(f"bad export-every {profile.export_every_s}: give seconds above 0")
+    sampled = profile.sample_every > 1 or profile.sample_rate is not None
+    if sampled and not profile.continuous:
+        raise ConfigError(
+            "sampling applies to a continuous session: add --iterations 0 or a --duration"
+        )
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xsp.tracer import schema
+from xsp.tracer.convert.arena import PENDING_ARENA_PATTERN
 from xsp.tracer.convert.columns import NullColumns
 from xsp.tracer.errors import DamagedFileError, StoreError
 from xsp.tracer.levelset import LevelSet
@@ -51,6 +52,8 @@ RUN_META = "run.json"
 RECONSTRUCTED = "reconstructed"
 MONITOR = "monitor.parquet"
 MEMORY = "memory.parquet"
+#: A continuous session's allocator events, one part per stored batch beside its span part.
+MEMORY_PART_PATTERN = "memory-*.parquet"
 #: The level-set directory the collector gives spans without xsp.levels (another OTel sender's)
 FOREIGN_LEVELS = "otlp"
 #: A hardware-counter run's tables and Nsight Compute's own files (``xsp.tracer.run.ncu``).
@@ -124,9 +127,11 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def write_memory_events(run_dir: Path, events: pa.Table) -> None:
-    """Store a run's allocator events (``memory.parquet``), whole or not at all."""
-    _write_parquet(run_dir / MEMORY, events.unify_dictionaries())  # as write_span_part
+def write_memory_events(run_dir: Path, events: pa.Table, part: str | None = None) -> None:
+    """Store a run's allocator events (``memory.parquet``; a continuous session's batch
+    ``part``: ``memory-<part>.parquet``), whole or not at all."""
+    path = run_dir / (MEMORY if part is None else f"memory-{part}.parquet")
+    _write_parquet(path, events.unify_dictionaries())  # as write_span_part
 
 
 def write_monitor_samples(run_dir: Path, samples: pa.Table) -> None:
@@ -165,6 +170,9 @@ def reset_run_dir(run_dir: Path) -> None:
         run_dir / RUN_META,
         run_dir / MONITOR,
         run_dir / MEMORY,
+        *run_dir.glob(MEMORY_PART_PATTERN),
+        # an earlier service's batches still waiting: never recovered into this run
+        *run_dir.glob(PENDING_ARENA_PATTERN),
         run_dir / COUNTERS,
     ]:
         try:
@@ -257,8 +265,14 @@ class Run:
         return self._side_table(MONITOR, "monitor")
 
     def memory(self) -> pa.Table | None:
-        """Level F's allocator events, each with its span and layer; None when none."""
-        return self._side_table(MEMORY, "memory")
+        """Level F's allocator events, each with its span and layer; None when none (a
+        continuous session's parts, ``memory-*.parquet``, together)."""
+        parts = sorted(self.path.glob(MEMORY_PART_PATTERN))
+        if not parts:
+            return self._side_table(MEMORY, "memory")
+        return pa.concat_tables(
+            [read_parquet(p, "memory") for p in parts], promote_options="permissive"
+        )
 
     def _side_table(self, name: str, what: str) -> pa.Table | None:
         path = self.path / name

@@ -64,6 +64,27 @@ class CaptureArena:
             self._open = False
             self.native.arena_close()
 
+    def rotate(self, pending: Path | None) -> Path | None:
+        """Recycle the arena between two batches of a continuous session, once the levels have
+        drained its contents: its file moves aside to ``pending`` (kept until that batch is
+        stored, so that a crash before then loses none of it; a temporary arena's goes) and the
+        next ``open`` starts an empty one. Returns where the file went, None when removed."""
+        self.close()
+        moved = None
+        if self._opened and self.path.exists():
+            if pending is not None and not self._temporary:
+                os.replace(self.path, pending)
+                moved = pending
+            else:
+                self.path.unlink(missing_ok=True)
+        if self._temporary:  # a new temporary file for the next batch
+            handle, name = tempfile.mkstemp(prefix="xsp-", suffix=".arena")
+            os.close(handle)
+            self.path = Path(name)
+        self._contents = None
+        self._opened = False
+        return moved
+
     def discard(self) -> None:
         """Remove the file: the run is stored (or there is no run directory to recover into)."""
         self.close()

@@ -12,6 +12,12 @@ Levels are switched on between iterations, before the first measured one, and sw
 drained, converted and exported once the last measured iteration is over (at the next marker or
 at ``close()``, so that no profiler range is cut in the middle). The session never raises into
 the traced program: failures are logged, counted and written into the run's ``run.json``.
+
+A continuous session (``iterations`` 0 or a duration: a service, docs/serving.md) runs that
+cycle once per batch instead: every ``export_every_s`` seconds, at the end of an iteration, the
+levels are switched off, drained and switched on again into a recycled arena, and the batch goes
+to a background exporter (``xsp.tracer.export.batches``). Its sampling policy
+(``xsp.tracer.capture.sampling``) switches the levels below M on or off as each iteration begins.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,18 +49,29 @@ from xsp.tracer.capture.levels import (
     level_environment,
 )
 from xsp.tracer.capture.monitor import GpuMonitor
+from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.capture.warmup import WarmupClock
+from xsp.tracer.convert.arena import pending_arena_name
 from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.errors import ConfigError, DeviceError, XspError
+from xsp.tracer.export.batches import Batch, BatchExporter, Totals
 from xsp.tracer.export.finish import Losses, capture_losses, sink_losses, store_spans
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 from xsp.tracer.levelset import LevelSet
-from xsp.tracer.spec import DEFAULT_ITERATIONS, DEFAULT_WARMUP, ProfileSpec, RunSpec
+from xsp.tracer.spec import (
+    DEFAULT_EXPORT_EVERY_S,
+    DEFAULT_ITERATIONS,
+    DEFAULT_WARMUP,
+    ProfileSpec,
+    RunSpec,
+)
 
 log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str, int, int], None]  # (phase, done, total)
+#: A continuous session reports its measured iterations at most this often.
+PROGRESS_EVERY_S = 0.5
 
 _current: Session | None = None
 
@@ -95,7 +113,8 @@ class Session:
 
     Args:
         levels: a level set such as "M" or "MF".
-        iterations: measured iterations to record.
+        iterations: measured iterations to record; 0: until the session is closed (a service,
+            docs/serving.md).
         warmup: iterations to run untraced first.
         out: a run directory (``RUN_DIR/<levels>``) to write, or None.
         sinks: further sinks (OTLP, in-memory).
@@ -119,6 +138,16 @@ class Session:
             script with a fixed number of steps, nor across ranks (they must measure the same
             iterations). Warm-up steps are timed either way and ``run.json`` says whether they
             settled.
+        duration_s: stop measuring after this many seconds of it (the program runs on).
+        sample_every, sample_rate: the continuous session's sampling policy: every Nth
+            iteration, at most R a second, recorded by the levels below M
+            (``xsp.tracer.capture.sampling``).
+        export_every_s: how often a continuous session stores the iterations finished since
+            its last batch (``xsp.tracer.export.batches``).
+
+    With ``iterations`` 0 or a ``duration_s`` the session is continuous: it stores batches of
+    finished iterations in the background while the program runs, each a Parquet part of the
+    run directory, and rewrites ``run.json`` as they land.
     """
 
     def __init__(
@@ -142,6 +171,10 @@ class Session:
         world_size: int | None = None,
         settle: bool = False,
         iteration_fn: str | None = None,
+        duration_s: float | None = None,
+        sample_every: int = 1,
+        sample_rate: float | None = None,
+        export_every_s: float = DEFAULT_EXPORT_EVERY_S,
     ) -> None:
         try:
             level_set = LevelSet(levels)
@@ -155,6 +188,10 @@ class Session:
                 device=device,
                 op_shapes=op_shapes,
                 iteration_fn=iteration_fn,
+                duration_s=duration_s,
+                sample_every=sample_every,
+                sample_rate=sample_rate,
+                export_every_s=export_every_s,
             ),
             out=str(out) if out is not None else None,
             measurement_id=measurement_id,
@@ -201,8 +238,6 @@ class Session:
         profile = spec.profile
         iterations, warmup = profile.iterations, profile.warmup
         rank, world_size = spec.rank, spec.world_size
-        if iterations < 1:
-            raise ConfigError(f"bad iterations {iterations}: must be at least 1")
         if warmup < 0:
             raise ConfigError(f"bad warmup {warmup}: must be 0 or more")
         self.spec = spec
@@ -224,6 +259,17 @@ class Session:
         self._sink = CompositeSink(([self._store_sink] if self._store_sink else []) + list(sinks))
         self.resource = self._resource(resource or {})
         check_levels(self.levels, self.device)
+        self.continuous = profile.continuous
+        if (
+            self.continuous
+            and self.device.startswith("cuda")
+            and (self.levels.library or self.levels.gpu)
+        ):
+            raise ConfigError(
+                f"level set {self.levels}: levels L and G on CUDA cannot run in a continuous "
+                "session yet (CUPTI's buffers are flushed once per run): use M or MF for a "
+                "service, or a fixed --iterations"
+            )
         context = LevelContext(
             self.device,
             self.levels,
@@ -258,6 +304,17 @@ class Session:
         self._before_levels = before_levels
         self._calibration: Calibration | None = None
         self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
+        # a continuous session (a service): its sampling policy, its batches, when it stops
+        self._policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
+        self._sampled_on = True  # the levels below M record the open (or next) iteration
+        self._exporter: BatchExporter | None = None
+        self._batch = 0  # batches submitted
+        self._batch_started = 0.0
+        self._batch_missing: list[str] = []  # what batches lost at capture, one line each
+        self._measure_end: float | None = None  # monotonic: the duration's end
+        self._stopped_at: int | None = None  # the index the duration stopped measuring at
+        self._meta_lock = threading.Lock()
+        self._progress_at = 0.0
         self.result: dict[str, Any] | None = None
         #: How the traced program ended, written into run.json (``exit_code``, ``exception``,
         #: ``interrupted``; the leveled runner adds ``signal`` for a killed process).
@@ -316,7 +373,15 @@ class Session:
     @property
     def measuring(self) -> bool:
         """The open iteration, or the next one to begin, is a measured one."""
-        return self.warmup <= self._index < self.warmup + self.iterations
+        limit = self._limit
+        return self.warmup <= self._index and (limit is None or self._index < limit)
+
+    @property
+    def _limit(self) -> int | None:
+        """The index measuring stops at; None: not yet known (until stopped, or a duration)."""
+        if self._stopped_at is not None:
+            return self._stopped_at
+        return self.warmup + self.iterations if self.iterations else None
 
     @property
     def is_open(self) -> bool:
@@ -337,7 +402,7 @@ class Session:
     def begin_iteration(self) -> None:
         if self._finish_pending:
             self._finish(None)
-        if self._open or self._closed or self._index >= self.warmup + self.iterations:
+        if self._open or self._closed or self.done:
             if self._open:
                 self._misuse("begin_iteration while an iteration is open")
             return
@@ -346,6 +411,8 @@ class Session:
             self._warmup.begin()
         if self.measuring:
             measured = self._index - self.warmup
+            if self.continuous:
+                self._sample(measured)
             for level in self._levels:
                 level.begin_iteration(measured)
 
@@ -371,8 +438,10 @@ class Session:
                 self.warmup += 1
             else:
                 self._enable_levels()
-        if self._index == self.warmup + self.iterations:
+        if self._index == self._limit:
             self._finish_pending = True
+        elif self.continuous and self._levels_on and self._index > self.warmup:
+            self._continue()
 
     def step(self) -> None:
         """End the open iteration (if any) and begin the next one."""
@@ -395,7 +464,129 @@ class Session:
     @property
     def done(self) -> bool:
         """True once every measured iteration has been recorded."""
-        return self._index >= self.warmup + self.iterations
+        limit = self._limit
+        return limit is not None and self._index >= limit
+
+    # -- a continuous session ------------------------------------------------------------------
+    def _sample(self, measured: int) -> None:
+        """Switch the levels below M on or off for the iteration beginning (its policy)."""
+        on = self._policy.sample(measured)
+        if measured == 0:
+            self._measure_end = (
+                time.monotonic() + self.spec.profile.duration_s
+                if self.spec.profile.duration_s is not None
+                else None
+            )
+            self._batch_started = time.monotonic()
+        if on == self._sampled_on:
+            return
+        self._sampled_on = on
+        for level in self._levels:
+            sample = getattr(level, "sample", None)
+            if sample is not None:
+                try:
+                    sample(on)
+                except Exception as exc:
+                    self._misuse(f"level {level.letter} could not switch its sampling: {exc}")
+
+    def _continue(self) -> None:
+        """After a measured iteration of a continuous session: stop once its duration is over,
+        else store a batch when one is due (``export_every_s``)."""
+        now = time.monotonic()
+        if self._measure_end is not None and now >= self._measure_end:
+            self._stopped_at = self._index
+            self._finish_pending = True
+        elif now - self._batch_started >= self.spec.profile.export_every_s:
+            try:
+                self._rotate()
+            except Exception:
+                self._misuse("storing a batch of iterations failed")
+
+    def _rotate(self) -> None:
+        """Hand the iterations finished since the last batch to the exporter and start the next
+        batch: levels off, drained, the arena recycled, levels on again (between iterations)."""
+        with _signals_held():  # a Ctrl-C now would cut a batch in two
+            self._rotate_held()
+
+    def _rotate_held(self) -> None:
+        losses = Losses()
+        stopped = self._stop_levels(losses)
+        counts: dict[str, Any] = {}
+        raw = self._drain_levels(stopped, counts, losses)
+        self._submit_batch(raw, counts, losses)
+        enabled = []
+        for level in reversed(stopped):  # stack order again
+            try:
+                level.enable()
+                enabled.append(level)
+            except Exception as exc:
+                message = f"level {level.letter} could not start again: {exc}"
+                log.error("xsp: %s", message)
+                self._errors.append(message)
+                self._batch_missing.append(message)
+        self._levels = enabled
+        self._sampled_on = True  # enable() records; the next iteration's policy decides
+        self._batch_started = time.monotonic()
+
+    def _submit_batch(self, raw: dict[str, Any], counts: dict[str, Any], losses: Losses) -> None:
+        """Queue a drained batch for the exporter (waits while it is behind: bounded memory)."""
+        self._batch_missing.extend(losses.missing)
+        self._batch_missing.extend(capture_losses(counts))
+        part = f"{self._batch:05d}"
+        self._batch += 1
+        arena = self._context.arena if self._context._arena else None
+        pending = None
+        if arena is not None:
+            where = self.run_dir / pending_arena_name(part) if self.run_dir is not None else None
+            pending = arena.rotate(where)
+        if self._exporter is None:
+            self._exporter = BatchExporter(
+                self._sink,
+                run_id=self.run_id,
+                levels=self.levels,
+                resource=self.resource,
+                run_dir=self.run_dir,
+                rank=self.rank,
+                world_size=self.world_size,
+                on_stored=self._stored_so_far,
+            )
+        self._exporter.submit(Batch(part, raw, dict(self._failures), pending))
+
+    def _stored_so_far(self, totals: Totals) -> None:
+        """run.json while a continuous session runs: what its batches stored so far."""
+        self._write_meta(
+            "running",
+            measured=totals.iterations,
+            **totals.counts(),
+            **self._service_meta(),
+            **self._otlp_sent(),
+        )
+
+    def _service_meta(self) -> dict[str, Any]:
+        if not self.continuous:
+            return {}
+        profile = self.spec.profile
+        return {
+            "continuous": True,
+            "duration_s": profile.duration_s,
+            "export_every_s": profile.export_every_s,
+            "sampling": self._policy.describe(),
+        }
+
+    def _finish_batches(self, counts: dict[str, Any], losses: Losses) -> Totals:
+        """A continuous session's end: its last batch, then every batch stored."""
+        raw = self._drain_levels(self._stop_levels(losses), counts, losses)
+        self._submit_batch(raw, counts, Losses())
+        assert self._exporter is not None
+        totals = self._exporter.close()
+        counts.update(totals.counts())
+        counts.pop("arena", None)  # the last batch's alone: the losses say what any lost
+        self._errors.extend(totals.errors)
+        losses.missing.extend(dict.fromkeys(self._batch_missing))
+        losses.missing.extend(totals.lost_batches)
+        if not totals.batches and not totals.lost_batches:
+            losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
+        return totals
 
     # -- internals ----------------------------------------------------------------------------------
     def finish_if_done(self) -> None:
@@ -441,6 +632,11 @@ class Session:
         try:
             if self._index <= self.warmup:
                 self._progress("warmup", self._index, self.warmup)
+            elif self.continuous:  # a service's thousands a second: a line now and then
+                now = time.monotonic()
+                if now - self._progress_at >= PROGRESS_EVERY_S:
+                    self._progress_at = now
+                    self._progress("measure", self._index - self.warmup, self.iterations)
             else:
                 self._progress("measure", self._index - self.warmup, self.iterations)
         except Exception:
@@ -471,12 +667,14 @@ class Session:
                 self._level_failure = self._level_failure or message
         self._levels = enabled
         if self._calibration is not None:
+            from xsp.tracer.capture.levels.framework import FrameworkLevel
+
             # F records the ops' shapes in its first measured iteration only: timed both ways
             shapes = next(
                 (
                     level.set_shapes
                     for level in self._levels
-                    if getattr(level, "shapes_in_first_iteration_only", False)
+                    if isinstance(level, FrameworkLevel) and level.shapes_in_first_iteration_only
                 ),
                 None,
             )
@@ -496,6 +694,9 @@ class Session:
             return
         self._phase_ns["measured"] = time.time_ns()
         losses = Losses()
+        if self.continuous:
+            self._finish_continuous(error, interrupted, losses)
+            return
         stopped = self._stop_levels(losses)
         self._phase_ns["stopped"] = time.time_ns()
         counts: dict[str, Any] = {}
@@ -515,6 +716,33 @@ class Session:
         self.result = self._write_result(error, interrupted, counts, losses)
         if kept is None:
             self._context.discard_arena()  # stored (or nothing to keep): the raw records go
+
+    def _finish_continuous(self, error: str | None, interrupted: bool, losses: Losses) -> None:
+        counts: dict[str, Any] = {}
+        if self._calibration is not None and self._calibration.result is not None:
+            counts["calibration"] = self._calibration.result
+        if self._levels_on:
+            totals = self._finish_batches(counts, losses)
+        else:
+            totals = Totals()
+            counts.update(totals.counts())
+        self._remove_watch()
+        samples = self._stop_monitor(counts)
+        del samples  # a continuous session's model spans are not summarized (once per run)
+        self._phase_ns["stored"] = time.time_ns()
+        self._sink.shutdown()
+        self._errors.extend(self._sink.errors)
+        if sink_losses(self._sink, self._store_sink, losses):
+            counts["spans"] = 0
+        counts.update(self._service_meta())
+        counts.update(self._otlp_sent())
+        self.result = self._write_result(error, interrupted, counts, losses, totals.iterations)
+        self._context.discard_arena()
+
+    def _otlp_sent(self) -> dict[str, Any]:
+        sent = [getattr(s, "spans_sent", None) for s in self._sink.sinks]
+        sent = [n for n in sent if n is not None]
+        return {"otlp_spans_sent": sum(sent)} if sent else {}
 
     def _stop_levels(self, losses: Losses) -> list[Level]:
         """Switch the levels off, deepest first; returns those that stopped."""
@@ -600,16 +828,29 @@ class Session:
         return None
 
     def _write_result(
-        self, error: str | None, interrupted: bool, counts: dict[str, Any], losses: Losses
+        self,
+        error: str | None,
+        interrupted: bool,
+        counts: dict[str, Any],
+        losses: Losses,
+        stored: int | None = None,
     ) -> dict[str, Any]:
-        """The run's status and its reasons, written into run.json; returns run.json."""
+        """The run's status and its reasons, written into run.json; returns run.json.
+        ``stored``: a continuous session's iterations stored (its batches')."""
         # as the summary counts them: the measured iterations that ended, less the failed ones
-        ended = min(self._index - self.warmup, self.iterations)
+        limit = self._limit
+        ended = max(0, (limit if limit is not None else self._index) - self.warmup)
+        ended = min(ended, self._index - self.warmup)
         measured = max(0, ended - len(self._failures))
+        if stored is not None:  # a batch lost (its conversion failed) is not measured
+            measured = max(0, min(measured, stored - len(self._failures)))
+        asked = str(self.iterations) if self.iterations else "an unlimited number of"
         if measured == 0 and not interrupted and error is None:
-            losses.fatal.append(f"0 of {self.iterations} iterations measured: {self._why_none()}")
-        elif measured < self.iterations:
+            losses.fatal.append(f"0 of {asked} iterations measured: {self._why_none()}")
+        elif self._stopped_at is None and self.iterations and measured < self.iterations:
             losses.missing.append(f"{measured} of {self.iterations} iterations measured")
+        elif stored is not None and measured < ended - len(self._failures):
+            losses.missing.append(f"{measured} of {ended} iterations stored")
         error = error or self._level_failure or (losses.fatal[0] if losses.fatal else None)
         if interrupted:
             status = "interrupted"
@@ -679,6 +920,12 @@ class Session:
     def _write_meta(
         self, status: str, error: str | None = None, measured: int = 0, **extra: Any
     ) -> dict[str, Any]:
+        with self._meta_lock:  # a continuous session's exporter writes it too
+            return self._write_meta_locked(status, error, measured, **extra)
+
+    def _write_meta_locked(
+        self, status: str, error: str | None, measured: int, **extra: Any
+    ) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "format": schema.STORE_FORMAT,
             "run_id": self.run_id,
@@ -744,6 +991,23 @@ def fail_message(exc: BaseException) -> str:
         return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (the main thread's) while a batch changes hands: they arrive,
+    and interrupt the program, once it is whole."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _distributed_world_size() -> int:

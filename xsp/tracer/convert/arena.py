@@ -68,6 +68,13 @@ RECORD = np.dtype(
     ]
 )
 ARENA_FILE = "capture.arena"
+#: A continuous session's batch whose arena is drained but not yet stored: ``capture-<part>.arena``,
+#: removed once ``spans-<part>.parquet`` is written (``xsp.tracer.export.batches``).
+PENDING_ARENA_PATTERN = "capture-*.arena"
+
+
+def pending_arena_name(part: str) -> str:
+    return f"capture-{part}.arena"
 
 
 @dataclass

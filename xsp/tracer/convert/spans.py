@@ -31,6 +31,7 @@ def build_table(
     monitor: MonitorSamples | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    first_span_id: int = 1,
 ) -> tuple[pa.Table, ConversionReport]:
     """Turn one run's raw records into a span table that follows ``schema.SPAN_SCHEMA``.
 
@@ -48,10 +49,13 @@ def build_table(
     ``schema.rank_span_id_base(rank)``, marks every span with its rank, names its steps
     ``rank N`` and hangs them under ``schema.iteration_root_id(iteration)``, the root that
     joining the ranks adds (``xsp.tracer.convert.ranks``).
+
+    ``first_span_id``: where this table's span numbers start (a continuous session's batches
+    go on from the last batch's ``report.next_span_id``, so that span ids stay unique in a run).
     """
     if records.get(ROOT_LEVEL) is None:
         raise ValueError(f"no records of level {ROOT_LEVEL}: every span hangs under its steps")
-    table = SpanTable(run_id, levels, failures or {}, monitor, rank, world_size)
+    table = SpanTable(run_id, levels, failures or {}, monitor, rank, world_size, first_span_id)
     for letter, conversion in CONVERSIONS.items():
         if records.get(letter) is not None:
             conversion.convert(table, records[letter])

@@ -38,6 +38,9 @@ class ConversionReport:
     api_ops_by_time: int = 0
     #: Iterations that neither recorded op shapes nor ran the ops of the one that did.
     iterations_without_op_shapes: int = 0
+    #: The span id the next table of the same run starts at (a continuous session's batches
+    #: number their spans on from the one before).
+    next_span_id: int = 1
 
 
 @dataclass
@@ -83,12 +86,13 @@ class SpanTable:
         monitor: MonitorSamples | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        first_span_id: int = 1,
     ) -> None:
         self.run_id, self.levels, self.rank = run_id, levels, rank
         self.failures, self.monitor, self.world_size = failures, monitor, world_size
         self.report = ConversionReport()
         self.tables: list[pa.Table] = []
-        self.next_id = schema.rank_span_id_base(rank) + 1
+        self.next_id = schema.rank_span_id_base(rank) + first_span_id
         # level M's iterations, placed first: every other level's top rows hang under them
         self.steps = StepRecords()
         self.step_rows: dict[int, int] = {}
@@ -160,6 +164,7 @@ class SpanTable:
     def finish(self) -> tuple[pa.Table, ConversionReport]:
         table = pa.concat_tables(self.tables, promote_options="permissive")
         self.report.spans = table.num_rows
+        self.report.next_span_id = self.next_id - schema.rank_span_id_base(self.rank)
         return table.cast(schema.SPAN_SCHEMA), self.report
 
 

@@ -117,11 +117,24 @@ def store_spans(
     monitor: MonitorSamples | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    first_span_id: int = 1,
+    part: str | None = None,
 ) -> Stored:
     """Convert ``records`` (level letter -> its records) into the run's span table, export it
-    to ``sink`` and keep the memory events in ``run_dir``; raises what conversion raises."""
+    to ``sink`` and keep the memory events in ``run_dir``; raises what conversion raises.
+
+    A continuous session stores each batch of iterations this way (``xsp.tracer.export.
+    batches``): ``part`` names its files (``spans-<part>.parquet``, ``memory-<part>.parquet``)
+    and ``first_span_id`` goes on from the batch before (``Stored.report.next_span_id``)."""
     table, report = build_table(
-        run_id, levels, records, failures, monitor=monitor, rank=rank, world_size=world_size
+        run_id,
+        levels,
+        records,
+        failures,
+        monitor=monitor,
+        rank=rank,
+        world_size=world_size,
+        first_span_id=first_span_id,
     )
     stored = Stored(report, converted_ns=time.time_ns())
     if report.iterations_without_op_shapes:
@@ -130,21 +143,24 @@ def store_spans(
             "first and have no op shapes (XSP_OP_SHAPES=every records them in each)",
             report.iterations_without_op_shapes,
         )
-    sink.export(SpanBatch.of(resource, table))
+    sink.export(SpanBatch.of(resource, table, part))
     if records.get(MEMORY_LEVEL) is not None:
-        stored.memory_events = _store_memory(run_dir, records[MEMORY_LEVEL].memory, table, stored)
+        memory = records[MEMORY_LEVEL].memory
+        stored.memory_events = _store_memory(run_dir, memory, table, stored, part)
     sink.force_flush()
     return stored
 
 
-def _store_memory(run_dir: Path | None, memory: Any, table: pa.Table, stored: Stored) -> int:
+def _store_memory(
+    run_dir: Path | None, memory: Any, table: pa.Table, stored: Stored, part: str | None
+) -> int:
     """Keep level F's allocator events, attributed to spans: RUN_DIR/<levels>/memory.parquet.
     Returns how many were stored."""
     try:  # the spans are exported by now: a failure here only loses the memory events
         events = memory_table(memory, table)
         if run_dir is None or events is None:
             return 0
-        store.write_memory_events(run_dir, events)
+        store.write_memory_events(run_dir, events, part)
     except Exception as exc:
         stored.errors.append(f"memory events not stored: {type(exc).__name__}: {exc}")
         log.exception("xsp: storing the memory events failed")

@@ -494,31 +494,41 @@ def _b64_to_hex(text: str) -> str:
 
 def split_traces(table: pa.Table) -> Iterator[pa.Table]:
     """Yield the rows of each trace, traces in the order of their first row."""
+    ordered, sizes = _grouped_by_trace(table)
+    offset = 0
+    for size in sizes:
+        yield ordered.slice(offset, size)
+        offset += size
+
+
+def _grouped_by_trace(table: pa.Table) -> tuple[pa.Table, list[int]]:
+    """``table`` with each trace's rows together (traces in the order of their first row, rows
+    in their order) and each trace's row count. One sort, not one filter per trace: a service's
+    batch holds thousands of one-span traces (each request's model span)."""
     if table.num_rows == 0:
-        return
-    ids = table.column("trace_id")
-    for trace_id in dict.fromkeys(ids.to_pylist()):
-        yield table.filter(pc.equal(ids, pa.scalar(trace_id, pa.binary(16))))
+        return table, []
+    ids = table.column("trace_id").combine_chunks()
+    codes = pc.dictionary_encode(ids).indices.to_numpy(zero_copy_only=False)  # first-seen order
+    order = np.argsort(codes, kind="stable")
+    ordered = table.take(pa.array(order)).combine_chunks()
+    return ordered, np.bincount(codes).tolist()
 
 
 def batches_under(table: pa.Table, max_spans: int) -> Iterator[pa.Table]:
     """Split a table into slices of at most ``max_spans`` rows, never splitting a trace
     unless the trace alone is larger than the limit."""
-    batch: list[pa.Table] = []
-    rows = 0
-    for trace in split_traces(table):
-        if rows and rows + trace.num_rows > max_spans:
-            yield pa.concat_tables(batch)
-            batch, rows = [], 0
-        for offset in range(0, trace.num_rows, max_spans):
-            piece = trace.slice(offset, max_spans)
-            batch.append(piece)
-            rows += piece.num_rows
-            if rows >= max_spans:
-                yield pa.concat_tables(batch)
-                batch, rows = [], 0
-    if batch:
-        yield pa.concat_tables(batch)
+    ordered, sizes = _grouped_by_trace(table)
+    start = rows = 0
+    for size in sizes:
+        if rows and rows + size > max_spans:
+            yield ordered.slice(start, rows)
+            start, rows = start + rows, 0
+        rows += size
+        while rows >= max_spans:  # a trace alone larger than the limit: cut in pieces
+            yield ordered.slice(start, max_spans)
+            start, rows = start + max_spans, rows - max_spans
+    if rows:
+        yield ordered.slice(start, rows)
 
 
 # -- decoding (the collector's side) ---------------------------------------------------------------

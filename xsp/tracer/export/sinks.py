@@ -41,10 +41,13 @@ class SpanBatch:
 
     resource: Mapping[str, Any]
     table: pa.Table
+    #: The store's name for it (``spans-<part>.parquet``): a continuous session's batch number,
+    #: so that recovering a batch after a crash rewrites the same part; None: the next number.
+    part: str | None = None
 
     @classmethod
-    def of(cls, resource: Mapping[str, Any], table: pa.Table) -> SpanBatch:
-        return cls(MappingProxyType(dict(resource)), table)
+    def of(cls, resource: Mapping[str, Any], table: pa.Table, part: str | None = None) -> SpanBatch:
+        return cls(MappingProxyType(dict(resource)), table, part)
 
 
 class Sink(Protocol):
@@ -85,7 +88,9 @@ class StoreSink:
 
     def export(self, batch: SpanBatch) -> None:
         if batch.table.num_rows:
-            self.files.append(store.write_span_part(self.run_dir, batch.table))
+            path = store.write_span_part(self.run_dir, batch.table, name=batch.part)
+            if path not in self.files:
+                self.files.append(path)
 
     def force_flush(self) -> None:
         pass

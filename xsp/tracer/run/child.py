@@ -16,7 +16,8 @@ have ended, their runs are joined into this level set's run (``xsp.tracer.run.ra
 Ctrl-C: the first SIGINT interrupts the workload; the run is closed and stored (status
 ``interrupted``) while further SIGINTs are ignored, so that a second one, or the runner passing
 the first one on, cannot cut the store's writing short (the runner kills the process if it takes
-too long).
+too long). A continuous session (a service: --iterations 0 or --duration) takes SIGTERM the same
+way, unless the program has a handler of its own.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ EXIT_CANCELLED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
+_interrupted_by: list[int] = []  # the signal that interrupted the workload
+
+
 def on_interrupt(signum: int, frame: Any) -> None:
-    """The first Ctrl-C (or, in a rank, SIGTERM) interrupts the workload; later ones are ignored
-    while the run is stored."""
+    """The first Ctrl-C (or, in a rank or a service, SIGTERM) interrupts the workload; later
+    ones are ignored while the run is stored."""
     signal.signal(signum, signal.SIG_IGN)
+    _interrupted_by.append(signum)
     raise KeyboardInterrupt
 
 
@@ -69,7 +74,8 @@ def _interrupted() -> int:
     current = sessions.current()
     if current is not None:
         current.program = {"interrupted": True}
-        current.close(error="interrupted (Ctrl-C)", interrupted=True)
+        by = "SIGTERM" if _interrupted_by[:1] == [signal.SIGTERM] else "Ctrl-C"
+        current.close(error=f"interrupted ({by})", interrupted=True)
     print("xsp: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED
 
@@ -145,6 +151,10 @@ def main(spec: ChildSpec | None = None) -> int:
     command = [c for c in args.run.profile.command if c != "--"]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_interrupt)
+    if args.run.profile.continuous and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        # a service is stopped with SIGTERM: what it measured is stored, as after a Ctrl-C
+        # (a program that installs its own handler keeps it)
+        signal.signal(signal.SIGTERM, on_interrupt)
     try:
         if model:
             code = _run_zoo(args, model)

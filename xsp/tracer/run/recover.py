@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.tracer import store
-from xsp.tracer.convert.arena import ARENA_FILE, read_arena
+from xsp.tracer.convert.arena import ARENA_FILE, PENDING_ARENA_PATTERN, read_arena
 from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.finish import capture_losses, store_spans
@@ -32,9 +32,12 @@ log = logging.getLogger(__name__)
 def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
     """Store the finished iterations of the dead process whose run directory is ``run_dir``
     (``ended``: how it ended, "was killed by SIGKILL"); returns the updated run.json, or None
-    when there is nothing to recover. Never raises: a failure is logged and left in run.json."""
-    arena_path = run_dir / ARENA_FILE
-    if not arena_path.is_file():
+    when there is nothing to recover. Never raises: a failure is logged and left in run.json.
+
+    A continuous session (a service) may also leave batches it had drained but not yet stored
+    (``capture-<part>.arena``): each becomes its own part, in order, before the open arena."""
+    arenas = _arenas(run_dir)
+    if not arenas:
         return None
     try:
         meta = store.read_json(run_dir / store.RUN_META)
@@ -43,65 +46,113 @@ def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
     if meta.get("status") != "running":
         return None
     try:
-        meta = _convert(run_dir, arena_path, meta, ended)
+        meta = _convert(run_dir, arenas, meta, ended)
     except Exception as exc:  # the manifest says the program died; this says why nothing came
         log.error("xsp: recovering %s failed: %s", run_dir, exc)
         reasons = list(meta.get("status_reasons") or [])
         meta["status_reasons"] = [*reasons, f"recovering its capture arena failed: {exc}"]
     else:
-        arena_path.unlink(missing_ok=True)
+        for path, _ in arenas:
+            path.unlink(missing_ok=True)
     store.write_json_atomic(run_dir / store.RUN_META, meta)
     return meta
 
 
-def _convert(run_dir: Path, arena_path: Path, meta: dict[str, Any], ended: str) -> dict[str, Any]:
+def _arenas(run_dir: Path) -> list[tuple[Path, str | None]]:
+    """The arenas to recover, in order, each with the part its spans go to (None: the next)."""
+    pending = sorted(run_dir.glob(PENDING_ARENA_PATTERN))
+    parts = [p.stem.removeprefix("capture-") for p in pending]
+    found: list[tuple[Path, str | None]] = list(zip(pending, parts, strict=True))
+    if (run_dir / ARENA_FILE).is_file():
+        numbers = [int(p) for p in parts if p.isdigit()]
+        numbers += [
+            int(f.stem.removeprefix("spans-"))
+            for f in run_dir.glob(store.SPAN_FILE_PATTERN)
+            if f.stem.removeprefix("spans-").isdigit()
+        ]
+        following = f"{max(numbers) + 1:05d}" if numbers else None  # a continuous run's
+        found.append((run_dir / ARENA_FILE, following))
+    return found
+
+
+def _convert(
+    run_dir: Path, arenas: list[tuple[Path, str | None]], meta: dict[str, Any], ended: str
+) -> dict[str, Any]:
     levels = LevelSet(str(meta["levels"]))
-    contents = read_arena(arena_path)
-    records, lost = {}, []
-    for letter, conversion in CONVERSIONS.items():
-        if letter in levels.letters:
-            if conversion.from_arena is None:  # CUPTI's buffers died with the process
-                lost.append(letter)
-            else:
-                records[letter] = conversion.from_arena(contents)
     sink = StoreSink(run_dir)
-    stored = store_spans(
-        records,
-        sink,
-        run_id=str(meta["run_id"]),
-        levels=levels,
-        resource=dict(meta.get("resource") or {}),
-        run_dir=run_dir,
-        # a rank of a multi-rank job numbers its spans as its own process would have
-        rank=meta.get("rank"),
-        world_size=meta.get("world_size"),
-    )
-    measured = len(records[ROOT_LEVEL].iteration)
-    reasons = [f"the program {ended} after {measured} measured iterations"]
-    reasons.append(f"{measured} iterations recovered from the capture arena")
-    if contents.counts.get("open_records"):
-        reasons.append(
-            f"{contents.counts['open_records']} records still open when it died were left out"
+    stored_files = set(meta.get("files") or [])
+    next_span_id = int(meta.get("next_span_id") or 1)
+    measured = recovered = spans = 0
+    by_level: dict[str, int] = dict(meta.get("spans_by_level") or {}) if stored_files else {}
+    spans = int(meta.get("spans") or 0) if stored_files else 0
+    measured = int(meta.get("iterations_measured") or 0) if stored_files else 0
+    memory_events = int(meta.get("memory_events") or 0) if stored_files else 0
+    reasons: list[str] = []
+    lost: list[str] = []
+    counts: dict[str, int] = {}
+    for path, part in arenas:
+        if part is not None and f"spans-{part}.parquet" in stored_files:
+            continue  # its batch was stored just before the process died
+        contents = read_arena(path)
+        records = {}
+        for letter, conversion in CONVERSIONS.items():
+            if letter in levels.letters:
+                if conversion.from_arena is None:  # CUPTI's buffers died with the process
+                    lost.append(letter)
+                else:
+                    records[letter] = conversion.from_arena(contents)
+        stored = store_spans(
+            records,
+            sink,
+            run_id=str(meta["run_id"]),
+            levels=levels,
+            resource=dict(meta.get("resource") or {}),
+            run_dir=run_dir,
+            # a rank of a multi-rank job numbers its spans as its own process would have
+            rank=meta.get("rank"),
+            world_size=meta.get("world_size"),
+            first_span_id=next_span_id,
+            part=part,
         )
-    reasons.extend(capture_losses({"arena": contents.counts}))
+        next_span_id = stored.report.next_span_id
+        recovered += len(records[ROOT_LEVEL].iteration)
+        spans += stored.report.spans
+        for level, n in stored.report.counts_by_level.items():
+            by_level[level] = by_level.get(level, 0) + n
+        memory_events += stored.memory_events or 0
+        if contents.counts.get("open_records"):
+            reasons.append(
+                f"{contents.counts['open_records']} records still open when it died were left out"
+            )
+        reasons.extend(capture_losses({"arena": contents.counts}))
+        for key, value in contents.counts.items():
+            counts[key] = counts.get(key, 0) + int(value)
+        if stored.errors:
+            meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
+    measured += recovered
+    reasons[:0] = [
+        f"the program {ended} after {measured} measured iterations",
+        f"{recovered} iterations recovered from the capture arena",
+    ]
     if lost:
+        letters = list(dict.fromkeys(lost))
         reasons.append(
-            f"level{'s' if len(lost) > 1 else ''} {' and '.join(lost)}: CUPTI never delivered "
-            "its records (they are lost)"
+            f"level{'s' if len(letters) > 1 else ''} {' and '.join(letters)}: CUPTI never "
+            "delivered its records (they are lost)"
         )
-    if stored.errors:
-        meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
+    files = list(dict.fromkeys([*(meta.get("files") or []), *(p.name for p in sink.files)]))
     meta.update(
         status="partial",
         error=None,
         iterations_measured=measured,
         status_reasons=reasons,
         recovered=True,
-        spans=stored.report.spans,
-        spans_by_level=stored.report.counts_by_level,
-        arena={k: int(v) for k, v in contents.counts.items()},
-        files=[p.name for p in sink.files],
-        memory_events=stored.memory_events or 0,
+        spans=spans,
+        spans_by_level=by_level,
+        arena=counts,
+        files=files,
+        memory_events=memory_events,
+        next_span_id=next_span_id,
         finished_ns=time.time_ns(),
     )
     return meta

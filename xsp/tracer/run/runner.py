@@ -196,8 +196,6 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
     device given by name, and the output directory; return the level sets that will run.
     ``xsp run`` calls it before anything else, so a bad argument is refused at once."""
     profile = spec.profile
-    if profile.iterations < 1:
-        raise ConfigError(f"bad --iterations {profile.iterations}: must be at least 1")
     if profile.warmup < 0:
         raise ConfigError(f"bad --warmup {profile.warmup}: must be 0 or more")
     if (profile.model is None) == (not profile.command):
@@ -222,6 +220,11 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
 
         if launcher.is_launcher(command):
             launcher.worker_arguments(command)  # a launcher xsp cannot trace is refused here
+            if profile.continuous:
+                raise ConfigError(
+                    "a continuous session (--iterations 0 or --duration) traces one process, "
+                    "not a multi-rank job"
+                )
         else:
             check_program(command)
     from xsp.tracer import config
@@ -252,7 +255,26 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
     device = resolve_device(spec.profile.device)  # imports torch; a missing GPU is named
     for levels in level_sets:
         check_levels(levels, device)
+    if spec.profile.continuous:
+        _check_service(spec.profile, level_sets, device)
     return level_sets
+
+
+def _check_service(profile: ProfileSpec, level_sets: list[LevelSet], device: str) -> None:
+    """A continuous measurement's level sets: each must be able to run without an end, and
+    without one only a single level set can run (the next would never start)."""
+    if profile.iterations == 0 and profile.duration_s is None and len(level_sets) > 1:
+        raise ConfigError(
+            f"--iterations 0 without --duration measures until the program is stopped: give "
+            f"one level set (--levels {level_sets[-1]}), one xsp run each serving the same "
+            "load, or a --duration (docs/serving.md)"
+        )
+    for levels in level_sets:
+        if levels.counters or (device.startswith("cuda") and (levels.library or levels.gpu)):
+            raise ConfigError(
+                f"level set {levels} cannot run in a continuous session yet (CUPTI's and "
+                "Nsight Compute's records are taken once per run): use M or MF for a service"
+            )
 
 
 def counter_skips(level_sets: Sequence[LevelSet]) -> dict[LevelSet, str]:
@@ -315,6 +337,7 @@ def run_leveled(
 
     process: _Process | None = None
     i = 0
+    restore = _terminate_as_interrupt() if spec.profile.continuous else None
     try:
         process = launch(0, gated=after is not None)
         if after is not None:
@@ -344,6 +367,9 @@ def run_leveled(
             if process is not None:
                 manifest["runs"].append(_interrupt(spec, process, progress))
         manifest["interrupted_ns"] = time.time_ns()
+    finally:
+        if restore is not None:
+            restore()
     manifest["status"] = result.status
     manifest["finished_ns"] = time.time_ns()  # with created_ns: the whole, as `xsp summary` says
     if fresh and result.runs and not result.stored and _only_manifest(spec.out):
@@ -365,6 +391,31 @@ def _drop_empty(spec: LeveledSpec, entry: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(spec.out / entry["levels"], ignore_errors=True)
         entry["stored"] = False
     return entry
+
+
+_terminated = threading.Event()  # the interrupt was a SIGTERM
+
+
+def _terminate_as_interrupt() -> Callable[[], None] | None:
+    """A service's measurement is stopped with SIGTERM (``docker stop``, a process manager) as
+    often as with Ctrl-C: both store what the level-set process measured. Returns what puts the
+    handler back; None where none was installed (not the main thread, or a handler of the
+    caller's own)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    _terminated.clear()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        _terminated.set()
+        raise KeyboardInterrupt
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return restore
 
 
 @contextlib.contextmanager
@@ -404,7 +455,8 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
     if returncode is None:
         returncode, _ = process.wait(0, kill=True)
     entry = _entry(spec, process, returncode, timed_out=False)
-    entry.update(status="interrupted", error="interrupted (Ctrl-C)")
+    by = "SIGTERM" if _terminated.is_set() else "Ctrl-C"
+    entry.update(status="interrupted", error=f"interrupted ({by})")
     _amend_run(spec, process.levels, entry)
     if progress:
         progress(process.levels, "end", returncode, spec.profile.iterations)
@@ -885,7 +937,7 @@ def _read_progress(
             phase, done, total = parts[0], int(parts[1]), int(parts[2])
             if progress:
                 progress(levels, phase, done, total)
-            if on_measured is not None and phase == "measure" and done >= total:
+            if on_measured is not None and phase == "measure" and 0 < total <= done:
                 on_measured()
                 on_measured = None
 

@@ -8,6 +8,11 @@ A level captures one layer of the stack. Its life inside a session::
     disable()                after the last measured iteration (or when the session closes)
     drain() -> raw records   once, after every level of the session is disabled
     counts() -> dict         optional, after drain: what the level lost (merged into run.json)
+    sample(on)               optional, between iterations of a continuous session: record the
+                             next iterations or not (its sampling policy, level M excepted)
+
+A continuous session (a service, docs/serving.md) runs this life once per batch of iterations:
+disable, drain, enable again, into a fresh capture arena.
 
 All five are called from the thread that runs the user's training or inference loop; enable,
 disable and drain may block (they run outside the measured window), begin/end_iteration must only

@@ -71,6 +71,10 @@ class FrameworkLevel:
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
         self._call_errors = 0
+        self._recording = False  # between enable and disable, unless sampled off
+        self._iterations = 0  # iterations recorded into the open arena
+        self._paused = [False]  # read by the module-call wrapper
+        self._traced_call: Any = None
         # at construction, before the program makes its loaders or compiles its models: the
         # levels may come on later
         self._loader_iter: Any = _name_loader_batches()
@@ -88,20 +92,55 @@ class FrameworkLevel:
 
     # -- level interface -------------------------------------------------------------------
     def enable(self) -> None:
+        """Come on, recording. A continuous session's batches each enable the level anew, into
+        a fresh arena: the module table starts again there."""
         self._arena.open()
-        self._native.ops_start(self._record_shapes)
-        # the allocators report to the thread's profiler state: torch.profiler's, if it runs
-        if not torch.autograd._profiler_enabled():
-            self._native.memory_start()
-        self._module_call = _trace_module_calls(self)
+        self._module_index.clear()
+        self._module_paths.clear()
+        self._iterations = 0
+        if self._loader_iter is None:
+            self._loader_iter = _name_loader_batches()
+            self._provenance.install()
+        self._recording = False
+        self.sample(True)
+
+    def sample(self, on: bool) -> None:
+        """Record the iterations from the next one on (``on``) or not: between iterations, for
+        a continuous session's sampling policy. Off, the op callbacks and the allocators'
+        reports are removed and module calls go straight to torch: an unsampled iteration pays
+        nothing for this level."""
+        if on == self._recording:
+            return
+        self._recording = on
+        if on:
+            self._native.ops_start(self._record_shapes)
+            if self._shapes_after_first and self._iterations:  # this arena has them already
+                self._native.ops_shapes(False)
+            # the allocators report to the thread's profiler state: torch.profiler's, if it runs
+            if not torch.autograd._profiler_enabled():
+                self._native.memory_start()
+            self._paused[0] = False
+            if self._module_call is None:
+                self._module_call = _trace_module_calls(self)
+            return
+        self._paused[0] = True  # a wrapper put over ours since keeps calling it: call through
+        if torch.nn.Module.__call__ is self._traced_call:
+            torch.nn.Module.__call__ = self._module_call  # type: ignore[method-assign]
+            self._module_call = None
+        self._native.memory_stop()
+        self._native.ops_stop()
 
     def begin_iteration(self, index: int) -> None:
-        if index == 1 and self._shapes_after_first:
+        if not self._recording:
+            return
+        self._iterations += 1
+        if self._iterations == 2 and self._shapes_after_first:
             self._native.ops_shapes(False)
         self._native.range_begin(f"{STEP_RANGE_PREFIX}{index}")
 
     def end_iteration(self, index: int) -> None:
-        self._native.range_end()
+        if self._recording:
+            self._native.range_end()
 
     def disable(self) -> None:
         if self._module_call is not None:
@@ -113,7 +152,9 @@ class FrameworkLevel:
         self._provenance.uninstall()
         self._native.modules_unwind()  # calls still open (the run ended inside a forward)
         self._stopped_on = threading.get_native_id()
-        self._let_other_threads_close()
+        if self._recording:
+            self._let_other_threads_close()
+        self._recording = False
         self._native.memory_stop()
         self._native.ops_stop()
 
@@ -187,10 +228,10 @@ def _trace_module_calls(level: FrameworkLevel) -> Any:
     original = torch.nn.Module.__call__
     indices, register = level._module_index, level._register
     enter, leave = level._native.module_enter, level._native.module_exit
-    failed = level._call_failed
+    failed, paused = level._call_failed, level._paused
 
     def traced_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _compiling():
+        if paused[0] or _compiling():
             return original(module, *args, **kwargs)
         try:
             index = indices.get(id(module))  # inline: a method call per module call costs
@@ -210,6 +251,7 @@ def _trace_module_calls(level: FrameworkLevel) -> Any:
         return output
 
     torch.nn.Module.__call__ = traced_call  # type: ignore[method-assign]
+    level._traced_call = traced_call
     return original
 
 

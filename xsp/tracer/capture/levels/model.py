@@ -55,7 +55,8 @@ class ModelLevel:
 
     def drain(self) -> StepRecords:
         records = step_records(self._arena.contents())
-        records.app_parents = dict(self._app_parents)
+        # a continuous session drains once per batch: each batch takes its own iterations'
+        records.app_parents, self._app_parents = self._app_parents, {}
         return records
 
     def counts(self) -> dict[str, Any]:

@@ -86,6 +86,14 @@ class OneDnnLevel:
         os.dup2(self._capture.fileno(), 1)
         torch._C._verbose.mkldnn_set_verbose(1)
 
+    def sample(self, on: bool) -> None:
+        """oneDNN prints its executions from the next iteration on, or not (a continuous
+        session's sampling policy; between iterations)."""
+        import torch
+
+        if self._capture is not None:
+            torch._C._verbose.mkldnn_set_verbose(1 if on else 0)
+
     def begin_iteration(self, index: int) -> None:
         pass
 

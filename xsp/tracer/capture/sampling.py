@@ -1,0 +1,57 @@
+"""Which iterations of a continuous session the levels below M record: the sampling policy.
+
+Level M records every iteration (one step record: cheap enough for every request). The deeper
+levels (F, L, G) cost per op, per call and per kernel, so a service traces them on a sample::
+
+    every N          iterations 0, N, 2N, ... of the measurement
+    at most R/s      an iteration is sampled when at least 1/R seconds have passed since the
+                     last sampled one began (the first is always sampled)
+
+Both may be given: an iteration is sampled when both say so. The decision is made when an
+iteration begins, before any of its records are written, and unsampled iterations have the
+deeper levels switched off at the source (``Level.sample``): they pay nothing for them and
+leave nothing to drop later (docs/serving.md has the measurement behind that choice).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class SamplingPolicy:
+    def __init__(
+        self,
+        every: int = 1,
+        rate: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.every = every
+        self._gap_ns = int(1e9 / rate) if rate is not None else 0
+        self._clock = clock
+        self._last_ns: int | None = None
+        self.sampled = 0  # iterations sampled so far
+
+    @property
+    def samples_all(self) -> bool:
+        return self.every == 1 and self._gap_ns == 0
+
+    def sample(self, index: int) -> bool:
+        """Whether measured iteration ``index``, beginning now, is traced at the deeper levels."""
+        if index % self.every:
+            return False
+        if self._gap_ns:
+            now = self._clock()
+            if self._last_ns is not None and now - self._last_ns < self._gap_ns:
+                return False
+            self._last_ns = now
+        self.sampled += 1
+        return True
+
+    def describe(self) -> dict[str, float | int | None]:
+        """As run.json keeps it."""
+        return {
+            "every": self.every,
+            "max_per_s": 1e9 / self._gap_ns if self._gap_ns else None,
+            "sampled": self.sampled,
+        }
