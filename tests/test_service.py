@@ -232,7 +232,9 @@ def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
     """A process that dies while its exporter is behind: two drained batches still wait as
     ``capture-<part>.arena`` beside the open arena. Its directory, copied as it was, is what the
     runner recovers: every finished iteration, each batch in its own part."""
-    monkeypatch.setenv("XSP_ARENA_MB", "4")  # the copy below copies the sparse files whole
+    # the copy below copies the sparse files whole; the calibration when the levels come on
+    # writes about 97k records (its probes with shapes and their lines, then without)
+    monkeypatch.setenv("XSP_ARENA_MB", "8")
     held = threading.Event()
     store_batch = BatchExporter._store
 

@@ -242,6 +242,8 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
             raise ConfigError(f"bad device {profile.device!r}: use cpu or cuda[:N]")
         for levels in level_sets:
             check_levels(levels, profile.device)
+    if profile.continuous:  # before the output directory is made (validate checks the device)
+        _check_service(profile, level_sets, profile.device or "")
     store.check_writable(spec.out)
     return level_sets
 
