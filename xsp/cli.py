@@ -322,8 +322,21 @@ def _reconstructed(run_dir: Path) -> RunSpans:
     "ui_url",
     help="Jaeger UI base URL for the printed link (default: the endpoint's host, port 16686).",
 )
+@click.option(
+    "--max-spans-per-trace",
+    type=click.IntRange(min=0),
+    default=8192,  # view.DEFAULT_MAX_SPANS_PER_TRACE (tests/test_view.py checks they agree)
+    show_default=True,
+    help="Fold a larger trace's API calls and kernels into per-op summaries (0: never); "
+    "Jaeger's UI slows past about 2k spans a trace and fails at 20-40k.",
+)
 def push(
-    run_dir: Path, endpoint: str | None, reconstructed: bool, as_stored: bool, ui_url: str | None
+    run_dir: Path,
+    endpoint: str | None,
+    reconstructed: bool,
+    as_stored: bool,
+    ui_url: str | None,
+    max_spans_per_trace: int,
 ) -> None:
     """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint, and print the Jaeger
     UI link that finds its traces.
@@ -352,13 +365,17 @@ def push(
             make_transport(config),
             view=not as_stored,
             on_sent=lambda spans: bar.advance(task, spans),
+            max_spans_per_trace=max_spans_per_trace,
         )
         try:
             for batch in batches:
                 sink.export(batch)
         finally:
             sink.shutdown()
-    added = f" and {sink.view_spans_sent} backward layer spans" if sink.view_spans_sent else ""
+    layers = sink.view_spans_sent - sink.summaries_sent
+    added = f" and {layers} backward layer spans" if layers else ""
+    if sink.spans_folded:
+        added += f"; {sink.spans_folded} spans folded into {sink.summaries_sent} summaries"
     console.print(
         f"sent {sink.spans_sent} spans{added} in {sink.requests_sent} requests to "
         f"{config.endpoint} ({config.protocol})",
