@@ -346,6 +346,8 @@ def push(
     laid out for Jaeger (docs/export.md): one service per level (<service>.model, .framework,
     .library, .gpu), each layer's backward under a "<layer> (backward)" span, short kernel
     names (the full name in xsp.kernel.name); the xsp collector stores them as the tracer did.
+    A trace of more than --max-spans-per-trace spans keeps its model and framework spans and
+    folds its API calls and kernels into per-op summary spans (not stored by a collector).
     """
     from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
