@@ -29,6 +29,7 @@ from xsp.tracer.export.view import (
     ADDED_COLUMN,
     DEFAULT_MAX_SPANS_PER_TRACE,
     FOLD_KEYS,
+    for_viewer,
     with_backward_layers,
 )
 
@@ -184,6 +185,11 @@ def test_ops_keep_their_spans_when_they_fit(
     assert all(s["attributes"]["xsp.view.folded.ops"] == 0 for s in summaries)
     assert sum(s["attributes"]["xsp.view.folded.api_calls"] for s in summaries) == 2 * 1_643
     assert all(s["name"].startswith("folded: ") for s in summaries)
+    # the file export (OTLP/JSON) writes what the protobuf requests hold
+    laid_out = for_viewer(double)
+    assert otlp.request_to_json(otlp.encode_request(resource, laid_out, view=True)) == (
+        otlp.encode_request_json(resource, laid_out, view=True)
+    )
     # the xsp collector drops the summaries and stores the spans that were sent, as stored
     transport = _Collecting()
     OtlpSink(transport).export(SpanBatch.of(resource, double))

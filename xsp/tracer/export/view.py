@@ -291,14 +291,14 @@ def fold(table: pa.Table, max_spans_per_trace: int) -> pa.Table:
     by_trace: dict[bytes, list[int]] = defaultdict(list)
     for index, trace_id in enumerate(spans["trace_id"]):
         by_trace[trace_id].append(index)
-    dropped = np.zeros(table.num_rows, dtype=bool)
-    folds: dict[int, list[int]] = {}  # kept span -> the spans folded into it (indexes of spans)
+    folds: dict[int, list[int]] = defaultdict(list)  # kept span -> the spans folded into it
     for members in by_trace.values():
         anchor = _fold_trace(spans, members, max_spans_per_trace)
         for index, kept in anchor.items():
             if kept != index:
-                folds.setdefault(kept, []).append(index)
-                dropped[rows[index]] = True
+                folds[kept].append(index)
+    dropped = np.zeros(table.num_rows, dtype=bool)
+    dropped[rows[[i for folded in folds.values() for i in folded]]] = True
     table = _with_fold_columns(table)
     summaries = [_summary(spans, kept, folded) for kept, folded in folds.items()]
     kept_rows = table.filter(pa.array(~dropped))
@@ -324,9 +324,10 @@ def _fold_trace(spans: Mapping[str, list[Any]], members: list[int], budget: int)
             depth[link] = base + 1 + offset
     order = sorted(members, key=depth.__getitem__)
     deep = {i for i in members if spans["level"][i] in _FOLDED_LEVELS}
-    anchor: dict[int, int] = {}
-    for limit in range(max(depth.values()), -1, -1):
-        anchor = {}
+
+    def anchors(limit: int) -> tuple[dict[int, int], int]:
+        """Each member's anchor with spans kept down to depth ``limit``, and the spans sent."""
+        anchor: dict[int, int] = {}
         for i in order:
             above = parent[i]
             if above is None:
@@ -336,10 +337,18 @@ def _fold_trace(spans: Mapping[str, list[Any]], members: list[int], budget: int)
             else:
                 anchor[i] = anchor[above]
         kept = sum(1 for i, a in anchor.items() if a == i)
-        summaries = len({a for i, a in anchor.items() if a != i})
-        if kept + summaries <= budget:
-            break
-    return anchor
+        return anchor, kept + len({a for i, a in anchor.items() if a != i})
+
+    # the spans sent never fall as the limit deepens (a span kept adds one, takes at most its
+    # parent's summary): the deepest limit within the budget is found by bisection
+    low, high = 0, max(depth.values())
+    while low < high:
+        middle = (low + high + 1) // 2
+        if anchors(middle)[1] <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return anchors(low)[0]
 
 
 def _with_fold_columns(table: pa.Table) -> pa.Table:
