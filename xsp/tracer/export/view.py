@@ -39,8 +39,8 @@ Algorithm (``with_backward_layers``), per trace, parent and thread:
 Algorithm (``fold``), per trace over the budget, on the laid-out tree (backward layers added):
 1. A span is kept when it is no library or GPU span, its depth is at most D and its parent is
    kept (or not in the trace). D is the deepest that fits: kept spans plus one summary per kept
-   span with folded spans below it within the budget (D unlimited for a 1B-parameter model's
-   step: its ops are far fewer than its kernels; shallower only for a step of more ops still).
+   span with folded spans below it within the budget (unlimited where the framework spans fit:
+   every op keeps its span; found by bisection, as the count never falls as D deepens).
 2. Every other span is folded into its nearest kept ancestor: that ancestor gets one child span
    "folded: N kernels · M API calls" (``schema.ATTR_VIEW_ADDED``) lasting from the first folded
    span's start to the last one's end, with the counts, the GPU time and the top kernels by time
