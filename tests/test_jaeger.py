@@ -283,3 +283,54 @@ def test_the_trace_page_renders_the_stack_in_a_browser(pushed: Jaeger) -> None:
     for service in ("xsp.model", "xsp.framework", "xsp.library", "xsp.gpu"):
         assert service in dom, service
     assert "clock skew" not in dom.lower() and "duplicate span" not in dom.lower()
+
+
+def test_a_step_of_100k_spans_is_folded_into_a_trace_jaeger_loads(
+    jaeger: Jaeger, tmp_path: Path
+) -> None:
+    """The ResNet-50 iteration tiled to 102,501 spans in one step (as a 1B-parameter model's
+    MFLG iteration has over 100k) reaches Jaeger folded within the default budget: every span
+    the fold keeps and every summary reads back, and the UI's API warns about nothing."""
+    import html
+    import re
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from benchmarks.large_trace import r50_iteration, tiled_iteration
+    from xsp.tracer.export.view import DEFAULT_MAX_SPANS_PER_TRACE, for_viewer
+
+    resource, iteration = r50_iteration()
+    table = tiled_iteration(iteration, 20)
+    trace_id = bytes.fromhex("7f" * 16)  # apart from the committed run's traces
+    table = table.set_column(
+        table.schema.get_field_index("trace_id"),
+        "trace_id",
+        pa.array([trace_id] * table.num_rows, pa.binary(16)),
+    )
+    write_run(tmp_path, "MFLG", table, resource)
+    laid_out = for_viewer(table)
+    expected = laid_out.num_rows
+    summaries = expected - laid_out.column("view_folded_spans").null_count
+    kept = expected - int(pc.sum(pc.fill_null(laid_out.column("view_added"), False)).as_py())
+    assert table.num_rows == 102_501 and expected <= DEFAULT_MAX_SPANS_PER_TRACE
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", "push", str(tmp_path / "MFLG"), "--endpoint",
+         jaeger.otlp_http],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"; {table.num_rows - kept} spans folded into {summaries} summaries" in done.stderr
+    spans = _read_back(jaeger, trace_id.hex(), expected)
+    assert len(spans) == expected
+    trace = _legacy(jaeger, trace_id.hex())
+    assert len(trace["spans"]) == expected
+    assert [w for s in trace["spans"] for w in (s.get("warnings") or [])] == []
+    folded = [s for s in spans if _attr(s, "xsp.view.folded.kernels") is not None]
+    assert sum(int(_attr(s, "xsp.view.folded.kernels")) for s in folded) == 20 * 737
+    from tests.browser import dump_dom  # the UI draws it: the step first, the summaries in it
+
+    dom = dump_dom(f"{jaeger.query}/trace/{trace_id.hex()}", size="1400,4000")
+    names = [html.unescape(n) for n in re.findall(r'class="endpoint-name">([^<]*)<', dom)]
+    assert names[0] == "torchvision:resnet50 train b64 · MFLG · iteration 0"
+    assert any(n.startswith("folded: ") for n in names)

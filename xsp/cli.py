@@ -373,8 +373,21 @@ def _reconstructed(run_dir: Path) -> RunSpans:
     "ui_url",
     help="Jaeger UI base URL for the printed link (default: the endpoint's host, port 16686).",
 )
+@click.option(
+    "--max-spans-per-trace",
+    type=click.IntRange(min=0),
+    default=8192,  # view.DEFAULT_MAX_SPANS_PER_TRACE (tests/test_view.py checks they agree)
+    show_default=True,
+    help="Fold a larger trace's API calls and kernels into per-op summaries (0: never); "
+    "Jaeger's UI slows past about 2k spans a trace and fails at 20-40k.",
+)
 def push(
-    run_dir: Path, endpoint: str | None, reconstructed: bool, as_stored: bool, ui_url: str | None
+    run_dir: Path,
+    endpoint: str | None,
+    reconstructed: bool,
+    as_stored: bool,
+    ui_url: str | None,
+    max_spans_per_trace: int,
 ) -> None:
     """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint, and print the Jaeger
     UI link that finds its traces.
@@ -384,6 +397,8 @@ def push(
     laid out for Jaeger (docs/export.md): one service per level (<service>.model, .framework,
     .library, .gpu), each layer's backward under a "<layer> (backward)" span, short kernel
     names (the full name in xsp.kernel.name); the xsp collector stores them as the tracer did.
+    A trace of more than --max-spans-per-trace spans keeps its model and framework spans and
+    folds its API calls and kernels into per-op summary spans (not stored by a collector).
     """
     from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
@@ -403,13 +418,17 @@ def push(
             make_transport(config),
             view=not as_stored,
             on_sent=lambda spans: bar.advance(task, spans),
+            max_spans_per_trace=max_spans_per_trace,
         )
         try:
             for batch in batches:
                 sink.export(batch)
         finally:
             sink.shutdown()
-    added = f" and {sink.view_spans_sent} backward layer spans" if sink.view_spans_sent else ""
+    layers = sink.view_spans_sent - sink.summaries_sent
+    added = f" and {layers} backward layer spans" if layers else ""
+    if sink.spans_folded:
+        added += f"; {sink.spans_folded} spans folded into {sink.summaries_sent} summaries"
     console.print(
         f"sent {sink.spans_sent} spans{added} in {sink.requests_sent} requests to "
         f"{config.endpoint} ({config.protocol})",

@@ -104,7 +104,8 @@ class OtlpSink:
 
     ``view`` (the default) sends the layout for a trace viewer (``xsp.tracer.export.view``: one
     service per level, backward under its layers, short kernel names), which the xsp collector
-    undoes; ``on_sent(spans)`` is called after each request with the stored spans it carried."""
+    undoes, with each trace of more than ``max_spans_per_trace`` spans folded (``view.fold``;
+    0: none); ``on_sent(spans)`` is called after each request with the stored spans it carried."""
 
     def __init__(
         self,
@@ -114,16 +115,24 @@ class OtlpSink:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         view: bool = True,
         on_sent: Callable[[int], None] | None = None,
+        max_spans_per_trace: int | None = None,
     ) -> None:
+        from xsp.tracer.export.view import DEFAULT_MAX_SPANS_PER_TRACE
+
         self._transport = transport
         self._max_spans = max_spans_per_request
         self._max_bytes = max_request_bytes
         self._scope_version = scope_version
         self._view = view
         self._on_sent = on_sent
+        self._max_per_trace = (
+            DEFAULT_MAX_SPANS_PER_TRACE if max_spans_per_trace is None else max_spans_per_trace
+        )
         self._closed = False
         self.spans_sent = 0  # stored spans
         self.view_spans_sent = 0  # spans the viewer layout added (layers' backward spans)
+        self.summaries_sent = 0  # of these, the summaries of folded spans
+        self.spans_folded = 0  # stored spans folded into them (not sent)
         self.requests_sent = 0
 
     def export(self, batch: SpanBatch) -> None:
@@ -131,9 +140,10 @@ class OtlpSink:
 
         table = batch.table
         if self._view:
-            from xsp.tracer.export.view import with_backward_layers
+            from xsp.tracer.export.view import for_viewer
 
-            table = with_backward_layers(table)
+            table = for_viewer(table, self._max_per_trace)
+            self.spans_folded += batch.table.num_rows - (table.num_rows - _added_rows(table))
         for part in otlp.batches_under(table, self._max_spans):
             self._send(batch.resource, part)
 
@@ -152,6 +162,7 @@ class OtlpSink:
         stored = part.num_rows - added
         self.spans_sent += stored
         self.view_spans_sent += added
+        self.summaries_sent += _summary_rows(part)
         if self._on_sent is not None:
             self._on_sent(stored)
 
@@ -171,6 +182,14 @@ def _added_rows(part: pa.Table) -> int:
     if ADDED_COLUMN not in part.column_names:
         return 0
     return int(pc.sum(part.column(ADDED_COLUMN).fill_null(False).cast(pa.int64())).as_py() or 0)
+
+
+def _summary_rows(part: pa.Table) -> int:
+    """The rows of ``part`` that summarize folded spans (``view.fold``)."""
+    from xsp.tracer.export.view import FOLD_KEYS
+
+    name = next(iter(FOLD_KEYS))
+    return 0 if name not in part.column_names else part.num_rows - part.column(name).null_count
 
 
 class CompositeSink:
@@ -211,12 +230,23 @@ class CompositeSink:
 class OtlpJsonFileSink:
     """Writes OTLP/JSON Lines, as the OpenTelemetry file exporter specifies: one
     ``{"resourceSpans": ...}`` request per line, here one line per trace (iteration); ``view``
-    as ``OtlpSink``'s (Jaeger's UI uploads such files)."""
+    and ``max_spans_per_trace`` as ``OtlpSink``'s (Jaeger's UI uploads such files)."""
 
-    def __init__(self, handle: Any, scope_version: str = "", view: bool = True) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        scope_version: str = "",
+        view: bool = True,
+        max_spans_per_trace: int | None = None,
+    ) -> None:
+        from xsp.tracer.export.view import DEFAULT_MAX_SPANS_PER_TRACE
+
         self._handle = handle
         self._scope_version = scope_version
         self._view = view
+        self._max_per_trace = (
+            DEFAULT_MAX_SPANS_PER_TRACE if max_spans_per_trace is None else max_spans_per_trace
+        )
         self.lines = 0
 
     def export(self, batch: SpanBatch) -> None:
@@ -226,9 +256,9 @@ class OtlpJsonFileSink:
 
         table = batch.table
         if self._view:
-            from xsp.tracer.export.view import with_backward_layers
+            from xsp.tracer.export.view import for_viewer
 
-            table = with_backward_layers(table)
+            table = for_viewer(table, self._max_per_trace)
         for trace in otlp.split_traces(table):
             request = otlp.encode_request_json(
                 batch.resource, trace, self._scope_version, self._view

@@ -12,9 +12,16 @@ writes, on top of the stored spans, which stay as they are.
   backward) over them, nested like the forward layers ("layer1 (backward)" > "layer1.0
   (backward)" > "layer1.0.conv1 (backward)"), and the nodes move under it.
 
+- **Large traces folded** (``fold``, here): a trace of more than ``max_spans_per_trace`` spans
+  (default ``DEFAULT_MAX_SPANS_PER_TRACE``) keeps its model and framework spans (the step,
+  layers, ops, backward nodes) and folds its library and GPU spans (API calls, library calls,
+  kernels, copies) into one added summary span per op, whose attributes hold what was folded
+  (``FOLD_KEYS``). Traces within the budget are sent exactly as without it.
+
 Every change is undone by the decoder (``otlp.table_from_resource_spans``), so the xsp collector
 stores what the tracer stored: the added spans carry ``schema.ATTR_VIEW_ADDED`` and are dropped,
-a moved node carries its stored parent in ``schema.ATTR_VIEW_STORED_PARENT``, a shortened kernel
+a folded trace's summaries too (its folded spans are not sent: push ``--as-stored`` or
+``--max-spans-per-trace 0`` sends all), a moved node carries its stored parent in ``schema.ATTR_VIEW_STORED_PARENT``, a shortened kernel
 its name in ``schema.ATTR_KERNEL_NAME``, and a level's resource the run's own service name in
 ``schema.RES_SERVICE_BASE``.
 
@@ -28,11 +35,22 @@ Algorithm (``with_backward_layers``), per trace, parent and thread:
 3. Each layer span lasts from its first node's start to its last node's end; its id is a hash of
    the trace, its parent, its path and its first node's id, so two exports agree and batches
    of one trace never make the same id twice.
+
+Algorithm (``fold``), per trace over the budget, on the laid-out tree (backward layers added):
+1. A span is kept when it is no library or GPU span, its depth is at most D and its parent is
+   kept (or not in the trace). D is the deepest that fits: kept spans plus one summary per kept
+   span with folded spans below it within the budget (unlimited where the framework spans fit:
+   every op keeps its span; found by bisection, as the count never falls as D deepens).
+2. Every other span is folded into its nearest kept ancestor: that ancestor gets one child span
+   "folded: N kernels · M API calls" (``schema.ATTR_VIEW_ADDED``) lasting from the first folded
+   span's start to the last one's end, with the counts, the GPU time and the top kernels by time
+   under their full names (``FOLD_KEYS``). Its id is a hash of the trace and the ancestor's id.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -47,9 +65,47 @@ from xsp.tracer import schema
 #: ``schema.ATTR_VIEW_ADDED`` and ``schema.ATTR_VIEW_STORED_PARENT``.
 ADDED_COLUMN = "view_added"
 STORED_PARENT_COLUMN = "view_stored_parent"
+#: A trace of more spans goes to a viewer folded (``fold``). Jaeger's UI slows past about 2k
+#: spans per trace and fails at 20-40k; the committed ResNet-50 MFLG iteration (5,126 spans, 5,308
+#: with its backward layer spans) renders whole, and a trace of at most 8,192 spans is one OTLP
+#: request (``sinks.DEFAULT_MAX_SPANS_PER_REQUEST``).
+DEFAULT_MAX_SPANS_PER_TRACE = 8192
+#: The summary of a folded op: column -> attribute (``xsp.view.folded.*``).
+FOLD_KEYS = {
+    "view_folded_spans": "xsp.view.folded.spans",  # every stored span folded into it
+    "view_folded_kernels": "xsp.view.folded.kernels",
+    "view_folded_kernel_ns": "xsp.view.folded.kernel_ns",  # the kernels' summed durations
+    "view_folded_gpu_ns": "xsp.view.folded.gpu_ns",  # kernels, copies and memsets
+    "view_folded_api_calls": "xsp.view.folded.api_calls",  # library level: runtime, driver, library
+    "view_folded_ops": "xsp.view.folded.ops",  # framework level, where the budget folds it too
+    "view_folded_top_kernels": "xsp.view.folded.top_kernels",  # JSON: [{name, ns, count}]
+}
+#: Kernels by time listed in a summary, under their full names.
+TOP_KERNELS = 5
+_FOLDED_LEVELS = (schema.LEVEL_LIBRARY, schema.LEVEL_GPU)
+#: A summary is a span of the deepest level it folds (its service in Jaeger).
+_SUMMARY_LEVELS = (schema.LEVEL_GPU, schema.LEVEL_LIBRARY, schema.LEVEL_FRAMEWORK)
+_FOLD_COLUMNS = [
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "level",
+    "kind",
+    "name",
+    "start_ns",
+    "dur_ns",
+    "iteration",
+    "rank",
+    "thread_id",
+    "module_path",
+    "phase",
+    ADDED_COLUMN,
+]
+_FOLD_TYPES = {name: pa.int64() for name in FOLD_KEYS} | {"view_folded_top_kernels": pa.string()}
 WIRE_COLUMNS = (
     (ADDED_COLUMN, schema.ATTR_VIEW_ADDED),
     (STORED_PARENT_COLUMN, schema.ATTR_VIEW_STORED_PARENT),
+    *FOLD_KEYS.items(),
 )
 BACKWARD_SUFFIX = " (backward)"
 _NODE_COLUMNS = [
@@ -211,3 +267,148 @@ def _with_wire_columns(table: pa.Table) -> pa.Table:
 
 def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
     return table.set_column(table.schema.get_field_index(name), name, values)
+
+
+def for_viewer(table: pa.Table, max_spans_per_trace: int = DEFAULT_MAX_SPANS_PER_TRACE) -> pa.Table:
+    """The viewer's layout of ``table``: backward under its layers, then each trace of more than
+    ``max_spans_per_trace`` spans folded (0: none folded)."""
+    return fold(with_backward_layers(table), max_spans_per_trace)
+
+
+def fold(table: pa.Table, max_spans_per_trace: int) -> pa.Table:
+    """``table`` (laid out by ``with_backward_layers``) with each trace of more than
+    ``max_spans_per_trace`` rows folded (see the module notes); ``table`` itself when none is."""
+    needed = set(_FOLD_COLUMNS)
+    if max_spans_per_trace <= 0 or not table.num_rows or not needed <= set(table.column_names):
+        return table
+    counts = pc.value_counts(table.column("trace_id")).to_pylist()
+    large = [c["values"] for c in counts if c["counts"] > max_spans_per_trace]
+    if not large:
+        return table
+    in_large = pc.is_in(table.column("trace_id"), pa.array(large, pa.binary(16)))
+    rows = np.flatnonzero(in_large.to_numpy(zero_copy_only=False))
+    spans = table.select(_FOLD_COLUMNS).take(pa.array(rows, pa.int64())).to_pydict()
+    by_trace: dict[bytes, list[int]] = defaultdict(list)
+    for index, trace_id in enumerate(spans["trace_id"]):
+        by_trace[trace_id].append(index)
+    folds: dict[int, list[int]] = defaultdict(list)  # kept span -> the spans folded into it
+    for members in by_trace.values():
+        anchor = _fold_trace(spans, members, max_spans_per_trace)
+        for index, kept in anchor.items():
+            if kept != index:
+                folds[kept].append(index)
+    dropped = np.zeros(table.num_rows, dtype=bool)
+    dropped[rows[[i for folded in folds.values() for i in folded]]] = True
+    table = _with_fold_columns(table)
+    summaries = [_summary(spans, kept, folded) for kept, folded in folds.items()]
+    kept_rows = table.filter(pa.array(~dropped))
+    return pa.concat_tables([kept_rows, pa.Table.from_pylist(summaries, schema=table.schema)])
+
+
+def _fold_trace(spans: Mapping[str, list[Any]], members: list[int], budget: int) -> dict[int, int]:
+    """Step 1 of ``fold`` for one trace: each member -> the member it is folded into (itself
+    when kept)."""
+    by_id = {spans["span_id"][i]: i for i in members}
+    parent = {i: by_id.get(spans["parent_span_id"][i]) for i in members}
+    depth: dict[int, int] = {}
+    for i in members:
+        chain = []
+        node: int | None = i
+        while node is not None and node not in depth:
+            chain.append(node)
+            node = parent[node]
+            if len(chain) > len(members):  # a cycle: stored data the checks let through
+                node = None
+        base = -1 if node is None else depth[node]
+        for offset, link in enumerate(reversed(chain)):
+            depth[link] = base + 1 + offset
+    order = sorted(members, key=depth.__getitem__)
+    deep = {i for i in members if spans["level"][i] in _FOLDED_LEVELS}
+
+    def anchors(limit: int) -> tuple[dict[int, int], int]:
+        """Each member's anchor with spans kept down to depth ``limit``, and the spans sent."""
+        anchor: dict[int, int] = {}
+        for i in order:
+            above = parent[i]
+            if above is None:
+                anchor[i] = i  # a root (or a span whose parent is elsewhere) stays
+            elif i not in deep and depth[i] <= limit and anchor[above] == above:
+                anchor[i] = i
+            else:
+                anchor[i] = anchor[above]
+        kept = sum(1 for i, a in anchor.items() if a == i)
+        return anchor, kept + len({a for i, a in anchor.items() if a != i})
+
+    # the spans sent never fall as the limit deepens (a span kept adds one, takes at most its
+    # parent's summary): the deepest limit within the budget is found by bisection
+    low, high = 0, max(depth.values())
+    while low < high:
+        middle = (low + high + 1) // 2
+        if anchors(middle)[1] <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return anchors(low)[0]
+
+
+def _with_fold_columns(table: pa.Table) -> pa.Table:
+    for name, type_ in _FOLD_TYPES.items():
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, type_))
+    return table
+
+
+def _summary(spans: Mapping[str, list[Any]], kept: int, folded: list[int]) -> dict[str, Any]:
+    """The summary span of the spans ``folded`` into span ``kept`` (step 2 of ``fold``)."""
+    owner = {name: values[kept] for name, values in spans.items()}
+    stored = [i for i in folded if not spans[ADDED_COLUMN][i]]  # not a backward layer span
+    names, durs, levels, kinds = (
+        [spans[name][i] for i in stored] for name in ("name", "dur_ns", "level", "kind")
+    )
+    kernels: dict[str, list[int]] = {}
+    gpu_ns = gpu = api_calls = ops = 0
+    for name, dur, level, kind in zip(names, durs, levels, kinds, strict=True):
+        if level == schema.LEVEL_GPU:
+            gpu_ns += dur
+            gpu += 1
+        elif level == schema.LEVEL_LIBRARY:
+            api_calls += 1
+        elif level == schema.LEVEL_FRAMEWORK:
+            ops += 1
+        if kind == schema.KIND_KERNEL:
+            total = kernels.setdefault(name, [0, 0])
+            total[0] += dur
+            total[1] += 1
+    top = sorted(kernels.items(), key=lambda item: (-item[1][0], item[0]))[:TOP_KERNELS]
+    n_kernels = sum(count for _, count in kernels.values())
+    start = min(spans["start_ns"][i] for i in folded)
+    end = max(spans["start_ns"][i] + spans["dur_ns"][i] for i in folded)
+    seed = b"%s/%d/folded" % (owner["trace_id"], owner["span_id"])
+    counted = [(ops, "ops"), (api_calls, "API calls"), (n_kernels, "kernels")]
+    counted.append((gpu - n_kernels, "copies and memsets"))
+    what = [f"{count} {noun}" for count, noun in counted if count]
+    return {
+        "trace_id": owner["trace_id"],
+        "span_id": int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big") or 1,
+        "parent_span_id": owner["span_id"],
+        "name": "folded: " + " · ".join(what),
+        "start_ns": start,
+        "dur_ns": end - start,
+        "level": next((x for x in _SUMMARY_LEVELS if x in levels), schema.LEVEL_FRAMEWORK),
+        "iteration": owner["iteration"],
+        "rank": owner["rank"],
+        "thread_id": owner["thread_id"],
+        "module_path": owner["module_path"],
+        "phase": owner["phase"],
+        ADDED_COLUMN: True,
+        "view_folded_spans": len(stored),
+        "view_folded_kernels": n_kernels,
+        "view_folded_kernel_ns": sum(total for total, _ in kernels.values()),
+        "view_folded_gpu_ns": gpu_ns,
+        "view_folded_api_calls": api_calls,
+        "view_folded_ops": ops,
+        "view_folded_top_kernels": json.dumps(
+            [{"name": name, "ns": ns, "count": count} for name, (ns, count) in top],
+            separators=(",", ":"),
+        ),
+    }
