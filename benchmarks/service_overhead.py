@@ -1,4 +1,4 @@
-"""What tracing a batch-1 inference service costs each request, on the CPU: untraced, level M on
+"""What tracing a batch-1 inference service costs each request (CPU, or ``--device cuda``): untraced, level M on
 every request, level F sampled on 1 request in ``--sample-every`` (issue 28's figures: M at
 most 1% added latency, F sampled at 1 in 100 at most 2% added to the mean; p50 and p99 too), and
 level F on every request: what the other way to sample, F kept on and the unsampled requests'
@@ -13,7 +13,8 @@ background, as a service's would (every ``--export-every`` seconds: short, so th
 turn pays for batches stored while it runs). Reported per configuration: the median over rounds of its
 mean request against the same round's untraced mean, the median over rounds of its median
 request against the untraced one's (ratio and µs added: robust to a shared host's spikes), and
-the mean, p50 and p99 over every timed request of every round.
+the mean, p50 and p99 over every timed request of every round. On CUDA a request ends when its
+output is ready (a device sync after the call), as the service's caller reads it.
 
     python benchmarks/service_overhead.py [--rounds 10] [--requests 2000] [--width 512]
         [--sample-every 100] [--export-every 0.5] [--out FILE.json]
@@ -59,7 +60,7 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
             iterations=0,
             warmup=args.warmup,
             out=tmp / f"{config}-{time.monotonic_ns()}" / levels,
-            device="cpu",
+            device=args.device,
             auto_iterations=True,
             sample_every=every,
             export_every_s=args.export_every,
@@ -70,9 +71,11 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
         for _ in range(args.warmup):
             net(x)
         clock = time.perf_counter_ns
+        ready = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
         for _ in range(args.requests):
             start = clock()
             net(x)
+            ready()
             times.append(clock() - start)
     if session is not None:
         meta = session.close() or {}
@@ -93,13 +96,15 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--sample-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     # short, so that batches are stored in the background during each timed turn
     parser.add_argument("--export-every", type=float, default=0.5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     configs = ["none", "M", f"MF 1/{args.sample_every}", "MF"]
-    net, x = model(args.width), torch.randn(1, args.width)
+    net = model(args.width).to(args.device)
+    x = torch.randn(1, args.width, device=args.device)
     times: dict[str, list[int]] = {c: [] for c in configs}
     ratios: dict[str, list[float]] = {c: [] for c in configs[1:]}
     # per round, a turn's median request against the untraced turn's: robust to the spikes a
