@@ -55,9 +55,14 @@ SCRIPT = textwrap.dedent(
 FC_LINE, OUT_LINE, LOSS_LINE, BACKWARD_LINE, ITEM_LINE = 13, 14, 22, 23, 26
 
 
+def _path() -> str:
+    """The checkout first, then the path the tests run with (the device machine's wheels)."""
+    return os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+
 def _measure(work: Path, levels: str, *script_args: str) -> Path:
     (work / "train.py").write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": _path(), "COLUMNS": "200"}
     done = subprocess.run(
         [sys.executable, "-m", "xsp", "run", "--levels", levels, "--iterations", "3",
          "--warmup", "2", "--out", "R", "--", "python", "train.py", *script_args],
@@ -68,7 +73,7 @@ def _measure(work: Path, levels: str, *script_args: str) -> Path:
 
 
 def _analyses(measured: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": _path()}
     done = subprocess.run(
         [sys.executable, "-m", "xsp", "analyze", str(measured), "--json"],
         env=env, capture_output=True, text=True,
