@@ -239,7 +239,7 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
         ),
         (["--model", "keras:resnet50"], "unknown model source 'keras'"),
         (["--model", "timm:resnet18", "--device", "gpu"], "bad device 'gpu': use cpu or cuda"),
-        (["--model", "timm:resnet18", "--iterations", "0"], "bad --iterations 0"),
+        (["--model", "timm:resnet18", "--iterations", "-1"], "bad iterations -1"),
     ],
 )
 def test_bad_input_gets_a_one_line_error_before_torch_is_imported(
