@@ -3,7 +3,9 @@
 Starts ``xsp collector serve`` in its own process, then CLIENTS threads post pre-encoded requests
 of SPANS_PER_REQUEST spans (real ResNet-18 training spans, a fresh trace id each) over keep-alive
 connections for SECONDS (each request's trace id made unique by patching the encoded bytes, since
-the collector stores a byte-identical retry once); reports acknowledged spans per second, then stops the collector
+the collector stores a byte-identical retry once); reports acknowledged spans per second and the
+store worker's rate (spans in the store's parts at the end of the load, per second of load; and
+all of them once SIGTERM's flush is done, per second of load and flush), then stops the collector
 (SIGTERM: it flushes) and checks that the store holds every acknowledged span.
 
     python benchmarks/collector_load.py [--seconds 10] [--clients 2] [--spans-per-request 1000]
@@ -12,6 +14,7 @@ the collector stores a byte-identical retry once); reports acknowledged spans pe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import signal
 import sys
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -48,6 +52,15 @@ def requests(count: int, spans: int) -> list[bytes]:
             otlp.encode_request(RESOURCE, base.set_column(0, "trace_id", trace)).SerializeToString()
         )
     return out
+
+
+def stored_so_far(store: Path) -> int:
+    """The spans in the store's parts now (a part being replaced may be missed: a lower bound)."""
+    total = 0
+    for part in store.glob("*/*/spans-*.parquet"):
+        with contextlib.suppress(OSError, pa.ArrowInvalid):
+            total += pq.ParquetFile(part).metadata.num_rows
+    return total
 
 
 def main() -> None:
@@ -89,6 +102,7 @@ def main() -> None:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
+        during = stored_so_far(store)
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=600)
@@ -99,7 +113,11 @@ def main() -> None:
         print(
             f"acknowledged: {total} spans, {total / elapsed:,.0f} spans/s ({sum(rejected)} requests told to retry)"
         )
-        print(f"stored after SIGTERM: {stored} spans (flush after the load took {drain:.1f} s)")
+        print(f"stored during the load: {during} spans, {during / elapsed:,.0f} spans/s")
+        print(
+            f"stored after SIGTERM: {stored} spans (flush after the load took {drain:.1f} s), "
+            f"{stored / (elapsed + drain):,.0f} spans/s over load and flush"
+        )
         if stored < total:
             raise SystemExit("store lost acknowledged spans")
 

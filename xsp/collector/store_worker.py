@@ -3,7 +3,8 @@
 It runs in the flusher thread, or (``xsp collector serve``) in a worker process: converting
 protobuf spans to columns is pure Python and, in the receivers' process, holds the GIL that their
 event loop needs for every socket read (measured on the 2-core dev machine: 160k spans/s
-acknowledged with the flusher idle, about 90k with it converting in a thread). The worker keeps
+acknowledged with the flusher idle, about 90k with it converting in a thread). xsp's own spans
+are decoded column-wise (``otlp_columns``), any other request span by span. The worker keeps
 one ``StoreWriter`` per store for its lifetime, so the span-key indexes that keep a span from
 being stored twice are read from the parts once, not once per segment.
 """
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 from xsp.collector import writer
 from xsp.collector.writer import StoreWriter
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_columns
 
 #: (index of the request in its segment, why it could not be converted)
 Poison = tuple[int, str]
@@ -37,7 +38,7 @@ def store_requests(store: StoreWriter, part_name: str, payloads: Sequence[bytes]
     poison: list[Poison] = []
     for index, payload in enumerate(payloads):
         try:
-            converted.append(writer.convert(otlp.parse_protobuf(payload)))
+            converted.append(writer.convert(otlp_columns.parse_request(payload)))
         except Exception as exc:  # any failure to convert makes the request poison, no more
             poison.append((index, f"cannot convert to store rows: {exc}"))
     before = store.duplicate_spans

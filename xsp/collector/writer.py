@@ -39,10 +39,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 from xsp.tracer import schema, store
 from xsp.tracer.errors import StoreError
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp, otlp_columns
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +101,20 @@ class Sender(NamedTuple):
 Converted = list[tuple[tuple[str, str], Sender, pa.Table]]
 
 
-def convert(request: ExportTraceServiceRequest) -> Converted:
-    """The store rows of one request, by run; raises whatever conversion raises (a poison
+def convert(request: ExportTraceServiceRequest | Any) -> Converted:
+    """The store rows of one request (OTLP's message, or ``otlp_columns.parse_request``'s
+    mirror of it, decoded column-wise), by run; raises whatever conversion raises (a poison
     request the caller quarantines)."""
     out: Converted = []
     for resource_spans in request.resource_spans:
         typed = otlp.resource_json(resource_spans)
         sender = Sender(otlp.resource_id(typed), otlp.plain_resource(typed), typed)
-        table = otlp.table_from_resource_spans(resource_spans, sender.id)
+        decode = (
+            otlp.table_from_resource_spans
+            if isinstance(resource_spans, ResourceSpans)
+            else otlp_columns.table_from_resource_spans
+        )
+        table = decode(resource_spans, sender.id)
         if table.num_rows:
             out.append((run_key(sender.attributes), sender, table))
     return out

@@ -755,14 +755,64 @@ class _Rest:
 def table_from_resource_spans(resource_spans: ResourceSpans, sender: str | None = None) -> pa.Table:
     """The spans of one ResourceSpans as rows of ``schema.SPAN_SCHEMA``: xsp's attributes in
     their columns, every other OTLP field in ``schema.OTLP_COLUMNS``; ``sender`` is the
-    ``resource_id`` of the resource (null: run.json's one resource). Tight loop: each protobuf
-    field access costs, so touch each once."""
-    spans: list[Span] = []
-    scopes: list[tuple[int, tuple[str, str, str | None]]] = []  # (first row, scope columns)
+    ``resource_id`` of the resource (null: run.json's one resource). (The collector's store
+    worker decodes xsp's own spans column-wise instead: ``otlp_columns``, the same table.)"""
+    spans, scopes = spans_and_scopes(resource_spans)
+    columns, added = _any_columns(spans)
+    return table_from_columns(columns, added, scopes, sender, len(spans))
+
+
+#: (first row, (scope name, version, the rest as OTLP/JSON text)) of each scope with spans
+Scopes = list[tuple[int, tuple[str, str, str | None]]]
+
+
+def spans_and_scopes(resource_spans: Any) -> tuple[list[Any], Scopes]:
+    """The spans of a ResourceSpans (OTLP's or ``otlp_columns``' mirror) and its scopes."""
+    spans: list[Any] = []
+    scopes: Scopes = []
     for scope_spans in resource_spans.scope_spans:
         if scope_spans.spans:
             scopes.append((len(spans), _scope_columns(scope_spans)))
             spans.extend(scope_spans.spans)
+    return spans, scopes
+
+
+def table_from_columns(
+    columns: dict[str, Any], added: list[int], scopes: Scopes, sender: str | None, n: int
+) -> pa.Table:
+    """The table of decoded span columns (lists, or arrays already typed), with the scope and
+    sender columns, less the rows a viewer layout ``added``."""
+    ends = [first for first, _ in scopes[1:]] + [n] if scopes else []
+    for (first, (scope_name, version, extra)), end in zip(scopes, ends, strict=True):
+        columns.setdefault("scope_name", [None] * n)[first:end] = [scope_name] * (end - first)
+        columns.setdefault("scope_version", [None] * n)[first:end] = [version] * (end - first)
+        if extra is not None:
+            columns.setdefault("scope_extra", [None] * n)[first:end] = [extra] * (end - first)
+    if sender is not None:
+        columns["resource_id"] = [sender] * n
+    arrays = []
+    for field_ in schema.SPAN_SCHEMA:
+        values = columns.get(field_.name)
+        if values is None:
+            arrays.append(pa.nulls(n, field_.type))
+        elif isinstance(values, pa.Array):
+            arrays.append(values)
+        elif pa.types.is_dictionary(field_.type):
+            arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
+        else:
+            arrays.append(pa.array(values, field_.type))
+    table = pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
+    if added:
+        keep = np.ones(n, dtype=bool)
+        keep[added] = False
+        table = table.filter(pa.array(keep))
+    return table
+
+
+def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
+    """Any request's columns, span by span, and the rows a viewer layout added
+    (``xsp.tracer.export.view``: not stored). Tight loop: each protobuf field access costs, so
+    touch each once."""
     n = len(spans)
     slots: dict[str, tuple[list[Any], _Kind]] = {}
     for column in schema.ATTRIBUTE_COLUMNS:
@@ -820,18 +870,10 @@ def table_from_resource_spans(resource_spans: ResourceSpans, sender: str | None 
                 others.append(kv)
         if others:
             rest.set("attributes", row, otlp_values.attributes_text(others))
-    ends = [first for first, _ in scopes[1:]] + [n] if scopes else []
-    for (first, (scope_name, version, extra)), end in zip(scopes, ends, strict=True):
-        rest.columns.setdefault("scope_name", [None] * n)[first:end] = [scope_name] * (end - first)
-        rest.columns.setdefault("scope_version", [None] * n)[first:end] = [version] * (end - first)
-        if extra is not None:
-            rest.columns.setdefault("scope_extra", [None] * n)[first:end] = [extra] * (end - first)
-    if sender is not None:
-        rest.columns["resource_id"] = [sender] * n
     # after the view's stored parents are back: an application's span above a model span
     kinds = slots[schema.ATTR_KIND][0]
     remote = _remote_parents(trace_ids, span_ids, parents, kinds)
-    columns: dict[str, list[Any]] = {
+    columns: dict[str, Any] = {
         "trace_id": trace_ids,
         "span_id": span_ids,
         "parent_span_id": parents,
@@ -849,20 +891,7 @@ def table_from_resource_spans(resource_spans: ResourceSpans, sender: str | None 
     for row, kind in enumerate(columns["kind"]):  # a root's wire title back to its plain name
         if kind in _ROOT_NAMES and not parents[row]:
             names[row] = _ROOT_NAMES[kind]
-    empty = [None] * n
-    arrays = []
-    for field_ in schema.SPAN_SCHEMA:
-        values = columns.get(field_.name, empty)
-        if pa.types.is_dictionary(field_.type):
-            arrays.append(pa.array(values, pa.string()).dictionary_encode().cast(field_.type))
-        else:
-            arrays.append(pa.array(values, field_.type))
-    table = pa.Table.from_arrays(arrays, schema=schema.SPAN_SCHEMA)
-    if added:
-        keep = np.ones(n, dtype=bool)
-        keep[added] = False
-        table = table.filter(pa.array(keep))
-    return table
+    return columns, added
 
 
 _DROPPED = ("dropped_attributes_count", "dropped_events_count", "dropped_links_count")
@@ -949,6 +978,7 @@ _INT64_MAX = (1 << 63) - 1
 _KINDS: dict[str, _Kind] = {
     str(c.attribute): _Kind(str(c.attribute), c.type) for c in schema.ATTRIBUTE_COLUMNS
 }
+_COLUMN_OF = {str(c.attribute): c.name for c in schema.ATTRIBUTE_COLUMNS}
 #: The attributes whose values validate() checks: those filling integer or float columns.
 _NUMERIC: dict[str, _Kind] = {
     key: kind for key, kind in _KINDS.items() if kind.high is not None or kind.is_float

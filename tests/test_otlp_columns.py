@@ -1,0 +1,120 @@
+"""The store worker's column-wise decoding (``otlp_columns``) stores what the span-by-span
+decoder (``otlp.table_from_resource_spans``) stores, for xsp's requests and any other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tests.fixtures import fixture_table
+from xsp.collector import writer
+from xsp.tracer.export import otlp, otlp_columns
+
+RESOURCE = {"service.name": "xsp", "xsp.measurement.id": "m1", "xsp.levels": "MF"}
+
+
+def _set(table: pa.Table, name: str, rows: dict[int, object]) -> pa.Table:
+    values = table.column(name).to_pylist()
+    for row, value in rows.items():
+        values[row] = value
+    at = table.column_names.index(name)
+    return table.set_column(at, name, pa.array(values, table.schema.field(name).type))
+
+
+@pytest.fixture(scope="module")
+def xsp_table() -> pa.Table:
+    """A ResNet-18 step at MF, with what xsp's own spans may also carry: an application's span
+    above the step, an error, a reconstruction's link, a float, a long string, a negative int."""
+    table = fixture_table("resnet18_train_cpu", "MF").slice(0, 400)
+    kinds = table.column("kind").to_pylist()
+    step = kinds.index("step")
+    op = kinds.index("op")
+    table = _set(table, "remote_parent_span_id", {step: 0xABCDEF0123456789})
+    table = _set(table, "status_message", {op: "CUDA error: out of memory"})
+    table = _set(table, "link_trace_id", {op + 1: b"\x07" * 16})
+    table = _set(table, "link_span_id", {op + 1: 0x1122334455667788})
+    table = _set(table, "gpu_utilization_pct", {step: 87.5})
+    table = _set(table, "input_shapes", {op: "[" + ", ".join(["[64, 3, 224, 224]"] * 20) + "]"})
+    return _set(table, "thread_id", {op: -5})
+
+
+def _both(body: bytes) -> tuple[writer.Converted, writer.Converted]:
+    return (
+        writer.convert(otlp_columns.parse_request(body)),
+        writer.convert(otlp.parse_protobuf(body)),
+    )
+
+
+def _assert_same(column_wise: writer.Converted, span_by_span: writer.Converted) -> None:
+    assert len(column_wise) == len(span_by_span)
+    for (key, sender, table), (key2, sender2, table2) in zip(
+        column_wise, span_by_span, strict=True
+    ):
+        assert (key, sender) == (key2, sender2)
+        assert table.schema == table2.schema
+        for name in table.column_names:
+            assert table.column(name).equals(table2.column(name)), name
+
+
+def test_xsp_spans_are_decoded_column_wise_into_the_same_table(xsp_table: pa.Table) -> None:
+    body = otlp.encode_request(RESOURCE, xsp_table).SerializeToString()
+    mirror = otlp_columns.parse_request(body)
+    spans, _ = otlp.spans_and_scopes(mirror.resource_spans[0])
+    assert otlp_columns._common_columns(spans) is not None  # the column-wise path ran
+    column_wise, span_by_span = _both(body)
+    _assert_same(column_wise, span_by_span)
+    stored = column_wise[0][2]
+    assert stored.num_rows == 400
+    step = stored.column("kind").to_pylist().index("step")
+    assert stored.column("name")[step].as_py() == "step"  # the wire title back to its name
+    assert stored.column("parent_span_id")[step].as_py() == 0
+    assert stored.column("remote_parent_span_id")[step].as_py() == 0xABCDEF0123456789
+    assert stored.column("gpu_utilization_pct")[step].as_py() == 87.5
+    assert stored.column("thread_id").to_pylist().count(-5) == 1
+    assert stored.column("link_span_id").to_pylist().count(0x1122334455667788) == 1
+    assert (
+        pa.compute.sum(stored.column("dur_ns")).as_py()
+        == pa.compute.sum(xsp_table.column("dur_ns")).as_py()
+    )
+
+
+def test_another_senders_spans_fall_back_to_the_same_table(xsp_table: pa.Table) -> None:
+    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 50))
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[3].kind = Span.SPAN_KIND_SERVER
+    spans[4].attributes.add(key="http.route", value={"string_value": "/predict"})
+    spans[5].events.add(name="retry", time_unix_nano=5)
+    spans[6].attributes.add(key="xsp.iteration", value={"string_value": "7"})
+    column_wise, span_by_span = _both(request.SerializeToString())
+    _assert_same(column_wise, span_by_span)
+    stored = column_wise[0][2]
+    assert stored.column("span_kind")[3].as_py() == Span.SPAN_KIND_SERVER
+    assert '"/predict"' in stored.column("attributes")[4].as_py()
+    assert stored.column("events")[5].as_py()[0]["name"] == "retry"
+    assert stored.column("iteration")[6].as_py() == 7
+
+
+def test_a_value_that_fits_no_column_is_refused_by_both(xsp_table: pa.Table) -> None:
+    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    span = request.resource_spans[0].scope_spans[0].spans[2]
+    span.attributes.add(key="xsp.rank", value={"int_value": 1 << 40})
+    body = request.SerializeToString()
+    messages = []
+    for parse in (otlp_columns.parse_request, otlp.parse_protobuf):
+        with pytest.raises(otlp.DecodeError) as caught:
+            writer.convert(parse(body))
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert "xsp.rank 1099511627776 does not fit its int32 column" in messages[0]
+
+
+def test_a_repeated_attribute_keeps_its_last_value_as_before(xsp_table: pa.Table) -> None:
+    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    span.attributes.add(key="xsp.iteration", value={"int_value": 41})
+    column_wise, span_by_span = _both(request.SerializeToString())
+    _assert_same(column_wise, span_by_span)
+    assert column_wise[0][2].column("iteration")[1].as_py() == 41
+    assert np.asarray(column_wise[0][2].column("span_id")).dtype == np.uint64
