@@ -274,13 +274,15 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
     per_call = np.full(m, -1, dtype=np.int64)
     per_call[module_rows] = np.arange(len(module_rows))
 
-    def module_column(texts: list[str | None]) -> pa.DictionaryArray:
+    def module_codes(texts: list[str | None]) -> tuple[np.ndarray, list[str]]:
+        """Each row's code into the distinct texts of its module call (-1: not a call)."""
         values, codes = _intern(texts)
         if not len(codes):  # a run without module calls (a functional script)
-            return dictionary_column(np.full(m, -1, dtype=np.int64), values)
-        return dictionary_column(
-            np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values
-        )
+            return np.full(m, -1, dtype=np.int64), values
+        return np.where(per_call >= 0, codes[np.maximum(per_call, 0)], -1), values
+
+    def module_column(texts: list[str | None]) -> pa.DictionaryArray:
+        return dictionary_column(*module_codes(texts))
 
     base = len(rec.name.values)
     names, workers, memory = _loader_settings(rec.name.values)
@@ -318,25 +320,23 @@ def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> d
         "input_shapes": dictionary_column(shape_codes, shape_values + call_values),
         "input_dtypes": dictionary_column(dtype_codes, dtype_values),
         "output_shapes": module_column([out_shapes.get(c) for c in calls]),
-        "source": _source_column(rec, ev, module_column([i.source for i in mods])),
+        "source": _source_column(rec, ev, *module_codes([i.source for i in mods])),
         "seq_nr": arrow(ev.seq_nr, pa.int64(), mask=ev.seq_nr < 0),
         **_collective_columns(rec, ev),
     }
 
 
 def _source_column(
-    rec: FrameworkRecords, ev: _Events, modules: pa.DictionaryArray
+    rec: FrameworkRecords, ev: _Events, module_codes: np.ndarray, module_values: list[str]
 ) -> pa.DictionaryArray:
     """A module call's class source (``file:line``), an op's calling Python line (``file:line
     function``, where level F recorded it): one column, null elsewhere."""
     if not len(rec.op_source):
-        return modules
+        return dictionary_column(module_codes, module_values)
     values = rec.op_source.values
     codes = np.frombuffer(rec.op_source.codes, dtype=np.int32)[ev.rows].astype(np.int64)
     blank = values.index("") if "" in values else -2
     codes[(codes == blank) | ev.is_module] = -1
-    module_values = modules.dictionary.to_pylist()
-    module_codes = np.asarray(modules.indices.fill_null(-1), dtype=np.int64)
     merged = np.where(module_codes >= 0, len(values) + module_codes, codes)
     return dictionary_column(merged, values + module_values)
 
