@@ -151,6 +151,21 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def check_creatable(directory: Path) -> None:
+    """Fail early, with the path in the message, if ``directory`` could not be made and written
+    (its nearest existing ancestor is not a writable directory), without making it: a check
+    that comes before others that may still refuse the run."""
+    existing = directory
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise StoreError(f"cannot write to {directory}: {existing} is not a directory")
+    try:  # a probe made and removed at once: permissions alone do not say (root, /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".xsp-write-test-", dir=existing))
+    except OSError as exc:
+        raise StoreError(f"cannot write to {directory}: {exc.strerror or exc}") from exc
+
+
 def check_writable(directory: Path) -> None:
     """Fail early, with the path in the message, if spans could not be written there."""
     try:

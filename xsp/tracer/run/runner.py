@@ -242,9 +242,9 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
             raise ConfigError(f"bad device {profile.device!r}: use cpu or cuda[:N]")
         for levels in level_sets:
             check_levels(levels, profile.device)
-    if profile.continuous:  # before the output directory is made (validate checks the device)
+    if profile.continuous:
         _check_service(profile, level_sets, profile.device or "")
-    store.check_writable(spec.out)
+    store.check_creatable(spec.out)  # made only once validate's device checks pass
     return level_sets
 
 
@@ -259,6 +259,7 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
         check_levels(levels, device)
     if spec.profile.continuous:
         _check_service(spec.profile, level_sets, device)
+    store.check_writable(spec.out)
     return level_sets
 
 
