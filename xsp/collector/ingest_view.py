@@ -18,14 +18,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from xsp.tracer import schema
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp, otlp_mirror
 
 _PACKAGE = "xsp.ingest_view"
 _F = descriptor_pb2.FieldDescriptorProto
@@ -33,31 +33,10 @@ _F = descriptor_pb2.FieldDescriptorProto
 MAX_DEPTH = 100
 
 
-def _copy(descriptor: Descriptor, retarget: dict[str, str]) -> Any:
-    """``descriptor`` as a message of the view: every field kept, the fields named in
-    ``retarget`` pointing at the view's messages, nested types left to the real ones."""
-    proto = descriptor_pb2.DescriptorProto()
-    descriptor.CopyToProto(proto)
-    del proto.nested_type[:]
-    del proto.enum_type[:]
-    for field_ in proto.field:
-        if field_.name in retarget:
-            field_.type_name = f".{_PACKAGE}.{retarget[field_.name]}"
-    return proto
-
-
 def _build() -> Any:
-    file_ = descriptor_pb2.FileDescriptorProto(
-        name="xsp/collector/ingest_view.proto",
-        package=_PACKAGE,
-        syntax="proto3",
-        dependency=[
-            common_pb2.DESCRIPTOR.name,
-            trace_pb2.DESCRIPTOR.name,
-            trace_service_pb2.DESCRIPTOR.name,
-        ],
+    span = otlp_mirror.copy_message(
+        trace_pb2.Span.DESCRIPTOR, _PACKAGE, {"attributes": "Span.AttributesEntry"}
     )
-    span = _copy(trace_pb2.Span.DESCRIPTOR, {"attributes": "Span.AttributesEntry"})
     entry = span.nested_type.add(name="AttributesEntry")
     entry.options.map_entry = True
     entry.field.extend(
@@ -72,18 +51,7 @@ def _build() -> Any:
             ),
         ]
     )
-    span.name = "Span"
-    scope = _copy(trace_pb2.ScopeSpans.DESCRIPTOR, {"spans": "Span"})
-    resource = _copy(trace_pb2.ResourceSpans.DESCRIPTOR, {"scope_spans": "ScopeSpans"})
-    request = _copy(
-        trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR, {"resource_spans": "ResourceSpans"}
-    )
-    for proto, name in ((scope, "ScopeSpans"), (resource, "ResourceSpans"), (request, "Request")):
-        proto.name = name
-    file_.message_type.extend([span, scope, resource, request])
-    pool = descriptor_pool.Default()
-    pool.Add(file_)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.Request"))
+    return otlp_mirror.request_class(_PACKAGE, span)
 
 
 _Request = _build()

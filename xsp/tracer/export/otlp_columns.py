@@ -23,54 +23,24 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from google.protobuf import descriptor_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from xsp.tracer import schema
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp, otlp_mirror
 
 _PACKAGE = "xsp.otlp_columns"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
-def _copy(descriptor: Any, retarget: dict[str, str]) -> descriptor_pb2.DescriptorProto:
-    """``descriptor`` as a message of the mirror: every field kept, those in ``retarget``
-    pointing at the mirror's messages, nested types left to OTLP's own."""
-    proto = descriptor_pb2.DescriptorProto()
-    descriptor.CopyToProto(proto)
-    del proto.nested_type[:]
-    del proto.enum_type[:]
-    for field_ in proto.field:
-        if field_.name in retarget:
-            field_.type_name = f".{_PACKAGE}.{retarget[field_.name]}"
-    return proto
-
-
 def _build() -> Any:
-    file_ = descriptor_pb2.FileDescriptorProto(
-        name="xsp/tracer/export/otlp_columns.proto",
-        package=_PACKAGE,
-        syntax="proto3",
-        dependency=[trace_pb2.DESCRIPTOR.name, trace_service_pb2.DESCRIPTOR.name],
-    )
-    span = _copy(trace_pb2.Span.DESCRIPTOR, {})
+    span = otlp_mirror.copy_message(trace_pb2.Span.DESCRIPTOR, _PACKAGE)
     for field_ in span.field:
         if field_.name == "attributes":  # each KeyValue as its encoded bytes
             field_.type = _F.TYPE_BYTES
             field_.ClearField("type_name")
-    scope = _copy(trace_pb2.ScopeSpans.DESCRIPTOR, {"spans": "Span"})
-    resource = _copy(trace_pb2.ResourceSpans.DESCRIPTOR, {"scope_spans": "ScopeSpans"})
-    request = _copy(
-        trace_service_pb2.ExportTraceServiceRequest.DESCRIPTOR, {"resource_spans": "ResourceSpans"}
-    )
-    for proto, name in ((scope, "ScopeSpans"), (resource, "ResourceSpans"), (request, "Request")):
-        proto.name = name
-    file_.message_type.extend([span, scope, resource, request])
-    pool = descriptor_pool.Default()
-    pool.Add(file_)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.Request"))
+    return otlp_mirror.request_class(_PACKAGE, span)
 
 
 _Request = _build()
