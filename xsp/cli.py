@@ -50,18 +50,25 @@ def _warn(message: str) -> None:
     console.print(f"[yellow]xsp: warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
-@contextlib.contextmanager
-def _bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
-    """A progress callback ``(key, what, done, total)`` that draws one bar per key (a rule, a
-    campaign job), labelled with the key in bold, kept on screen when done."""
-    columns = (
-        TextColumn("[bold]{task.fields[key]}"),
+def _labelled_bars(label: str) -> Progress:
+    """Bars kept on screen when done, each labelled in bold by the task field ``label`` (a
+    format such as ``{task.fields[key]}``), then what it does, done of total, time taken."""
+    return Progress(
+        TextColumn(f"[bold]{label}"),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        console=console,
+        transient=False,
     )
-    with Progress(*columns, console=console, transient=False) as bar:
+
+
+@contextlib.contextmanager
+def _bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
+    """A progress callback ``(key, what, done, total)`` that draws one bar per key (a rule, a
+    campaign job), labelled with the key in bold, kept on screen when done."""
+    with _labelled_bars("{task.fields[key]}") as bar:
         tasks: dict[str, Any] = {}
 
         def progress(key: str, what: str, done: int, total: int) -> None:
@@ -263,14 +270,7 @@ def run(
     )
     spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
-    columns = (
-        TextColumn("[bold]{task.fields[levels]:>5}"),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
+    with _labelled_bars("{task.fields[levels]:>5}") as bar:
         tasks: dict[str, Any] = {}
 
         def progress(levels: str, phase: str, done: int, total: int) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -411,46 +411,53 @@ def _span_json(
     elif link is not None:
         span["links"] = [{"traceId": link[0].hex(), "spanId": f"{link[1]:016x}"}]
     if rest is not None:
-        for field_, key in _DROPPED_JSON:
-            if rest.get(field_):
-                span[key] = rest[field_]
+        _set_fields(span, rest, _DROPPED_JSON)
     return span
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+#: Stored fields and their OTLP/JSON keys, each with its conversion: written where set.
 _DROPPED_JSON = (
-    ("dropped_attributes_count", "droppedAttributesCount"),
-    ("dropped_events_count", "droppedEventsCount"),
-    ("dropped_links_count", "droppedLinksCount"),
+    ("dropped_attributes_count", "droppedAttributesCount", _same),
+    ("dropped_events_count", "droppedEventsCount", _same),
+    ("dropped_links_count", "droppedLinksCount", _same),
+)
+_EVENT_JSON = (
+    ("time_ns", "timeUnixNano", str),
+    ("name", "name", _same),
+    ("attributes", "attributes", json.loads),
+    ("dropped_attributes_count", "droppedAttributesCount", _same),
+)
+_LINK_JSON = (
+    ("trace_state", "traceState", _same),
+    ("attributes", "attributes", json.loads),
+    ("dropped_attributes_count", "droppedAttributesCount", _same),
+    ("flags", "flags", _same),
 )
 
 
-def _event_json(event: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if event["time_ns"]:
-        out["timeUnixNano"] = str(event["time_ns"])
-    if event["name"]:
-        out["name"] = event["name"]
-    if event["attributes"]:
-        out["attributes"] = json.loads(event["attributes"])
-    if event["dropped_attributes_count"]:
-        out["droppedAttributesCount"] = event["dropped_attributes_count"]
+def _set_fields(
+    out: dict[str, Any],
+    stored: Mapping[str, Any],
+    fields: tuple[tuple[str, str, Callable[[Any], Any]], ...],
+) -> dict[str, Any]:
+    """``out`` with each of ``fields`` that ``stored`` sets, converted, under its JSON key."""
+    for column, key, convert in fields:
+        if stored.get(column):
+            out[key] = convert(stored[column])
     return out
+
+
+def _event_json(event: Mapping[str, Any]) -> dict[str, Any]:
+    return _set_fields({}, event, _EVENT_JSON)
 
 
 def _link_json(stored: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "traceId": (stored["trace_id"] or b"").hex(),
-        "spanId": f"{stored['span_id'] or 0:016x}",
-    }
-    if stored["trace_state"]:
-        out["traceState"] = stored["trace_state"]
-    if stored["attributes"]:
-        out["attributes"] = json.loads(stored["attributes"])
-    if stored["dropped_attributes_count"]:
-        out["droppedAttributesCount"] = stored["dropped_attributes_count"]
-    if stored["flags"]:
-        out["flags"] = stored["flags"]
-    return out
+    ids = {"traceId": (stored["trace_id"] or b"").hex(), "spanId": f"{stored['span_id'] or 0:016x}"}
+    return _set_fields(ids, stored, _LINK_JSON)
 
 
 def _json_value(value: Any) -> dict[str, Any]:
