@@ -21,9 +21,17 @@ from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, inherit
 
 
-def row_sources(spans: pa.Table, parent: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Each row's line as a code into the returned values (-1: none): an op's own, any other
-    row's its nearest op ancestor's (a module's class source is not a calling line)."""
+def row_sources(store: MeasurementStore) -> tuple[np.ndarray, list[str]]:
+    """Each replayed row's line as a code into the returned values (-1: none): an op's own, any
+    other row's its nearest op ancestor's (a module's class source is not a calling line).
+    Computed once per store."""
+    if "row_sources" not in store.memo:
+        result = replay(store)
+        store.memo["row_sources"] = _row_sources(result.spans, result.parent)
+    return store.memo["row_sources"]
+
+
+def _row_sources(spans: pa.Table, parent: np.ndarray) -> tuple[np.ndarray, list[str]]:
     kind = texts(spans.column("kind"))
     column = spans.column("source").combine_chunks()
     if isinstance(column.type, pa.DictionaryType):
@@ -46,7 +54,7 @@ def lines(store: MeasurementStore, limit: int | None = None) -> pa.Table:
     the replayed step). Empty when no op recorded its line."""
     result = replay(store)
     spans = result.spans
-    code, values = row_sources(spans, result.parent)
+    code, values = row_sources(store)
     if not (code >= 0).any():
         return pa.table({"source": pa.array([], pa.string())})
     steps = result.steps
@@ -84,9 +92,10 @@ def lines(store: MeasurementStore, limit: int | None = None) -> pa.Table:
     return pa.Table.from_pylist(rows[:limit] if limit else rows)
 
 
-def line_of(spans: pa.Table, parent: np.ndarray, rows: np.ndarray) -> list[str]:
-    """The lines of ``rows``, most frequent first, each once ("" rows without are left out)."""
-    code, values = row_sources(spans, parent)
+def line_of(store: MeasurementStore, rows: np.ndarray) -> list[str]:
+    """The lines of replayed ``rows``, most frequent first, each once (rows without a line are
+    left out)."""
+    code, values = row_sources(store)
     found = code[rows]
     found = found[found >= 0]
     if not len(found):

@@ -283,7 +283,7 @@ def _sync_lines(store: MeasurementStore, library: bool) -> list[str]:
     else:
         ops = texts(spans.column("op_name"))
         rows = np.nonzero(ops == "aten::_local_scalar_dense")[0]
-    return line_of(spans, result.parent, rows)
+    return line_of(store, rows)
 
 
 def input_bound(store: MeasurementStore) -> Suggestion | None:
