@@ -626,9 +626,7 @@ def analyze(
         skip = {"level_sets", "layer_info"}  # printed above / too wide for a terminal
         for section in sections(store):
             if section.table.num_rows and section.key not in skip:
-                if section.text:
-                    out_console.print(section.text, highlight=False)
-                _print_table(section.title, section.table, rows, section.note)
+                _print_table(section.title, section.table, rows, section.note, section.text)
             elif section.absent:
                 console.print(f"{section.title}: {section.note}", highlight=False)
     if report is not None:
@@ -755,15 +753,19 @@ def _fits(view: Any, ellipses: int) -> bool:
     return top.endswith("┓") and rendered.count("…") <= ellipses
 
 
-def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
+def _print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "") -> None:
     """A table that reads at 80 columns: headers as words with units, numbers whole and never
     wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
-    report keep them whole). A table too wide for the terminal prints one block per row."""
+    report keep them whole). A table too wide for the terminal prints one block per row.
+    ``lead`` is a line printed under the title, before the table (a chart in characters)."""
     from xsp.analysis.present import display, header
 
     records = table.slice(0, rows).to_pylist()
     cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
-    view = Table(title=title, title_justify="left", caption_justify="left")
+    if lead:
+        out_console.print(f"[bold]{title}[/]", highlight=False)
+        out_console.print(lead, highlight=False)
+    view = Table(title=None if lead else title, title_justify="left", caption_justify="left")
     for name in table.column_names:
         numeric = any(isinstance(r[name], (int, float)) for r in records)
         longest = max((len(c[name]) for c in cells), default=1)
@@ -787,7 +789,8 @@ def _print_table(title: str, table: Any, rows: int, note: str = "") -> None:
         view.caption = caption or None
         out_console.print(view)
         return
-    out_console.print(f"[bold]{title}[/]", highlight=False)
+    if not lead:
+        out_console.print(f"[bold]{title}[/]", highlight=False)
     for index, record in enumerate(records, start=1):
         row = {name: display(name, value, 200) for name, value in record.items()}
         block = Table(show_header=False, box=None, padding=(0, 1), title=f"{index}.")
