@@ -114,7 +114,12 @@ def _source_lines(store: MeasurementStore) -> Section:
         f"the {TOP_LAYERS} lines (file:line function, the innermost frame outside torch) with "
         "the most GPU time, then host time, per steady iteration of the replayed step; a line's "
         "GPU time is its ops' kernels, its host time what its outermost ops cover",
-        chart=lambda t: bar(t, "source", "gpu_ms", "GPU time per program line"),
+        # without G (a CPU measurement) every line's GPU time is 0: its host time is the chart
+        chart=lambda t: (
+            bar(t, "source", "gpu_ms", "GPU time per program line")
+            if any(t.column("gpu_ms").to_pylist())
+            else bar(t, "source", "host_ms", "Host time per program line")
+        ),
     )
 
 
