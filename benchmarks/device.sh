@@ -34,6 +34,7 @@ PRESETS=(
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
+  "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
   "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
@@ -405,6 +406,18 @@ p_cuda_fixtures() {
     python3 tests/record_fixture.py --device cuda --levels "$levels" --iterations 1 \
       --out "$OUT/fixtures/resnet18_train_${levels,,}_cuda_native/raw.json" 2>&1 | tail -2
   done
+}
+
+p_cuda_graphs() {
+  local kind
+  for kind in graphed eager; do
+    python3 tests/record_fixture.py --cuda-graphs "$kind" --iterations 2 \
+      --out "$OUT/fixtures/small_cnn_${kind}_mflg_cuda/raw.json" 2>&1 | tail -2
+  done
+  mkdir -p tests/data && cp -r "$OUT"/fixtures/small_cnn_* tests/data/
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -s tests/test_cuda_graphs.py \
+    2>&1 | tee "$OUT/cuda-graphs-tests.log" | grep -E "^E |assert|passed|failed|Error|graphed" | head -30
+  timeout 400 python3 benchmarks/cuda_graphs.py --out "$OUT/cuda-graphs.json" 2>&1 | tail -60
 }
 
 p_conversion() {

@@ -17,6 +17,7 @@ from xsp.tracer.convert.records import (
     ApiRecords,
     FrameworkRecords,
     GpuRecords,
+    GraphNodes,
     Interned,
     ModuleInfo,
     StepRecords,
@@ -68,6 +69,52 @@ def capture_raw(
     return drained, meta
 
 
+def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tests/test_cuda_graphs.py's small CNN trained at MFLG with levels driven by hand, its
+    forward and backward captured in CUDA graphs (``graphed``) or run eagerly; the capture
+    happens with the levels on, as a session turns them on at a capture."""
+    import os
+
+    import torch
+
+    from tests.test_cuda_graphs import SmallCnn
+    from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
+
+    level_set = LevelSet("MFLG")
+    os.environ.update(level_environment(LevelContext("cuda", level_set)))
+    torch.manual_seed(0)
+    model = SmallCnn().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        optimizer.step()
+
+    for _ in range(3):  # cuDNN chooses its algorithms: the graph captures the chosen ones
+        step()
+    context = LevelContext("cuda", level_set)
+    built = build_levels(level_set, context)
+    for level in built:
+        level.enable()
+    if graphed:
+        model = torch.cuda.make_graphed_callables(model, (x,))
+    for i in range(iterations):
+        for level in built:
+            level.begin_iteration(i)
+        step()
+        for level in reversed(built):
+            level.end_iteration(i)
+    for level in reversed(built):
+        level.disable()
+    drained = {level.letter: level.drain() for level in built}
+    context.discard_arena()
+    meta = {"model": "tests.test_cuda_graphs.SmallCnn", "graphed": graphed, "levels": "MFLG"}
+    meta |= {"device": "cuda", "torch": torch.__version__, "mode": "train", "batch_size": 8}
+    return drained, meta
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, (type, ModuleInfo)):
         return to_json(value)
@@ -114,6 +161,10 @@ def from_json(data: dict[str, Any]) -> dict[str, Any]:
         fw.modules = [ModuleInfo(**m) for m in data["framework"]["modules"]]
         fw.call_input_shapes = [_shape_text(shapes) for shapes in fw.call_input_shapes]
         fw.call_output_shapes = {int(k): _shape_text(v) for k, v in fw.call_output_shapes.items()}
+        nodes = data["framework"].get("graph_nodes", {})  # JSON keys are strings
+        fw.graph_nodes = GraphNodes(
+            **{name: {int(k): v for k, v in nodes.get(name, {}).items()} for name in nodes}
+        )
         out["F"] = fw
     if "api" in data:
         out["L"] = _restore(ApiRecords, data["api"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import SECTIONS, capture_raw, to_json
+from tests.fixtures import SECTIONS, capture_graphed_raw, capture_raw, to_json
 
 
 def main() -> None:
@@ -24,10 +24,18 @@ def main() -> None:
     parser.add_argument("--levels", default="MF")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    drained, meta = capture_raw(
-        args.model, args.mode, args.batch_size, args.device, args.iterations, args.levels
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("graphed", "eager"),
+        help="record tests/test_cuda_graphs.py's small CNN instead of a zoo model (MFLG, CUDA)",
     )
+    args = parser.parse_args()
+    if args.cuda_graphs:
+        drained, meta = capture_graphed_raw(args.cuda_graphs == "graphed", args.iterations)
+    else:
+        drained, meta = capture_raw(
+            args.model, args.mode, args.batch_size, args.device, args.iterations, args.levels
+        )
     data = {"meta": meta, **{SECTIONS[letter]: to_json(r) for letter, r in drained.items()}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,10 @@ ATTR_GPU_REGISTERS: Final = "xsp.gpu.registers_per_thread"
 ATTR_GPU_SHARED_MEMORY: Final = "xsp.gpu.shared_memory_bytes"
 ATTR_GPU_BYTES: Final = "xsp.gpu.bytes"
 ATTR_GPU_COPY_KIND: Final = "xsp.gpu.copy_kind"
+#: A kernel replayed from a CUDA graph: its graph node (CUPTI's id), and the op that made the
+#: node when the graph was captured (the kernel's layer and phase are that op's)
+ATTR_GRAPH_NODE: Final = "xsp.cuda.graph_node"
+ATTR_GRAPH_OP: Final = "xsp.cuda.graph_op"
 ATTR_RANK: Final = "xsp.rank"
 ATTR_WORLD_SIZE: Final = "xsp.world_size"
 ATTR_DATA_WORKERS: Final = "xsp.data.workers"
@@ -243,6 +247,8 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("shared_memory_bytes", pa.int64(), ATTR_GPU_SHARED_MEMORY),
     Column("bytes", pa.int64(), ATTR_GPU_BYTES),
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
+    Column("graph_node", pa.int64(), ATTR_GRAPH_NODE),
+    Column("graph_op", _DICT, ATTR_GRAPH_OP),
     # DataLoader batches: the loader's worker processes, and "pinned" or "pageable" batches
     Column("data_workers", pa.int32(), ATTR_DATA_WORKERS),
     Column("data_memory", _DICT, ATTR_DATA_MEMORY),

@@ -111,6 +111,7 @@ class _CuptiSession:
         self.bad_records = 0
         self.bad_kinds: dict[str, int] = {}
         self.buffer_counts: dict[str, int] = {}
+        self.graph_error: str | None = None  # why CUDA graph nodes went unrecorded
 
     def _module(self) -> Any:
         if self._native is None:
@@ -179,6 +180,7 @@ class _CuptiSession:
         if self._decoded is None:
             self._decoded = self._module().cupti_decode()
             counts = dict(self._decoded["counts"])
+            self.graph_error = str(counts.pop("graph_nodes_unrecorded", "")) or None
             self.bad_records = int(counts.get("unknown_records", 0))
             if self.bad_records:
                 self.bad_kinds = {"unknown kind": self.bad_records}
@@ -193,6 +195,7 @@ class _CuptiSession:
             "undecodable_records": self.bad_records,
             "undecodable_by_kind": dict(self.bad_kinds),
             **self.buffer_counts,
+            **({"graph_nodes_unrecorded": self.graph_error} if self.graph_error else {}),
         }
 
     @property
@@ -232,7 +235,15 @@ class _CuptiSession:
         out.name = Interned.from_codes(codes, names)
         out.start_ns = _shifted(gpu["start_ns"], offset)
         out.end_ns = _shifted(gpu["end_ns"], offset)
-        for column in ("correlation", "device", "stream", "registers", "shared_memory", "bytes"):
+        for column in (
+            "correlation",
+            "device",
+            "stream",
+            "registers",
+            "shared_memory",
+            "bytes",
+            "graph_node",
+        ):
             setattr(out, column, _array("q", gpu[column]))
         out.grid = _triples(_np(gpu["grid"], np.int32), kind == 0)
         out.block = _triples(_np(gpu["block"], np.int32), kind == 0)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from xsp.tracer import schema, store
+from xsp.tracer.capture import graphs
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
 from xsp.tracer.capture.levels import (
@@ -288,6 +289,7 @@ class Session:
         self._index = 0  # iterations begun so far, warm-up included
         self._open = False
         self._levels_on = False
+        self._levels_early: str | None = None  # why levels came on before their iteration
         self._finish_pending = False
         self._closed = False
         self._started = False
@@ -332,6 +334,8 @@ class Session:
         _current = self
         self._write_meta("running")
         atexit.register(self.close)
+        if self.levels.gpu and self.device.startswith("cuda"):
+            graphs.turn_levels_on_at_capture(_levels_on_at_capture)
         if self.warmup <= 1:
             self._enable_levels()
         if self._auto and self._watch is None:
@@ -597,6 +601,14 @@ class Session:
                 self._finish(None)
             except Exception:
                 self._misuse("finishing the run failed")
+
+    def levels_on_for_capture(self) -> None:
+        """A CUDA graph capture begins: its nodes must be recorded (``xsp.tracer.capture.
+        graphs``), so levels that are still off come on now, in the warm-up."""
+        if self._levels_on or self._closed or not self._started:
+            return
+        self._levels_early = f"a CUDA graph capture in warm-up iteration {self._index}"
+        self._enable_levels()
 
     def note(self, what: str) -> None:
         """Something an automatic boundary wants in ``run.json`` (logged once)."""
@@ -940,6 +952,7 @@ class Session:
             "iteration_boundary": self.iteration_boundary,
             "warmup": self.warmup,
             **self._warmup.report(),
+            **({"levels_on_early": self._levels_early} if self._levels_early else {}),
             "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},
             "errors": list(self._errors),
             "started_ns": self.started_ns,
@@ -983,6 +996,12 @@ class Session:
             resource.update({schema.RES_RANK: self.rank, schema.RES_WORLD_SIZE: self.world_size})
         resource.update(extra)
         return resource
+
+
+def _levels_on_at_capture() -> None:
+    session = current()
+    if session is not None:
+        session.levels_on_for_capture()
 
 
 def fail_message(exc: BaseException) -> str:

@@ -16,11 +16,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from xsp.tracer import schema
 from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.convert.records import (
     BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     FrameworkRecords,
+    GraphNodes,
     Interned,
     MemoryRecords,
     ModuleInfo,
@@ -32,6 +34,11 @@ MAGIC = b"XSPARENA"
 VERSION = 1
 KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO, KIND_MEMORY = 1, 2, 3, 4, 5, 6
 KIND_SOURCE = 7  # an op's calling Python line: seq_nr is the op's record id
+# CUDA graph nodes (capture.cpp's kGraphNode, kGraphClone): seq_nr the node id; a made node's
+# name, shapes, dtypes: its op's name, module index, phase; a clone's aux: its original node
+KIND_GRAPH_NODE, KIND_GRAPH_CLONE = 8, 9
+#: The phases capture.cpp records for a graph node's op, by code (-1: unknown)
+GRAPH_NODE_PHASES = {0: schema.PHASE_FORWARD, 1: schema.PHASE_BACKWARD, 2: schema.PHASE_OPTIMIZER}
 
 HEADER = np.dtype(
     [
@@ -262,7 +269,24 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
         if code >= 0
     }
     out.memory = memory_records(arena)
+    out.graph_nodes = graph_nodes(arena)
     link_backward_nodes(out)
+    return out
+
+
+def graph_nodes(arena: ArenaContents) -> GraphNodes:
+    """The CUDA graph nodes made and cloned while recording."""
+    rec, strings = arena.records, arena.strings
+    out = GraphNodes()
+    for row in arena.of_kind(KIND_GRAPH_NODE).tolist():
+        node = int(rec["seq_nr"][row])
+        out.op[node] = _text(strings, int(rec["name"][row]), "")
+        out.module[node] = int(rec["shapes"][row])
+        out.phase[node] = GRAPH_NODE_PHASES.get(int(rec["dtypes"][row]), "")
+    for row in arena.of_kind(KIND_GRAPH_CLONE).tolist():
+        original = int(rec["aux"][row])
+        if original > 0:
+            out.cloned_from[int(rec["seq_nr"][row])] = original
     return out
 
 

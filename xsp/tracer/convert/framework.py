@@ -63,6 +63,7 @@ def convert_framework(table: SpanTable, framework: FrameworkRecords) -> None:
     table.report.iterations_without_op_shapes = without_shapes
     table.framework = Placed(block, table.add(block))
     table.kernel_sources = framework.kernel_sources
+    table.framework_records = framework
 
 
 def _framework_block(rec: FrameworkRecords) -> tuple[Block, int, int]:

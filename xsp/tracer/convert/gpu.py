@@ -8,15 +8,32 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.convert import compiled
+from xsp.tracer.convert import compiled, graphs
 from xsp.tracer.convert.cuda import gpu_columns
-from xsp.tracer.convert.records import GpuRecords, StepRecords
+from xsp.tracer.convert.records import GpuRecords, GraphNodes, StepRecords
 from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, ids_of, take
 
 
 def convert_gpu(table: SpanTable, gpu: GpuRecords) -> None:
     """Level G: GPU work under the API call that launched it."""
     _gpu_block(table, gpu, table.steps, table.launches, table.kernel_sources)
+
+
+def _graph_kernels(table: SpanTable, gpu: GpuRecords, kept: np.ndarray, columns: dict) -> None:
+    """Kernels replayed from a CUDA graph take the layer and phase of the op that made their
+    node (``xsp.tracer.convert.graphs``)."""
+    nodes = np.frombuffer(gpu.graph_node, dtype=np.int64)
+    if len(nodes) != len(gpu.start_ns):  # records from before graph nodes were kept
+        nodes = np.zeros(len(gpu.start_ns), dtype=np.int64)
+    framework = table.framework_records
+    replayed, known = graphs.attribute(
+        columns,
+        nodes[kept],
+        framework.graph_nodes if framework is not None else GraphNodes(),
+        framework.modules if framework is not None else [],
+    )
+    table.report.graph_kernels += replayed
+    table.report.graph_kernels_attributed += known
 
 
 def _gpu_block(
@@ -37,6 +54,7 @@ def _gpu_block(
     for name in INHERITED:
         if name in launches.block.columns:
             columns[name] = take(launches.block.columns[name], api_row)
+    _graph_kernels(table, gpu, kept, columns)
     if sources and "module_path" in columns:
         launch_parents = launches.block.foreign_parent
         regions = ids_of(launch_parents, api_row) if launch_parents is not None else api_row

@@ -136,6 +136,26 @@ class FrameworkRecords:
     #: Compiled kernels' source modules by inductor's provenance: ``"<phase> <kernel name>"``
     #: -> per definition, in call order, the module paths of its nodes.
     kernel_sources: dict[str, list[list[str]]] = field(default_factory=dict)
+    graph_nodes: GraphNodes = field(default_factory=lambda: GraphNodes())
+
+
+@dataclass
+class GraphNodes:
+    """CUDA graph nodes made while recording, by CUPTI node id: the op that made each (its
+    name), that op's module (an index into ``FrameworkRecords.modules``, -1 none) and phase (a
+    ``schema.PHASE_*``, "" unknown). A node cloned at instantiation maps to its original."""
+
+    op: dict[int, str] = field(default_factory=dict)
+    module: dict[int, int] = field(default_factory=dict)
+    phase: dict[int, str] = field(default_factory=dict)
+    cloned_from: dict[int, int] = field(default_factory=dict)
+
+    def origin(self, node: int) -> int | None:
+        """The node a (possibly cloned) node was made as, or None if it was not recorded."""
+        seen = 0
+        while node not in self.op and node in self.cloned_from and seen < 64:
+            node, seen = self.cloned_from[node], seen + 1
+        return node if node in self.op else None
 
 
 @dataclass
@@ -185,6 +205,8 @@ class GpuRecords:
     shared_memory: array[int] = field(default_factory=_int64s)  # static + dynamic bytes
     bytes: array[int] = field(default_factory=_int64s)  # copies and sets
     copy_kind: Interned = field(default_factory=Interned)
+    #: The CUDA graph node a kernel replays (CUPTI's node id), 0 for a kernel launched itself.
+    graph_node: array[int] = field(default_factory=_int64s)
     dropped: int = 0
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import NullColumns, arrow, numbers
-from xsp.tracer.convert.records import MonitorSamples, StepRecords
+from xsp.tracer.convert.records import FrameworkRecords, MonitorSamples, StepRecords
 
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
@@ -38,6 +38,10 @@ class ConversionReport:
     api_ops_by_time: int = 0
     #: Iterations that neither recorded op shapes nor ran the ops of the one that did.
     iterations_without_op_shapes: int = 0
+    #: Kernels replayed from a CUDA graph, and those whose graph node was recorded being made
+    #: (they take its op's layer and phase; the others keep the graph launch's).
+    graph_kernels: int = 0
+    graph_kernels_attributed: int = 0
     #: The span id the next table of the same run starts at (a continuous session's batches
     #: number their spans on from the one before).
     next_span_id: int = 1
@@ -102,6 +106,7 @@ class SpanTable:
         # what deeper levels hang under: F's ops and compiled kernels' sources, L's API calls
         self.framework: Placed | None = None
         self.kernel_sources: dict[str, list[list[str]]] = {}
+        self.framework_records: FrameworkRecords | None = None  # its module table, graph nodes
         self.launches = Placed.none()
 
     def add(self, block: Block) -> np.ndarray:

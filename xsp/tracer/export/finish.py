@@ -71,6 +71,11 @@ class Stored:
                 "by_time": report.api_ops_by_time,
                 "by_correlation_id_pct": round(100 * report.api_ops_by_id / api_joined, 3),
             }
+        if report.graph_kernels:
+            counts["graph_kernels"] = {
+                "replayed": report.graph_kernels,
+                "attributed_to_their_node": report.graph_kernels_attributed,
+            }
         if self.memory_events is not None:
             counts["memory_events"] = self.memory_events
         return counts

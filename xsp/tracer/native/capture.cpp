@@ -51,7 +51,14 @@ enum Kind : uint8_t {
   kModuleInfo = 5,
   kMemory = 6,
   kSource = 7,  // an op's calling Python line: seq_nr is the op's record id, name the line
+  // a CUDA graph node made while recording: seq_nr its CUPTI node id, name the innermost op open
+  // on the thread that made it, shapes that op's module index, dtypes its phase (kPhase*)
+  kGraphNode = 8,
+  kGraphClone = 9,  // a node cloned (graph instantiation): seq_nr the new id, aux the original's
 };
+
+// Phases of the op that made a graph node, as conversion's PHASES name them.
+constexpr int8_t kPhaseForward = 0, kPhaseBackward = 1, kPhaseOptimizer = 2, kPhaseUnknown = -1;
 
 struct Header {
   char magic[8];
@@ -109,6 +116,11 @@ std::atomic<bool> g_record_shapes{false};
 bool g_root_shapes = false;  // a run with shapes records its root module calls' every iteration
 std::atomic<bool> g_push_correlation{false};
 std::atomic<bool> g_memory{false};  // allocator events are recorded
+std::atomic<int> g_capturing{0};    // CUDA stream captures in progress (CUPTI's driver callbacks)
+// While capturing: forward op sequence number -> module index, so that a backward node (which
+// carries its forward op's number) made during a capture knows its layer.
+std::mutex g_capture_mutex;
+std::unordered_map<int64_t, int64_t> g_capture_modules;
 at::CallbackHandle g_callback = 0;        // the op callback that asks for inputs (shapes)
 at::CallbackHandle g_plain_callback = 0;  // the same without: after the first iteration
 
@@ -134,6 +146,14 @@ struct ThreadState {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> shapes;
   std::vector<Record*> modules;  // open module calls
   std::vector<Record*> ranges;   // open xsp ranges (iterations)
+  // Ops open on this thread while a CUDA stream capture is in progress (anywhere): the graph
+  // nodes a capture makes take the innermost one's name, module and phase.
+  struct OpenOp {
+    int32_t name;
+    int64_t module;
+    int8_t phase;
+  };
+  std::vector<OpenOp> open_ops;
   // Python code objects: whether each is torch's or xsp's own (skipped when looking for the
   // line that called an op), and each (code, line)'s interned "file:line function". The code
   // objects are held (a reference each), so that an address is never reused while cached.
@@ -421,6 +441,7 @@ struct OpContext : at::ObserverContext {
   Record* record = nullptr;
   uint64_t generation = 0;
   bool pushed = false;
+  bool stacked = false;  // on its thread's open_ops (a capture was in progress at its start)
 };
 
 std::mutex g_error_mutex;
@@ -444,6 +465,36 @@ void pop_correlation() {
 void push_correlation(uint64_t) {}
 void pop_correlation() {}
 #endif
+
+int64_t current_module();
+
+// Puts an op that starts during a stream capture on its thread's open ops, with its module and
+// phase: a backward node's own (from its forward op's number), else the enclosing op's, else
+// the innermost module call's (forward).
+bool open_op(ThreadState& t, const char* name, const Record* r) {
+  static const char kBackward[] = "autograd::engine::evaluate_function: ";
+  ThreadState::OpenOp op{r->name, -1, kPhaseForward};
+  if (std::strncmp(name, kBackward, sizeof(kBackward) - 1) == 0) {
+    op.phase = kPhaseBackward;
+    std::lock_guard<std::mutex> lock(g_capture_mutex);
+    auto found = g_capture_modules.find(r->seq_nr);
+    if (found != g_capture_modules.end()) op.module = found->second;
+  } else if (std::strncmp(name, "Optimizer.", 10) == 0) {
+    op.phase = kPhaseOptimizer;
+  } else if (!t.open_ops.empty()) {
+    op.module = t.open_ops.back().module;
+    op.phase = t.open_ops.back().phase;
+  } else {
+    op.module = current_module();
+  }
+  if (op.phase == kPhaseForward && op.module >= 0 && r->seq_nr >= 0) {
+    std::lock_guard<std::mutex> lock(g_capture_mutex);
+    if (g_capture_modules.size() > (1u << 20)) g_capture_modules.clear();  // bounded
+    g_capture_modules[r->seq_nr] = op.module;
+  }
+  t.open_ops.push_back(op);
+  return true;
+}
 
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   try {
@@ -471,6 +522,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       push_correlation(index + 1);
       ctx->pushed = true;
     }
+    if (g_capturing.load(std::memory_order_relaxed) > 0) ctx->stacked = open_op(t, name, r);
     r->start_ns = now_ns();
     publish(r, kOp);
     return ctx;
@@ -488,6 +540,10 @@ void on_exit(const at::RecordFunction&, at::ObserverContext* base) {
   if (ctx == nullptr || ctx->record == nullptr) return;
   int64_t end = now_ns();
   if (ctx->pushed) pop_correlation();
+  if (ctx->stacked) {
+    auto& t = state();
+    if (!t.open_ops.empty()) t.open_ops.pop_back();
+  }
   // An op that began before its arena closed (the optimizer range around the step that ends
   // the run) ends after it: its slot is still mapped, but no longer read.
   if (ctx->generation != g_generation.load(std::memory_order_acquire)) return;
@@ -782,6 +838,8 @@ struct Cupti {
   std::atomic<bool> measuring{false};
   bool registered = false;
   std::vector<CUpti_ActivityKind> enabled;
+  CUpti_SubscriberHandle subscriber = nullptr;  // graph nodes and stream captures, with G
+  std::string subscribe_error;
 } g_cupti;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -855,6 +913,118 @@ int quiet_calls(CUpti_CallbackDomain domain, uint32_t count, const std::vector<s
   return off;
 }
 
+// -- CUDA graphs: which op made each node. A kernel a graph replays has no launch of its own;
+// its record carries the node's id, and the node's record here the op, module and phase that
+// made it while the graph was captured (or the node it was cloned from, when instantiated).
+// Stream capture's begin and end calls, in the runtime's and the driver's API: whichever of the
+// two reports a capture reports both its begin and its end, so the count stays balanced.
+bool capture_call(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, bool begin) {
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    if (begin)
+      return cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000 ||
+             cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_ptsz_v10000 ||
+             cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCaptureToGraph_v12030 ||
+             cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCaptureToGraph_ptsz_v12030;
+    return cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000 ||
+           cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_ptsz_v10000;
+  }
+  if (begin)
+    return cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2 ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph ||
+           cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz;
+  return cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture ||
+         cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz;
+}
+
+void record_graph_node(CUpti_CallbackId cbid, const CUpti_GraphData* graph) {
+  uint64_t node = 0;
+  if (graph == nullptr || cuptiGetGraphNodeId(graph->node, &node) != CUPTI_SUCCESS) return;
+  auto& t = state();
+  Record* r = claim(t);
+  if (r == nullptr) return;
+  r->seq_nr = int64_t(node);
+  r->aux = -1;
+  r->name = r->shapes = r->dtypes = -1;
+  r->scope = 0;
+  Kind kind = kGraphNode;
+  if (cbid == CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED) {
+    uint64_t original = 0;
+    if (graph->originalNode != nullptr &&
+        cuptiGetGraphNodeId(graph->originalNode, &original) == CUPTI_SUCCESS)
+      r->aux = int64_t(original);
+    kind = kGraphClone;
+  } else if (!t.open_ops.empty()) {
+    const auto& op = t.open_ops.back();
+    r->name = op.name;
+    r->shapes = int32_t(op.module);
+    r->dtypes = op.phase;
+  } else {  // no op open (a capture xsp did not see begin): the module call, if any
+    r->shapes = int32_t(current_module());
+    r->dtypes = r->shapes >= 0 ? kPhaseForward : kPhaseUnknown;
+  }
+  r->start_ns = r->end_ns = now_ns();
+  publish(r, kind);
+}
+
+void CUPTIAPI on_cupti_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                const void* data) {
+  try {
+    if (domain == CUPTI_CB_DOMAIN_DRIVER_API || domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+      auto site = static_cast<const CUpti_CallbackData*>(data)->callbackSite;
+      if (capture_call(domain, cbid, true) && site == CUPTI_API_EXIT) {
+        g_capturing.fetch_add(1);
+      } else if (capture_call(domain, cbid, false) && site == CUPTI_API_ENTER) {
+        int now = g_capturing.load();
+        while (now > 0 && !g_capturing.compare_exchange_weak(now, now - 1)) {
+        }
+      }
+    } else if (domain == CUPTI_CB_DOMAIN_RESOURCE) {
+      auto* resource = static_cast<const CUpti_ResourceData*>(data);
+      record_graph_node(cbid, static_cast<const CUpti_GraphData*>(resource->resourceDescriptor));
+    }
+  } catch (const std::exception& e) {
+    callback_failed(e.what());
+  } catch (...) {
+    callback_failed("unknown exception in a CUPTI callback");
+  }
+}
+
+// Subscribes to graph node creation and stream capture; another CUPTI subscriber in the process
+// (torch.profiler's) refuses it, which costs only the graph attribution.
+void subscribe_graphs() {
+  if (g_cupti.subscriber != nullptr) return;
+  CUptiResult status = cuptiSubscribe(&g_cupti.subscriber, on_cupti_callback, nullptr);
+  if (status != CUPTI_SUCCESS) {
+    const char* text = nullptr;
+    cuptiGetResultString(status, &text);
+    g_cupti.subscribe_error = text ? text : "CUPTI error";
+    g_cupti.subscriber = nullptr;
+    return;
+  }
+  g_cupti.subscribe_error.clear();
+  for (auto cbid : {CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED})
+    cuptiEnableCallback(1, g_cupti.subscriber, CUPTI_CB_DOMAIN_RESOURCE, cbid);
+  for (auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API}) {
+    uint32_t count = domain == CUPTI_CB_DOMAIN_RUNTIME_API ? CUPTI_RUNTIME_TRACE_CBID_SIZE
+                                                           : CUPTI_DRIVER_TRACE_CBID_SIZE;
+    for (uint32_t cbid = 1; cbid < count; ++cbid)
+      if (capture_call(domain, cbid, true) || capture_call(domain, cbid, false))
+        cuptiEnableCallback(1, g_cupti.subscriber, domain, cbid);
+  }
+}
+
+void unsubscribe_graphs() {
+  if (g_cupti.subscriber == nullptr) return;
+  cuptiUnsubscribe(g_cupti.subscriber);
+  g_cupti.subscriber = nullptr;
+  g_capturing.store(0);
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  g_capture_modules.clear();
+}
+
 int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, int64_t pool_buffers,
                 const std::vector<std::string>& quiet) {
   int quieted = 0;
@@ -880,6 +1050,7 @@ int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, in
       continue;
     check(cuptiActivityEnable(kind), ("CUPTI cannot record " + name).c_str());
     g_cupti.enabled.push_back(kind);
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) subscribe_graphs();
     if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_RUNTIME)
       quieted += quiet_calls(CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_SIZE, quiet);
     if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_DRIVER)
@@ -900,6 +1071,7 @@ uint64_t cupti_stop() {
   cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
   for (auto kind : g_cupti.enabled) cuptiActivityDisable(kind);
   g_cupti.enabled.clear();
+  unsubscribe_graphs();
   return dropped;
 }
 
@@ -945,6 +1117,7 @@ py::dict cupti_decode() {
   std::vector<int32_t> g_name;
   std::vector<int64_t> g_start, g_end, g_corr, g_device, g_stream, g_regs, g_shared, g_bytes;
   std::vector<int32_t> g_grid, g_block;  // x,y,z triples
+  std::vector<int64_t> g_graph_node;     // the graph node a kernel replays, 0 for a launch
   std::vector<int8_t> a_kind;
   std::vector<int32_t> a_name;
   std::vector<int64_t> a_start, a_end, a_corr, a_thread;
@@ -962,7 +1135,9 @@ py::dict cupti_decode() {
       switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
         case CUPTI_ACTIVITY_KIND_KERNEL: {
-          auto* k = reinterpret_cast<CUpti_ActivityKernel4*>(record);
+          // graphNodeId sits where version 5 put it in every later version
+          auto* k = reinterpret_cast<CUpti_ActivityKernel5*>(record);
+          g_graph_node.push_back(int64_t(k->graphNodeId));
           g_kind.push_back(0);
           g_name.push_back(kernel_names(k->name ? k->name : "?"));
           g_start.push_back(int64_t(k->start));
@@ -980,6 +1155,7 @@ py::dict cupti_decode() {
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
           auto* c = reinterpret_cast<CUpti_ActivityMemcpy*>(record);
+          g_graph_node.push_back(0);
           g_kind.push_back(1);
           g_name.push_back(-1);
           g_start.push_back(int64_t(c->start));
@@ -997,6 +1173,7 @@ py::dict cupti_decode() {
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
           auto* s = reinterpret_cast<CUpti_ActivityMemset*>(record);
+          g_graph_node.push_back(0);
           g_kind.push_back(2);
           g_name.push_back(-1);
           g_start.push_back(int64_t(s->start));
@@ -1085,6 +1262,7 @@ py::dict cupti_decode() {
   gpu["shared_memory"] = column(g_shared);
   gpu["bytes"] = column(g_bytes);
   gpu["copy_kind"] = column(g_copy);
+  gpu["graph_node"] = column(g_graph_node);
   api["kind"] = column(a_kind);
   api["name"] = column(a_name);
   api["names"] = api_strings.values;
@@ -1107,6 +1285,7 @@ py::dict cupti_decode() {
     counts["buffers_requested"] = g_cupti.requested;
     counts["buffers_grown"] = g_cupti.grown;
     counts["buffers_completed_while_measuring"] = g_cupti.completed_while_measuring;
+    if (!g_cupti.subscribe_error.empty()) counts["graph_nodes_unrecorded"] = g_cupti.subscribe_error;
   }
   counts["records"] = records;
   counts["unknown_records"] = unknown;
@@ -1158,5 +1337,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cupti_decode", &cupti_decode);
   m.def("cupti_timestamp", &cupti_timestamp);
   m.def("cupti_finalize", &cupti_finalize);
+  m.def("graph_captures_open", []() { return g_capturing.load(); });
 #endif
 }
