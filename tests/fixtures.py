@@ -86,10 +86,13 @@ def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any],
     model = SmallCnn().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 3, 16, 16, device="cuda")
+    # a contiguous output gradient, as the graphed backward's static one is (``.sum().backward()``
+    # would give an expanded one, which cuBLAS multiplies with other kernels after a copy)
+    grad = torch.ones(8, 10, device="cuda")
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        model(x).sum().backward()
+        model(x).backward(grad)
         optimizer.step()
 
     for _ in range(3):  # cuDNN chooses its algorithms: the graph captures the chosen ones
@@ -302,7 +305,7 @@ def train(session: Any, model: Any, x: Any) -> None:
     while not session.done:
         with session.iteration():
             optimizer.zero_grad()
-            model(x).sum().backward()
+            model(x).backward(grad)
             optimizer.step()
 
 

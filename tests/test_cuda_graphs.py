@@ -98,6 +98,9 @@ def graph_session_check(graphed: bool) -> dict[str, Any]:
     model = SmallCnn().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 3, 16, 16, device="cuda")
+    # a contiguous output gradient, as the graphed backward's static one is (``.sum().backward()``
+    # would give an expanded one, which cuBLAS multiplies with other kernels after a copy)
+    grad = torch.ones(8, 10, device="cuda")
     sink = InMemorySink()
     session = Session("MFLG", iterations=ITERATIONS, warmup=3, sinks=[sink], device="cuda")
     session.start()
@@ -106,7 +109,7 @@ def graph_session_check(graphed: bool) -> dict[str, Any]:
     while not session.done:
         with session.iteration():
             optimizer.zero_grad(set_to_none=True)
-            model(x).sum().backward()
+            model(x).backward(grad)
             optimizer.step()
     meta = session.close() or {}
     return {

@@ -151,11 +151,14 @@ class GraphNodes:
     cloned_from: dict[int, int] = field(default_factory=dict)
 
     def origin(self, node: int) -> int | None:
-        """The node a (possibly cloned) node was made as, or None if it was not recorded."""
+        """The node a (possibly cloned) node was first made as, if its making was recorded
+        with an op or a module (instantiation makes each clone as a node of its own, with
+        neither); None otherwise."""
         seen = 0
-        while node not in self.op and node in self.cloned_from and seen < 64:
+        while node in self.cloned_from and seen < 64:
             node, seen = self.cloned_from[node], seen + 1
-        return node if node in self.op else None
+        recorded = node in self.op and (self.op[node] or self.module[node] >= 0)
+        return node if recorded else None
 
 
 @dataclass

@@ -468,24 +468,39 @@ void pop_correlation() {}
 
 int64_t current_module();
 
+// The module of the forward op with sequence number ``seq_nr`` that ran during a capture, -1.
+int64_t captured_forward_module(int64_t seq_nr) {
+  std::lock_guard<std::mutex> lock(g_capture_mutex);
+  auto found = g_capture_modules.find(seq_nr);
+  return found == g_capture_modules.end() ? -1 : found->second;
+}
+
 // Puts an op that starts during a stream capture on its thread's open ops, with its module and
-// phase: a backward node's own (from its forward op's number), else the enclosing op's, else
-// the innermost module call's (forward).
+// phase: the enclosing op's, else the innermost module call's (forward). A backward node's own
+// range (``ConvolutionBackward0``, under ``autograd::engine::evaluate_function: ...``) carries
+// its forward op's number, which names the module that forward op ran in.
 bool open_op(ThreadState& t, const char* name, const Record* r) {
   static const char kBackward[] = "autograd::engine::evaluate_function: ";
   ThreadState::OpenOp op{r->name, -1, kPhaseForward};
-  if (std::strncmp(name, kBackward, sizeof(kBackward) - 1) == 0) {
-    op.phase = kPhaseBackward;
-    std::lock_guard<std::mutex> lock(g_capture_mutex);
-    auto found = g_capture_modules.find(r->seq_nr);
-    if (found != g_capture_modules.end()) op.module = found->second;
-  } else if (std::strncmp(name, "Optimizer.", 10) == 0) {
-    op.phase = kPhaseOptimizer;
-  } else if (!t.open_ops.empty()) {
+  if (!t.open_ops.empty()) {
     op.module = t.open_ops.back().module;
     op.phase = t.open_ops.back().phase;
   } else {
     op.module = current_module();
+  }
+  if (std::strncmp(name, kBackward, sizeof(kBackward) - 1) == 0) {
+    op.phase = kPhaseBackward;
+    op.module = -1;
+  } else if (std::strncmp(name, "Optimizer.", 10) == 0) {
+    op.phase = kPhaseOptimizer;
+    op.module = -1;
+  }
+  if (op.phase == kPhaseBackward && op.module < 0 && r->seq_nr >= 0 &&
+      r->scope == uint8_t(at::RecordScope::BACKWARD_FUNCTION)) {
+    op.module = captured_forward_module(r->seq_nr);
+    // the engine's work after the node's own range (summing a bias's gradient to its shape)
+    // runs in the evaluate_function range: it takes the module too
+    if (!t.open_ops.empty() && t.open_ops.back().module < 0) t.open_ops.back().module = op.module;
   }
   if (op.phase == kPhaseForward && op.module >= 0 && r->seq_nr >= 0) {
     std::lock_guard<std::mutex> lock(g_capture_mutex);
