@@ -109,6 +109,11 @@ class MemoryRecords:
     device_index: array[int] = field(default_factory=_int64s)
 
 
+#: One compiled graph's extern calls: its phase, then per call in order its op's name
+#: (``aten::mm``) and the module paths of the FX nodes it was built from.
+ExternGraph = tuple[str, list[tuple[str, list[str]]]]
+
+
 @dataclass
 class FrameworkRecords:
     """Raw framework-level records, one entry per profiler event, plus the module tables."""
@@ -136,6 +141,9 @@ class FrameworkRecords:
     #: Compiled kernels' source modules by inductor's provenance: ``"<phase> <kernel name>"``
     #: -> per definition, in call order, the module paths of its nodes.
     kernel_sources: dict[str, list[list[str]]] = field(default_factory=dict)
+    #: Per compiled graph, its phase and extern-kernel calls (library work the generated code
+    #: calls as aten ops): ``xsp.tracer.capture.inductor``.
+    extern_calls: list[ExternGraph] = field(default_factory=list)
 
 
 @dataclass
