@@ -14,6 +14,7 @@ from xsp.tracer import store
 from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
+from xsp.tracer.convert.records import ExternGraph
 
 
 class Block(torch.nn.Module):
@@ -73,23 +74,31 @@ def test_compiled_cpu_kernels_are_spans_of_their_source_modules(tmp_path: Path) 
 
 def test_extern_ops_take_the_calls_of_the_graph_that_makes_them_else_match_by_name() -> None:
     graphs = [
-        ("forward", [("aten::mm", ["a.fc"]), ("aten::addmm", ["a.out"])]),
-        ("forward", [("aten::addmm", ["b.fc"]), ("aten::mm", ["b.out"])]),
-        ("backward", [("aten::mm", ["a.fc"]), ("aten::mm", ["a.out"]), ("aten::mm", ["a.fc"])]),
+        ExternGraph("0/0", "forward", [("aten::mm", ["a.fc"]), ("aten::addmm", ["a.out"])]),
+        ExternGraph("1/0", "forward", [("aten::addmm", ["b.fc"]), ("aten::mm", ["b.out"])]),
+        ExternGraph("1/0", "backward", [("aten::mm", ["a.fc"]), ("aten::mm", ["a.out"])]),
+        ExternGraph("2/0", "backward", [("aten::mm", ["c.fc"])]),
+        ExternGraph("3/0", "backward", [("aten::mm", ["d.fc"])]),
     ]
     names = ["region", "aten::mm", "aten::addmm", "aten::mm", "aten::addmm", "aten::mm",
-             "aten::mm", "aten::mm", "aten::mm"]  # fmt: skip
-    phases = ["forward"] * 5 + ["backward"] + ["forward"] * 3
-    # runs of a region: rows 1-2 (graph 0's calls), 3-4 (graph 1's: row 4 first), 5 (one of
-    # the backward graph's three mm), 6-7 (two mm: no graph makes them, the forward ones are
-    # two); row 8 is an eager mm outside every region
-    parent = np.array([-1, 0, 0, 20, 20, 30, 40, 40, 50])
-    in_region = np.array([False, True, True, True, True, True, True, True, False])
-    start = np.array([0, 1, 2, 5, 4, 6, 7, 8, 9])
-    paths = pa.array(["m"] * 9).dictionary_encode()
-    out = attribute_calls(paths, names, phases, parent, in_region, start, graphs)
+             "aten::mm", "aten::mm", "aten::mm", "aten::mm"]  # fmt: skip
+    phases = ["forward"] * 5 + ["backward"] * 2 + ["forward"] * 2 + ["backward"]
+    # runs of a region: rows 1-2 (graph 0's calls, its frame unknown), 3-4 (frame 1/0's:
+    # row 4 first), 5-6 (frame 3/0's backward, not what the ops match by name), 7-8 (two mm
+    # in no graph's order, frame unknown: the two forward mm by name), 9 (one backward mm,
+    # frame unknown: two graphs make just that, so the module holding both, the root); row 10
+    # is an eager mm outside every region
+    names.append("aten::mm")
+    phases.append("forward")
+    parent = np.array([-1, 0, 0, 20, 20, 30, 30, 40, 40, 50, 60])
+    in_region = np.array([False] + [True] * 9 + [False])
+    frames = [None, None, None, "1/0", "1/0", "3/0", "3/0", None, None, None, None]
+    start = np.arange(11)
+    start[3], start[4] = 5, 4
+    paths = pa.array(["m"] * 11).dictionary_encode()
+    out = attribute_calls(paths, names, phases, parent, in_region, frames, start, graphs)
     assert out.cast(pa.string()).to_pylist() == [
-        "m", "a.fc", "a.out", "b.out", "b.fc", "a", "a.fc", "b.out", "m"
+        "m", "a.fc", "a.out", "b.out", "b.fc", "d.fc", "d.fc", "a.fc", "b.out", "m", "m"
     ]  # fmt: skip
 
 
@@ -156,4 +165,35 @@ def test_compiled_library_ops_are_spans_of_their_layers_forward_and_backward(
         f"{root}.fc1",
         f"{root}.fc2",
         "1",
+    }
+
+
+class Broken(torch.nn.Module):
+    """Two Linear layers that dynamo compiles as two frames, each graph with one addmm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 8)
+        self.fc2 = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(x))
+        torch._dynamo.graph_break()
+        return self.fc2(x)
+
+
+def test_graphs_of_a_graph_break_are_told_apart_by_their_frames(tmp_path: Path) -> None:
+    """Each graph's calls are the same (one addmm forward): the compiled frame each run is in
+    (its forward's, for a backward run) says which graph it runs."""
+    session = Session("MF", iterations=1, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    train(session, torch.compile(Broken()), torch.randn(2, 8))
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    spans = [s for s in store.open_run(tmp_path / "MF").spans().to_pylist() if s["iteration"] == 0]
+    placed = Counter((s["module_path"], s["phase"], s["name"]) for s in spans)
+    assert {k: n for k, n in placed.items() if k[2] in ("aten::addmm", "aten::mm")} == {
+        ("_orig_mod.fc1", "forward", "aten::addmm"): 1,
+        ("_orig_mod.fc2", "forward", "aten::addmm"): 1,
+        ("_orig_mod.fc1", "backward", "aten::mm"): 1,  # its input needs no gradient
+        ("_orig_mod.fc2", "backward", "aten::mm"): 2,
     }

@@ -71,7 +71,7 @@ class KernelProvenance:
     def __init__(self) -> None:
         #: ``"<phase> <kernel name>"`` -> the source modules of each definition, in order
         self.definitions: dict[str, list[list[str]]] = {}
-        #: per compiled graph, in compilation order: its phase and extern calls
+        #: per compiled graph, in compilation order: its frame, phase and extern calls
         self.extern_graphs: list[ExternGraph] = []
         self._graph_slots: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.failures = 0
@@ -108,8 +108,8 @@ class KernelProvenance:
         """The compiled graphs' extern calls with module paths as the run's table spells them."""
         full = _resolver(known)
         return [
-            (phase, [(op, [full(p) for p in modules]) for op, modules in calls])
-            for phase, calls in self.extern_graphs
+            graph._replace(calls=[(op, [full(p) for p in modules]) for op, modules in graph.calls])
+            for graph in self.extern_graphs
         ]
 
     def uninstall(self) -> None:
@@ -190,8 +190,8 @@ class KernelProvenance:
             slot = self._graph_slots.get(V.graph)
             if slot is None:
                 slot = self._graph_slots[V.graph] = len(self.extern_graphs)
-                self.extern_graphs.append((_phase(), []))
-            self.extern_graphs[slot][1].append((op, _modules_of(own or origins)))
+                self.extern_graphs.append(ExternGraph(_compile_id(), _phase(), []))
+            self.extern_graphs[slot].calls.append((op, _modules_of(own or origins)))
         except Exception:
             self._failed()
 
@@ -206,6 +206,15 @@ def _phase() -> str:
     from torch._inductor.virtualized import V
 
     return "backward" if getattr(V.graph, "is_backward", False) else "forward"
+
+
+def _compile_id() -> str:
+    """The compile id of the frame whose graph inductor is compiling (a backward graph compiles
+    in its forward's): what dynamo names that frame's runs with."""
+    from torch._guards import CompileContext
+
+    found = CompileContext.current_compile_id()
+    return "" if found is None else str(found)
 
 
 def _modules_of(origins: list[Any]) -> list[str]:

@@ -10,10 +10,12 @@ kernel for identical blocks), else the module holding all its definitions.
 Library work (cuBLAS, cuDNN, oneDNN) runs as the aten ops the compiled code calls (``aten::mm``,
 ``aten::convolution``). Each run of a compiled region (AOTAutograd's ``CompiledFunction`` or
 ``CompiledFunctionBackward``, else dynamo's ``Torch-Compiled Region``) calls one graph's extern
-kernels in order: its ops take the modules of the graph of that phase whose calls have the same
-op names in the same order, else, per op name, the k-th call's when the counts agree, else the
-module holding them all. What ran inside such an op (its own aten calls, and through them its
-library calls, API calls and GPU kernels) follows it to that module.
+kernels in order. The graph is the one of that phase compiled for the frame the run is in (the
+``Torch-Compiled Region: <compile id>`` around a forward run, its forward's for a backward run),
+else any of that phase; its ops take the modules of the graph whose calls have the same op names
+in the same order, else, per op name, the k-th call's when the counts agree, else the module
+holding them all. What ran inside such an op (its own aten calls, and through them its library
+calls, API calls and GPU kernels) follows it to that module.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ from xsp.tracer.convert.records import ExternGraph
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")
 
 #: The ranges one run of a compiled graph's wrapper code runs in: AOTAutograd's autograd
-#: function (forward and ``CompiledFunctionBackward``), else (no autograd) dynamo's frame.
-REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region")
+#: function (forward and ``CompiledFunctionBackward``), else (no autograd) dynamo's frame; and
+#: inductor's own, which it opens only while torch's profiler is on.
+REGION_PREFIXES = ("CompiledFunction", "Torch-Compiled Region", "## Call CompiledFxGraph")
+
+#: Dynamo's range around each run of a compiled frame, named with the frame's compile id.
+FRAME_PREFIX = "Torch-Compiled Region: "
 
 
 def common_module(paths: Iterable[str]) -> str:
@@ -97,12 +103,14 @@ def attribute_calls(
     phases: Sequence[str | None],
     parent: np.ndarray,
     in_region: np.ndarray,
+    compile_ids: Sequence[str | None],
     start_ns: np.ndarray,
     graphs: list[ExternGraph],
 ) -> pa.Array:
     """``module_path`` with each extern op of a compiled region's run (``in_region``: the row's
-    parent is such a run) given its source module by the compiled graphs' calls."""
-    recorded = {(phase, op) for phase, calls in graphs for op, _ in calls}
+    parent is such a run) given its source module by the compiled graphs' calls;
+    ``compile_ids`` names the compiled frame each row ran in, where known."""
+    recorded = {(graph.phase, op) for graph in graphs for op, _ in graph.calls}
     runs: dict[tuple[int, str], list[int]] = defaultdict(list)
     for row in np.nonzero(in_region)[0].tolist():
         phase = phases[row] or "forward"
@@ -113,25 +121,26 @@ def attribute_calls(
     paths = module_path.cast(pa.string()).to_pylist()
     for (_, phase), rows in runs.items():
         rows.sort(key=lambda r: int(start_ns[r]))
-        for row, modules in zip(rows, _match([names[r] for r in rows], phase, graphs), strict=True):
+        mine = [g for g in graphs if g.phase == phase and g.compile_id == compile_ids[rows[0]]]
+        candidates = mine or [g for g in graphs if g.phase == phase]
+        for row, modules in zip(rows, _match([names[r] for r in rows], candidates), strict=True):
             path = common_module(modules) if modules else None
             if path:  # the root says nothing the nesting did not
                 paths[row] = path
     return arrow(paths, pa.string()).dictionary_encode()
 
 
-def _match(ops: list[str | None], phase: str, graphs: list[ExternGraph]) -> list[list[str]]:
+def _match(ops: list[str | None], graphs: list[ExternGraph]) -> list[list[str]]:
     """The source modules of each extern op of one region run (``ops``, in call order): by
-    position in the graphs of ``phase`` that call the same ops in the same order, else by op
-    name as generated kernels are matched (the k-th when the counts agree, else all)."""
-    same = [calls for p, calls in graphs if p == phase and [op for op, _ in calls] == ops]
+    position in the ``graphs`` that call the same ops in the same order, else by op name as
+    generated kernels are matched (the k-th when the counts agree, else all)."""
+    same = [g.calls for g in graphs if [op for op, _ in g.calls] == ops]
     if same:
         return [[m for calls in same for m in calls[i][1]] for i in range(len(ops))]
     by_name: dict[str | None, list[list[str]]] = defaultdict(list)
-    for p, calls in graphs:
-        if p == phase:
-            for name, modules in calls:
-                by_name[name].append(modules)
+    for graph in graphs:
+        for name, modules in graph.calls:
+            by_name[name].append(modules)
     counts, taken = Counter(ops), Counter[str | None]()
     out = []
     for called in ops:

@@ -106,10 +106,37 @@ def _compiled_sources(rec: FrameworkRecords, ev: _Events, columns: dict[str, Any
         in_region = np.zeros(len(ev.parent), dtype=bool)
         inside = ev.parent >= 0
         in_region[inside] = ev.is_compiled_region[ev.parent[inside]]
+        frames = _compile_ids(rec, ev)
         paths = compiled.attribute_calls(
-            paths, names, phases, ev.parent, in_region, ev.start, rec.extern_calls
+            paths, names, phases, ev.parent, in_region, frames, ev.start, rec.extern_calls
         )
     return compiled.pass_down(before, paths, ev.parent)
+
+
+def _compile_ids(rec: FrameworkRecords, ev: _Events) -> list[str | None]:
+    """The dynamo compile id of the compiled frame each event ran in: a forward event's from
+    its innermost ``Torch-Compiled Region: <id>`` range, a backward node's from the forward op
+    that created it (autograd sequence numbers), and what runs inside either inherits it."""
+    prefix = compiled.FRAME_PREFIX
+    ids = [v[len(prefix) :] if v.startswith(prefix) else None for v in rec.name.values]
+    frames = sorted({i for i in ids if i is not None})
+    slot = np.array([frames.index(i) if i is not None else -1 for i in ids], dtype=np.int64)
+    own = slot[ev.name_codes] if len(ids) else np.full(len(ev.rows), -1, dtype=np.int64)
+    depth = depths(ev.parent)
+    frame = inherit(own, ev.parent, depth)
+    forward = np.nonzero((frame >= 0) & (ev.seq_nr >= 0) & ~ev.is_backward)[0]
+    created_in = dict(
+        zip(
+            zip(ev.thread[forward].tolist(), ev.seq_nr[forward].tolist(), strict=True),
+            frame[forward].tolist(),
+            strict=True,
+        )
+    )
+    backward = np.nonzero(ev.is_backward & (frame < 0))[0]
+    keys = zip(ev.fwd_thread[backward].tolist(), ev.seq_nr[backward].tolist(), strict=True)
+    own[backward] = [created_in.get(key, -1) for key in keys]
+    frame = inherit(own, ev.parent, depth)
+    return [frames[f] if f >= 0 else None for f in frame.tolist()]
 
 
 @dataclass

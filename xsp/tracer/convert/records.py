@@ -11,7 +11,7 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
@@ -109,9 +109,15 @@ class MemoryRecords:
     device_index: array[int] = field(default_factory=_int64s)
 
 
-#: One compiled graph's extern calls: its phase, then per call in order its op's name
-#: (``aten::mm``) and the module paths of the FX nodes it was built from.
-ExternGraph = tuple[str, list[tuple[str, list[str]]]]
+class ExternGraph(NamedTuple):
+    """One compiled graph's extern calls: the dynamo compile id of its frame (``"1/0"``, as
+    ``Torch-Compiled Region: 1/0`` names its runs; ``""`` unknown), its phase, and per call
+    in order its op's name (``aten::mm``) and the module paths of the FX nodes it was built
+    from."""
+
+    compile_id: str
+    phase: str
+    calls: list[tuple[str, list[str]]]
 
 
 @dataclass
