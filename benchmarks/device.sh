@@ -32,6 +32,7 @@ PRESETS=(
   "views|2 min|the GPT LM training script, unmodified, at M,MF,MFLG; its analyses and store (gpt-store.tgz)"
   "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
+  "compiled-attribution|2 min|torch.compile'd ResNet-18 b32 training at MFLG, first measured iteration: Triton kernels, the wrapper's extern ops (mm, convolution) and the cuBLAS/cuDNN kernels under them below the compiled root, into compiled-attribution.json (MODEL= BATCH= DEVICE=)"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
@@ -379,6 +380,26 @@ p_r50_stores() {
 }
 
 # A ResNet-50 b64 training measurement's memory analyses (allocator events per layer and type).
+p_compiled_attribution() {
+  python3 - "${MODEL:-torchvision:resnet18}" "${BATCH:-32}" "${DEVICE:-cuda}" "$OUT/compiled-attribution.json" <<'PY'
+import json, sys
+import torch
+from tests.test_gpu_checks import compiled_attribution
+model, batch, device, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+found = compiled_attribution(model, batch, 3, device=device)
+found.pop("named_modules")
+name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+out = {"model": model, "batch": batch, "device": name, "torch": torch.__version__,
+       "levels": "MFLG" if device == "cuda" else "MF", **found}
+json.dump(out, open(path, "w"), indent=1)
+for what, below, total in (("generated kernels", "below_root", "generated_kernels"),
+                           ("extern ops", "region_ops_below_root", "region_ops"),
+                           ("library kernels", "library_kernels_below_root", "library_kernels")):
+    print(f"{what}: {out[below]} of {out[total]} below the compiled root")
+print("by op name (below the root, all, distinct modules):", json.dumps(out["region_ops_by_name"]))
+PY
+}
+
 p_memory() {
   python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels M,MF,MFLG \
     --iterations 3 --warmup 2 --device cuda --out /tmp/r50m 2>&1 | tail -4

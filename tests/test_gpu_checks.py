@@ -179,10 +179,15 @@ def compile_check(model: str, batch_size: int, iterations: int, backend: str) ->
     }
 
 
-def compiled_attribution(model: str, batch_size: int, iterations: int) -> dict[str, Any]:
-    """How far inductor's provenance attributes a compiled training step's Triton kernels to the
-    modules they came from: MFLG, the session made before the model is compiled (as under
-    ``xsp run``); the first measured iteration."""
+def compiled_attribution(
+    model: str, batch_size: int, iterations: int, device: str = "cuda"
+) -> dict[str, Any]:
+    """How far inductor's provenance attributes a compiled training step's work to the modules
+    it came from, in the first measured iteration: its generated kernels (Triton on CUDA, C++
+    ranges on CPU), the ops its wrapper code calls directly (the extern calls: matmuls and
+    convolutions, and the wrapper's own buffer work) and, on CUDA, the library kernels (cuBLAS,
+    cuDNN) under them. MFLG on CUDA, MF on CPU, the session made before the model is compiled
+    (as under ``xsp run``)."""
     import tempfile
 
     import torch
@@ -191,31 +196,60 @@ def compiled_attribution(model: str, batch_size: int, iterations: int) -> dict[s
     from xsp.tracer.capture.session import Session
     from xsp.tracer.workloads import zoo
 
+    levels = "MFLG" if device == "cuda" else "MF"
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "MFLG"
-        session = Session("MFLG", iterations=iterations, warmup=2, out=out, device="cuda")
-        workload = zoo.build(model, batch_size, "train", "cuda")
+        out = Path(tmp) / levels
+        session = Session(levels, iterations=iterations, warmup=2, out=out, device=device)
+        workload = zoo.build(model, batch_size, "train", device)
         workload.model = torch.compile(workload.model)  # type: ignore[assignment]
         session.start()
         while not session.done:
             with session.iteration():
                 workload.step()
         meta = session.close() or {}
-        spans = store.open_run(out).spans().to_pylist()
+        spans = [s for s in store.open_run(out).spans().to_pylist() if s["iteration"] == 0]
     root = "_orig_mod."
-    generated = [
+    by_id = {s["span_id"]: s for s in spans}
+
+    def in_region(span: dict[str, Any]) -> bool:
+        while (span := by_id.get(span["parent_span_id"])) is not None:  # type: ignore[assignment]
+            if span["name"].startswith("CompiledFunction"):
+                return True
+        return False
+
+    def below(found: list[dict[str, Any]]) -> list[str]:
+        return [s["module_path"] for s in found if (s["module_path"] or "").startswith(root)]
+
+    def is_generated(span: dict[str, Any]) -> bool:
+        if device == "cuda":
+            return bool(span["kind"] == "kernel" and span["name"].startswith("triton"))
+        return bool(span["kind"] == "op" and span["name"].startswith("graph_"))
+
+    generated = [s for s in spans if is_generated(s)]
+    regions = {s["span_id"] for s in spans if s["name"].startswith("CompiledFunction")}
+    called = [
         s
         for s in spans
-        if s["iteration"] == 0 and s["kind"] == "kernel" and s["name"].startswith("triton")
+        if s["parent_span_id"] in regions and s["kind"] == "op" and not is_generated(s)
     ]
-    below = [s["module_path"] for s in generated if (s["module_path"] or "").startswith(root)]
+    library = [s for s in spans if s["kind"] == "kernel" and not is_generated(s) and in_region(s)]
+    by_name: dict[str, list[int]] = {}  # name: [below the root, all, distinct modules]
+    for name in sorted({s["name"] for s in called}):
+        ops = [s for s in called if s["name"] == name]
+        by_name[name] = [len(below(ops)), len(ops), len(set(below(ops)))]
+    modules = below(generated) + below(called) + below(library)
     return {
         "status": meta.get("status"),
         "status_reasons": meta.get("status_reasons"),
         "generated_kernels": len(generated),
-        "below_root": len(below),
-        "modules_below_root": sorted(set(below)),
-        "top_modules": sorted({path.removeprefix(root).split(".")[0] for path in below}),
+        "below_root": len(below(generated)),
+        "region_ops": len(called),
+        "region_ops_below_root": len(below(called)),
+        "region_ops_by_name": by_name,
+        "library_kernels": len(library),
+        "library_kernels_below_root": len(below(library)),
+        "modules_below_root": sorted(set(modules)),
+        "top_modules": sorted({path.removeprefix(root).split(".")[0] for path in modules}),
         "named_modules": [name for name, _ in workload.model.named_modules()],
     }
 
@@ -275,13 +309,13 @@ def test_torch_compile_under_f_gets_no_graph_break_graph_or_recompile_on_cuda(
 
 
 @pytest.mark.gpu
-def test_compiled_triton_kernels_are_attributed_to_their_source_modules(
-    cuda_device: str,
-) -> None:
+def test_compiled_kernels_are_attributed_to_their_source_modules(cuda_device: str) -> None:
     """ResNet-18 b32 training under torch.compile at MFLG. On the H200 (benchmarks/results/
     native5-h200-compiled-attribution.json): 151 of an iteration's 185 Triton kernels sit in a
     module below the compiled root, 33 distinct ones; the rest mix blocks (the batch-norm
-    statistics of all layers in one kernel, gradients across a residual add)."""
+    statistics of all layers in one kernel, gradients across a residual add). The matmuls and
+    convolutions inductor leaves to cuBLAS and cuDNN land on their layers by its extern calls:
+    each of the 20 convolutions forward and backward, and the kernels under them."""
     found = _fresh("compiled_attribution", model="torchvision:resnet18", batch_size=32,
                    iterations=3)  # fmt: skip
     assert found["status"] == "ok", found["status_reasons"]
@@ -291,3 +325,7 @@ def test_compiled_triton_kernels_are_attributed_to_their_source_modules(
     assert set(found["modules_below_root"]) <= set(found["named_modules"])
     assert {"layer1", "layer2", "layer3", "layer4"} <= set(found["top_modules"])
     assert len(found["modules_below_root"]) >= 20
+    ops = found["region_ops_by_name"]
+    assert ops["aten::convolution"] == ops["aten::convolution_backward"] == [20, 20, 20], ops
+    assert found["library_kernels"] > 0
+    assert found["library_kernels_below_root"] >= 0.9 * found["library_kernels"], found

@@ -12,6 +12,12 @@ Inductor reuses one kernel for identical code (two identical blocks), and its ke
 restart in each graph, so a name can stand for several definitions; the k-th launch in a
 compiled region takes the k-th definition when the counts agree, else their common module.
 
+Library work (cuBLAS matmuls, cuDNN or oneDNN convolutions) is not generated: the wrapper code
+calls it as an aten op (``extern_kernels.addmm``, ``aten.convolution_backward``), so it runs as
+that op inside the compiled region. We wrap the scheduler's ``codegen_extern_call`` and keep, per
+compiled graph, its phase and its extern calls in wrapper order, each with its aten op's name and
+its source modules; conversion matches them to the ops of each run of a compiled region.
+
 Kernels are only defined when inductor compiles, so in a traced process its FX graph and
 AOTAutograd caches are turned off (compiling takes longer, in the untimed warm-up), and on CPU
 each generated kernel gets a profiler range (``cpp.enable_kernel_profile``), so that compiled
@@ -26,9 +32,12 @@ import importlib.machinery
 import logging
 import re
 import sys
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from xsp.tracer.convert.records import ExternGraph
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,8 @@ _SCHEDULERS = {
     "torch._inductor.codegen.triton": "TritonScheduling",
     "torch._inductor.codegen.cpp": "CppScheduling",
 }
+_SCHEDULER = "torch._inductor.scheduler"
+
 
 #: ``L['self'].layer1[0]._modules['conv1']`` and the like, as dynamo spells module paths.
 _ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]")
@@ -60,6 +71,9 @@ class KernelProvenance:
     def __init__(self) -> None:
         #: ``"<phase> <kernel name>"`` -> the source modules of each definition, in order
         self.definitions: dict[str, list[list[str]]] = {}
+        #: per compiled graph, in compilation order: its frame, phase and extern calls
+        self.extern_graphs: list[ExternGraph] = []
+        self._graph_slots: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.failures = 0
         self._restore: list[Callable[[], None]] = []
         self._finder: _AfterImport | None = None
@@ -69,6 +83,7 @@ class KernelProvenance:
             _CONFIG: self._configure_inductor,
             _AUTOGRAD_CONFIG: self._configure_autograd_cache,
             **{name: self._wrap_scheduler for name in _SCHEDULERS},
+            _SCHEDULER: self._wrap_extern_calls,
         }
         pending = {}
         for name, action in actions.items():
@@ -83,17 +98,19 @@ class KernelProvenance:
 
     def sources(self, known: list[str]) -> dict[str, list[list[str]]]:
         """The definitions with module paths as the run's module table spells them."""
-        cache: dict[str, str] = {}
-
-        def full(path: str) -> str:
-            if path not in cache:
-                cache[path] = resolve(path, known)
-            return cache[path]
-
+        full = _resolver(known)
         return {
             key: [[full(p) for p in modules] for modules in kernels]
             for key, kernels in self.definitions.items()
         }
+
+    def extern_calls(self, known: list[str]) -> list[ExternGraph]:
+        """The compiled graphs' extern calls with module paths as the run's table spells them."""
+        full = _resolver(known)
+        return [
+            graph._replace(calls=[(op, [full(p) for p in modules]) for op, modules in graph.calls])
+            for graph in self.extern_graphs
+        ]
 
     def uninstall(self) -> None:
         if self._finder is not None and self._finder in sys.meta_path:
@@ -133,28 +150,85 @@ class KernelProvenance:
 
         self._set(scheduling, "define_kernel", define_kernel)
 
+    def _wrap_extern_calls(self, scheduler_module: ModuleType) -> None:
+        scheduler = getattr(scheduler_module, "Scheduler", None)
+        original = getattr(scheduler, "codegen_extern_call", None)
+        if original is None:
+            log.info(
+                "compiled kernels: this torch's inductor has no Scheduler.codegen_extern_call; "
+                "library kernels stay under their compiled region"
+            )
+            return
+        record = self._record_extern
+
+        def codegen_extern_call(self: Any, scheduler_node: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, scheduler_node, *args, **kwargs)
+            record(scheduler_node)
+            return out
+
+        self._set(scheduler, "codegen_extern_call", codegen_extern_call)
+
     def _record(self, kernel_name: Any, nodes: Any) -> None:
         try:  # inductor's internals move between releases: never fail its compilation
+            key = f"{_phase()} {kernel_name}"
+            self.definitions.setdefault(key, []).append(_modules_of(_origins(nodes)))
+        except Exception:
+            self._failed()
+
+    def _record_extern(self, scheduler_node: Any) -> None:
+        try:
             from torch._inductor.virtualized import V
 
-            backward = bool(getattr(V.graph, "is_backward", False))
-            modules: list[str] = []
-            for origin in _origins(nodes):
-                if not origin.all_input_nodes:
-                    continue  # a constant, shared by every block that uses it (CSE)
-                stack = origin.meta.get("nn_module_stack") or origin.meta.get("fwd_nn_module_stack")
-                if stack:
-                    path = module_path(str(list(stack.values())[-1][0]))
-                    if path not in modules:
-                        modules.append(path)
-            key = f"{'backward' if backward else 'forward'} {kernel_name}"
-            self.definitions.setdefault(key, []).append(modules)
+            node = getattr(scheduler_node, "node", None)
+            schema = getattr(getattr(node, "op_overload", None), "_schema", None)
+            if schema is None:
+                return  # no aten op runs (a MultiOutput picks a tuple's item)
+            op = str(schema.name)  # "aten::addmm", as the profiler names the op
+            origins = list(getattr(node, "origins", None) or ())
+            # the FX node of the op itself, not the views and pointwise ops folded into it
+            own = [o for o in origins if getattr(o.target, "_opname", None) == op.split("::")[-1]]
+            slot = self._graph_slots.get(V.graph)
+            if slot is None:
+                slot = self._graph_slots[V.graph] = len(self.extern_graphs)
+                self.extern_graphs.append(ExternGraph(_compile_id(), _phase(), []))
+            self.extern_graphs[slot].calls.append((op, _modules_of(own or origins)))
         except Exception:
-            self.failures += 1
-            if self.failures == 1:
-                log.warning(
-                    "compiled kernels: inductor's provenance could not be read", exc_info=True
-                )
+            self._failed()
+
+    def _failed(self) -> None:
+        self.failures += 1
+        if self.failures == 1:
+            log.warning("compiled kernels: inductor's provenance could not be read", exc_info=True)
+
+
+def _phase() -> str:
+    """The phase of the graph inductor is compiling: AOTAutograd compiles both."""
+    from torch._inductor.virtualized import V
+
+    return "backward" if getattr(V.graph, "is_backward", False) else "forward"
+
+
+def _compile_id() -> str:
+    """The compile id of the frame whose graph inductor is compiling (a backward graph compiles
+    in its forward's): what dynamo names that frame's runs with."""
+    from torch._guards import CompileContext
+
+    found = CompileContext.current_compile_id()
+    return "" if found is None else str(found)
+
+
+def _modules_of(origins: list[Any]) -> list[str]:
+    """The distinct modules (relative paths) the FX nodes were traced in, in order."""
+    modules: list[str] = []
+    for origin in origins:
+        if not origin.all_input_nodes:
+            continue  # a constant, shared by every block that uses it (CSE)
+        stack = origin.meta.get("nn_module_stack") or origin.meta.get("fwd_nn_module_stack")
+        if stack:
+            path = module_path(str(list(stack.values())[-1][0]))
+            if path not in modules:
+                modules.append(path)
+    return modules
 
 
 def _origins(nodes: Any) -> list[Any]:
@@ -165,6 +239,18 @@ def _origins(nodes: Any) -> list[Any]:
         for part in parts:
             found.extend(getattr(getattr(part, "node", None), "origins", None) or ())
     return found
+
+
+def _resolver(known: list[str]) -> Callable[[str], str]:
+    """``resolve`` against ``known``, each path resolved once."""
+    cache: dict[str, str] = {}
+
+    def full(path: str) -> str:
+        if path not in cache:
+            cache[path] = resolve(path, known)
+        return cache[path]
+
+    return full
 
 
 def resolve(relative: str, known: list[str]) -> str:

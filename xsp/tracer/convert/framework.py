@@ -84,15 +84,8 @@ def _framework_block(rec: FrameworkRecords) -> tuple[Block, int, int]:
     layers = _attribute_layers(rec, events)
     external = np.frombuffer(rec.external_id, dtype=np.int64)
     columns = _framework_columns(rec, events, layers)
-    if rec.kernel_sources:  # on CPU, compiled kernels are profiler ranges
-        columns["module_path"] = compiled.attribute(
-            columns["module_path"],
-            columns["op_name"].cast(pa.string()).to_pylist(),
-            columns["phase"].cast(pa.string()).to_pylist(),
-            events.parent,
-            events.start,
-            rec.kernel_sources,
-        )
+    if rec.kernel_sources or rec.extern_calls:
+        columns["module_path"] = _compiled_sources(rec, events, columns)
     block = Block(
         level=schema.LEVEL_FRAMEWORK,
         iteration=events.iteration,
@@ -101,6 +94,50 @@ def _framework_block(rec: FrameworkRecords) -> tuple[Block, int, int]:
         external_id=external[events.rows] if len(external) == len(rec.start_ns) else None,
     )
     return block, events.outside, without_shapes
+
+
+def _compiled_sources(rec: FrameworkRecords, ev: _Events, columns: dict[str, Any]) -> pa.Array:
+    """The module paths with compiled code's work at its source modules: generated kernels
+    (profiler ranges on CPU) and extern ops, with what ran inside them."""
+    before = columns["module_path"]
+    names = columns["op_name"].cast(pa.string()).to_pylist()
+    phases = columns["phase"].cast(pa.string()).to_pylist()
+    paths = compiled.attribute(before, names, phases, ev.parent, ev.start, rec.kernel_sources)
+    if rec.extern_calls:
+        in_region = np.zeros(len(ev.parent), dtype=bool)
+        inside = ev.parent >= 0
+        in_region[inside] = ev.is_compiled_region[ev.parent[inside]]
+        frames = _compile_ids(rec, ev)
+        paths = compiled.attribute_calls(
+            paths, names, phases, ev.parent, in_region, frames, ev.start, rec.extern_calls
+        )
+    return compiled.pass_down(before, paths, ev.parent)
+
+
+def _compile_ids(rec: FrameworkRecords, ev: _Events) -> list[str | None]:
+    """The dynamo compile id of the compiled frame each event ran in: a forward event's from
+    its innermost ``Torch-Compiled Region: <id>`` range, a backward node's from the forward op
+    that created it (autograd sequence numbers), and what runs inside either inherits it."""
+    prefix = compiled.FRAME_PREFIX
+    ids = [v[len(prefix) :] if v.startswith(prefix) else None for v in rec.name.values]
+    frames = sorted({i for i in ids if i is not None})
+    slot = np.array([frames.index(i) if i is not None else -1 for i in ids], dtype=np.int64)
+    own = slot[ev.name_codes] if len(ids) else np.full(len(ev.rows), -1, dtype=np.int64)
+    depth = depths(ev.parent)
+    frame = inherit(own, ev.parent, depth)
+    forward = np.nonzero((frame >= 0) & (ev.seq_nr >= 0) & ~ev.is_backward)[0]
+    created_in = dict(
+        zip(
+            zip(ev.thread[forward].tolist(), ev.seq_nr[forward].tolist(), strict=True),
+            frame[forward].tolist(),
+            strict=True,
+        )
+    )
+    backward = np.nonzero(ev.is_backward & (frame < 0))[0]
+    keys = zip(ev.fwd_thread[backward].tolist(), ev.seq_nr[backward].tolist(), strict=True)
+    own[backward] = [created_in.get(key, -1) for key in keys]
+    frame = inherit(own, ev.parent, depth)
+    return [frames[f] if f >= 0 else None for f in frame.tolist()]
 
 
 @dataclass
@@ -121,6 +158,7 @@ class _Events:
     is_data: np.ndarray
     is_collective: np.ndarray
     is_collective_work: np.ndarray  # the backend's (gloo:, nccl:), not c10d's call
+    is_compiled_region: np.ndarray  # a run of a compiled graph's wrapper code
     seq_nr: np.ndarray
     fwd_thread: np.ndarray
     outside: int
@@ -177,6 +215,9 @@ def _framework_events(rec: FrameworkRecords) -> _Events:
         is_collective=np.logical_or.reduce([starts(p)[rows] for p in collectives.PREFIXES]),
         is_collective_work=np.logical_or.reduce(
             [starts(p)[rows] for p in collectives.WORK_PREFIXES]
+        ),
+        is_compiled_region=np.logical_or.reduce(
+            [starts(p)[rows] for p in compiled.REGION_PREFIXES]
         ),
         seq_nr=np.frombuffer(rec.seq_nr, dtype=np.int64)[rows],
         fwd_thread=np.frombuffer(rec.fwd_thread, dtype=np.int64)[rows],

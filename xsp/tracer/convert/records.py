@@ -11,7 +11,7 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
@@ -109,6 +109,17 @@ class MemoryRecords:
     device_index: array[int] = field(default_factory=_int64s)
 
 
+class ExternGraph(NamedTuple):
+    """One compiled graph's extern calls: the dynamo compile id of its frame (``"1/0"``, as
+    ``Torch-Compiled Region: 1/0`` names its runs; ``""`` unknown), its phase, and per call
+    in order its op's name (``aten::mm``) and the module paths of the FX nodes it was built
+    from."""
+
+    compile_id: str
+    phase: str
+    calls: list[tuple[str, list[str]]]
+
+
 @dataclass
 class FrameworkRecords:
     """Raw framework-level records, one entry per profiler event, plus the module tables."""
@@ -137,6 +148,9 @@ class FrameworkRecords:
     #: -> per definition, in call order, the module paths of its nodes.
     kernel_sources: dict[str, list[list[str]]] = field(default_factory=dict)
     graph_nodes: GraphNodes = field(default_factory=lambda: GraphNodes())
+    #: Per compiled graph, its phase and extern-kernel calls (library work the generated code
+    #: calls as aten ops): ``xsp.tracer.capture.inductor``.
+    extern_calls: list[ExternGraph] = field(default_factory=list)
 
 
 @dataclass

@@ -183,7 +183,9 @@ class FrameworkLevel:
 
     def drain(self) -> FrameworkRecords:
         records = framework_records(self._arena.contents())
-        records.kernel_sources = self._provenance.sources(list(self._paths.values()))
+        known = list(self._paths.values())
+        records.kernel_sources = self._provenance.sources(known)
+        records.extern_calls = self._provenance.extern_calls(known)
         if self._call_errors:
             log.warning("framework level: %d module calls could not be recorded", self._call_errors)
         return records
