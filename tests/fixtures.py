@@ -305,7 +305,7 @@ def train(session: Any, model: Any, x: Any) -> None:
     while not session.done:
         with session.iteration():
             optimizer.zero_grad()
-            model(x).backward(grad)
+            model(x).sum().backward()
             optimizer.step()
 
 
