@@ -104,3 +104,16 @@ def test_the_fork_servers_preload_imports_every_transformers_familys_modeling_co
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["14", "14", "False"]
+
+
+def test_the_sized_llama_has_a_billion_parameters_and_long_sequences() -> None:
+    from transformers import AutoConfig, AutoModel
+
+    entry = zoo.find("transformers:llama-1b")
+    with torch.device("meta"):  # counted without allocating 4.4 GB
+        model = AutoModel.from_config(zoo.transformers_config(entry, AutoConfig))
+    params = sum(p.numel() for p in model.parameters())
+    # TinyLlama's shape: embeddings 32000 x 2048, 22 layers of attention (q, o: 2048^2; k, v
+    # with 4 of 32 heads: 2048 x 256) and MLP (3 x 2048 x 5632), two RMSNorms each, a final one
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632 + 2 * 2048
+    assert params == 32000 * 2048 + 22 * per_layer + 2048 == 1_034_512_384

@@ -28,6 +28,23 @@ MODES = ("train", "infer")
 TRANSFORMERS_TEXT = ("bert", "distilbert", "roberta", "albert", "electra", "gpt2", "xlnet", "mpnet")
 TRANSFORMERS_SEQ2SEQ = ("t5", "bart")
 TRANSFORMERS_VISION = ("vit", "deit", "swin", "convnext")
+#: Sized transformers: zoo name -> (model type, configuration, sequence length). ``llama-1b`` has
+#: TinyLlama's shape (1.03B parameters without its LM head, 22 layers): a model of the size
+#: users trace today, for the H200 with ``--fix bf16``.
+TRANSFORMERS_SIZED: dict[str, tuple[str, dict[str, int], int]] = {
+    "llama-1b": (
+        "llama",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "vocab_size": 32000,
+        },
+        1024,
+    ),
+}
 
 #: The sources whose names come from their library (imported) or the catalogue.
 CATALOGUED = ("torchvision", "timm")
@@ -55,6 +72,7 @@ def list_models(source: str | None = None, pattern: str | None = None) -> list[Z
             entries += _catalogued(each) or library_entries(each)
     if source in (None, "transformers"):
         entries += [ZooEntry("transformers", n, "text") for n in TRANSFORMERS_TEXT]
+        entries += [ZooEntry("transformers", n, "text") for n in TRANSFORMERS_SIZED]
         entries += [ZooEntry("transformers", n, "seq2seq") for n in TRANSFORMERS_SEQ2SEQ]
         entries += [ZooEntry("transformers", n, "vision") for n in TRANSFORMERS_VISION]
     if pattern:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.tracer.workloads import names
 from xsp.tracer.workloads.names import MODES, ZooEntry, find
 
 log = logging.getLogger(__name__)
@@ -195,17 +196,24 @@ def _timm(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
 def _transformers(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoConfig, AutoModel
 
-    config = AutoConfig.for_model(entry.name)
+    config = transformers_config(entry, AutoConfig)
     model = AutoModel.from_config(config)
     if entry.task == "vision":
         size = getattr(config, "image_size", DEFAULT_IMAGE_SIZE)
         return model, {"pixel_values": torch.randn(batch_size, 3, size, size)}
     vocab = getattr(config, "vocab_size", 30000)
-    ids = torch.randint(0, vocab, (batch_size, TEXT_SEQUENCE_LENGTH))
+    _, _, length = names.TRANSFORMERS_SIZED.get(entry.name, ("", {}, TEXT_SEQUENCE_LENGTH))
+    ids = torch.randint(0, vocab, (batch_size, length))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if entry.task == "seq2seq":
         inputs["decoder_input_ids"] = ids.clone()
     return model, inputs
+
+
+def transformers_config(entry: ZooEntry, auto_config: Any) -> Any:
+    """A transformers family's default configuration, or a sized entry's."""
+    model_type, overrides, _ = names.TRANSFORMERS_SIZED.get(entry.name, (entry.name, {}, 0))
+    return auto_config.for_model(model_type, **overrides)
 
 
 _BUILDERS: dict[str, Callable[[ZooEntry, int], tuple[torch.nn.Module, Any]]] = {
