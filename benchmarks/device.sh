@@ -36,6 +36,7 @@ PRESETS=(
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
+  "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time; run.json files and analyze output into llama-1b/"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
   "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
@@ -439,6 +440,49 @@ p_cuda_graphs() {
   timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -s tests/test_cuda_graphs.py \
     2>&1 | tee "$OUT/cuda-graphs-tests.log" | grep -E "^E |assert|passed|failed|Error|graphed" | head -30
   timeout 400 python3 benchmarks/cuda_graphs.py --out "$OUT/cuda-graphs.json" 2>&1 | tail -60
+}
+
+p_llama_1b() {
+  local store=/tmp/llama-store
+  rm -rf "$store"; mkdir -p "$OUT/llama-1b"
+  python3 - "$store" "$OUT/llama-1b/rusage.json" <<'PY' 2>&1 | tail -25
+import json, resource, subprocess, sys, time
+store, out = sys.argv[1], sys.argv[2]
+started = time.time()
+done = subprocess.run([sys.executable, "-m", "xsp", "run", "--model", "transformers:llama-1b",
+    "--mode", "train", "--batch-size", "8", "--fix", "bf16", "--levels", "M,MF,MFLG",
+    "--iterations", "3", "--out", store])
+wall = time.time() - started
+peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+json.dump({"rc": done.returncode, "wall_s": wall, "peak_rss_mb_largest_process": peak_kb / 1024}, open(out, "w"))
+print(f"xsp run: rc {done.returncode}, {wall:.1f} s, peak RSS of its largest process {peak_kb / 1024:.0f} MB")
+PY
+  find "$store" -name run.json | while read -r meta; do
+    mkdir -p "$OUT/llama-1b/$(basename "$(dirname "$meta")")"
+    cp "$meta" "$OUT/llama-1b/$(basename "$(dirname "$meta")")/"
+  done
+  python3 - "$store" <<'PY' 2>&1 | tee "$OUT/llama-1b/finish.txt"
+import json, sys
+from pathlib import Path
+for meta in sorted(Path(sys.argv[1]).rglob("run.json")):
+    m = json.loads(meta.read_text())
+    ph, spans = m.get("phases_ns", {}), m.get("spans") or 0
+    finish = (ph.get("stored", 0) - ph.get("measured", 0)) / 1e3
+    measured = max(1, m.get("iterations_measured") or 1)
+    print(f"{m['levels']}: {m['status']}, {spans} spans ({spans // measured} per iteration), "
+          f"finish {finish / 1e6:.2f} s = {finish / max(spans, 1):.2f} µs per span")
+PY
+  python3 - "$store" "$OUT/llama-1b" <<'PY' 2>&1 | tail -6
+import resource, subprocess, sys, time
+store, out = sys.argv[1], sys.argv[2]
+for command in (["analyze", store, "--json"], ["summary", store]):
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "xsp", *command], capture_output=True, text=True)
+    name = command[0]
+    open(f"{out}/{name}.{'json' if name == 'analyze' else 'txt'}", "w").write(done.stdout)
+    print(f"xsp {name}: rc {done.returncode}, {time.time() - started:.1f} s; {done.stderr[-300:]}")
+print(f"peak RSS of the largest: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB")
+PY
 }
 
 p_conversion() {
