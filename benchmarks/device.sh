@@ -37,6 +37,7 @@ PRESETS=(
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time; run.json files and analyze output into llama-1b/"
+  "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
   "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
@@ -482,6 +483,19 @@ for command in (["analyze", store, "--json"], ["summary", store]):
     open(f"{out}/{name}.{'json' if name == 'analyze' else 'txt'}", "w").write(done.stdout)
     print(f"xsp {name}: rc {done.returncode}, {time.time() - started:.1f} s; {done.stderr[-300:]}")
 print(f"peak RSS of the largest: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB")
+PY
+}
+
+p_two_streams() {
+  local store="$OUT/two-streams"
+  rm -rf "$store"
+  timeout 200 python3 -m xsp run --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda \
+    --out "$store" -- python3 benchmarks/workloads/two_streams.py --steps 40 2>&1 | tail -8
+  timeout 100 python3 -m xsp analyze "$store" --json > "$OUT/two-streams-analyze.json" 2>&1
+  python3 - "$OUT/two-streams-analyze.json" <<'PY'
+import json, sys
+replay = json.load(open(sys.argv[1]))["reconstruction"]["replay"]
+print({k: replay.get(k) for k in ("step_ms", "measured_step_ms", "error_pct", "checks")})
 PY
 }
 

@@ -8,8 +8,11 @@ run that measures it:
 
 1. **Nodes and edges.** Host spans (F ops, modules, autograd nodes; L library and CUDA calls) in
    program order; launch -> activity by CUDA correlation id (an activity's parent is its launch
-   call); stream order per (device, stream); a synchronizing call (device, stream and event syncs,
-   blocking copies) waits for every activity launched before it. Host threads run in turn: the
+   call); stream order per (device, stream); a stream's wait on an event (``cudaStreamWaitEvent``)
+   holds that stream's later work until the work queued on the event's stream before the event's
+   record has ended; a synchronizing call waits for the work it names (a stream sync: that
+   stream's; an event sync: the work before the event's record; device syncs and blocking copies:
+   every activity launched before it). Host threads run in turn: the
    step's thread hands its work to autograd's thread during backward and waits for it, so the
    threads' spans form one program order (two threads working at once would be serialized).
 2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
@@ -57,8 +60,8 @@ from xsp.tracer import schema
 from xsp.tracer.convert.intervals import depths, inherit, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
-#: and the work queued before it; a stream or event sync is taken to wait for every stream, as
-#: API spans do not say which stream they name).
+#: and the work queued before it; a stream or event sync for the work of the stream or event it
+#: names, where level L recorded it, else for every stream).
 SYNC_CALLS = frozenset(
     {
         "cudaDeviceSynchronize",
@@ -75,6 +78,19 @@ SYNC_CALLS = frozenset(
         "cuMemcpyHtoD_v2",
         "cuMemcpyDtoD_v2",
         "cuMemcpy",
+    }
+)
+#: A stream's wait on an event (the cross-stream edge: the waiting stream's later work starts
+#: once the work queued on the event's stream before its record has ended), and the record.
+WAIT_CALLS = frozenset({"cudaStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz"})
+RECORD_CALLS = frozenset(
+    {
+        "cudaEventRecord",
+        "cudaEventRecordWithFlags",
+        "cuEventRecord",
+        "cuEventRecord_ptsz",
+        "cuEventRecordWithFlags",
+        "cuEventRecordWithFlags_ptsz",
     }
 )
 
@@ -215,6 +231,15 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
     stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
     latency, gap = _device_delays(start, dur, parent, kind, gpu, is_sync, owner, device, stream)
+    library = level == schema.LEVEL_LIBRARY
+    named = _Named(
+        stream=np.where(library, stream, -1),
+        event=np.asarray(deep.column("cuda_event").fill_null(-1), dtype=np.int64)
+        if "cuda_event" in deep.column_names
+        else np.full(len(start), -1, dtype=np.int64),
+        is_wait=library & np.isin(names, list(WAIT_CALLS)),
+        is_record=library & np.isin(names, list(RECORD_CALLS)),
+    )
     gpu_dur = dur.copy()
     if edit is not None and edit.drop_activities is not None:
         dropped = gpu & edit.drop_activities(deep)
@@ -256,6 +281,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
             device,
             stream,
             causes,
+            named,
         )
         sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
         out_start[members] = sim.start
@@ -422,6 +448,17 @@ def _sync_base(
     return base
 
 
+@dataclass(frozen=True)
+class _Named:
+    """What level L's CUDA calls name (-1: nothing): the stream a sync, stream wait or event
+    record names, and its event; which calls are waits and which are records."""
+
+    stream: np.ndarray
+    event: np.ndarray
+    is_wait: np.ndarray
+    is_record: np.ndarray
+
+
 class _Iteration:
     """One step's replay (step 3) and its critical path (step 4)."""
 
@@ -443,8 +480,10 @@ class _Iteration:
         device: np.ndarray,
         stream: np.ndarray,
         causes: np.ndarray,
+        named: _Named,
     ) -> None:
         self.sync_base = sync_base
+        self.named = named
         self.causes = causes
         self.step = int(step)
         self.members = members
@@ -500,32 +539,86 @@ class _Iteration:
         lane_last: dict[tuple[int, int], int] = {}
         delta = 0
         done = 0  # activities replayed so far
+        # cross-stream edges: each stream's replayed activities in launch order, and the one its
+        # next work waits for since its last wait on an event
+        named = self.named
+        streams = {lane[1] for lane in self.lane.values()}
+        stream_acts: dict[int, list[int]] = {}
+        held_by: dict[int, int] = {}
+        records = [int(r) for r in self.host if named.is_record[r] and named.event[r] >= 0]
+        waits = [
+            int(r)
+            for r in self.host
+            if named.is_wait[r] and named.event[r] >= 0 and named.stream[r] >= 0
+        ]
+        next_wait = 0
+
+        def before_record(event: int, at: int) -> int | None:
+            """The last activity queued on ``event``'s stream before its last record before
+            ``at`` (-1: none), or None when this step recorded the event on no stream."""
+            record = next(
+                (r for r in reversed(records) if named.event[r] == event and ws[r] < at), None
+            )
+            if record is None or named.stream[record] < 0:
+                return None
+            queued = stream_acts.get(int(named.stream[record]), [])
+            return next((i for i in reversed(queued) if launch[i] <= ws[record]), -1)
 
         def replay_until(limit: float) -> None:
-            nonlocal done
+            nonlocal done, next_wait
             while done < len(acts) and (
                 launch[done] < limit or (launch[done] == limit and self.is_sync[launcher[done]])
             ):
+                while next_wait < len(waits) and ws[waits[next_wait]] < launch[done]:
+                    wait = waits[next_wait]
+                    next_wait += 1
+                    awaited = before_record(int(named.event[wait]), int(ws[wait]))
+                    waiting = int(named.stream[wait])
+                    held = held_by.get(waiting, -1)
+                    if (
+                        awaited is not None
+                        and awaited >= 0
+                        and (held < 0 or self.act_end[awaited] > self.act_end[held])
+                    ):
+                        held_by[waiting] = awaited
                 row = int(acts[done])
                 at = int(launch[done]) + delta
                 lane = self.lane[row]
                 prev = lane_last.get(lane, -1)
                 ready = at + int(self.latency[row])
                 queued = int(self.act_end[prev]) + int(self.gap[row]) if prev >= 0 else -1
-                begin = max(ready, queued)
+                held = held_by.get(lane[1], -1)
+                held_end = int(self.act_end[held]) if held >= 0 else -1
+                begin = max(ready, queued, held_end)
                 self.act_launch[done] = at
                 self.act_start[done] = begin
                 self.act_end[done] = begin + int(self.measured_dur[row])
-                self.act_prev[done] = prev if queued >= ready else -1
+                if held_end > max(ready, queued):  # another stream's work held it: an edge
+                    self.act_prev[done] = held
+                else:
+                    self.act_prev[done] = prev if queued >= ready else -1
                 lane_last[lane] = done
+                stream_acts.setdefault(lane[1], []).append(done)
                 done += 1
+
+        def awaited_by(sync: int) -> list[int]:
+            """The replayed activities ``sync`` waits for: the work before its event's record,
+            its stream's, or (naming neither, or a stream this step never used) every one."""
+            if named.event[sync] >= 0:
+                awaited = before_record(int(named.event[sync]), int(ws[sync]))
+                if awaited is not None:
+                    return [awaited] if awaited >= 0 else []
+            if named.stream[sync] >= 0 and int(named.stream[sync]) in streams:
+                return stream_acts.get(int(named.stream[sync]), [])
+            return list(range(done))
 
         for sync, at in zip(syncs, sync_start, strict=True):
             replay_until(at)
             real = at + delta
             ready = real
-            if done:
-                last = int(np.argmax(self.act_end[:done]))
+            awaited = awaited_by(sync) if done else []
+            if awaited:
+                last = max(awaited, key=lambda i: int(self.act_end[i]))
                 finish = int(self.act_end[last])
                 if finish > real:
                     ready = finish

@@ -95,6 +95,9 @@ ATTR_GPU_COPY_KIND: Final = "xsp.gpu.copy_kind"
 #: A kernel replayed from a CUDA graph: its graph node (CUPTI's id), and the op that made the
 #: node when the graph was captured (the kernel's layer and phase are that op's)
 ATTR_GRAPH_NODE: Final = "xsp.cuda.graph_node"
+#: A CUDA call that names an event (an event record, a stream's wait on it, its sync): its id
+#: (``gpu_stream`` on such a call is the stream it names)
+ATTR_CUDA_EVENT: Final = "xsp.cuda.event_id"
 ATTR_GRAPH_OP: Final = "xsp.cuda.graph_op"
 ATTR_RANK: Final = "xsp.rank"
 ATTR_WORLD_SIZE: Final = "xsp.world_size"
@@ -249,6 +252,7 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("copy_kind", _DICT, ATTR_GPU_COPY_KIND),
     Column("graph_node", pa.int64(), ATTR_GRAPH_NODE),
     Column("graph_op", _DICT, ATTR_GRAPH_OP),
+    Column("cuda_event", pa.int64(), ATTR_CUDA_EVENT),
     # DataLoader batches: the loader's worker processes, and "pinned" or "pageable" batches
     Column("data_workers", pa.int32(), ATTR_DATA_WORKERS),
     Column("data_memory", _DICT, ATTR_DATA_MEMORY),

@@ -213,7 +213,14 @@ class _CuptiSession:
         out.end_ns = _shifted(api["end_ns"], offset)
         out.correlation = _array("q", api["correlation"])
         out.thread = _array("q", api["thread"])
-        out.external_id = _external_ids(decoded["external"], _np(api["correlation"], np.int64))
+        correlation = _np(api["correlation"], np.int64)
+        out.external_id = _external_ids(decoded["external"], correlation)
+        named = decoded.get("named")  # the stream and event a sync, wait or event record names
+        if named is not None:
+            corr = _np(named["correlation"], np.int64)
+            for column in ("stream", "event"):
+                values = _np(named[column], np.int64)
+                setattr(out, column, _by_correlation(corr, values, correlation, -1))
         self._check_clock(_np(out.start_ns, np.int64))
         out.library = self._library_ranges(decoded["markers"], offset)
         return out
@@ -312,17 +319,24 @@ def _triples(values: np.ndarray, valid: np.ndarray) -> Interned:
     return Interned.from_codes(np.where(valid, codes.reshape(-1), len(texts) - 1), texts)
 
 
-def _external_ids(external: dict[str, Any], correlation: np.ndarray) -> array[int]:
-    """For each API call, the id of the op it ran in (0: none recorded)."""
-    corr = _np(external["correlation"], np.int64)
-    ids = _np(external["external"], np.int64)
-    out = np.zeros(len(correlation), dtype=np.int64)
+def _by_correlation(
+    corr: np.ndarray, values: np.ndarray, correlation: np.ndarray, missing: int
+) -> array[int]:
+    """For each API call (its ``correlation`` id), the value recorded for its id, ``missing``
+    where none was."""
+    out = np.full(len(correlation), missing, dtype=np.int64)
     if len(corr):
         order = np.argsort(corr, kind="stable")
         slot = np.clip(np.searchsorted(corr[order], correlation), 0, len(corr) - 1)
         hit = corr[order][slot] == correlation
-        out[hit] = ids[order][slot][hit]
+        out[hit] = values[order][slot][hit]
     return _int64s(out)
+
+
+def _external_ids(external: dict[str, Any], correlation: np.ndarray) -> array[int]:
+    """For each API call, the id of the op it ran in (0: none recorded)."""
+    corr, ids = _np(external["correlation"], np.int64), _np(external["external"], np.int64)
+    return _by_correlation(corr, ids, correlation, 0)
 
 
 def _clock_offset(native: Any, samples: int = 7) -> int:

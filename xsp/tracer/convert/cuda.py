@@ -181,8 +181,18 @@ def api_columns(
         ),
         "thread_id": thread[keep],
         "correlation_id": np.frombuffer(api.correlation, dtype=np.int64)[keep],
+        "gpu_stream": _named(api.stream, len(start), keep),
+        "cuda_event": _named(api.event, len(start), keep),
     }
     return keep, iteration[keep], columns, lib_row[keep], op_row[keep], by_id[keep]
+
+
+def _named(values: Any, rows: int, keep: np.ndarray) -> pa.Array:
+    """The stream or event each kept API call names, null for none (and for records from before
+    CUPTI's synchronization records were kept)."""
+    data = np.frombuffer(values, dtype=np.int64)
+    data = data[keep] if len(data) == rows else np.full(len(keep), -1, dtype=np.int64)
+    return arrow(data, pa.int64(), mask=data < 0)
 
 
 def gpu_columns(

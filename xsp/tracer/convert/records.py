@@ -202,6 +202,10 @@ class ApiRecords:
     thread: array[int] = field(default_factory=_int64s)
     #: The op's external correlation id (``FrameworkRecords.external_id``); 0: none recorded.
     external_id: array[int] = field(default_factory=_int64s)
+    #: The CUDA stream and event a call names (CUPTI's synchronization and event records: a
+    #: stream, event or context sync, a stream's wait on an event, an event record); -1: none.
+    stream: array[int] = field(default_factory=_int64s)
+    event: array[int] = field(default_factory=_int64s)
     library: RangeRecords = field(default_factory=RangeRecords)
 
 

@@ -897,6 +897,8 @@ CUpti_ActivityKind kind_of(const std::string& name) {
   if (name == "DRIVER") return CUPTI_ACTIVITY_KIND_DRIVER;
   if (name == "MARKER") return CUPTI_ACTIVITY_KIND_MARKER;
   if (name == "EXTERNAL_CORRELATION") return CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+  if (name == "SYNCHRONIZATION") return CUPTI_ACTIVITY_KIND_SYNCHRONIZATION;
+  if (name == "CUDA_EVENT") return CUPTI_ACTIVITY_KIND_CUDA_EVENT;
   throw std::runtime_error("unknown CUPTI activity kind " + name);
 }
 
@@ -1139,6 +1141,10 @@ py::dict cupti_decode() {
   std::vector<int32_t> m_domain, m_name;
   std::vector<int64_t> m_start, m_end, m_thread;
   std::vector<int64_t> x_corr, x_external;
+  // the stream and CUDA event an API call names: its synchronization (stream, event and context
+  // syncs, stream waits on an event) or its event record
+  std::vector<int64_t> n_corr, n_stream, n_event;
+  std::vector<int8_t> n_type;  // CUpti_ActivitySynchronizationType; -1: an event record
   std::unordered_map<uint32_t, size_t> open_markers;
   std::unordered_map<uint64_t, int32_t> api_names;
   Strings kernel_names, api_strings, marker_names, domains;
@@ -1255,6 +1261,25 @@ py::dict cupti_decode() {
           }
           break;
         }
+        case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
+          // the fields read here sit where version 1 put them in every later version
+          auto* y = reinterpret_cast<CUpti_ActivitySynchronization*>(record);
+          n_corr.push_back(y->correlationId);
+          n_type.push_back(int8_t(y->type));
+          n_stream.push_back(y->streamId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
+                                 ? -1 : int64_t(y->streamId));
+          n_event.push_back(y->cudaEventId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
+                                ? -1 : int64_t(y->cudaEventId));
+          break;
+        }
+        case CUPTI_ACTIVITY_KIND_CUDA_EVENT: {
+          auto* e = reinterpret_cast<CUpti_ActivityCudaEvent*>(record);
+          n_corr.push_back(e->correlationId);
+          n_type.push_back(-1);
+          n_stream.push_back(e->streamId);
+          n_event.push_back(e->eventId);
+          break;
+        }
         default:
           unknown++;
       }
@@ -1262,7 +1287,7 @@ py::dict cupti_decode() {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
     g_cupti.pool.push_back(done.buffer);
   }
-  py::dict gpu, api, markers, external, counts;
+  py::dict gpu, api, markers, external, counts, named;
   gpu["kind"] = column(g_kind);
   gpu["name"] = column(g_name);
   gpu["names"] = kernel_names.values;
@@ -1294,6 +1319,10 @@ py::dict cupti_decode() {
   markers["thread"] = column(m_thread);
   external["correlation"] = column(x_corr);
   external["external"] = column(x_external);
+  named["correlation"] = column(n_corr);
+  named["type"] = column(n_type);
+  named["stream"] = column(n_stream);
+  named["event"] = column(n_event);
   {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
     counts["buffers"] = buffers.size();
@@ -1310,6 +1339,7 @@ py::dict cupti_decode() {
   out["api"] = api;
   out["markers"] = markers;
   out["external"] = external;
+  out["named"] = named;
   out["counts"] = counts;
   return out;
 }

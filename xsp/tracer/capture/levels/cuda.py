@@ -1,7 +1,8 @@
 """Levels L and G on CUDA, through CUPTI's Activity API, owned by xsp's native core.
 
-- L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records) and the
-  cuBLAS, cuBLASLt and cuDNN calls around them, from the NVTX ranges those libraries emit when
+- L (library): CUDA runtime and driver API calls (RUNTIME, DRIVER activity records, with the
+  stream and event that syncs, stream waits and event records name: SYNCHRONIZATION, CUDA_EVENT)
+  and the cuBLAS, cuBLASLt and cuDNN calls around them, from the NVTX ranges those libraries emit when
   ``CUBLAS_NVTX_LEVEL`` and friends are set and NVTX is injected into CUPTI (MARKER records).
   With level F in the process, EXTERNAL_CORRELATION records name the op of each API call.
 - G (gpu): kernels (CONCURRENT_KERNEL, never KERNEL, which serializes them), memcpy and memset.
@@ -27,7 +28,7 @@ class LibraryLevel:
     """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges)."""
 
     letter = "L"
-    kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER")
+    kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER", "SYNCHRONIZATION", "CUDA_EVENT")
 
     def __init__(self, with_ops: bool = False) -> None:
         self._session = cupti_session()
