@@ -115,8 +115,8 @@ def json_from_text(text: str | None) -> list[dict[str, Any]]:
 
 def plain(data: Mapping[str, Any]) -> Any:
     """An OTLP/JSON value as a plain Python value where one says it exactly (a string, bool,
-    int or float); arrays, key-value lists and bytes stay OTLP/JSON (``any_value`` and the
-    OTLP/JSON encoder take either)."""
+    int or float); arrays, key-value lists, bytes and an empty value (``{}``) stay OTLP/JSON
+    (``any_value`` and the OTLP/JSON encoder take either)."""
     if "stringValue" in data:
         return data["stringValue"]
     if "boolValue" in data:
@@ -125,4 +125,4 @@ def plain(data: Mapping[str, Any]) -> Any:
         return int(data["intValue"])
     if "doubleValue" in data:
         return float(data["doubleValue"])
-    return dict(data) if data else None
+    return dict(data)
