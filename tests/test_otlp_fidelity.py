@@ -6,8 +6,9 @@
    collector used to acknowledge it and quarantine it at flush time.
 2. The OpenTelemetry SDK's own exporters (HTTP and gRPC) send into ``xsp collector serve``;
    ``xsp export`` and ``xsp push`` give back every field they sent (kind, status, events with
-   the exception event, links, scope, typed attributes, arrays) under each sender's own
-   resource, compared field by field with the SDK's own encoding of the same spans.
+   the exception event, links, scope, typed attributes, arrays, xsp's keys with the SDK's types)
+   under each sender's own resource (its schema URL, an empty string attribute), compared field
+   by field with the SDK's own encoding of the same spans.
 3. What raw OTLP allows beyond what the SDK sends comes back too: a resource's dropped count and
    the schema URLs, a status message on OK and UNSET, empty-valued resource attributes, and a
    foreign sender's value of another type under one of xsp's attribute keys (its type and value,

@@ -10,10 +10,12 @@ has that span as its parent on the wire, so a tracing backend shows the model un
 a reconstruction's root carries an OpenTelemetry span link to it (``link_trace_id``,
 ``link_span_id``). Decoding puts both back into their columns.
 
-Another sender's fields beyond xsp's (kind, status code, events, links, scope, every attribute
-with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and encoded back from
-them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type of its own
-(``otlp_values``); xsp's own spans leave them null and pay only a null check per column.
+Another sender's fields beyond xsp's (kind, status code and a non-error's message, events, links,
+scope, every attribute with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and
+encoded back from them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type
+of its own (``otlp_values``); a value under an xsp key whose type is not its column's is kept so
+too, and given back instead of the column's conversion (``_given_back``). xsp's own spans leave
+them null and pay only a null check per column.
 """
 
 from __future__ import annotations
@@ -658,7 +660,7 @@ def validate(request: ExportTraceServiceRequest) -> int:
                             if slot is None:
                                 _stored_parent(kv.value)
                             else:
-                                _typed(kv.value, slot)
+                                _typed(kv.value, slot, kv.value.WhichOneof("value"))
                         except DecodeError as exc:
                             raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
@@ -921,9 +923,10 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
         for kv in span.attributes:
             slot = slots.get(kv.key)
             if slot is not None:
-                kind = slot[1]
-                slot[0][row] = _typed(kv.value, kind)
-                if kv.value.WhichOneof("value") != kind.own:
+                value, kind = kv.value, slot[1]
+                which = value.WhichOneof("value")
+                slot[0][row] = _typed(value, kind, which)
+                if which != kind.own:
                     # another sender's type under an xsp key: the column holds it converted,
                     # the encoders give back the value as it came (``_given_back``)
                     if others is None:
@@ -1060,8 +1063,9 @@ _NUMERIC: dict[str, _Kind] = {
 }
 
 
-def _typed(value: AnyValue, kind: _Kind) -> Any:
-    """An attribute value as its column wants it (foreign senders may use other value types).
+def _typed(value: AnyValue, kind: _Kind, which: str | None) -> Any:
+    """An attribute value (``which``: its ``WhichOneof``) as its column wants it (foreign
+    senders may use other value types).
 
     A numeric column takes numbers and numeric strings (``"7"``). Anything else (a bool, an array,
     ``"abc"``, 7.9 for an integer) and a number that does not fit the column (2**40 for an int32
@@ -1069,7 +1073,6 @@ def _typed(value: AnyValue, kind: _Kind) -> Any:
     attribute and value: the request is refused before it is acknowledged, rather than stored
     with the value silently dropped or truncated.
     """
-    which = value.WhichOneof("value")
     if kind.high is not None:
         if which == "int_value":
             number: Any = value.int_value

@@ -1,12 +1,13 @@
 """OTLP values <-> OTLP/JSON, for the fields that xsp's typed columns do not hold.
 
 The collector stores a foreign sender's attributes (those no column of ``schema.COLUMNS``
-takes), its events' and links' attributes and its resources as OTLP/JSON text: the form the
-OpenTelemetry specification gives them (``[{"key": ..., "value": {"intValue": "7"}}]``: 64-bit
-integers as strings, bytes as base64, non-finite doubles as "NaN"/"Infinity"), so that every value
-keeps its type, arrays and nested key-value lists included, DuckDB's JSON functions read it, and
-the OTLP/JSON encoder writes it back as it is. Hand-written rather than protobuf's
-``MessageToDict`` / ``ParseDict``, which cost about 20x more per value.
+takes, or of another value type than their column's), its events' and links' attributes and its
+resources as OTLP/JSON text: the form the OpenTelemetry specification gives them
+(``[{"key": ..., "value": {"intValue": "7"}}]``: 64-bit integers as strings, bytes as base64,
+non-finite doubles as "NaN"/"Infinity"), so that every value keeps its type, arrays and nested
+key-value lists included, DuckDB's JSON functions read it, and the OTLP/JSON encoder writes it
+back as it is. Hand-written rather than protobuf's ``MessageToDict`` / ``ParseDict``, which cost
+about 20x more per value.
 
 The input is a parsed protobuf message, so its depth is within protobuf's 100 levels and its
 strings are UTF-8: nothing here fails on a request the collector acknowledged.
