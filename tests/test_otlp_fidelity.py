@@ -6,12 +6,18 @@
    collector used to acknowledge it and quarantine it at flush time.
 2. The OpenTelemetry SDK's own exporters (HTTP and gRPC) send into ``xsp collector serve``;
    ``xsp export`` and ``xsp push`` give back every field they sent (kind, status, events with
-   the exception event, links, scope, typed attributes, arrays) under each sender's own
-   resource, compared field by field with the SDK's own encoding of the same spans.
+   the exception event, links, scope, typed attributes, arrays, xsp's keys with the SDK's types)
+   under each sender's own resource (its schema URL, an empty string attribute), compared field
+   by field with the SDK's own encoding of the same spans.
+3. What raw OTLP allows beyond what the SDK sends comes back too: a resource's dropped count and
+   the schema URLs, a status message on OK and UNSET, empty-valued resource attributes, and a
+   foreign sender's value of another type under one of xsp's attribute keys (its type and value,
+   not the column's conversion of it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import signal
 import subprocess
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow.compute as pc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -33,6 +40,7 @@ from xsp.tracer.export import otlp
 from xsp.tracer.store import open_measurement, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
+RESOURCE_SCHEMA = "https://opentelemetry.io/schemas/1.24.0"
 Request = trace_service_pb2.ExportTraceServiceRequest
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -123,7 +131,10 @@ def _sdk_spans(exporter: Any, host: str) -> Request:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     provider = sdk_trace.TracerProvider(
-        resource=Resource.create({"service.name": "shop", "host.name": host, "pod.index": 3})
+        resource=Resource.create(
+            {"service.name": "shop", "host.name": host, "pod.index": 3, "deployment.zone": ""},
+            schema_url=RESOURCE_SCHEMA,
+        )
     )
     kept = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(kept))
@@ -145,6 +156,8 @@ def _sdk_spans(exporter: Any, host: str) -> Request:
         "sizes": [1, 2, 3],
         "weights": [0.5, 1.5],
         "bits": [True, False],
+        "xsp.iteration": "7",  # xsp's keys with another sender's types: given back as sent
+        "xsp.module.type": 5,
     }
     with tracer.start_as_current_span("GET /cart", kind=trace.SpanKind.SERVER) as root:
         root.set_attributes(attributes)
@@ -201,13 +214,16 @@ def _nested_request() -> Request:
 
 
 def _by_span(requests: list[Request]) -> dict[tuple[bytes, bytes], tuple[Any, ...]]:
-    """Each span with the resource (attributes as sent) and scope it came under."""
+    """Each span with the resource (attributes as sent, an empty value's presence included;
+    its dropped count and schema URL) and scope it came under."""
     out = {}
     for request in requests:
         for resource_spans in request.resource_spans:
-            resource = [
-                (kv.key, kv.value.SerializeToString()) for kv in resource_spans.resource.attributes
-            ]
+            resource = (
+                [kv.SerializeToString() for kv in resource_spans.resource.attributes],
+                resource_spans.resource.dropped_attributes_count,
+                resource_spans.schema_url,
+            )
             for scope_spans in resource_spans.scope_spans:
                 scope = (
                     scope_spans.scope.SerializeToString(deterministic=True),
@@ -242,16 +258,25 @@ class _Capture(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def capture() -> Iterator[tuple[int, list[bytes]]]:
+@contextlib.contextmanager
+def _capturing() -> Iterator[tuple[int, list[bytes]]]:
+    """An OTLP/HTTP endpoint on loopback that keeps the bodies it is sent."""
     bodies: list[bytes] = []
     handler = type("Handler", (_Capture,), {"bodies": bodies})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.server_address[1], bodies
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server.server_address[1], bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def capture() -> Iterator[tuple[int, list[bytes]]]:
+    with _capturing() as endpoint:
+        yield endpoint
 
 
 def _xsp(*args: str) -> subprocess.CompletedProcess[str]:
@@ -349,3 +374,160 @@ def test_the_door_parses_every_field_the_store_worker_parses() -> None:
             ):
                 assert view.fields_by_number[field_.number].message_type is field_.message_type
     assert trace_pb2.Span.DESCRIPTOR is real
+
+
+# -- 3. what raw OTLP allows beyond the SDK --------------------------------------------------------
+XSP_KEYS_RETYPED = {  # xsp's attribute keys with a value of another type than their column's
+    "xsp.iteration": AnyValue(string_value="7"),  # an int32 column: stored as 7
+    "xsp.rank": AnyValue(double_value=2.0),  # an int32 column: stored as 2
+    "xsp.module.type": AnyValue(int_value=5),  # a string column: stored as "5"
+    "xsp.op.name": AnyValue(bool_value=True),  # a string column: stored as "True"
+    "xsp.gpu.utilization_pct": AnyValue(int_value=87),  # a double column: stored as 87.0
+    "xsp.module.params": AnyValue(),  # an int64 column, an empty value: stored as null
+}
+
+
+def _raw_request() -> Request:
+    """Raw OTLP the SDK cannot send: a resource's dropped count, schema URLs on the resource and
+    the scope, empty-valued attributes on the resource and the scope, a status message on OK
+    and on UNSET, and xsp's attribute keys with other types than xsp's columns hold."""
+    request = Request()
+    resource_spans = request.resource_spans.add(schema_url="https://example.com/resource/1")
+    resource = resource_spans.resource
+    resource.dropped_attributes_count = 3
+    resource.attributes.add(key="service.name").value.string_value = "edge"
+    resource.attributes.add(key="empty.string").value.string_value = ""
+    resource.attributes.add(key="empty.value").value.SetInParent()
+    resource.attributes.add(key="zero").value.int_value = 0
+    scope_spans = resource_spans.scope_spans.add(schema_url="https://example.com/scope/2")
+    scope_spans.scope.name = "raw"
+    scope_spans.scope.dropped_attributes_count = 1
+    scope_spans.scope.attributes.add(key="scope.empty").value.SetInParent()
+    statuses = {
+        b"\1": Status(code=Status.STATUS_CODE_OK, message="served from cache"),
+        b"\2": Status(code=Status.STATUS_CODE_UNSET, message="no verdict"),
+        b"\3": Status(code=Status.STATUS_CODE_ERROR),  # an error with an empty message
+        b"\4": Status(code=Status.STATUS_CODE_ERROR, message="timeout"),
+    }
+    for byte, status in statuses.items():
+        scope_spans.spans.add(
+            trace_id=b"\5" * 16,
+            span_id=byte * 8,
+            name=f"status {status.code}",
+            start_time_unix_nano=100,
+            end_time_unix_nano=200,
+            status=status,
+        )
+    span = scope_spans.spans.add(
+        trace_id=b"\5" * 16,
+        span_id=b"\6" * 8,
+        name="retyped",
+        kind=Span.SPAN_KIND_SERVER,
+        start_time_unix_nano=100,
+        end_time_unix_nano=300,
+    )
+    span.status.SetInParent()
+    for key, value in XSP_KEYS_RETYPED.items():
+        span.attributes.add(key=key).value.CopyFrom(value)
+    span.attributes.add(key="http.route").value.string_value = "/predict"
+    return request
+
+
+@pytest.fixture(scope="module")
+def raw_round_trip(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The raw request through a collector, and what ``xsp export`` and ``xsp push`` gave back
+    of it (each parsed as OTLP), with the stored spans."""
+    tmp = tmp_path_factory.mktemp("raw")
+    c = make_collector(tmp).start()
+    try:
+        assert _post(c.http_port, _raw_request().SerializeToString())[0] == 200
+    finally:
+        c.stop()
+    run_dir = tmp / "store" / "edge" / "otlp"
+    exported = _xsp("export", str(run_dir), "-o", str(tmp / "out.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    lines = (tmp / "out.jsonl").read_text().splitlines()
+    with _capturing() as (port, bodies):
+        pushed = _xsp("push", str(run_dir), "--endpoint", f"http://127.0.0.1:{port}/v1/traces")
+        assert pushed.returncode == 0, pushed.stderr
+    (run,) = open_measurement(run_dir, foreign=True)
+    return {
+        "export": [otlp.parse_json(line.encode()) for line in lines],
+        "push": [Request.FromString(body) for body in bodies],
+        "stored": run.spans(),
+    }
+
+
+WAYS_BACK = ("export", "push")
+
+
+@pytest.mark.parametrize("way", WAYS_BACK)
+def test_a_resources_dropped_count_and_schema_urls_come_back(
+    raw_round_trip: dict[str, Any], way: str
+) -> None:
+    (request,) = raw_round_trip[way]
+    (resource_spans,) = request.resource_spans
+    assert resource_spans.resource.dropped_attributes_count == 3
+    assert resource_spans.schema_url == "https://example.com/resource/1"
+    (scope_spans,) = resource_spans.scope_spans
+    assert scope_spans.schema_url == "https://example.com/scope/2"
+    assert scope_spans.scope == _raw_request().resource_spans[0].scope_spans[0].scope
+
+
+@pytest.mark.parametrize("way", WAYS_BACK)
+def test_a_status_message_comes_back_whatever_its_code(
+    raw_round_trip: dict[str, Any], way: str
+) -> None:
+    (request,) = raw_round_trip[way]
+    back = {
+        span.span_id[:1]: (span.status.code, span.status.message)
+        for span in request.resource_spans[0].scope_spans[0].spans
+    }
+    assert back == {
+        b"\1": (Status.STATUS_CODE_OK, "served from cache"),
+        b"\2": (Status.STATUS_CODE_UNSET, "no verdict"),
+        b"\3": (Status.STATUS_CODE_ERROR, ""),
+        b"\4": (Status.STATUS_CODE_ERROR, "timeout"),
+        b"\6": (Status.STATUS_CODE_UNSET, ""),
+    }
+    # an error's message stays where the analyses read failures; another's is not one
+    stored = raw_round_trip["stored"].sort_by("span_id")
+    assert stored.column("status_message").to_pylist() == [None, None, "", "timeout", None]
+
+
+@pytest.mark.parametrize("way", WAYS_BACK)
+def test_empty_valued_resource_attributes_come_back(
+    raw_round_trip: dict[str, Any], way: str
+) -> None:
+    (request,) = raw_round_trip[way]
+    sent = _raw_request().resource_spans[0].resource.attributes
+    got = request.resource_spans[0].resource.attributes
+    assert [kv.SerializeToString() for kv in got] == [kv.SerializeToString() for kv in sent]
+    empty = next(kv for kv in got if kv.key == "empty.value")
+    assert empty.HasField("value") and empty.value.WhichOneof("value") is None
+
+
+@pytest.mark.parametrize("way", WAYS_BACK)
+def test_xsp_keys_with_another_senders_types_come_back_as_sent(
+    raw_round_trip: dict[str, Any], way: str
+) -> None:
+    (request,) = raw_round_trip[way]
+    (span,) = (s for s in request.resource_spans[0].scope_spans[0].spans if s.name == "retyped")
+    assert {kv.key: kv.value for kv in span.attributes} == {
+        **XSP_KEYS_RETYPED,
+        "http.route": AnyValue(string_value="/predict"),
+    }
+    # xsp's columns still hold them converted, as the analyses read them
+    (row,) = raw_round_trip["stored"].filter(pc.equal(pc.field("name"), "retyped")).to_pylist()
+    assert (row["iteration"], row["rank"], row["module_type"], row["op_name"]) == (
+        7,
+        2,
+        "5",
+        "True",
+    )
+    assert (row["gpu_utilization_pct"], row["module_params"]) == (87.0, None)
+
+
+def test_the_raw_request_comes_back_whole(raw_round_trip: dict[str, Any]) -> None:
+    for way in WAYS_BACK:
+        _assert_same(raw_round_trip[way], [_raw_request()])

@@ -87,10 +87,11 @@ def check(body: bytes) -> int:
                 for key in _NUMERIC_KEYS.intersection(attributes):
                     value = attributes[key]
                     kind = numeric[key]
-                    if kind.wide and value.WhichOneof("value") == "int_value":
+                    which = value.WhichOneof("value")
+                    if kind.wide and which == "int_value":
                         continue  # any int64 fits an int64 column
                     try:
-                        typed(value, kind)
+                        typed(value, kind, which)
                     except otlp.DecodeError as exc:
                         raise otlp.DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 if _STORED_PARENT in attributes:  # a viewer layout's (xsp.tracer.export.view)

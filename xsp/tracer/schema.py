@@ -268,6 +268,9 @@ COLUMNS: Final[tuple[Column, ...]] = (
     # (docs/store.md). xsp's own spans leave them null, which costs nothing at rest.
     Column("span_kind", pa.int8()),  # OTLP Span.kind; null: INTERNAL, as xsp's own
     Column("status_code", pa.int8()),  # OTLP Status.code; null: ERROR if status_message, else UNSET
+    # OTLP Status.message on a status other than ERROR (an OK's description, or an UNSET's as raw
+    # OTLP allows): status_message is an error's alone, which the analyses read as a failure
+    Column("status_description", _STR),
     Column("trace_state", _STR),
     Column("flags", pa.uint32()),  # OTLP Span.flags; null: 0
     Column("scope_name", _DICT),  # the instrumentation scope; null: xsp's own

@@ -10,10 +10,12 @@ has that span as its parent on the wire, so a tracing backend shows the model un
 a reconstruction's root carries an OpenTelemetry span link to it (``link_trace_id``,
 ``link_span_id``). Decoding puts both back into their columns.
 
-Another sender's fields beyond xsp's (kind, status code, events, links, scope, every attribute
-with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and encoded back from
-them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type of its own
-(``otlp_values``); xsp's own spans leave them null and pay only a null check per column.
+Another sender's fields beyond xsp's (kind, status code and a non-error's message, events, links,
+scope, every attribute with its type: ``schema.OTLP_COLUMNS``) are decoded into their columns and
+encoded back from them (``_rest_rows``, ``_scope_groups``), as OTLP/JSON where a value has a type
+of its own (``otlp_values``); a value under an xsp key whose type is not its column's is kept so
+too, and given back instead of the column's conversion (``_given_back``). xsp's own spans leave
+them null and pay only a null check per column.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -188,11 +190,24 @@ def _scope_groups(table: pa.Table, scope_version: str) -> list[tuple[tuple[Any, 
     return list(groups.items())
 
 
-def _status_code(message: str | None, rest: Mapping[str, Any] | None) -> Any:
-    """The OTLP status code of a row (an int; Any for protobuf's enum type)."""
-    if rest is not None and rest.get("status_code") is not None:
-        return int(rest["status_code"])
-    return Status.STATUS_CODE_ERROR if message is not None else Status.STATUS_CODE_UNSET
+def _status(message: str | None, rest: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The OTLP status code (an int; Any for protobuf's enum type) and message of a row: an
+    error's message is ``status_message``, another status's ``status_description``."""
+    stored = rest or {}
+    code = stored.get("status_code")
+    if code is None:
+        code = Status.STATUS_CODE_ERROR if message is not None else Status.STATUS_CODE_UNSET
+    return int(code), message or stored.get("status_description") or ""
+
+
+def _given_back(
+    attributes: list[tuple[str, Any]], kept: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, Any]]:
+    """A row's column attributes less those its kept attributes (OTLP/JSON) give back as they
+    came: another sender's value of another type under an xsp key, which its column holds
+    converted (``_any_columns``)."""
+    keys = {item.get("key") for item in kept}
+    return [(key, value) for key, value in attributes if key not in keys]
 
 
 def _span_links(table: pa.Table) -> list[tuple[bytes, int] | None]:
@@ -224,11 +239,18 @@ def by_level(
 
 
 def encode_resource_spans(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
+    resource: Mapping[str, Any],
+    table: pa.Table,
+    scope_version: str = "",
+    view: bool = False,
+    resource_extra: Mapping[str, Any] | None = None,
 ) -> ResourceSpans:
     """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA), under
-    ``resource`` as given (``wire_resource`` adds Jaeger's host key), one ScopeSpans per
-    instrumentation scope."""
+    ``resource`` as given (``wire_resource`` adds Jaeger's host key) with the rest of it a
+    stored sender's had (``resource_extra``: run.json's "resources" entry, whose
+    ``droppedAttributesCount`` and ``schemaUrl`` are read), one ScopeSpans per instrumentation
+    scope."""
+    extra = resource_extra or {}
     spans = [
         _span(row, link, rest)
         for row, link, rest in zip(
@@ -236,7 +258,11 @@ def encode_resource_spans(
         )
     ]
     return ResourceSpans(
-        resource=Resource(attributes=key_values(wire_resource(resource))),
+        resource=Resource(
+            attributes=key_values(wire_resource(resource)),
+            dropped_attributes_count=extra.get("droppedAttributesCount", 0),
+        ),
+        schema_url=extra.get("schemaUrl", ""),
         scope_spans=[
             ScopeSpans(
                 scope=_scope(key),
@@ -264,6 +290,10 @@ def _span(
     rest: Mapping[str, Any] | None,
 ) -> Span:
     trace_id, span_id, parent, name, start, end, attributes, message = row
+    kept = otlp_values.json_from_text(rest.get("attributes")) if rest is not None else []
+    if kept:
+        attributes = _given_back(attributes, kept)
+    code, text = _status(message, rest)
     span = Span(
         trace_id=trace_id,
         span_id=span_id.to_bytes(8, "big"),
@@ -273,7 +303,7 @@ def _span(
         start_time_unix_nano=start,
         end_time_unix_nano=end,
         attributes=[KeyValue(key=key, value=any_value(value)) for key, value in attributes],
-        status=Status(code=_status_code(message, rest), message=message or ""),
+        status=Status(code=code, message=text),
         links=[Span.Link(trace_id=link[0], span_id=link[1].to_bytes(8, "big"))]
         if link is not None
         else [],
@@ -282,7 +312,7 @@ def _span(
         return span
     if "span_kind" in rest:
         span.kind = rest["span_kind"]
-    span.attributes.extend(otlp_values.key_values_from_text(rest.get("attributes")))
+    span.attributes.extend(otlp_values.key_values_from_json(kept))
     for event in rest.get("events") or []:
         span.events.add(
             time_unix_nano=event["time_ns"] or 0,
@@ -309,34 +339,47 @@ def _span(
 
 
 def encode_request(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
+    resource: Mapping[str, Any],
+    table: pa.Table,
+    scope_version: str = "",
+    view: bool = False,
+    resource_extra: Mapping[str, Any] | None = None,
 ) -> ExportTraceServiceRequest:
     """The request of ``table``'s spans; with ``view``, laid out for a trace viewer (one service
-    per level, short kernel names: ``xsp.tracer.export.view``)."""
+    per level, short kernel names: ``xsp.tracer.export.view``); ``resource_extra`` as
+    ``encode_resource_spans``'."""
     return ExportTraceServiceRequest(
         resource_spans=[
-            encode_resource_spans(wired, rows, scope_version, view)
+            encode_resource_spans(wired, rows, scope_version, view, resource_extra)
             for wired, rows in by_level(resource, table, view)
         ]
     )
 
 
 def encode_request_json(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str = "", view: bool = False
+    resource: Mapping[str, Any],
+    table: pa.Table,
+    scope_version: str = "",
+    view: bool = False,
+    resource_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``request_to_json(encode_request(...))``, built straight from the columns: the same
     OTLP/JSON (hex ids, integer enums, 64-bit integers as strings, defaults left out) at a
     fraction of the cost (protobuf's MessageToDict took about 140 µs a span)."""
     return {
         "resourceSpans": [
-            _resource_spans_json(wired, rows, scope_version, view)
+            _resource_spans_json(wired, rows, scope_version, view, resource_extra or {})
             for wired, rows in by_level(resource, table, view)
         ]
     }
 
 
 def _resource_spans_json(
-    resource: Mapping[str, Any], table: pa.Table, scope_version: str, view: bool
+    resource: Mapping[str, Any],
+    table: pa.Table,
+    scope_version: str,
+    view: bool,
+    resource_extra: Mapping[str, Any],
 ) -> dict[str, Any]:
     spans = [
         _span_json(row, link, rest)
@@ -349,7 +392,12 @@ def _resource_spans_json(
         for key, value in wire_resource(resource).items()
         if value is not None
     ]
-    resource_spans: dict[str, Any] = {"resource": {"attributes": wired} if wired else {}}
+    wire: dict[str, Any] = {"attributes": wired} if wired else {}
+    if resource_extra.get("droppedAttributesCount"):
+        wire["droppedAttributesCount"] = resource_extra["droppedAttributesCount"]
+    resource_spans: dict[str, Any] = {"resource": wire}
+    if resource_extra.get("schemaUrl"):
+        resource_spans["schemaUrl"] = resource_extra["schemaUrl"]
     scope_spans = []
     for (name, version, extra), rows in _scope_groups(table, scope_version):
         scope: dict[str, Any] = {"name": name} if name else {}
@@ -392,15 +440,16 @@ def _span_json(
         span["startTimeUnixNano"] = str(start)
     if end:
         span["endTimeUnixNano"] = str(end)
-    listed = [{"key": k, "value": _json_value(v)} for k, v in attributes]
-    if rest is not None:
-        listed += otlp_values.json_from_text(rest.get("attributes"))
+    kept = otlp_values.json_from_text(rest.get("attributes")) if rest is not None else []
+    if kept:
+        attributes = _given_back(attributes, kept)
+    listed = [{"key": k, "value": _json_value(v)} for k, v in attributes] + kept
     if listed:
         span["attributes"] = listed
     status: dict[str, Any] = {}
-    if message:
-        status["message"] = message
-    code = _status_code(message, rest)
+    code, text = _status(message, rest)
+    if text:
+        status["message"] = text
     if code:
         status["code"] = code
     span["status"] = status
@@ -611,7 +660,7 @@ def validate(request: ExportTraceServiceRequest) -> int:
                             if slot is None:
                                 _stored_parent(kv.value)
                             else:
-                                _typed(kv.value, slot)
+                                _typed(kv.value, slot, kv.value.WhichOneof("value"))
                         except DecodeError as exc:
                             raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
@@ -825,7 +874,8 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
     for column in schema.ATTRIBUTE_COLUMNS:
         assert column.attribute is not None
         slots[column.attribute] = ([None] * n, _KINDS[column.attribute])
-    trace_ids, span_ids, parents, names, starts, durs, statuses = [], [], [], [], [], [], []
+    trace_ids, span_ids, parents, names, starts, durs = [], [], [], [], [], []
+    statuses: list[str | None] = []
     link_traces: list[bytes | None] = [None] * n
     link_spans: list[int | None] = [None] * n
     added: list[int] = []  # rows a viewer layout added (xsp.tracer.export.view): not stored
@@ -842,9 +892,14 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
         durs.append(max(0, span.end_time_unix_nano - start))
         status = span.status
         code = status.code
-        statuses.append(status.message if code == error_code else None)
-        if code != unset_code and code != error_code:
-            rest.set("status_code", row, code)  # OK: status_message cannot say it
+        if code == error_code:
+            statuses.append(status.message)
+        else:
+            statuses.append(None)
+            if code != unset_code:
+                rest.set("status_code", row, code)  # OK: status_message cannot say it
+            if status.message:  # not an error's: not a failure to the analyses
+                rest.set("status_description", row, status.message)
         if span.kind != internal:
             rest.set("span_kind", row, span.kind)
         links = span.links
@@ -868,7 +923,15 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
         for kv in span.attributes:
             slot = slots.get(kv.key)
             if slot is not None:
-                slot[0][row] = _typed(kv.value, slot[1])
+                value, kind = kv.value, slot[1]
+                which = value.WhichOneof("value")
+                slot[0][row] = _typed(value, kind, which)
+                if which != kind.own:
+                    # another sender's type under an xsp key: the column holds it converted,
+                    # the encoders give back the value as it came (``_given_back``)
+                    if others is None:
+                        others = []
+                    others.append(kv)
             elif kv.key in _VIEW_KEYS:
                 _undo_view(kv, row, names, parents, added)
             else:
@@ -965,11 +1028,19 @@ _ITERATION_ROOT_IDS = 0xFFFF_FFFF
 class _Kind:
     """How an attribute column wants its values: an integer within bounds, a float, a string."""
 
-    __slots__ = ("high", "is_float", "key", "low", "type_name", "wide")
+    __slots__ = ("high", "is_float", "key", "low", "own", "type_name", "wide")
 
     def __init__(self, key: str, type_: pa.DataType) -> None:
         self.key = key
         self.is_float = pa.types.is_floating(type_)
+        #: the AnyValue field of the column's own type; a value of another is kept as sent too
+        self.own = (
+            "double_value"
+            if self.is_float
+            else "int_value"
+            if pa.types.is_integer(type_)
+            else "string_value"
+        )
         self.type_name = str(type_)
         self.wide = type_ == pa.int64()  # holds any int_value OTLP can carry
         if pa.types.is_integer(type_):
@@ -992,8 +1063,9 @@ _NUMERIC: dict[str, _Kind] = {
 }
 
 
-def _typed(value: AnyValue, kind: _Kind) -> Any:
-    """An attribute value as its column wants it (foreign senders may use other value types).
+def _typed(value: AnyValue, kind: _Kind, which: str | None) -> Any:
+    """An attribute value (``which``: its ``WhichOneof``) as its column wants it (foreign
+    senders may use other value types).
 
     A numeric column takes numbers and numeric strings (``"7"``). Anything else (a bool, an array,
     ``"abc"``, 7.9 for an integer) and a number that does not fit the column (2**40 for an int32
@@ -1001,7 +1073,6 @@ def _typed(value: AnyValue, kind: _Kind) -> Any:
     attribute and value: the request is refused before it is acknowledged, rather than stored
     with the value silently dropped or truncated.
     """
-    which = value.WhichOneof("value")
     if kind.high is not None:
         if which == "int_value":
             number: Any = value.int_value

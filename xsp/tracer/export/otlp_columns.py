@@ -7,11 +7,11 @@ whose span attributes are ``repeated bytes`` (wire-compatible with ``repeated Ke
 attributes of a whole request come out as one buffer, and their keys and values are decoded from
 it with numpy, the way capture's records are: every KeyValue at once, field by field.
 
-Only the common case is decoded so: spans of kind INTERNAL with status UNSET or ERROR, no events,
-trace state, flags or dropped counts, links with ids only, and every attribute one that a column
-holds, with its column's own value type (string, int or double) and once per span. Any other
-request (another sender's, a viewer layout's) is parsed as OTLP and decoded span by span
-(``otlp._any_columns``), into the same table.
+Only the common case is decoded so: spans of kind INTERNAL with status ERROR or UNSET (without a
+message), no events, trace state, flags or dropped counts, links with ids only, and every
+attribute one that a column holds, with its column's own value type (string, int or double) and
+once per span. Any other request (another sender's, a viewer layout's) is parsed as OTLP and
+decoded span by span (``otlp._any_columns``), into the same table.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ _ZERO_ID = bytes(8)
 _KIND_OF = operator.attrgetter("kind")
 _STATUS_OF = operator.attrgetter("status")
 _CODE_OF = operator.attrgetter("code")
+_MESSAGE_OF = operator.attrgetter("message")
 _SPAN_ID_OF = operator.attrgetter("span_id")
 _PARENT_OF = operator.attrgetter("parent_span_id")
 _TRACE_ID_OF = operator.attrgetter("trace_id")
@@ -102,9 +103,12 @@ def _common_columns(spans: list[Any]) -> dict[str, Any] | None:
     error = codes == Status.STATUS_CODE_ERROR
     if not (error | (codes == Status.STATUS_CODE_UNSET)).all():
         return None
+    texts = list(map(_MESSAGE_OF, statuses))
+    if any(texts) and np.fromiter(map(bool, texts), bool, n)[~error].any():
+        return None  # an UNSET status with a message (``status_description``)
     messages: list[str | None] = [None] * n
     for row in np.flatnonzero(error).tolist():
-        messages[row] = statuses[row].message
+        messages[row] = texts[row]
     ids = list(map(_SPAN_ID_OF, spans))
     parents = [parent or _ZERO_ID for parent in map(_PARENT_OF, spans)]
     if set(map(len, ids)) != {8} or set(map(len, parents)) != {8}:

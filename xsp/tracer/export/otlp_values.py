@@ -1,12 +1,13 @@
 """OTLP values <-> OTLP/JSON, for the fields that xsp's typed columns do not hold.
 
 The collector stores a foreign sender's attributes (those no column of ``schema.COLUMNS``
-takes), its events' and links' attributes and its resources as OTLP/JSON text: the form the
-OpenTelemetry specification gives them (``[{"key": ..., "value": {"intValue": "7"}}]``: 64-bit
-integers as strings, bytes as base64, non-finite doubles as "NaN"/"Infinity"), so that every value
-keeps its type, arrays and nested key-value lists included, DuckDB's JSON functions read it, and
-the OTLP/JSON encoder writes it back as it is. Hand-written rather than protobuf's
-``MessageToDict`` / ``ParseDict``, which cost about 20x more per value.
+takes, or of another value type than their column's), its events' and links' attributes and its
+resources as OTLP/JSON text: the form the OpenTelemetry specification gives them
+(``[{"key": ..., "value": {"intValue": "7"}}]``: 64-bit integers as strings, bytes as base64,
+non-finite doubles as "NaN"/"Infinity"), so that every value keeps its type, arrays and nested
+key-value lists included, DuckDB's JSON functions read it, and the OTLP/JSON encoder writes it
+back as it is. Hand-written rather than protobuf's ``MessageToDict`` / ``ParseDict``, which cost
+about 20x more per value.
 
 The input is a parsed protobuf message, so its depth is within protobuf's 100 levels and its
 strings are UTF-8: nothing here fails on a request the collector acknowledged.
@@ -115,8 +116,8 @@ def json_from_text(text: str | None) -> list[dict[str, Any]]:
 
 def plain(data: Mapping[str, Any]) -> Any:
     """An OTLP/JSON value as a plain Python value where one says it exactly (a string, bool,
-    int or float); arrays, key-value lists and bytes stay OTLP/JSON (``any_value`` and the
-    OTLP/JSON encoder take either)."""
+    int or float); arrays, key-value lists, bytes and an empty value (``{}``) stay OTLP/JSON
+    (``any_value`` and the OTLP/JSON encoder take either)."""
     if "stringValue" in data:
         return data["stringValue"]
     if "boolValue" in data:
@@ -125,4 +126,4 @@ def plain(data: Mapping[str, Any]) -> Any:
         return int(data["intValue"])
     if "doubleValue" in data:
         return float(data["doubleValue"])
-    return dict(data) if data else None
+    return dict(data)

@@ -44,10 +44,24 @@ class SpanBatch:
     #: The store's name for it (``spans-<part>.parquet``): a continuous session's batch number,
     #: so that recovering a batch after a crash rewrites the same part; None: the next number.
     part: str | None = None
+    #: The rest of a stored sender's resource, which the OTLP encoders give back: run.json's
+    #: "resources" entry (its ``droppedAttributesCount``, ``schemaUrl``); empty for xsp's own.
+    resource_extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, resource: Mapping[str, Any], table: pa.Table, part: str | None = None) -> SpanBatch:
-        return cls(MappingProxyType(dict(resource)), table, part)
+    def of(
+        cls,
+        resource: Mapping[str, Any],
+        table: pa.Table,
+        part: str | None = None,
+        resource_extra: Mapping[str, Any] | None = None,
+    ) -> SpanBatch:
+        return cls(
+            MappingProxyType(dict(resource)),
+            table,
+            part,
+            MappingProxyType(dict(resource_extra or {})),
+        )
 
 
 class Sink(Protocol):
@@ -145,16 +159,18 @@ class OtlpSink:
             table = for_viewer(table, self._max_per_trace)
             self.spans_folded += batch.table.num_rows - (table.num_rows - _added_rows(table))
         for part in otlp.batches_under(table, self._max_spans):
-            self._send(batch.resource, part)
+            self._send(batch, part)
 
-    def _send(self, resource: Mapping[str, Any], part: pa.Table) -> None:
+    def _send(self, batch: SpanBatch, part: pa.Table) -> None:
         from xsp.tracer.export import otlp
 
-        request = otlp.encode_request(resource, part, self._scope_version, self._view)
+        request = otlp.encode_request(
+            batch.resource, part, self._scope_version, self._view, batch.resource_extra
+        )
         if request.ByteSize() > self._max_bytes and part.num_rows > 1:
             half = part.num_rows // 2  # rare: spans with very long attributes
-            self._send(resource, part.slice(0, half))
-            self._send(resource, part.slice(half))
+            self._send(batch, part.slice(0, half))
+            self._send(batch, part.slice(half))
             return
         self._transport.send(request)
         self.requests_sent += 1
@@ -261,7 +277,7 @@ class OtlpJsonFileSink:
             table = for_viewer(table, self._max_per_trace)
         for trace in otlp.split_traces(table):
             request = otlp.encode_request_json(
-                batch.resource, trace, self._scope_version, self._view
+                batch.resource, trace, self._scope_version, self._view, batch.resource_extra
             )
             self._handle.write(json.dumps(request, separators=(",", ":")))
             self._handle.write("\n")

@@ -50,12 +50,10 @@ class ExportSource:
         """Each run's own spans, with the OS pids of its ranks."""
 
         def spans() -> list[RunSpans]:
-            from xsp.tracer.export.sinks import SpanBatch
-
             return [
-                RunSpans(SpanBatch.of(resource, table), rank_pids(r.meta))
+                RunSpans(batch, rank_pids(r.meta))
                 for r in runs
-                for resource, table in by_sender(r.meta, r.resource, r.spans())
+                for batch in by_sender(r.meta, r.resource, r.spans())
             ]
 
         return cls(runs, spans)
@@ -81,14 +79,21 @@ def rank_pids(meta: Mapping[str, Any]) -> dict[int, int]:
 
 def by_sender(
     meta: Mapping[str, Any], resource: Mapping[str, Any], table: pa.Table
-) -> list[tuple[Mapping[str, Any], pa.Table]]:
+) -> list[SpanBatch]:
     """A run's spans by the resource that sent them (the collector stores each sender's in
-    run.json's "resources", named by the spans' ``resource_id``), each value with its type;
-    spans that name none keep the run's ``resource``."""
+    run.json's "resources", named by the spans' ``resource_id``), each value with its type and
+    the rest of the resource (its dropped count, schema URL) beside; spans that name none keep
+    the run's ``resource``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from xsp.tracer.export import otlp
+    from xsp.tracer.export.sinks import SpanBatch
+
+    def sent_by(entry: Any, rows: pa.Table) -> SpanBatch:
+        if not isinstance(entry, dict):
+            return SpanBatch.of(resource, rows)
+        return SpanBatch.of(otlp.plain_resource(entry), rows, resource_extra=entry)
 
     senders = meta.get("resources")
     if (
@@ -96,17 +101,14 @@ def by_sender(
         or "resource_id" not in table.column_names
         or table.column("resource_id").null_count == table.num_rows
     ):
-        return [(resource, table)]
+        return [SpanBatch.of(resource, table)]
     ids = table.column("resource_id").cast(pa.string())
-    out: list[tuple[Mapping[str, Any], pa.Table]] = []
     unique = ids.unique().to_pylist()
     if len(unique) == 1 and isinstance(senders.get(unique[0]), dict):  # one sender: no copy
-        return [(otlp.plain_resource(senders[unique[0]]), table)]
-    for sender in unique:
-        if sender is None:
-            out.append((resource, table.filter(pc.is_null(ids))))
-            continue
-        rows = table.filter(pc.fill_null(pc.equal(ids, sender), False))
-        entry = senders.get(sender)
-        out.append((otlp.plain_resource(entry) if isinstance(entry, dict) else resource, rows))
-    return out
+        return [sent_by(senders[unique[0]], table)]
+    return [
+        sent_by(senders.get(sender), table.filter(pc.fill_null(pc.equal(ids, sender), False)))
+        if sender is not None
+        else SpanBatch.of(resource, table.filter(pc.is_null(ids)))
+        for sender in unique
+    ]
