@@ -5,8 +5,9 @@ of SPANS_PER_REQUEST spans (real ResNet-18 training spans, a fresh trace id each
 connections for SECONDS (each request's trace id made unique by patching the encoded bytes, since
 the collector stores a byte-identical retry once); reports acknowledged spans per second and the
 store worker's rate (spans in the store's parts at the end of the load, per second of load; and
-all of them once SIGTERM's flush is done, per second of load and flush), then stops the collector
-(SIGTERM: it flushes) and checks that the store holds every acknowledged span.
+all of them once SIGTERM's flush is done, per second of load and flush) and the CPU time the
+collector's processes used during the load (the receivers' process, the store worker), then stops
+the collector (SIGTERM: it flushes) and checks that the store holds every acknowledged span.
 
     python benchmarks/collector_load.py [--seconds 10] [--clients 2] [--spans-per-request 1000]
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import os
 import signal
 import sys
 import tempfile
@@ -63,6 +65,21 @@ def stored_so_far(store: Path) -> int:
     return total
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
@@ -95,6 +112,7 @@ def main() -> None:
                 i += args.clients
             conn.close()
 
+        cpu_before = {pid: cpu_seconds(pid) for pid in [proc.pid, *children(proc.pid)]}
         start = time.perf_counter()
         threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
         for t in threads:
@@ -103,6 +121,10 @@ def main() -> None:
             t.join()
         elapsed = time.perf_counter() - start
         during = stored_so_far(store)
+        cpu = {
+            pid: cpu_seconds(pid) - cpu_before.get(pid, 0.0)
+            for pid in [proc.pid, *children(proc.pid)]
+        }
         t0 = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=600)
@@ -114,6 +136,11 @@ def main() -> None:
             f"acknowledged: {total} spans, {total / elapsed:,.0f} spans/s ({sum(rejected)} requests told to retry)"
         )
         print(f"stored during the load: {during} spans, {during / elapsed:,.0f} spans/s")
+        workers = ", ".join(f"{cpu[pid]:.1f}" for pid in cpu if pid != proc.pid)
+        print(
+            f"CPU during the load: receivers' process {cpu[proc.pid]:.1f} s, its children "
+            f"(the store worker) {workers} s, over {elapsed:.1f} s"
+        )
         print(
             f"stored after SIGTERM: {stored} spans (flush after the load took {drain:.1f} s), "
             f"{stored / (elapsed + drain):,.0f} spans/s over load and flush"

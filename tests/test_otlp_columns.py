@@ -62,7 +62,7 @@ def test_xsp_spans_are_decoded_column_wise_into_the_same_table(xsp_table: pa.Tab
     body = otlp.encode_request(RESOURCE, xsp_table).SerializeToString()
     mirror = otlp_columns.parse_request(body)
     spans, _ = otlp.spans_and_scopes(mirror.resource_spans[0])
-    assert otlp_columns._common_columns(spans) is not None  # the column-wise path ran
+    assert otlp_columns.common_columns(spans) is not None  # the column-wise path ran
     column_wise, span_by_span = _both(body)
     _assert_same(column_wise, span_by_span)
     stored = column_wise[0][2]
@@ -118,3 +118,23 @@ def test_a_repeated_attribute_keeps_its_last_value_as_before(xsp_table: pa.Table
     _assert_same(column_wise, span_by_span)
     assert column_wise[0][2].column("iteration")[1].as_py() == 41
     assert np.asarray(column_wise[0][2].column("span_id")).dtype == np.uint64
+
+
+def test_a_malformed_span_is_left_to_protobuf_to_name(xsp_table: pa.Table) -> None:
+    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 3))
+    good = [s.SerializeToString() for s in request.resource_spans[0].scope_spans[0].spans]
+    assert otlp_columns.common_columns(good) is not None
+    for bad in (good[1][:-3], good[1] + b"\x0b", good[1] + b"\x9a\x01\x05ab"):  # cut, group, past
+        assert otlp_columns.common_columns([good[0], bad, good[2]]) is None
+
+
+def test_span_flags_and_dropped_counts_are_kept(xsp_table: pa.Table) -> None:
+    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    spans = request.resource_spans[0].scope_spans[0].spans
+    spans[2].flags = 0x100
+    spans[3].dropped_attributes_count = 4
+    column_wise, span_by_span = _both(request.SerializeToString())
+    _assert_same(column_wise, span_by_span)
+    stored = column_wise[0][2]
+    assert stored.column("flags")[2].as_py() == 0x100
+    assert stored.column("dropped_attributes_count")[3].as_py() == 4

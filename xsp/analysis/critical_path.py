@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
 from xsp.analysis.store import MeasurementStore
+from xsp.tracer.convert.columns import arrow, numbers, rows_table
 
 
 def has_gpu(store: MeasurementStore) -> bool:
@@ -25,16 +26,18 @@ def has_gpu(store: MeasurementStore) -> bool:
 
 def _steady_iterations(result: Replay) -> np.ndarray:
     steps = result.steps
-    return np.asarray(steps.column("iteration"))[np.asarray(steps.column("steady"), dtype=bool)]
+    return numbers(steps.column("iteration"))[
+        numbers(steps.column("steady")).astype(bool, copy=False)
+    ]
 
 
 def step_causes(store: MeasurementStore) -> pa.Table:
     """The replayed step's critical path by cause: cause, ms_per_iteration, share_pct."""
     result = replay(store)
     kept = _steady_iterations(result)
-    path = result.path.filter(pc.is_in(result.path.column("iteration"), pa.array(kept)))
+    path = result.path.filter(pc.is_in(result.path.column("iteration"), arrow(kept, pa.int64())))
     cause = np.asarray(path.column("cause").to_pylist(), dtype=object)
-    dur = np.asarray(path.column("dur_ns"), dtype=np.float64)
+    dur = numbers(path.column("dur_ns")).astype(np.float64, copy=False)
     total = float(dur.sum())
     n = max(len(kept), 1)
     rows = [
@@ -45,7 +48,12 @@ def step_causes(store: MeasurementStore) -> pa.Table:
         }
         for name in CAUSES
     ]
-    return pa.Table.from_pylist(rows)
+    return rows_table(rows, _CAUSES)
+
+
+_CAUSES = pa.schema(
+    [("cause", pa.string()), ("ms_per_iteration", pa.float64()), ("share_pct", pa.float64())]
+)
 
 
 def verdict(store: MeasurementStore) -> str:
@@ -68,25 +76,26 @@ def layer_times(store: MeasurementStore) -> pa.Table:
         return store.memo["layer_times"]
     result = replay(store)
     spans = result.spans
-    kept = pa.array(_steady_iterations(result), pa.int64())
+    kept = arrow(_steady_iterations(result), pa.int64())
     layer = spans.column("module_path").cast(pa.string())
     store.con.register(
         "replay_spans",
-        pa.table(
-            {
-                "iteration": spans.column("iteration").cast(pa.int64()),
-                "level": spans.column("level").cast(pa.string()),
-                "kind": spans.column("kind").cast(pa.string()),
-                "phase": spans.column("phase").cast(pa.string()),
-                "layer": layer,
-                "layer_type": spans.column("module_type").cast(pa.string()),
-                "dur_ns": pa.array(result.dur_ns, pa.int64()),
-            }
+        pa.Table.from_arrays(
+            [
+                spans.column("iteration").cast(pa.int64()),
+                spans.column("level").cast(pa.string()),
+                spans.column("kind").cast(pa.string()),
+                spans.column("phase").cast(pa.string()),
+                layer,
+                spans.column("module_type").cast(pa.string()),
+                arrow(result.dur_ns, pa.int64()),
+            ],
+            names=["iteration", "level", "kind", "phase", "layer", "layer_type", "dur_ns"],
         ),
     )
     path = result.path
     store.con.register("replay_path", path.append_column("layer", layer.take(path.column("row"))))
-    store.con.register("replay_kept", pa.table({"iteration": kept}))
+    store.con.register("replay_kept", pa.Table.from_arrays([kept], names=["iteration"]))
     times = store.sql(
         """
         WITH n AS (SELECT greatest(count(*), 1) AS it FROM replay_kept),

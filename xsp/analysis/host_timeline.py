@@ -25,6 +25,7 @@ import pyarrow as pa
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import depths, find_rows
 
 #: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
@@ -115,8 +116,8 @@ def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray
     runs, source_of = level_sources(store)
     deep_index = runs[-1][0]
     deep, key, parent = keyed(store, deep_index)
-    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
-    end = start + np.asarray(deep.column("dur_ns"), dtype=np.int64)
+    start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
+    end = start + numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
     source = source_of.get(schema.LEVEL_FRAMEWORK)
     calib = calibration(store, source)
     if source is None:
@@ -214,8 +215,8 @@ def _host_length_from_m(
     if not measured:
         return end.copy()
     kind = texts(deep.column("kind"))
-    iteration = np.asarray(deep.column("iteration").fill_null(-1), dtype=np.int64)
-    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
+    iteration = numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False)
+    start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
     median = float(np.median(list(measured.values())))
     out = end.copy()
     for row in np.nonzero(kind == schema.KIND_STEP)[0]:
@@ -228,8 +229,8 @@ def _debiased(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The F run's start and end times, each moved back by the calibrated cost of the F record
     starts and ends before it in its iteration (step 2.1)."""
-    start = np.asarray(table.column("start_ns"), dtype=np.int64)
-    end = start + np.asarray(table.column("dur_ns"), dtype=np.int64)
+    start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
+    end = start + numbers(table.column("dur_ns")).astype(np.int64, copy=False)
     if calib.op_ns is None:
         return start, end
     level = texts(table.column("level"))
@@ -237,7 +238,7 @@ def _debiased(
     records = np.nonzero(level == schema.LEVEL_FRAMEWORK)[0]
     op_ns = np.full(len(records), calib.op_ns, dtype=np.float64)
     if calib.first_op_ns is not None:  # the first measured iteration's ops record shapes too
-        iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+        iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
         op_ns[iteration[records] == 0] = calib.first_op_ns
     half = np.where(kind[records] == schema.KIND_MODULE, calib.module_ns or 0.0, op_ns) / 2
     times = np.concatenate((start[records], end[records]))
@@ -314,9 +315,9 @@ def measured_steps(store: MeasurementStore, deep_index: int) -> tuple[dict[int, 
         return {}, None
     table = store.run_spans(index)
     kind = texts(table.column("kind"))
-    ok = (kind == schema.KIND_STEP) & np.asarray(table.column("status_message").is_null())
-    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
-    dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
+    ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
+    iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
+    dur = numbers(table.column("dur_ns")).astype(np.int64, copy=False)
     rows = np.nonzero(ok)[0]
     keep = steady(dur[rows] / 1e6)
     return {int(iteration[r]): dur[r] / 1e6 for r, k in zip(rows, keep, strict=True) if k}, (

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
+from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import depths, find_rows
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -28,16 +29,18 @@ def _name_hashes(names: pa.Array) -> np.ndarray:
         for v in encoded.dictionary.to_pylist()
     ]
     table = np.array(values or [0], dtype=np.uint64)
-    return table[np.asarray(encoded.indices.fill_null(0), dtype=np.int64)]
+    return table[numbers(encoded.indices, null=0).astype(np.int64, copy=False)]
 
 
 def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """(key, parent row) per span: the key hashes the span's iteration and its path of
     (name, ordinal among same-named siblings by start time) from the root, so repeated
     identical kernels keep distinct keys. Vectorized: one pass per tree depth."""
-    span_id = np.asarray(table.column("span_id"), dtype=np.uint64).astype(np.int64)
-    parent_id = np.asarray(table.column("parent_span_id"), dtype=np.uint64).astype(np.int64)
-    start = np.asarray(table.column("start_ns"), dtype=np.int64)
+    span_id = numbers(table.column("span_id")).astype(np.uint64, copy=False).astype(np.int64)
+    parent_id = (
+        numbers(table.column("parent_span_id")).astype(np.uint64, copy=False).astype(np.int64)
+    )
+    start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
     names = _name_hashes(table.column("name").combine_chunks())
     parent = find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
     # ordinal among siblings of the same name, by start time
@@ -50,7 +53,7 @@ def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(order))))
     ordinal = np.empty(len(order), dtype=np.uint64)
     ordinal[order] = (np.arange(len(order)) - run_start).astype(np.uint64)
-    iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
+    iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
     key = np.zeros(len(order), dtype=np.uint64)
     depth = depths(parent)
     with np.errstate(over="ignore"):

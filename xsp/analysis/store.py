@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow
+from xsp.tracer.convert.columns import arrow, numbers
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
@@ -114,6 +114,6 @@ def texts(column: pa.ChunkedArray | pa.Array, null: str | None = "") -> np.ndarr
             chunk = chunk.cast(pa.string()).dictionary_encode()
         distinct = chunk.dictionary.cast(pa.string()).to_pylist()
         values = np.array([*(v if v is not None else null for v in distinct), null], dtype=object)
-        rows = np.asarray(chunk.indices.fill_null(len(values) - 1), dtype=np.int64)
+        rows = numbers(chunk.indices, null=len(values) - 1).astype(np.int64, copy=False)
         parts.append(values[rows])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=object)

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer.convert.columns import arrow
+from xsp.tracer.convert.columns import arrow, rows_table
 
 #: The phases of a level-set process as the manifest's runs record them (``seconds``: the
 #: runner's ``_phase_seconds``), grouped under the names the time line gives them.
@@ -68,7 +68,24 @@ def level_sets(store: MeasurementStore) -> pa.Table:
                 "overhead_verdict": _verdict(first, row) if row and row is not first else None,
             }
         )
-    return pa.Table.from_pylist(rows)
+    return rows_table(rows, _LEVEL_SETS)
+
+
+#: level_sets' columns (``rows_table``: ``from_pylist`` would import pandas, a third of
+#: ``xsp summary``'s time, to ask whether the rows are a data frame).
+_LEVEL_SETS = pa.schema(
+    [
+        ("levels", pa.string()),
+        ("status", pa.string()),
+        ("iterations", pa.int64()),
+        ("step_median_ms", pa.float64()),
+        ("step_min_ms", pa.float64()),
+        ("step_max_ms", pa.float64()),
+        ("spans_per_iteration", pa.float64()),
+        ("overhead_x", pa.float64()),
+        ("overhead_verdict", pa.string()),
+    ]
+)
 
 
 def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:

@@ -10,7 +10,8 @@ hold the transports):
    every span of it will be stored;
 3. append to the write-ahead spool and fsync; only then acknowledge.
 
-A flusher thread turns spool segments into store files every ``flush_interval_s``, oldest first
+A flusher thread turns spool segments into store files every ``flush_interval_s`` (at once when
+the spool closes a full segment), oldest first
 (the conversion itself in a worker process when ``store_workers`` is 1, as ``xsp collector serve``
 runs it, so that it never holds the receivers' GIL),
 and hands their requests to a forwarder (``forward``: any OTLP endpoint, Jaeger included), whose
@@ -59,7 +60,7 @@ from xsp.collector.http_receiver import (
     rpc_status,
 )
 from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
-from xsp.collector.spool import Spool
+from xsp.collector.spool import DEFAULT_SEGMENT_BYTES, Spool
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter, note_quarantined
 from xsp.tracer.errors import ConfigError, StoreError, XspError
@@ -108,6 +109,8 @@ class CollectorConfig:
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     #: A connection idle this long is closed (HTTP keep-alive, gRPC max_connection_idle).
     idle_s: float = DEFAULT_IDLE_S
+    #: The spool closes a segment for the flusher once it holds this many bytes.
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
     #: Worker processes that convert segments into store files (0: the flusher thread does).
     store_workers: int = 0
     #: How long stopping waits for requests not yet forwarded (they are stored either way).
@@ -138,7 +141,12 @@ class Collector:
         self.quarantine = Quarantine(config.store / QUARANTINE_DIR)
         self.writer = StoreWriter(config.store)  # raises StoreError for an unwritable store
         try:
-            self.spool = Spool(config.store / ".spool", self.quarantine)
+            self.spool = Spool(
+                config.store / ".spool",
+                self.quarantine,
+                segment_bytes=config.segment_bytes,
+                on_closed=self._wake_flusher,
+            )
         except OSError as exc:
             raise StoreError(f"cannot open the spool in {config.store}: {exc}") from exc
         self._forward_transport: Transport | None = None
@@ -157,6 +165,7 @@ class Collector:
         self._retry_at = 0.0
         self._backoff_s = RETRY_FIRST_S
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a full segment was closed, or stop
         self._stopped = False
         self._flusher = threading.Thread(target=self._flush_loop, name="xsp-flusher", daemon=True)
         self._recovered: list[Path] = []  # a killed collector's segments not yet stored
@@ -203,6 +212,7 @@ class Collector:
         self._stopped = True
         self._close_receivers()
         self._stop.set()
+        self._wake.set()
         if self._flusher.is_alive():
             self._flusher.join()
         self._retry_at = 0.0
@@ -266,9 +276,16 @@ class Collector:
         return scheme.lower() == "bearer" and token == self.config.token  # RFC 7235: any case
 
     # -- flushing ------------------------------------------------------------------------------
+    def _wake_flusher(self) -> None:
+        self._wake.set()
+
     def _flush_loop(self) -> None:
         wait_s = 0.0  # the first pass at once: it replays the recovered segments
-        while not self._stop.wait(wait_s):
+        while not self._stop.is_set():
+            self._wake.wait(wait_s)  # every flush_interval_s, or as soon as a segment is full
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             wait_s = self.config.flush_interval_s
             try:
                 self.flush()
@@ -279,9 +296,8 @@ class Collector:
         """Close the open segment and store every queued segment, oldest first, unless a
         failed attempt's back-off has not yet run out."""
         with self._flush_lock:
-            segment = self.spool.rotate()
-            if segment is not None:
-                self._queue.append(segment)
+            self.spool.rotate()
+            self._queue.extend(self.spool.closed())
             if time.monotonic() >= self._retry_at:
                 self._flush_queue()
             self._note_replay()
@@ -312,6 +328,7 @@ class Collector:
     def _flush_segments(self) -> None:
         while self._queue:
             segment = self._queue[0]
+            self._queue.extend(self.spool.closed())  # filled while the last one was stored
             try:
                 self._flush_segment(segment)
             except (XspError, OSError) as exc:

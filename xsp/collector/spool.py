@@ -2,8 +2,11 @@
 
 Each accepted request is appended to the open segment file as one frame
 (``[4-byte magic][u32 length][u32 crc32][payload]``) and fsync'ed before the receiver answers. A
-flusher later closes the segment, turns its frames into store files and deletes it. After a crash,
-segments still on disk are replayed at start.
+flusher later closes the segment, turns its frames into store files and deletes it. A segment is
+also closed once it holds ``segment_bytes`` (and the flusher woken), so that a long burst reaches
+the store in pieces while it lasts, each freeing its spool space once stored, instead of as one
+segment of everything that arrived while the previous one was stored. After a crash, segments
+still on disk are replayed at start.
 
 Reading a segment keeps every intact frame: a frame whose length or CRC is wrong is skipped by
 searching for the next magic, and the bytes no intact frame covers go to the quarantine (logged,
@@ -27,6 +30,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,14 +46,22 @@ _LEGACY_SEGMENT = re.compile(r"seg-(?P<n>[0-9]{8})\.log")
 #: How many recent request digests are remembered to recognise a byte-identical retry (a sender
 #: whose answer was lost to a crash): about 1 MiB of digests.
 DEFAULT_DEDUP_WINDOW = 32768
+#: A segment is closed for the flusher once it holds this much (about 45k of xsp's spans).
+DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
 class Spool:
-    """``append`` is thread-safe and blocks on fsync; ``rotate``/``read``/``remove`` are called
-    by the one flusher, which replays the ``recovered`` segments while ``append`` goes on."""
+    """``append`` is thread-safe and blocks on fsync; ``rotate``/``closed``/``read``/``remove``
+    are called by the one flusher, which replays the ``recovered`` segments while ``append`` goes
+    on. ``on_closed`` is called when ``append`` closes a full segment."""
 
     def __init__(
-        self, directory: Path, quarantine: Quarantine, dedup_window: int = DEFAULT_DEDUP_WINDOW
+        self,
+        directory: Path,
+        quarantine: Quarantine,
+        dedup_window: int = DEFAULT_DEDUP_WINDOW,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        on_closed: Callable[[], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -61,6 +73,9 @@ class Spool:
         self._lock = threading.Lock()
         self._digests: OrderedDict[bytes, None] = OrderedDict()
         self._dedup_window = dedup_window
+        self._segment_bytes = segment_bytes
+        self._on_closed = on_closed
+        self._closed: list[Path] = []  # closed segments not yet handed to the flusher
         self._file = self._open_segment()
         self._written = 0
         self.duplicates = 0  # byte-identical retries acknowledged without a second copy
@@ -120,6 +135,11 @@ class Spool:
             self._written += len(frame)
             self.pending_bytes += len(frame)
             self._remember(digest)
+            full = self._written >= self._segment_bytes
+            if full:
+                self._close_open()
+        if full and self._on_closed is not None:
+            self._on_closed()
         return True
 
     def _remember(self, digest: bytes) -> None:
@@ -128,14 +148,26 @@ class Spool:
             self._digests.popitem(last=False)
 
     def rotate(self) -> Path | None:
-        """Close the open segment (if it holds anything) and start a new one."""
+        """Close the open segment (if it holds anything) and start a new one; returns the
+        segment closed (``closed`` hands it over too)."""
         with self._lock:
             if self._written == 0:
                 return None
-            self._file.close()
-            closed = self._path
-            self._file = self._open_segment()
-            self._written = 0
+            return self._close_open()
+
+    def closed(self) -> list[Path]:
+        """The segments closed since the last call, oldest first (the flusher's to store)."""
+        with self._lock:
+            closed, self._closed = self._closed, []
+        return closed
+
+    def _close_open(self) -> Path:
+        # under the lock: the new segment's name is durable before any request goes into it
+        self._file.close()
+        closed = self._path
+        self._closed.append(closed)
+        self._file = self._open_segment()
+        self._written = 0
         self._fsync_directory()
         return closed
 
@@ -161,8 +193,9 @@ class Spool:
 
     def read(self, path: Path) -> list[bytes]:
         """The intact records of a segment, in order. Unreadable stretches go to the quarantine;
-        the digests of what is read are remembered, so a sender's retry of a request that a
-        crash left unanswered is not stored twice."""
+        the digests of what is read from an earlier process's segment are remembered, so a
+        sender's retry of a request that a crash left unanswered is not stored twice (this
+        process's own were remembered as they were appended)."""
         data = path.read_bytes()
         legacy = _LEGACY_SEGMENT.fullmatch(path.name) is not None
         records, bad = read_frames(data, legacy)
@@ -172,7 +205,9 @@ class Spool:
                 data[start:end],
                 f"{end - start} bytes of {path} at offset {start} hold no intact frame",
             )
-        self._remember_payloads(records)
+        own = _SEGMENT.fullmatch(path.name)
+        if own is None or own["start"] != self._start_id:
+            self._remember_payloads(records)
         return records
 
     def _remember_payloads(self, payloads: list[bytes]) -> None:

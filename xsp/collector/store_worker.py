@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from xsp.collector import writer
 from xsp.collector.writer import StoreWriter
@@ -34,13 +34,24 @@ class Stored(NamedTuple):
 def store_requests(store: StoreWriter, part_name: str, payloads: Sequence[bytes]) -> Stored:
     """Convert and write every request that converts; return the ones that do not (poison), so
     that one bad request never blocks the rest of its segment. Store errors propagate."""
-    converted: list[writer.Converted] = []
+    parsed: list[Any] = []
     poison: list[Poison] = []
     for index, payload in enumerate(payloads):
         try:
-            converted.append(writer.convert(otlp_columns.parse_request(payload)))
+            parsed.append(otlp_columns.parse_request(payload))
         except Exception as exc:  # any failure to convert makes the request poison, no more
             poison.append((index, f"cannot convert to store rows: {exc}"))
+    converted = writer.convert_together(parsed)
+    if converted is None:  # one request is not xsp's common case, or fails: each alone
+        converted = []
+        bad = {index for index, _ in poison}
+        readable = (index for index in range(len(payloads)) if index not in bad)
+        for index, request in zip(readable, parsed, strict=True):
+            try:
+                converted.append(writer.convert(request))
+            except Exception as exc:  # any failure to convert makes the request poison
+                poison.append((index, f"cannot convert to store rows: {exc}"))
+        poison.sort()
     before = store.duplicate_spans
     store.write(part_name, converted)
     return Stored(poison, store.duplicate_spans - before)

@@ -58,6 +58,10 @@ META_DUPLICATES_BY_PART = "duplicate_spans_skipped_by_part"
 META_QUARANTINED = "quarantined_requests"
 META_QUARANTINED_ITEMS = "quarantined"
 _KEY_COLUMNS = ["trace_id", "span_id"]
+#: Spans decoded in one go: enough that numpy's and arrow's cost per call is small, few enough
+#: that the decoder's arrays stay in the CPU's cache (measured: 8-32 requests of 1,000 spans
+#: fastest, all 100 of a segment 2x slower).
+TOGETHER_SPANS = 16384
 
 
 def _safe(name: str) -> str:
@@ -107,8 +111,7 @@ def convert(request: ExportTraceServiceRequest | Any) -> Converted:
     request the caller quarantines)."""
     out: Converted = []
     for resource_spans in request.resource_spans:
-        typed = otlp.resource_json(resource_spans)
-        sender = Sender(otlp.resource_id(typed), otlp.plain_resource(typed), typed)
+        sender = _sender(resource_spans)
         decode = (
             otlp.table_from_resource_spans
             if isinstance(resource_spans, ResourceSpans)
@@ -118,6 +121,55 @@ def convert(request: ExportTraceServiceRequest | Any) -> Converted:
         if table.num_rows:
             out.append((run_key(sender.attributes), sender, table))
     return out
+
+
+def convert_together(requests: list[Any]) -> list[Converted] | None:
+    """``convert`` of each of ``otlp_columns``' mirrors of requests, decoded together about
+    ``TOGETHER_SPANS`` spans at a time (numpy's and arrow's cost per call paid once for many
+    requests); None where one is not all xsp's common case or fails (convert each alone then,
+    to find the one that fails)."""
+    out: list[Converted] = []
+    batch: list[Any] = []
+    spans = 0
+    for index, request in enumerate(requests):
+        batch.append(request)
+        spans += sum(len(s.spans) for rs in request.resource_spans for s in rs.scope_spans)
+        if spans >= TOGETHER_SPANS or index == len(requests) - 1:
+            converted = _convert_together(batch)
+            if converted is None:
+                return None
+            out.extend(converted)
+            batch, spans = [], 0
+    return out
+
+
+def _convert_together(requests: list[Any]) -> list[Converted] | None:
+    try:
+        senders = [[_sender(rs) for rs in request.resource_spans] for request in requests]
+        blocks = [
+            otlp_columns.block(rs, sender.id)
+            for request, ids in zip(requests, senders, strict=True)
+            for rs, sender in zip(request.resource_spans, ids, strict=True)
+        ]
+        tables = otlp_columns.tables_of_blocks(blocks)
+    except Exception:  # each request alone then says which one fails, and why
+        return None
+    if tables is None:
+        return None
+    out: list[Converted] = []
+    at = iter(tables)
+    for ids in senders:
+        out.append([])
+        for sender in ids:
+            table = next(at)
+            if table.num_rows:
+                out[-1].append((run_key(sender.attributes), sender, table))
+    return out
+
+
+def _sender(resource_spans: Any) -> Sender:
+    typed = otlp.resource_json(resource_spans)
+    return Sender(otlp.resource_id(typed), otlp.plain_resource(typed), typed)
 
 
 # -- span keys -------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ compare with (``pa.scalar`` asks it as well).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,22 @@ class NullColumns:
             )
             return column if column.type == type_ else column.cast(type_)
         return pa.nulls(n, type_)
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(rows, schema=schema)`` for columns ``arrow`` makes (a missing key
+    or ``None`` is null), without importing pandas."""
+    columns = []
+    for field_ in schema:
+        values = [row.get(field_.name) for row in rows]
+        if field_.type in _NUMPY or field_.type == pa.bool_():
+            missing = np.array([v is None for v in values], dtype=bool)
+            dtype = bool if field_.type == pa.bool_() else _NUMPY[field_.type]
+            filled = np.array([0 if v is None else v for v in values], dtype=dtype)
+            columns.append(arrow(filled, field_.type, mask=missing))
+        else:
+            columns.append(arrow(values, field_.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def scalar(value: Any, type_: pa.DataType) -> pa.Scalar:

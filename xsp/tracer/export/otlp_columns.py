@@ -1,11 +1,12 @@
-"""OTLP requests of xsp's own spans -> span columns without a Python object per attribute.
+"""OTLP requests of xsp's own spans -> span columns without a Python object per span.
 
-``otlp.table_from_resource_spans`` reads each attribute through protobuf's Python objects
-(a KeyValue, its AnyValue, a ``WhichOneof``): about 0.7 µs an attribute, nine a span, most of
-the collector's store worker's time. Here the request is parsed with a mirror of OTLP's messages
-whose span attributes are ``repeated bytes`` (wire-compatible with ``repeated KeyValue``), so the
-attributes of a whole request come out as one buffer, and their keys and values are decoded from
-it with numpy, the way capture's records are: every KeyValue at once, field by field.
+``otlp.table_from_resource_spans`` reads each span and attribute through protobuf's Python
+objects (a Span, a KeyValue, its AnyValue, a ``WhichOneof``): about 0.7 µs an attribute, nine a
+span, most of the collector's store worker's time. Here the request is parsed with a mirror of
+OTLP's messages whose spans are ``repeated bytes`` (wire-compatible with ``repeated Span``), and
+the spans of a request, then their attributes, links and statuses, are read from one buffer with
+numpy (``protobuf_fields.scan``), the way capture's records are: every span at once, field by
+field.
 
 Only the common case is decoded so: spans of kind INTERNAL with status ERROR or UNSET (without a
 message), no events, trace state, flags or dropped counts, links with ids only, and every
@@ -16,9 +17,7 @@ decoded span by span (``otlp._any_columns``), into the same table.
 
 from __future__ import annotations
 
-import operator
-from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +28,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from xsp.tracer import schema
 from xsp.tracer.export import otlp, otlp_mirror
+from xsp.tracer.export import protobuf_fields as pf
+from xsp.tracer.export.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT
 
 _PACKAGE = "xsp.otlp_columns"
 _F = descriptor_pb2.FieldDescriptorProto
@@ -40,7 +41,7 @@ def _build() -> Any:
         if field_.name == "attributes":  # each KeyValue as its encoded bytes
             field_.type = _F.TYPE_BYTES
             field_.ClearField("type_name")
-    return otlp_mirror.request_class(_PACKAGE, span)
+    return otlp_mirror.request_class(_PACKAGE, span, raw_spans=True)
 
 
 _Request = _build()
@@ -59,73 +60,109 @@ def parse_request(body: bytes) -> Any:
 def table_from_resource_spans(resource_spans: Any, sender: str | None = None) -> pa.Table:
     """``otlp.table_from_resource_spans`` of a mirror's ResourceSpans: the same table."""
     spans, scopes = otlp.spans_and_scopes(resource_spans)
-    columns = _common_columns(spans)
+    columns = common_columns(spans)
     added: list[int] = []
     if columns is None:  # not xsp's common case: OTLP's own messages, span by span
-        columns, added = otlp._any_columns([Span.FromString(s.SerializeToString()) for s in spans])
+        columns, added = otlp._any_columns([Span.FromString(s) for s in spans])
     return otlp.table_from_columns(columns, added, scopes, sender, len(spans))
 
 
-_ZERO_ID = bytes(8)
-_KIND_OF = operator.attrgetter("kind")
-_STATUS_OF = operator.attrgetter("status")
-_CODE_OF = operator.attrgetter("code")
-_MESSAGE_OF = operator.attrgetter("message")
-_SPAN_ID_OF = operator.attrgetter("span_id")
-_PARENT_OF = operator.attrgetter("parent_span_id")
-_TRACE_ID_OF = operator.attrgetter("trace_id")
-_NAME_OF = operator.attrgetter("name")
-_START_OF = operator.attrgetter("start_time_unix_nano")
-_END_OF = operator.attrgetter("end_time_unix_nano")
-_LINKS_OF = operator.attrgetter("links")
-_EVENTS_OF = operator.attrgetter("events")
-_ATTRIBUTES_OF = operator.attrgetter("attributes")
-_REST_OF = operator.attrgetter(
-    "trace_state", "flags", "dropped_attributes_count", "dropped_events_count",
-    "dropped_links_count",
-)  # fmt: skip
-_NO_REST = ("", 0, 0, 0, 0)
+class Block(NamedTuple):
+    """One ResourceSpans of a mirror's request: its spans' bytes, scopes and sender."""
+
+    spans: list[bytes]
+    scopes: otlp.Scopes
+    sender: str
 
 
-def _common_columns(spans: list[Any]) -> dict[str, Any] | None:
-    """The columns of mirror spans in xsp's common case, one field of every span at a time;
-    None where a span has anything else."""
+def block(resource_spans: Any, sender: str) -> Block:
+    return Block(*otlp.spans_and_scopes(resource_spans), sender)
+
+
+def tables_of_blocks(blocks: list[Block]) -> list[pa.Table] | None:
+    """The table of each block (as ``table_from_resource_spans`` makes it), all decoded in one
+    go, so that numpy's and arrow's cost per call is paid once for many requests; None where a
+    block is not xsp's common case (decode each alone then)."""
+    lengths = np.array([len(b.spans) for b in blocks], np.int64)
+    firsts = np.cumsum(lengths) - lengths
+    n = int(lengths.sum())
+    if not n:
+        return None
+    columns = common_columns([span for b in blocks for span in b.spans], firsts)
+    if columns is None:
+        return None
+    senders = list(dict.fromkeys(b.sender for b in blocks))
+    code = {sender: k for k, sender in enumerate(senders)}
+    indices = np.repeat(np.array([code[b.sender] for b in blocks], np.int32), lengths)
+    columns["resource_id"] = pa.DictionaryArray.from_arrays(indices, senders).cast(
+        schema.SPAN_SCHEMA.field("resource_id").type
+    )
+    scopes = [
+        (first + int(at), scope)
+        for b, at in zip(blocks, firsts.tolist(), strict=True)
+        for first, scope in b.scopes
+    ]
+    table = otlp.table_from_columns(columns, [], scopes, None, n)
+    return [table.slice(at, length) for at, length in zip(firsts, lengths, strict=True)]
+
+
+#: Span fields (their numbers in OTLP's Span): where xsp's common case has them.
+_TRACE_ID, _SPAN_ID, _TRACE_STATE, _PARENT, _NAME, _KIND, _START, _END = 1, 2, 3, 4, 5, 6, 7, 8
+_ATTRIBUTES, _EVENTS, _LINKS, _STATUS, _FLAGS = 9, 11, 13, 15, 16
+_DROPPED_COUNTS = (10, 12, 14)
+_KNOWN = {_TRACE_ID, _SPAN_ID, _TRACE_STATE, _PARENT, _NAME, _KIND, _START, _END, _ATTRIBUTES}
+_KNOWN |= {_EVENTS, _LINKS, _STATUS, _FLAGS, *_DROPPED_COUNTS}
+#: A Status's fields, a Link's ids.
+_STATUS_MESSAGE, _STATUS_CODE = 2, 3
+_LINK_TRACE_ID, _LINK_SPAN_ID = 1, 2
+
+
+def common_columns(spans: list[bytes], firsts: np.ndarray | None = None) -> dict[str, Any] | None:
+    """The columns of encoded spans in xsp's common case, every span at once; None where a
+    span has anything else (or is malformed: protobuf's own parse then says how). ``firsts``:
+    where each ResourceSpans' spans begin, when they come from several (a root's parent is
+    looked for among its own ResourceSpans' spans)."""
     n = len(spans)
-    if (
-        not n
-        or list(map(_KIND_OF, spans)).count(Span.SPAN_KIND_INTERNAL) != n
-        or any(map(len, map(_EVENTS_OF, spans)))
-        or list(map(_REST_OF, spans)).count(_NO_REST) != n
-    ):
+    if not n:
         return None
-    statuses = list(map(_STATUS_OF, spans))
-    codes = np.fromiter(map(_CODE_OF, statuses), np.int64, n)
-    error = codes == Status.STATUS_CODE_ERROR
-    if not (error | (codes == Status.STATUS_CODE_UNSET)).all():
+    data, buf, starts, ends = pf.data_buffer(spans)
+    fields = pf.scan(buf, starts, ends)
+    if fields is None or not np.isin(fields.number, list(_KNOWN)).all():
         return None
-    texts = list(map(_MESSAGE_OF, statuses))
-    if any(texts) and np.fromiter(map(bool, texts), bool, n)[~error].any():
-        return None  # an UNSET status with a message (``status_description``)
-    messages: list[str | None] = [None] * n
-    for row in np.flatnonzero(error).tolist():
-        messages[row] = texts[row]
-    ids = list(map(_SPAN_ID_OF, spans))
-    parents = [parent or _ZERO_ID for parent in map(_PARENT_OF, spans)]
-    if set(map(len, ids)) != {8} or set(map(len, parents)) != {8}:
+    if (fields.number == _EVENTS).any() or (fields.number == _TRACE_STATE).any():
+        return None  # (an empty trace state is not written by any encoder xsp knows)
+    for number in (*_DROPPED_COUNTS, _KIND):
+        if fields.one(number, VARINT, n) is None:
+            return None
+    flags = fields.every(_FLAGS, FIXED32)
+    if flags is None or pf.gather(buf, fields.at[flags], 4).any():
         return None
-    starts = np.fromiter(map(_START_OF, spans), np.uint64, n)
-    ends = np.fromiter(map(_END_OF, spans), np.uint64, n)
-    if max(int(starts.max()), int(ends.max())) > otlp._INT64_MAX:
+    if fields.value[np.isin(fields.number, _DROPPED_COUNTS)].any():
         return None
-    start_ns, end_ns = starts.astype(np.int64), ends.astype(np.int64)
-    links = _links(spans)
-    attributes = _attribute_columns(list(map(_ATTRIBUTES_OF, spans)), n)
-    if links is None or attributes is None:
+    if not _all_internal(fields, buf, n):
         return None
+    ids = _fixed_ids(fields, buf, n)
+    times = _times(fields, buf, n)
+    messages = _statuses(fields, buf, n)
+    links = _links(fields, buf, n)
+    attributes = _attribute_columns(fields, data, buf, n)
+    name = fields.one(_NAME, LENGTH, n)
+    if ids is None or times is None or messages is None or links is None or name is None:
+        return None
+    if attributes is None:
+        return None
+    names = pf.strings(
+        data,
+        np.where(name >= 0, fields.at[name], starts),  # absent: "" where the span starts
+        np.where(name >= 0, fields.size[name], 0),
+    )
+    if names is None:
+        return None
+    trace_ids, span_ids, parent_ids = ids
+    start_ns, end_ns = times
     columns: dict[str, Any] = {
-        "trace_id": list(map(_TRACE_ID_OF, spans)),
-        "span_id": pa.array(np.frombuffer(b"".join(ids), ">u8").astype(np.uint64)),
-        "name": list(map(_NAME_OF, spans)),
+        "trace_id": trace_ids,
+        "span_id": pa.array(span_ids),
         "start_ns": pa.array(start_ns),
         "dur_ns": pa.array(np.maximum(end_ns - start_ns, 0)),
         "status_message": messages,
@@ -133,47 +170,168 @@ def _common_columns(spans: list[Any]) -> dict[str, Any] | None:
         "link_span_id": links[1],
         **attributes,
     }
-    parent_ids = np.frombuffer(b"".join(parents), ">u8").astype(np.uint64)
-    columns["remote_parent_span_id"] = _roots(columns, parent_ids, n)
+    firsts = np.zeros(1, np.int64) if firsts is None else firsts
+    remote, names = _roots(columns, names, span_ids, parent_ids, firsts)
+    columns["name"] = names.dictionary_encode().cast(schema.SPAN_SCHEMA.field("name").type)
+    columns["remote_parent_span_id"] = remote
     columns["parent_span_id"] = pa.array(parent_ids)
     return columns
 
 
-def _roots(columns: dict[str, Any], parent_ids: np.ndarray, n: int) -> list[int | None]:
+def _all_internal(fields: pf.Fields, buf: np.ndarray, n: int) -> bool:
+    kinds = fields.varints(_KIND, n)
+    return kinds is not None and bool((kinds == Span.SPAN_KIND_INTERNAL).all())
+
+
+def _fixed_ids(
+    fields: pf.Fields, buf: np.ndarray, n: int
+) -> tuple[pa.Array, np.ndarray, np.ndarray] | None:
+    """trace_id (16 bytes each), span_id and parent_span_id (8 bytes, or none: 0) as numbers."""
+    trace, span = fields.one(_TRACE_ID, LENGTH, n), fields.one(_SPAN_ID, LENGTH, n)
+    parent = fields.one(_PARENT, LENGTH, n)
+    if trace is None or span is None or parent is None:
+        return None
+    if (trace < 0).any() or (span < 0).any() or (fields.size[trace] != 16).any():
+        return None
+    if (fields.size[span] != 8).any():
+        return None
+    has_parent = parent >= 0
+    parent_size = fields.size[parent[has_parent]]
+    if not np.isin(parent_size, (0, 8)).all():
+        return None
+    trace_ids = pa.Array.from_buffers(
+        pa.binary(16), n, [None, pa.py_buffer(pf.gather(buf, fields.at[trace], 16))]
+    )
+    span_ids = pf.gather(buf, fields.at[span], 8).view(">u8").ravel().astype(np.uint64)
+    parent_ids = np.zeros(n, np.uint64)
+    eight = np.flatnonzero(has_parent)[parent_size == 8]
+    parent_ids[eight] = pf.gather(buf, fields.at[parent[eight]], 8).view(">u8").ravel()
+    return trace_ids, span_ids, parent_ids
+
+
+def _times(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """start and end in ns (0 where absent); None past int64."""
+    out = []
+    for number in (_START, _END):
+        which = fields.one(number, FIXED64, n)
+        if which is None:
+            return None
+        values = np.zeros(n, np.uint64)
+        present = np.flatnonzero(which >= 0)
+        values[present] = pf.gather(buf, fields.at[which[present]], 8).view("<u8").ravel()
+        if len(values) and int(values.max()) > otlp._INT64_MAX:
+            return None
+        out.append(values.astype(np.int64))
+    return out[0], out[1]
+
+
+def _statuses(fields: pf.Fields, buf: np.ndarray, n: int) -> pa.Array | None:
+    """``status_message``: the message of each span whose status is ERROR (null elsewhere);
+    None where a status has another code or field."""
+    which = fields.one(_STATUS, LENGTH, n)
+    if which is None:
+        return None
+    rows = np.flatnonzero(which >= 0)
+    at = fields.at[which[rows]]
+    status = pf.scan(buf, at, at + fields.size[which[rows]])
+    if status is None or not np.isin(status.number, (_STATUS_MESSAGE, _STATUS_CODE)).all():
+        return None
+    codes = status.varints(_STATUS_CODE, len(rows))
+    message = status.one(_STATUS_MESSAGE, LENGTH, len(rows))
+    if codes is None or message is None:
+        return None
+    if not np.isin(codes, (Status.STATUS_CODE_UNSET, Status.STATUS_CODE_ERROR)).all():
+        return None
+    unset = codes == Status.STATUS_CODE_UNSET
+    if ((message >= 0) & unset).any() and (status.size[message[unset & (message >= 0)]] > 0).any():
+        return None  # an UNSET status with a message: ``status_description``, span by span
+    messages: list[str | None] = [None] * n
+    for row, field_ in zip(
+        rows[codes == Status.STATUS_CODE_ERROR].tolist(),
+        message[codes == Status.STATUS_CODE_ERROR].tolist(),
+        strict=True,
+    ):  # few: the spans that failed
+        text = (
+            b"" if field_ < 0 else buf[status.at[field_] : status.at[field_] + status.size[field_]]
+        )
+        try:
+            messages[row] = bytes(text).decode()
+        except UnicodeDecodeError:
+            return None
+    return pa.array(messages, pa.string())
+
+
+def _links(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[pa.Array, pa.Array] | None:
+    """``link_trace_id`` and ``link_span_id``; None where a span's link says more than its
+    ids or it has several (``otlp._link_rows``)."""
+    which = fields.one(_LINKS, LENGTH, n)
+    if which is None:
+        return None
+    rows = np.flatnonzero(which >= 0)
+    at = fields.at[which[rows]]
+    link = pf.scan(buf, at, at + fields.size[which[rows]])
+    if link is None or not np.isin(link.number, (_LINK_TRACE_ID, _LINK_SPAN_ID)).all():
+        return None
+    trace, span = (
+        link.one(_LINK_TRACE_ID, LENGTH, len(rows)),
+        link.one(_LINK_SPAN_ID, LENGTH, len(rows)),
+    )
+    if trace is None or span is None or (trace < 0).any() or (span < 0).any():
+        return None
+    if (link.size[trace] != 16).any() or (link.size[span] != 8).any():
+        return None
+    missing = np.ones(n, dtype=bool)
+    missing[rows] = False
+    traces = np.zeros((n, 16), np.uint8)
+    traces[rows] = pf.gather(buf, link.at[trace], 16)
+    span_ids = np.zeros(n, np.uint64)
+    span_ids[rows] = pf.gather(buf, link.at[span], 8).view(">u8").ravel()
+    valid = pa.array(~missing).buffers()[1] if len(rows) < n else None
+    return (
+        pa.Array.from_buffers(pa.binary(16), n, [valid, pa.py_buffer(traces)]),
+        pa.array(span_ids, mask=missing),
+    )
+
+
+def _roots(
+    columns: dict[str, Any],
+    names: pa.Array,
+    span_ids: np.ndarray,
+    parent_ids: np.ndarray,
+    firsts: np.ndarray,
+) -> tuple[pa.Array, pa.Array]:
     """As ``_any_columns`` does, for the few steps and iterations: an application's span above
-    one moved out of ``parent_ids`` into the list returned, a root's wire title back to its
-    plain name."""
-    remote: list[int | None] = [None] * n
+    one moved out of ``parent_ids`` into the ``remote_parent_span_id`` returned, a root's wire
+    title back to its plain name."""
+    n = len(parent_ids)
     kinds = columns["kind"].dictionary_decode() if "kind" in columns else pa.nulls(n, pa.string())
     roots = np.flatnonzero(pc.fill_null(pc.is_in(kinds, pa.array(otlp._ROOT_KINDS)), False))
+    remote = np.zeros(n, np.uint64)
+    is_remote = np.zeros(n, dtype=bool)
     if not len(roots):
-        return remote
-    traces, names = columns["trace_id"], columns["name"]
-    known = set(zip(traces, columns["span_id"].to_pylist(), strict=True))
+        return pa.array(remote, mask=~is_remote), names
+    traces = columns["trace_id"]
     root_kinds = kinds.take(pa.array(roots)).to_pylist()
+    renamed = np.zeros(n, dtype=bool)
+    titles: list[str] = []
     for row, kind in zip(roots.tolist(), root_kinds, strict=True):
         parent = int(parent_ids[row])
-        if parent > otlp._ITERATION_ROOT_IDS and (traces[row], parent) not in known:
-            remote[row] = parent
-            parent_ids[row] = parent = 0
+        if parent > otlp._ITERATION_ROOT_IDS:
+            block = int(np.searchsorted(firsts, row, side="right")) - 1
+            lo = int(firsts[block])
+            hi = int(firsts[block + 1]) if block + 1 < len(firsts) else n
+            # the parent, if it is among its ResourceSpans' spans
+            same = lo + np.flatnonzero(span_ids[lo:hi] == np.uint64(parent))
+            trace = traces[row]
+            if not any(traces[other] == trace for other in same.tolist()):
+                remote[row], is_remote[row] = parent, True
+                parent_ids[row] = parent = 0
         if not parent:
-            names[row] = otlp._ROOT_NAMES[kind]
-    return remote
-
-
-def _links(spans: list[Any]) -> tuple[list[bytes | None], list[int | None]] | None:
-    """``link_trace_id`` and ``link_span_id``; None where a span's links say more than the
-    first one's ids (``otlp._link_rows``)."""
-    n = len(spans)
-    traces: list[bytes | None] = [None] * n
-    span_ids: list[int | None] = [None] * n
-    for row, links in enumerate(map(_LINKS_OF, spans)):
-        if links:
-            if otlp._link_rows(links) is not None:
-                return None
-            traces[row] = links[0].trace_id
-            span_ids[row] = int.from_bytes(links[0].span_id, "big")
-    return traces, span_ids
+            renamed[row] = True
+            titles.append(otlp._ROOT_NAMES[kind])
+    if renamed.any():
+        names = pc.replace_with_mask(names, pa.array(renamed), pa.array(titles, pa.string()))
+    return pa.array(remote, mask=~is_remote), names
 
 
 #: The AnyValue field (its tag byte) of each attribute column's own values: string = 1,
@@ -186,23 +344,22 @@ _TAG_OF = {
 _COLUMN_OF = {str(c.attribute): c.name for c in schema.ATTRIBUTE_COLUMNS}
 
 
-def _attribute_columns(per_span: list[Any], n: int) -> dict[str, pa.Array] | None:
-    """The attribute columns from the encoded KeyValues of each span: ``key`` (field 1) then
+def _attribute_columns(
+    fields: pf.Fields, data: pa.Buffer, buf: np.ndarray, n: int
+) -> dict[str, pa.Array] | None:
+    """The attribute columns from the spans' encoded KeyValues: ``key`` (field 1) then
     ``value`` (field 2, an AnyValue of one field), all decoded at once; None where one is laid
     out otherwise, names no column, has another value type than its column's or comes twice in
     a span."""
-    counts = np.fromiter(map(len, per_span), np.int64, n)
-    blobs = list(chain.from_iterable(per_span))
-    m = len(blobs)
-    if not m:
+    picked = fields.every(_ATTRIBUTES, LENGTH)
+    if picked is None:
+        return None
+    if not len(picked):
         return {}
-    rows = np.repeat(np.arange(n), counts)
-    lengths = np.fromiter(map(len, blobs), np.int64, m)
-    data = pa.py_buffer(b"".join(blobs) + bytes(16))  # varints read past no end
-    buf = np.frombuffer(data, np.uint8)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    if (lengths < 5).any() or (buf[starts] != 0x0A).any():
+    rows = fields.message[picked]
+    starts = fields.at[picked]
+    ends = starts + fields.size[picked]
+    if (fields.size[picked] < 5).any() or (buf[starts] != 0x0A).any():
         return None
     key_len, size = _lengths(buf, starts + 1)
     key_at = starts + 1 + size
@@ -213,7 +370,7 @@ def _attribute_columns(per_span: list[Any], n: int) -> dict[str, pa.Array] | Non
     value_at = value_tag + 1 + size
     if (value_len < 2).any() or (value_at + value_len != ends).any():
         return None
-    keys = _strings(data, key_at, key_len)
+    keys = pf.strings(data, key_at, key_len)
     tags = buf[value_at]
     payloads = _payloads(data, buf, tags, value_at + 1, ends)
     if keys is None or payloads is None:
@@ -268,11 +425,11 @@ def _payloads(
             length, size = _lengths(buf, start)
             if (start + size + length != end).any():
                 return None
-            values = _strings(data, start + size, length)
+            values = pf.strings(data, start + size, length)
             if values is None:
                 return None
         elif tag == _INT:
-            number, size = _varints(buf, start)
+            number, size = pf.varints(buf, start)
             if (start + size != end).any():
                 return None
             values = number.view(np.int64)
@@ -284,45 +441,7 @@ def _payloads(
     return decoded if seen.all() else None
 
 
-def _varints(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The base-128 varints at ``at`` (up to 10 bytes each, as uint64) and their sizes in
-    bytes; a varint longer than 10 bytes reads as one that ends at the tenth (a later check
-    then fails)."""
-    byte = buf[at]
-    value = (byte & 0x7F).astype(np.uint64)
-    size = np.ones(len(at), np.int64)
-    going = byte >= 0x80
-    for shift in range(1, 10):
-        if not going.any():  # most are one byte: one pass
-            break
-        more = np.flatnonzero(going)
-        byte = buf[at[more] + shift]
-        value[more] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * shift)
-        size[more] += 1
-        going[more] = byte >= 0x80
-    return value, size
-
-
 def _lengths(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The varint lengths at ``at`` as int64 (a huge one capped: it then fits nowhere)."""
-    value, size = _varints(buf, at)
+    value, size = pf.varints(buf, at)
     return np.minimum(value, np.uint64(1 << 40)).astype(np.int64), size
-
-
-def _strings(data: pa.Buffer, at: np.ndarray, length: np.ndarray) -> pa.Array | None:
-    """The UTF-8 strings of ``length`` bytes at ``at`` in ``data`` (in order, apart), as one
-    arrow array; None where one is not UTF-8 (OTLP's own parse then says why). No copy of the
-    bytes: an array whose every other item is a string and the rest the gaps between them."""
-    bounds = np.empty(2 * len(at) + 1, np.int64)
-    bounds[0:-1:2] = at
-    bounds[1::2] = at + length
-    bounds[-1] = bounds[-2]
-    if bounds[-1] > np.iinfo(np.int32).max:
-        return None
-    spaced = pa.Array.from_buffers(
-        pa.binary(), 2 * len(at), [None, pa.py_buffer(bounds.astype(np.int32)), data]
-    )
-    try:
-        return spaced.take(pa.array(np.arange(0, 2 * len(at), 2))).cast(pa.string())
-    except pa.ArrowInvalid:
-        return None

@@ -32,9 +32,12 @@ def copy_message(
     return proto
 
 
-def request_class(package: str, span: descriptor_pb2.DescriptorProto) -> Any:
+def request_class(
+    package: str, span: descriptor_pb2.DescriptorProto, raw_spans: bool = False
+) -> Any:
     """The message class of a request whose spans are ``span`` (named ``Span``, in
-    ``package``), registered once in protobuf's default pool."""
+    ``package``), or each span's encoded bytes (``raw_spans``), registered once in protobuf's
+    default pool."""
     file_ = descriptor_pb2.FileDescriptorProto(
         name=f"{package.replace('.', '/')}.proto",
         package=package,
@@ -47,6 +50,10 @@ def request_class(package: str, span: descriptor_pb2.DescriptorProto) -> Any:
     )
     span.name = "Span"
     scope = copy_message(trace_pb2.ScopeSpans.DESCRIPTOR, package, {"spans": "Span"})
+    for field_ in scope.field:
+        if raw_spans and field_.name == "spans":  # wire-compatible: a message is its bytes
+            field_.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+            field_.ClearField("type_name")
     resource = copy_message(
         trace_pb2.ResourceSpans.DESCRIPTOR, package, {"scope_spans": "ScopeSpans"}
     )
