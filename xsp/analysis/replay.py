@@ -237,7 +237,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     library = level == schema.LEVEL_LIBRARY
     named = _Named(
         stream=np.where(library, stream, -1),
-        event=np.asarray(deep.column("cuda_event").fill_null(-1), dtype=np.int64)
+        event=numbers(deep.column("cuda_event"), null=-1).astype(np.int64, copy=False)
         if "cuda_event" in deep.column_names
         else np.full(len(start), -1, dtype=np.int64),
         is_wait=library & np.isin(names, list(WAIT_CALLS)),
