@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from known_layers import cycles_per_ms  # noqa: E402
+from known_layers import cycles_per_ms
 
-import xsp  # noqa: E402
+import xsp
 
 SIDE_MS, MAIN_MS, TAIL_MS = 2.0, 1.0, 0.5
 

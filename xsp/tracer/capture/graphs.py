@@ -41,5 +41,5 @@ def turn_levels_on_at_capture(on_capture: Callable[[], None]) -> None:
             log.exception("xsp: turning levels on at a CUDA graph capture failed")
         return original(self, *args, **kwargs)
 
-    graphs.CUDAGraph.capture_begin = capture_begin
+    graphs.CUDAGraph.capture_begin = capture_begin  # type: ignore[method-assign]
     _hooked = True
