@@ -145,7 +145,9 @@ def _variable(
 ) -> pa.Array:
     """Strings or fixed-size binaries from a Python sequence; ``None`` (or ``mask``) is null."""
     n = len(values)
-    if pa.types.is_string(type_) and not small and n > 64:
+    # a column whose values repeat (names, kinds) goes through codes; one of distinct values
+    # (a message a row) is spelled out
+    if pa.types.is_string(type_) and not small and n > 64 and _repeats(values):
         encoded = dictionary(values, mask)
         if encoded is not None:
             return encoded.dictionary_decode()
@@ -165,6 +167,14 @@ def _variable(
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     return pa.Array.from_buffers(type_, n, buffers)
+
+
+def _repeats(values: Sequence[Any]) -> bool:
+    """Whether the first 64 values hold fewer than 32 distinct ones."""
+    try:
+        return len(set(values[:64])) < 32
+    except TypeError:  # a value that cannot be hashed
+        return False
 
 
 def equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
