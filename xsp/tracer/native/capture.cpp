@@ -530,10 +530,11 @@ void arena_open(const std::string& path, uint64_t capacity_bytes) {
     ::close(fd);
     throw std::runtime_error("cannot map the capture arena " + path + ": " + strerror(errno));
   }
-  // No read-ahead: a first touch of the sparse file would otherwise zero a large folio around
-  // it (2 ms for the header, inside the request that starts a continuous session's batch), and
-  // recording touches its pages once each, in order, as it fills them
-  madvise(base, total, MADV_RANDOM);
+  // No read-ahead for the header and the strings: a first touch of the sparse file would
+  // otherwise zero a large folio around it (2 ms for the header, inside the request that starts
+  // a continuous session's batch). The records' chunks keep it: with one page per fault, level
+  // F's records cost a request several µs more
+  madvise(base, kHeaderBytes + strings, MADV_RANDOM);
   auto* h = new (base) Header();
   std::memcpy(h->magic, kMagic, 8);
   h->version = kVersion;
