@@ -301,6 +301,29 @@ def test_arrow_columns_round_trip_numbers_strings_and_nulls() -> None:
         numbers(ints)
 
 
+def test_string_columns_from_codes_equal_those_spelled_out_row_by_row() -> None:
+    """A service's exporter builds its span names and kinds from one code a row (``dictionary``)
+    instead of one encoded copy a row; the columns must be the same, nulls and masks included."""
+    import numpy as np
+    import pyarrow as pa
+
+    from xsp.tracer.convert.columns import arrow, dictionary, repeated
+
+    names = ["model", "conv", None, "model", "relu", "conv"] * 20
+    mask = np.zeros(len(names), dtype=bool)
+    mask[4] = True
+    spelled = pa.array(names, pa.string()).to_pylist()
+    assert arrow(names, pa.string()).to_pylist() == spelled  # 120 rows: the coded path
+    masked = arrow(names, pa.string(), mask=mask).to_pylist()
+    assert masked[4] is None and masked[:4] + masked[5:] == spelled[:4] + spelled[5:]
+    coded = dictionary(names)
+    assert coded is not None
+    assert coded.equals(pa.array(names, pa.string()).dictionary_encode())
+    assert dictionary([1, True, "x"] * 30) is None  # 1 and True are one key; spelled out instead
+    assert arrow([1, True, "x"] * 30, pa.string()).to_pylist()[:3] == ["1", "True", "x"]
+    assert repeated("model", 3).dictionary_decode().to_pylist() == ["model"] * 3
+
+
 def test_equals_finds_a_value_in_dictionary_and_plain_string_columns() -> None:
     import pyarrow as pa
 

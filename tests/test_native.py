@@ -219,6 +219,20 @@ def test_the_finish_imports_no_pandas(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_trace_ids_hashed_natively_are_the_stored_ones() -> None:
+    """A continuous session's exporter hashes one trace id a request in the native core, without
+    the interpreter lock: the same BLAKE2b-128 ids as ``trace_id_for``, for run ids and levels
+    whose text crosses BLAKE2b's 128-byte blocks."""
+    from xsp.tracer import schema
+    from xsp.tracer.native.build import load
+
+    iterations = [0, 7, 10, 99_999, 2**40]
+    for run_id in ("", "r" * 32, "r" * 120, "r" * 124, "r" * 125, "r" * 250, "r" * 300):
+        hashed = load().trace_ids(f"{run_id}/MF/".encode(), np.array(iterations, np.int64))
+        expected = b"".join(schema.trace_id_for(run_id, "MF", i) for i in iterations)
+        assert hashed == expected, len(run_id)
+
+
 def test_a_second_session_in_one_process_records_afresh(tmp_path: Path) -> None:
     for run in ("a", "b"):
         session = Session("MF", iterations=1, warmup=0, out=tmp_path / run, device="cpu").start()

@@ -17,13 +17,13 @@ import sys
 #: (trace id, span id) of an application span: 16 bytes and an unsigned 64-bit integer.
 SpanRef = tuple[bytes, int]
 
-_OTEL_TRACE = "opentelemetry.trace"
+OTEL_TRACE = "opentelemetry.trace"
 
 
 def application_span() -> SpanRef | None:
     """The current OpenTelemetry span of the calling thread, if the program uses the API and
     that span is valid and sampled; never raises."""
-    trace = sys.modules.get(_OTEL_TRACE)
+    trace = sys.modules.get(OTEL_TRACE)
     if trace is None:
         return None
     try:

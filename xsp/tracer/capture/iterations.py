@@ -56,7 +56,7 @@ class Iterations(Protocol):
 
     def begin_iteration(self) -> None: ...
 
-    def end_iteration(self, error: str | None = None) -> None: ...
+    def end_iteration(self, error: str | None = None, finish: bool = False) -> None: ...
 
     @property
     def done(self) -> bool: ...
@@ -231,6 +231,13 @@ class ModelCalls:
 
     def _decide(self, boundary: str) -> None:
         self.boundary = boundary
+        if boundary == ROOT_MODULE_CALL and self._root_calls is not None:
+            # from now on a root call only begins and ends an iteration (a service's every
+            # request: no decision left to make in between)
+            session = self._session
+            self._root_calls.use(
+                session.begin_iteration, functools.partial(session.end_iteration, finish=True)
+            )
         if boundary == OPTIMIZER_STEP:
             for hook in (self._root_calls, self._finder):
                 if hook is not None:
@@ -311,36 +318,52 @@ class _RootCalls:
     """Calls ``begins()`` before and ``ends(error)`` after each call of ``root`` that is not
     inside another call of it, through a ``__call__`` of the root's class (outside level F's
     wrapper of ``nn.Module.__call__``, so the root's own span falls inside the iteration).
-    Other instances of the class only call through; ``remove`` puts the class back."""
+    Other instances of the class only call through; ``remove`` puts the class back. ``use``
+    swaps the two callbacks (once the boundary is decided, the session's own markers)."""
 
     def __init__(self, root: Any, begins: Callable[[], None], ends: Callable[[str | None], None]):
         cls = type(root)
         own = cls.__dict__.get("__call__")
         inside = [False]
+        self._marks: list[Any] = [begins, ends]
+        marks = self._marks
 
         def through(module: Any, *args: Any, **kwargs: Any) -> Any:
             if own is not None:
                 return own(module, *args, **kwargs)
             return super(cls, module).__call__(*args, **kwargs)  # type: ignore[misc]
 
+        # a service's every request passes here: the guards are inline, not calls
         def root_call(module: Any, *args: Any, **kwargs: Any) -> Any:
             if module is not root or inside[0]:
                 return through(module, *args, **kwargs)
             inside[0] = True
             try:
-                _guarded(begins)
                 try:
-                    output = through(module, *args, **kwargs)
+                    marks[0]()
+                except Exception:
+                    log.exception(MARKER_FAILED)
+                try:
+                    if own is not None:
+                        output = own(module, *args, **kwargs)
+                    else:
+                        output = super(cls, module).__call__(*args, **kwargs)  # type: ignore[misc]
                 except BaseException as exc:
-                    _guarded(ends, _error(exc))
+                    _guarded(marks[1], _error(exc))
                     raise
-                _guarded(ends, None)
+                try:
+                    marks[1](None)
+                except Exception:
+                    log.exception(MARKER_FAILED)
                 return output
             finally:
                 inside[0] = False
 
         self._cls, self._own, self._wrapper = cls, own, root_call
         cls.__call__ = root_call
+
+    def use(self, begins: Callable[[], None], ends: Callable[[str | None], None]) -> None:
+        self._marks[:] = [begins, ends]
 
     def remove(self) -> None:
         if self._cls.__dict__.get("__call__") is not self._wrapper:
@@ -351,12 +374,15 @@ class _RootCalls:
             del self._cls.__call__
 
 
+MARKER_FAILED = "xsp: automatic iteration marker failed"
+
+
 def _guarded(action: Callable[..., None], *args: Any) -> None:
     """Tracing never breaks the traced program's forward."""
     try:
         action(*args)
     except Exception:
-        log.exception("xsp: automatic iteration marker failed")
+        log.exception(MARKER_FAILED)
 
 
 class _NextModuleCall:

@@ -309,6 +309,12 @@ class Session:
         # a continuous session (a service): its sampling policy, its batches, when it stops
         self._policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
         self._sampled_on = True  # the levels below M record the open (or next) iteration
+        # the short way through the markers (_steady_check): the levels they go to, and when
+        # the next progress report, batch or the duration's end is due (monotonic)
+        self._steady = False
+        self._marker_levels: list[Level] = []
+        self._marker_levels_reversed: list[Level] = []
+        self._due = 0.0
         self._exporter: BatchExporter | None = None
         self._batch = 0  # batches submitted
         self._batch_started = 0.0
@@ -358,6 +364,7 @@ class Session:
         if self._closed:
             return self.result
         self._closed = True
+        self._steady = False
         try:
             if isinstance(self._watch, boundaries.ModelCalls):
                 self._watch.settle()
@@ -404,6 +411,14 @@ class Session:
         return None
 
     def begin_iteration(self) -> None:
+        if self._steady and not self._open:  # a service's request: the short way
+            self._open = True
+            measured = self._index - self.warmup
+            if self._policy.sample(measured) is not self._sampled_on:
+                self._switch_sampling(not self._sampled_on)
+            for level in self._marker_levels:
+                level.begin_iteration(measured)
+            return
         if self._finish_pending:
             self._finish(None)
         if self._open or self._closed or self.done:
@@ -420,8 +435,27 @@ class Session:
             for level in self._levels:
                 level.begin_iteration(measured)
 
-    def end_iteration(self, error: str | None = None) -> None:
+    def end_iteration(self, error: str | None = None, finish: bool = False) -> None:
+        """End the open iteration (failed, when ``error`` says why). ``finish``: store the run
+        now if that was its last measured iteration (``finish_if_done``)."""
         if not self._open:
+            if finish:
+                self.finish_if_done()
+            return
+        if self._steady:  # as below, with what a steady state rules out left out
+            measured = self._index - self.warmup
+            for level in self._marker_levels_reversed:
+                level.end_iteration(measured)
+            if error is not None:
+                self._failures[measured] = error
+            self._open = False
+            self._index += 1
+            if time.monotonic() >= self._due:
+                self._report_progress()
+                self._continue()
+                self._steady_check()
+                if finish:
+                    self.finish_if_done()
             return
         if self.measuring:
             measured = self._index - self.warmup
@@ -446,6 +480,9 @@ class Session:
             self._finish_pending = True
         elif self.continuous and self._levels_on and self._index > self.warmup:
             self._continue()
+        self._steady_check()
+        if finish:
+            self.finish_if_done()
 
     def step(self) -> None:
         """End the open iteration (if any) and begin the next one."""
@@ -472,6 +509,41 @@ class Session:
         return limit is not None and self._index >= limit
 
     # -- a continuous session ------------------------------------------------------------------
+    def _steady_check(self) -> None:
+        """Whether the next iterations may take the short way through the markers: a continuous
+        session measuring without an end in sight, past its first measured iteration, with its
+        levels on. Then the session has only three things to do between iterations, each
+        decided by one comparison: its sampling policy's (``_marker_levels``: the levels that
+        get this iteration's markers), and, once ``_due`` (monotonic) has passed, a progress
+        report and a batch or the duration's end."""
+        self._steady = (
+            self.continuous
+            and self._levels_on
+            and not self._closed
+            and not self._finish_pending
+            and self._limit is None
+            and self._index > self.warmup
+        )
+        if not self._steady:
+            return
+        due = self._batch_started + self.spec.profile.export_every_s
+        if self._measure_end is not None:
+            due = min(due, self._measure_end)
+        if self._progress is not None:
+            due = min(due, self._progress_at + PROGRESS_EVERY_S)
+        self._due = due
+        self._mark_levels()
+
+    def _mark_levels(self) -> None:
+        """The levels that get the iteration markers: all of them while the levels below M
+        record; else those without a sampling switch (level M): a level sampled off records
+        nothing at its markers."""
+        if self._sampled_on:
+            self._marker_levels = list(self._levels)
+        else:
+            self._marker_levels = [level for level in self._levels if not hasattr(level, "sample")]
+        self._marker_levels_reversed = self._marker_levels[::-1]
+
     def _sample(self, measured: int) -> None:
         """Switch the levels below M on or off for the iteration beginning (its policy)."""
         on = self._policy.sample(measured)
@@ -482,9 +554,13 @@ class Session:
                 else None
             )
             self._batch_started = time.monotonic()
-        if on == self._sampled_on:
-            return
+        if on != self._sampled_on:
+            self._switch_sampling(on)
+
+    def _switch_sampling(self, on: bool) -> None:
         self._sampled_on = on
+        if self._steady:
+            self._mark_levels()
         for level in self._levels:
             sample = getattr(level, "sample", None)
             if sample is not None:
@@ -531,6 +607,7 @@ class Session:
         self._levels = enabled
         self._sampled_on = True  # enable() records; the next iteration's policy decides
         self._batch_started = time.monotonic()
+        self._steady_check()
 
     def _submit_batch(self, raw: dict[str, Any], counts: dict[str, Any], losses: Losses) -> None:
         """Queue a drained batch for the exporter (waits while it is behind: bounded memory)."""
@@ -702,6 +779,7 @@ class Session:
         that failed, records CUPTI dropped or xsp could not decode), ``interrupted`` after a
         Ctrl-C; ``status_reasons`` says why, one line each."""
         self._finish_pending = False
+        self._steady = False
         if self.result is not None:
             return
         self._phase_ns["measured"] = time.time_ns()

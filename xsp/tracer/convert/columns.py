@@ -126,9 +126,47 @@ def numbers(column: pa.Array | pa.ChunkedArray, null: Any = None) -> np.ndarray:
     return values
 
 
-def _variable(values: Sequence[Any], type_: pa.DataType, mask: Any) -> pa.Array:
+def repeated(value: str, n: int) -> pa.DictionaryArray:
+    """``n`` rows of one string, dictionary-encoded (a block's name or kind column)."""
+    return pa.DictionaryArray.from_arrays(
+        arrow(np.zeros(n, dtype=np.int32)), _variable([value], pa.string(), None, small=True)
+    )
+
+
+def dictionary(values: Sequence[Any], mask: Any = None) -> pa.DictionaryArray | None:
+    """Strings as a dictionary array (int32 codes, the distinct values in order of first
+    appearance, ``None`` or ``mask`` null): what ``arrow(values, pa.string()).dictionary_encode()``
+    gives, with one dict lookup a row instead of an encode and a copy (a service's exporter
+    converts its spans beside the requests, and holds the interpreter lock while it does).
+    None when a value is not a string: ``arrow`` spells those out one by one."""
+    codes: dict[Any, int] = {}
+    found = codes.setdefault
+    try:
+        index = np.array([found(v, len(codes)) for v in values], dtype=np.int32)
+    except TypeError:  # a value that cannot be hashed
+        return None
+    if not all(type(v) is str for v in codes if v is not None):
+        return None  # 1 and True share a code; str() of each tells them apart
+    null = np.zeros(len(index), dtype=bool) if mask is None else np.array(mask, dtype=bool)
+    if None in codes:  # not a value of the dictionary: its rows are null
+        gone = codes.pop(None)
+        null |= index == gone
+        index[index > gone] -= 1
+    distinct = _variable(list(codes), pa.string(), None, small=True)
+    return pa.DictionaryArray.from_arrays(arrow(index, pa.int32(), mask=null), distinct)
+
+
+def _variable(
+    values: Sequence[Any], type_: pa.DataType, mask: Any, small: bool = False
+) -> pa.Array:
     """Strings or fixed-size binaries from a Python sequence; ``None`` (or ``mask``) is null."""
     n = len(values)
+    # a column whose values repeat (names, kinds) goes through codes; one of distinct values
+    # (a message a row) is spelled out
+    if pa.types.is_string(type_) and not small and n > 64 and _repeats(values):
+        encoded = dictionary(values, mask)
+        if encoded is not None:
+            return encoded.dictionary_decode()
     valid = np.array([v is not None for v in values], dtype=bool)
     if mask is not None:
         valid &= ~np.asarray(mask, dtype=bool)
@@ -145,6 +183,14 @@ def _variable(values: Sequence[Any], type_: pa.DataType, mask: Any) -> pa.Array:
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     return pa.Array.from_buffers(type_, n, buffers)
+
+
+def _repeats(values: Sequence[Any]) -> bool:
+    """Whether the first 64 values hold fewer than 32 distinct ones."""
+    try:
+        return len(set(values[:64])) < 32
+    except TypeError:  # a value that cannot be hashed
+        return False
 
 
 def equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:

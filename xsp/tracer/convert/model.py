@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow
+from xsp.tracer.convert.columns import arrow, repeated
 from xsp.tracer.convert.monitor import summarize
 from xsp.tracer.convert.records import StepRecords
 from xsp.tracer.convert.table import Block, SpanTable
@@ -53,12 +53,13 @@ def _step_block(
     n = len(iteration)
     name = STEP_SPAN_NAME if rank is None else RANK_STEP_NAME.format(rank=rank)
     columns: dict[str, Any] = {
-        "name": [name] * n,
+        "name": repeated(name, n),
         "start_ns": start,
         "dur_ns": end - start,
-        "kind": [schema.KIND_STEP] * n,
-        "status_message": [failures.get(int(it)) for it in iteration],
+        "kind": repeated(schema.KIND_STEP, n),
     }
+    if failures:  # else the column is null
+        columns["status_message"] = [failures.get(it) for it in iteration.tolist()]
     if world_size is not None:
         columns["world_size"] = arrow(np.full(n, world_size, np.int32))
     return Block(

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import NullColumns, arrow, numbers
+from xsp.tracer.convert.columns import NullColumns, arrow, dictionary, numbers
 from xsp.tracer.convert.records import FrameworkRecords, MonitorSamples, StepRecords
+from xsp.tracer.native.build import loaded
 
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
@@ -142,10 +143,27 @@ class SpanTable:
             app[0] if app is not None else schema.trace_id_for(self.run_id, self.levels, iteration)
         )
 
+    def _trace_ids(self, iterations: list[int]) -> pa.Array:
+        """``trace_id`` of each iteration, as an arrow column (one hash each: a service's
+        exporter has one iteration a span at level M)."""
+        native = loaded()
+        if native is None:
+            data = b"".join(schema.trace_ids_for(self.run_id, self.levels, iterations))
+        else:  # the same ids, hashed without the interpreter lock
+            prefix = f"{self.run_id}/{self.levels}/".encode()
+            data = native.trace_ids(prefix, np.asarray(iterations, dtype=np.int64))
+        app = self.app_parents
+        if app:  # an iteration in an application's trace takes its id
+            data = b"".join(
+                app[it][0] if it in app else data[16 * i : 16 * i + 16]
+                for i, it in enumerate(iterations)
+            )
+        return pa.Array.from_buffers(pa.binary(16), len(iterations), [None, pa.py_buffer(data)])
+
     def _block_table(self, block: Block, ids: np.ndarray, parent_ids: np.ndarray) -> pa.Table:
         n = len(block)
         unique, position = np.unique(block.iteration, return_inverse=True)
-        trace_ids = arrow([self.trace_id(int(it)) for it in unique], pa.binary(16))
+        trace_ids = self._trace_ids(unique.tolist())
         data: dict[str, Any] = {
             "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
             "span_id": arrow(ids, pa.uint64()),
@@ -202,5 +220,8 @@ def _as_arrow(value: Any, type_: pa.DataType) -> pa.Array:
     if isinstance(value, (pa.Array, pa.ChunkedArray)):
         return value if value.type == type_ else value.cast(type_)
     if pa.types.is_dictionary(type_):
-        return arrow(value, pa.string()).dictionary_encode().cast(type_)
+        encoded = dictionary(list(value))
+        if encoded is None:
+            encoded = arrow(value, pa.string()).dictionary_encode()
+        return encoded.cast(type_)
     return arrow(value, type_)

@@ -141,6 +141,12 @@ def load() -> ModuleType:
         raise NativeBuildError(f"xsp's native capture ({built}) cannot be loaded: {exc}") from exc
 
 
+def loaded() -> ModuleType | None:
+    """The native module if this process has loaded it already (a traced process), else None:
+    conversion elsewhere (the runner, a recovery) neither imports torch nor builds it."""
+    return load() if load.cache_info().currsize else None
+
+
 def _build(name: str, directory: Path, cupti: Cupti | None) -> ModuleType:
     os.environ.setdefault("CXX", _compiler())
     # torch's builder runs ninja from PATH; the ninja wheel installs it beside this Python

@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 
 #include <ATen/record_function.h>
+#include <pybind11/numpy.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 #include <fcntl.h>
@@ -600,6 +601,11 @@ void arena_open(const std::string& path, uint64_t capacity_bytes) {
     ::close(fd);
     throw std::runtime_error("cannot map the capture arena " + path + ": " + strerror(errno));
   }
+  // No read-ahead for the header and the strings: a first touch of the sparse file would
+  // otherwise zero a large folio around it (2 ms for the header, inside the request that starts
+  // a continuous session's batch). The records' chunks keep it: with one page per fault, level
+  // F's records cost a request several µs more
+  madvise(base, kHeaderBytes + strings, MADV_RANDOM);
   auto* h = new (base) Header();
   std::memcpy(h->magic, kMagic, 8);
   h->version = kVersion;
@@ -759,6 +765,115 @@ void step(int64_t iteration, int64_t start_ns, int64_t end_ns) {
   r->start_ns = start_ns;
   r->end_ns = end_ns;
   publish(r, kStep);
+}
+
+// Level M's iteration boundaries, one call each: the clock is read here and the step record
+// written at the end, through CPython's own calling convention (no pybind11 dispatch), as a
+// service pays them on every request. The open iteration is the process's (callers hold the GIL).
+int64_t g_step_index = -1;
+int64_t g_step_start = 0;
+
+PyObject* py_step_begin(PyObject*, PyObject* index) {
+  long long i = PyLong_AsLongLong(index);
+  if (i == -1 && PyErr_Occurred()) return nullptr;
+  g_step_index = i;
+  g_step_start = now_ns();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_step_end(PyObject*, PyObject*) {
+  int64_t end = now_ns();
+  if (g_step_index >= 0) step(g_step_index, g_step_start, end);
+  g_step_index = -1;  // an end without its begin (the levels came on inside it) records nothing
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_step_methods[] = {
+    {"step_begin", py_step_begin, METH_O, "step_begin(index): level M's iteration begins now"},
+    {"step_end", py_step_end, METH_NOARGS, "step_end(): the open iteration ends now, recorded"},
+    {nullptr, nullptr, 0, nullptr}};
+
+// -- trace ids: BLAKE2b-128 of "<prefix><iteration>" for each iteration, as
+// ``xsp.tracer.schema.trace_id_for`` computes them one by one (RFC 7693). A continuous session's
+// exporter hashes one per request; here without the interpreter lock -------------------------
+constexpr uint64_t kBlakeIv[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL,
+                                  0x3c6ef372fe94f82bULL, 0xa54ff53a5f1d36f1ULL,
+                                  0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                                  0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+constexpr uint8_t kBlakeSigma[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+inline uint64_t rotr64(uint64_t x, int n) { return (x >> n) | (x << (64 - n)); }
+
+void blake2b_compress(uint64_t h[8], const uint8_t block[128], uint64_t bytes, bool last) {
+  uint64_t m[16], v[16];
+  for (int i = 0; i < 16; ++i) std::memcpy(&m[i], block + 8 * i, 8);  // little-endian hosts
+  for (int i = 0; i < 8; ++i) v[i] = h[i], v[i + 8] = kBlakeIv[i];
+  v[12] ^= bytes;
+  if (last) v[14] = ~v[14];
+  auto g = [&v](int a, int b, int c, int d, uint64_t x, uint64_t y) {
+    v[a] += v[b] + x;
+    v[d] = rotr64(v[d] ^ v[a], 32);
+    v[c] += v[d];
+    v[b] = rotr64(v[b] ^ v[c], 24);
+    v[a] += v[b] + y;
+    v[d] = rotr64(v[d] ^ v[a], 16);
+    v[c] += v[d];
+    v[b] = rotr64(v[b] ^ v[c], 63);
+  };
+  for (const auto& s : kBlakeSigma) {
+    g(0, 4, 8, 12, m[s[0]], m[s[1]]);
+    g(1, 5, 9, 13, m[s[2]], m[s[3]]);
+    g(2, 6, 10, 14, m[s[4]], m[s[5]]);
+    g(3, 7, 11, 15, m[s[6]], m[s[7]]);
+    g(0, 5, 10, 15, m[s[8]], m[s[9]]);
+    g(1, 6, 11, 12, m[s[10]], m[s[11]]);
+    g(2, 7, 8, 13, m[s[12]], m[s[13]]);
+    g(3, 4, 9, 14, m[s[14]], m[s[15]]);
+  }
+  for (int i = 0; i < 8; ++i) h[i] ^= v[i] ^ v[i + 8];
+}
+
+void blake2b_128(const std::string& text, uint8_t out[16]) {
+  uint64_t h[8];
+  for (int i = 0; i < 8; ++i) h[i] = kBlakeIv[i];
+  h[0] ^= 0x01010000ULL ^ 16;  // no key, 16-byte digest
+  size_t n = text.size(), at = 0;
+  uint8_t block[128];
+  while (n - at > 128) {
+    blake2b_compress(h, reinterpret_cast<const uint8_t*>(text.data()) + at, at + 128, false);
+    at += 128;
+  }
+  std::memset(block, 0, 128);
+  std::memcpy(block, text.data() + at, n - at);
+  blake2b_compress(h, block, n, true);
+  std::memcpy(out, h, 16);
+}
+
+py::bytes trace_ids(const std::string& prefix, py::array_t<int64_t, py::array::c_style> iterations) {
+  auto its = iterations.unchecked<1>();
+  std::string out(size_t(its.shape(0)) * 16, '\0');
+  {
+    py::gil_scoped_release unlocked;
+    std::string text;
+    for (py::ssize_t i = 0; i < its.shape(0); ++i) {
+      text = prefix;
+      text += std::to_string(its(i));
+      blake2b_128(text, reinterpret_cast<uint8_t*>(&out[size_t(i) * 16]));
+    }
+  }
+  return py::bytes(out);
 }
 
 void module_info(int64_t index, const std::string& text) {
@@ -1375,6 +1490,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("step", &step);
   m.def("module_info", &module_info);
   m.def("now_ns", &now_ns);
+  m.def("trace_ids", &trace_ids, py::arg("prefix"), py::arg("iterations"));
+  if (PyModule_AddFunctions(m.ptr(), g_step_methods) != 0) throw py::error_already_set();
 #ifdef XSP_WITH_CUPTI
   m.def("cupti_start", &cupti_start);
   m.def("cupti_measuring", &cupti_measuring);

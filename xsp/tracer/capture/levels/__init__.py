@@ -9,7 +9,9 @@ A level captures one layer of the stack. Its life inside a session::
     drain() -> raw records   once, after every level of the session is disabled
     counts() -> dict         optional, after drain: what the level lost (merged into run.json)
     sample(on)               optional, between iterations of a continuous session: record the
-                             next iterations or not (its sampling policy, level M excepted)
+                             next iterations or not (its sampling policy, level M excepted);
+                             sampled off, a level records nothing at its iteration markers, and
+                             a service's session may leave them out
 
 A continuous session (a service, docs/serving.md) runs this life once per batch of iterations:
 disable, drain, enable again, into a fresh capture arena.

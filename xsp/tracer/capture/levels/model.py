@@ -1,6 +1,6 @@
 """Level M: one root span per iteration, bounded by device synchronization.
 
-The iteration's start and end are read with ``time.time_ns()`` (CLOCK_REALTIME, the clock of the
+The iteration's start and end are read by the native core (CLOCK_REALTIME, the clock of the
 native op records, with CUPTI's shifted onto it) right after the device has drained, so the
 span's duration is the true step latency, with no queued GPU work spilling into the next
 iteration. Each finished iteration goes into the capture arena at once, so it survives a program
@@ -13,11 +13,11 @@ and kept here beside the arena (a dead process's recovered run keeps xsp's own i
 
 from __future__ import annotations
 
-import time
+import sys
 from typing import Any
 
 from xsp.tracer.capture.arena import CaptureArena
-from xsp.tracer.capture.context import SpanRef, application_span
+from xsp.tracer.capture.context import OTEL_TRACE, SpanRef, application_span
 from xsp.tracer.convert.arena import step_records
 from xsp.tracer.convert.records import StepRecords
 
@@ -28,27 +28,29 @@ class ModelLevel:
     def __init__(self, device: str, arena: CaptureArena) -> None:
         self._sync = _synchronizer(device)
         self._arena = arena
-        self._open: tuple[int, int] | None = None
         self._app_parents: dict[int, SpanRef] = {}
+        # a service's every request passes here: one native call per boundary, which reads the
+        # clock (and, at the end, writes the step record) itself
+        native = arena.native
+        self._step_begin, self._step_end = native.step_begin, native.step_end
+        self._modules = sys.modules
 
     def enable(self) -> None:
         self._arena.open()
 
     def begin_iteration(self, index: int) -> None:
-        parent = application_span()
-        if parent is not None:
-            self._app_parents[index] = parent
-        self._sync()
-        self._open = (index, time.time_ns())
+        if OTEL_TRACE in self._modules:  # the API is read only where the program uses it
+            parent = application_span()
+            if parent is not None:
+                self._app_parents[index] = parent
+        if self._sync is not None:
+            self._sync()
+        self._step_begin(index)
 
     def end_iteration(self, index: int) -> None:
-        self._sync()
-        end = time.time_ns()
-        if self._open is None:
-            return
-        start_index, start = self._open
-        self._open = None
-        self._arena.native.step(start_index, start, end)
+        if self._sync is not None:
+            self._sync()
+        self._step_end()
 
     def disable(self) -> None:
         pass
@@ -69,4 +71,4 @@ def _synchronizer(device: str):  # type: ignore[no-untyped-def]
         import torch
 
         return torch.cuda.synchronize
-    return lambda: None
+    return None  # the CPU's work is done when the call returns
