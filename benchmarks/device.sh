@@ -468,10 +468,10 @@ from pathlib import Path
 for meta in sorted(Path(sys.argv[1]).rglob("run.json")):
     m = json.loads(meta.read_text())
     ph, spans = m.get("phases_ns", {}), m.get("spans") or 0
-    finish = (ph.get("stored", 0) - ph.get("measured", 0)) / 1e3
+    finish = (ph.get("converted", 0) - ph.get("measured", 0)) / 1e3
     measured = max(1, m.get("iterations_measured") or 1)
     print(f"{m['levels']}: {m['status']}, {spans} spans ({spans // measured} per iteration), "
-          f"finish {finish / 1e6:.2f} s = {finish / max(spans, 1):.2f} µs per span")
+          f"measured -> converted {finish / 1e6:.2f} s = {finish / max(spans, 1):.2f} µs per span")
 PY
   python3 - "$store" "$OUT/llama-1b" <<'PY' 2>&1 | tail -6
 import resource, subprocess, sys, time

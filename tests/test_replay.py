@@ -8,13 +8,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from xsp.analysis import critical_path
 from xsp.analysis.host_timeline import _debiased, calibration, steady
 from xsp.analysis.matching import keyed
 from xsp.analysis.reconstruct import overhead_verdict, reconstruct_with_report
-from xsp.analysis.replay import CAUSE_GPU, replay
+from xsp.analysis.replay import CAUSE_GPU, WhatIf, replay, what_if
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.capture.warmup import settled
 
@@ -89,6 +90,7 @@ def test_queued_kernels_keep_their_dispatch_gap(resnet: MeasurementStore) -> Non
         owner,
         np.zeros(len(kind), dtype=np.int64),
         stream,
+        np.full(len(kind), -1, dtype=np.int64),  # no event waits
     )
     assert np.median(gap[gpu]) == 1120
     assert gap[gpu].sum() / 20 / 1e6 == pytest.approx(0.950, abs=0.001)
@@ -265,3 +267,39 @@ def test_a_baseline_the_host_did_not_hold_is_named(resnet: MeasurementStore) -> 
     assert base["stable"] is True and base["difference_pct"] == pytest.approx(-1.87, abs=0.01)
     assert base["replay_consistent"] is True
     assert base["replay_vs_untraced_pct"] == pytest.approx(-0.96, abs=0.01)
+
+
+def test_a_wait_on_another_streams_event_holds_the_waiting_streams_work() -> None:
+    """Two streams joined by an event (benchmarks/workloads/two_streams.py): the side stream's
+    2 ms beside the main stream's 1 ms, then the main stream's 0.5 ms after its wait. The tail
+    starts only once the side stream's work has ended: the step replays to 2.62 ms against M's
+    2.58 ms. Edited so that the side stream's work takes no time, the tail follows the main
+    stream's 1 ms (1.64 ms); a replay that took the measured wait for the tail's dispatch gap
+    (no edge) would keep it 0.98 ms late (2.62 ms)."""
+    store = MeasurementStore(DATA / "two-streams")
+    found = replay(store)
+    summary = found.summary()
+    assert summary["measured_step_ms"] == pytest.approx(2.5846, abs=0.0005)
+    assert summary["step_ms"] == pytest.approx(2.6233, abs=0.0005)
+    assert summary["error_pct"] == pytest.approx(1.50, abs=0.01)
+    assert summary["checks"]["activities_before_launch"] == 0
+    assert summary["checks"]["activities_overlapping_on_a_stream"] == 0
+    kind = np.asarray(found.spans.column("kind").cast("string").to_pylist())
+    stream = np.asarray(found.spans.column("gpu_stream").fill_null(-1).to_pylist())
+    iteration = np.asarray(found.spans.column("iteration").fill_null(-1).to_pylist())
+    kernels = np.nonzero(kind == "kernel")[0]
+    side, main = sorted(set(stream[kernels].tolist()), key=lambda s: (stream[kernels] == s).sum())
+    for it in set(iteration[kernels].tolist()):
+        mine = kernels[iteration[kernels] == it]
+        side_end = max(found.start_ns[k] + found.dur_ns[k] for k in mine if stream[k] == side)
+        tail = max((k for k in mine if stream[k] == main), key=lambda k: found.start_ns[k])
+        assert found.start_ns[tail] >= side_end
+
+    def side_stream(spans: pa.Table) -> np.ndarray:
+        kernel = np.asarray(spans.column("kind").cast("string").to_pylist()) == "kernel"
+        on = np.asarray(spans.column("gpu_stream").fill_null(-1).to_pylist())
+        streams, counts = np.unique(on[kernel], return_counts=True)
+        return kernel & (on == streams[np.argmin(counts)])
+
+    freed = what_if(store, WhatIf("the side stream's work free", drop_activities=side_stream))
+    assert freed == pytest.approx(1.6444, abs=0.0005)

@@ -233,7 +233,6 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     causes = _causes(parent, kind, gpu, is_sync)
     device = numbers(deep.column("gpu_device"), null=-1).astype(np.int64, copy=False)
     stream = numbers(deep.column("gpu_stream"), null=-1).astype(np.int64, copy=False)
-    latency, gap = _device_delays(start, dur, parent, kind, gpu, is_sync, owner, device, stream)
     library = level == schema.LEVEL_LIBRARY
     named = _Named(
         stream=np.where(library, stream, -1),
@@ -242,6 +241,10 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         else np.full(len(start), -1, dtype=np.int64),
         is_wait=library & np.isin(names, list(WAIT_CALLS)),
         is_record=library & np.isin(names, list(RECORD_CALLS)),
+    )
+    held = _measured_holds(start, dur, parent, owner, gpu, named, stream)
+    latency, gap = _device_delays(
+        start, dur, parent, kind, gpu, is_sync, owner, device, stream, held
     )
     gpu_dur = dur.copy()
     if edit is not None and edit.drop_activities is not None:
@@ -395,10 +398,12 @@ def _device_delays(
     owner: np.ndarray,
     device: np.ndarray,
     stream: np.ndarray,
+    held: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each activity's device-side delays, as the deep run measured them: its latency (from its
     launch to its start, where it waited for the launch) and its dispatch gap (from the end of the
-    one before it on its stream, where it was queued behind it). An activity measured one way
+    one before it on its stream, or of another stream's work it waited for through an event,
+    ``held``, where it was queued behind that). An activity measured one way
     takes the median of the other way's. A GPU runs back-to-back kernels about a microsecond
     apart; ResNet-50's ~560 queued kernels a step add up to 0.7 ms. A negative gap (programmatic
     dependent launch lets a kernel start before the one before it ends) is taken as none, as a
@@ -424,6 +429,7 @@ def _device_delays(
         & (stream[order][1:] == stream[order][:-1])
     )
     prev_end = np.concatenate(([-1], np.where(same, ends[:-1], -1)))
+    prev_end = np.maximum(prev_end, held[order])  # an event wait held it: not a dispatch gap
     queued = (prev_end >= 0) & (prev_end > launched)
     own_gap = np.maximum(start[order] - prev_end, 0)
     own_latency = np.maximum(start[order] - launched, 0)
@@ -433,6 +439,55 @@ def _device_delays(
     gap[order] = np.where(queued, own_gap, median_gap)
     latency[order] = np.where(timed, own_latency, median_latency)
     return latency, gap
+
+
+def _measured_holds(
+    start: np.ndarray,
+    dur: np.ndarray,
+    parent: np.ndarray,
+    owner: np.ndarray,
+    gpu: np.ndarray,
+    named: _Named,
+    stream: np.ndarray,
+) -> np.ndarray:
+    """For the first activity a stream's wait on an event holds (the next one launched on the
+    waiting stream after the wait), when the work it waited for ended in the deep run: the last
+    activity queued on the event's stream before the event's last record; -1 elsewhere."""
+    held = np.full(len(start), -1, dtype=np.int64)
+    waits = np.nonzero(named.is_wait & (named.event >= 0) & (named.stream >= 0))[0]
+    if not len(waits):
+        return held
+    records = np.nonzero(named.is_record & (named.event >= 0) & (named.stream >= 0))[0]
+    act = np.nonzero(gpu)[0]
+    launcher = parent[act]
+    launched = np.where(
+        launcher >= 0, start[np.maximum(launcher, 0)] + dur[np.maximum(launcher, 0)], start[act]
+    )
+    lanes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (step, stream) -> by launch
+    keys = np.stack([owner[act], stream[act]], axis=1)
+    for key in {tuple(k) for k in keys.tolist()}:
+        mine = np.nonzero((keys[:, 0] == key[0]) & (keys[:, 1] == key[1]))[0]
+        mine = mine[np.argsort(launched[mine], kind="stable")]
+        lanes[key] = (act[mine], launched[mine])
+    by_event: dict[tuple[int, int], list[int]] = {}
+    for r in records[np.argsort(start[records], kind="stable")].tolist():
+        by_event.setdefault((int(owner[r]), int(named.event[r])), []).append(r)
+    for w in waits.tolist():
+        earlier = [
+            r for r in by_event.get((int(owner[w]), int(named.event[w])), []) if start[r] < start[w]
+        ]
+        if not earlier:
+            continue
+        record = earlier[-1]
+        rows, times = lanes.get((int(owner[w]), int(named.stream[record])), (act[:0], launched[:0]))
+        queued = rows[times <= start[record]]
+        rows, times = lanes.get((int(owner[w]), int(named.stream[w])), (act[:0], launched[:0]))
+        after = np.searchsorted(times, start[w] + dur[w], side="left")
+        if not len(queued) or after >= len(rows):
+            continue
+        first = int(rows[after])
+        held[first] = max(int(held[first]), int((start[queued] + dur[queued]).max()))
+    return held
 
 
 def _sync_base(
