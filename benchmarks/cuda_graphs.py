@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -69,24 +68,14 @@ def graphed_case(graphed: bool) -> dict[str, Any]:
     return result
 
 
-def _fresh(function: str, argument: Any) -> dict[str, Any]:
-    code = (
-        "import json, sys\n"
-        f"from benchmarks.cuda_graphs import {function}\n"
-        f"print('RESULT', json.dumps({function}(json.loads(sys.argv[1]))))\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(argument)],
-        capture_output=True, text=True, timeout=400, cwd=ROOT, env=env,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        return {"failed": done.stderr[-3000:]}
-    return dict(json.loads(lines[0].removeprefix("RESULT ")))
+def _fresh(function: str, **arguments: Any) -> dict[str, Any]:
+    """A case in a fresh process; what went wrong where it failed."""
+    from tests.fixtures import in_fresh_process
+
+    try:
+        return dict(in_fresh_process("benchmarks.cuda_graphs", function, timeout=400, **arguments))
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        return {"failed": str(exc)[-3000:]}
 
 
 def main() -> None:
@@ -94,10 +83,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     results = {
-        "graphed-train": _fresh("graphed_case", True),
-        "eager-train": _fresh("graphed_case", False),
-        "compile-ro-infer": _fresh("compiled_case", "reduce-overhead"),
-        "compile-default-infer": _fresh("compiled_case", "default"),
+        "graphed-train": _fresh("graphed_case", graphed=True),
+        "eager-train": _fresh("graphed_case", graphed=False),
+        "compile-ro-infer": _fresh("compiled_case", mode="reduce-overhead"),
+        "compile-default-infer": _fresh("compiled_case", mode="default"),
     }
     args.out.write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))

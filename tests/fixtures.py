@@ -36,27 +36,14 @@ def capture_raw(
 
     import torch
 
-    from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
+    from xsp.tracer.capture.levels import LevelContext, level_environment
     from xsp.tracer.workloads import zoo
 
     level_set = LevelSet(levels)
     os.environ.update(level_environment(LevelContext(device, level_set)))  # before libraries start
     workload = zoo.build(model, batch_size, mode, device)
     workload.step()  # warm-up: allocator, cuDNN/cuBLAS handles
-    context = LevelContext(device, level_set)
-    built = build_levels(level_set, context)
-    for level in built:
-        level.enable()
-    for i in range(iterations):
-        for level in built:
-            level.begin_iteration(i)
-        workload.step()
-        for level in reversed(built):
-            level.end_iteration(i)
-    for level in reversed(built):
-        level.disable()
-    drained = {level.letter: level.drain() for level in built}
-    context.discard_arena()
+    drained = drive_levels(LevelContext(device, level_set), level_set, iterations, workload.step)
     meta = {
         "model": model,
         "mode": mode,
@@ -69,6 +56,35 @@ def capture_raw(
     return drained, meta
 
 
+def drive_levels(
+    context: Any,
+    level_set: LevelSet,
+    iterations: int,
+    step: Any,
+    before_measuring: Any = None,
+) -> dict[str, Any]:
+    """``iterations`` calls of ``step`` with ``level_set``'s levels driven by hand, as a session
+    drives them; ``before_measuring`` runs once the levels are on. Returns what each drained."""
+    from xsp.tracer.capture.levels import build_levels
+
+    built = build_levels(level_set, context)
+    for level in built:
+        level.enable()
+    if before_measuring is not None:
+        before_measuring()
+    for i in range(iterations):
+        for level in built:
+            level.begin_iteration(i)
+        step()
+        for level in reversed(built):
+            level.end_iteration(i)
+    for level in reversed(built):
+        level.disable()
+    drained = {level.letter: level.drain() for level in built}
+    context.discard_arena()
+    return drained
+
+
 def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """tests/test_cuda_graphs.py's small CNN trained at MFLG with levels driven by hand, its
     forward and backward captured in CUDA graphs (``graphed``) or run eagerly; the capture
@@ -78,7 +94,7 @@ def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any],
     import torch
 
     from tests.test_cuda_graphs import SmallCnn
-    from xsp.tracer.capture.levels import LevelContext, build_levels, level_environment
+    from xsp.tracer.capture.levels import LevelContext, level_environment
 
     level_set = LevelSet("MFLG")
     os.environ.update(level_environment(LevelContext("cuda", level_set)))
@@ -95,24 +111,14 @@ def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any],
         model(x).backward(grad)
         optimizer.step()
 
+    def capture() -> None:
+        nonlocal model
+        if graphed:
+            model = torch.cuda.make_graphed_callables(model, (x,))
+
     for _ in range(3):  # cuDNN chooses its algorithms: the graph captures the chosen ones
         step()
-    context = LevelContext("cuda", level_set)
-    built = build_levels(level_set, context)
-    for level in built:
-        level.enable()
-    if graphed:
-        model = torch.cuda.make_graphed_callables(model, (x,))
-    for i in range(iterations):
-        for level in built:
-            level.begin_iteration(i)
-        step()
-        for level in reversed(built):
-            level.end_iteration(i)
-    for level in reversed(built):
-        level.disable()
-    drained = {level.letter: level.drain() for level in built}
-    context.discard_arena()
+    drained = drive_levels(LevelContext("cuda", level_set), level_set, iterations, step, capture)
     meta = {"model": "tests.test_cuda_graphs.SmallCnn", "graphed": graphed, "levels": "MFLG"}
     meta |= {"device": "cuda", "torch": torch.__version__, "mode": "train", "batch_size": 8}
     return drained, meta
@@ -218,6 +224,35 @@ def write_run(root: Path, levels: str, table: Any, resource: dict[str, Any] | No
     from xsp.tracer import store
 
     return store.write_run(root / levels, table, levels, resource or {})
+
+
+def in_fresh_process(module: str, function: str, timeout: float = 600, **arguments: Any) -> Any:
+    """``module.function(**arguments)`` in a fresh Python process, as a user's run is: the
+    libraries' NVTX routing set before they load, dynamo's counters at zero, no CUPTI or profiler
+    state of another test. Arguments and result travel as JSON; a failure raises RuntimeError
+    with the process's stderr."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import json, sys\n"
+        f"from {module} import {function}\n"
+        f"print('RESULT', json.dumps({function}(**json.loads(sys.argv[1]))))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(arguments)],
+        capture_output=True, text=True, timeout=timeout, cwd=root, env=env,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or len(lines) != 1:
+        raise RuntimeError(done.stderr[-6000:])
+    return json.loads(lines[0].removeprefix("RESULT "))
 
 
 def free_ports(count: int) -> list[int]:

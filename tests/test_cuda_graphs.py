@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.fixtures import fixture_table
+from tests.fixtures import fixture_table, in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[1]
 ITERATIONS = 2
@@ -122,22 +120,7 @@ def graph_session_check(graphed: bool) -> dict[str, Any]:
 
 
 def _fresh(graphed: bool) -> dict[str, Any]:
-    code = (
-        "import json, sys\n"
-        "from tests.test_cuda_graphs import graph_session_check\n"
-        "print('RESULT', json.dumps(graph_session_check(sys.argv[1] == 'graphed')))\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code, "graphed" if graphed else "eager"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    return dict(json.loads(line.removeprefix("RESULT ")))
+    return dict(in_fresh_process("tests.test_cuda_graphs", "graph_session_check", graphed=graphed))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the H200)")

@@ -13,15 +13,14 @@ ResNet-18 under inductor takes about 50 s to compile on the 2-core dev machine);
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fixtures import in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,22 +37,7 @@ OUTSIDE_THE_LAYERS = (
 
 def _fresh(check: str, **arguments: Any) -> dict[str, Any]:
     """``check(**arguments)`` of this module in a fresh Python process; its result."""
-    code = (
-        "import json, sys\n"
-        f"from tests.test_gpu_checks import {check}\n"
-        f"print('RESULT', json.dumps({check}(**json.loads(sys.argv[1]))))\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(arguments)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line.removeprefix("RESULT "))
+    return dict(in_fresh_process("tests.test_gpu_checks", check, **arguments))
 
 
 def kernel_check(model: str, batch_size: int, iterations: int, levels: str) -> dict[str, Any]:
