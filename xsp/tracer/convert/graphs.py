@@ -35,45 +35,30 @@ def attribute(
     if not len(replayed):
         return 0, 0
     origin = {node: nodes.origin(node) for node in np.unique(graph_node[replayed]).tolist()}
-    ops: list[str] = []
-    op_code = np.full(len(graph_node), -1, dtype=np.int64)
     known = [row for row in replayed.tolist() if origin[int(graph_node[row])] is not None]
-    for row in known:
-        node = origin[int(graph_node[row])]
-        assert node is not None
-        op = nodes.op[node]
-        if op:
-            op_code[row] = _code(ops, op)
-        module, phase = nodes.module[node], nodes.phase[node]
-        if 0 <= module < len(modules) and "module_path" in columns:
-            columns["module_path"] = _set(columns["module_path"], row, modules[module].path)
-        if phase and "phase" in columns:
-            columns["phase"] = _set(columns["phase"], row, phase)
-    columns["graph_op"] = dictionary_column(op_code, ops)
-    for name in ("module_path", "phase"):
-        if isinstance(columns.get(name), _Edits):
-            columns[name] = columns[name].column()
+    made = [origin[int(graph_node[row])] for row in known]
+    paths = [modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else "" for n in made]
+    phases = [nodes.phase[n] for n in made]
+    ops = [nodes.op[n] for n in made]
+    if "module_path" in columns:
+        columns["module_path"] = _overwrite(columns["module_path"], known, paths)
+    if "phase" in columns:
+        columns["phase"] = _overwrite(columns["phase"], known, phases)
+    empty = pa.DictionaryArray.from_arrays(
+        pa.nulls(len(graph_node), pa.int32()), pa.array([], pa.string())
+    )
+    columns["graph_op"] = _overwrite(empty, known, ops)
     return len(replayed), len(known)
 
 
-def _code(values: list[str], value: str) -> int:
-    if value not in values:
-        values.append(value)
-    return values.index(value)
-
-
-class _Edits:
-    """A dictionary column being rewritten row by row: its codes and values, built once."""
-
-    def __init__(self, column: pa.DictionaryArray) -> None:
-        self.codes = codes_of(column)
-        self.values: list[str] = column.dictionary.to_pylist()
-
-    def column(self) -> pa.DictionaryArray:
-        return dictionary_column(self.codes, self.values)
-
-
-def _set(column: Any, row: int, value: str) -> _Edits:
-    edits = column if isinstance(column, _Edits) else _Edits(column)
-    edits.codes[row] = _code(edits.values, value)
-    return edits
+def _overwrite(
+    column: pa.DictionaryArray, rows: list[int], values: list[str]
+) -> pa.DictionaryArray:
+    """``column`` with ``values`` in ``rows``; an empty value (not recorded) keeps the row's."""
+    codes = codes_of(column)
+    texts: list[str] = column.dictionary.to_pylist()
+    index = {text: code for code, text in enumerate(texts)}
+    for row, value in zip(rows, values, strict=True):
+        if value:
+            codes[row] = index.setdefault(value, len(index))
+    return dictionary_column(codes, list(index))
