@@ -35,8 +35,12 @@ def attribute(
     if not len(replayed):
         return 0, 0
     origin = {node: nodes.origin(node) for node in np.unique(graph_node[replayed]).tolist()}
-    known = [row for row in replayed.tolist() if origin[int(graph_node[row])] is not None]
-    made = [origin[int(graph_node[row])] for row in known]
+    known, made = [], []
+    for row in replayed.tolist():
+        node = origin[int(graph_node[row])]
+        if node is not None:
+            known.append(row)
+            made.append(node)
     paths = [modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else "" for n in made]
     phases = [nodes.phase[n] for n in made]
     ops = [nodes.op[n] for n in made]

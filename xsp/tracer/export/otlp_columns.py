@@ -225,25 +225,37 @@ def _times(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[np.ndarray, np.n
     return out[0], out[1]
 
 
-def _statuses(fields: pf.Fields, buf: np.ndarray, n: int) -> pa.Array | None:
-    """``status_message``: the message of each span whose status is ERROR (null elsewhere);
-    None where a status has another code or field."""
-    which = fields.one(_STATUS, LENGTH, n)
+def _submessages(
+    fields: pf.Fields, buf: np.ndarray, n: int, number: int, allowed: tuple[int, ...]
+) -> tuple[np.ndarray, pf.Fields] | None:
+    """The spans that have field ``number`` (at most once each), and that field's own fields;
+    None where a span repeats it or it holds a field outside ``allowed``."""
+    which = fields.one(number, LENGTH, n)
     if which is None:
         return None
     rows = np.flatnonzero(which >= 0)
     at = fields.at[which[rows]]
-    status = pf.scan(buf, at, at + fields.size[which[rows]])
-    if status is None or not np.isin(status.number, (_STATUS_MESSAGE, _STATUS_CODE)).all():
+    inner = pf.scan(buf, at, at + fields.size[which[rows]])
+    if inner is None or not np.isin(inner.number, allowed).all():
         return None
+    return rows, inner
+
+
+def _statuses(fields: pf.Fields, buf: np.ndarray, n: int) -> pa.Array | None:
+    """``status_message``: the message of each span whose status is ERROR (null elsewhere);
+    None where a status has another code or field."""
+    found = _submessages(fields, buf, n, _STATUS, (_STATUS_MESSAGE, _STATUS_CODE))
+    if found is None:
+        return None
+    rows, status = found
     codes = status.varints(_STATUS_CODE, len(rows))
     message = status.one(_STATUS_MESSAGE, LENGTH, len(rows))
     if codes is None or message is None:
         return None
     if not np.isin(codes, (Status.STATUS_CODE_UNSET, Status.STATUS_CODE_ERROR)).all():
         return None
-    unset = codes == Status.STATUS_CODE_UNSET
-    if ((message >= 0) & unset).any() and (status.size[message[unset & (message >= 0)]] > 0).any():
+    unset_with_text = (codes == Status.STATUS_CODE_UNSET) & (message >= 0)
+    if (status.size[message[unset_with_text]] > 0).any():
         return None  # an UNSET status with a message: ``status_description``, span by span
     messages: list[str | None] = [None] * n
     for row, field_ in zip(
@@ -264,14 +276,10 @@ def _statuses(fields: pf.Fields, buf: np.ndarray, n: int) -> pa.Array | None:
 def _links(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[pa.Array, pa.Array] | None:
     """``link_trace_id`` and ``link_span_id``; None where a span's link says more than its
     ids or it has several (``otlp._link_rows``)."""
-    which = fields.one(_LINKS, LENGTH, n)
-    if which is None:
+    found = _submessages(fields, buf, n, _LINKS, (_LINK_TRACE_ID, _LINK_SPAN_ID))
+    if found is None:
         return None
-    rows = np.flatnonzero(which >= 0)
-    at = fields.at[which[rows]]
-    link = pf.scan(buf, at, at + fields.size[which[rows]])
-    if link is None or not np.isin(link.number, (_LINK_TRACE_ID, _LINK_SPAN_ID)).all():
-        return None
+    rows, link = found
     trace, span = (
         link.one(_LINK_TRACE_ID, LENGTH, len(rows)),
         link.one(_LINK_SPAN_ID, LENGTH, len(rows)),
