@@ -5,6 +5,11 @@ one after the other under one step. Prints what its viewers get: the Chrome/Perf
 gets (``xsp push``'s folding: spans sent, summaries, the time it takes).
 
     python benchmarks/large_trace.py [--copies 20] [--max-spans-per-trace 8192]
+    python benchmarks/large_trace.py --store STORE --copies 1   # a recorded store's deepest run
+
+With ``--store`` the iteration is the first measured one of that measurement's deepest run (the
+1B-parameter model's MFLG run on the H200: ``device.sh llama-1b``), and the whole measurement's
+Chrome export (``xsp export --format chrome``) is sized too.
 """
 
 from __future__ import annotations
@@ -26,16 +31,16 @@ _GOLDEN = 0x9E3779B97F4A7C15  # spreads the copies' span ids over the 64-bit spa
 _GAP_NS = 1_000_000  # between copies, so no copy's GPU work overlaps the next one's
 
 
-def r50_iteration() -> tuple[dict[str, Any], pa.Table]:
-    """The resource and the spans of the committed MFLG run's first measured iteration."""
+def first_iteration(root: Path = R50, run: int = MFLG_RUN) -> tuple[dict[str, Any], pa.Table]:
+    """The resource and the spans of one run's first measured iteration (by default the
+    committed ResNet-50 measurement's MFLG run; ``run`` -1: the deepest)."""
     from xsp.analysis.store import MeasurementStore
 
-    store = MeasurementStore(R50)
-    table = store.run_spans(MFLG_RUN)
+    store = MeasurementStore(root)
+    run = run % len(store.runs)
+    table = store.run_spans(run)
     first = pc.min(table.column("iteration")).as_py()
-    return dict(store.runs[MFLG_RUN].resource), table.filter(
-        pc.equal(table.column("iteration"), first)
-    )
+    return dict(store.runs[run].resource), table.filter(pc.equal(table.column("iteration"), first))
 
 
 def tiled_iteration(iteration: pa.Table, copies: int) -> pa.Table:
@@ -80,6 +85,22 @@ def tiled_iteration(iteration: pa.Table, copies: int) -> pa.Table:
     )
 
 
+def whole_measurement_export(root: Path) -> None:
+    """The size of ``xsp export --format chrome`` of the whole measurement (every run)."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        began = time.perf_counter()
+        command = [sys.executable, "-m", "xsp", "export", str(root), "--format", "chrome"]
+        subprocess.run([*command, "-o", str(path)], check=True)
+        took = time.perf_counter() - began
+        print(
+            f"xsp export --format chrome of the whole measurement: {path.stat().st_size:,} bytes, {took:.1f} s"
+        )
+
+
 def main() -> None:
     from xsp.tracer.export.chrome import write_chrome_trace
     from xsp.tracer.export.view import ADDED_COLUMN, DEFAULT_MAX_SPANS_PER_TRACE, for_viewer
@@ -87,8 +108,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=20)
     parser.add_argument("--max-spans-per-trace", type=int, default=DEFAULT_MAX_SPANS_PER_TRACE)
+    parser.add_argument("--store", type=Path, help="a measurement: its deepest run's iteration")
     args = parser.parse_args()
-    resource, iteration = r50_iteration()
+    if args.store:
+        resource, iteration = first_iteration(args.store, -1)
+        whole_measurement_export(args.store)
+    else:
+        resource, iteration = first_iteration()
     table = tiled_iteration(iteration, args.copies)
     print(f"one iteration of {table.num_rows} spans ({args.copies} x {iteration.num_rows - 1} + 1)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +132,8 @@ def main() -> None:
     laid_out = for_viewer(table, args.max_spans_per_trace)
     took = time.perf_counter() - began
     added = int(pc.sum(pc.fill_null(laid_out.column(ADDED_COLUMN), False).cast(pa.int64())).as_py())
-    summaries = laid_out.num_rows - laid_out.column("view_folded_spans").null_count
+    folded = "view_folded_spans" in laid_out.column_names  # absent: within the budget, unfolded
+    summaries = laid_out.num_rows - laid_out.column("view_folded_spans").null_count if folded else 0
     print(
         f"jaeger trace (budget {args.max_spans_per_trace}): {laid_out.num_rows} spans, "
         f"{laid_out.num_rows - added} stored, {added - summaries} backward layer spans, "

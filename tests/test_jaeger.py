@@ -297,10 +297,10 @@ def test_a_step_of_100k_spans_is_folded_into_a_trace_jaeger_loads(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from benchmarks.large_trace import r50_iteration, tiled_iteration
+    from benchmarks.large_trace import first_iteration, tiled_iteration
     from xsp.tracer.export.view import DEFAULT_MAX_SPANS_PER_TRACE, for_viewer
 
-    resource, iteration = r50_iteration()
+    resource, iteration = first_iteration()
     table = tiled_iteration(iteration, 20)
     trace_id = bytes.fromhex("7f" * 16)  # apart from the committed run's traces
     table = table.set_column(

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from benchmarks.large_trace import r50_iteration, tiled_iteration
+from benchmarks.large_trace import first_iteration, tiled_iteration
 from tests.test_chrome import _no_overlap_on_gpu_tracks
 from xsp.collector import writer
 from xsp.tracer import schema
@@ -50,7 +50,7 @@ class _Collecting:
 
 @pytest.fixture(scope="module")
 def r50() -> tuple[dict[str, Any], pa.Table]:
-    return r50_iteration()
+    return first_iteration()
 
 
 @pytest.fixture(scope="module")

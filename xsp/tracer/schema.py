@@ -129,6 +129,8 @@ RES_DEVICE_NAME: Final = "xsp.device.name"
 RES_MODE: Final = "xsp.mode"
 RES_BATCH_SIZE: Final = "xsp.batch_size"
 RES_MEMORY_FORMAT: Final = "xsp.memory_format"
+#: How the level-set process's C heap was set (xsp.tracer.run.heap): "steady", "user", ...
+RES_HOST_HEAP: Final = "xsp.host.heap"
 RES_FIXES: Final = "xsp.fixes"  # the fixes applied without editing the program (comma-separated)
 RES_TORCH_VERSION: Final = "xsp.torch.version"
 RES_CUDA_VERSION: Final = "xsp.cuda.version"

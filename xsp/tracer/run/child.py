@@ -39,6 +39,7 @@ from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
+from xsp.tracer.run import heap
 from xsp.tracer.run.protocol import ChildSpec, check_program
 from xsp.tracer.spec import RunSpec
 
@@ -51,6 +52,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 _interrupted_by: list[int] = []  # the signal that interrupted the workload
+_heap = heap.DEFAULT  # what xsp.tracer.run.heap applied to this process
 
 
 def on_interrupt(signum: int, frame: Any) -> None:
@@ -149,6 +151,8 @@ def main(spec: ChildSpec | None = None) -> int:
         return EXIT_XSP_ERROR
     model = args.run.profile.model
     command = [c for c in args.run.profile.command if c != "--"]
+    global _heap
+    _heap = heap.keep_freed_memory()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_interrupt)
     if args.run.profile.continuous and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -183,6 +187,7 @@ def _fast_exit(code: int) -> int:
 def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
     """A started session of ``run`` (``args.run``, completed by the workload) with the options
     every level-set process shares."""
+    options["resource"] = {schema.RES_HOST_HEAP: _heap, **options.get("resource", {})}
     return Session.from_spec(
         run,
         # a rank sends nothing: the joined run is sent whole (xsp.tracer.run.ranks)
