@@ -36,8 +36,10 @@ PRESETS=(
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
-  "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time; run.json files and analyze output into llama-1b/"
+  "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
+  "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first); wall time and each process's phases (manifest) into cold-start.json"
+  "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
   "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
@@ -484,6 +486,9 @@ for command in (["analyze", store, "--json"], ["summary", store]):
     print(f"xsp {name}: rc {done.returncode}, {time.time() - started:.1f} s; {done.stderr[-300:]}")
 print(f"peak RSS of the largest: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB")
 PY
+  # what the viewers get: the MFLG iteration's Jaeger trace (folded) and the Perfetto export's size
+  timeout 300 python3 benchmarks/large_trace.py --store "$store" --copies 1 2>&1 \
+    | grep -v "^wrote" | tee "$OUT/llama-1b/viewers.txt"
 }
 
 p_two_streams() {
@@ -496,6 +501,58 @@ p_two_streams() {
 import json, sys
 replay = json.load(open(sys.argv[1]))["reconstruction"]["replay"]
 print({k: replay.get(k) for k in ("step_ms", "measured_step_ms", "error_pct", "checks")})
+PY
+}
+
+p_cold_start() {
+  python3 - "$OUT/cold-start.json" <<'PY'
+import json, subprocess, sys, time
+rows = []
+for levels in ("MFLG", "MFLG", "M"):
+    out = f"/tmp/cold-{len(rows)}"
+    began = time.time()
+    done = subprocess.run([sys.executable, "-m", "xsp", "run", "--model", "torchvision:resnet50",
+        "--mode", "train", "--batch-size", "64", "--iterations", "40", "--levels", levels,
+        "--device", "cuda", "--out", out], capture_output=True, text=True)
+    wall = time.time() - began
+    manifest = json.load(open(f"{out}/manifest.json"))
+    phases = [e.get("seconds") for e in manifest.get("runs", manifest.get("level_sets", []))]
+    rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2), "phases_s": phases})
+    print(levels, done.returncode, f"{wall:.1f} s", phases, done.stderr[-300:] if done.returncode else "")
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+PY
+}
+
+p_cpu_demo() {
+  python3 - "$OUT/cpu-demo.json" "${PAIRS:-3}" <<'PY'
+import json, os, statistics, subprocess, sys
+import pyarrow.compute as pc
+from xsp.analysis.store import MeasurementStore
+rows = []
+def medians(out):
+    store = MeasurementStore(out)
+    found = {}
+    for index, run in enumerate(store.runs):
+        spans = store.run_spans(index)
+        steps = spans.filter(pc.equal(spans.column("kind").cast("string"), "step"))
+        found[run.levels] = round(statistics.median(steps.column("dur_ns").to_pylist()) / 1e6, 2)
+    return found
+def once(cores, steady):
+    out = "/tmp/cpu-demo"
+    subprocess.run(["rm", "-rf", out])
+    env = {**os.environ, "XSP_STEADY_HEAP": steady}
+    done = subprocess.run(["taskset", "-c", cores, sys.executable, "-m", "xsp", "run", "--model",
+        "torchvision:resnet18", "--batch-size", "2", "--iterations", "3", "--levels", "M,MF",
+        "--device", "cpu", "--out", out], capture_output=True, text=True, env=env)
+    row = {"cores": cores, "steady_heap": steady, "rc": done.returncode, "median_ms": medians(out)}
+    rows.append(row)
+    print(row, flush=True)
+for _ in range(int(sys.argv[2])):
+    for steady in ("1", "0"):
+        once(os.environ.get("CORES", "2,3"), steady)
+for steady in ("1", "0"):
+    once(os.environ.get("WIDE", "2-9"), steady)
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
 }
 
