@@ -55,11 +55,12 @@ from xsp.tracer.capture.warmup import WarmupClock
 from xsp.tracer.convert.arena import pending_arena_name
 from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.spans import ROOT_LEVEL
-from xsp.tracer.errors import ConfigError, DeviceError, XspError
+from xsp.tracer.errors import ConfigError, XspError
 from xsp.tracer.export.batches import Batch, BatchExporter, Totals
 from xsp.tracer.export.finish import Losses, capture_losses, sink_losses, store_spans
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 from xsp.tracer.levelset import LevelSet
+from xsp.tracer.run.devices import resolve_device
 from xsp.tracer.spec import (
     DEFAULT_EXPORT_EVERY_S,
     DEFAULT_ITERATIONS,
@@ -80,24 +81,6 @@ _current: Session | None = None
 def current() -> Session | None:
     """The session that ``xsp.step()`` and ``xsp.iteration()`` talk to, if any."""
     return _current
-
-
-def resolve_device(device: str | None) -> str:
-    """``None`` picks cuda when present; a named CUDA device must exist."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return device
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            reason = (
-                "this torch build has no CUDA"
-                if torch.version.cuda is None
-                else "no CUDA GPU is visible"
-            )
-            raise DeviceError(f"--device {device}: {reason} (torch.cuda.is_available() is False)")
-        return device
-    raise ConfigError(f"bad device {device!r}: use cpu or cuda[:N]")
 
 
 def _xsp_version() -> str:

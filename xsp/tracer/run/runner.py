@@ -251,10 +251,10 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
 def validate(spec: LeveledSpec) -> list[LevelSet]:
     """Check the spec before anything runs; return the level sets that will run."""
     from xsp.tracer.capture.levels import check_levels
-    from xsp.tracer.capture.session import resolve_device
+    from xsp.tracer.run.devices import resolve_device
 
     level_sets = check_arguments(spec)
-    device = resolve_device(spec.profile.device)  # imports torch; a missing GPU is named
+    device = resolve_device(spec.profile.device)  # a missing GPU is named
     for levels in level_sets:
         check_levels(levels, device)
     if spec.profile.continuous:
@@ -920,7 +920,7 @@ def _level_environment(
     """What the levels need in the environment before the child's libraries start; the user's
     own settings win."""
     from xsp.tracer.capture.levels import LevelContext, level_environment
-    from xsp.tracer.capture.session import resolve_device
+    from xsp.tracer.run.devices import resolve_device
 
     device = resolve_device(spec.profile.device)
     needed = level_environment(LevelContext(device, levels))
