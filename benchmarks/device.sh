@@ -17,7 +17,7 @@ set -u
 # name | time on the H200 | what it runs (settings)
 PRESETS=(
   "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
-  "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first"
+  "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first (CASES=a,b to pick cases, GPU_TESTS=0 to skip the tests)"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
@@ -38,7 +38,7 @@ PRESETS=(
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
-  "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first); wall time and each process's phases (manifest) into cold-start.json"
+  "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
@@ -85,20 +85,23 @@ p_gpu_tests() {
 # the GPT LM training script and the known-duration workload (with its CUDA-event truth), brought back as one archive; the GPU tests.
 p_replay() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  gpu_tests 320
+  [ "${GPU_TESTS:-1}" = 1 ] && gpu_tests 320
   R=/tmp/replay; mkdir -p "$R"
   xrun() { timeout "$1" python3 -m xsp run "${@:2}" 2>&1 | tail -12; }
-  python3 benchmarks/workloads/known_layers.py --truth "$R/known-truth.json" --steps 60
-  xrun 150 --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out "$R/known-layers" \
-    -- python3 benchmarks/workloads/known_layers.py --steps 40
-  cp "$R/known-truth.json" "$R/known-layers/truth.json"
+  want() { [[ ",${CASES:-known-layers,r50-b64-train,r50-b64-train-cl,r50-b1-infer,gpt-lm-train}," == *",$1,"* ]]; }
+  if want known-layers; then
+    python3 benchmarks/workloads/known_layers.py --truth "$R/known-truth.json" --steps 60
+    xrun 150 --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out "$R/known-layers" \
+      -- python3 benchmarks/workloads/known_layers.py --steps 40
+    cp "$R/known-truth.json" "$R/known-layers/truth.json"
+  fi
   common=(--model torchvision:resnet50 --batch-size 64 --mode train --levels "M,MF,MFLG" --iterations 20 --warmup 3 --device cuda)
-  xrun 200 "${common[@]}" --out "$R/r50-b64-train"
-  xrun 200 "${common[@]}" --channels-last --out "$R/r50-b64-train-cl"
-  xrun 200 --model torchvision:resnet50 --batch-size 1 --mode infer --levels M,MF,MFLG \
-    --iterations 20 --warmup 3 --device cuda --out "$R/r50-b1-infer"
-  xrun 200 --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out "$R/gpt-lm-train" \
-    -- python3 benchmarks/workloads/gpt_lm_train.py --steps 40
+  want r50-b64-train && xrun 200 "${common[@]}" --out "$R/r50-b64-train"
+  want r50-b64-train-cl && xrun 200 "${common[@]}" --channels-last --out "$R/r50-b64-train-cl"
+  want r50-b1-infer && xrun 200 --model torchvision:resnet50 --batch-size 1 --mode infer \
+    --levels M,MF,MFLG --iterations 20 --warmup 3 --device cuda --out "$R/r50-b1-infer"
+  want gpt-lm-train && xrun 200 --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda \
+    --out "$R/gpt-lm-train" -- python3 benchmarks/workloads/gpt_lm_train.py --steps 40
   python3 - <<'PY'
 import json, glob
 for p in sorted(glob.glob("/tmp/replay/*/*/run.json")):
@@ -106,13 +109,14 @@ for p in sorted(glob.glob("/tmp/replay/*/*/run.json")):
     print(p, m.get("status"), "warmup", m.get("warmup"), m.get("warmup_settled"), "calib", m.get("calibration"))
 PY
   python3 - <<'PY'
+from pathlib import Path
 from xsp.analysis import critical_path
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore
-for name in ("known-layers", "r50-b64-train", "r50-b64-train-cl", "r50-b1-infer", "gpt-lm-train"):
-    store = MeasurementStore(f"/tmp/replay/{name}")
+for root in sorted(p for p in Path("/tmp/replay").iterdir() if p.is_dir()):
+    store = MeasurementStore(root)
     found = replay(store).summary()
-    print(name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),
+    print(root.name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),
           "error %", round(found["error_pct"], 2), found["calibration"], found["checks"],
           "baseline", found["baseline"])
     print("  ", critical_path.verdict(store))
@@ -508,6 +512,20 @@ p_cold_start() {
   python3 - "$OUT/cold-start.json" <<'PY'
 import json, subprocess, sys, time
 rows = []
+# the untraced loop, as a user's script would run it: the zoo's model and step, no xsp session
+UNTRACED = """
+import torch
+from xsp.tracer.workloads import zoo
+w = zoo.build("torchvision:resnet50", 64, "train", "cuda")
+for _ in range(42):  # xsp run's 2 warm-up iterations and 40 measured
+    w.step()
+    torch.cuda.synchronize()
+"""
+def untraced():
+    began = time.time()
+    done = subprocess.run([sys.executable, "-c", UNTRACED], capture_output=True, text=True)
+    rows.append({"levels": "untraced", "rc": done.returncode, "wall_s": round(time.time() - began, 2)})
+    print(rows[-1], done.stderr[-300:] if done.returncode else "")
 for levels in ("MFLG", "MFLG", "M"):
     out = f"/tmp/cold-{len(rows)}"
     began = time.time()
@@ -519,6 +537,8 @@ for levels in ("MFLG", "MFLG", "M"):
     phases = [e.get("seconds") for e in manifest.get("runs", manifest.get("level_sets", []))]
     rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2), "phases_s": phases})
     print(levels, done.returncode, f"{wall:.1f} s", phases, done.stderr[-300:] if done.returncode else "")
+untraced()
+untraced()
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
 }
