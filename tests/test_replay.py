@@ -303,3 +303,27 @@ def test_a_wait_on_another_streams_event_holds_the_waiting_streams_work() -> Non
 
     freed = what_if(store, WhatIf("the side stream's work free", drop_activities=side_stream))
     assert freed == pytest.approx(1.6444, abs=0.0005)
+
+
+def test_a_host_bound_steps_f_cost_is_checked_against_its_own_steps(
+    resnet: MeasurementStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPT LM (host-bound: 7.0 ms of kernels in a 12.9 ms untraced step), recorded with the
+    steady heap: the probe put an op record at 2.05 µs, 7.668 ms a step, where the MF process's
+    traced steps (18.023 ms) exceeded its own untraced warm-up steps (12.877 ms) by 5.146 ms. The
+    probe's cost is scaled to that, 0.671 of it, and the step replays to 13.343 ms against M's
+    13.039 ms (+2.3%); with the probe's figure alone, 10.877 ms (-16.6%). M is not read for it.
+    ResNet-50 b64 training (GPU-bound: the GPU hides part of F's cost) keeps the probe's."""
+    store = MeasurementStore(DATA / "gpt-lm-train-2")
+    found = replay(store).summary()
+    assert found["calibration"]["scaled_to_own_steps"] == pytest.approx(0.671, abs=1e-3)
+    assert found["calibration"]["framework_ns_per_record"] == pytest.approx(1372.3, abs=0.1)
+    assert found["step_ms"] == pytest.approx(13.343, abs=1e-3)
+    assert found["error_pct"] == pytest.approx(2.33, abs=0.01)
+    assert replay(resnet).summary()["calibration"]["scaled_to_own_steps"] is None
+
+    import xsp.analysis.host_timeline as host_timeline
+
+    monkeypatch.setattr(host_timeline, "HOST_BOUND_EXCESS", float("inf"))  # the probe alone
+    alone = replay(MeasurementStore(DATA / "gpt-lm-train-2")).summary()
+    assert alone["step_ms"] == pytest.approx(10.877, abs=1e-3)
