@@ -40,6 +40,7 @@ PRESETS=(
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
+  "parent-imports|1 min|what xsp run's own process imports on CUDA (ResNet-18 b8, --levels M): python -X importtime, the chain that brings torch in, into parent-imports.txt"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
   "analyze|1 min|analyze.py: time and peak memory of xsp analyze on benchmarks/data/r50-b64-train (CPU; REPEATS=5)"
@@ -574,6 +575,16 @@ for steady in ("1", "0"):
     once(os.environ.get("WIDE", "2-9"), steady)
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
+}
+
+p_parent_imports() {
+  rm -rf /tmp/pi
+  python3 -X importtime -m xsp run --model torchvision:resnet18 --batch-size 8 --levels M \
+    --iterations 3 --device cuda --out /tmp/pi 2> "$OUT/parent-importtime.txt" >/dev/null
+  # the lines down to torch's first import: the modules that brought it in
+  awk '/\| +torch$/ {print; exit} {print}' "$OUT/parent-importtime.txt" | tail -25 \
+    | tee "$OUT/parent-imports.txt"
+  grep -c "import time" "$OUT/parent-importtime.txt"
 }
 
 p_conversion() {
