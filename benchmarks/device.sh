@@ -581,8 +581,9 @@ p_parent_imports() {
   rm -rf /tmp/pi
   python3 -X importtime -m xsp run --model torchvision:resnet18 --batch-size 8 --levels M \
     --iterations 3 --device cuda --out /tmp/pi 2> "$OUT/parent-importtime.txt" >/dev/null
-  # the lines down to torch's first import: the modules that brought it in
-  awk '/\| +torch$/ {print; exit} {print}' "$OUT/parent-importtime.txt" | tail -25 \
+  # importtime prints a module once it is imported: the lines after torch's own, less indented,
+  # are the modules that brought it in
+  awk '/\| +torch$/ {n = 1} n && n++ <= 25' "$OUT/parent-importtime.txt" \
     | tee "$OUT/parent-imports.txt"
   grep -c "import time" "$OUT/parent-importtime.txt"
 }
