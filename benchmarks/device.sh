@@ -33,6 +33,7 @@ PRESETS=(
   "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
   "compiled-attribution|2 min|torch.compile'd ResNet-18 b32 training at MFLG, first measured iteration: Triton kernels, the wrapper's extern ops (mm, convolution) and the cuBLAS/cuDNN kernels under them below the compiled root, into compiled-attribution.json (MODEL= BATCH= DEVICE=)"
+  "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30)"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
@@ -386,6 +387,35 @@ p_r50_stores() {
   python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels M,MFLG \
     --iterations 5 --warmup 3 --device cuda --channels-last --out /tmp/r50-b64-train-cl 2>&1 | tail -3
   tar -C /tmp -czf "$OUT/r50-b64-train.tgz" r50-b64-train r50-b64-train-cl
+}
+
+# What a compiled script costs under xsp run (issue 31): the script alone with a cold inductor
+# cache, then a leveled measurement, whose first level set compiles and the others load.
+p_compiled_run() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  local script=(python3 benchmarks/workloads/compiled_resnet18.py --steps "${STEPS:-30}" --batch-size 32)
+  local t0 t1 t2
+  rm -rf /tmp/r18c /tmp/r18c-alone-cache
+  t0=$(date +%s.%N)
+  TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-alone-cache "${script[@]}" 2>&1 | tail -1
+  t1=$(date +%s.%N)
+  env -u TORCHINDUCTOR_CACHE_DIR python3 -m xsp run --levels M,MF,MFLG --iterations 10 --warmup 5 \
+    --device cuda --out /tmp/r18c -- "${script[@]}" 2>&1 | tail -4
+  t2=$(date +%s.%N)
+  python3 - "$t0" "$t1" "$t2" "$OUT/compiled-run.json" <<'PY'
+import json, sys
+from pathlib import Path
+t0, t1, t2 = map(float, sys.argv[1:4])
+runs = {}
+for entry in json.loads(Path("/tmp/r18c/manifest.json").read_text())["runs"]:
+    meta = json.loads(Path("/tmp/r18c", entry["levels"], "run.json").read_text())
+    runs[entry["levels"]] = {"status": entry["status"], "seconds": entry.get("seconds", {}).get("total"),
+                             "inductor_cache": meta.get("inductor_cache")}
+out = {"alone_s": round(t1 - t0, 1), "xsp_run_s": round(t2 - t1, 1),
+       "ratio": round((t2 - t1) / (t1 - t0), 2), "runs": runs}
+json.dump(out, open(sys.argv[4], "w"), indent=1)
+print(json.dumps(out))
+PY
 }
 
 # A ResNet-50 b64 training measurement's memory analyses (allocator events per layer and type).

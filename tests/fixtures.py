@@ -82,6 +82,7 @@ def drive_levels(
         level.disable()
     drained = {level.letter: level.drain() for level in built}
     context.discard_arena()
+    context.uninstall_provenance()
     return drained
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import tempfile
+import textwrap
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 
 from tests.fixtures import train
@@ -15,6 +19,11 @@ from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
 from xsp.tracer.convert.records import ExternGraph
+from xsp.tracer.run.runner import COMPILE_CACHE_ENV, LeveledSpec, run_leveled
+from xsp.tracer.spec import ProfileSpec
+from xsp.tracer.store import open_measurement
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Block(torch.nn.Module):
@@ -197,3 +206,96 @@ def test_graphs_of_a_graph_break_are_told_apart_by_their_frames(tmp_path: Path) 
         ("_orig_mod.fc1", "backward", "aten::mm"): 1,  # its input needs no gradient
         ("_orig_mod.fc2", "backward", "aten::mm"): 2,
     }
+
+
+TRAINS_TWO_BLOCKS = """
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch
+    from tests.test_compiled import Block
+
+    torch.manual_seed(0)
+    model = torch.compile(torch.nn.Sequential(Block(), Block()))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+"""
+
+
+def test_a_later_level_set_loads_the_compiled_graphs_and_their_provenance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first level set compiles and saves to the measurement's own inductor cache; the next
+    one loads both graphs (forward and backward) from there, and its kernels land on the same
+    modules as a fresh compile's (test_compiled_cpu_kernels_are_spans_of_their_source_modules)."""
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)  # set by an earlier compile here
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the runner makes its own
+    script = tmp_path / "two_blocks.py"
+    script.write_text(textwrap.dedent(TRAINS_TWO_BLOCKS.format(root=str(ROOT))))
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=1, warmup=1, device="cpu", command=(sys.executable, str(script))
+        ),
+        level_sets=("M", "MF"),
+    )
+    result = run_leveled(spec)
+    assert result.ok, result.failure
+    runs = {run.levels: run for run in open_measurement(spec.out)}
+    assert runs["M"].meta["inductor_cache"] == {"saved": 2, "loaded": 0}
+    assert runs["MF"].meta["inductor_cache"] == {"saved": 0, "loaded": 2}
+    assert not list(tmp_path.glob("xsp-compile-*"))  # the measurement's cache is removed
+    spans = [s for s in runs["MF"].spans().to_pylist() if s["iteration"] == 0]
+    kernels = [s for s in spans if s["name"].startswith("graph_")]
+    assert sorted(s["module_path"] for s in kernels if s["phase"] == "forward") == [
+        "_orig_mod.0",
+        "_orig_mod.1",
+    ]
+    assert "_orig_mod.0.lin" in {s["module_path"] for s in kernels if s["phase"] == "backward"}
+    placed = Counter((s["module_path"], s["phase"]) for s in spans if s["name"] == "aten::addmm")
+    assert placed == {("_orig_mod.0.lin", "forward"): 1, ("_orig_mod.1.lin", "forward"): 1}
+
+
+class Twins(torch.nn.Module):
+    """Two blocks of one code in two frames: dynamo compiles the same graph for each, which
+    inductor's and AOTAutograd's own cache keys do not tell apart (their nodes' modules are
+    metadata, left out of the keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = Block()
+        self.b = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+def test_a_graph_of_the_same_code_from_other_modules_is_compiled_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded from the cache, the second block's graph would carry the first one's provenance:
+    the keys xsp computes cover the modules, so it compiles, and each Linear keeps its ops."""
+    monkeypatch.setenv(COMPILE_CACHE_ENV, str(tmp_path / "cache"))
+    session = Session("MF", iterations=1, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    x = torch.randn(4, 16, requires_grad=True)  # both blocks' inputs need a gradient: one code
+    train(session, torch.compile(Twins()), x)
+    meta = session.close() or {}
+    assert meta["status"] == "ok", meta["status_reasons"]
+    spans = [s for s in store.open_run(tmp_path / "MF").spans().to_pylist() if s["iteration"] == 0]
+    placed = Counter(
+        (s["module_path"], s["phase"], s["name"])
+        for s in spans
+        if s["name"] in ("aten::addmm", "aten::mm")
+    )
+    assert placed == {
+        ("_orig_mod.a.lin", "forward", "aten::addmm"): 1,
+        ("_orig_mod.b.lin", "forward", "aten::addmm"): 1,
+        ("_orig_mod.a.lin", "backward", "aten::mm"): 2,
+        ("_orig_mod.b.lin", "backward", "aten::mm"): 2,
+    }
+    assert meta["inductor_cache"] == {"saved": 4, "loaded": 0}  # forward and backward, twice

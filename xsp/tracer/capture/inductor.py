@@ -18,15 +18,25 @@ that op inside the compiled region. We wrap the scheduler's ``codegen_extern_cal
 compiled graph, its phase and its extern calls in wrapper order, each with its aten op's name and
 its source modules; conversion matches them to the ops of each run of a compiled region.
 
-Kernels are only defined when inductor compiles, so in a traced process its FX graph and
-AOTAutograd caches are turned off (compiling takes longer, in the untimed warm-up), and on CPU
-each generated kernel gets a profiler range (``cpp.enable_kernel_profile``), so that compiled
-CPU code shows as spans at all. Nothing of this is imported before the program imports
-inductor itself: an import hook applies it when those modules load.
+Kernels are only defined when inductor compiles, not when it loads a graph from its FX-graph
+or AOTAutograd cache. So the provenance travels in the cache: each graph inductor saves carries
+the provenance recorded while it was compiled (an attribute pickled with the entry), and a
+graph loaded from the cache gives its provenance back. For this to be never wrong, every cache
+key a traced process computes is salted with the module each node of the graph was traced in
+(the caches' own keys leave node metadata out, so two blocks of the same code share a key) and
+with xsp's provenance version: an entry found under such a key was compiled, by a traced
+process, from the same code and the same modules. A leveled measurement thus compiles once:
+its first level set compiles and saves, the others load (``xsp.tracer.run.runner`` gives it a
+cache directory of its own). Every traced process, level set M included, installs this, so
+that all compile the same code: on CPU each generated kernel gets a profiler range
+(``cpp.enable_kernel_profile``), so that compiled CPU code shows as spans at all. Nothing of
+this is imported before the program imports inductor itself: an import hook applies it when
+those modules load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import logging
@@ -43,12 +53,19 @@ log = logging.getLogger(__name__)
 
 #: What each inductor module gets when it loads: configuration, or a wrapped define_kernel.
 _CONFIG = "torch._inductor.config"
-_AUTOGRAD_CONFIG = "torch._functorch.config"
 _SCHEDULERS = {
     "torch._inductor.codegen.triton": "TritonScheduling",
     "torch._inductor.codegen.cpp": "CppScheduling",
 }
 _SCHEDULER = "torch._inductor.scheduler"
+#: Inductor's FX-graph cache and AOTAutograd's: salted keys, and provenance carried in entries.
+_FX_CACHE = "torch._inductor.codecache"
+_AUTOGRAD_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+
+#: The attribute of a cached compiled graph that carries its provenance.
+CARRIED = "_xsp_provenance"
+#: Mixed into every salted key: change it when what an entry carries changes.
+SALT_VERSION = "xsp-provenance-1"
 
 
 #: ``L['self'].layer1[0]._modules['conv1']`` and the like, as dynamo spells module paths.
@@ -73,17 +90,31 @@ class KernelProvenance:
         self.definitions: dict[str, list[list[str]]] = {}
         #: per compiled graph, in compilation order: its frame, phase and extern calls
         self.extern_graphs: list[ExternGraph] = []
+        #: graphs compiled (their provenance saved with them) and loaded from the cache
+        self.saved = 0
+        self.loaded = 0
         self._graph_slots: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # what was recorded since the graph being compiled got its key: saved with it
+        self._unsaved_kernels: list[tuple[str, list[str]]] = []
+        self._unsaved_graphs: list[int] = []
         self.failures = 0
         self._restore: list[Callable[[], None]] = []
         self._finder: _AfterImport | None = None
 
+    @property
+    def installed(self) -> bool:
+        return bool(self._restore or self._finder)
+
     def install(self) -> None:
+        """Prepare inductor (now, or when its modules load); again does nothing."""
+        if self.installed:
+            return
         actions = {
             _CONFIG: self._configure_inductor,
-            _AUTOGRAD_CONFIG: self._configure_autograd_cache,
             **{name: self._wrap_scheduler for name in _SCHEDULERS},
             _SCHEDULER: self._wrap_extern_calls,
+            _FX_CACHE: self._wrap_fx_cache,
+            _AUTOGRAD_CACHE: self._wrap_autograd_cache,
         }
         pending = {}
         for name, action in actions.items():
@@ -112,6 +143,13 @@ class KernelProvenance:
             for graph in self.extern_graphs
         ]
 
+    def counts(self) -> dict[str, Any]:
+        """For run.json: the graphs inductor compiled and saved to its cache with their
+        provenance, and those it loaded from there; none when nothing was compiled."""
+        if not (self.saved or self.loaded):
+            return {}
+        return {"inductor_cache": {"saved": self.saved, "loaded": self.loaded}}
+
     def uninstall(self) -> None:
         if self._finder is not None and self._finder in sys.meta_path:
             sys.meta_path.remove(self._finder)
@@ -124,17 +162,117 @@ class KernelProvenance:
     def _set(self, target: Any, name: str, value: Any) -> None:
         if not hasattr(target, name):
             return
-        before = getattr(target, name)
+        # a class's own attribute as it is stored (a staticmethod stays one when put back)
+        own = vars(target) if isinstance(target, type) else {}
+        before = own[name] if name in own else getattr(target, name)
         setattr(target, name, value)
         self._restore.append(lambda: setattr(target, name, before))
 
     def _configure_inductor(self, config: ModuleType) -> None:
-        self._set(config, "fx_graph_cache", False)
-        self._set(config, "fx_graph_remote_cache", False)
         self._set(config.cpp, "enable_kernel_profile", True)
 
-    def _configure_autograd_cache(self, config: ModuleType) -> None:
-        self._set(config, "enable_autograd_cache", False)
+    def _wrap_fx_cache(self, codecache: ModuleType) -> None:
+        cache = getattr(codecache, "FxGraphCache", None)
+        key_of: Any = getattr(codecache, "compiled_fx_graph_hash", None)
+        save: Any = getattr(cache, "_save_graph", None)
+        load: Any = getattr(cache, "load_with_key", None)
+        bypass: Any = getattr(codecache, "BypassFxGraphCache", None)
+        if None in (key_of, save, load, bypass):
+            # no way to carry provenance: inductor compiles in every process instead
+            log.info("compiled kernels: this torch's FX-graph cache is not known; it is off")
+            self._configure_caches_off()
+            return
+        begin, carried, replay = self._begin_graph, self._carried, self._replay
+
+        def compiled_fx_graph_hash(gm: Any, *args: Any, **kwargs: Any) -> Any:
+            key, debug_lines = key_of(gm, *args, **kwargs)
+            begin()
+            try:
+                return salted(key, gm), debug_lines
+            except Exception as exc:  # an unsalted key could load another graph's provenance
+                raise bypass(f"xsp could not key the graph's provenance: {exc}") from exc
+
+        def save_graph(key: str, compiled_graph: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                setattr(compiled_graph, CARRIED, carried())
+            except Exception:  # not saved: a process that needs the graph compiles it
+                self._failed()
+                return None
+            saved = save(key, compiled_graph, *args, **kwargs)
+            self.saved += 1
+            return saved
+
+        def load_with_key(*args: Any, **kwargs: Any) -> Any:
+            graph, cache_info = load(*args, **kwargs)
+            if graph is not None:
+                replay(getattr(graph, CARRIED, None))
+            return graph, cache_info
+
+        self._set(codecache, "compiled_fx_graph_hash", compiled_fx_graph_hash)
+        self._set(cache, "_save_graph", staticmethod(save_graph))
+        self._set(cache, "load_with_key", staticmethod(load_with_key))
+
+    def _wrap_autograd_cache(self, autograd_cache: ModuleType) -> None:
+        key_of: Any = getattr(autograd_cache, "autograd_cache_key", None)
+        bundled: Any = getattr(autograd_cache, "should_bundle_autograd_cache", None)
+        bypass: Any = getattr(autograd_cache, "BypassAOTAutogradCache", None)
+        if None in (key_of, bundled, bypass):
+            log.info("compiled kernels: this torch's AOTAutograd cache is not known; it is off")
+            self._configure_caches_off()
+            return
+
+        def autograd_cache_key(mod: Any, *args: Any, **kwargs: Any) -> Any:
+            # an exception here is a bypass: AOTAutograd compiles, never fails for it
+            if bundled():  # entries that hold their compiled graphs, past the FX-graph cache
+                raise bypass("xsp: bundled entries would not carry the kernels' provenance")
+            key, debug_lines = key_of(mod, *args, **kwargs)
+            from torch._dynamo.utils import GmWrapper
+
+            return salted(key, mod.gm if isinstance(mod, GmWrapper) else mod), debug_lines
+
+        self._set(autograd_cache, "autograd_cache_key", autograd_cache_key)
+
+    def _configure_caches_off(self) -> None:
+        """Kernels are defined only when inductor compiles: where provenance cannot travel in
+        its caches, they are off."""
+        import torch._functorch.config as autograd_config
+        import torch._inductor.config as inductor_config
+
+        self._set(inductor_config, "fx_graph_cache", False)
+        self._set(inductor_config, "fx_graph_remote_cache", False)
+        self._set(autograd_config, "enable_autograd_cache", False)
+
+    # -- provenance in the cache ------------------------------------------------------------
+    def _begin_graph(self) -> None:
+        """A graph got its cache key: what is recorded from now on is its provenance."""
+        self._unsaved_kernels = []
+        self._unsaved_graphs = []
+
+    def _carried(self) -> dict[str, Any]:
+        """The provenance recorded for the graph being saved, as its cache entry carries it."""
+        graphs = [self.extern_graphs[slot] for slot in self._unsaved_graphs]
+        carried = {
+            "kernels": [[key, list(modules)] for key, modules in self._unsaved_kernels],
+            "extern": [[g.phase, [[op, list(m)] for op, m in g.calls]] for g in graphs],
+        }
+        self._begin_graph()
+        return carried
+
+    def _replay(self, carried: Any) -> None:
+        """A graph loaded from the cache: its provenance, as if it had just been compiled
+        (its extern calls in the frame being compiled now)."""
+        try:
+            if carried is None:  # a salted key always has some: something else wrote it
+                raise ValueError("a graph from inductor's cache carries no provenance")
+            self.loaded += 1
+            for key, modules in carried["kernels"]:
+                self.definitions.setdefault(key, []).append(list(modules))
+            frame = _compile_id()
+            for phase, calls in carried["extern"]:
+                graph = ExternGraph(frame, phase, [(op, list(m)) for op, m in calls])
+                self.extern_graphs.append(graph)
+        except Exception:
+            self._failed()
 
     def _wrap_scheduler(self, codegen: ModuleType) -> None:
         scheduling = getattr(codegen, _SCHEDULERS[codegen.__name__], None)
@@ -171,7 +309,9 @@ class KernelProvenance:
     def _record(self, kernel_name: Any, nodes: Any) -> None:
         try:  # inductor's internals move between releases: never fail its compilation
             key = f"{_phase()} {kernel_name}"
-            self.definitions.setdefault(key, []).append(_modules_of(_origins(nodes)))
+            modules = _modules_of(_origins(nodes))
+            self.definitions.setdefault(key, []).append(modules)
+            self._unsaved_kernels.append((key, modules))
         except Exception:
             self._failed()
 
@@ -191,6 +331,7 @@ class KernelProvenance:
             if slot is None:
                 slot = self._graph_slots[V.graph] = len(self.extern_graphs)
                 self.extern_graphs.append(ExternGraph(_compile_id(), _phase(), []))
+                self._unsaved_graphs.append(slot)
             self.extern_graphs[slot].calls.append((op, _modules_of(own or origins)))
         except Exception:
             self._failed()
@@ -215,6 +356,18 @@ def _compile_id() -> str:
 
     found = CompileContext.current_compile_id()
     return "" if found is None else str(found)
+
+
+def salted(key: str, gm: Any) -> str:
+    """A cache ``key`` of FX graph ``gm`` made to cover what provenance is made of: the module
+    each node was traced in (the inductor and AOTAutograd keys leave node metadata out) and
+    ``SALT_VERSION``. Same salted key, same provenance."""
+    parts = [SALT_VERSION]
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+        parts.append(module_path(str(list(stack.values())[-1][0])) if stack else "")
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+    return f"{key}-xsp{digest}"
 
 
 def _modules_of(origins: list[Any]) -> list[str]:

@@ -265,6 +265,9 @@ class Session:
         for key, value in level_environment(context).items():  # xsp run sets them earlier
             os.environ.setdefault(key, value)
         self._levels: list[Level] = build_levels(self.levels, context)
+        # whatever the levels: every level set compiles the same code, and the first one's
+        # compile, saved with its provenance in inductor's caches, serves the others
+        context.provenance.install()
         self._auto = auto_iterations
         self._watch: boundaries.ModelCalls | boundaries.FunctionCalls | None = None
         self._marked = False  # xsp.step() or xsp.iteration() was called
@@ -777,6 +780,8 @@ class Session:
             counts["calibration"] = self._calibration.result
         raw = self._drain_levels(stopped, counts, losses)
         self._remove_watch()  # the run is over: no more iterations to find
+        counts.update(self._context.provenance.counts())
+        self._context.uninstall_provenance()
         losses.missing.extend(capture_losses(counts))
         samples = self._stop_monitor(counts)
         self._phase_ns["drained"] = time.time_ns()
@@ -800,6 +805,8 @@ class Session:
             totals = Totals()
             counts.update(totals.counts())
         self._remove_watch()
+        counts.update(self._context.provenance.counts())
+        self._context.uninstall_provenance()
         samples = self._stop_monitor(counts)
         del samples  # a continuous session's model spans are not summarized (once per run)
         self._phase_ns["stored"] = time.time_ns()

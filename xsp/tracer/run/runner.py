@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -57,6 +58,11 @@ SHARED_HOST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+#: Inductor's cache directory. A leveled measurement gets one of its own, unless the caller's
+#: environment names one: its first level set compiles a torch.compile'd program and saves it
+#: there with its kernels' provenance, the others load it (``xsp.tracer.capture.inductor``).
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 #: (level set, phase, done, total) -> None; phase is "start", "warmup", "measure" or "end".
 ProgressFn = Callable[[str, str, int, int], None]
@@ -326,6 +332,9 @@ def run_leveled(
         manifest["skipped"] = [{"levels": k, "reason": v} for k, v in skipped.items()]
     fresh = not spec.out.exists() or not any(spec.out.iterdir())
     store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+    compile_cache = _own_compile_cache(spec)
+    if compile_cache is not None:  # after the manifest's spec: a re-run makes its own
+        spec = dataclasses.replace(spec, env={**spec.env, COMPILE_CACHE_ENV: compile_cache})
     result = LeveledResult(spec.out, measurement_id, manifest["runs"])
     result.skipped = list(skipped.values())
     handoffs = [_Handoff() for _ in level_sets]
@@ -373,6 +382,8 @@ def run_leveled(
     finally:
         if restore is not None:
             restore()
+        if compile_cache is not None:  # every level-set process has ended
+            shutil.rmtree(compile_cache, ignore_errors=True)
     manifest["status"] = result.status
     manifest["finished_ns"] = time.time_ns()  # with created_ns: the whole, as `xsp summary` says
     if fresh and result.runs and not result.stored and _only_manifest(spec.out):
@@ -380,6 +391,14 @@ def run_leveled(
     else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _own_compile_cache(spec: LeveledSpec) -> str | None:
+    """A fresh inductor cache directory for the measurement, so that what it compiles is
+    neither read from nor left in the user's cache; None where the caller names one."""
+    if COMPILE_CACHE_ENV in os.environ or COMPILE_CACHE_ENV in spec.env:
+        return None
+    return tempfile.mkdtemp(prefix="xsp-compile-")
 
 
 def _only_manifest(out: Path) -> bool:

@@ -38,6 +38,7 @@ from xsp.tracer.levelset import LevelSet
 
 if TYPE_CHECKING:
     from xsp.tracer.capture.arena import CaptureArena
+    from xsp.tracer.capture.inductor import KernelProvenance
 
 
 class Level(Protocol):
@@ -67,6 +68,10 @@ class LevelContext:
     ``op_shapes``: record aten ops' input shapes and dtypes (level F). On by default; off saves
     a little per-op cost on the host.
     ``arena``: the session's capture arena (levels M and F write into it); built on first use.
+    ``provenance``: where torch.compile's kernels came from (level F reads it); installed on
+    first use, which a session makes at its start whatever its levels, so that every level
+    set's process compiles the same code and shares inductor's caches
+    (``xsp.tracer.capture.inductor``).
     """
 
     device: str
@@ -75,6 +80,7 @@ class LevelContext:
     run_dir: Path | None = None
     multi_rank: bool = False  # collectives' sizes come from every iteration's op shapes
     _arena: list[Any] = field(default_factory=list, compare=False, repr=False)
+    _provenance: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def on_cuda(self) -> bool:
@@ -93,6 +99,21 @@ class LevelContext:
             self._arena.append(CaptureArena(self.run_dir))
         arena: CaptureArena = self._arena[0]
         return arena
+
+    @property
+    def provenance(self) -> KernelProvenance:
+        if not self._provenance:
+            from xsp.tracer.capture.inductor import KernelProvenance
+
+            self._provenance.append(KernelProvenance())
+            self._provenance[0].install()
+        provenance: KernelProvenance = self._provenance[0]
+        return provenance
+
+    def uninstall_provenance(self) -> None:
+        """Put inductor back as it was: the session is over."""
+        if self._provenance:
+            self._provenance[0].uninstall()
 
     def discard_arena(self) -> None:
         if self._arena:
@@ -120,7 +141,9 @@ def _framework(ctx: LevelContext) -> Level:
 
     # a multi-rank job's collective sizes come from each iteration's own shapes
     every = ctx.multi_rank or config.op_shape_iterations() == "every"
-    return FrameworkLevel(ctx.arena, record_shapes=ctx.op_shapes, every_iteration=every)
+    return FrameworkLevel(
+        ctx.arena, ctx.provenance, record_shapes=ctx.op_shapes, every_iteration=every
+    )
 
 
 def _library(ctx: LevelContext) -> Level:

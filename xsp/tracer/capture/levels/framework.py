@@ -57,7 +57,11 @@ class FrameworkLevel:
     letter = "F"
 
     def __init__(
-        self, arena: CaptureArena, record_shapes: bool = True, every_iteration: bool = False
+        self,
+        arena: CaptureArena,
+        provenance: KernelProvenance,
+        record_shapes: bool = True,
+        every_iteration: bool = False,
     ) -> None:
         self._arena = arena
         self._native = arena.native
@@ -78,8 +82,7 @@ class FrameworkLevel:
         # at construction, before the program makes its loaders or compiles its models: the
         # levels may come on later
         self._loader_iter: Any = _name_loader_batches()
-        self._provenance = KernelProvenance()
-        self._provenance.install()
+        self._provenance = provenance  # installed by the session, for its whole life
 
     @property
     def shapes_in_first_iteration_only(self) -> bool:
@@ -100,7 +103,6 @@ class FrameworkLevel:
         self._iterations = 0
         if self._loader_iter is None:
             self._loader_iter = _name_loader_batches()
-            self._provenance.install()
         self._recording = False
         self.sample(True)
 
@@ -149,7 +151,6 @@ class FrameworkLevel:
         if self._loader_iter is not None:
             DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
             self._loader_iter = None
-        self._provenance.uninstall()
         self._native.modules_unwind()  # calls still open (the run ended inside a forward)
         self._stopped_on = threading.get_native_id()
         if self._recording:
