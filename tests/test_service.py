@@ -37,6 +37,11 @@ SERVICE = """
 
     stop, count = Path(sys.argv[1]), Path(sys.argv[2])
     Path(sys.argv[3]).write_text(str(os.getpid()))
+
+    def save(served):  # whole at every moment: a SIGKILL may come at any point
+        count.with_suffix(".tmp").write_text(str(served))
+        os.replace(count.with_suffix(".tmp"), count)
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     model.eval()
@@ -46,10 +51,10 @@ SERVICE = """
             while not stop.exists():
                 model(torch.randn(1, 8))
                 served += 1
-                count.write_text(str(served))
+                save(served)
                 time.sleep(0.01)
     finally:
-        count.write_text(str(served))
+        save(served)
 """
 
 WARMUP = 2
@@ -142,7 +147,9 @@ def test_a_stopped_service_keeps_every_finished_iteration(
     finished = [i for i, status in steps.items() if not status]
     # the request the signal cut short, if any, is kept and marked failed
     assert len(steps) - len(finished) <= 1
-    assert len(finished) == served - WARMUP == meta["iterations_measured"]
+    # one more if Ctrl-C came between the forward pass's end and the service's count
+    assert served - WARMUP <= len(finished) <= served - WARMUP + 1
+    assert len(finished) == meta["iterations_measured"]
     assert framework <= set(steps) and framework  # at most 1000/s: each 10 ms request
     assert not list(run_dir.glob("*.arena"))
 
