@@ -16,6 +16,12 @@ request against the untraced one's (ratio and µs added: robust to a shared host
 the mean, p50 and p99 over every timed request of every round. On CUDA a request ends when its
 output is ready (a device sync after the call), as the service's caller reads it.
 
+For F sampled, the requests are also split by position (timed request i is measured iteration
+i): the sampled ones (level F switched on as each begins), the ones right after them (F switched
+off as each begins) and the others; the medians of the first two above the others', over
+``--sample-every``, are what sampling F adds to the mean request, robust to a shared host's
+spikes (the batch hand-overs, every ``--export-every`` s, are left out of it).
+
     python benchmarks/service_overhead.py [--rounds 10] [--requests 2000] [--width 512]
         [--sample-every 100] [--export-every 0.5] [--out FILE.json]
 """
@@ -111,6 +117,9 @@ def main() -> None:
     # shared host puts into means, and its difference is the tracer's cost per request
     p50_ratios: dict[str, list[float]] = {c: [] for c in configs[1:]}
     p50_added: dict[str, list[float]] = {c: [] for c in configs[1:]}
+    # F sampled: every timed request of every round by its position in the sampling cycle
+    every = args.sample_every
+    cycle: dict[str, list[int]] = {"sampled": [], "after": [], "others": []}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -120,6 +129,12 @@ def main() -> None:
             for config in order:
                 got = turn(config, net, x, args, Path(tmp))
                 times[config] += got
+                if config == configs[2]:
+                    for i, t in enumerate(got):
+                        position = i % every
+                        cycle[["sampled", "after"][position] if position < 2 else "others"].append(
+                            t
+                        )
                 means[config] = statistics.fmean(got)
                 medians[config] = statistics.median(got)
             for config in configs[1:]:
@@ -157,6 +172,16 @@ def main() -> None:
         print(
             f"{config:>10} {row['mean_us']:9.1f} {row['p50_us']:8.1f} {row['p99_us']:8.1f} "
             f"{versus:>22}"
+        )
+    medians = {k: statistics.median(v) / 1e3 for k, v in cycle.items() if v}
+    if len(medians) == 3:
+        added = (medians["sampled"] + medians["after"] - 2 * medians["others"]) / every
+        results["sampled_cycle"] = {f"{k}_p50_us": v for k, v in medians.items()}
+        results["sampled_cycle"]["added_to_mean_us"] = added
+        print(
+            f"\n{configs[2]}: p50 of the sampled requests {medians['sampled']:.1f} µs, of the "
+            f"ones after them {medians['after']:.1f} µs, of the others {medians['others']:.1f} "
+            f"µs: sampling F adds {added:.2f} µs to the mean request"
         )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

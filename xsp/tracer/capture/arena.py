@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -64,26 +65,28 @@ class CaptureArena:
             self._open = False
             self.native.arena_close()
 
-    def rotate(self, pending: Path | None) -> Path | None:
+    def rotate(self, pending: Path | None) -> tuple[Path | None, dict[str, Any]]:
         """Recycle the arena between two batches of a continuous session, once the levels have
-        drained its contents: its file moves aside to ``pending`` (kept until that batch is
-        stored, so that a crash before then loses none of it; a temporary arena's goes) and the
-        next ``open`` starts an empty one. Returns where the file went, None when removed."""
+        stopped writing it: its file moves aside to ``pending`` (kept until that batch is
+        stored, so that a crash before then loses none of it; a temporary arena's stays where
+        it is, for the exporter to read and remove) and the next ``open`` starts an empty one.
+        Returns where the file went (None when it was never written) and the native counts
+        that the file does not hold (``read_arena`` reads the rest)."""
+        counts = dict(self.native.arena_counts()) if self._open else {}
         self.close()
         moved = None
         if self._opened and self.path.exists():
+            moved = self.path
             if pending is not None and not self._temporary:
                 os.replace(self.path, pending)
                 moved = pending
-            else:
-                self.path.unlink(missing_ok=True)
         if self._temporary:  # a new temporary file for the next batch
             handle, name = tempfile.mkstemp(prefix="xsp-", suffix=".arena")
             os.close(handle)
             self.path = Path(name)
         self._contents = None
         self._opened = False
-        return moved
+        return moved, counts
 
     def discard(self) -> None:
         """Remove the file: the run is stored (or there is no run directory to recover into)."""

@@ -135,6 +135,14 @@ class KernelProvenance:
             for key, kernels in self.definitions.items()
         }
 
+    def snapshot(self) -> KernelProvenance:
+        """What it holds now, apart (for a batch drained on another thread while compiling
+        goes on), not installed."""
+        copy = KernelProvenance()
+        copy.definitions = dict(self.definitions)
+        copy.extern_graphs = list(self.extern_graphs)
+        return copy
+
     def extern_calls(self, known: list[str]) -> list[ExternGraph]:
         """The compiled graphs' extern calls with module paths as the run's table spells them."""
         full = _resolver(known)

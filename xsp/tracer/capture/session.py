@@ -56,7 +56,7 @@ from xsp.tracer.convert.arena import pending_arena_name
 from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.errors import ConfigError, XspError
-from xsp.tracer.export.batches import Batch, BatchExporter, Totals
+from xsp.tracer.export.batches import Batch, BatchDrain, BatchExporter, Totals
 from xsp.tracer.export.finish import Losses, capture_losses, sink_losses, store_spans
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 from xsp.tracer.levelset import LevelSet
@@ -576,10 +576,8 @@ class Session:
 
     def _rotate_held(self) -> None:
         losses = Losses()
-        stopped = self._stop_levels(losses)
-        counts: dict[str, Any] = {}
-        raw = self._drain_levels(stopped, counts, losses)
-        self._submit_batch(raw, counts, losses)
+        stopped, drains = self._hand_over_levels(losses)
+        self._submit_batch(drains, losses)
         enabled = []
         for level in reversed(stopped):  # stack order again
             try:
@@ -595,17 +593,46 @@ class Session:
         self._batch_started = time.monotonic()
         self._steady_check()
 
-    def _submit_batch(self, raw: dict[str, Any], counts: dict[str, Any], losses: Losses) -> None:
-        """Queue a drained batch for the exporter (waits while it is behind: bounded memory)."""
+    def _hand_over_levels(self, losses: Losses) -> tuple[list[Level], dict[str, BatchDrain]]:
+        """A batch's end, between iterations: each level stops writing it, deepest first, and
+        hands over the drain of its records, which the exporter runs on its own thread
+        (``Level.handover``); returns the levels that stopped and their drains. A level without
+        ``handover`` (its records are not in the arena: level L on CPU) is disabled and drained
+        here."""
+        stopped: list[Level] = []
+        drains: dict[str, BatchDrain] = {}
+        for level in reversed(self._levels):
+            handover = getattr(level, "handover", None)
+            if handover is None:
+                if self._stop_levels(losses, [level]):
+                    stopped.append(level)
+                    counts: dict[str, Any] = {}
+                    raw = self._drain_levels([level], counts, losses)
+                    if level.letter in raw:
+                        drains[level.letter] = _drained(raw[level.letter], counts)
+                continue
+            try:
+                drains[level.letter] = handover()
+                stopped.append(level)
+            except Exception as exc:
+                message = f"level {level.letter} failed to stop: {exc}"
+                self._errors.append(message)
+                losses.missing.append(message)
+                log.exception("xsp: level %s failed to stop", level.letter)
+        return stopped, drains
+
+    def _submit_batch(self, drains: dict[str, BatchDrain], losses: Losses) -> None:
+        """Queue a handed-over batch for the exporter (waits while it is behind: bounded
+        memory)."""
         self._batch_missing.extend(losses.missing)
-        self._batch_missing.extend(capture_losses(counts))
         part = f"{self._batch:05d}"
         self._batch += 1
         arena = self._context.arena if self._context._arena else None
-        pending = None
+        pending: Path | None = None
+        arena_counts: dict[str, Any] = {}
         if arena is not None:
             where = self.run_dir / pending_arena_name(part) if self.run_dir is not None else None
-            pending = arena.rotate(where)
+            pending, arena_counts = arena.rotate(where)
         if self._exporter is None:
             self._exporter = BatchExporter(
                 self._sink,
@@ -617,7 +644,7 @@ class Session:
                 world_size=self.world_size,
                 on_stored=self._stored_so_far,
             )
-        self._exporter.submit(Batch(part, raw, dict(self._failures), pending))
+        self._exporter.submit(Batch(part, drains, dict(self._failures), pending, arena_counts))
 
     def _stored_so_far(self, totals: Totals) -> None:
         """run.json while a continuous session runs: what its batches stored so far."""
@@ -642,14 +669,17 @@ class Session:
 
     def _finish_batches(self, counts: dict[str, Any], losses: Losses) -> Totals:
         """A continuous session's end: its last batch, then every batch stored."""
-        raw = self._drain_levels(self._stop_levels(losses), counts, losses)
-        self._submit_batch(raw, counts, Losses())
+        stopped, drains = self._hand_over_levels(losses)
+        self._submit_batch(drains, Losses())
+        # the levels handed over are still installed: now they go
+        self._stop_levels(
+            losses, [lv for lv in self._levels if lv in stopped and hasattr(lv, "handover")]
+        )
         assert self._exporter is not None
         totals = self._exporter.close()
         counts.update(totals.counts())
-        counts.pop("arena", None)  # the last batch's alone: the losses say what any lost
         self._errors.extend(totals.errors)
-        losses.missing.extend(dict.fromkeys(self._batch_missing))
+        losses.missing.extend(dict.fromkeys([*self._batch_missing, *totals.missing]))
         losses.missing.extend(totals.lost_batches)
         if not totals.batches and not totals.lost_batches:
             losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
@@ -824,10 +854,11 @@ class Session:
         sent = [n for n in sent if n is not None]
         return {"otlp_spans_sent": sum(sent)} if sent else {}
 
-    def _stop_levels(self, losses: Losses) -> list[Level]:
-        """Switch the levels off, deepest first; returns those that stopped."""
+    def _stop_levels(self, losses: Losses, levels: Sequence[Level] | None = None) -> list[Level]:
+        """Switch the levels (``levels``, else all) off, deepest first; returns those that
+        stopped."""
         stopped = []
-        for level in reversed(self._levels):
+        for level in reversed(self._levels if levels is None else levels):
             try:
                 level.disable()
                 stopped.append(level)
@@ -1064,6 +1095,11 @@ class Session:
             resource.update({schema.RES_RANK: self.rank, schema.RES_WORLD_SIZE: self.world_size})
         resource.update(extra)
         return resource
+
+
+def _drained(records: Any, counts: dict[str, Any]) -> BatchDrain:
+    """The drain of a level drained already."""
+    return lambda contents: (records, counts)
 
 
 def _levels_on_at_capture() -> None:

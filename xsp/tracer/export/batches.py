@@ -1,8 +1,10 @@
 """A continuous session's export while it runs: batches of finished iterations, stored in the
 background through the one finish pipeline (``xsp.tracer.export.finish.store_spans``).
 
-The session's thread drains the levels between two iterations and submits the records as a
-``Batch``; one worker thread converts each batch in turn, writes it as its own Parquet part
+The session's thread only hands a batch over, between two iterations: its levels stop writing
+the capture arena, whose file is set aside, and each gives the drain of its records
+(``handover``); the levels come on again into a fresh arena, and the request goes on. One worker
+thread reads each batch's arena, drains it, converts it, writes it as its own Parquet part
 (``spans-<part>.parquet``, ``memory-<part>.parquet``), sends it to the other sinks (OTLP) and
 then calls ``on_stored``, which rewrites ``run.json`` with what is stored so far. Span ids go on
 from one batch to the next, so they stay unique within the run.
@@ -24,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xsp.tracer.convert.arena import ArenaContents, read_arena
 from xsp.tracer.convert.spans import ROOT_LEVEL
-from xsp.tracer.export.finish import store_spans
+from xsp.tracer.errors import StoreError
+from xsp.tracer.export.finish import capture_losses, store_spans
 from xsp.tracer.export.sinks import Sink
 
 log = logging.getLogger(__name__)
@@ -34,14 +38,21 @@ log = logging.getLogger(__name__)
 QUEUE_BATCHES = 2
 
 
+#: A level's drain of one batch (``handover``): its records, and its loss counts, from the
+#: batch's arena contents.
+BatchDrain = Callable[[ArenaContents], tuple[Any, dict[str, Any]]]
+
+
 @dataclass
 class Batch:
-    """One batch's records (level letter -> drained records) and where its arena waits."""
+    """One batch: each level's drain (level letter -> drain), where its arena waits (None: the
+    levels never wrote one), and the arena's native counts that its file does not hold."""
 
     part: str
-    records: dict[str, Any]
+    drains: dict[str, BatchDrain]
     failures: dict[int, str] = field(default_factory=dict)
     pending_arena: Path | None = None
+    arena_counts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +68,7 @@ class Totals:
     memory_events: int | None = None
     next_span_id: int = 1
     lost_batches: list[str] = field(default_factory=list)  # one line each
+    missing: list[str] = field(default_factory=list)  # what batches lost at capture, one line each
     errors: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, Any]:
@@ -126,15 +138,44 @@ class BatchExporter:
                 self.totals.errors.append(f"batch {batch.part}: {type(exc).__name__}: {exc}")
                 log.exception("xsp: storing batch %s failed", batch.part)
 
+    def _drain(self, batch: Batch) -> dict[str, Any]:
+        """Each level's records of ``batch``, read from its arena; what a level lost, or failed
+        to drain, goes into ``missing``."""
+        totals = self.totals
+        contents = ArenaContents.empty()
+        if batch.pending_arena is not None:
+            contents = read_arena(batch.pending_arena)
+        contents.counts.update(batch.arena_counts)
+        records: dict[str, Any] = {}
+        counts: dict[str, Any] = {}
+        for letter, drain in batch.drains.items():
+            try:
+                records[letter], level_counts = drain(contents)
+            except Exception as exc:
+                message = f"level {letter} failed to drain: {exc}"
+                totals.errors.append(message)
+                totals.missing.append(message)
+                log.exception("xsp: level %s failed to drain batch %s", letter, batch.part)
+                continue
+            counts.update(level_counts)
+        totals.missing.extend(capture_losses(counts))
+        return records
+
     def _store(self, batch: Batch) -> None:
         totals = self.totals
-        steps = batch.records.get(ROOT_LEVEL)
+        try:
+            records = self._drain(batch)
+        except StoreError as exc:  # its arena cannot be read
+            totals.lost_batches.append(f"batch {batch.part} was not read: {exc}")
+            log.error("xsp: reading batch %s failed: %s", batch.part, exc)
+            return
+        steps = records.get(ROOT_LEVEL)
         if steps is None or not len(steps.iteration):
             self._forget(batch)  # a batch without an iteration (the levels came on, then stop)
             return
         try:
             stored = store_spans(
-                batch.records,
+                records,
                 self._sink,
                 failures=batch.failures,
                 first_span_id=totals.next_span_id,

@@ -12,13 +12,18 @@ A level captures one layer of the stack. Its life inside a session::
                              next iterations or not (its sampling policy, level M excepted);
                              sampled off, a level records nothing at its iteration markers, and
                              a service's session may leave them out
+    handover() -> drain      optional, a continuous session's batch boundary, for the levels
+                             that write the capture arena: stop writing it (still installed;
+                             enable() follows, into a fresh arena) and return the drain of the
+                             batch, a function of the batch's arena contents that returns its
+                             records and counts, run later on the exporter's thread
 
 A continuous session (a service, docs/serving.md) runs this life once per batch of iterations:
-disable, drain, enable again, into a fresh capture arena.
+handover (or disable and drain), enable again, into a fresh capture arena.
 
-All five are called from the thread that runs the user's training or inference loop; enable,
-disable and drain may block (they run outside the measured window), begin/end_iteration must only
-append to preallocated buffers.
+All of them but a handover's drain are called from the thread that runs the user's training or
+inference loop; enable, disable and drain may block (they run outside the measured window),
+begin/end_iteration, sample and handover run between a service's requests and must be cheap.
 
 Each level is one capture module here plus one entry in ``REGISTRY``; `check_levels` says which
 combinations can run. Its records become spans through its entry under the same letter in

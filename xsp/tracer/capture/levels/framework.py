@@ -11,7 +11,10 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
    id, so each CUDA API call names its op.
 2. A wrapper around ``nn.Module.__call__`` writes each module call into the same arena, with
    the shapes of its arguments and output; a module's static facts (path, type, parameters,
-   source) are written once, at its first call.
+   source) are written once, at its first call. It is put in place once, when the level first
+   comes on, and a flag switches it (``_ModuleCalls``): a continuous session's sampling switches
+   it per request, and reassigning ``nn.Module.__call__`` (a type slot) costs 23 µs, as Python
+   updates every module class below it.
 3. The CPU and CUDA allocators report every allocation and free, with the total allocated, to
    a profiler state xsp puts in the thread's debug info (where torch.profiler's would go; it
    says "disabled", so torch sees no profiler); they become the run's memory events.
@@ -29,14 +32,14 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.inductor import KernelProvenance
-from xsp.tracer.convert.arena import framework_records, open_threads
+from xsp.tracer.convert.arena import ArenaContents, framework_records, open_threads
 from xsp.tracer.convert.records import (
     LOADER_SETTINGS_MARK,
     STEP_RANGE_PREFIX,
@@ -44,6 +47,9 @@ from xsp.tracer.convert.records import (
     loader_range_name,
 )
 from xsp.tracer.errors import StoreError
+
+if TYPE_CHECKING:
+    from xsp.tracer.export.batches import BatchDrain
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +76,13 @@ class FrameworkLevel:
         # shapes cost (PyTorch boxes each op's inputs): the first measured iteration's stand for
         # the later ones that run the same ops (xsp.tracer.convert.shapes)
         self._shapes_after_first = record_shapes and not every_iteration
-        self._module_call: Any = None  # nn.Module.__call__ as it was before enable()
+        self._module_calls: _ModuleCalls | None = None  # from the first enable() on
         self._module_index: dict[int, int] = {}
         self._paths: dict[int, str] = {}
         self._module_paths: list[str] = []
         self._call_errors = 0
         self._recording = False  # between enable and disable, unless sampled off
         self._iterations = 0  # iterations recorded into the open arena
-        self._paused = [False]  # read by the module-call wrapper
-        self._traced_call: Any = None
         # at construction, before the program makes its loaders or compiles its models: the
         # levels may come on later
         self._loader_iter: Any = _name_loader_batches()
@@ -121,14 +125,12 @@ class FrameworkLevel:
             # the allocators report to the thread's profiler state: torch.profiler's, if it runs
             if not torch.autograd._profiler_enabled():
                 self._native.memory_start()
-            self._paused[0] = False
-            if self._module_call is None:
-                self._module_call = _trace_module_calls(self)
+            if self._module_calls is None:
+                self._module_calls = _ModuleCalls(self)
+            self._module_calls.recording(True)
             return
-        self._paused[0] = True  # a wrapper put over ours since keeps calling it: call through
-        if torch.nn.Module.__call__ is self._traced_call:
-            torch.nn.Module.__call__ = self._module_call  # type: ignore[method-assign]
-            self._module_call = None
+        if self._module_calls is not None:
+            self._module_calls.recording(False)
         self._native.memory_stop()
         self._native.ops_stop()
 
@@ -144,13 +146,27 @@ class FrameworkLevel:
         if self._recording:
             self._native.range_end()
 
+    def handover(self) -> BatchDrain:
+        """A continuous session's batch boundary, between iterations on the program's thread:
+        stop recording into the arena, which the session recycles next (``enable`` follows),
+        with module calls still wrapped. Cheap: returns the drain of this batch's records, which
+        the session's exporter runs on its own thread over the batch's arena
+        (``xsp.tracer.export.batches``)."""
+        self._stop_recording()
+        return self._batch_drain()
+
     def disable(self) -> None:
-        if self._module_call is not None:
-            torch.nn.Module.__call__ = self._module_call  # type: ignore[method-assign]
-            self._module_call = None
+        self._stop_recording()
+        if self._module_calls is not None:
+            self._module_calls.remove()
+            self._module_calls = None
         if self._loader_iter is not None:
             DataLoader.__iter__ = self._loader_iter  # type: ignore[method-assign]
             self._loader_iter = None
+
+    def _stop_recording(self) -> None:
+        if self._module_calls is not None:
+            self._module_calls.recording(False)
         self._native.modules_unwind()  # calls still open (the run ended inside a forward)
         self._stopped_on = threading.get_native_id()
         if self._recording:
@@ -158,6 +174,22 @@ class FrameworkLevel:
         self._recording = False
         self._native.memory_stop()
         self._native.ops_stop()
+
+    def _batch_drain(self) -> BatchDrain:
+        """The drain of the records in the arena now: what it needs of this level's state is
+        taken here (the module paths, inductor's kernel definitions), since the next batch
+        goes on changing it."""
+        known = list(self._paths.values())
+        provenance = self._provenance.snapshot()
+        stopped_on = self._stopped_on
+
+        def drain(contents: ArenaContents) -> tuple[FrameworkRecords, dict[str, Any]]:
+            records = framework_records(contents)
+            records.kernel_sources = provenance.sources(known)
+            records.extern_calls = provenance.extern_calls(known)
+            return records, {"ranges_left_open": _left_open(contents, stopped_on)}
+
+        return drain
 
     def _let_other_threads_close(self) -> None:
         """Wait, up to ``OPEN_RANGE_WAIT_S``, for the ranges other threads still have open: a
@@ -177,16 +209,10 @@ class FrameworkLevel:
         """Ranges other threads still had open when the levels stopped (run.json): their
         records are left out. The stopping thread's own (a range around the whole loop) are not
         counted: they enclose the run's end."""
-        open_threads = self._arena.contents().open_threads
-        return {
-            "ranges_left_open": sum(n for t, n in open_threads.items() if t != self._stopped_on)
-        }
+        return {"ranges_left_open": _left_open(self._arena.contents(), self._stopped_on)}
 
     def drain(self) -> FrameworkRecords:
-        records = framework_records(self._arena.contents())
-        known = list(self._paths.values())
-        records.kernel_sources = self._provenance.sources(known)
-        records.extern_calls = self._provenance.extern_calls(known)
+        records, _ = self._batch_drain()(self._arena.contents())
         if self._call_errors:
             log.warning("framework level: %d module calls could not be recorded", self._call_errors)
         return records
@@ -222,40 +248,77 @@ class FrameworkLevel:
         return index
 
 
-def _trace_module_calls(level: FrameworkLevel) -> Any:
-    """Wrap ``nn.Module.__call__`` so that each module call is written into the arena with its
-    arguments' and output's shapes; returns the original to put back. Cheaper than global
-    module hooks, which put every call on ``_call_impl``'s slow path (2.1 µs per call for two
-    empty hooks on the dev machine, against 0.3 µs for this wrapper's frame). While dynamo
-    traces a call the wrapper only calls through, so it breaks no graph."""
-    original = torch.nn.Module.__call__
-    indices, register = level._module_index, level._register
-    enter, leave = level._native.module_enter, level._native.module_exit
-    failed, paused = level._call_failed, level._paused
+def _left_open(contents: ArenaContents, stopped_on: int) -> int:
+    return sum(n for t, n in contents.open_threads.items() if t != stopped_on)
 
-    def traced_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if paused[0] or _compiling():
-            return original(module, *args, **kwargs)
-        try:
-            index = indices.get(id(module))  # inline: a method call per module call costs
-            enter(register(module) if index is None else index, args, kwargs)
-        except Exception:  # never let tracing break the user's forward
-            failed()
-            return original(module, *args, **kwargs)
-        try:
-            output = original(module, *args, **kwargs)
-        except BaseException:
-            leave(None)
-            raise
-        try:
-            leave(output)
-        except Exception:
-            failed()
-        return output
 
-    torch.nn.Module.__call__ = traced_call  # type: ignore[method-assign]
-    level._traced_call = traced_call
-    return original
+class _ModuleCalls:
+    """``nn.Module.__call__`` wrapped so that each module call is written into the arena with
+    its arguments' and output's shapes, while ``recording``; put back by ``remove``.
+
+    Switched by a flag, not by reassigning ``nn.Module.__call__``: that is a type slot, so
+    Python updates every module class below it (23 µs each way on the dev machine, then a
+    slower first request), where a sampled service switches per request. Switched off, the
+    wrapper is torch's own ``Module.__call__`` (``_wrapped_call_impl``), inlined behind one
+    test of the flag: an unsampled request runs as many Python frames as an untraced one.
+    Where ``Module.__call__`` is not torch's as known here (another torch, another wrapper),
+    it calls through to it. Cheaper than global module hooks, which put every call on
+    ``_call_impl``'s slow path (2.1 µs per call for two empty hooks on the dev machine,
+    against 0.3 µs for this wrapper's frame), and which cannot see keyword arguments before
+    the call. While dynamo traces a call the wrapper only calls through, so it breaks no
+    graph."""
+
+    def __init__(self, level: FrameworkLevel) -> None:
+        original = torch.nn.Module.__call__
+        # torch's: `if self._compiled_call_impl is not None: ... else: self._call_impl(...)`
+        inline = original is torch.nn.Module._wrapped_call_impl and original.__code__.co_names == (
+            "_compiled_call_impl",
+            "_call_impl",
+        )
+        indices, register = level._module_index, level._register
+        enter, leave = level._native.module_enter, level._native.module_exit
+        failed = level._call_failed
+        on = False
+
+        def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if not on:  # a service's unsampled request passes here: torch's own, inline
+                if not inline:
+                    return original(module, *args, **kwargs)
+                if module._compiled_call_impl is not None:
+                    return module._compiled_call_impl(*args, **kwargs)
+                return module._call_impl(*args, **kwargs)
+            if _compiling():
+                return original(module, *args, **kwargs)
+            try:
+                index = indices.get(id(module))  # inline: a method call per module call costs
+                enter(register(module) if index is None else index, args, kwargs)
+            except Exception:  # never let tracing break the user's forward
+                failed()
+                return original(module, *args, **kwargs)
+            try:
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                leave(None)
+                raise
+            try:
+                leave(output)
+            except Exception:
+                failed()
+            return output
+
+        def recording(value: bool) -> None:
+            nonlocal on
+            on = value
+
+        self.recording = recording
+        self._original, self._wrapper = original, module_call
+        torch.nn.Module.__call__ = module_call  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        """Put torch's back; a wrapper put over ours since keeps calling ours, switched off."""
+        self.recording(False)
+        if torch.nn.Module.__call__ is self._wrapper:
+            torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
 
 
 def _name_loader_batches() -> Any:

@@ -14,12 +14,15 @@ and kept here beside the arena (a dead process's recovered run keeps xsp's own i
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.context import OTEL_TRACE, SpanRef, application_span
-from xsp.tracer.convert.arena import step_records
+from xsp.tracer.convert.arena import ArenaContents, step_records
 from xsp.tracer.convert.records import StepRecords
+
+if TYPE_CHECKING:
+    from xsp.tracer.export.batches import BatchDrain
 
 
 class ModelLevel:
@@ -55,10 +58,20 @@ class ModelLevel:
     def disable(self) -> None:
         pass
 
+    def handover(self) -> BatchDrain:
+        """A continuous session's batch boundary (``FrameworkLevel.handover``): the drain of this
+        batch's iterations, run later on the exporter's thread, with their application spans."""
+        parents, self._app_parents = self._app_parents, {}
+
+        def drain(contents: ArenaContents) -> tuple[StepRecords, dict[str, Any]]:
+            records = step_records(contents)
+            records.app_parents = parents
+            return records, {"arena": dict(contents.counts)}
+
+        return drain
+
     def drain(self) -> StepRecords:
-        records = step_records(self._arena.contents())
-        # a continuous session drains once per batch: each batch takes its own iterations'
-        records.app_parents, self._app_parents = self._app_parents, {}
+        records, _ = self.handover()(self._arena.contents())
         return records
 
     def counts(self) -> dict[str, Any]:
