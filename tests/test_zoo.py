@@ -39,8 +39,8 @@ def test_listing_covers_the_three_sources() -> None:
 def test_the_catalogue_of_names_is_the_installed_librarys(source: str) -> None:
     """The catalogue that answers without torch holds what the library registers: after an
     upgrade, `python -m xsp.tracer.workloads.names` rewrites it."""
-    catalogue = json.loads(names.CATALOGUE.read_text())[source]
-    assert catalogue["version"] == names.installed_version(source), "rewrite the catalogue"
+    catalogue = names.catalogued_version(source, names.installed_version(source))
+    assert catalogue is not None, "add the installed version: python -m xsp.tracer.workloads.names"
     listed = [(task, n) for task, models in catalogue["tasks"].items() for n in models]
     assert listed == [(e.task, e.name) for e in names.library_entries(source)]
     assert names.list_models(source) == names.library_entries(source)
@@ -53,7 +53,8 @@ def test_names_come_from_the_catalogue_of_the_installed_version_only(
     made-up name); one of another version is not, and timm itself answers."""
     doctored = tmp_path / "zoo_names.json"
     version = names.installed_version("timm")
-    doctored.write_text(json.dumps({"timm": {"version": version, "tasks": {"x": ["made_up"]}}}))
+    entry = {"version": version, "tasks": {"x": ["made_up"]}}
+    doctored.write_text(json.dumps({"timm": [{"version": "0.0.0", "tasks": {}}, entry]}))
     monkeypatch.setattr(names, "CATALOGUE", doctored)
     names._catalogue.cache_clear()
     try:

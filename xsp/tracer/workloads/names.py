@@ -3,10 +3,11 @@
 Names are ``SOURCE:NAME``. The transformers models are the families listed here. The names
 torchvision and timm register are known only once they are imported, which imports torch:
 seconds before ``xsp run --model`` could say that a name is unknown. So a catalogue of them,
-``zoo_names.json``, is kept beside this module with the versions it was read from: where those
-are the installed versions, names are read from it, and otherwise from the libraries themselves.
-The libraries stay the one source of truth: ``python -m xsp.tracer.workloads.names`` rewrites
-the catalogue from them, and ``tests/test_zoo.py`` checks it against them.
+``zoo_names.json``, is kept beside this module, per library one entry for each version it was
+read from (the dev machine's and the GPU image's): where one is the installed version, names are
+read from it, and otherwise from the libraries themselves. The libraries stay the one source of
+truth: ``python -m xsp.tracer.workloads.names`` adds or rewrites the installed versions' entries
+from them, and ``tests/test_zoo.py`` checks the installed one against them.
 """
 
 from __future__ import annotations
@@ -131,11 +132,20 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
+def catalogued_version(source: str, version: str | None) -> dict[str, Any] | None:
+    """The catalogue's entry of ``source`` read from ``version`` of it, if it has one."""
+    listed = _catalogue().get(source)
+    for entry in listed if isinstance(listed, list) else []:
+        if isinstance(entry, dict) and entry.get("version") == version:
+            return entry
+    return None
+
+
 def _catalogued(source: str) -> list[ZooEntry]:
-    """The catalogue's entries of ``source``, or none where the catalogue was read from another
-    version of the library than the installed one."""
-    listed = _catalogue().get(source) or {}
-    if not listed or listed.get("version") != installed_version(source):
+    """The catalogue's names of ``source`` for its installed version, or none where the
+    catalogue was not read from that version."""
+    listed = catalogued_version(source, installed_version(source))
+    if listed is None:
         return []
     return [ZooEntry(source, n, task) for task, names in listed["tasks"].items() for n in names]
 
@@ -150,17 +160,25 @@ def _catalogue() -> dict[str, Any]:
 
 
 def catalogue_from_libraries() -> dict[str, Any]:
-    """The catalogue as the installed libraries make it: per source its version and, per task,
-    its model names."""
+    """The catalogue with the installed libraries' entries added (or rewritten): per source,
+    per version read, its model names per task. Other versions' entries stay."""
     data: dict[str, Any] = {
-        "about": "the zoo's torchvision and timm names; written by "
+        "about": "the zoo's torchvision and timm names, per version of each; written by "
         "`python -m xsp.tracer.workloads.names`, checked by tests/test_zoo.py",
     }
     for source in CATALOGUED:
         tasks: dict[str, list[str]] = {}
         for entry in library_entries(source):
             tasks.setdefault(entry.task, []).append(entry.name)
-        data[source] = {"version": installed_version(source), "tasks": tasks}
+        version = installed_version(source)
+        kept = [
+            e
+            for e in (_catalogue().get(source) or [])
+            if isinstance(e, dict) and e.get("version") != version
+        ]
+        data[source] = sorted(
+            [*kept, {"version": version, "tasks": tasks}], key=lambda e: str(e["version"])
+        )
     return data
 
 
