@@ -7,6 +7,7 @@ is reported by name, and kept in memory as Arrow, which DuckDB scans in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,21 @@ def texts(column: pa.ChunkedArray | pa.Array, null: str | None = "") -> np.ndarr
         rows = numbers(chunk.indices, null=len(values) - 1).astype(np.int64, copy=False)
         parts.append(values[rows])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=object)
+
+
+def text_matches(
+    column: pa.ChunkedArray | pa.Array, test: Callable[[pa.Array], pa.Array]
+) -> np.ndarray:
+    """Each row of a text column where ``test`` (a pyarrow compute function on strings) holds,
+    False for nulls, ``test`` run once per distinct text: casting a 1M-row dictionary column to
+    strings to test it took 0.6 s."""
+    chunks = [column] if isinstance(column, pa.Array) else column.chunks
+    parts = [np.zeros(0, dtype=bool)]
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.cast(pa.string()).dictionary_encode()
+        found = test(chunk.dictionary.cast(pa.string())).fill_null(False)
+        hits = np.append(numbers(found).astype(bool, copy=False), False)  # last: a null's
+        rows = numbers(chunk.indices, null=len(hits) - 1).astype(np.int64, copy=False)
+        parts.append(hits[rows])
+    return np.concatenate(parts)

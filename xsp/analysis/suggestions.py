@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import WhatIf, replay, what_if
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.store import MeasurementStore, text_matches, texts
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
 SHORT_KERNEL_US = 10.0
@@ -57,10 +57,9 @@ class Suggestion:
 #: Fixes the replay can try (``_replayed``): the edit, in words, is each estimate's model.
 CHANNELS_LAST = WhatIf(
     "replay without the nchwToNhwc/nhwcToNchw kernels",
-    drop_activities=lambda spans: np.asarray(
-        pc.match_substring_regex(
-            spans.column("name").cast(pa.string()), "nchwToNhwc|nhwcToNchw", ignore_case=True
-        ).fill_null(False)
+    drop_activities=lambda spans: text_matches(
+        spans.column("name"),
+        lambda names: pc.match_substring_regex(names, "nchwToNhwc|nhwcToNchw", ignore_case=True),
     ),
 )
 CUDA_GRAPH = WhatIf(
@@ -70,8 +69,8 @@ CUDA_GRAPH = WhatIf(
 )
 LOADER_WORKERS = WhatIf(
     "replay with the DataLoader's batches ready (no data loading on the host)",
-    drop_host=lambda spans: np.asarray(
-        pc.equal(spans.column("kind").cast(pa.string()), "data_loading").fill_null(False)
+    drop_host=lambda spans: text_matches(
+        spans.column("kind"), lambda kinds: pc.equal(kinds, "data_loading")
     ),
 )
 
