@@ -34,8 +34,9 @@ from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.store import MeasurementStore, text_codes, texts
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import arrow, numbers
 from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
@@ -110,20 +111,22 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
 
 def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array:
     """On each module span: the GPU time of its layer's activities in its iteration, forward
-    and backward (activities carry their layer's path); null elsewhere."""
-    path = texts(spans.column("module_path"))
-    iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
-    dur = np.asarray(spans.column("dur_ns"), dtype=np.int64)
-    totals: dict[tuple[int, str], int] = {}
-    for it, name, d in zip(iteration[gpu], path[gpu], dur[gpu], strict=True):
-        if name:
-            totals[(it, name)] = totals.get((it, name), 0) + int(d)
+    and backward (activities carry their layer's path); null elsewhere. Summed by (iteration,
+    path) in numpy: a Python loop over 300k activities took 0.3 s."""
+    code, paths = text_codes(spans.column("module_path"))
+    named = np.array([bool(p) for p in paths] + [False], dtype=bool)[code]  # -1: the last
+    iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
+    dur = numbers(spans.column("dur_ns")).astype(np.int64, copy=False)
+    key = iteration * (len(paths) + 1) + code
+    rows = np.nonzero(gpu & named)[0]
+    groups, group = np.unique(key[rows], return_inverse=True)
+    sums = np.zeros(len(groups) + 1, dtype=np.int64)  # the last: no group's (a key above all)
+    np.add.at(sums, group.reshape(-1), dur[rows])
+    groups = np.append(groups, np.iinfo(np.int64).max)
+    at = np.searchsorted(groups, key)
+    values = np.where(named & (groups[at] == key), sums[at], 0)  # no activity of it ran: 0
     module = kind == schema.KIND_MODULE
-    values = [
-        totals.get((int(it), name), 0) if is_module else None
-        for it, name, is_module in zip(iteration, path, module, strict=True)
-    ]
-    return pa.array(values, pa.int64())
+    return arrow(values, pa.int64(), mask=~module)
 
 
 def _ranks_where_measured(

@@ -136,3 +136,22 @@ def text_matches(
         rows = numbers(chunk.indices, null=len(hits) - 1).astype(np.int64, copy=False)
         parts.append(hits[rows])
     return np.concatenate(parts)
+
+
+def text_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """A text column as (a code per row, the texts): equal texts share a code, a null is -1;
+    decoded once per distinct text, for grouping rows by text in numpy."""
+    chunks = [column] if isinstance(column, pa.Array) else column.chunks
+    found: dict[str, int] = {}
+    parts = [np.zeros(0, dtype=np.int64)]
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.cast(pa.string()).dictionary_encode()
+        distinct = chunk.dictionary.cast(pa.string()).to_pylist()
+        local = np.array(
+            [-1 if v is None else found.setdefault(v, len(found)) for v in distinct] + [-1],
+            dtype=np.int64,
+        )
+        rows = numbers(chunk.indices, null=len(local) - 1).astype(np.int64, copy=False)
+        parts.append(local[rows])
+    return np.concatenate(parts), list(found)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.replay import WhatIf, replay, what_if
 from xsp.analysis.store import MeasurementStore, text_matches, texts
+from xsp.tracer.convert.columns import numbers
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
 SHORT_KERNEL_US = 10.0
@@ -125,10 +126,10 @@ def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
     _rebuilt(store)
     found = store.sql(
         f"SELECT iteration, start_ns, start_ns + dur_ns AS end_ns FROM rebuilt WHERE ({where})"
-    ).to_pydict()
-    iteration = np.asarray(found["iteration"], dtype=np.int64)
-    starts = np.asarray(found["start_ns"], dtype=np.int64)
-    ends = np.asarray(found["end_ns"], dtype=np.int64)
+    )
+    iteration = numbers(found.column("iteration"), null=-1).astype(np.int64, copy=False)
+    starts = numbers(found.column("start_ns")).astype(np.int64, copy=False)
+    ends = numbers(found.column("end_ns")).astype(np.int64, copy=False)
     # one pass over the rows grouped by iteration (a mask per iteration grew with their number)
     order = np.argsort(iteration, kind="stable")
     cuts = np.flatnonzero(np.diff(iteration[order])) + 1
