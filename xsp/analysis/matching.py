@@ -87,8 +87,9 @@ def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[
 
 
 def roots(parent: np.ndarray) -> np.ndarray:
-    """Each row's root: follow parents up until none is left."""
-    root = np.arange(len(parent))
-    while ((up := parent[root]) >= 0).any():
-        root = np.where(up >= 0, up, root)
+    """Each row's root: follow parents up until none is left, by pointer jumping (a row takes
+    the row its ancestor points at: log2(depth) rounds)."""
+    root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    while len(alive := np.nonzero(root[root] != root)[0]):
+        root[alive] = root[root[alive]]
     return root

@@ -90,26 +90,36 @@ def stab(
 
 
 def depths(parent: np.ndarray) -> np.ndarray:
-    """Depth of each node in a forest given by parent indices (-1 for roots)."""
-    depth = np.zeros(len(parent), dtype=np.int32)
-    cursor = parent.copy()
-    while True:
-        alive = cursor >= 0
-        if not alive.any():
-            return depth
-        depth[alive] += 1
-        cursor[alive] = parent[cursor[alive]]
+    """Depth of each node in a forest given by parent indices (-1 for roots). By pointer
+    jumping: each round, a node adds the depth its ancestor has reached and jumps to that
+    ancestor's ancestor, so a tree of depth d takes log2(d) rounds, not d passes over it."""
+    depth = (parent >= 0).astype(np.int32)  # edges counted up to ``jump``
+    jump = parent.astype(np.int64, copy=True)
+    alive = np.nonzero(jump >= 0)[0]
+    while len(alive):
+        up = jump[alive]
+        depth[alive] += depth[up]  # both read before either is written: one round
+        jump[alive] = jump[up]
+        alive = alive[jump[alive] >= 0]
+    return depth
 
 
 def inherit(
     values: np.ndarray, parent: np.ndarray, depth: np.ndarray, missing: int = -1
 ) -> np.ndarray:
-    """Fill each ``missing`` entry with its nearest ancestor's value, top-down."""
+    """Fill each ``missing`` entry with its nearest ancestor's value, top-down. By pointer
+    jumping, as ``depths``: a node still missing looks at ``jump``, the nearest ancestor it has
+    not yet looked past; each round it takes that one's value or jumps past what that one has
+    looked past (``depth`` is kept for the callers that have it)."""
     out = values.copy()
-    for level in range(1, int(depth.max(initial=0)) + 1):
-        rows = np.nonzero((depth == level) & (out == missing))[0]
-        if len(rows):
-            out[rows] = out[parent[rows]]
+    jump = parent.astype(np.int64, copy=True)
+    alive = np.nonzero((out == missing) & (jump >= 0))[0]
+    while len(alive):
+        up = jump[alive]
+        found = out[up] != missing
+        out[alive[found]] = out[up[found]]
+        jump[alive] = np.where(found, -1, jump[up])
+        alive = alive[~found & (jump[alive] >= 0)]
     return out
 
 
