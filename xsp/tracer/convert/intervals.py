@@ -107,19 +107,12 @@ def depths(parent: np.ndarray) -> np.ndarray:
 def inherit(
     values: np.ndarray, parent: np.ndarray, depth: np.ndarray, missing: int = -1
 ) -> np.ndarray:
-    """Fill each ``missing`` entry with its nearest ancestor's value, top-down. By pointer
-    jumping, as ``depths``: a node still missing looks at ``jump``, the nearest ancestor it has
-    not yet looked past; each round it takes that one's value or jumps past what that one has
-    looked past (``depth`` is kept for the callers that have it)."""
+    """Fill each ``missing`` entry with its nearest ancestor's value, top-down."""
     out = values.copy()
-    jump = parent.astype(np.int64, copy=True)
-    alive = np.nonzero((out == missing) & (jump >= 0))[0]
-    while len(alive):
-        up = jump[alive]
-        found = out[up] != missing
-        out[alive[found]] = out[up[found]]
-        jump[alive] = np.where(found, -1, jump[up])
-        alive = alive[~found & (jump[alive] >= 0)]
+    for level in range(1, int(depth.max(initial=0)) + 1):
+        rows = np.nonzero((depth == level) & (out == missing))[0]
+        if len(rows):
+            out[rows] = out[parent[rows]]
     return out
 
 
