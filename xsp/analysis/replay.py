@@ -231,7 +231,7 @@ class _Graph:
     warped_start: np.ndarray
     warped_end: np.ndarray
     calibration: Calibration
-    kind: np.ndarray
+    is_call: np.ndarray  # CUDA runtime and driver calls (what launches an activity)
     gpu: np.ndarray
     is_sync: np.ndarray
     steps: np.ndarray
@@ -302,7 +302,7 @@ def _build_graph(store: MeasurementStore) -> _Graph:
         warped_start,
         warped_end,
         calib,
-        kind,
+        np.isin(kind, (schema.KIND_RUNTIME, schema.KIND_DRIVER)),
         gpu,
         is_sync,
         steps,
@@ -360,7 +360,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
             gpu,
             g.is_sync,
             g.base,
-            g.kind,
+            g.is_call,
             stream,
             g.lane,
             g.named,
@@ -624,7 +624,7 @@ class _Iteration:
         gpu: np.ndarray,
         is_sync: np.ndarray,
         sync_base: np.ndarray,
-        kind: np.ndarray,
+        is_call: np.ndarray,
         stream: np.ndarray,
         lane: np.ndarray,
         named: _Named,
@@ -633,7 +633,7 @@ class _Iteration:
         self.named = named
         self.step = int(step)
         self.parent = parent
-        self.kind = kind
+        self.is_call = is_call
         host = members[~gpu[members] & (members != step)]
         self.host = host[np.lexsort((-warped_dur[host], warped_start[host]))]
         self.activities = members[gpu[members]]
@@ -667,8 +667,7 @@ class _Iteration:
         launcher = parent[acts]
         # an activity is launched at its launch call's end; a blocking copy's at the call's
         # start, and one whose parent is an op (a level set without L) at the op's start
-        call = np.isin(self.kind[launcher], (schema.KIND_RUNTIME, schema.KIND_DRIVER))
-        at_end = call & ~self.is_sync[launcher]
+        at_end = self.is_call[launcher] & ~self.is_sync[launcher]
         launch = np.where(at_end, ws[launcher] + wd[launcher], ws[launcher]).astype(np.int64)
         if launch_at_step_start:
             launch = np.full(len(acts), self.step_start, dtype=np.int64)
