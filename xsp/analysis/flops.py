@@ -170,6 +170,12 @@ class _Spans:
         self.col: dict[str, list[Any]] = {c: _as_array(table.column(c)).tolist() for c in _COLUMNS}
         self.table = table
         self.parents = keyed(store, run)[2]  # the parent rows the reconstruction shares
+        self.depth = depths(self.parents)
+        # under a transposed convolution: an ancestor is one (found for all rows at once)
+        transpose = self.where("name", lambda t: pc.starts_with(t, "aten::conv_transpose"))
+        near = inherit(np.where(transpose, 1, -1), self.parents, self.depth)
+        up = self.parents
+        self.under_transpose: list[bool] = ((up >= 0) & (near[np.maximum(up, 0)] > 0)).tolist()
         typed = np.nonzero(self.where("module_type", lambda t: pc.not_equal(t, "")))[0].tolist()
         paths, kinds = self.col["module_path"], self.col["module_type"]
         self.module_types = {paths[i]: kinds[i] for i in typed}
@@ -201,8 +207,7 @@ def _count(store: MeasurementStore) -> Counted:
         & spans.where("name", lambda t: pc.is_in(t, value_set=pa.array(list(FORMULAS))))
         & spans.where("input_shapes", lambda t: pc.not_equal(t, ""))
     )[0].tolist()
-    parent = spans.parents
-    depth = depths(parent)
+    parent, depth = spans.parents, spans.depth
     # the nearest op with a formula at or above each row, found level by level in numpy
     formula_rows = np.full(len(parent), -1, dtype=np.int64)
     formula_rows[candidates] = candidates
@@ -245,9 +250,8 @@ def _backward_twins(spans: _Spans) -> dict[tuple[Any, ...], list[int]]:
 
 
 def _transposed(spans: _Spans, i: int) -> bool:
-    above = [spans.col["name"][j] or "" for j in spans.ancestors(i)]
     module = spans.module_types.get(spans.col["module_path"][i]) or ""
-    return "ConvTranspose" in module or any(n.startswith("aten::conv_transpose") for n in above)
+    return "ConvTranspose" in module or spans.under_transpose[i]
 
 
 def _module_output(spans: _Spans, i: int, x: Shape, w: Shape, transposed: bool) -> Shape | None:
