@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, text_codes
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
 
 
@@ -36,15 +36,19 @@ def step_causes(store: MeasurementStore) -> pa.Table:
     result = replay(store)
     kept = _steady_iterations(result)
     path = result.path.filter(pc.is_in(result.path.column("iteration"), arrow(kept, pa.int64())))
-    cause = np.asarray(path.column("cause").to_pylist(), dtype=object)
+    code, names = text_codes(path.column("cause"))  # not a str a row: 1.4M on 1M spans
     dur = numbers(path.column("dur_ns")).astype(np.float64, copy=False)
     total = float(dur.sum())
     n = max(len(kept), 1)
+    spent = {
+        name: float(dur[code == names.index(name)].sum()) if name in names else 0.0
+        for name in CAUSES
+    }
     rows = [
         {
             "cause": name,
-            "ms_per_iteration": float(dur[cause == name].sum()) / n / 1e6,
-            "share_pct": 100.0 * float(dur[cause == name].sum()) / total if total else 0.0,
+            "ms_per_iteration": spent[name] / n / 1e6,
+            "share_pct": 100.0 * spent[name] / total if total else 0.0,
         }
         for name in CAUSES
     ]
