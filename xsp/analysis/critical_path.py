@@ -81,17 +81,19 @@ def layer_times(store: MeasurementStore) -> pa.Table:
     result = replay(store)
     spans = result.spans
     kept = arrow(_steady_iterations(result), pa.int64())
-    layer = spans.column("module_path").cast(pa.string())
+    # text as the store holds it (dictionary-encoded, which DuckDB reads as text): a cast to
+    # strings wrote out 1M of them a column
+    layer = spans.column("module_path")
     store.con.register(
         "replay_spans",
         pa.Table.from_arrays(
             [
                 spans.column("iteration").cast(pa.int64()),
-                spans.column("level").cast(pa.string()),
-                spans.column("kind").cast(pa.string()),
-                spans.column("phase").cast(pa.string()),
+                spans.column("level"),
+                spans.column("kind"),
+                spans.column("phase"),
                 layer,
-                spans.column("module_type").cast(pa.string()),
+                spans.column("module_type"),
                 arrow(result.dur_ns, pa.int64()),
             ],
             names=["iteration", "level", "kind", "phase", "layer", "layer_type", "dur_ns"],
