@@ -45,7 +45,7 @@ from xsp.analysis.flop_formulas import (
     Shape,
 )
 from xsp.analysis.matching import keyed
-from xsp.analysis.store import MeasurementStore, text_matches, texts
+from xsp.analysis.store import MeasurementStore, text_codes, text_matches, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import depths, inherit
@@ -176,9 +176,12 @@ class _Spans:
         near = inherit(np.where(transpose, 1, -1), self.parents, self.depth)
         up = self.parents
         self.under_transpose: list[bool] = ((up >= 0) & (near[np.maximum(up, 0)] > 0)).tolist()
-        typed = np.nonzero(self.where("module_type", lambda t: pc.not_equal(t, "")))[0].tolist()
+        # each layer's type: its last typed row's, as a dict over the rows would keep
+        typed = np.nonzero(self.where("module_type", lambda t: pc.not_equal(t, "")))[0][::-1]
+        path, _ = text_codes(table.column("module_path"))
+        last = typed[np.unique(path[typed], return_index=True)[1]].tolist()
         paths, kinds = self.col["module_path"], self.col["module_type"]
-        self.module_types = {paths[i]: kinds[i] for i in typed}
+        self.module_types = {paths[i]: kinds[i] for i in last}
 
     def where(self, column: str, test: Callable[[pa.Array], pa.Array]) -> np.ndarray:
         """The rows whose text in ``column`` passes ``test`` (``store.text_matches``)."""
