@@ -44,11 +44,11 @@ from xsp.analysis.flop_formulas import (
     Context,
     Shape,
 )
-from xsp.analysis.matching import keyed
+from xsp.analysis.matching import keyed, tree_depths
 from xsp.analysis.store import MeasurementStore, text_codes, text_matches, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import depths, inherit
+from xsp.tracer.convert.intervals import inherit
 
 _COLUMNS = (
     "span_id",
@@ -170,7 +170,7 @@ class _Spans:
         self.col: dict[str, list[Any]] = {c: _as_array(table.column(c)).tolist() for c in _COLUMNS}
         self.table = table
         self.parents = keyed(store, run)[2]  # the parent rows the reconstruction shares
-        self.depth = depths(self.parents)
+        self.depth = tree_depths(store, run)
         # under a transposed convolution: an ancestor is one (found for all rows at once)
         transpose = self.where("name", lambda t: pc.starts_with(t, "aten::conv_transpose"))
         near = inherit(np.where(transpose, 1, -1), self.parents, self.depth)

@@ -54,11 +54,11 @@ from xsp.analysis.host_timeline import (
     owning_steps,
     steady,
 )
-from xsp.analysis.matching import keyed
+from xsp.analysis.matching import keyed, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
-from xsp.tracer.convert.intervals import depths, inherit, stab
+from xsp.tracer.convert.intervals import inherit, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync for the work of the stream or event it
@@ -269,7 +269,7 @@ def _build_graph(store: MeasurementStore) -> _Graph:
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
-    causes = _causes(parent, kind, gpu, is_sync)
+    causes = _causes(parent, tree_depths(store, deep_index), kind, gpu, is_sync)
     device = numbers(deep.column("gpu_device"), null=-1).astype(np.int64, copy=False)
     stream = numbers(deep.column("gpu_stream"), null=-1).astype(np.int64, copy=False)
     library = level == schema.LEVEL_LIBRARY
@@ -447,12 +447,11 @@ def _cause_column(causes: np.ndarray) -> pa.Array:
 
 
 def _causes(
-    parent: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+    parent: np.ndarray, depth: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
 ) -> np.ndarray:
     """The cause each span's time is charged to on the critical path (step 4); a step's own
     (untraced gaps between its spans) is host work."""
     causes = np.full(len(kind), CAUSE_HOST, dtype=object)
-    depth = depths(parent)
     for marked, cause in (
         (kind == schema.KIND_COLLECTIVE, CAUSE_COMMUNICATION),
         (kind == schema.KIND_DATA_LOADING, CAUSE_DATA),
