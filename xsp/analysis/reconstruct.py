@@ -34,7 +34,7 @@ from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore, text_codes, text_matches, texts
+from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers
 from xsp.tracer.convert.intervals import find_rows
@@ -313,7 +313,7 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
             if index == source or name not in run.level_set.timed_levels:
                 continue
             keys, dur, level = by_run[index]
-            rows = text_matches(level, lambda t, name=name: pc.equal(t, name))
+            rows = text_equals(level, name)
             source_keys, source_dur, _ = by_run[source]
             found = find_rows(source_keys, keys[rows])
             added = (dur[rows] - source_dur[found])[found >= 0] / 1e6

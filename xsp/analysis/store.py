@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers
@@ -136,6 +137,11 @@ def text_matches(
         rows = numbers(chunk.indices, null=len(hits) - 1).astype(np.int64, copy=False)
         parts.append(hits[rows])
     return np.concatenate(parts)
+
+
+def text_equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
+    """Each row of a text column that holds ``value`` (``text_matches`` with equality)."""
+    return text_matches(column, lambda texts: pc.equal(texts, value))
 
 
 def text_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
