@@ -55,7 +55,7 @@ from xsp.analysis.host_timeline import (
     steady,
 )
 from xsp.analysis.matching import keyed, tree_depths
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
 from xsp.tracer.convert.intervals import inherit, stab
@@ -263,9 +263,9 @@ def _build_graph(store: MeasurementStore) -> _Graph:
     dur = numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
     level = texts(deep.column("level"))
     kind = texts(deep.column("kind"))
-    names = texts(deep.column("name"))
+    names = deep.column("name")
     gpu = level == schema.LEVEL_GPU
-    is_sync = (level == schema.LEVEL_LIBRARY) & np.isin(names, list(SYNC_CALLS))
+    is_sync = (level == schema.LEVEL_LIBRARY) & text_in(names, SYNC_CALLS)
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
@@ -278,8 +278,8 @@ def _build_graph(store: MeasurementStore) -> _Graph:
         event=numbers(deep.column("cuda_event"), null=-1).astype(np.int64, copy=False)
         if "cuda_event" in deep.column_names
         else np.full(len(start), -1, dtype=np.int64),
-        is_wait=library & np.isin(names, list(WAIT_CALLS)),
-        is_record=library & np.isin(names, list(RECORD_CALLS)),
+        is_wait=library & text_in(names, WAIT_CALLS),
+        is_record=library & text_in(names, RECORD_CALLS),
     )
     held = _measured_holds(start, dur, parent, owner, gpu, named, stream)
     latency, gap = _device_delays(
@@ -302,7 +302,7 @@ def _build_graph(store: MeasurementStore) -> _Graph:
         warped_start,
         warped_end,
         calib,
-        np.isin(kind, (schema.KIND_RUNTIME, schema.KIND_DRIVER)),
+        text_in(deep.column("kind"), (schema.KIND_RUNTIME, schema.KIND_DRIVER)),
         gpu,
         is_sync,
         steps,

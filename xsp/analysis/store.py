@@ -7,7 +7,7 @@ is reported by name, and kept in memory as Arrow, which DuckDB scans in place.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,12 @@ def text_matches(
 def text_equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
     """Each row of a text column that holds ``value`` (``text_matches`` with equality)."""
     return text_matches(column, lambda texts: pc.equal(texts, value))
+
+
+def text_in(column: pa.ChunkedArray | pa.Array, values: Iterable[str]) -> np.ndarray:
+    """Each row of a text column that holds one of ``values``."""
+    value_set = pa.array(sorted(values), pa.string())
+    return text_matches(column, lambda texts: pc.is_in(texts, value_set=value_set))
 
 
 def text_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import WhatIf, replay, what_if
-from xsp.analysis.store import MeasurementStore, text_codes, text_matches, texts
+from xsp.analysis.store import MeasurementStore, text_codes, text_equals, text_matches, texts
 from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import depths, find_rows, inherit
 
@@ -114,9 +114,11 @@ def _rebuilt(store: MeasurementStore) -> pa.Table:
 
 def _steps(store: MeasurementStore) -> tuple[int, float]:
     """(iterations, mean untraced step ms) of the reconstruction."""
-    steps = _rebuilt(store).filter(pc.equal(_rebuilt(store).column("kind"), "step"))
-    total = float(pc.sum(steps.column("dur_ns")).as_py() or 0)
-    return max(steps.num_rows, 1), total / max(steps.num_rows, 1) / 1e6
+    rebuilt = _rebuilt(store)  # its columns, not the table filtered (0.25 s on 1M spans)
+    steps = text_equals(rebuilt.column("kind"), "step")
+    total = float(numbers(rebuilt.column("dur_ns")).astype(np.int64, copy=False)[steps].sum())
+    count = int(np.count_nonzero(steps))
+    return max(count, 1), total / max(count, 1) / 1e6
 
 
 def _covered(store: MeasurementStore, where: str) -> tuple[int, float]:
@@ -236,10 +238,10 @@ def launch_bound(store: MeasurementStore) -> Suggestion | None:
     """Many short kernels and an idle GPU: launches, not the GPU, bound the step. Busy time is
     the union of GPU activities on the reconstructed timeline (G's durations in M's step)."""
     rebuilt = _rebuilt(store)
-    kernels = rebuilt.filter(pc.equal(rebuilt.column("kind"), "kernel"))
-    if not kernels.num_rows:
+    kernels = numbers(rebuilt.column("dur_ns"))[text_equals(rebuilt.column("kind"), "kernel")]
+    if not len(kernels):
         return None
-    median_us = float(np.median(np.asarray(kernels.column("dur_ns")))) / 1e3
+    median_us = float(np.median(kernels)) / 1e3
     if median_us >= SHORT_KERNEL_US:
         return None
     iterations, step_ms = _steps(store)
@@ -250,7 +252,7 @@ def launch_bound(store: MeasurementStore) -> Suggestion | None:
     found = Suggestion(
         "launch-bound",
         "capture the step in a CUDA graph (torch.cuda.graphs) or compile it (torch.compile)",
-        f"{kernels.num_rows / iterations:.0f} kernels per iteration, median {median_us:.1f} µs; "
+        f"{len(kernels) / iterations:.0f} kernels per iteration, median {median_us:.1f} µs; "
         f"the GPU is busy {busy_pct:.0f}% of the untraced step",
         max(step_ms - busy_ms, 0.0),
         100.0 - busy_pct,
