@@ -45,9 +45,16 @@ from xsp.analysis.flop_formulas import (
     Shape,
 )
 from xsp.analysis.matching import keyed, tree_depths
-from xsp.analysis.store import MeasurementStore, text_codes, text_matches, texts
+from xsp.analysis.store import (
+    MeasurementStore,
+    text_codes,
+    text_equals,
+    text_in,
+    text_matches,
+    texts,
+)
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import numbers
+from xsp.tracer.convert.columns import numbers, scalar
 from xsp.tracer.convert.intervals import inherit
 
 _COLUMNS = (
@@ -160,6 +167,10 @@ def _as_array(column: pa.ChunkedArray) -> np.ndarray:
     return values
 
 
+def _not_empty(texts: pa.Array) -> pa.Array:
+    return pc.not_equal(texts, scalar("", pa.string()))
+
+
 class _Spans:
     """One run's spans as columns, with the walks up the parent links the count needs."""
 
@@ -177,7 +188,7 @@ class _Spans:
         up = self.parents
         self.under_transpose: list[bool] = ((up >= 0) & (near[np.maximum(up, 0)] > 0)).tolist()
         # each layer's type: its last typed row's, as a dict over the rows would keep
-        typed = np.nonzero(self.where("module_type", lambda t: pc.not_equal(t, "")))[0][::-1]
+        typed = np.nonzero(self.where("module_type", _not_empty))[0][::-1]
         path, _ = text_codes(table.column("module_path"))
         last = typed[np.unique(path[typed], return_index=True)[1]].tolist()
         paths, kinds = self.col["module_path"], self.col["module_type"]
@@ -206,9 +217,9 @@ def _count(store: MeasurementStore) -> Counted:
     spans = _Spans(store, run)
     col = spans.col
     candidates = np.nonzero(
-        spans.where("kind", lambda t: pc.equal(t, schema.KIND_OP))
-        & spans.where("name", lambda t: pc.is_in(t, value_set=pa.array(list(FORMULAS))))
-        & spans.where("input_shapes", lambda t: pc.not_equal(t, ""))
+        text_equals(spans.table.column("kind"), schema.KIND_OP)
+        & text_in(spans.table.column("name"), FORMULAS)
+        & spans.where("input_shapes", _not_empty)
     )[0].tolist()
     parent, depth = spans.parents, spans.depth
     # the nearest op with a formula at or above each row, found level by level in numpy
@@ -223,7 +234,7 @@ def _count(store: MeasurementStore) -> Counted:
         counted_rows = np.full(len(parent), -1, dtype=np.int64)
         counted_rows[outermost] = outermost
         owner = inherit(counted_rows, parent, depth)
-        kernels = np.nonzero(spans.where("kind", lambda t: pc.equal(t, schema.KIND_KERNEL)))[0]
+        kernels = np.nonzero(text_equals(spans.table.column("kind"), schema.KIND_KERNEL))[0]
         kernels = kernels[owner[kernels] >= 0]
         ids, ops_of = col["span_id"], owner[kernels].tolist()
         kernel_op = {ids[i]: ids[o] for i, o in zip(kernels.tolist(), ops_of, strict=True)}
@@ -243,7 +254,7 @@ def _backward_twins(spans: _Spans) -> dict[tuple[Any, ...], list[int]]:
     """(rank, iteration, sequence number) -> the grad_output shape of each convolution
     backward, by the sequence number of the backward node it runs under (its forward op's)."""
     out = {}
-    backward = spans.where("name", lambda t: pc.equal(t, "aten::convolution_backward"))
+    backward = text_equals(spans.table.column("name"), "aten::convolution_backward")
     for i in np.nonzero(backward)[0].tolist():
         shapes = _parse(spans.col["input_shapes"][i])
         seq = _sequence_number(spans, i)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers
+from xsp.tracer.convert.columns import arrow, numbers, scalar
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
@@ -132,8 +132,8 @@ def text_matches(
     for chunk in chunks:
         if not pa.types.is_dictionary(chunk.type):
             chunk = chunk.cast(pa.string()).dictionary_encode()
-        found = test(chunk.dictionary.cast(pa.string())).fill_null(False)
-        hits = np.append(numbers(found).astype(bool, copy=False), False)  # last: a null's
+        found = test(chunk.dictionary.cast(pa.string()))
+        hits = np.append(numbers(found, null=False).astype(bool, copy=False), False)  # a null's
         rows = numbers(chunk.indices, null=len(hits) - 1).astype(np.int64, copy=False)
         parts.append(hits[rows])
     return np.concatenate(parts)
@@ -141,12 +141,13 @@ def text_matches(
 
 def text_equals(column: pa.ChunkedArray | pa.Array, value: str) -> np.ndarray:
     """Each row of a text column that holds ``value`` (``text_matches`` with equality)."""
-    return text_matches(column, lambda texts: pc.equal(texts, value))
+    wanted = scalar(value, pa.string())  # a Python value would import pandas (pyarrow's)
+    return text_matches(column, lambda texts: pc.equal(texts, wanted))
 
 
 def text_in(column: pa.ChunkedArray | pa.Array, values: Iterable[str]) -> np.ndarray:
     """Each row of a text column that holds one of ``values``."""
-    value_set = pa.array(sorted(values), pa.string())
+    value_set = arrow(sorted(values), pa.string())
     return text_matches(column, lambda texts: pc.is_in(texts, value_set=value_set))
 
 

@@ -25,7 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.replay import WhatIf, replay, what_if
-from xsp.analysis.store import MeasurementStore, text_codes, text_equals, text_matches, texts
+from xsp.analysis.store import (
+    MeasurementStore,
+    text_codes,
+    text_equals,
+    text_in,
+    text_matches,
+    texts,
+)
 from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import depths, find_rows, inherit
 
@@ -71,9 +78,7 @@ CUDA_GRAPH = WhatIf(
 )
 LOADER_WORKERS = WhatIf(
     "replay with the DataLoader's batches ready (no data loading on the host)",
-    drop_host=lambda spans: text_matches(
-        spans.column("kind"), lambda kinds: pc.equal(kinds, "data_loading")
-    ),
+    drop_host=lambda spans: text_equals(spans.column("kind"), "data_loading"),
 )
 
 
@@ -201,9 +206,8 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
         return None
     gpu = _has(store, "gpu")
     rebuilt = _rebuilt(store)  # dtypes come from F's capture; the reconstruction fills them in
-    ops = text_matches(rebuilt.column("kind"), lambda t: pc.equal(t, "op"))
-    op_names = pa.array(list(MATMUL_OPS if gpu else GEMM_OPS))
-    ops &= text_matches(rebuilt.column("op_name"), lambda t: pc.is_in(t, value_set=op_names))
+    ops = text_equals(rebuilt.column("kind"), "op")
+    ops &= text_in(rebuilt.column("op_name"), MATMUL_OPS if gpu else GEMM_OPS)
     ops &= text_matches(rebuilt.column("input_dtypes"), lambda t: pc.starts_with(t, "float,"))
     # autocast's outer op runs one of its own name below it in a lower precision: not its math
     parent = _parents(rebuilt)
@@ -212,7 +216,7 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     ops[parent[child[op_name[child] == op_name[parent[child]]]]] = False
     if gpu:  # the ops and everything below them, down to their kernels
         inside = inherit(np.where(ops, 1, -1), parent, depths(parent)) > 0
-        where = inside & text_matches(rebuilt.column("kind"), lambda t: pc.equal(t, "kernel"))
+        where = inside & text_equals(rebuilt.column("kind"), "kernel")
         where &= text_matches(
             rebuilt.column("name"),
             lambda t: pc.match_substring_regex(t, FP32_CUDA_CORE_KERNELS, ignore_case=True),
