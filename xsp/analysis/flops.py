@@ -176,9 +176,9 @@ class _Spans:
 
     def __init__(self, store: MeasurementStore, run: int) -> None:
         table = store.run_spans(run).select(list(_COLUMNS))
-        # lists, to read one value at a time (a list item costs a tenth of an array's); rows
-        # are selected in numpy (``where``: a Python pass over 1M rows took 0.1-0.2 s)
-        self.col: dict[str, list[Any]] = {c: _as_array(table.column(c)).tolist() for c in _COLUMNS}
+        # Python values, read one at a time for the ops the count walks; rows are selected in
+        # numpy (``where``: a Python pass over 1M rows took 0.1-0.2 s)
+        self.col: dict[str, np.ndarray] = {c: _as_array(table.column(c)) for c in _COLUMNS}
         self.table = table
         self.parents = keyed(store, run)[2]  # the parent rows the reconstruction shares
         self.depth = tree_depths(store, run)
