@@ -210,13 +210,16 @@ def _own_identity(
         ),
         str(store.root),
     )
-    iteration = spans.column("iteration").to_pylist()
-    traces = {
-        it: schema.trace_id_for(measurement, RECONSTRUCTED_LEVELS, it or 0) for it in set(iteration)
-    }
+    # one trace id per iteration (none: iteration 0's), taken by each row: not a list of 1M
+    iteration = numbers(spans.column("iteration"), null=0).astype(np.int64, copy=False)
+    distinct, at = np.unique(iteration, return_inverse=True)
+    traces = arrow(
+        [schema.trace_id_for(measurement, RECONSTRUCTED_LEVELS, int(it)) for it in distinct],
+        pa.binary(16),
+    )
     span_id = np.where(key == 0, np.uint64(1), key)
     parent_id = np.where(parent >= 0, span_id[np.maximum(parent, 0)], np.uint64(0))
-    spans = _replace(spans, "trace_id", pa.array([traces[it] for it in iteration], pa.binary(16)))
+    spans = _replace(spans, "trace_id", traces.take(arrow(at.reshape(-1), pa.int64())))
     spans = _replace(spans, "span_id", pa.array(span_id, pa.uint64()))
     return _replace(spans, "parent_span_id", pa.array(parent_id, pa.uint64()))
 
