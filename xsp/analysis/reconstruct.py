@@ -36,7 +36,7 @@ from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers
+from xsp.tracer.convert.columns import arrow, numbers, scalar
 from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
@@ -90,15 +90,15 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         replayed = replay(store)
         new_start, new_dur = replayed.start_ns, replayed.dur_ns
         spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
-    spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
-    spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
+    spans = _replace(spans, "start_ns", arrow(new_start, pa.int64()))
+    spans = _replace(spans, "dur_ns", arrow(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
     for name, values in (counter_columns(store, deep) or {}).items():
         spans = _replace(spans, f"hw_{name}", values)
     spans = _own_identity(spans, store, key, parent)
     spans = _link_requests(spans, parent, store, source_of.get(schema.LEVEL_MODEL, deepest_index))
     spans = spans.cast(schema.SPAN_SCHEMA)
-    rows = pa.array(np.nonzero(missing)[0])
+    rows = arrow(np.nonzero(missing)[0], pa.int64())
     miss = pa.table(
         {
             "level": deep.column("level").take(rows).cast(pa.string()),
@@ -220,8 +220,8 @@ def _own_identity(
     span_id = np.where(key == 0, np.uint64(1), key)
     parent_id = np.where(parent >= 0, span_id[np.maximum(parent, 0)], np.uint64(0))
     spans = _replace(spans, "trace_id", traces.take(arrow(at.reshape(-1), pa.int64())))
-    spans = _replace(spans, "span_id", pa.array(span_id, pa.uint64()))
-    return _replace(spans, "parent_span_id", pa.array(parent_id, pa.uint64()))
+    spans = _replace(spans, "span_id", arrow(span_id, pa.uint64()))
+    return _replace(spans, "parent_span_id", arrow(parent_id, pa.uint64()))
 
 
 def _link_requests(
@@ -235,7 +235,7 @@ def _link_requests(
     source = store.run_spans(model_run)
     steps = source.filter(
         pc.and_(
-            pc.equal(source.column("kind"), schema.KIND_STEP),
+            pc.equal(source.column("kind"), scalar(schema.KIND_STEP, pa.string())),
             pc.is_valid(source.column("remote_parent_span_id")),
         )
     )
