@@ -605,9 +605,8 @@ class _Named:
 
 
 class _Iteration:
-    """One step's replay (step 3) and its critical path (step 4). The replay is a walk over the
-    step's activities in launch order, one at a time: it reads plain Python numbers (lists made
-    once a step), as a numpy scalar costs ten times a list item there."""
+    """One step's replay (step 3, ``run``: its activities a stretch at a time) and its critical
+    path (step 4, ``critical_path``: a walk back from the step's end)."""
 
     def __init__(
         self,
