@@ -12,7 +12,7 @@ import pytest
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.kernels import kernels_by_name, temporal_breakdown, union_length
 from xsp.analysis.layers import layer_info, layer_latency, layer_types
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, text_codes, text_equals, text_in
 
 
 def _store(root: Path, scenario: str, levels: str) -> MeasurementStore:
@@ -221,3 +221,28 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     # runs without phase seconds (a manifest older than them): no line
     older = json.loads((REPLAY_R50.parent.parent / "r50-b64-train/manifest.json").read_text())
     assert time_by_phase(older).num_rows == 0 and time_line(older) is None
+
+
+def test_text_tests_and_codes_read_each_chunks_dictionary_and_leave_nulls_out() -> None:
+    import pyarrow as pa
+
+    # two chunks with dictionaries of their own (two span files), and a chunk of plain text
+    column = pa.chunked_array(
+        [
+            pa.array(["op", None, "kernel", "op"]).dictionary_encode(),
+            pa.array(["kernel", "step", None]).dictionary_encode(),
+        ]
+    )
+    assert text_equals(column, "op").tolist() == [True, False, False, True, False, False, False]
+    assert text_in(column, ["kernel", "step"]).tolist() == [0, 0, 1, 0, 1, 1, 0]
+    code, texts = text_codes(column)
+    assert [texts[c] if c >= 0 else None for c in code] == [
+        "op",
+        None,
+        "kernel",
+        "op",
+        "kernel",
+        "step",
+        None,
+    ]
+    assert text_equals(pa.array(["a", None, "b"]), "b").tolist() == [False, False, True]

@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from xsp.tracer.convert.intervals import depths, inherit, nest, stab
+from xsp.tracer.convert.intervals import depths, find_rows, inherit, nest, stab
 
 
 def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]
@@ -105,3 +105,43 @@ def test_stabbing_points_agrees_with_nesting_them_as_empty_intervals() -> None:
             while expected[k] >= len(start):
                 expected[k] = both[expected[k]]
         assert stab(thread, start, end, threads, times).tolist() == expected.tolist()
+
+
+def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Parent rows of a random forest, rows in no particular order (a child may come first)."""
+    order = rng.permutation(n)
+    parent = np.full(n, -1, dtype=np.int64)
+    for k in range(1, n):
+        if rng.random() < 0.9:  # else a new root
+            parent[order[k]] = order[rng.integers(max(0, k - 20), k)]
+    return parent
+
+
+def test_depths_and_inheritance_match_a_walk_up_each_row() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        parent = _random_forest(rng, int(rng.integers(0, 400)))
+        values = np.where(rng.random(len(parent)) < 0.1, rng.integers(0, 9, len(parent)), -1)
+        walked_depth, walked_value = [], []
+        for row in range(len(parent)):
+            depth, up, value = 0, parent[row], values[row]
+            while up >= 0:
+                depth += 1
+                value = values[up] if value == -1 else value
+                up = parent[up]
+            walked_depth.append(depth)
+            walked_value.append(value)
+        depth = depths(parent)
+        assert depth.tolist() == walked_depth
+        assert inherit(values, parent, depth).tolist() == walked_value
+
+
+def test_find_rows_gives_the_first_row_of_a_repeated_key() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        keys = rng.integers(0, 50, int(rng.integers(0, 300))).astype(np.uint64)
+        queries = rng.integers(0, 60, int(rng.integers(0, 300))).astype(np.uint64)
+        first: dict[int, int] = {}
+        for row, key in enumerate(keys.tolist()):
+            first.setdefault(key, row)
+        assert find_rows(keys, queries).tolist() == [first.get(q, -1) for q in queries.tolist()]

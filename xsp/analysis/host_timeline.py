@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.matching import keyed, level_sources, roots
+from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import depths, find_rows
+from xsp.tracer.convert.intervals import find_rows
 
 #: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
 #: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after
@@ -229,17 +229,17 @@ def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray
     # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
     out_end = np.maximum(out_end, out_start + (end > start))
     host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
-    return deep_index, *_inside_parents(out_start, out_end, parent, host), calib
+    depth = tree_depths(store, deep_index)
+    return deep_index, *_inside_parents(out_start, out_end, parent, depth, host), calib
 
 
 def _inside_parents(
-    start: np.ndarray, end: np.ndarray, parent: np.ndarray, host: np.ndarray
+    start: np.ndarray, end: np.ndarray, parent: np.ndarray, depth: np.ndarray, host: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Host spans kept inside their host parents, top-down: the calibrated cost taken off a
     parent's end can exceed the gap it measured after its last child (810 ns a record against
     a 200 ns gap), and a child that outlasts its parent breaks every nested view."""
     start, end = start.copy(), end.copy()
-    depth = depths(parent)
     for level in range(1, int(depth.max(initial=0)) + 1):
         rows = np.nonzero((depth == level) & host)[0]
         rows = rows[host[parent[rows]]]

