@@ -144,15 +144,15 @@ def main(spec: ChildSpec | None = None) -> int:
     xsp_log.handlers = [handler]
     xsp_log.setLevel(logging.WARNING)
     xsp_log.propagate = False
+    global _heap
     try:
         args = spec or ChildSpec.from_argv(sys.argv[1:])
+        _heap = heap.keep_freed_memory()  # before the workload allocates
     except XspError as exc:
         print(f"xsp: {exc}", file=sys.stderr)
         return EXIT_XSP_ERROR
     model = args.run.profile.model
     command = [c for c in args.run.profile.command if c != "--"]
-    global _heap
-    _heap = heap.keep_freed_memory()
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_interrupt)
     if args.run.profile.continuous and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
