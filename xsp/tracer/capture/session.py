@@ -615,10 +615,7 @@ class Session:
                 drains[level.letter] = handover()
                 stopped.append(level)
             except Exception as exc:
-                message = f"level {level.letter} failed to stop: {exc}"
-                self._errors.append(message)
-                losses.missing.append(message)
-                log.exception("xsp: level %s failed to stop", level.letter)
+                self._failed_to_stop(level, exc, losses)
         return stopped, drains
 
     def _submit_batch(self, drains: dict[str, BatchDrain], losses: Losses) -> None:
@@ -854,6 +851,12 @@ class Session:
         sent = [n for n in sent if n is not None]
         return {"otlp_spans_sent": sum(sent)} if sent else {}
 
+    def _failed_to_stop(self, level: Level, exc: Exception, losses: Losses) -> None:
+        message = f"level {level.letter} failed to stop: {exc}"
+        self._errors.append(message)
+        losses.missing.append(message)
+        log.exception("xsp: level %s failed to stop", level.letter)
+
     def _stop_levels(self, losses: Losses, levels: Sequence[Level] | None = None) -> list[Level]:
         """Switch the levels (``levels``, else all) off, deepest first; returns those that
         stopped."""
@@ -863,10 +866,7 @@ class Session:
                 level.disable()
                 stopped.append(level)
             except Exception as exc:
-                message = f"level {level.letter} failed to stop: {exc}"
-                self._errors.append(message)
-                losses.missing.append(message)
-                log.exception("xsp: level %s failed to stop", level.letter)
+                self._failed_to_stop(level, exc, losses)
         return stopped
 
     def _drain_levels(
