@@ -38,6 +38,7 @@ PRESETS=(
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
+  "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 6): the figures of llama-1b, into llama-accum/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -481,25 +482,41 @@ p_cuda_graphs() {
 }
 
 p_llama_1b() {
-  local store=/tmp/llama-store
-  rm -rf "$store"; mkdir -p "$OUT/llama-1b"
-  python3 - "$store" "$OUT/llama-1b/rusage.json" <<'PY' 2>&1 | tail -25
+  large_step llama-1b --model transformers:llama-1b --mode train --batch-size 8 --fix bf16 \
+    --levels M,MF,MFLG --iterations 3
+}
+
+# The 1B model's step with 4 micro-batches of gradient accumulation (over 100k spans an MFLG
+# iteration): an unmodified script; a warm-up long enough to see an optimizer step.
+p_llama_accum() {
+  python3 benchmarks/workloads/llama_accum_train.py --steps 6 2>&1 | tail -1 | tee "$OUT/llama-accum-untraced.txt"
+  large_step llama-accum --levels M,MF,MFLG --iterations 2 --warmup 6 --device cuda -- \
+    python benchmarks/workloads/llama_accum_train.py --steps 9
+}
+
+# A large step's measurement (NAME, then xsp run's arguments): spans per iteration, finish µs per
+# span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size.
+large_step() {
+  local name=$1; shift
+  local store=/tmp/$name-store
+  rm -rf "$store"; mkdir -p "$OUT/$name"
+  python3 - "$store" "$OUT/$name/rusage.json" "$@" <<'PY' 2>&1 | tail -25
 import json, resource, subprocess, sys, time
-store, out = sys.argv[1], sys.argv[2]
+store, out, arguments = sys.argv[1], sys.argv[2], sys.argv[3:]
 started = time.time()
-done = subprocess.run([sys.executable, "-m", "xsp", "run", "--model", "transformers:llama-1b",
-    "--mode", "train", "--batch-size", "8", "--fix", "bf16", "--levels", "M,MF,MFLG",
-    "--iterations", "3", "--out", store])
+cut = arguments.index("--") if "--" in arguments else len(arguments)
+done = subprocess.run([sys.executable, "-m", "xsp", "run", *arguments[:cut], "--out", store,
+    *arguments[cut:]])
 wall = time.time() - started
 peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 json.dump({"rc": done.returncode, "wall_s": wall, "peak_rss_mb_largest_process": peak_kb / 1024}, open(out, "w"))
 print(f"xsp run: rc {done.returncode}, {wall:.1f} s, peak RSS of its largest process {peak_kb / 1024:.0f} MB")
 PY
   find "$store" -name run.json | while read -r meta; do
-    mkdir -p "$OUT/llama-1b/$(basename "$(dirname "$meta")")"
-    cp "$meta" "$OUT/llama-1b/$(basename "$(dirname "$meta")")/"
+    mkdir -p "$OUT/$name/$(basename "$(dirname "$meta")")"
+    cp "$meta" "$OUT/$name/$(basename "$(dirname "$meta")")/"
   done
-  python3 - "$store" <<'PY' 2>&1 | tee "$OUT/llama-1b/finish.txt"
+  python3 - "$store" <<'PY' 2>&1 | tee "$OUT/$name/finish.txt"
 import json, sys
 from pathlib import Path
 for meta in sorted(Path(sys.argv[1]).rglob("run.json")):
@@ -510,7 +527,7 @@ for meta in sorted(Path(sys.argv[1]).rglob("run.json")):
     print(f"{m['levels']}: {m['status']}, {spans} spans ({spans // measured} per iteration), "
           f"measured -> converted {finish / 1e6:.2f} s = {finish / max(spans, 1):.2f} µs per span")
 PY
-  python3 - "$store" "$OUT/llama-1b" <<'PY' 2>&1 | tail -6
+  python3 - "$store" "$OUT/$name" <<'PY' 2>&1 | tail -6
 import resource, subprocess, sys, time
 store, out = sys.argv[1], sys.argv[2]
 for command in (["analyze", store, "--json"], ["summary", store]):
@@ -523,7 +540,7 @@ print(f"peak RSS of the largest: {resource.getrusage(resource.RUSAGE_CHILDREN).r
 PY
   # what the viewers get: the MFLG iteration's Jaeger trace (folded) and the Perfetto export's size
   timeout 300 python3 benchmarks/large_trace.py --store "$store" --copies 1 2>&1 \
-    | grep -v "^wrote" | tee "$OUT/llama-1b/viewers.txt"
+    | grep -v "^wrote" | tee "$OUT/$name/viewers.txt"
 }
 
 p_two_streams() {
