@@ -38,7 +38,7 @@ PRESETS=(
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
-  "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 6): the figures of llama-1b, into llama-accum/"
+  "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 9: 4 forward passes, then optimizer steps): the figures of llama-1b, into llama-accum/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -490,8 +490,8 @@ p_llama_1b() {
 # iteration): an unmodified script; a warm-up long enough to see an optimizer step.
 p_llama_accum() {
   python3 benchmarks/workloads/llama_accum_train.py --steps 6 2>&1 | tail -1 | tee "$OUT/llama-accum-untraced.txt"
-  large_step llama-accum --levels M,MF,MFLG --iterations 2 --warmup 6 --device cuda -- \
-    python benchmarks/workloads/llama_accum_train.py --steps 9
+  large_step llama-accum --levels M,MF,MFLG --iterations 2 --warmup 9 --device cuda -- \
+    python benchmarks/workloads/llama_accum_train.py --steps 12
 }
 
 # A large step's measurement (NAME, then xsp run's arguments): spans per iteration, finish µs per

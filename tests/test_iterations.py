@@ -110,6 +110,27 @@ def test_an_optimizer_step_after_root_call_iterations_is_noted() -> None:
     assert any("raise --warmup past its forward passes" in e for e in meta["errors"])
 
 
+def test_warm_up_steps_timed_before_the_first_optimizer_step_are_not_its_steps() -> None:
+    """4 forward passes a step: the warm-up's first 4 iterations end at root-module calls until
+    the first optimizer step decides the boundary; the untraced step (the replay's baseline,
+    ``run.json``'s ``warmup_steps_ms``) is timed only from there on."""
+    model, x = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sink = InMemorySink()
+    session = _session(sink, warmup=8, iterations=2)
+    for _ in range(8):
+        for _ in range(4):
+            model(x).pow(2).mean().backward()
+        opt.step()
+    meta = session.close()
+    assert meta is not None and meta["status"] == "ok", meta["status_reasons"]
+    assert meta["iteration_boundary"] == "optimizer-step"
+    assert meta["warmup_steps_dropped"] == 4  # the four forward passes before the first step
+    # warm-up iterations 4..6 are optimizer steps (the 8th comes with the levels on): 3 timed
+    assert len(meta["warmup_steps_ms"]) == 3
+    assert _modules_under_steps(sink.table()) == [[""] * 4] * 2
+
+
 def predict(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A whole request: three forward passes (the function --iteration-fn names below)."""
     with torch.no_grad():

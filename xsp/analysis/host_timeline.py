@@ -131,7 +131,7 @@ def checked_against_own_steps(
     if calib.op_ns is None:
         return calib
     run = store.runs[source]
-    tail = list(run.meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
+    tail = untraced_steps_ms(run.meta)
     level = texts(table.column("level"))
     kind = texts(table.column("kind"))
     ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
@@ -332,6 +332,14 @@ BASELINE_TOLERANCE_PCT = 10.0
 WARMUP_TAIL = 4
 
 
+def untraced_steps_ms(meta: dict[str, Any]) -> list[float]:
+    """The last of a level-set process's warm-up steps (levels off): its untraced step. The
+    first is left out as cold: the program's first step, or, where the boundary changed (a
+    training loop's forward passes, then its optimizer steps: ``WarmupClock.restart``), the
+    first optimizer step, which allocates the optimizer's state."""
+    return list(meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
+
+
 def baseline(
     store: MeasurementStore, measured_ms: float | None, replayed_ms: float | None
 ) -> dict[str, Any] | None:
@@ -352,7 +360,7 @@ def baseline(
     if source is None:
         return None
     run = store.runs[source]
-    tail = list(run.meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
+    tail = untraced_steps_ms(run.meta)
     if not tail:
         return None
     untraced = float(np.median(tail))

@@ -65,6 +65,8 @@ class Iterations(Protocol):
 
     def note(self, what: str) -> None: ...
 
+    def boundary_changed(self) -> None: ...
+
 
 class FunctionCalls:
     """Each outermost call of the function named ``MODULE.QUALNAME`` is one iteration: the
@@ -243,6 +245,7 @@ class ModelCalls:
                 if hook is not None:
                     hook.remove()
             self._root_calls = self._finder = None
+            self._session.boundary_changed()
         log.info("xsp: iterations are %ss", boundary)
 
     def _note_late_step(self) -> None:

@@ -704,6 +704,12 @@ class Session:
         """Something an automatic boundary wants in ``run.json`` (logged once)."""
         self._misuse(what)
 
+    def boundary_changed(self) -> None:
+        """The warm-up's iterations so far ended at another boundary (a training loop's
+        forward passes, before its first optimizer step): their times are not its step's."""
+        if not self.measuring:
+            self._warmup.restart()
+
     def _remove_watch(self) -> None:
         if self._watch is not None:
             self._watch.remove()

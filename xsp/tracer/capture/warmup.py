@@ -43,6 +43,7 @@ class WarmupClock:
         self._began = 0
         self._first = 0
         self.steps_ns: list[int] = []
+        self._dropped = 0  # steps timed at an earlier boundary (``restart``)
 
     def _now(self) -> int:
         if self._cuda:
@@ -58,6 +59,13 @@ class WarmupClock:
             self.steps_ns.append(self._now() - self._began)
             self._began = 0
 
+    def restart(self) -> None:
+        """The steps timed so far ended at another boundary (forward passes, before a training
+        loop's first optimizer step): time the step afresh from here."""
+        self._dropped += len(self.steps_ns)
+        self.steps_ns = []
+        self._began = 0
+
     def longer(self) -> bool:
         """Warm up one more step: settling is on, the steps have not settled, and neither
         bound is reached."""
@@ -72,4 +80,5 @@ class WarmupClock:
             "warmup_minimum": self._minimum,
             "warmup_settled": settled(self.steps_ns),
             "warmup_steps_ms": [round(n / 1e6, 3) for n in self.steps_ns],
+            "warmup_steps_dropped": self._dropped,  # timed at an earlier boundary
         }
