@@ -44,8 +44,11 @@ def compiled_case(mode: str) -> dict[str, Any]:
             with session.iteration():
                 model(x)
     meta = session.close() or {}
-    rows = [r for r in sink.table().to_pylist() if r["kind"] == "kernel"]
+    activities = [r for r in sink.table().to_pylist() if r["level"] == "gpu"]
+    rows = [r for r in activities if r["kind"] == "kernel"]
     layers = Counter(r["module_path"] or "(none)" for r in rows)
+    # copies and sets a graph replays (a capture's memset nodes) reach their node too
+    others = [r for r in activities if r["kind"] != "kernel" and r["graph_node"] is not None]
     return {
         "mode": mode,
         "status": meta.get("status"),
@@ -57,6 +60,8 @@ def compiled_case(mode: str) -> dict[str, Any]:
         "distinct_layers": len(layers),
         "kernels_at_the_root": layers.get("", 0),
         "kernels_without_layer": layers.get("(none)", 0),
+        "copies_and_sets_replayed": dict(Counter(r["kind"] for r in others)),
+        "copies_and_sets_replayed_without_layer": sum(1 for r in others if not r["module_path"]),
     }
 
 

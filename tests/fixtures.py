@@ -15,6 +15,7 @@ from typing import Any
 
 from xsp.tracer.convert.records import (
     ApiRecords,
+    ExternGraph,
     FrameworkRecords,
     GpuRecords,
     GraphNodes,
@@ -125,6 +126,43 @@ def capture_graphed_raw(graphed: bool, iterations: int) -> tuple[dict[str, Any],
     return drained, meta
 
 
+def capture_compiled_raw(mode: str, iterations: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tests/test_cuda_graphs.py's small CNN, batch 8 inference, ``torch.compile``d in ``mode``
+    (``reduce-overhead``: inductor's CUDA graph trees capture the compiled graph; ``default``:
+    its kernels are launched) at MFLG, levels driven by hand and on from the compile (a session
+    turns them on at a capture), so that inductor's provenance and the capture are recorded."""
+    import os
+
+    import torch
+
+    from tests.test_cuda_graphs import SmallCnn
+    from xsp.tracer.capture.levels import LevelContext, level_environment
+
+    level_set = LevelSet("MFLG")
+    os.environ.update(level_environment(LevelContext("cuda", level_set)))
+    torch.manual_seed(0)
+    model = SmallCnn().cuda().eval()
+    x = torch.randn(8, 3, 16, 16, device="cuda")
+    compiled: Any = None
+
+    def step() -> None:
+        with torch.no_grad():
+            compiled(x)
+
+    def compile_and_capture() -> None:
+        nonlocal compiled
+        compiled = torch.compile(model, mode=mode)
+        for _ in range(3):  # compile, then (reduce-overhead) a warm-up run and the capture
+            step()
+
+    drained = drive_levels(
+        LevelContext("cuda", level_set), level_set, iterations, step, compile_and_capture
+    )
+    meta = {"model": "tests.test_cuda_graphs.SmallCnn", "compile_mode": mode, "levels": "MFLG"}
+    meta |= {"device": "cuda", "torch": torch.__version__, "mode": "infer", "batch_size": 8}
+    return drained, meta
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, (type, ModuleInfo)):
         return to_json(value)
@@ -175,6 +213,10 @@ def from_json(data: dict[str, Any]) -> dict[str, Any]:
         fw.graph_nodes = GraphNodes(
             **{name: {int(k): v for k, v in nodes.get(name, {}).items()} for name in nodes}
         )
+        fw.extern_calls = [  # JSON lists back into the named tuples
+            ExternGraph(frame, phase, [(op, list(modules)) for op, modules in calls])
+            for frame, phase, calls in data["framework"].get("extern_calls", [])
+        ]
         out["F"] = fw
     if "api" in data:
         out["L"] = _restore(ApiRecords, data["api"])

@@ -12,7 +12,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import SECTIONS, capture_graphed_raw, capture_raw, to_json
+from tests.fixtures import (
+    SECTIONS,
+    capture_compiled_raw,
+    capture_graphed_raw,
+    capture_raw,
+    to_json,
+)
 
 
 def main() -> None:
@@ -26,11 +32,15 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument(
         "--cuda-graphs",
-        choices=("graphed", "eager"),
-        help="record tests/test_cuda_graphs.py's small CNN instead of a zoo model (MFLG, CUDA)",
+        choices=("graphed", "eager", "compiled-reduce-overhead", "compiled-default"),
+        help="record tests/test_cuda_graphs.py's small CNN instead of a zoo model (MFLG, CUDA): "
+        "trained with make_graphed_callables or eagerly, or inference torch.compile'd",
     )
     args = parser.parse_args()
-    if args.cuda_graphs:
+    if args.cuda_graphs and args.cuda_graphs.startswith("compiled-"):
+        mode = args.cuda_graphs.removeprefix("compiled-")
+        drained, meta = capture_compiled_raw(mode, args.iterations)
+    elif args.cuda_graphs:
         drained, meta = capture_graphed_raw(args.cuda_graphs == "graphed", args.iterations)
     else:
         drained, meta = capture_raw(

@@ -134,3 +134,31 @@ def test_a_graphed_model_in_a_session_shows_the_kernels_of_the_eager_one() -> No
     assert counts["attributed_to_their_node"] == counts["replayed"]
     assert graphed["layers"] == eager["layers"]
     assert eager["graph_kernels"] is None
+
+
+def test_nodes_made_by_a_compiled_graphs_library_calls_take_those_calls_modules() -> None:
+    """A captured compiled graph runs no module calls: its wrapper's aten::convolution (nodes
+    11 and 12: a cuDNN kernel and its reformat) and aten::addmm (node 13) made nodes with no
+    module. In capture 1 the calls run in the compiled graph's order and take its modules by
+    position; node 14 (made by aten::zero_, no extern call) and node 15 (with a module of its
+    own) are left to their own attribution."""
+    from xsp.tracer.convert.graphs import extern_modules
+    from xsp.tracer.convert.records import ExternGraph, GraphNodes
+
+    capture = 1 << 32
+    nodes = GraphNodes()
+    for node, op, call, instance, module in [
+        (11, "aten::cudnn_convolution", "aten::convolution", capture | 1, -1),
+        (12, "aten::cudnn_convolution", "aten::convolution", capture | 1, -1),
+        (13, "aten::addmm", "aten::addmm", capture | 3, -1),
+        (14, "aten::zero_", "aten::zero_", capture | 2, -1),
+        (15, "aten::addmm", "aten::addmm", capture | 4, 0),
+    ]:
+        nodes.op[node], nodes.call[node], nodes.instance[node] = op, call, instance
+        nodes.module[node], nodes.phase[node] = module, "forward"
+    graphs = [
+        ExternGraph("0/0", "forward", [("aten::convolution", ["conv1"]), ("aten::addmm", ["fc"])]),
+        ExternGraph("1/0", "backward", [("aten::convolution_backward", ["conv1"])]),
+    ]
+    assert extern_modules(nodes, graphs) == {11: "conv1", 12: "conv1", 13: "fc"}
+    assert extern_modules(nodes, []) == {}

@@ -35,7 +35,9 @@ VERSION = 1
 KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO, KIND_MEMORY = 1, 2, 3, 4, 5, 6
 KIND_SOURCE = 7  # an op's calling Python line: seq_nr is the op's record id
 # CUDA graph nodes (capture.cpp's kGraphNode, kGraphClone): seq_nr the node id; a made node's
-# name, shapes, dtypes: its op's name, module index, phase; a clone's aux: its original node
+# name, shapes, dtypes: its op's name, module index, phase, and its aux, start_ns: the outermost
+# op's name and instance (aux -1: none, as recorded before these were); a clone's aux: its
+# original node
 KIND_GRAPH_NODE, KIND_GRAPH_CLONE = 8, 9
 #: The phases capture.cpp records for a graph node's op, by code (-1: unknown)
 GRAPH_NODE_PHASES = {0: schema.PHASE_FORWARD, 1: schema.PHASE_BACKWARD, 2: schema.PHASE_OPTIMIZER}
@@ -283,6 +285,10 @@ def graph_nodes(arena: ArenaContents) -> GraphNodes:
         out.op[node] = _text(strings, int(rec["name"][row]), "")
         out.module[node] = int(rec["shapes"][row])
         out.phase[node] = GRAPH_NODE_PHASES.get(int(rec["dtypes"][row]), "")
+        call = int(rec["aux"][row])
+        if call >= 0:
+            out.call[node] = _text(strings, call, "")
+            out.instance[node] = int(rec["start_ns"][row])
     for row in arena.of_kind(KIND_GRAPH_CLONE).tolist():
         original = int(rec["aux"][row])
         if original > 0:

@@ -123,15 +123,18 @@ def attribute_calls(
         rows.sort(key=lambda r: int(start_ns[r]))
         mine = [g for g in graphs if g.phase == phase and g.compile_id == compile_ids[rows[0]]]
         candidates = mine or [g for g in graphs if g.phase == phase]
-        for row, modules in zip(rows, _match([names[r] for r in rows], candidates), strict=True):
+        for row, modules in zip(
+            rows, match_calls([names[r] for r in rows], candidates), strict=True
+        ):
             path = common_module(modules) if modules else None
             if path:  # the root says nothing the nesting did not
                 paths[row] = path
     return arrow(paths, pa.string()).dictionary_encode()
 
 
-def _match(ops: list[str | None], graphs: list[ExternGraph]) -> list[list[str]]:
-    """The source modules of each extern op of one region run (``ops``, in call order): by
+def match_calls(ops: list[str | None], graphs: list[ExternGraph]) -> list[list[str]]:
+    """The source modules of each extern op of one region run (``ops``, in call order: a
+    region's ops, or a captured graph's calls, ``graphs.extern_modules``): by
     position in the ``graphs`` that call the same ops in the same order, else by op name as
     generated kernels are matched (the k-th when the counts agree, else all)."""
     same = [g.calls for g in graphs if [op for op, _ in g.calls] == ops]

@@ -31,6 +31,7 @@ def _graph_kernels(table: SpanTable, gpu: GpuRecords, kept: np.ndarray, columns:
         nodes[kept],
         framework.graph_nodes if framework is not None else GraphNodes(),
         framework.modules if framework is not None else [],
+        framework.extern_calls if framework is not None else [],
     )
     table.report.graph_kernels += replayed
     table.report.graph_kernels_attributed += known

@@ -8,17 +8,25 @@ was cloned from (``GraphNodes``); a kernel's record names the node it replays. C
 the kernel its node's layer and phase, and the op as ``graph_op``, so that a graphed model and
 the same model run eagerly show the same kernels per layer. Nodes made while xsp was not
 recording keep the launch's attribution; the run's counts say how many.
+
+A compiled graph captured whole (``torch.compile(mode="reduce-overhead")``) runs no module
+calls, so the nodes its wrapper's library calls make (``aten::convolution``'s cuDNN kernels)
+have no module of their own: each capture's calls, in order, take the modules of the compiled
+graph whose extern calls they are (``compiled.match_calls``, as an eager run of the region's
+calls are); its generated kernels take theirs from inductor's provenance afterwards.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from xsp.tracer.convert.columns import arrow, dictionary_column
-from xsp.tracer.convert.records import GraphNodes, ModuleInfo
+from xsp.tracer.convert.compiled import common_module, match_calls
+from xsp.tracer.convert.records import ExternGraph, GraphNodes, ModuleInfo
 from xsp.tracer.convert.table import codes_of
 
 
@@ -27,9 +35,11 @@ def attribute(
     graph_node: np.ndarray,
     nodes: GraphNodes,
     modules: list[ModuleInfo],
+    extern: list[ExternGraph] | None = None,
 ) -> tuple[int, int]:
     """Give replayed kernels (``graph_node`` > 0) their node's module, phase and op, in
-    ``columns``; returns (kernels replayed from a graph, those whose node was recorded)."""
+    ``columns``; returns (kernels replayed from a graph, those whose node was recorded).
+    ``extern``: the compiled graphs' extern calls, for nodes made by them."""
     replayed = np.nonzero(graph_node > 0)[0]
     columns["graph_node"] = arrow(graph_node, pa.int64(), mask=graph_node <= 0)
     if not len(replayed):
@@ -41,7 +51,11 @@ def attribute(
         if node is not None:
             known.append(row)
             made.append(node)
-    paths = [modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else "" for n in made]
+    from_calls = extern_modules(nodes, extern or [])
+    paths = [
+        modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else from_calls.get(n, "")
+        for n in made
+    ]
     phases = [nodes.phase[n] for n in made]
     ops = [nodes.op[n] for n in made]
     if "module_path" in columns:
@@ -66,3 +80,29 @@ def _overwrite(
         if value:
             codes[row] = index.setdefault(value, len(index))
     return dictionary_column(codes, list(index))
+
+
+def extern_modules(nodes: GraphNodes, extern: list[ExternGraph]) -> dict[int, str]:
+    """The module of each node made, with no module of its own, inside a compiled graph's
+    extern call: per capture and phase, the calls in the order they ran are matched to the
+    compiled graphs' extern calls (``compiled.match_calls``)."""
+    recorded = {(graph.phase, op) for graph in extern for op, _ in graph.calls}
+    calls: dict[tuple[int, str], dict[int, str]] = defaultdict(dict)  # -> instance: op
+    members: dict[int, list[int]] = defaultdict(list)  # instance -> its nodes
+    for node, op in nodes.call.items():
+        phase = nodes.phase.get(node) or "forward"
+        if nodes.module.get(node, -1) >= 0 or (phase, op) not in recorded:
+            continue
+        instance = nodes.instance[node]
+        calls[(instance >> 32, phase)][instance] = op
+        members[instance].append(node)
+    found: dict[int, str] = {}
+    for (_, phase), ops in calls.items():
+        order = sorted(ops)
+        candidates = [graph for graph in extern if graph.phase == phase]
+        matched = match_calls([ops[i] for i in order], candidates)
+        for instance, sources in zip(order, matched, strict=True):
+            path = common_module(sources) if sources else ""
+            for node in members[instance]:
+                found[node] = path
+    return found

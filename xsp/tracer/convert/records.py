@@ -157,12 +157,17 @@ class FrameworkRecords:
 class GraphNodes:
     """CUDA graph nodes made while recording, by CUPTI node id: the op that made each (its
     name), that op's module (an index into ``FrameworkRecords.modules``, -1 none) and phase (a
-    ``schema.PHASE_*``, "" unknown). A node cloned at instantiation maps to its original."""
+    ``schema.PHASE_*``, "" unknown), and the call it was made in. A node cloned at
+    instantiation maps to its original."""
 
     op: dict[int, str] = field(default_factory=dict)
     module: dict[int, int] = field(default_factory=dict)
     phase: dict[int, str] = field(default_factory=dict)
     cloned_from: dict[int, int] = field(default_factory=dict)
+    #: the outermost op the node's op ran in (the aten op a compiled graph's wrapper called,
+    #: ``aten::convolution``) and that op's instance, ``(capture << 32) | op number``
+    call: dict[int, str] = field(default_factory=dict)
+    instance: dict[int, int] = field(default_factory=dict)
 
     def origin(self, node: int) -> int | None:
         """The node a (possibly cloned) node was first made as, if its making was recorded

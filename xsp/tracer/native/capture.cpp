@@ -118,6 +118,8 @@ bool g_root_shapes = false;  // a run with shapes records its root module calls'
 std::atomic<bool> g_push_correlation{false};
 std::atomic<bool> g_memory{false};  // allocator events are recorded
 std::atomic<int> g_capturing{0};    // CUDA stream captures in progress (CUPTI's driver callbacks)
+std::atomic<int64_t> g_captures{0};    // captures begun: the high half of an open op's instance
+std::atomic<int64_t> g_captured_ops{0};  // outermost ops opened during captures
 // While capturing: forward op sequence number -> module index, so that a backward node (which
 // carries its forward op's number) made during a capture knows its layer.
 std::mutex g_capture_mutex;
@@ -153,6 +155,10 @@ struct ThreadState {
     int32_t name;
     int64_t module;
     int8_t phase;
+    // the outermost open op holding it (the aten op inductor's wrapper called, e.g.
+    // aten::convolution): its name, and its instance, (capture << 32) | op number
+    int32_t outer;
+    int64_t instance;
   };
   std::vector<OpenOp> open_ops;
   // Python code objects: whether each is torch's or xsp's own (skipped when looking for the
@@ -482,12 +488,16 @@ int64_t captured_forward_module(int64_t seq_nr) {
 // its forward op's number, which names the module that forward op ran in.
 bool open_op(ThreadState& t, const char* name, const Record* r) {
   static const char kBackward[] = "autograd::engine::evaluate_function: ";
-  ThreadState::OpenOp op{r->name, -1, kPhaseForward};
+  ThreadState::OpenOp op{r->name, -1, kPhaseForward, r->name, 0};
   if (!t.open_ops.empty()) {
     op.module = t.open_ops.back().module;
     op.phase = t.open_ops.back().phase;
+    op.outer = t.open_ops.back().outer;
+    op.instance = t.open_ops.back().instance;
   } else {
     op.module = current_module();
+    op.instance = (g_captures.load(std::memory_order_relaxed) << 32) |
+                  ((g_captured_ops.fetch_add(1, std::memory_order_relaxed) + 1) & 0xffffffff);
   }
   if (std::strncmp(name, kBackward, sizeof(kBackward) - 1) == 0) {
     op.phase = kPhaseBackward;
@@ -1093,11 +1103,14 @@ void record_graph_node(CUpti_CallbackId cbid, const CUpti_GraphData* graph) {
     r->name = op.name;
     r->shapes = int32_t(op.module);
     r->dtypes = op.phase;
+    r->aux = op.outer;  // an extern call's nodes take its module at conversion
   } else {  // no op open (a capture xsp did not see begin): the module call, if any
     r->shapes = int32_t(current_module());
     r->dtypes = r->shapes >= 0 ? kPhaseForward : kPhaseUnknown;
   }
-  r->start_ns = r->end_ns = now_ns();
+  r->end_ns = now_ns();
+  // a made node's start: its outermost op's instance (0: none), which groups a call's nodes
+  r->start_ns = kind == kGraphNode && !t.open_ops.empty() ? t.open_ops.back().instance : r->end_ns;
   publish(r, kind);
 }
 
@@ -1107,6 +1120,7 @@ void CUPTIAPI on_cupti_callback(void*, CUpti_CallbackDomain domain, CUpti_Callba
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API || domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
       auto site = static_cast<const CUpti_CallbackData*>(data)->callbackSite;
       if (capture_call(domain, cbid, true) && site == CUPTI_API_EXIT) {
+        g_captures.fetch_add(1);
         g_capturing.fetch_add(1);
       } else if (capture_call(domain, cbid, false) && site == CUPTI_API_ENTER) {
         int now = g_capturing.load();
@@ -1290,8 +1304,9 @@ py::dict cupti_decode() {
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
-          auto* c = reinterpret_cast<CUpti_ActivityMemcpy*>(record);
-          g_graph_node.push_back(0);
+          // graphNodeId (a copy replayed from a graph) sits where version 5 put it since
+          auto* c = reinterpret_cast<CUpti_ActivityMemcpy5*>(record);
+          g_graph_node.push_back(int64_t(c->graphNodeId));
           g_kind.push_back(1);
           g_name.push_back(-1);
           g_start.push_back(int64_t(c->start));
@@ -1308,8 +1323,9 @@ py::dict cupti_decode() {
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
-          auto* s = reinterpret_cast<CUpti_ActivityMemset*>(record);
-          g_graph_node.push_back(0);
+          // and a set's where version 3 put it
+          auto* s = reinterpret_cast<CUpti_ActivityMemset3*>(record);
+          g_graph_node.push_back(int64_t(s->graphNodeId));
           g_kind.push_back(2);
           g_name.push_back(-1);
           g_start.push_back(int64_t(s->start));
