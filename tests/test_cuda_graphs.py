@@ -138,10 +138,10 @@ def test_a_graphed_model_in_a_session_shows_the_kernels_of_the_eager_one() -> No
 
 def test_nodes_made_by_a_compiled_graphs_library_calls_take_those_calls_modules() -> None:
     """A captured compiled graph runs no module calls: its wrapper's aten::convolution (nodes
-    11 and 12: a cuDNN kernel and its reformat) and aten::addmm (node 13) made nodes with no
-    module. In capture 1 the calls run in the compiled graph's order and take its modules by
-    position; node 14 (made by aten::zero_, no extern call) and node 15 (with a module of its
-    own) are left to their own attribution."""
+    11 and 12: a cuDNN kernel and its reformat) and aten::addmm (node 13) made nodes with the
+    compiled root's module (0) or none. In capture 1 the calls run in the compiled graph's
+    order and take its modules by position; node 14 (made by aten::zero_, no extern call) is
+    left to its own attribution."""
     from xsp.tracer.convert.graphs import extern_modules
     from xsp.tracer.convert.records import ExternGraph, GraphNodes
 
@@ -150,9 +150,8 @@ def test_nodes_made_by_a_compiled_graphs_library_calls_take_those_calls_modules(
     for node, op, call, instance, module in [
         (11, "aten::cudnn_convolution", "aten::convolution", capture | 1, -1),
         (12, "aten::cudnn_convolution", "aten::convolution", capture | 1, -1),
-        (13, "aten::addmm", "aten::addmm", capture | 3, -1),
+        (13, "aten::addmm", "aten::addmm", capture | 3, 0),
         (14, "aten::zero_", "aten::zero_", capture | 2, -1),
-        (15, "aten::addmm", "aten::addmm", capture | 4, 0),
     ]:
         nodes.op[node], nodes.call[node], nodes.instance[node] = op, call, instance
         nodes.module[node], nodes.phase[node] = module, "forward"
@@ -162,3 +161,25 @@ def test_nodes_made_by_a_compiled_graphs_library_calls_take_those_calls_modules(
     ]
     assert extern_modules(nodes, graphs) == {11: "conv1", 12: "conv1", 13: "fc"}
     assert extern_modules(nodes, []) == {}
+
+
+def test_a_compiled_graph_captured_whole_shows_the_layers_of_its_launched_run() -> None:
+    """The small CNN compiled for inference, ``reduce-overhead`` (inductor's CUDA graph trees
+    capture the graph; every kernel is replayed) against ``default`` (launched): the same
+    kernels on the same modules. The library kernels (conv1's cuDNN convolution, fc's cuBLAS
+    GEMM) reach their layers through the compiled graph's extern calls, which the capture's
+    aten::convolution and aten::addmm made their nodes in."""
+
+    def by_module(scenario: str, replayed: bool) -> Counter[tuple[str, str]]:
+        return Counter(
+            (row["module_path"], row["name"])
+            for row in _rows(scenario)
+            if row["kind"] == "kernel" and (row["graph_node"] is not None) == replayed
+        )
+
+    captured = by_module("small_cnn_compiled_reduce_overhead_mflg_cuda", replayed=True)
+    launched = by_module("small_cnn_compiled_default_mflg_cuda", replayed=False)
+    assert captured == launched and sum(captured.values()) == 9 * ITERATIONS
+    layers = {path for path, name in captured if not name.startswith("triton_")}
+    assert layers == {"_orig_mod.conv1", "_orig_mod", "_orig_mod.fc"}  # fc's GEMM, convs'
+    assert all(path for path, _ in captured)  # no replayed kernel without a layer

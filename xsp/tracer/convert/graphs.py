@@ -11,9 +11,10 @@ recording keep the launch's attribution; the run's counts say how many.
 
 A compiled graph captured whole (``torch.compile(mode="reduce-overhead")``) runs no module
 calls, so the nodes its wrapper's library calls make (``aten::convolution``'s cuDNN kernels)
-have no module of their own: each capture's calls, in order, take the modules of the compiled
-graph whose extern calls they are (``compiled.match_calls``, as an eager run of the region's
-calls are); its generated kernels take theirs from inductor's provenance afterwards.
+have only the compiled root's module, or none: each capture's calls, in order, take the
+modules of the compiled graph whose extern calls they are (``compiled.match_calls``, as a
+launched run of the region's calls does); its generated kernels take theirs from inductor's
+provenance afterwards.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def attribute(
         if node is not None:
             known.append(row)
             made.append(node)
-    from_calls = extern_modules(nodes, extern or [])
+    from_calls = extern_modules(nodes, extern or [])  # inside compiled code: these say more
     paths = [
-        modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else from_calls.get(n, "")
+        from_calls.get(n) or (modules[m].path if 0 <= (m := nodes.module[n]) < len(modules) else "")
         for n in made
     ]
     phases = [nodes.phase[n] for n in made]
@@ -83,15 +84,15 @@ def _overwrite(
 
 
 def extern_modules(nodes: GraphNodes, extern: list[ExternGraph]) -> dict[int, str]:
-    """The module of each node made, with no module of its own, inside a compiled graph's
-    extern call: per capture and phase, the calls in the order they ran are matched to the
-    compiled graphs' extern calls (``compiled.match_calls``)."""
+    """The module of each node made inside a compiled graph's extern call: per capture and
+    phase, the calls in the order they ran are matched to the compiled graphs' extern calls
+    (``compiled.match_calls``)."""
     recorded = {(graph.phase, op) for graph in extern for op, _ in graph.calls}
     calls: dict[tuple[int, str], dict[int, str]] = defaultdict(dict)  # -> instance: op
     members: dict[int, list[int]] = defaultdict(list)  # instance -> its nodes
     for node, op in nodes.call.items():
         phase = nodes.phase.get(node) or "forward"
-        if nodes.module.get(node, -1) >= 0 or (phase, op) not in recorded:
+        if (phase, op) not in recorded:
             continue
         instance = nodes.instance[node]
         calls[(instance >> 32, phase)][instance] = op
