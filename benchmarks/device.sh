@@ -36,9 +36,10 @@ PRESETS=(
   "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30)"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
-  "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager training, compiled reduce-overhead and default inference) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json"
+  "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager training, compiled reduce-overhead and default inference) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json (FIXTURES=0: the benchmark only)"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
   "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 9: 4 forward passes, then optimizer steps): the figures of llama-1b, into llama-accum/"
+  "service|1-2 min|service_overhead.py on CUDA: a batch-1 MLP service (width 2048) untraced, M on every request, F sampled 1 in 100 and F on every request, in shuffled rounds in one process, into service-overhead-cuda.json (ROUNDS=12 REQUESTS=1000)"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -471,11 +472,13 @@ p_cuda_fixtures() {
 
 p_cuda_graphs() {
   local kind
-  for kind in graphed eager compiled-reduce-overhead compiled-default; do
-    python3 tests/record_fixture.py --cuda-graphs "$kind" --iterations 2 \
-      --out "$OUT/fixtures/small_cnn_${kind//-/_}_mflg_cuda/raw.json" 2>&1 | tail -2
-  done
-  mkdir -p tests/data && cp -r "$OUT"/fixtures/small_cnn_* tests/data/
+  if [ "${FIXTURES:-1}" = 1 ]; then
+    for kind in graphed eager compiled-reduce-overhead compiled-default; do
+      python3 tests/record_fixture.py --cuda-graphs "$kind" --iterations 2 \
+        --out "$OUT/fixtures/small_cnn_${kind//-/_}_mflg_cuda/raw.json" 2>&1 | tail -2
+    done
+    mkdir -p tests/data && cp -r "$OUT"/fixtures/small_cnn_* tests/data/
+  fi
   timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -s tests/test_cuda_graphs.py \
     2>&1 | tee "$OUT/cuda-graphs-tests.log" | grep -E "^E |assert|passed|failed|Error|graphed" | head -30
   timeout 400 python3 benchmarks/cuda_graphs.py --out "$OUT/cuda-graphs.json" 2>&1 | tail -60
@@ -541,6 +544,13 @@ PY
   # what the viewers get: the MFLG iteration's Jaeger trace (folded) and the Perfetto export's size
   timeout 300 python3 benchmarks/large_trace.py --store "$store" --copies 1 2>&1 \
     | grep -v "^wrote" | tee "$OUT/$name/viewers.txt"
+}
+
+p_service() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  timeout 400 python3 benchmarks/service_overhead.py --device cuda --width 2048 \
+    --rounds "${ROUNDS:-12}" --requests "${REQUESTS:-1000}" --warmup 50 --sample-every 100 \
+    --export-every 0.5 --out "$OUT/service-overhead-cuda.json" 2>&1 | tail -30
 }
 
 p_two_streams() {
