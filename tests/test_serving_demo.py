@@ -144,6 +144,13 @@ def _parent(span: dict[str, Any]) -> str | None:
     return next((r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"), None)
 
 
+def _zero_length_warning(span: dict[str, Any]) -> bool:
+    warnings = span["warnings"]
+    return (
+        len(warnings) == 1 and warnings[0].startswith("Negative duration") and not span["duration"]
+    )
+
+
 def _measured_steps(run_dir: Path) -> dict[int, dict[str, Any]]:
     spans = store.open_run(run_dir).spans()
     return {r["iteration"]: r for r in spans.to_pylist() if r["kind"] == "step"}
@@ -165,7 +172,11 @@ def test_each_measured_request_is_one_trace_from_http_to_onednn_with_stored_time
         services = {k: p["serviceName"] for k, p in trace["processes"].items()}
         spans = {s["spanID"]: s for s in trace["spans"]}
         assert len(spans) == len(rows) + 1  # xsp's spans and the request's own
-        assert [w for s in spans.values() for w in (s.get("warnings") or [])] == []
+        # Jaeger's only complaint: a span of zero length (a oneDNN execution shorter than its
+        # verbose clock's resolution, stored as measured) it draws 1 ns long
+        warned = {k for k, s in spans.items() if s.get("warnings")}
+        assert all(_zero_length_warning(spans[k]) for k in warned), [spans[k] for k in warned]
+        assert {int(k, 16) for k in warned} <= {i for i, r in rows.items() if r["dur_ns"] == 0}
         # the request's server span is the root; xsp's model step is its child
         (root,) = [s for s in spans.values() if not s["references"]]
         assert services[root["processID"]] == "serving-demo"
