@@ -61,8 +61,8 @@ class Calibration:
     module_ns: float | None
     source: str
     first_op_ns: float | None = None
-    #: The share of the probe's cost kept after the check against the F run's own steps
-    #: (``checked_against_own_steps``); None where the check did not apply.
+    #: The probe's cost is multiplied by this after the checks against the F run's own steps
+    #: (``checked_against_own_steps``, the replay's fit); None where neither applied.
     scale: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,7 +83,7 @@ class Calibration:
             times(self.module_ns),
             f"{self.source}; {why}",
             times(self.first_op_ns),
-            round(factor, 3),
+            round((self.scale or 1.0) * factor, 3),
         )
 
 
@@ -159,16 +159,51 @@ def checked_against_own_steps(
     )
 
 
-def host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
-    """The replay's host timeline (``_host_timeline``), once per store: the replay and each
-    what-if read the same one (never written to)."""
-    if "host_timeline" not in store.memo:
-        store.memo["host_timeline"] = _host_timeline(store)
-    found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo["host_timeline"]
+def host_timeline(
+    store: MeasurementStore, calib: Calibration | None = None
+) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+    """The replay's host timeline (``_host_timeline``), once per store and calibration (None:
+    the F run's own, checked): the replay and each what-if read the same one (never written
+    to)."""
+    memo = ("host_timeline", calib)
+    if memo not in store.memo:
+        store.memo[memo] = _host_timeline(store, calib)
+    found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo[memo]
     return found
 
 
-def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
+def own_untraced_ms(store: MeasurementStore) -> float | None:
+    """The F run's own untraced step (the median of its last warm-up steps), if it has one."""
+    _, source_of = level_sources(store)
+    source = source_of.get(schema.LEVEL_FRAMEWORK)
+    tail = untraced_steps_ms(store.runs[source].meta) if source is not None else []
+    return float(np.median(tail)) if tail else None
+
+
+def largest_cost_factor(store: MeasurementStore, calib: Calibration) -> float:
+    """The factor of ``calib`` at which the F records' cost would fill the F run's whole traced
+    step (median of its steady steps): beyond it the host would take no time at all."""
+    _, source_of = level_sources(store)
+    source = source_of.get(schema.LEVEL_FRAMEWORK)
+    if source is None or not calib.op_ns:
+        return 1.0
+    table = store.run_spans(source)
+    level = texts(table.column("level"))
+    kind = texts(table.column("kind"))
+    ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
+    steps = numbers(table.column("dur_ns"))[ok]
+    framework = level == schema.LEVEL_FRAMEWORK
+    modules = int(np.count_nonzero(framework & (kind == schema.KIND_MODULE)))
+    ops = int(np.count_nonzero(framework)) - modules
+    cost_ns = (ops * calib.op_ns + modules * (calib.module_ns or 0.0)) / max(1, len(steps))
+    if not len(steps) or cost_ns <= 0:
+        return 1.0
+    return max(1.0, float(np.median(steps[steady(steps / 1e6)])) / cost_ns)
+
+
+def _host_timeline(
+    store: MeasurementStore, given: Calibration | None
+) -> tuple[int, np.ndarray, np.ndarray, Calibration]:
     """(deep run index, each deep row's host start and end for the replay, the calibration):
     step 2 of the module's algorithm.
 
@@ -191,7 +226,7 @@ def _host_timeline(store: MeasurementStore) -> tuple[int, np.ndarray, np.ndarray
     if source is None:
         return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
     table, keys, source_parent = keyed(store, source)
-    calib = checked_against_own_steps(calib, store, source, table, deep)
+    calib = given or checked_against_own_steps(calib, store, source, table, deep)
     s_start, s_end = _debiased(table, source_parent, calib)
     level = texts(deep.column("level"))
     kind = texts(deep.column("kind"))
@@ -320,8 +355,9 @@ def _debiased(
 
     owner = owning_steps(parent, kind)
     base = before(start[owner])  # what earlier iterations' records cost
-    moved_start = start - np.round(before(start) - base).astype(np.int64)
-    moved_end = end - np.round(before(end) - base).astype(np.int64)
+    # a cost above the time the records took (a fitted one can be) stops at the step's start
+    moved_start = np.maximum(start - np.round(before(start) - base).astype(np.int64), start[owner])
+    moved_end = np.maximum(end - np.round(before(end) - base).astype(np.int64), start[owner])
     return moved_start, np.maximum(moved_end, moved_start)
 
 
@@ -357,13 +393,10 @@ def baseline(
     None without an F run or its warm-up steps."""
     _, source_of = level_sources(store)
     source = source_of.get(schema.LEVEL_FRAMEWORK)
-    if source is None:
+    untraced = own_untraced_ms(store)
+    if source is None or untraced is None:
         return None
     run = store.runs[source]
-    tail = untraced_steps_ms(run.meta)
-    if not tail:
-        return None
-    untraced = float(np.median(tail))
     # M's against the warm-up's, as M is the reference; the replay's against the warm-up's
     difference = 100.0 * (untraced - measured_ms) / measured_ms if measured_ms else None
     replay_off = 100.0 * (replayed_ms - untraced) / untraced if replayed_ms else None
