@@ -261,8 +261,8 @@ def _graph(store: MeasurementStore) -> _Graph:
 #: The replay of the F run's steps may exceed that process's own untraced steps by this share
 #: before F's cost per record is fitted to them (``_fitted_graph``).
 FIT_TOLERANCE_PCT = 1.0
-#: Bisection rounds of the fit (the factor to 1/4096 of its range).
-FIT_ROUNDS = 12
+#: Bisection rounds of the fit (the factor to 1/256 of its range).
+FIT_ROUNDS = 8
 
 
 def _fitted_graph(store: MeasurementStore) -> _Graph:
@@ -285,8 +285,10 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
         return graph
 
     def replayed(factor: float) -> tuple[_Graph, float]:
-        calib = probe if factor == 1.0 else probe.scaled(factor, "fitted")
-        fitted = graph if factor == 1.0 else _build_graph(store, calib)
+        fitted = graph
+        if factor != 1.0:  # only the host's times change with the cost
+            _, warped_start, warped_end, _ = host_timeline(store, probe.scaled(factor, "fitted"))
+            fitted = replace(graph, warped_start=warped_start, warped_end=warped_end)
         steps = _replay(store, _STEPS_ONLY, fitted).steps.to_pylist()
         return fitted, _median_steady(steps) or 0.0
 
@@ -307,8 +309,8 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     return replace(fitted, calibration=probe.scaled(high, why))
 
 
-def _build_graph(store: MeasurementStore, calib: Calibration | None = None) -> _Graph:
-    deep_index, warped_start, warped_end, calib = host_timeline(store, calib)
+def _build_graph(store: MeasurementStore) -> _Graph:
+    deep_index, warped_start, warped_end, calib = host_timeline(store)
     deep, _, parent = keyed(store, deep_index)
     start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
     dur = numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
