@@ -29,6 +29,7 @@ class ModelLevel:
     letter = "M"
 
     def __init__(self, device: str, arena: CaptureArena) -> None:
+        self._device = device
         self._sync = _synchronizer(device)
         self._arena = arena
         self._app_parents: dict[int, SpanRef] = {}
@@ -40,6 +41,7 @@ class ModelLevel:
 
     def enable(self) -> None:
         self._arena.open()
+        self._sync = _synchronizer(self._device)  # the warm-up has initialized CUDA by now
 
     def begin_iteration(self, index: int) -> None:
         if OTEL_TRACE in self._modules:  # the API is read only where the program uses it
@@ -80,8 +82,13 @@ class ModelLevel:
 
 
 def _synchronizer(device: str):  # type: ignore[no-untyped-def]
+    """The current device's synchronize, called twice a request in a service: torch's own
+    binding where it has one, without ``torch.cuda.synchronize``'s device switch (a context
+    manager built and entered each call, for a device that is already current)."""
     if device.startswith("cuda"):
         import torch
 
+        if torch.cuda.is_initialized():  # else torch's wrapper initializes it first
+            return getattr(torch._C, "_cuda_synchronize", torch.cuda.synchronize)
         return torch.cuda.synchronize
     return None  # the CPU's work is done when the call returns
