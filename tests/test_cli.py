@@ -409,6 +409,20 @@ def test_analyze_reads_at_80_columns() -> None:
     assert "20 of 158 rows shown" not in text and "30 of 158 rows shown" in text  # cut rows noted
 
 
+def test_analyze_says_what_the_tracers_cost_was_fitted_to() -> None:
+    """ResNet-50 b64 channels_last (`r50-b64-train-cl-2`): the probe's cost replayed the MF
+    process's steps 12% too slowly; the line under the replay says what was taken off instead."""
+    done = xsp("analyze", "benchmarks/data/replay-h200/r50-b64-train-cl-2")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stderr.split())  # the notes under the tables, however wrapped
+    assert "replayed step 23.625 ms against M's 23.445 ms (+0.8%)" in text
+    assert (
+        "F's cost taken off the host's times: 8.21 µs an op record, 3.157x the probe's (fitted to "
+        "within 1% of the 23.430 ms of the F process's own untraced steps, which the probe's "
+        "cost replayed to 26.319 ms)"
+    ) in text
+
+
 ENDS = """
     import os
     import signal

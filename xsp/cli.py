@@ -703,6 +703,14 @@ def _print_replay(store: Any) -> None:
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
         highlight=False,
     )
+    calib = found["calibration"]
+    if calib["scaled_to_own_steps"] is not None and calib["framework_ns_per_record"]:
+        checks = calib["source"].split("; ", 1)[-1]
+        console.print(
+            f"F's cost taken off the host's times: {calib['framework_ns_per_record'] / 1e3:.2f} µs "
+            f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
+            highlight=False,
+        )
     base = found["baseline"]
     if base is not None and not base["stable"]:
         _warn(
