@@ -67,6 +67,10 @@ class Iterations(Protocol):
 
     def boundary_changed(self) -> None: ...
 
+    def lease_to(self, lessee: Callable[[int, int, int, Any], None]) -> None: ...
+
+    def settle_leased(self, done: int, errors: list[tuple[int, str]]) -> None: ...
+
 
 class FunctionCalls:
     """Each outermost call of the function named ``MODULE.QUALNAME`` is one iteration: the
@@ -167,8 +171,11 @@ class ModelCalls:
         self._hooks, self._finder, self._root_calls, self._after_last = [], None, None, None
 
     def settle(self) -> None:
-        """At the close: a first iteration still undecided ended when the root returned (the
-        program called its model once, without an optimizer step)."""
+        """At the close: the root call's leased iterations are counted, and a first iteration
+        still undecided ended when the root returned (the program called its model once,
+        without an optimizer step)."""
+        if self._root_calls is not None:
+            self._root_calls.settle()
         if self.boundary is None and self._first_returned and self._session.is_open:
             self._decide(ROOT_MODULE_CALL)
             self._session.end_iteration()
@@ -177,7 +184,9 @@ class ModelCalls:
     def _root_found(self, root: Any) -> None:
         self._finder = None
         if self.boundary != OPTIMIZER_STEP:
-            self._root_calls = _RootCalls(root, self._root_begins, self._root_ends)
+            self._root_calls = _RootCalls(
+                root, self._root_begins, self._root_ends, self._session.settle_leased
+            )
 
     def _root_begins(self) -> None:
         session = self._session
@@ -240,6 +249,7 @@ class ModelCalls:
             self._root_calls.use(
                 session.begin_iteration, functools.partial(session.end_iteration, finish=True)
             )
+            session.lease_to(self._root_calls.lease)
         if boundary == OPTIMIZER_STEP:
             for hook in (self._root_calls, self._finder):
                 if hook is not None:
@@ -322,59 +332,48 @@ class _RootCalls:
     inside another call of it, through a ``__call__`` of the root's class (outside level F's
     wrapper of ``nn.Module.__call__``, so the root's own span falls inside the iteration).
     Other instances of the class only call through; ``remove`` puts the class back. ``use``
-    swaps the two callbacks (once the boundary is decided, the session's own markers)."""
+    swaps the two callbacks (once the boundary is decided, the session's own markers).
 
-    def __init__(self, root: Any, begins: Callable[[], None], ends: Callable[[str | None], None]):
+    The ``__call__`` is the native core's ``RootCall`` (capture.cpp): a service's every request
+    passes it. ``lease`` hands it the session's next iterations that record level M's step and
+    nothing else; it times and records those itself, without a Python frame of xsp's, and calls
+    ``settle(done, errors)`` before the next marker (``settle()`` here at the session's close)."""
+
+    def __init__(
+        self,
+        root: Any,
+        begins: Callable[[], None],
+        ends: Callable[[str | None], None],
+        settle: Callable[[int, list[tuple[int, str]]], None],
+    ):
+        from xsp.tracer.native.build import load
+
         cls = type(root)
-        own = cls.__dict__.get("__call__")
-        inside = [False]
-        self._marks: list[Any] = [begins, ends]
-        marks = self._marks
-
-        def through(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if own is not None:
-                return own(module, *args, **kwargs)
-            return super(cls, module).__call__(*args, **kwargs)  # type: ignore[misc]
-
-        # a service's every request passes here: the guards are inline, not calls
-        def root_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if module is not root or inside[0]:
-                return through(module, *args, **kwargs)
-            inside[0] = True
-            try:
-                try:
-                    marks[0]()
-                except Exception:
-                    log.exception(MARKER_FAILED)
-                try:
-                    if own is not None:
-                        output = own(module, *args, **kwargs)
-                    else:
-                        output = super(cls, module).__call__(*args, **kwargs)  # type: ignore[misc]
-                except BaseException as exc:
-                    _guarded(marks[1], _error(exc))
-                    raise
-                try:
-                    marks[1](None)
-                except Exception:
-                    log.exception(MARKER_FAILED)
-                return output
-            finally:
-                inside[0] = False
-
-        self._cls, self._own, self._wrapper = cls, own, root_call
-        cls.__call__ = root_call
+        self._cls, self._own = cls, cls.__dict__.get("__call__")
+        self._wrapper = load().RootCall(root, cls, self._own, begins, ends, _report, settle)
+        cls.__call__ = self._wrapper
 
     def use(self, begins: Callable[[], None], ends: Callable[[str | None], None]) -> None:
-        self._marks[:] = [begins, ends]
+        self._wrapper.use(begins, ends)
+
+    def lease(self, next_index: int, count: int, deadline_ns: int, sync: Any) -> None:
+        self._wrapper.lease(next_index, count, deadline_ns, sync)
+
+    def settle(self) -> None:
+        self._wrapper.settle()
 
     def remove(self) -> None:
+        self.settle()
         if self._cls.__dict__.get("__call__") is not self._wrapper:
             return
         if self._own is not None:
             self._cls.__call__ = self._own
         else:
             del self._cls.__call__
+
+
+def _report(exc: BaseException) -> None:
+    log.error(MARKER_FAILED, exc_info=exc)
 
 
 MARKER_FAILED = "xsp: automatic iteration marker failed"

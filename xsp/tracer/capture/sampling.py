@@ -48,6 +48,11 @@ class SamplingPolicy:
         self.sampled += 1
         return True
 
+    def unsampled_from(self, index: int) -> int | None:
+        """How many iterations from ``index`` on are not sampled, whenever they begin (None: the
+        policy also decides by time)."""
+        return None if self._gap_ns else (-index) % self.every
+
     def describe(self) -> dict[str, float | int | None]:
         """As run.json keeps it."""
         return {

@@ -42,6 +42,7 @@ from xsp.tracer import schema, store
 from xsp.tracer.capture import graphs
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
+from xsp.tracer.capture.context import OTEL_TRACE
 from xsp.tracer.capture.levels import (
     Level,
     LevelContext,
@@ -49,6 +50,7 @@ from xsp.tracer.capture.levels import (
     check_levels,
     level_environment,
 )
+from xsp.tracer.capture.levels.model import ModelLevel
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.capture.warmup import WarmupClock
@@ -74,6 +76,8 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[str, int, int], None]  # (phase, done, total)
 #: A continuous session reports its measured iterations at most this often.
 PROGRESS_EVERY_S = 0.5
+#: A lease of a session with no sampled level: its deadline ends it first.
+LEASE_WITHOUT_SAMPLING = 1 << 40
 
 _current: Session | None = None
 
@@ -301,6 +305,8 @@ class Session:
         self._marker_levels: list[Level] = []
         self._marker_levels_reversed: list[Level] = []
         self._due = 0.0
+        #: the root call's ``lease`` (``lease_to``): iterations it records without the markers
+        self._lessee: Callable[[int, int, int, Any], None] | None = None
         self._exporter: BatchExporter | None = None
         self._batch = 0  # batches submitted
         self._batch_started = 0.0
@@ -442,6 +448,8 @@ class Session:
                 self._steady_check()
                 if finish:
                     self.finish_if_done()
+            if self._lessee is not None and self._steady:
+                self._lease()
             return
         if self.measuring:
             measured = self._index - self.warmup
@@ -519,6 +527,38 @@ class Session:
             due = min(due, self._progress_at + PROGRESS_EVERY_S)
         self._due = due
         self._mark_levels()
+
+    def lease_to(self, lessee: Callable[[int, int, int, Any], None]) -> None:
+        """Where the next iterations may be lent: ``lessee(next measured index, how many,
+        monotonic deadline in ns, the device sync)`` records them itself (``_lease``)."""
+        self._lessee = lessee
+
+    def _lease(self) -> None:
+        """Lend the root call the next iterations that would record level M's step and nothing
+        else: its sampled levels off (or none), no application span to join (the program has
+        not imported OpenTelemetry), M's markers the only ones. Up to the next sampled one, and
+        until the next thing due (a progress line, a batch, the duration's end): the root call
+        comes back through the markers then, which first count what it recorded
+        (``settle_leased``)."""
+        if len(self._marker_levels) != 1 or OTEL_TRACE in sys.modules:
+            return
+        (model,) = self._marker_levels
+        if not isinstance(model, ModelLevel) or self._lessee is None:
+            return
+        measured = self._index - self.warmup  # the next iteration's
+        if any(hasattr(level, "sample") for level in self._levels):
+            count = self._policy.unsampled_from(measured)
+        else:
+            count = LEASE_WITHOUT_SAMPLING
+        if count:
+            self._lessee(measured, count, int(self._due * 1e9), model.sync)
+
+    def settle_leased(self, done: int, errors: list[tuple[int, str]]) -> None:
+        """The iterations the root call recorded on its lease since the last marker: ``done``
+        of them; ``errors`` for those that raised (measured index, "Type: message")."""
+        self._index += done
+        for index, error in errors:
+            self._failures[index] = error
 
     def _mark_levels(self) -> None:
         """The levels that get the iteration markers: all of them while the levels below M

@@ -60,6 +60,11 @@ class ModelLevel:
     def disable(self) -> None:
         pass
 
+    @property
+    def sync(self) -> Any:
+        """The device's synchronize, or None (the CPU)."""
+        return self._sync
+
     def handover(self) -> BatchDrain:
         """A continuous session's batch boundary (``FrameworkLevel.handover``): the drain of this
         batch's iterations, run later on the exporter's thread, with their application spans."""
