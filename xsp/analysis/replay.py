@@ -274,10 +274,10 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     warm-up steps with the probe's 2.6 µs a record, its forward ops 35% slower in two of three
     traced steps). Where the replay of the F run's steps exceeds that process's own untraced
     steps by more than ``FIT_TOLERANCE_PCT``, the cost is raised, by bisection, to the least at
-    which it does so no more: never lowered (a GPU-bound step's replay cannot fall below its GPU work,
-    whatever the host's speed), and left as the probe measured it where even a host that takes
-    no time replays too slowly (the GPU side is then off, and ``baseline`` says so). M is not
-    read, so the check against M stays free of it."""
+    which it does so no more: never lowered (a GPU-bound step's replay cannot fall below its GPU
+    work, whatever the host's speed), and left as the probe measured it where even a host that
+    takes no time replays too slowly (the GPU side is then off, and ``baseline`` says so). M is
+    not read, so the check against M stays free of it."""
     graph = _build_graph(store)
     untraced = own_untraced_ms(store)
     probe = graph.calibration
@@ -293,7 +293,8 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
         return fitted, _median_steady(steps) or 0.0
 
     target = untraced * (1 + FIT_TOLERANCE_PCT / 100)
-    if replayed(1.0)[1] <= target:
+    _, with_probe = replayed(1.0)
+    if with_probe <= target:
         return graph
     low, high = 1.0, largest_cost_factor(store, probe)
     if replayed(high)[1] > target:
@@ -304,7 +305,7 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     fitted, _ = replayed(high)
     why = (
         f"fitted to within {FIT_TOLERANCE_PCT:g}% of the {untraced:.3f} ms of the F process's own "
-        f"untraced steps, which the probe's cost replayed to {replayed(1.0)[1]:.3f} ms"
+        f"untraced steps, which the probe's cost replayed to {with_probe:.3f} ms"
     )
     return replace(fitted, calibration=probe.scaled(high, why))
 
