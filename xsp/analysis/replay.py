@@ -219,6 +219,28 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
     return times - np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
 
 
+def _cut_per_step(
+    warped_start: np.ndarray,
+    warped_end: np.ndarray,
+    cut: np.ndarray,
+    owner: np.ndarray,
+    steps: np.ndarray,
+    members: list[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The host timeline with the ``cut`` spans' time taken out, each step by its own cuts (its
+    untraced gaps too): the ranks of an iteration share a clock, and one rank's cut is no other
+    rank's time. Each step keeps its start."""
+    out_start, out_end = warped_start.copy(), warped_end.copy()
+    for step, rows in zip(steps.tolist(), members, strict=True):
+        mine = np.nonzero(cut & (owner == step))[0]
+        if not len(mine):
+            continue
+        cut_start, cut_end = warped_start[mine], warped_end[mine]
+        out_start[rows] = _without(warped_start[rows], cut_start, cut_end)
+        out_end[rows] = _without(warped_end[rows], cut_start, cut_end)
+    return out_start, out_end
+
+
 @dataclass(frozen=True)
 class _Graph:
     """What every replay of a store shares (steps 1 and 2): the deep run's spans as arrays, each
@@ -394,12 +416,10 @@ def _replay(
         latency, gap = latency.copy(), gap.copy()
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
     if edit is not None and edit.drop_host is not None:
-        cut = np.nonzero(~gpu & edit.drop_host(deep))[0]  # a step's own: its untraced gaps too
-        cut_start, cut_end = warped_start[cut], warped_end[cut]
-        anchor = start[owner]  # each step keeps its start: earlier steps' cuts are not its own
-        earlier = anchor - _without(anchor, cut_start, cut_end)
-        warped_start = _without(warped_start, cut_start, cut_end) + earlier
-        warped_end = _without(warped_end, cut_start, cut_end) + earlier
+        cut = ~gpu & edit.drop_host(deep)
+        warped_start, warped_end = _cut_per_step(
+            warped_start, warped_end, cut, owner, steps, g.members
+        )
     warped_dur = warped_end - warped_start
     out_start = start.copy()
     out_dur = dur.copy()
