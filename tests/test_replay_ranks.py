@@ -1,6 +1,8 @@
 """The replay across ranks (issue 25, "collectives, where ranks exist"): a collective on a rank
 completes once every rank has arrived, plus its own transfer. Specified here, worked out by hand;
-the replay does not link ranks yet, so these are expected failures until it does."""
+the replay does not link ranks yet, so the first two are expected failures until it does (strict:
+they fail once it does, to be turned into plain tests). The third holds today: a what-if on one
+rank leaves the other rank's own times."""
 
 from __future__ import annotations
 
@@ -97,3 +99,28 @@ def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
     # completes at max(3,000, 3,050) + 1,000 = 4,050, its add ends 4,550, its step 4,650 - 1,000;
     # rank 1 completes at max(3,000, 1,650) + 1,000 = 4,000, add to 4,500, step 4,600 - 1,500
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.00365, 0.0031])
+
+
+def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) -> None:
+    """The ranks of an iteration share one clock: cutting rank 1's mm (1,600-5,000 ns) takes
+    3,400 ns off rank 1's host timeline and none off rank 0's, whose mm (1,100-3,000) ran over
+    the same time (cut from every step, it lost 1,400 ns of its 1,900). Rank 1's add then
+    starts 3,400 ns earlier."""
+    from xsp.analysis.replay import WhatIf, _replay
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(_measurement(tmp_path))
+
+    def rank_1_mm(spans):  # type: ignore[no-untyped-def]
+        names = np.asarray(spans.column("name").to_pylist(), dtype=object)
+        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
+        return (names == "aten::mm") & (ranks == 1)
+
+    plain = _replay(measurement)
+    edited = _replay(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
+    names = np.asarray(plain.spans.column("name").to_pylist(), dtype=object)
+    ranks = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())
+    (mm_0,) = np.nonzero((names == "aten::mm") & (ranks == 0))[0]
+    (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
+    assert (edited.start_ns[mm_0], edited.dur_ns[mm_0]) == (plain.start_ns[mm_0], 1900)
+    assert plain.start_ns[add_1] - edited.start_ns[add_1] == 3400

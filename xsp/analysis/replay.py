@@ -33,7 +33,8 @@ run that measures it:
    the step gets one cause: GPU compute, host work, launch overhead (launch calls), sync (a
    sync's return after the GPU finished), data loading or communication.
 5. **What-if** (``WhatIf``, ``what_if``). A fix is an edit of the graph, replayed: activities that
-   take no time, host spans whose time leaves the host's clock, or every activity launched at
+   take no time, host spans whose time leaves their own step's host clock (another rank's
+   step, on the same clock, keeps its times), or every activity launched at
    the step's start; the suggestions' gains are the replayed step less the edited one.
 """
 
@@ -220,19 +221,14 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
 
 
 def _cut_per_step(
-    warped_start: np.ndarray,
-    warped_end: np.ndarray,
-    cut: np.ndarray,
-    owner: np.ndarray,
-    steps: np.ndarray,
-    members: list[np.ndarray],
+    warped_start: np.ndarray, warped_end: np.ndarray, cut: np.ndarray, members: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """The host timeline with the ``cut`` spans' time taken out, each step by its own cuts (its
     untraced gaps too): the ranks of an iteration share a clock, and one rank's cut is no other
     rank's time. Each step keeps its start."""
     out_start, out_end = warped_start.copy(), warped_end.copy()
-    for step, rows in zip(steps.tolist(), members, strict=True):
-        mine = np.nonzero(cut & (owner == step))[0]
+    for rows in members:  # each step's rows
+        mine = rows[cut[rows]]
         if not len(mine):
             continue
         cut_start, cut_end = warped_start[mine], warped_end[mine]
@@ -417,9 +413,7 @@ def _replay(
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
     if edit is not None and edit.drop_host is not None:
         cut = ~gpu & edit.drop_host(deep)
-        warped_start, warped_end = _cut_per_step(
-            warped_start, warped_end, cut, owner, steps, g.members
-        )
+        warped_start, warped_end = _cut_per_step(warped_start, warped_end, cut, g.members)
     warped_dur = warped_end - warped_start
     out_start = start.copy()
     out_dur = dur.copy()
