@@ -124,3 +124,16 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
     (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
     assert (edited.start_ns[mm_0], edited.dur_ns[mm_0]) == (plain.start_ns[mm_0], 1900)
     assert plain.start_ns[add_1] - edited.start_ns[add_1] == 3400
+
+
+def test_each_ranks_step_is_set_against_its_own_m_step(tmp_path: Path) -> None:
+    """M measured 5,600 ns on rank 0 and 5,150 on rank 1 in iteration 0: each rank's replayed
+    step is set against its own, and M's median is over both (5,375 ns). Keyed by iteration
+    alone, rank 1's step had overwritten rank 0's (both read 5,150 ns)."""
+    from xsp.analysis.replay import replay
+    from xsp.analysis.store import MeasurementStore
+
+    summary = replay(MeasurementStore(_measurement(tmp_path))).summary()
+    rows = summary["iterations"]
+    assert [r["measured_ms"] for r in rows] == pytest.approx([0.0056, 0.00515])
+    assert summary["measured_step_ms"] == pytest.approx(0.005375)

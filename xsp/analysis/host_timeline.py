@@ -320,11 +320,13 @@ def _host_length_from_m(
         return end.copy()
     kind = texts(deep.column("kind"))
     iteration = numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False)
+    rank = step_ranks(deep)
     start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
     median = float(np.median(list(measured.values())))
     out = end.copy()
     for row in np.nonzero(kind == schema.KIND_STEP)[0]:
-        out[row] = start[row] + round(measured.get(int(iteration[row]), median) * 1e6)
+        key = (int(iteration[row]), int(rank[row]))
+        out[row] = start[row] + round(measured.get(key, median) * 1e6)
     return out
 
 
@@ -417,8 +419,18 @@ def owning_steps(parent: np.ndarray, kind: np.ndarray) -> np.ndarray:
     return roots(np.where(kind == schema.KIND_STEP, -1, parent))
 
 
-def measured_steps(store: MeasurementStore, deep_index: int) -> tuple[dict[int, float], str | None]:
-    """Each iteration's step (ms) in the shallowest run, if it is not the deep run itself."""
+def step_ranks(table: pa.Table) -> np.ndarray:
+    """Each row's rank (-1: a single-rank run's)."""
+    if "rank" not in table.column_names:
+        return np.full(table.num_rows, -1, dtype=np.int64)
+    return numbers(table.column("rank"), null=-1).astype(np.int64, copy=False)
+
+
+def measured_steps(
+    store: MeasurementStore, deep_index: int
+) -> tuple[dict[tuple[int, int], float], str | None]:
+    """Each step (ms) of the shallowest run by (iteration, rank), if that run is not the deep
+    run itself: a multi-rank iteration has a step on each rank."""
     runs = sorted(enumerate(store.runs), key=lambda item: len(item[1].levels))
     index, run = runs[0]
     if index == deep_index:
@@ -427,9 +439,13 @@ def measured_steps(store: MeasurementStore, deep_index: int) -> tuple[dict[int, 
     kind = texts(table.column("kind"))
     ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
     iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
+    rank = step_ranks(table)
     dur = numbers(table.column("dur_ns")).astype(np.int64, copy=False)
     rows = np.nonzero(ok)[0]
     keep = steady(dur[rows] / 1e6)
-    return {int(iteration[r]): dur[r] / 1e6 for r, k in zip(rows, keep, strict=True) if k}, (
-        run.levels
-    )
+    found = {
+        (int(iteration[r]), int(rank[r])): dur[r] / 1e6
+        for r, k in zip(rows, keep, strict=True)
+        if k
+    }
+    return found, run.levels

@@ -56,6 +56,7 @@ from xsp.analysis.host_timeline import (
     own_untraced_ms,
     owning_steps,
     steady,
+    step_ranks,
 )
 from xsp.analysis.matching import keyed, tree_depths
 from xsp.analysis.store import MeasurementStore, text_in, texts
@@ -446,7 +447,7 @@ def _replay(
             path_rows, path_ns = sim.critical_path()
             charged_rows.append(path_rows)
             charged_ns.append(path_ns)
-    iteration = g.iteration
+    iteration, rank = g.iteration, step_ranks(deep)
     measured, measured_run = measured_steps(store, g.deep_index)
     # against M's median: the iterations of different processes do not pair up
     measured_ms = float(np.median(list(measured.values()))) if measured else None
@@ -460,7 +461,7 @@ def _replay(
             {
                 "iteration": it,
                 "replayed_ms": replayed,
-                "measured_ms": measured.get(it),
+                "measured_ms": measured.get((it, int(rank[step]))),
                 "deep_ms": float(deep_ms[position]),
                 "error_pct": 100.0 * (replayed - measured_ms) / measured_ms
                 if measured_ms
