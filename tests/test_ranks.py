@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
@@ -192,7 +193,11 @@ def test_communication_overlaps_computation_per_rank(tmp_path: Path) -> None:
     assert {r["source"] for r in rows} == {"host spans"}
 
 
-def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
+def test_each_rank_is_replayed_from_where_the_deep_run_measured_it(tmp_path: Path) -> None:
+    """The reconstruction is the replay's for a multi-rank job too: each rank's step from where
+    MF measured it (the ranks share that run's clock, on which their collectives' arrivals are
+    compared), the iteration spanning both. No calibration and no collective wait that moves
+    (neither rank's thread waits for its all-reduce inside the step): MF's own times."""
     from xsp.analysis.distributed import rank_summary
     from xsp.analysis.reconstruct import reconstruct
     from xsp.analysis.store import MeasurementStore
@@ -202,9 +207,9 @@ def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
     assert mismatches.num_rows == 0
     rows = {(r["kind"], r["rank"]): r for r in spans.to_pylist()}
     root = rows[("iteration", None)]
-    assert (root["start_ns"], root["dur_ns"]) == (1000, 7200)  # MF's start, M's duration
-    assert (rows[("step", 0)]["start_ns"], rows[("step", 0)]["dur_ns"]) == (1000, 6000)
-    assert (rows[("step", 1)]["start_ns"], rows[("step", 1)]["dur_ns"]) == (1200, 7000)
+    assert (root["start_ns"], root["dur_ns"]) == (1000, 8500)
+    assert (rows[("step", 0)]["start_ns"], rows[("step", 0)]["dur_ns"]) == (1000, 8000)
+    assert (rows[("step", 1)]["start_ns"], rows[("step", 1)]["dur_ns"]) == (1500, 8000)
     by_id = {r["span_id"]: r for r in spans.to_pylist()}
     for row in by_id.values():
         up = by_id.get(row["parent_span_id"])
@@ -216,7 +221,7 @@ def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
             "rank": 0,
             "iterations": 1,
             "step_median_ms": 0.006,
-            "reconstructed_step_median_ms": 0.006,
+            "reconstructed_step_median_ms": 0.008,
             "collectives_per_iteration": 1.0,
             "straggler_count": 0,
             "wait_ms_per_iteration": pytest.approx(0.002),
@@ -225,7 +230,7 @@ def test_each_rank_is_reconstructed_where_m_measured_it(tmp_path: Path) -> None:
             "rank": 1,
             "iterations": 1,
             "step_median_ms": 0.007,
-            "reconstructed_step_median_ms": 0.007,
+            "reconstructed_step_median_ms": 0.008,
             "collectives_per_iteration": 1.0,
             "straggler_count": 1,
             "wait_ms_per_iteration": 0.0,
@@ -682,3 +687,34 @@ def test_a_failing_rank_fails_the_job_and_every_rank_keeps_what_it_recorded(
         (1, 2),
     ]
     assert run.spans().num_rows == 7 + 4  # the steps and a root per iteration
+
+
+def test_the_joined_run_carries_the_ranks_calibration_and_warm_up_steps() -> None:
+    """What the replay reads of a level set's process, for a job: F's cost per record as the
+    ranks' median and the untraced warm-up steps step by step (the ranks end theirs together at
+    their collectives); each rank keeps its own under ``ranks``."""
+    from xsp.tracer.run.ranks import _process_figures, _rank_entry
+
+    def meta(op: float, module: float, steps: list[float], settled: bool) -> dict[str, Any]:
+        calibration = {"framework_ns_per_record": op, "module_ns_per_call": module}
+        return {
+            "calibration": {**calibration, "device": "cpu"},
+            "warmup_steps_ms": steps,
+            "warmup_settled": settled,
+        }
+
+    ranks = [
+        meta(900.0, 1000.0, [8.0, 4.0, 4.2], True),
+        meta(1000.0, 1200.0, [9.0, 4.4, 4.0], False),
+    ]
+    joined = _process_figures(ranks)
+    assert joined["calibration"] == {
+        "framework_ns_per_record": 950.0,
+        "module_ns_per_call": 1100.0,
+        "device": "cpu",
+        "ranks": 2,
+    }
+    assert joined["warmup_steps_ms"] == [8.5, 4.2, 4.1]
+    assert joined["warmup_settled"] is False
+    assert _rank_entry(1, ranks[1])["calibration"]["framework_ns_per_record"] == 1000.0
+    assert "calibration" not in _process_figures([{}, {}])

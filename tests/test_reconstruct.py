@@ -15,8 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tests.fixtures import write_run
-from xsp.analysis.lanes import LaneReport, layout_lane
-from xsp.analysis.reconstruct import level_overhead, reconstruct, reconstruct_with_report
+from xsp.analysis.reconstruct import level_overhead, reconstruct
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
 
@@ -115,22 +114,6 @@ def test_the_reconstruction_is_a_trace_of_its_own(measurement: MeasurementStore)
     assert again.column("trace_id").to_pylist() == rebuilt
 
 
-def test_a_lane_that_cannot_fit_is_pushed_back_from_the_step_end() -> None:
-    """Step [0, 10]; kernels of 3 and 4 ns measured at offsets 0 and 5 (gap 2). Launches at 0 and
-    5 leave room with the gap scaled: f * 2 + 7 <= 10 holds for f = 1. Launches at 0 and 8 do not
-    (8 + 4 > 10 even gapless): the second kernel is pushed back to [6, 10] and counted as starting
-    before its launch call."""
-    report = LaneReport()
-    offsets, dur = np.array([0, 5]), np.array([3, 4])
-    start, kept = layout_lane(0, 10, offsets, dur, np.array([0, 5]), report)
-    assert start.tolist() == [0, 5] and kept.tolist() == [3, 4]
-    start, kept = layout_lane(0, 10, offsets, dur, np.array([0, 8]), report)
-    assert start.tolist() == [0, 6] and report.launch_violations == 1
-    # 12 ns of work in a 10 ns step: durations shrink in proportion (floor), gapless
-    start, kept = layout_lane(0, 10, offsets, np.array([6, 6]), np.array([0, 0]), report)
-    assert kept.tolist() == [5, 5] and start.tolist() == [0, 5] and report.scaled_lanes == 1
-
-
 def test_overhead_per_level_matches_what_was_injected(measurement: MeasurementStore) -> None:
     table = {(r["level"], r["run"]): r for r in level_overhead(measurement).to_pylist()}
     assert table[("model", "MF")]["trimmed_mean_added_ms"] == pytest.approx(2.0)
@@ -166,7 +149,7 @@ def test_reconstructed_gpu_timelines_are_consistent(
     """On real H200 measurements: every span inside its step, no two activities of a stream
     overlapping, every stream's GPU time the G run's, and trace ids of the reconstruction's own."""
     store = MeasurementStore(DATA / measurement)
-    rebuilt, mismatches, lanes = reconstruct_with_report(store)
+    rebuilt, mismatches = reconstruct(store)
     assert mismatches.num_rows == 0
     if spans is not None:
         assert rebuilt.num_rows == spans
@@ -193,5 +176,4 @@ def test_reconstructed_gpu_timelines_are_consistent(
         d for d, lv in zip(measured["dur_ns"], measured["level"], strict=True) if lv == "gpu"
     )
     assert int(np.asarray(rows["dur_ns"])[gpu].sum()) == measured_gpu
-    assert lanes.scaled_lanes == 0
     assert set(rows["trace_id"]).isdisjoint(store.table.column("trace_id").to_pylist())

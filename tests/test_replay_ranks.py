@@ -1,8 +1,6 @@
 """The replay across ranks (issue 25, "collectives, where ranks exist"): a collective on a rank
-completes once every rank has arrived, plus its own transfer. Specified here, worked out by hand;
-the replay does not link ranks yet, so the first two are expected failures until it does (strict:
-they fail once it does, to be turned into plain tests). The third holds today: a what-if on one
-rank leaves the other rank's own times."""
+completes once every rank has arrived, plus its own transfer (``xsp.analysis.replay_collectives``).
+Worked out by hand on a two-rank gloo store."""
 
 from __future__ import annotations
 
@@ -68,7 +66,6 @@ def _measurement(root: Path) -> Path:
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: collectives are not edges of the replay yet")
 def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
     from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
@@ -82,7 +79,6 @@ def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25: collectives are not edges of the replay yet")
 def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
     from xsp.analysis.replay import WhatIf, _replay
     from xsp.analysis.store import MeasurementStore
@@ -105,7 +101,8 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
     """The ranks of an iteration share one clock: cutting rank 1's mm (1,600-5,000 ns) takes
     3,400 ns off rank 1's host timeline and none off rank 0's, whose mm (1,100-3,000) ran over
     the same time (cut from every step, it lost 1,400 ns of its 1,900). Rank 1's add then
-    starts 3,400 ns earlier."""
+    starts 2,050 ns earlier, not 3,400: its all-reduce now waits for rank 0, which arrives at
+    3,000, and ends 1,000 ns later, at 4,000 (was 6,050)."""
     from xsp.analysis.replay import WhatIf, _replay
     from xsp.analysis.store import MeasurementStore
 
@@ -123,7 +120,26 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
     (mm_0,) = np.nonzero((names == "aten::mm") & (ranks == 0))[0]
     (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
     assert (edited.start_ns[mm_0], edited.dur_ns[mm_0]) == (plain.start_ns[mm_0], 1900)
-    assert plain.start_ns[add_1] - edited.start_ns[add_1] == 3400
+    assert (plain.start_ns[add_1], edited.start_ns[add_1]) == (6050, 4000)
+
+
+def test_each_rank_takes_only_its_own_records_cost_off_its_times(tmp_path: Path) -> None:
+    """Each rank's process paid for its own F records: at 100 ns a record (half at its start,
+    half at its end), rank 1's add ends at 6,200 ns, 350 ns earlier (its mm, its call, its gloo
+    range and its own start before it), not at 5,800 (with rank 0's four records too, which ran
+    over the same time on the shared clock)."""
+    from xsp.analysis.host_timeline import Calibration, host_timeline
+    from xsp.analysis.matching import keyed
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(_measurement(tmp_path))
+    deep_index, _, end, _ = host_timeline(measurement, Calibration(100.0, 100.0, "a test"))
+    deep, _, _ = keyed(measurement, deep_index)
+    names = np.asarray(deep.column("name").to_pylist(), dtype=object)
+    ranks = np.asarray(deep.column("rank").fill_null(-1).to_pylist())
+    (add_0,) = np.nonzero((names == "aten::add") & (ranks == 0))[0]
+    (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
+    assert (int(end[add_0]), int(end[add_1])) == (6150, 6200)
 
 
 def test_each_ranks_step_is_set_against_its_own_m_step(tmp_path: Path) -> None:
@@ -137,3 +153,70 @@ def test_each_ranks_step_is_set_against_its_own_m_step(tmp_path: Path) -> None:
     rows = summary["iterations"]
     assert [r["measured_ms"] for r in rows] == pytest.approx([0.0056, 0.00515])
     assert summary["measured_step_ms"] == pytest.approx(0.005375)
+
+
+#: A real two-rank gloo DDP job on the dev machine's CPU (benchmarks/workloads/ddp_gloo_straggler.py,
+#: M,MF, 20 iterations): rank 1 computes twice as much, so rank 0 waits in both all-reduces.
+GLOO = Path(__file__).parent / "data" / "ddp_gloo_2rank_cpu"
+
+
+def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measurement() -> None:
+    """With no cost taken off the host, the replay of each rank's 20 steps is MF's own, to the
+    nanosecond, its collectives linked: 2 all-reduces a step, each seen on both ranks, and 64
+    host waits for them. (Before the steps ended at their markers, each replayed step was
+    30-460 µs long by what the optimizer's range, and in one step a gloo range, outlasted it.)"""
+    from dataclasses import replace
+
+    from xsp.analysis.host_timeline import Calibration, host_timeline
+    from xsp.analysis.replay import _STEPS_ONLY, _graph, _replay
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(GLOO)
+    graph = _graph(measurement)
+    found = graph.collectives
+    assert (len(found.work), len(set(found.group.tolist())), int((found.group < 0).sum())) == (
+        80,
+        40,
+        0,
+    )
+    assert sum(len(waits) for waits in found.waits.values()) == 64
+    _, start, end, _ = host_timeline(measurement, Calibration(0.0, 0.0, "no cost"))
+    steps = _replay(
+        measurement, _STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
+    ).steps
+    assert steps.num_rows == 40
+    assert steps.column("replayed_ms").to_pylist() == steps.column("deep_ms").to_pylist()
+
+
+def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
+    """Rank 0 waits for rank 1 a median 1.483 ms a step, rank 1 for nobody. Were rank 1's backward
+    free, rank 0's median step would fall from 5.891 to 5.346 ms (it waits less) and rank 1's
+    only from 5.710 to 4.830 ms (it now waits for rank 0): each rank replayed alone, rank 1's
+    fell to 4.261 ms."""
+    from xsp.analysis.replay import WhatIf, _replay, replay
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(GLOO)
+    plain = replay(measurement)
+    waits: dict[int, list[int]] = {}
+    for row in plain.summary()["collective_waits"]:
+        waits.setdefault(row["rank"], []).append(row["wait_ns"])
+    assert {rank: float(np.median(ns)) for rank, ns in waits.items()} == {0: 1483037.0, 1: 0.0}
+
+    def rank_1_backward(spans):  # type: ignore[no-untyped-def]
+        kinds = np.asarray(spans.column("kind").to_pylist(), dtype=object)
+        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
+        return (kinds == "backward") & (ranks == 1)
+
+    edited = _replay(
+        measurement, WhatIf("rank 1's backward takes no time", drop_host=rank_1_backward)
+    )
+    step_rank = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())[
+        np.nonzero(np.asarray(plain.spans.column("kind").to_pylist(), dtype=object) == "step")[0]
+    ]
+
+    def median(result, rank):  # type: ignore[no-untyped-def]
+        return float(np.median(np.asarray(result.steps.column("replayed_ms"))[step_rank == rank]))
+
+    assert (median(plain, 0), median(edited, 0)) == pytest.approx((5.891, 5.346), abs=1e-3)
+    assert (median(plain, 1), median(edited, 1)) == pytest.approx((5.710, 4.830), abs=1e-3)

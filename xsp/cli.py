@@ -598,7 +598,7 @@ def analyze(
     import pyarrow.compute as pc
 
     from xsp.analysis.catalog import sections
-    from xsp.analysis.reconstruct import reconstruct_with_report
+    from xsp.analysis.reconstruct import reconstruct
 
     if report is not None:
         from xsp.tracer.store import check_output
@@ -606,14 +606,14 @@ def analyze(
         check_output(report)  # before the work: never over the store's own files
     store = _open_store(run_dir)
     store.require_spans()
-    spans, mismatches, lanes = reconstruct_with_report(store)
+    spans, mismatches = reconstruct(store)
     complete = pc.and_(pc.equal(spans.column("kind"), "step"), pc.is_null(spans["status_message"]))
     steps = spans.filter(complete).column("dur_ns")  # failed and cut-short ones left out
     median_ms = pc.approximate_median(steps).as_py() / 1e6 if len(steps) else None
     if save_reconstruction:
         _save_reconstruction(run_dir, store, spans)
     if as_json:
-        _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, lanes, store)
+        _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, store)
     else:
         _print_summary(run_dir, store)
         if median_ms is not None:
@@ -640,9 +640,8 @@ def analyze(
 
 
 def _print_json(
-    run_dir: Path, spans: int, median_ms: float | None, mismatches: int, lanes: Any, store: Any
+    run_dir: Path, spans: int, median_ms: float | None, mismatches: int, store: Any
 ) -> None:
-    import dataclasses
     import json
     import math
 
@@ -670,7 +669,6 @@ def _print_json(
             "spans": spans,
             "model_latency_median_ms": median_ms,
             "spans_without_counterpart": mismatches,
-            "gpu_lanes": dataclasses.asdict(lanes),
             "replay": _replay_summary(store),
         },
         "analyses": analyses,
@@ -678,12 +676,11 @@ def _print_json(
     click.echo(json.dumps(document, indent=1, default=str))
 
 
-def _replay_summary(store: Any) -> dict[str, Any] | None:
-    """The replay's check against M (``reconstruction.replay``); None for a multi-rank job."""
-    from xsp.analysis import distributed
+def _replay_summary(store: Any) -> dict[str, Any]:
+    """The replay's check against M (``reconstruction.replay``)."""
     from xsp.analysis.replay import replay
 
-    return None if distributed.is_multi_rank(store) else replay(store).summary()
+    return replay(store).summary()
 
 
 def _print_replay(store: Any) -> None:
@@ -709,6 +706,21 @@ def _print_replay(store: Any) -> None:
         console.print(
             f"F's cost taken off the host's times: {calib['framework_ns_per_record'] / 1e3:.2f} µs "
             f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
+            highlight=False,
+        )
+    import statistics
+
+    waits: dict[int, list[int]] = {}
+    for row in found["collective_waits"]:
+        waits.setdefault(row["rank"], []).append(row["wait_ns"])
+    if waits:
+        each = ", ".join(
+            f"rank {rank} {statistics.median(ns) / 1e6:.3f} ms"
+            for rank, ns in sorted(waits.items())
+        )
+        console.print(
+            f"collectives replayed across ranks; each rank's wait for the last to arrive, median "
+            f"a step: {each}",
             highlight=False,
         )
     base = found["baseline"]

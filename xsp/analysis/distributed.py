@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.kernels import union_length
-from xsp.analysis.reconstruct import reconstruct_with_report
+from xsp.analysis.reconstruct import reconstruct
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer import schema
 from xsp.tracer.convert.intervals import find_rows
@@ -249,7 +249,7 @@ def rank_summary(store: MeasurementStore) -> pa.Table:
              AND run_index = (SELECT arg_min(run_index, length(levels)) FROM spans)
            GROUP BY rank"""
     ).to_pylist()
-    rebuilt = reconstruct_with_report(store)[0]
+    rebuilt = reconstruct(store)[0]
     steps = rebuilt.filter(
         pc.and_(
             pc.equal(rebuilt.column("kind"), schema.KIND_STEP),

@@ -10,13 +10,13 @@ Algorithm:
    is reported as a mismatch (a structure that differs between runs is reported, not guessed).
 3. Timing: the replay's (``xsp.analysis.replay``): host spans on the F run's timeline less the
    tracer's calibrated cost, activities run on their streams once launched, syncs wait for them,
-   and the step ends when host and GPU are done; so no activity starts before its launch. A
-   multi-rank job keeps the older layout (``xsp.analysis.lanes``: gaps shrink to fit M's step).
+   a rank's collective ends once the last rank has arrived, and the step ends when host and GPU
+   are done; so no activity starts before its launch.
 4. Hardware counters (the counter run, level set MH) join the kernels by structure too, as
    ``hw_*`` columns (``xsp.analysis.counters``); the counter run's own times are never used.
-5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, so each
-   rank's step is laid out as a root of its own, placed where the M run measured it from the
-   iteration's start, its subtree moved with it; the iteration keeps M's duration.
+5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, each
+   replayed from where the deep run measured it (the ranks share a clock there, which their
+   collectives' arrivals are compared on); the iteration spans its ranks' replayed steps.
 6. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
    and the iteration, and a span's id is its structural key, so it never merges with a measured
    trace and two reconstructions of one measurement agree.
@@ -31,8 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.counters import counter_columns
-from xsp.analysis.lanes import LaneReport, layout_host, layout_lane
-from xsp.analysis.matching import keyed, level_sources, roots
+from xsp.analysis.matching import keyed, level_sources
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.tracer import schema
@@ -42,54 +41,38 @@ from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
-    """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration)."""
-    spans, mismatches, _ = reconstruct_with_report(store)
-    return spans, mismatches
-
-
-def reconstruct_with_report(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
-    """``reconstruct``, plus what the GPU-lane layout had to give up; computed once per store
-    (the report, the suggestions and ``--json`` all read it)."""
+    """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration);
+    computed once per store (the report, the multi-rank analyses and ``--json`` all read it)."""
     if "reconstruction" not in store.memo:
         store.memo["reconstruction"] = _reconstruct(store)
-    return store.memo["reconstruction"]
+    found: tuple[pa.Table, pa.Table] = store.memo["reconstruction"]
+    return found
 
 
-def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneReport]:
+def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     runs, source_of = level_sources(store)
     deepest_index = runs[-1][0]
     deep, key, parent = keyed(store, deepest_index)
     level = texts(deep.column("level"))
-    dur = np.asarray(deep.column("dur_ns"), dtype=np.int64)
-    new_dur = dur.copy()
-    missing = np.zeros(len(dur), dtype=bool)
+    missing = np.zeros(deep.num_rows, dtype=bool)
     spans = deep
     for name, source in source_of.items():
         rows = np.nonzero(level == name)[0]
         table, keys, _ = keyed(store, source)
         found = find_rows(keys, key[rows])
         missing[rows] = found < 0
-        source_dur = np.asarray(table.column("dur_ns"), dtype=np.int64)
-        new_dur[rows] = np.where(found >= 0, source_dur[np.maximum(found, 0)], dur[rows])
         if name == schema.LEVEL_FRAMEWORK and source != deepest_index:
             spans = _fill_details(spans, table, rows, found)
-    start = np.asarray(deep.column("start_ns"), dtype=np.int64)
     kind = texts(deep.column("kind"))
-    ranked = np.nonzero((kind == schema.KIND_STEP) & (parent >= 0))[0]
-    layout_parent = parent.copy()
-    if len(ranked):
-        model = source_of.get(schema.LEVEL_MODEL, deepest_index)
-        start = _ranks_where_measured(store, model, key, parent, ranked, start)
-        layout_parent[ranked] = -1
     gpu = level == schema.LEVEL_GPU
-    report = LaneReport()
-    if len(ranked):  # ranks side by side: the lanes' layout (the replay is single-rank)
-        new_start, new_dur = layout_host(layout_parent, start, dur, new_dur, ~gpu)
-        _layout_gpu(deep, layout_parent, start, new_start, new_dur, gpu, report)
-    else:  # the replay's timeline: causal by construction (xsp.analysis.replay)
-        replayed = replay(store)
-        new_start, new_dur = replayed.start_ns, replayed.dur_ns
-        spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
+    # the replay's timeline: causal by construction (xsp.analysis.replay), its ranks joined by
+    # their collectives
+    replayed = replay(store)
+    new_start, new_dur = replayed.start_ns.copy(), replayed.dur_ns.copy()
+    _span_ranks(
+        new_start, new_dur, parent, np.nonzero((kind == schema.KIND_STEP) & (parent >= 0))[0]
+    )
+    spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
     spans = _replace(spans, "start_ns", arrow(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", arrow(new_dur, pa.int64()))
     # the counter run's values join the kernels by structure (xsp.analysis.counters)
@@ -106,7 +89,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table, LaneRepor
             "iteration": deep.column("iteration").take(rows),
         }
     )
-    return spans, miss, report
+    return spans, miss
 
 
 def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array:
@@ -129,73 +112,22 @@ def layer_gpu_ns(spans: pa.Table, kind: np.ndarray, gpu: np.ndarray) -> pa.Array
     return arrow(values, pa.int64(), mask=~module)
 
 
-def _ranks_where_measured(
-    store: MeasurementStore,
-    model: int,
-    key: np.ndarray,
-    parent: np.ndarray,
-    ranked: np.ndarray,
-    start: np.ndarray,
-) -> np.ndarray:
-    """The deep run's start times with each rank's step, and everything under it, moved to
-    where run ``model`` (the shallowest with M) measured that step from its iteration's start;
-    a step without a counterpart there stays where the deep run has it."""
-    source, source_keys, _ = keyed(store, model)
-    source_start = np.asarray(source.column("start_ns"), dtype=np.int64)
-    found = find_rows(source_keys, key[ranked])
-    root = find_rows(source_keys, key[parent[ranked]])
-    placed = (
-        start[parent[ranked]]
-        + source_start[np.maximum(found, 0)]
-        - source_start[np.maximum(root, 0)]
-    )
-    shift = np.zeros(len(start), dtype=np.int64)
-    shift[ranked] = np.where((found >= 0) & (root >= 0), placed - start[ranked], 0)
-    owner = np.arange(len(start))  # each row's rank step: climb until one is reached
-    is_rank = np.zeros(len(start), dtype=bool)
-    is_rank[ranked] = True
-    while (climb := ~is_rank[owner] & (parent[owner] >= 0)).any():
-        owner = np.where(climb, parent[owner], owner)
-    return start + np.where(is_rank[owner], shift[owner], 0)
+def _span_ranks(start: np.ndarray, dur: np.ndarray, parent: np.ndarray, ranked: np.ndarray) -> None:
+    """Each iteration root of a multi-rank job (the parent of its ranks' steps) set to span its
+    ranks' replayed steps, in place."""
+    if not len(ranked):
+        return
+    root = parent[ranked]
+    roots_of, at = np.unique(root, return_inverse=True)
+    first = np.full(len(roots_of), np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(len(roots_of), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, at, start[ranked])
+    np.maximum.at(last, at, start[ranked] + dur[ranked])
+    start[roots_of], dur[roots_of] = first, last - first
 
 
 def _replace(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
     return table.set_column(table.schema.get_field_index(name), name, values)
-
-
-def _layout_gpu(
-    deep: pa.Table,
-    parent: np.ndarray,
-    start: np.ndarray,
-    new_start: np.ndarray,
-    new_dur: np.ndarray,
-    gpu: np.ndarray,
-    report: LaneReport,
-) -> None:
-    """Lay out every (iteration, device, stream) lane in place (see ``xsp.analysis.lanes``)."""
-    rows = np.nonzero(gpu)[0]
-    if not len(rows):
-        return
-    root = roots(parent)  # each row's model span
-    device = np.asarray(deep.column("gpu_device").fill_null(-1), dtype=np.int64)
-    stream = np.asarray(deep.column("gpu_stream").fill_null(-1), dtype=np.int64)
-    rows = rows[np.lexsort((start[rows], stream[rows], device[rows], root[rows]))]
-    lane = np.stack([root[rows], device[rows], stream[rows]])
-    cut = np.nonzero((lane[:, 1:] != lane[:, :-1]).any(axis=0))[0] + 1
-    for members in np.split(rows, cut):
-        step = root[members[0]]
-        launcher = parent[members]
-        launch = np.where(launcher != step, new_start[np.maximum(launcher, 0)], new_start[step])
-        placed, kept = layout_lane(
-            int(new_start[step]),
-            int(new_dur[step]),
-            start[members] - start[step],
-            new_dur[members],
-            launch,
-            report,
-        )
-        new_start[members] = placed
-        new_dur[members] = kept
 
 
 def _own_identity(

@@ -40,6 +40,7 @@ run that measures it:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,6 +60,7 @@ from xsp.analysis.host_timeline import (
     step_ranks,
 )
 from xsp.analysis.matching import keyed, tree_depths
+from xsp.analysis.replay_collectives import Collectives, find_collectives
 from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
@@ -136,6 +138,9 @@ class Replay:
     path: pa.Table  # iteration, cause, row, dur_ns
     checks: dict[str, int] = field(default_factory=dict)
     baseline: dict[str, Any] | None = None  # M against the F run's untraced warm-up
+    # per rank's step of a job whose collectives span ranks: the time its collectives waited
+    # for the last rank to arrive (iteration, rank, wait_ns)
+    collective_waits: list[dict[str, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """``xsp analyze --json``'s ``reconstruction.replay``."""
@@ -155,6 +160,7 @@ class Replay:
             "calibration": self.calibration.as_dict(),
             "checks": dict(self.checks),
             "baseline": self.baseline,
+            "collective_waits": list(self.collective_waits),
         }
 
 
@@ -267,6 +273,7 @@ class _Graph:
     latency: np.ndarray
     gap: np.ndarray
     iteration: np.ndarray
+    collectives: Collectives  # gloo's collectives across ranks and the host's waits for them
 
 
 def _graph(store: MeasurementStore) -> _Graph:
@@ -390,6 +397,7 @@ def _build_graph(store: MeasurementStore) -> _Graph:
         latency,
         gap,
         numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False),
+        find_collectives(deep, parent, owner, start, dur, gpu),
     )
 
 
@@ -421,26 +429,36 @@ def _replay(
     charged_rows: list[np.ndarray] = []
     charged_ns: list[np.ndarray] = []
     step_rows = []
-    for step, members in zip(steps, g.members, strict=True):
-        sim = _Iteration(
-            int(step),
-            members,
-            parent,
-            warped_start,
-            warped_dur,
-            gpu_dur,
-            start,
-            latency,
-            gap,
-            gpu,
-            g.is_sync,
-            g.base,
-            g.is_call,
-            stream,
-            g.lane,
-            g.named,
-        )
-        sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
+
+    def run_steps(arrivals: np.ndarray | None) -> list[_Iteration]:
+        sims = []
+        for step, members in zip(steps, g.members, strict=True):
+            sim = _Iteration(
+                int(step),
+                members,
+                parent,
+                warped_start,
+                warped_dur,
+                gpu_dur,
+                start,
+                latency,
+                gap,
+                gpu,
+                g.is_sync,
+                g.base,
+                g.is_call,
+                stream,
+                g.lane,
+                g.named,
+                g.collectives,
+                arrivals,
+            )
+            sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
+            sims.append(sim)
+        return sims
+
+    sims, arrivals = _across_ranks(run_steps, g.collectives)
+    for sim in sims:
         out_start[sim.rows] = sim.start
         out_dur[sim.rows] = sim.dur
         if edit is None:  # a what-if needs only its step
@@ -448,6 +466,15 @@ def _replay(
             charged_rows.append(path_rows)
             charged_ns.append(path_ns)
     iteration, rank = g.iteration, step_ranks(deep)
+    waits = [
+        {
+            "iteration": int(iteration[sim.step]),
+            "rank": int(rank[sim.step]),
+            "wait_ns": int(np.maximum(sim.last_arrival - sim.work_start, 0).sum()),
+        }
+        for sim in sims
+        if arrivals is not None and len(sim.work_index)
+    ]
     measured, measured_run = measured_steps(store, g.deep_index)
     # against M's median: the iterations of different processes do not pair up
     measured_ms = float(np.median(list(measured.values()))) if measured else None
@@ -508,7 +535,32 @@ def _replay(
         path,
         checks,
         baseline(store, measured_ms, _median_steady(step_rows)),
+        waits,
     )
+
+
+def _across_ranks(
+    run_steps: Callable[[np.ndarray | None], list[_Iteration]], found: Collectives
+) -> tuple[list[_Iteration], np.ndarray | None]:
+    """Every step replayed, the ranks of an iteration joined by their collectives: first each
+    with its collectives' waits as measured, then again with each collective ending after the
+    last rank's replayed arrival, until the arrivals hold (a collective's arrivals move only
+    with the ones before it, so as many rounds as an iteration has collectives, and one more,
+    at most). Returns the steps and each work's last arrival (None: no collective spans ranks)."""
+    sims = run_steps(None)
+    if not found.linked:
+        return sims, None
+    arrivals: np.ndarray | None = None
+    for _ in range(found.most_in_a_step + 1):
+        call_start = np.zeros(len(found.work), dtype=np.int64)
+        for sim in sims:
+            call_start[sim.work_index] = sim.call_start
+        latest = found.last_arrivals(call_start)
+        if arrivals is not None and np.array_equal(latest, arrivals):
+            break
+        arrivals = latest
+        sims = run_steps(arrivals)
+    return sims, arrivals
 
 
 def _cause_column(causes: np.ndarray) -> pa.Array:
@@ -701,6 +753,8 @@ class _Iteration:
         stream: np.ndarray,
         lane: np.ndarray,
         named: _Named,
+        collectives: Collectives,
+        arrivals: np.ndarray | None,
     ) -> None:
         self.sync_base = sync_base
         self.named = named
@@ -714,16 +768,22 @@ class _Iteration:
         self.ws = warped_start
         self.wd = warped_dur
         self.step_start = int(measured_start[step])
-        # the step's tail after its last host span (the marker's own sync and return), on the
-        # host timeline
-        host_end = int((warped_start[host] + warped_dur[host]).max()) if len(host) else 0
-        step_end = int(warped_start[step] + warped_dur[step])
-        self.tail = max(0, step_end - max(host_end, self.step_start))
+        self.work_index = (
+            np.nonzero(np.isin(collectives.work, members))[0]
+            if len(collectives.work)
+            else np.zeros(0, np.int64)
+        )
+        # where the step's marker ends on the host timeline: a range may outlast it (the
+        # optimizer's, by the tracer's own boundary work; gloo's all-reduce, recorded up to
+        # 1.8 ms past its step on the dev machine), and M's step ends at its marker too
+        self.marker_end = int(warped_start[step] + warped_dur[step])
         self.stream = stream
         self.lane = lane
         self.measured_dur = measured_dur
         self.latency = latency
         self.gap = gap
+        self.collectives = collectives
+        self.arrivals = arrivals  # each work's last arrival across ranks (None: as measured)
 
     # -- step 3 --------------------------------------------------------------------------------
     def run(self, launch_at_step_start: bool = False) -> None:
@@ -875,34 +935,87 @@ class _Iteration:
                 return mine[mine < done]
             return np.arange(done)
 
-        for sync, at in zip(syncs, sync_start, strict=True):
+        coll = self.collectives
+        held_by_ranks = coll.waits.get(self.step, [])
+        gap_at = [
+            int(ws[w.after] + wd[w.after]) if w.after >= 0 else int(ws[self.step])
+            for w in held_by_ranks
+        ]
+        events = sorted(
+            [(at, 0, sync) for sync, at in zip(syncs, sync_start, strict=True)]
+            + [(at, 1, k) for k, at in enumerate(gap_at)]
+        )
+        event_starts: list[int] = []
+        moved: list[int] = []  # the cumulative delay after each event
+
+        def work_end(index: int) -> int:
+            """A collective's replayed end on this rank: its last arrival (or its own start,
+            if later) and its transfer."""
+            row = int(coll.work[index])
+            begin = int(ws[row])
+            before = bisect_left(event_starts, begin)
+            begin += moved[before - 1] if before else 0
+            last = (
+                begin + int(coll.wait_ns[index])
+                if self.arrivals is None
+                else int(self.arrivals[index])
+            )
+            return max(last, begin) + int(coll.transfer_ns[index])
+
+        for at, is_collective, which in events:
             replay_until(at)
             real = at + delta
             ready = real
-            awaited = awaited_by(sync) if done else acts[:0]
-            if len(awaited):
-                last = int(awaited[np.argmax(act_end[awaited])])  # the first of equal ends
-                finish = int(act_end[last])
-                if finish > real:
-                    ready = finish
-                    self.sync_wait[sync] = (last, finish)
-            # the sync's replayed length against the one it has on the host timeline (which
-            # holds the F run's own wait)
-            change = (ready - real) + int(self.sync_base[sync]) - int(self.wd[sync])
+            if is_collective:  # a thread's wait for its collectives (the gap before resume)
+                wait = held_by_ranks[which]
+                ready = max(real, max(work_end(int(i)) for i in wait.works))
+                length = max(0, int(ws[wait.resume]) - at)
+                change = (ready - real) + wait.wake_ns - length
+            else:
+                sync = which
+                awaited = awaited_by(sync) if done else acts[:0]
+                if len(awaited):
+                    last = int(awaited[np.argmax(act_end[awaited])])  # the first of equal ends
+                    finish = int(act_end[last])
+                    if finish > real:
+                        ready = finish
+                        self.sync_wait[sync] = (last, finish)
+                # the sync's replayed length against the one it has on the host timeline
+                # (which holds the F run's own wait)
+                change = (ready - real) + int(self.sync_base[sync]) - int(self.wd[sync])
             delays.append(change)
             delta += change
+            event_starts.append(at)
+            moved.append(delta)
         replay_until(np.inf)
         self.sync_rows = syncs
-        self.sync_starts = np.asarray(sync_start, dtype=np.int64)
+        self.sync_starts = np.asarray(event_starts, dtype=np.int64)
         self.sync_delays = np.cumsum(delays, dtype=np.int64) if delays else np.zeros(0, np.int64)
         # host spans move by the waits of the syncs that began before them
         begin = self._shift(ws[host], inclusive=False)
         end = self._shift(ws[host] + wd[host], inclusive=False)
-        host_end = int(end.max()) if len(host) else self.step_start
+        # a collective's work ends once the last rank has arrived, plus its transfer
+        index = self.work_index
+        self.call_start = self._shift(ws[coll.call[index]], inclusive=False)
+        self.work_start = self._shift(ws[coll.work[index]], inclusive=False)
+        self.last_arrival = (
+            self.work_start + coll.wait_ns[index]
+            if self.arrivals is None
+            else self.arrivals[index].astype(np.int64)
+        )
+        if len(index):
+            at = np.searchsorted(host, coll.work[index], sorter=np.argsort(host))
+            where = np.argsort(host)[at]
+            end[where] = np.maximum(self.last_arrival, self.work_start) + coll.transfer_ns[index]
+        marker_end = int(self._shift(np.array([self.marker_end]), inclusive=False)[0])
+        marker_end = max(marker_end, self.step_start)
+        host_end = min(int(end.max()), marker_end) if len(host) else self.step_start
         gpu_end = int(self.act_end.max()) if n else self.step_start
         self.host_end = host_end
+        self.tail = marker_end - host_end  # the marker's own sync and return, after the host
         self.gpu_end = gpu_end
-        self.step_end = max(host_end + self.tail, gpu_end)
+        self.step_end = max(marker_end, gpu_end)
+        end = np.minimum(end, self.step_end)  # drawn inside its step
         # every row of the step, replayed: its host spans, its activities and the step itself
         self.rows = np.concatenate((host, acts, [self.step]))
         self.start = np.concatenate((begin, self.act_start, [self.step_start]))

@@ -56,14 +56,14 @@ def html_table(table: pa.Table) -> str:
 
 def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     """Write the report; return how many analysis sections it holds."""
-    from xsp.analysis.reconstruct import reconstruct_with_report
+    from xsp.analysis.reconstruct import reconstruct
 
-    spans, mismatches, lanes = reconstruct_with_report(store)
+    spans, mismatches = reconstruct(store)
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{spans.num_rows:,} reconstructed spans; {mismatches.num_rows:,} had no counterpart "
         "in a shallower run and kept their own timing. "
-        f"{_lanes_text(lanes)} {html.escape(_replay_text(store))}</p>",
+        f"{html.escape(_replay_text(store))}</p>",
     ]
     figures: list[Any] = []
 
@@ -111,12 +111,9 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
 
 
 def _replay_text(store: MeasurementStore) -> str:
-    """The replayed step against M's, in one sentence (single-rank measurements)."""
-    from xsp.analysis import distributed
+    """The replayed step against M's, in one sentence."""
     from xsp.analysis.replay import replay
 
-    if distributed.is_multi_rank(store):
-        return ""
     found = replay(store).summary()
     if found["step_ms"] is None:
         return ""
@@ -129,21 +126,4 @@ def _replay_text(store: MeasurementStore) -> str:
             f" against {found['measured_run']}'s measured {found['measured_step_ms']:.3f} ms "
             f"({found['error_pct']:+.1f}%)"
         )
-    return text + "."
-
-
-def _lanes_text(lanes: Any) -> str:
-    if not lanes.lanes:
-        return ""
-    text = (
-        f"GPU lanes: {lanes.lanes:,}, {lanes.compressed_lanes:,} with gaps shrunk to fit the step"
-    )
-    if lanes.launch_violations:
-        text += (
-            f"; {lanes.launch_violations:,} activities start before their launch call's "
-            "reconstructed start (the host timeline, rebuilt from the framework run's op "
-            "durations, runs behind the GPU work it queued)"
-        )
-    if lanes.scaled_lanes:
-        text += f"; {lanes.scaled_lanes:,} lanes had more work than the step and were scaled"
     return text + "."

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import statistics
 import time
 import uuid
 from collections.abc import Sequence
@@ -200,6 +201,7 @@ class RankedRun:
                 if any("memory_events" in m for m in metas)
                 else {}
             ),
+            **_process_figures(metas),
             "ranks": [_rank_entry(rank, meta) for rank, meta in sorted(ranks)],
         }
 
@@ -286,8 +288,53 @@ def _summed(metas: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return total
 
 
+def _process_figures(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the replay reads of a level set's process, for the job: F's cost per record (each
+    figure the ranks' median) and the warm-up steps timed with the levels off (each step the
+    ranks' median: the ranks' steps end together at their collectives); absent where no rank
+    has them."""
+    out: dict[str, Any] = {}
+    calibrations = [m["calibration"] for m in metas if isinstance(m.get("calibration"), dict)]
+    if calibrations:  # its figures the ranks' medians, the rest (probes, device) the first's
+        figures = (
+            "framework_ns_per_record",
+            "module_ns_per_call",
+            "framework_ns_per_record_first_iteration",
+        )
+        out["calibration"] = {
+            **calibrations[0],
+            **{
+                key: statistics.median(found)
+                for key in figures
+                if (found := [c[key] for c in calibrations if _is_number(c.get(key))])
+            },
+            "ranks": len(calibrations),
+        }
+    steps = [m["warmup_steps_ms"] for m in metas if m.get("warmup_steps_ms")]
+    if steps and len(steps) == len(metas):
+        out["warmup_steps_ms"] = [
+            round(statistics.median(each), 3) for each in zip(*steps, strict=False)
+        ]
+        out["warmup_settled"] = all(bool(m.get("warmup_settled")) for m in metas)
+        out["warmup_steps_dropped"] = max(int(m.get("warmup_steps_dropped") or 0) for m in metas)
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _rank_entry(rank: int, meta: dict[str, Any]) -> dict[str, Any]:
-    keys = ("status", "error", "status_reasons", "program", "iterations_measured", "spans")
+    keys = (
+        "status",
+        "error",
+        "status_reasons",
+        "program",
+        "iterations_measured",
+        "spans",
+        "calibration",
+        "warmup_steps_ms",
+    )
     pid = (meta.get("resource") or {}).get("process.pid")
     return {"rank": rank, "pid": pid, **{k: meta.get(k) for k in keys}}
 

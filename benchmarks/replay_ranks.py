@@ -1,0 +1,56 @@
+"""The replay of multi-rank stores, with and without their collectives as edges.
+
+    python -m benchmarks.replay_ranks STORE [STORE ...]
+
+Per store: M's median step, the MF process's own untraced warm-up steps, the replayed step and
+its error against both, the replay with each rank replayed alone (no collective edges), the
+replay with no cost taken off the host (MF's own steps, to the nanosecond where the model
+holds), F's cost per record and each rank's median wait for the last rank to arrive.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import replace
+
+from xsp.analysis import replay as replay_module
+from xsp.analysis.host_timeline import Calibration, host_timeline
+from xsp.analysis.replay_collectives import no_collectives
+from xsp.analysis.store import MeasurementStore
+
+
+def figures(path: str) -> str:
+    store = MeasurementStore(path)
+    found = replay_module.replay(store).summary()
+    graph = replay_module._graph(store)
+    alone = replay_module._replay(
+        store, replay_module._STEPS_ONLY, replace(graph, collectives=no_collectives())
+    ).summary()
+    _, start, end, _ = host_timeline(store, Calibration(0.0, 0.0, "no cost"))
+    free = replay_module._replay(
+        store, replay_module._STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
+    ).summary()
+    base = found["baseline"] or {}
+    waits: dict[int, list[int]] = {}
+    for row in found["collective_waits"]:
+        waits.setdefault(row["rank"], []).append(row["wait_ns"])
+    calib = found["calibration"]
+    return (
+        f"{path}: M {found['measured_step_ms']:.3f} ms, MF's own untraced "
+        f"{base.get('untraced_ms') or float('nan'):.3f} ms (baseline "
+        f"{'stable' if base.get('stable') else 'unstable'}); replayed {found['step_ms']:.3f} ms "
+        f"({found['error_pct']:+.1f}% vs M, {base.get('replay_vs_untraced_pct') or 0:+.1f}% vs "
+        f"untraced); ranks alone {alone['step_ms']:.3f} ms; no host cost {free['step_ms']:.3f} ms; "
+        f"F {calib['framework_ns_per_record']} ns a record (x{calib['scaled_to_own_steps']}); "
+        "median wait a step: "
+        + ", ".join(
+            f"rank {rank} {statistics.median(ns) / 1e6:.3f} ms"
+            for rank, ns in sorted(waits.items())
+        )
+    )
+
+
+if __name__ == "__main__":
+    for each in sys.argv[1:]:
+        print(figures(each))

@@ -1,0 +1,213 @@
+"""Collectives as edges of the replay across ranks (``xsp.analysis.replay``, step 1's last edge).
+
+A collective on a rank ends once every rank has arrived, plus its own transfer. Each rank of an
+iteration is a step of its own in the replay; the collectives join them:
+
+- **Arrival** is the rank's c10d call (``c10d::allreduce_``), as ``collective_skew`` has it; the
+  k-th call of an iteration is the same collective on every rank.
+- **Work** is the backend's range that holds the transfer, gloo's (``gloo:all_reduce``, on its own
+  thread), paired with its call as the framework conversion pairs them (the k-th work range of an
+  operation with the k-th call). It ends at ``max(last arrival, its own start) + transfer``, where
+  the transfer is what the deep run measured after the last rank arrived.
+- **Waits.** A host thread waits for its rank's work where it sat idle when the work ended: the
+  untraced gap before the span it resumed with (DDP's reducer after backward; the op that reads a
+  synchronous all-reduce's result). The replay treats that gap as a sync on the works its thread
+  called before it, keeping the time it took after the last of them ended (waking up).
+
+NCCL's transfer is its kernels on the GPU, which wait there for the other ranks: they keep the
+durations the G run measured (waits included); only gloo's host work is modelled here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from xsp.analysis.store import texts
+from xsp.tracer import schema
+from xsp.tracer.convert import collectives
+from xsp.tracer.convert.columns import numbers
+
+#: The backends whose work range is the transfer itself, on the host.
+HOST_WORK_PREFIXES = ("gloo:",)
+
+
+@dataclass(frozen=True)
+class CollectiveWait:
+    """A host thread's wait for its rank's collectives: the untraced gap from the end of
+    ``after`` (-1: the step's start) to the start of ``resume``, awaiting ``works`` (indices into
+    ``Collectives.work``); ``wake_ns``
+    is what it took after the last of them ended, kept in the replay as a sync's own cost."""
+
+    after: int
+    resume: int
+    works: np.ndarray
+    wake_ns: int
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The deep run's collectives: each work range (row) with its call, the collective across
+    ranks it belongs to (``group``: -1 where one rank alone has it) and its measured transfer
+    and wait; each step's waits for them."""
+
+    work: np.ndarray
+    call: np.ndarray
+    group: np.ndarray
+    transfer_ns: np.ndarray
+    wait_ns: np.ndarray
+    waits: dict[int, list[CollectiveWait]]  # step row -> its threads' waits, by resume time
+    most_in_a_step: int  # works of the step with the most
+
+    @property
+    def linked(self) -> bool:
+        """Whether any collective spans two ranks or more (else the steps replay alone)."""
+        return bool((self.group >= 0).any())
+
+    def last_arrivals(self, call_start: np.ndarray) -> np.ndarray:
+        """Each work's last arrival across its ranks given each call's start (indexed like
+        ``work``); a work of no group gets its own call's."""
+        arrival = call_start.astype(np.int64, copy=True)
+        grouped = self.group >= 0
+        if grouped.any():
+            last = np.full(int(self.group.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
+            np.maximum.at(last, self.group[grouped], arrival[grouped])
+            arrival[grouped] = last[self.group[grouped]]
+        return arrival
+
+
+def no_collectives() -> Collectives:
+    empty = np.zeros(0, dtype=np.int64)
+    return Collectives(empty, empty, empty, empty, empty, {}, 0)
+
+
+def find_collectives(
+    deep: pa.Table,
+    parent: np.ndarray,
+    owner: np.ndarray,
+    start: np.ndarray,
+    dur: np.ndarray,
+    gpu: np.ndarray,
+) -> Collectives:
+    """The collectives of the deep run (its rows, raw times), matched across the ranks of each
+    iteration, with each step's waits for them."""
+    kind = texts(deep.column("kind"))
+    names = texts(deep.column("name"))
+    is_collective = kind == schema.KIND_COLLECTIVE
+    if not is_collective.any() or "rank" not in deep.column_names:
+        return no_collectives()
+    is_call = is_collective & np.char.startswith(names.astype(str), collectives.CALL_PREFIX)
+    is_work = is_collective & np.logical_or.reduce(
+        [np.char.startswith(names.astype(str), p) for p in HOST_WORK_PREFIXES]
+    )
+    iteration = numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False)
+    operation = np.array([collectives.operation(str(n)) or "" for n in names], dtype=object)
+    calls = _numbered(np.nonzero(is_call)[0], owner, start, operation)
+    works = _numbered(np.nonzero(is_work)[0], owner, start, operation)
+    by_key = {key: row for row, key in calls.items()}
+    work_rows, call_rows = [], []
+    for row, key in works.items():
+        called = by_key.get(key)
+        if called is not None:
+            work_rows.append(row)
+            call_rows.append(called)
+    if not work_rows:
+        return no_collectives()
+    work, call = np.asarray(work_rows, np.int64), np.asarray(call_rows, np.int64)
+    # the same collective on every rank: the k-th call of its rank's iteration
+    ordinal = _ordinals(np.nonzero(is_call)[0], owner, start)
+    keys = np.stack([iteration[call], ordinal[call]], axis=1)
+    _, group, count = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    group = group.reshape(-1)
+    group = np.where(count[group] > 1, group, -1)
+    most = int(np.unique(owner[work], return_counts=True)[1].max())
+    zeros = np.zeros(len(work), np.int64)
+    last = Collectives(work, call, group, zeros, zeros, {}, most).last_arrivals(start[call])
+    wait = np.clip(last - start[work], 0, dur[work])
+    thread = numbers(deep.column("thread_id"), null=-1).astype(np.int64, copy=False)
+    waits = _waits(work, call, owner, start, dur, gpu, thread, is_work, kind)
+    return Collectives(work, call, group, dur[work] - wait, wait, waits, most)
+
+
+def _numbered(
+    rows: np.ndarray, owner: np.ndarray, start: np.ndarray, operation: np.ndarray
+) -> dict[int, tuple[int, str, int]]:
+    """Each row's (step, operation, k): the k-th of its operation in its step, by start."""
+    out: dict[int, tuple[int, str, int]] = {}
+    seen: dict[tuple[int, str], int] = {}
+    for row in rows[np.lexsort((start[rows], owner[rows]))].tolist():
+        key = (int(owner[row]), str(operation[row]))
+        seen[key] = seen.get(key, 0) + 1
+        out[row] = (*key, seen[key])
+    return out
+
+
+def _ordinals(rows: np.ndarray, owner: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Each call's place among its step's calls (by start); -1 elsewhere."""
+    ordinal = np.full(len(owner), -1, dtype=np.int64)
+    order = rows[np.lexsort((start[rows], owner[rows]))]
+    first = np.concatenate(([True], owner[order][1:] != owner[order][:-1]))
+    run_start = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
+    ordinal[order] = np.arange(len(order)) - run_start
+    return ordinal
+
+
+def _waits(
+    work: np.ndarray,
+    call: np.ndarray,
+    owner: np.ndarray,
+    start: np.ndarray,
+    dur: np.ndarray,
+    gpu: np.ndarray,
+    thread: np.ndarray,
+    is_work: np.ndarray,
+    kind: np.ndarray,
+) -> dict[int, list[CollectiveWait]]:
+    """Each step's waits: for each work, the calling thread's gap in which it ended (the thread
+    had no span open then), awaiting every work that thread called before the gap, that ended
+    before the thread resumed (a range gloo closed later was not what it waited for) and that
+    no earlier wait awaits (DDP's reducer waits for all its buckets at once)."""
+    end = start + dur
+    host = ~gpu & ~is_work & (kind != schema.KIND_STEP)
+    waits: dict[int, list[CollectiveWait]] = {}
+    for step in np.unique(owner[work]).tolist():
+        mine = np.nonzero(owner[work] == step)[0]
+        by_resume: dict[int, tuple[int, list[int]]] = {}
+        for t in np.unique(thread[call[mine]]).tolist():
+            rows = np.nonzero(host & (owner == step) & (thread == t))[0]
+            rows = rows[np.argsort(start[rows], kind="stable")]
+            if not len(rows):
+                continue
+            reach = np.maximum.accumulate(end[rows])  # the thread's busy-until, by start
+            for w in mine[thread[call[mine]] == t].tolist():
+                ends = int(end[work[w]])
+                at = int(np.searchsorted(start[rows], ends, side="left"))
+                if at >= len(rows) or (at > 0 and reach[at - 1] > ends):
+                    continue  # busy when it ended, or nothing followed: no wait for it
+                resume = int(rows[at])
+                after = int(rows[np.argmax(end[rows[:at]])]) if at > 0 else -1
+                by_resume.setdefault(resume, (after, []))
+        if not by_resume:
+            continue
+        taken = np.zeros(len(mine), dtype=bool)
+        found = []
+        for resume in sorted(by_resume, key=lambda r: int(start[r])):
+            after, _ = by_resume[resume]
+            gap_start = int(end[after]) if after >= 0 else int(start[step])
+            awaited = (
+                ~taken
+                & (thread[call[mine]] == thread[resume])
+                & (start[call[mine]] < gap_start + 1)
+                & (end[work[mine]] <= start[resume])
+            )
+            taken |= awaited
+            rows_awaited = mine[awaited]
+            if not len(rows_awaited):
+                continue
+            done = max(int(end[work[rows_awaited]].max()), gap_start)
+            wake = int(np.clip(int(start[resume]) - done, 0, int(start[resume]) - gap_start))
+            found.append(CollectiveWait(after, resume, rows_awaited, wake))
+        waits[int(step)] = found
+    return waits
