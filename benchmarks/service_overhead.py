@@ -23,7 +23,7 @@ off as each begins) and the others; the medians of the first two above the other
 spikes (the batch hand-overs, every ``--export-every`` s, are left out of it).
 
     python benchmarks/service_overhead.py [--rounds 10] [--requests 2000] [--width 512]
-        [--sample-every 100] [--export-every 0.5] [--out FILE.json]
+        [--sample-every 100] [--sampled MF,MFLG] [--export-every 0.5] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -101,6 +101,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--sample-every", type=int, default=100)
+    parser.add_argument(
+        "--sampled",
+        default="MF",
+        help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFLG on CUDA)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     # short, so that batches are stored in the background during each timed turn
@@ -108,7 +113,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    configs = ["none", "M", f"MF 1/{args.sample_every}", "MF"]
+    sampled = [f"{levels} 1/{args.sample_every}" for levels in args.sampled.split(",")]
+    configs = ["none", "M", *sampled, "MF"]
     net = model(args.width).to(args.device)
     x = torch.randn(1, args.width, device=args.device)
     times: dict[str, list[int]] = {c: [] for c in configs}
@@ -117,9 +123,12 @@ def main() -> None:
     # shared host puts into means, and its difference is the tracer's cost per request
     p50_ratios: dict[str, list[float]] = {c: [] for c in configs[1:]}
     p50_added: dict[str, list[float]] = {c: [] for c in configs[1:]}
-    # F sampled: every timed request of every round by its position in the sampling cycle
+    # each sampled configuration: every timed request of every round by its position in the
+    # sampling cycle
     every = args.sample_every
-    cycle: dict[str, list[int]] = {"sampled": [], "after": [], "others": []}
+    cycles: dict[str, dict[str, list[int]]] = {
+        c: {"sampled": [], "after": [], "others": []} for c in sampled
+    }
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -129,12 +138,12 @@ def main() -> None:
             for config in order:
                 got = turn(config, net, x, args, Path(tmp))
                 times[config] += got
-                if config == configs[2]:
+                if config in cycles:
                     for i, t in enumerate(got):
                         position = i % every
-                        cycle[["sampled", "after"][position] if position < 2 else "others"].append(
-                            t
-                        )
+                        cycles[config][
+                            ["sampled", "after"][position] if position < 2 else "others"
+                        ].append(t)
                 means[config] = statistics.fmean(got)
                 medians[config] = statistics.median(got)
             for config in configs[1:]:
@@ -173,15 +182,18 @@ def main() -> None:
             f"{config:>10} {row['mean_us']:9.1f} {row['p50_us']:8.1f} {row['p99_us']:8.1f} "
             f"{versus:>22}"
         )
-    medians = {k: statistics.median(v) / 1e3 for k, v in cycle.items() if v}
-    if len(medians) == 3:
+    for config, cycle in cycles.items():
+        medians = {k: statistics.median(v) / 1e3 for k, v in cycle.items() if v}
+        if len(medians) < 3:
+            continue
         added = (medians["sampled"] + medians["after"] - 2 * medians["others"]) / every
-        results["sampled_cycle"] = {f"{k}_p50_us": v for k, v in medians.items()}
-        results["sampled_cycle"]["added_to_mean_us"] = added
+        key = "sampled_cycle" if config == sampled[0] else f"sampled_cycle {config}"
+        results[key] = {f"{k}_p50_us": v for k, v in medians.items()}
+        results[key]["added_to_mean_us"] = added
         print(
-            f"\n{configs[2]}: p50 of the sampled requests {medians['sampled']:.1f} µs, of the "
+            f"\n{config}: p50 of the sampled requests {medians['sampled']:.1f} µs, of the "
             f"ones after them {medians['after']:.1f} µs, of the others {medians['others']:.1f} "
-            f"µs: sampling F adds {added:.2f} µs to the mean request"
+            f"µs: sampling adds {added:.2f} µs to the mean request"
         )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
