@@ -220,3 +220,16 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
 
     assert (median(plain, 0), median(edited, 0)) == pytest.approx((5.891, 5.346), abs=1e-3)
     assert (median(plain, 1), median(edited, 1)) == pytest.approx((5.710, 4.830), abs=1e-3)
+
+
+def test_a_gloo_jobs_critical_path_charges_communication_where_a_thread_waited() -> None:
+    """Gloo's work range covers the backward it runs beside on its own thread; only where a
+    thread waited for it (DDP's reducer after backward, for the straggler and the transfer) is
+    its time communication: 61% of the dev machine's critical path, the rest the host's (with
+    the ranges covering every piece they spanned, 69%)."""
+    from xsp.analysis import critical_path
+    from xsp.analysis.store import MeasurementStore
+
+    assert critical_path.verdict(MeasurementStore(GLOO)) == (
+        "communication-bound: 61% communication, 39% host work of the step's critical path"
+    )

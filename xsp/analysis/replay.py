@@ -947,6 +947,7 @@ class _Iteration:
         )
         event_starts: list[int] = []
         moved: list[int] = []  # the cumulative delay after each event
+        self.collective_waits: list[tuple[int, int, int]] = []  # (from, to, work row)
 
         def work_end(index: int) -> int:
             """A collective's replayed end on this rank: its last arrival (or its own start,
@@ -968,7 +969,10 @@ class _Iteration:
             ready = real
             if is_collective:  # a thread's wait for its collectives (the gap before resume)
                 wait = held_by_ranks[which]
-                ready = max(real, max(work_end(int(i)) for i in wait.works))
+                finish, last = max((work_end(int(i)), int(i)) for i in wait.works)
+                ready = max(real, finish)
+                if ready > real:  # the critical path charges the wait to the collective
+                    self.collective_waits.append((real, ready, int(coll.work[last])))
                 length = max(0, int(ws[wait.resume]) - at)
                 change = (ready - real) + wait.wake_ns - length
             else:
@@ -1114,19 +1118,26 @@ class _Iteration:
 
     def _host_pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The replayed host timeline from the step's start to the host's end as consecutive
-        pieces (begin, end, innermost span; the step where no span covers it)."""
-        begins, ends = self.host_begin, self.host_finish
+        pieces (begin, end, innermost span; the step where no span covers it). A collective's
+        work range (gloo's, on its own thread) covers only the pieces in which a thread waited
+        for it: the backward work it ran beside is the host's."""
+        working = ~np.isin(self.host, self.collectives.work)
+        rows = self.host[working]
+        begins, ends = self.host_begin[working], self.host_finish[working]
         if not len(begins):
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
-        bounds = np.sort(np.concatenate(([self.step_start], begins, ends)))
+        waits = np.asarray(self.collective_waits, dtype=np.int64).reshape(-1, 3)
+        bounds = np.sort(np.concatenate(([self.step_start], begins, ends, waits[:, :2].ravel())))
         bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]  # np.unique's
-        bounds = bounds[bounds >= self.step_start]
+        bounds = bounds[(bounds >= self.step_start) & (bounds <= max(ends.max(), self.step_start))]
         p_begin, p_end = bounds[:-1], bounds[1:]
         middle = p_begin + (p_end - p_begin) // 2
         zeros = np.zeros(len(begins), dtype=np.int64)
         inner = stab(zeros, begins, ends, np.zeros(len(middle), np.int64), middle)
-        p_row = np.where(inner >= 0, self.host[np.maximum(inner, 0)], self.step)
+        p_row = np.where(inner >= 0, rows[np.maximum(inner, 0)], self.step)
+        for begin, end, work in waits.tolist():
+            p_row[(p_row == self.step) & (p_begin >= begin) & (p_end <= end)] = work
         return p_begin, p_end, p_row
 
 
