@@ -4,7 +4,9 @@ Worked out by hand on a two-rank gloo store."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -233,3 +235,155 @@ def test_a_gloo_jobs_critical_path_charges_communication_where_a_thread_waited()
     assert critical_path.verdict(MeasurementStore(GLOO)) == (
         "communication-bound: 61% communication, 39% host work of the step's critical path"
     )
+
+
+# Two ranks of a G run with NCCL, worked out by hand (no machine with two GPUs was lent to record
+# one). On each rank an op launches a GEMM on stream 7, then c10d's all-reduce launches NCCL's
+# kernel behind it, and a device sync closes the step. Rank 0's GEMM ends at 2,400 and its NCCL
+# kernel spins from 2,400 until rank 1's starts at 4,400 (a 2,000 ns wait), then transfers for
+# 1,000 ns; rank 1's GEMM runs 1,900-4,400. Each sync returns 50 ns after the GPU is done and
+# each step ends 50 ns later: rank 0's step 1,000-5,500, rank 1's 1,500-5,500.
+NCCL_RANKS = {
+    0: {
+        "step": (1000, 5500),
+        "mm": (1100, 2000),
+        "gemm_launch": (1200, 1300),
+        "gemm": (1400, 2400),
+        "call": (2000, 2200),
+        "nccl_launch": (2050, 2150),
+        "nccl": (2400, 5400),
+        "sync": (2300, 5450),
+    },
+    1: {
+        "step": (1500, 5500),
+        "mm": (1600, 3800),
+        "gemm_launch": (1700, 1800),
+        "gemm": (1900, 4400),
+        "call": (3800, 4000),
+        "nccl_launch": (3850, 3950),
+        "nccl": (4400, 5400),
+        "sync": (4000, 5450),
+    },
+}
+
+
+def _span(
+    rows: list[dict[str, Any]],
+    rank: int,
+    offset: int,
+    parent: int,
+    name: str,
+    level: str,
+    kind: str,
+    when: tuple[int, int],
+    **more: Any,
+) -> None:
+    rows.append(
+        {
+            "span_id": ((rank + 1) << 40) + offset,
+            "parent_span_id": parent,
+            "name": name,
+            "level": level,
+            "kind": kind,
+            "start_ns": when[0],
+            "dur_ns": when[1] - when[0],
+            "rank": rank,
+            "thread_id": 1 if level != "gpu" else None,
+            **more,
+        }
+    )
+
+
+def _nccl_measurement(root: Path) -> Path:
+    import pyarrow as pa
+
+    rows = [
+        {"span_id": 1, "parent_span_id": 0, "name": "iteration", "kind": "iteration",
+         "level": "model", "start_ns": 1000, "dur_ns": 4500},
+    ]  # fmt: skip
+    for rank, t in NCCL_RANKS.items():
+        base = (rank + 1) << 40
+        span = partial(_span, rows, rank)
+        step = base + 1
+        span(1, 1, f"rank {rank}", "model", "step", t["step"])
+        span(2, step, "aten::mm", "framework", "op", t["mm"])
+        span(3, base + 2, "cudaLaunchKernel", "library", "runtime", t["gemm_launch"],
+             correlation_id=1)  # fmt: skip
+        span(4, base + 3, "sm90_gemm", "gpu", "kernel", t["gemm"], correlation_id=1,
+             gpu_device=0, gpu_stream=7)  # fmt: skip
+        span(5, step, "c10d::allreduce_", "framework", "collective", t["call"],
+             collective="allreduce")  # fmt: skip
+        span(6, base + 5, "cudaLaunchKernel", "library", "runtime", t["nccl_launch"],
+             correlation_id=2)  # fmt: skip
+        span(7, base + 6, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "gpu", "kernel", t["nccl"],
+             correlation_id=2, gpu_device=0, gpu_stream=7)  # fmt: skip
+        span(8, step, "cudaDeviceSynchronize", "library", "runtime", t["sync"])
+    for row in rows:
+        row.update(trace_id=b"\x01" * 16, iteration=0, world_size=2)
+    table = pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA)
+    m = [
+        build_table("run-m", "M", {"M": _steps(*NCCL_RANKS[r]["step"])}, rank=r, world_size=2)[0]
+        for r in (0, 1)
+    ]
+    store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
+    store.write_run(root / "MFLG", table, "MFLG", _resource("MFLG"), world_size=2)
+    store.write_json_atomic(
+        root / store.MANIFEST,
+        {
+            "format": schema.STORE_FORMAT,
+            "runs": [{"levels": "M", "status": "ok"}, {"levels": "MFLG", "status": "ok"}],
+            "status": "ok",
+        },
+    )
+    return root
+
+
+def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Path) -> None:
+    """The replay keeps both steps as measured (4,500 and 4,000 ns), rank 0's NCCL kernel
+    drawn from 2,400, where it began to spin, and its 2,000 ns wait counted; NCCL's kernels are
+    communication on the critical path. With rank 1's GEMM
+    free, rank 1's NCCL kernel starts at its launch's end plus the 100 ns latency the others
+    measured (4,050) and both kernels end at 5,050: each sync returns 350 ns sooner, rank 0's
+    step takes 4,150 ns and rank 1's 3,650. Each rank replayed alone, rank 0's kept its
+    measured 3,000 ns kernel and its 4,500 ns step."""
+    from dataclasses import replace
+
+    from xsp.analysis.replay import WhatIf, _graph, _replay, replay
+    from xsp.analysis.replay_collectives import no_collectives
+    from xsp.analysis.store import MeasurementStore
+
+    measurement = MeasurementStore(_nccl_measurement(tmp_path))
+    plain = replay(measurement)
+    summary = plain.summary()
+    assert [r["replayed_ms"] for r in summary["iterations"]] == pytest.approx([0.0045, 0.004])
+    assert summary["collective_waits"] == [
+        {"iteration": 0, "rank": 0, "wait_ns": 2000},
+        {"iteration": 0, "rank": 1, "wait_ns": 0},
+    ]
+    assert summary["checks"] == {
+        "activities_before_launch": 0,
+        "activities_overlapping_on_a_stream": 0,
+        "spans_outside_their_step": 0,
+    }
+    names = np.asarray(plain.spans.column("name").to_pylist(), dtype=object)
+    ranks = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())
+    (nccl_0,) = np.nonzero((names == "ncclDevKernel_AllReduce_Sum_f32_RING_LL") & (ranks == 0))[0]
+    assert (plain.start_ns[nccl_0], plain.dur_ns[nccl_0]) == (2400, 3000)
+    # NCCL's kernels are communication: rank 0's 3,000 ns and rank 1's 1,000, a mean 2,000 ns of
+    # the 4,250 a step
+    from xsp.analysis import critical_path
+
+    assert critical_path.verdict(measurement).startswith(
+        "communication-bound: 47% communication, 41% gpu compute"
+    )
+
+    def rank_1_gemm(spans):  # type: ignore[no-untyped-def]
+        kernel = np.asarray(spans.column("name").to_pylist(), dtype=object) == "sm90_gemm"
+        return kernel & (np.asarray(spans.column("rank").fill_null(-1).to_pylist()) == 1)
+
+    edit = WhatIf("rank 1's GEMM takes no time", drop_activities=rank_1_gemm)
+    edited = _replay(measurement, edit)
+    assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.00415, 0.00365])
+    assert edited.start_ns[nccl_0] + edited.dur_ns[nccl_0] == 5050
+    alone = _replay(measurement, edit, replace(_graph(measurement), collectives=no_collectives()))
+    assert alone.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0045, 0.00365])

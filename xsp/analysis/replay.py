@@ -47,7 +47,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from xsp.analysis import replay_collectives
 from xsp.analysis.host_timeline import (
     Calibration,
     baseline,
@@ -61,7 +63,7 @@ from xsp.analysis.host_timeline import (
 )
 from xsp.analysis.matching import keyed, tree_depths
 from xsp.analysis.replay_collectives import Collectives, find_collectives
-from xsp.analysis.store import MeasurementStore, text_in, texts
+from xsp.analysis.store import MeasurementStore, text_in, text_matches, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
 from xsp.tracer.convert.intervals import inherit, stab
@@ -349,7 +351,10 @@ def _build_graph(store: MeasurementStore) -> _Graph:
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
-    causes = _causes(parent, tree_depths(store, deep_index), kind, gpu, is_sync)
+    communicating = gpu & text_matches(
+        names, lambda each: pc.starts_with(each, replay_collectives.GPU_WORK_PREFIX)
+    )
+    causes = _causes(parent, tree_depths(store, deep_index), kind, gpu, is_sync, communicating)
     device = numbers(deep.column("gpu_device"), null=-1).astype(np.int64, copy=False)
     stream = numbers(deep.column("gpu_stream"), null=-1).astype(np.int64, copy=False)
     library = level == schema.LEVEL_LIBRARY
@@ -552,10 +557,10 @@ def _across_ranks(
         return sims, None
     arrivals: np.ndarray | None = None
     for _ in range(found.most_in_a_step + 1):
-        call_start = np.zeros(len(found.work), dtype=np.int64)
+        arrived = np.zeros(len(found.work), dtype=np.int64)
         for sim in sims:
-            call_start[sim.work_index] = sim.call_start
-        latest = found.last_arrivals(call_start)
+            arrived[sim.work_index] = sim.arrived
+        latest = found.last_arrivals(arrived)
         if arrivals is not None and np.array_equal(latest, arrivals):
             break
         arrivals = latest
@@ -574,10 +579,16 @@ def _cause_column(causes: np.ndarray) -> pa.Array:
 
 
 def _causes(
-    parent: np.ndarray, depth: np.ndarray, kind: np.ndarray, gpu: np.ndarray, is_sync: np.ndarray
+    parent: np.ndarray,
+    depth: np.ndarray,
+    kind: np.ndarray,
+    gpu: np.ndarray,
+    is_sync: np.ndarray,
+    communicating: np.ndarray,
 ) -> np.ndarray:
     """The cause each span's time is charged to on the critical path (step 4); a step's own
-    (untraced gaps between its spans) is host work."""
+    (untraced gaps between its spans) is host work, NCCL's kernels (``communicating``) are
+    communication."""
     causes = np.full(len(kind), CAUSE_HOST, dtype=object)
     for marked, cause in (
         (kind == schema.KIND_COLLECTIVE, CAUSE_COMMUNICATION),
@@ -590,6 +601,7 @@ def _causes(
     causes[launcher & np.isin(kind, (schema.KIND_RUNTIME, schema.KIND_DRIVER))] = CAUSE_LAUNCH
     causes[is_sync] = CAUSE_SYNC
     causes[gpu] = CAUSE_GPU
+    causes[communicating] = CAUSE_COMMUNICATION
     return causes
 
 
@@ -820,6 +832,18 @@ class _Iteration:
         latency = self.latency[acts]
         gap = self.gap[acts]
         measured = self.measured_dur[acts]
+        # NCCL's kernels: each starts spinning when launched and free, and ends once the last
+        # rank's has started, plus its transfer (as measured, waits included, in the first round)
+        coll = self.collectives
+        on_gpu = self.work_index[coll.on_gpu[self.work_index]]
+        kernel_at = np.searchsorted(acts, coll.work[on_gpu], sorter=np.argsort(acts))
+        kernel_at = np.argsort(acts)[kernel_at] if len(on_gpu) else kernel_at
+        arrive = np.full(n, -1, dtype=np.int64)
+        if self.arrivals is not None and len(on_gpu):
+            measured = measured.copy()
+            measured[kernel_at] = coll.transfer_ns[on_gpu]
+            arrive[kernel_at] = self.arrivals[on_gpu]
+        self.kernel_at = kernel_at
         self.act_launch = np.zeros(n, dtype=np.int64)
         self.act_start = np.zeros(n, dtype=np.int64)
         self.act_end = np.zeros(n, dtype=np.int64)
@@ -878,7 +902,8 @@ class _Iteration:
                 held = held_by.get(lane_stream[lane], -1)
                 held_end = int(act_end[held]) if held >= 0 else -1
                 prev = lane_last[lane]
-                floor = np.maximum(np.maximum(ready, held_end), -1)
+                waiting = np.maximum(np.maximum(ready, held_end), -1)
+                floor = np.maximum(waiting, arrive[mine])  # an NCCL kernel: the last arrival
                 dur, step = measured[mine], gap[mine] + measured[mine]
                 total = np.cumsum(step)
                 # end_k = total_k + max(the previous end, max over j <= k of floor_j + dur_j
@@ -891,6 +916,8 @@ class _Iteration:
                 before = np.concatenate(([prev], mine[:-1]))
                 before_end = np.concatenate(([act_end[prev] if prev >= 0 else 0], end[:-1]))
                 queued = np.where(before >= 0, before_end + gap[mine], -1)
+                # an NCCL kernel is drawn from when it began to spin
+                begin = np.where(arrive[mine] >= 0, np.maximum(waiting, queued), begin)
                 self.act_launch[mine] = at
                 self.act_start[mine] = begin
                 act_end[mine] = end
@@ -998,19 +1025,26 @@ class _Iteration:
         # host spans move by the waits of the syncs that began before them
         begin = self._shift(ws[host], inclusive=False)
         end = self._shift(ws[host] + wd[host], inclusive=False)
-        # a collective's work ends once the last rank has arrived, plus its transfer
+        # a collective's work ends once the last rank has arrived, plus its transfer; a rank
+        # arrives at its call (gloo), or when its NCCL kernel starts
         index = self.work_index
-        self.call_start = self._shift(ws[coll.call[index]], inclusive=False)
+        on_gpu = coll.on_gpu[index]
         self.work_start = self._shift(ws[coll.work[index]], inclusive=False)
+        self.arrived = self._shift(ws[coll.call[index]], inclusive=False)
+        self.work_start[on_gpu] = self.arrived[on_gpu] = self.act_start[self.kernel_at]
         self.last_arrival = (
             self.work_start + coll.wait_ns[index]
             if self.arrivals is None
             else self.arrivals[index].astype(np.int64)
         )
-        if len(index):
-            at = np.searchsorted(host, coll.work[index], sorter=np.argsort(host))
+        host_works = index[~on_gpu]
+        if len(host_works):
+            at = np.searchsorted(host, coll.work[host_works], sorter=np.argsort(host))
             where = np.argsort(host)[at]
-            end[where] = np.maximum(self.last_arrival, self.work_start) + coll.transfer_ns[index]
+            end[where] = (
+                np.maximum(self.last_arrival[~on_gpu], self.work_start[~on_gpu])
+                + coll.transfer_ns[host_works]
+            )
         marker_end = int(self._shift(np.array([self.marker_end]), inclusive=False)[0])
         marker_end = max(marker_end, self.step_start)
         host_end = min(int(end.max()), marker_end) if len(host) else self.step_start

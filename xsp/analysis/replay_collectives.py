@@ -13,25 +13,32 @@ iteration is a step of its own in the replay; the collectives join them:
   untraced gap before the span it resumed with (DDP's reducer after backward; the op that reads a
   synchronous all-reduce's result). The replay treats that gap as a sync on the works its thread
   called before it, keeping the time it took after the last of them ended (waking up).
-
-NCCL's transfer is its kernels on the GPU, which wait there for the other ranks: they keep the
-durations the G run measured (waits included); only gloo's host work is modelled here.
+- **NCCL** (a G run): the work is the collective's kernel (the first NCCL kernel under its c10d
+  call), and a rank arrives when that kernel starts on its GPU, where it spins until every rank's
+  has: it ends at ``max(last arrival, its own start) + transfer``. Streams wait for it through the
+  events c10d records, as for any kernel. (Checked on a hand-worked store only: no machine with
+  two GPUs was lent yet.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from xsp.analysis.store import texts
+from xsp.analysis.store import text_matches, texts
 from xsp.tracer import schema
 from xsp.tracer.convert import collectives
 from xsp.tracer.convert.columns import numbers
 
 #: The backends whose work range is the transfer itself, on the host.
 HOST_WORK_PREFIXES = ("gloo:",)
+#: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``; ``ncclKernel_...`` before NCCL
+#: 2.19): the transfer on the GPU, spinning there until every rank's kernel has started.
+GPU_WORK_PREFIX = "nccl"
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class Collectives:
 
     work: np.ndarray
     call: np.ndarray
+    on_gpu: np.ndarray  # the work is an NCCL kernel (arriving at its own start), not gloo's range
     group: np.ndarray
     transfer_ns: np.ndarray
     wait_ns: np.ndarray
@@ -66,10 +74,10 @@ class Collectives:
         """Whether any collective spans two ranks or more (else the steps replay alone)."""
         return bool((self.group >= 0).any())
 
-    def last_arrivals(self, call_start: np.ndarray) -> np.ndarray:
-        """Each work's last arrival across its ranks given each call's start (indexed like
-        ``work``); a work of no group gets its own call's."""
-        arrival = call_start.astype(np.int64, copy=True)
+    def last_arrivals(self, arrival: np.ndarray) -> np.ndarray:
+        """Each work's last arrival across its ranks given each work's own (its call's start; an
+        NCCL kernel's own start), indexed like ``work``; a work of no group keeps its own."""
+        arrival = arrival.astype(np.int64, copy=True)
         grouped = self.group >= 0
         if grouped.any():
             last = np.full(int(self.group.max()) + 1, np.iinfo(np.int64).min, dtype=np.int64)
@@ -80,7 +88,7 @@ class Collectives:
 
 def no_collectives() -> Collectives:
     empty = np.zeros(0, dtype=np.int64)
-    return Collectives(empty, empty, empty, empty, empty, {}, 0)
+    return Collectives(empty, empty, empty.astype(bool), empty, empty, empty, {}, 0)
 
 
 def find_collectives(
@@ -94,16 +102,22 @@ def find_collectives(
     """The collectives of the deep run (its rows, raw times), matched across the ranks of each
     iteration, with each step's waits for them."""
     kind = texts(deep.column("kind"))
-    names = texts(deep.column("name"))
     is_collective = kind == schema.KIND_COLLECTIVE
     if not is_collective.any() or "rank" not in deep.column_names:
         return no_collectives()
-    is_call = is_collective & np.char.startswith(names.astype(str), collectives.CALL_PREFIX)
-    is_work = is_collective & np.logical_or.reduce(
-        [np.char.startswith(names.astype(str), p) for p in HOST_WORK_PREFIXES]
-    )
+    names = deep.column("name")
+
+    def starting(*prefixes: str) -> np.ndarray:
+        found = np.zeros(len(kind), dtype=bool)
+        for prefix in prefixes:
+            found |= text_matches(names, partial(pc.starts_with, pattern=prefix))
+        return is_collective & found
+
+    is_call, is_work = starting(collectives.CALL_PREFIX), starting(*HOST_WORK_PREFIXES)
     iteration = numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False)
-    operation = np.array([collectives.operation(str(n)) or "" for n in names], dtype=object)
+    operation = np.full(len(kind), "", dtype=object)
+    rows = np.nonzero(is_collective)[0]
+    operation[rows] = [collectives.operation(str(n)) or "" for n in texts(names.take(rows))]
     calls = _numbered(np.nonzero(is_call)[0], owner, start, operation)
     works = _numbered(np.nonzero(is_work)[0], owner, start, operation)
     by_key = {key: row for row, key in calls.items()}
@@ -113,9 +127,12 @@ def find_collectives(
         if called is not None:
             work_rows.append(row)
             call_rows.append(called)
-    if not work_rows:
+    kernels, their_calls = _nccl_kernels(deep.column("name"), gpu, parent, is_call, start)
+    if not work_rows and not len(kernels):
         return no_collectives()
-    work, call = np.asarray(work_rows, np.int64), np.asarray(call_rows, np.int64)
+    work = np.concatenate((np.asarray(work_rows, np.int64), kernels))
+    call = np.concatenate((np.asarray(call_rows, np.int64), their_calls))
+    on_gpu = np.arange(len(work)) >= len(work_rows)
     # the same collective on every rank: the k-th call of its rank's iteration
     ordinal = _ordinals(np.nonzero(is_call)[0], owner, start)
     keys = np.stack([iteration[call], ordinal[call]], axis=1)
@@ -124,11 +141,35 @@ def find_collectives(
     group = np.where(count[group] > 1, group, -1)
     most = int(np.unique(owner[work], return_counts=True)[1].max())
     zeros = np.zeros(len(work), np.int64)
-    last = Collectives(work, call, group, zeros, zeros, {}, most).last_arrivals(start[call])
+    arrival = np.where(on_gpu, start[work], start[call])
+    last = Collectives(work, call, on_gpu, group, zeros, zeros, {}, most).last_arrivals(arrival)
     wait = np.clip(last - start[work], 0, dur[work])
     thread = numbers(deep.column("thread_id"), null=-1).astype(np.int64, copy=False)
-    waits = _waits(work, call, owner, start, dur, gpu, thread, is_work, kind)
-    return Collectives(work, call, group, dur[work] - wait, wait, waits, most)
+    waits = _waits(work, call, ~on_gpu, owner, start, dur, gpu, thread, is_work, kind)
+    return Collectives(work, call, on_gpu, group, dur[work] - wait, wait, waits, most)
+
+
+def _nccl_kernels(
+    names: pa.ChunkedArray,
+    gpu: np.ndarray,
+    parent: np.ndarray,
+    is_call: np.ndarray,
+    start: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(each c10d call's first NCCL kernel, that call): the kernel's nearest c10d ancestor, up
+    through its launch call and NCCL's own range."""
+    kernels = np.nonzero(
+        gpu & text_matches(names, partial(pc.starts_with, pattern=GPU_WORK_PREFIX))
+    )[0]
+    up = parent[kernels]
+    while (climb := (up >= 0) & ~is_call[np.maximum(up, 0)]).any():
+        up = np.where(climb, parent[np.maximum(up, 0)], up)
+    found = up >= 0
+    kernels, calls = kernels[found], up[found]
+    by_start = np.argsort(start[kernels], kind="stable")
+    kernels, calls = kernels[by_start], calls[by_start]
+    _, first = np.unique(calls, return_index=True)  # each call's earliest
+    return kernels[first], calls[first]
 
 
 def _numbered(
@@ -157,6 +198,7 @@ def _ordinals(rows: np.ndarray, owner: np.ndarray, start: np.ndarray) -> np.ndar
 def _waits(
     work: np.ndarray,
     call: np.ndarray,
+    on_host: np.ndarray,
     owner: np.ndarray,
     start: np.ndarray,
     dur: np.ndarray,
@@ -172,8 +214,8 @@ def _waits(
     end = start + dur
     host = ~gpu & ~is_work & (kind != schema.KIND_STEP)
     waits: dict[int, list[CollectiveWait]] = {}
-    for step in np.unique(owner[work]).tolist():
-        mine = np.nonzero(owner[work] == step)[0]
+    for step in np.unique(owner[work[on_host]]).tolist():
+        mine = np.nonzero((owner[work] == step) & on_host)[0]
         by_resume: dict[int, tuple[int, list[int]]] = {}
         for t in np.unique(thread[call[mine]]).tolist():
             rows = np.nonzero(host & (owner == step) & (thread == t))[0]
