@@ -12,25 +12,30 @@ run that measures it:
    holds that stream's later work until the work queued on the event's stream before the event's
    record has ended; a synchronizing call waits for the work it names (a stream sync: that
    stream's; an event sync: the work before the event's record; device syncs and blocking copies:
-   every activity launched before it). Host threads run in turn: the
-   step's thread hands its work to autograd's thread during backward and waits for it, so the
-   threads' spans form one program order (two threads working at once would be serialized).
+   every activity launched before it); a collective ends once the last rank has arrived, plus its
+   own transfer, joining the ranks of an iteration (``xsp.analysis.replay_collectives``: gloo's
+   range on the host, where a thread that waited for it waits for its replayed end; NCCL's kernel
+   on the GPU). Host threads run in turn: the step's thread hands its work to autograd's thread
+   during backward and waits for it, so the threads' spans form one program order (two threads
+   working at once would be serialized).
 2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
-   is the shallowest F run's, each time moved back by the calibrated cost of the F records that
-   started and ended before it in its step (the level-set process timed a small training step
+   is the shallowest F run's, each time moved back by the calibrated cost of its own rank's F
+   records that started and ended before it in its step (the level-set process timed a small training step
    with its levels off and on: ``run.json``'s ``calibration``); the deep run's spans take those
    times by structural key, and its L calls are placed between them by interpolation; children
    stay inside their parents. A sync keeps only what it took after the work it awaited ended.
 3. **Replay.** The host issues in that order; a launch enqueues its activity at the launch
    call's end; a stream runs its activities in order, each once it is launched and the one before
    it has ended, with its G-run duration; a sync blocks the host until the awaited work has ended,
-   and everything after it moves by that wait. The step ends when both the host and the GPU are
-   done (M's step is bounded by a device sync). By construction no activity starts before its
-   launch, none overlaps another of its stream, and all lie inside their step.
+   and everything after it moves by that wait. The step ends at its marker's replayed time or
+   when the GPU is done, whichever is later (M's step is bounded by a device sync). The ranks of
+   an iteration replay together, again with the replayed arrivals until they hold. By
+   construction no activity starts before its launch, none overlaps another of its stream, and
+   all lie inside their step.
 4. **Critical path.** Walked back from the step's end: an activity that waited for the one before
    it on its stream hands the path to it; one that waited for its launch hands it to the host at
-   that launch; a sync that waited hands it to the activity it waited for. Every nanosecond of
-   the step gets one cause: GPU compute, host work, launch overhead (launch calls), sync (a
+   that launch; a sync that waited hands it to the activity it waited for; a thread's wait for its
+   collectives is communication. Every nanosecond of the step gets one cause: GPU compute, host work, launch overhead (launch calls), sync (a
    sync's return after the GPU finished), data loading or communication.
 5. **What-if** (``WhatIf``, ``what_if``). A fix is an edit of the graph, replayed: activities that
    take no time, host spans whose time leaves their own step's host clock (another rank's
