@@ -20,10 +20,11 @@ run that measures it:
    working at once would be serialized).
 2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
    is the shallowest F run's, each time moved back by the calibrated cost of its own rank's F
-   records that started and ended before it in its step (the level-set process timed a small training step
-   with its levels off and on: ``run.json``'s ``calibration``); the deep run's spans take those
-   times by structural key, and its L calls are placed between them by interpolation; children
-   stay inside their parents. A sync keeps only what it took after the work it awaited ended.
+   records that started and ended before it in its step (the level-set process timed a small
+   training step with its levels off and on: ``run.json``'s ``calibration``); the deep run's
+   spans take those times by structural key, and its L calls are placed between them by
+   interpolation; children stay inside their parents. A sync keeps only what it took after the
+   work it awaited ended.
 3. **Replay.** The host issues in that order; a launch enqueues its activity at the launch
    call's end; a stream runs its activities in order, each once it is launched and the one before
    it has ended, with its G-run duration; a sync blocks the host until the awaited work has ended,
@@ -35,8 +36,9 @@ run that measures it:
 4. **Critical path.** Walked back from the step's end: an activity that waited for the one before
    it on its stream hands the path to it; one that waited for its launch hands it to the host at
    that launch; a sync that waited hands it to the activity it waited for; a thread's wait for its
-   collectives is communication. Every nanosecond of the step gets one cause: GPU compute, host work, launch overhead (launch calls), sync (a
-   sync's return after the GPU finished), data loading or communication.
+   collectives is communication. Every nanosecond of the step gets one cause: GPU compute, host
+   work, launch overhead (launch calls), sync (a sync's return after the GPU finished), data
+   loading or communication.
 5. **What-if** (``WhatIf``, ``what_if``). A fix is an edit of the graph, replayed: activities that
    take no time, host spans whose time leaves their own step's host clock (another rank's
    step, on the same clock, keeps its times), or every activity launched at
@@ -280,7 +282,7 @@ class _Graph:
     latency: np.ndarray
     gap: np.ndarray
     iteration: np.ndarray
-    collectives: Collectives  # gloo's collectives across ranks and the host's waits for them
+    collectives: Collectives  # collectives across ranks (gloo's, NCCL's), the host's waits
 
 
 def _graph(store: MeasurementStore) -> _Graph:
@@ -967,7 +969,6 @@ class _Iteration:
                 return mine[mine < done]
             return np.arange(done)
 
-        coll = self.collectives
         held_by_ranks = coll.waits.get(self.step, [])
         gap_at = [
             int(ws[w.after] + wd[w.after]) if w.after >= 0 else int(ws[self.step])
