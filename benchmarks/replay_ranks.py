@@ -4,8 +4,8 @@
 
 Per store: M's median step, the MF process's own untraced warm-up steps, the replayed step and
 its error against both, the replay with each rank replayed alone (no collective edges), the
-replay with no cost taken off the host (MF's own steps, to the nanosecond where the model
-holds), F's cost per record and each rank's median wait for the last rank to arrive.
+replay with none of F's cost taken off the host (MF's own steps, to the nanosecond where the
+model holds), F's cost per record and each rank's median wait for the last rank to arrive.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def figures(path: str) -> str:
         f"{base.get('untraced_ms') or float('nan'):.3f} ms (baseline "
         f"{'stable' if base.get('stable') else 'unstable'}); replayed {found['step_ms']:.3f} ms "
         f"({found['error_pct']:+.1f}% vs M, {base.get('replay_vs_untraced_pct') or 0:+.1f}% vs "
-        f"untraced); ranks alone {alone['step_ms']:.3f} ms; no host cost {free['step_ms']:.3f} ms; "
+        f"untraced); ranks alone {alone['step_ms']:.3f} ms; F's cost left on {free['step_ms']:.3f} ms; "
         f"F {calib['framework_ns_per_record']} ns a record (x{calib['scaled_to_own_steps']}); "
         "median wait a step: "
         + ", ".join(
