@@ -99,6 +99,25 @@ def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.00365, 0.0031])
 
 
+def test_a_span_that_keeps_half_its_time_moves_what_follows_by_the_other_half(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's mm (1,600-5,000) keeping half its time: rank 1 calls at 3,300 and arrives last;
+    rank 0 completes at 3,300 + 1,000, its add ends 4,800 and its step 3,900 ns; rank 1's gloo
+    starts at 3,350 and completes 4,350, its step 3,450 ns."""
+    from xsp.analysis.replay import WhatIf, _replay
+    from xsp.analysis.store import MeasurementStore
+
+    def rank_1_mm(spans):  # type: ignore[no-untyped-def]
+        names = np.asarray(spans.column("name").to_pylist(), dtype=object)
+        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
+        return np.where((names == "aten::mm") & (ranks == 1), 0.5, 1.0)
+
+    edit = WhatIf("rank 1's mm twice as fast", keep_host=rank_1_mm)
+    edited = _replay(MeasurementStore(_measurement(tmp_path)), edit)
+    assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0039, 0.00345])
+
+
 def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) -> None:
     """The ranks of an iteration share one clock: cutting rank 1's mm (1,600-5,000 ns) takes
     3,400 ns off rank 1's host timeline and none off rank 0's, whose mm (1,100-3,000) ran over
@@ -387,3 +406,22 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
     assert edited.start_ns[nccl_0] + edited.dur_ns[nccl_0] == 5050
     alone = _replay(measurement, edit, replace(_graph(measurement), collectives=no_collectives()))
     assert alone.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0045, 0.00365])
+
+
+def test_the_straggler_is_named_and_its_fix_replayed() -> None:
+    """Rank 1 arrives last at 35 of 40 all-reduces and rank 0 waits 2.256 ms a step for it;
+    its compute (the steps' outermost ops, modules, autograd nodes and optimizer calls, as
+    traced) takes 2.993 ms a step against rank 0's 2.494. Replayed with rank 1's compute at
+    0.83 of its time, the step is 0.263 ms shorter."""
+    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.suggestions import suggest
+
+    rows = [r for r in suggest(MeasurementStore(GLOO)).to_pylist() if r["rule"] == "straggler"]
+    assert len(rows) == 1
+    found = rows[0]
+    assert found["evidence"] == (
+        "rank 1 arrives last at 35 of 40 collectives; the other ranks wait 2.256 ms a step for "
+        "it; its compute (as traced) takes 2.993 ms a step against rank 0's 2.494"
+    )
+    assert found["estimate"] == "rank 1's compute as fast as rank 0's (0.83 of its time)"
+    assert found["gain_ms_per_iteration"] == pytest.approx(0.2634, abs=1e-4)

@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=40, help="training steps (warm-up included)")
-steps = parser.parse_args().steps
+parser.add_argument("--balanced", action="store_true", help="every rank the same batch: the fix")
+args = parser.parse_args()
 dist.init_process_group("gloo")
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -25,8 +26,9 @@ for _ in range(4):
 # 4 x (256 x 256 + 256) floats in buckets of 0.3 MB: two all-reduces a step
 model = DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=0.3)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-batch = torch.randn(64 * (1 + dist.get_rank()), 256)  # rank 1: twice the work, the straggler
-for _ in range(steps):
+# rank 1: twice the work, the straggler (with --balanced, as much as rank 0)
+batch = torch.randn(64 * (1 if args.balanced else 1 + dist.get_rank()), 256)
+for _ in range(args.steps):
     model(batch).sum().backward()
     optimizer.step()
     optimizer.zero_grad()

@@ -191,12 +191,15 @@ class WhatIf:
 
     ``model`` says what the edit assumes, in words; ``drop_activities`` picks GPU activities
     that take no time, ``drop_host`` host spans whose time leaves the host timeline (what runs
-    after them moves earlier), both from the deep run's spans; ``launch_at_step_start`` launches
-    every activity at the step's start (one CUDA graph for the whole step)."""
+    after them moves earlier), ``keep_host`` the share of its time each host span keeps (1: all
+    of it; its last part leaves the timeline, as a dropped span's whole time does), all from the
+    deep run's spans; ``launch_at_step_start`` launches every activity at the step's start (one
+    CUDA graph for the whole step)."""
 
     model: str
     drop_activities: Callable[[pa.Table], np.ndarray] | None = None
     drop_host: Callable[[pa.Table], np.ndarray] | None = None
+    keep_host: Callable[[pa.Table], np.ndarray] | None = None
     launch_at_step_start: bool = False
 
 
@@ -237,17 +240,19 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
 
 
 def _cut_per_step(
-    warped_start: np.ndarray, warped_end: np.ndarray, cut: np.ndarray, members: list[np.ndarray]
+    warped_start: np.ndarray, warped_end: np.ndarray, keep: np.ndarray, members: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The host timeline with the ``cut`` spans' time taken out, each step by its own cuts (its
-    untraced gaps too): the ranks of an iteration share a clock, and one rank's cut is no other
-    rank's time. Each step keeps its start."""
+    """The host timeline with each span's time past the share it ``keep``s taken out, each step
+    by its own cuts (its untraced gaps too): the ranks of an iteration share a clock, and one
+    rank's cut is no other rank's time. Each step keeps its start."""
     out_start, out_end = warped_start.copy(), warped_end.copy()
     for rows in members:  # each step's rows
-        mine = rows[cut[rows]]
+        mine = rows[keep[rows] < 1.0]
         if not len(mine):
             continue
-        cut_start, cut_end = warped_start[mine], warped_end[mine]
+        length = warped_end[mine] - warped_start[mine]
+        cut_start = warped_start[mine] + np.round(keep[mine] * length).astype(np.int64)
+        cut_end = warped_end[mine]
         out_start[rows] = _without(warped_start[rows], cut_start, cut_end)
         out_end[rows] = _without(warped_end[rows], cut_start, cut_end)
     return out_start, out_end
@@ -432,9 +437,14 @@ def _replay(
         gpu_dur[dropped] = 0
         latency, gap = latency.copy(), gap.copy()
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
-    if edit is not None and edit.drop_host is not None:
-        cut = ~gpu & edit.drop_host(deep)
-        warped_start, warped_end = _cut_per_step(warped_start, warped_end, cut, g.members)
+    if edit is not None and (edit.drop_host is not None or edit.keep_host is not None):
+        keep = np.ones(len(gpu), dtype=np.float64)
+        if edit.keep_host is not None:
+            keep = np.clip(np.asarray(edit.keep_host(deep), dtype=np.float64), 0.0, 1.0)
+        if edit.drop_host is not None:
+            keep[edit.drop_host(deep)] = 0.0
+        keep[gpu] = 1.0
+        warped_start, warped_end = _cut_per_step(warped_start, warped_end, keep, g.members)
     warped_dur = warped_end - warped_start
     out_start = start.copy()
     out_dur = dur.copy()

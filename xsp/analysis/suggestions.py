@@ -51,6 +51,10 @@ MATMUL_OPS = ("aten::convolution", "aten::convolution_backward", *GEMM_OPS)
 FP32_CUDA_CORE_KERNELS = "sgemm|f32f32_f32f32|ffma|simt"
 #: Below this share of the untraced step, fp32 math is not worth a suggestion.
 FP32_MIN_SHARE_PCT = 1.0
+#: A rank is the straggler when it arrives last at this share of the collectives seen on two
+#: ranks or more, and the others wait at least ``STRAGGLER_WAIT_PCT`` of the step for it.
+STRAGGLER_SHARE_PCT = 60.0
+STRAGGLER_WAIT_PCT = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,11 @@ LOADER_WORKERS = WhatIf(
 def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Suggestion:
     """``found`` with its gain from the replay of ``edit``, where the replay's host is the
     untraced one (a calibrated F run: else the tracer's own host time would hide GPU gains) and
-    the job has one rank; otherwise ``found`` as it is."""
-    from xsp.analysis import distributed
+    the job's collectives are checked on a recording (one rank, or ranks on the CPU: NCCL's
+    kernels are checked on a hand-worked store only); otherwise ``found`` as it is."""
+    from xsp.analysis import critical_path, distributed
 
-    if distributed.is_multi_rank(store):
+    if distributed.is_multi_rank(store) and critical_path.has_gpu(store):
         return found
     replayed = replay(store)
     if replayed.calibration.op_ns is None:
@@ -322,6 +327,76 @@ def input_bound(store: MeasurementStore) -> Suggestion | None:
     return _replayed(store, found, LOADER_WORKERS)
 
 
+def straggler(store: MeasurementStore) -> Suggestion | None:
+    """One rank arrives last at most collectives and the others wait for it: the job runs at its
+    pace. The estimate replays its compute (its steps' outermost ops, modules, autograd nodes and
+    optimizer calls) as fast as the fastest rank's."""
+    from xsp.analysis import distributed
+
+    if not distributed.is_multi_rank(store):
+        return None
+    skew = distributed.collective_skew(store)
+    if not skew.num_rows:
+        return None
+    last = numbers(skew.column("straggler_rank"), null=-1).astype(np.int64, copy=False)
+    ranks, counts = np.unique(last[last >= 0], return_counts=True)
+    if not len(ranks) or 100.0 * counts.max() / skew.num_rows < STRAGGLER_SHARE_PCT:
+        return None
+    slow = int(ranks[np.argmax(counts)])
+    summary = {row["rank"]: row for row in distributed.rank_summary(store).to_pylist()}
+    others = [row for rank, row in summary.items() if rank != slow]
+    wait_ms = float(np.mean([row["wait_ms_per_iteration"] or 0.0 for row in others]))
+    _, step_ms = _steps(store)
+    if not step_ms or 100.0 * wait_ms / step_ms < STRAGGLER_WAIT_PCT:
+        return None
+    compute = _rank_compute_ms(replay(store).spans)
+    fastest = min(compute, key=lambda rank: compute[rank])
+    share = compute[fastest] / compute[slow] if compute.get(slow) else 1.0
+    found = Suggestion(
+        "straggler",
+        f"balance the ranks: rank {slow} sets the pace; give it a smaller share of the batch or "
+        "the data, or move its other host work (logging, checkpoints, evaluation) off it",
+        f"rank {slow} arrives last at {int(counts.max())} of {skew.num_rows} collectives; the "
+        f"other ranks wait {wait_ms:.3f} ms a step for it; its compute (as traced) takes "
+        f"{compute.get(slow, 0.0):.3f} ms a step against rank {fastest}'s {compute[fastest]:.3f}",
+        min(wait_ms, step_ms),
+        min(100.0 * wait_ms / step_ms, 100.0),
+        "the other ranks' wait for it",
+    )
+    if share >= 1.0:
+        return found
+    edit = WhatIf(
+        f"rank {slow}'s compute as fast as rank {fastest}'s ({share:.2f} of its time)",
+        keep_host=lambda spans: np.where(_outer_compute(spans, slow), share, 1.0),
+    )
+    return _replayed(store, found, edit)
+
+
+def _outer_compute(spans: pa.Table, rank: int) -> np.ndarray:
+    """The framework spans of ``rank`` right under its steps that compute (ops, modules,
+    autograd nodes, optimizer calls): its compute, each nanosecond once."""
+    from xsp.analysis.distributed import COMPUTE_KINDS
+
+    parent = _parents(spans)
+    kind = texts(spans.column("kind"))
+    ranks = numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
+    under_step = (parent >= 0) & (kind[np.maximum(parent, 0)] == "step")
+    return under_step & np.isin(kind, COMPUTE_KINDS) & (ranks == rank)
+
+
+def _rank_compute_ms(spans: pa.Table) -> dict[int, float]:
+    """Each rank's median compute a step (ms), from the deep run's own durations."""
+    ranks = numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
+    iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
+    dur = numbers(spans.column("dur_ns")).astype(np.int64, copy=False)
+    out = {}
+    for rank in sorted(set(ranks[ranks >= 0].tolist())):
+        rows = np.nonzero(_outer_compute(spans, rank))[0]
+        per_step = np.bincount(iteration[rows] - iteration[rows].min(), weights=dur[rows])
+        out[rank] = float(np.median(per_step[per_step > 0])) / 1e6 if len(rows) else 0.0
+    return out
+
+
 def index_select(store: MeasurementStore) -> Suggestion | None:
     """aten::index with one 1-D index tensor does what the cheaper aten::index_select does."""
     return _costly(
@@ -353,6 +428,7 @@ RULES: tuple[Callable[[MeasurementStore], Suggestion | None], ...] = (
     host_syncs,
     input_bound,
     index_select,
+    straggler,
 )
 
 _SCHEMA = pa.schema(
