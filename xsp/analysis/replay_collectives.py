@@ -36,8 +36,8 @@ from xsp.tracer.convert.columns import numbers
 
 #: The backends whose work range is the transfer itself, on the host.
 HOST_WORK_PREFIXES = ("gloo:",)
-#: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``; ``ncclKernel_...`` before NCCL
-#: 2.19): the transfer on the GPU, spinning there until every rank's kernel has started.
+#: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...`` in older
+#: releases): the transfer on the GPU, spinning there until every rank's kernel has started.
 GPU_WORK_PREFIX = "nccl"
 
 
@@ -45,8 +45,8 @@ GPU_WORK_PREFIX = "nccl"
 class CollectiveWait:
     """A host thread's wait for its rank's collectives: the untraced gap from the end of
     ``after`` (-1: the step's start) to the start of ``resume``, awaiting ``works`` (indices into
-    ``Collectives.work``); ``wake_ns``
-    is what it took after the last of them ended, kept in the replay as a sync's own cost."""
+    ``Collectives.work``); ``wake_ns`` is what it took after the last of them ended, kept in the
+    replay as a sync's own cost."""
 
     after: int
     resume: int
