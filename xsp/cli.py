@@ -685,6 +685,8 @@ def _replay_summary(store: Any) -> dict[str, Any]:
 
 def _print_replay(store: Any) -> None:
     """One line: the replayed step against M's (the summary above says what bounds it)."""
+    import statistics
+
     found = _replay_summary(store)
     if found is None or found["step_ms"] is None:
         return
@@ -708,8 +710,6 @@ def _print_replay(store: Any) -> None:
             f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
             highlight=False,
         )
-    import statistics
-
     waits: dict[int, list[int]] = {}
     for row in found["collective_waits"]:
         waits.setdefault(row["rank"], []).append(row["wait_ns"])
