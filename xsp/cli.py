@@ -684,7 +684,9 @@ def _replay_summary(store: Any) -> dict[str, Any]:
 
 
 def _print_replay(store: Any) -> None:
-    """One line: the replayed step against M's (the summary above says what bounds it)."""
+    """The replayed step against M's (the summary above says what bounds it), then F's cost
+    taken off where a check changed it, the ranks' waits for each other and the baseline's
+    warnings."""
     import statistics
 
     found = _replay_summary(store)
