@@ -350,15 +350,17 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
     if not step_ms or 100.0 * wait_ms / step_ms < STRAGGLER_WAIT_PCT:
         return None
     compute = _rank_compute_ms(replay(store).spans)
+    if slow not in compute:
+        return None  # no framework spans: nothing to say what it computes
     fastest = min(compute, key=lambda rank: compute[rank])
-    share = compute[fastest] / compute[slow] if compute.get(slow) else 1.0
+    share = compute[fastest] / compute[slow] if compute[slow] else 1.0
     found = Suggestion(
         "straggler",
         f"balance the ranks: rank {slow} sets the pace; give it a smaller share of the batch or "
         "the data, or move its other host work (logging, checkpoints, evaluation) off it",
         f"rank {slow} arrives last at {int(counts.max())} of {skew.num_rows} collectives; the "
         f"other ranks wait {wait_ms:.3f} ms a step for it; its compute (as traced) takes "
-        f"{compute.get(slow, 0.0):.3f} ms a step against rank {fastest}'s {compute[fastest]:.3f}",
+        f"{compute[slow]:.3f} ms a step against rank {fastest}'s {compute[fastest]:.3f}",
         min(wait_ms, step_ms),
         min(100.0 * wait_ms / step_ms, 100.0),
         "the other ranks' wait for it",
@@ -392,8 +394,10 @@ def _rank_compute_ms(spans: pa.Table) -> dict[int, float]:
     out = {}
     for rank in sorted(set(ranks[ranks >= 0].tolist())):
         rows = np.nonzero(_outer_compute(spans, rank))[0]
+        if not len(rows):
+            continue
         per_step = np.bincount(iteration[rows] - iteration[rows].min(), weights=dur[rows])
-        out[rank] = float(np.median(per_step[per_step > 0])) / 1e6 if len(rows) else 0.0
+        out[rank] = float(np.median(per_step[per_step > 0])) / 1e6
     return out
 
 
