@@ -40,7 +40,7 @@ PRESETS=(
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
   "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 9: 4 forward passes, then optimizer steps): the figures of llama-1b, into llama-accum/"
   "service|1-2 min|service_overhead.py on CUDA: a batch-1 MLP service (width 2048) untraced, M on every request, F sampled 1 in 100 and F on every request, in shuffled rounds in one process, into service-overhead-cuda.json (ROUNDS=12 REQUESTS=1000 SAMPLED=MF: level sets sampled, comma-separated; L and G do not run in a continuous session on CUDA yet)"
-  "ddp-gloo|2-3 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits, and the stores, into ddp-gloo/"
+  "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -594,7 +594,22 @@ print({k: replay.get(k) for k in ("step_ms", "measured_step_ms", "error_pct", "c
       "calibration", {k: replay["calibration"].get(k) for k in ("framework_ns_per_record", "scaled_to_own_steps")},
       "baseline", {k: (replay["baseline"] or {}).get(k) for k in ("untraced_ms", "difference_pct", "stable")},
       "waits ms (median)", {r: round(statistics.median(w), 3) for r, w in waits.items()})
+rows = json.load(open(sys.argv[1]))["analyses"].get("suggestions", {}).get("rows", [])
+for row in rows:
+    if row["rule"] == "straggler":
+        print("straggler:", row["evidence"], "| gain", round(row["gain_ms_per_iteration"], 3), "ms |", row["estimate"])
 PY
+  done
+  # the straggler suggestion's fix, measured: M alone, unbalanced and --balanced alternating
+  for pair in $(seq 1 "${PAIRS:-3}"); do
+    for mode in straggler balanced; do
+      local flag=""; [ "$mode" = balanced ] && flag=--balanced
+      rm -rf "/tmp/ddp-$mode"
+      timeout 120 python3 -m xsp run --levels M --iterations 40 --warmup 15 --device cpu \
+        --out "/tmp/ddp-$mode" -- python3 -m torch.distributed.run --standalone \
+        --nproc-per-node 2 benchmarks/workloads/ddp_gloo_straggler.py --steps 60 $flag 2>&1 \
+        | grep -E "│ M " | sed "s/^/pair $pair $mode /" | tee -a "$OUT/ddp-gloo/balanced.txt"
+    done
   done
   (cd "$OUT/ddp-gloo" && tar -czf ../ddp-gloo-stores.tgz round-*/ && rm -rf round-*/)
 }
