@@ -452,34 +452,31 @@ def _replay(
     charged_ns: list[np.ndarray] = []
     step_rows = []
 
-    def run_steps(arrivals: np.ndarray | None) -> list[_Iteration]:
-        sims = []
-        for step, members in zip(steps, g.members, strict=True):
-            sim = _Iteration(
-                int(step),
-                members,
-                parent,
-                warped_start,
-                warped_dur,
-                gpu_dur,
-                start,
-                latency,
-                gap,
-                gpu,
-                g.is_sync,
-                g.base,
-                g.is_call,
-                stream,
-                g.lane,
-                g.named,
-                g.collectives,
-                arrivals,
-            )
-            sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
-            sims.append(sim)
-        return sims
+    def run_step(position: int, arrivals: np.ndarray | None) -> _Iteration:
+        sim = _Iteration(
+            int(steps[position]),
+            g.members[position],
+            parent,
+            warped_start,
+            warped_dur,
+            gpu_dur,
+            start,
+            latency,
+            gap,
+            gpu,
+            g.is_sync,
+            g.base,
+            g.is_call,
+            stream,
+            g.lane,
+            g.named,
+            g.collectives,
+            arrivals,
+        )
+        sim.run(launch_at_step_start=edit is not None and edit.launch_at_step_start)
+        return sim
 
-    sims, arrivals = _across_ranks(run_steps, g.collectives)
+    sims, arrivals = _across_ranks(run_step, len(steps), g.collectives)
     for sim in sims:
         out_start[sim.rows] = sim.start
         out_dur[sim.rows] = sim.dur
@@ -562,14 +559,15 @@ def _replay(
 
 
 def _across_ranks(
-    run_steps: Callable[[np.ndarray | None], list[_Iteration]], found: Collectives
+    run_step: Callable[[int, np.ndarray | None], _Iteration], count: int, found: Collectives
 ) -> tuple[list[_Iteration], np.ndarray | None]:
     """Every step replayed, the ranks of an iteration joined by their collectives: first each
     with its collectives' waits as measured, then again with each collective ending after the
     last rank's replayed arrival, until the arrivals hold (a collective's arrivals move only
     with the ones before it, so as many rounds as an iteration has collectives, and one more,
-    at most). Returns the steps and each work's last arrival (None: no collective spans ranks)."""
-    sims = run_steps(None)
+    at most; a round replays only the steps whose collectives' arrivals moved). Returns the
+    steps and each work's last arrival (None: no collective spans ranks)."""
+    sims = [run_step(position, None) for position in range(count)]
     if not found.linked:
         return sims, None
     arrivals: np.ndarray | None = None
@@ -578,10 +576,13 @@ def _across_ranks(
         for sim in sims:
             arrived[sim.work_index] = sim.arrived
         latest = found.last_arrivals(arrived)
-        if arrivals is not None and np.array_equal(latest, arrivals):
+        moved = np.ones(len(latest), dtype=bool) if arrivals is None else latest != arrivals
+        if not moved.any():
             break
         arrivals = latest
-        sims = run_steps(arrivals)
+        for position, sim in enumerate(sims):
+            if moved[sim.work_index].any():
+                sims[position] = run_step(position, arrivals)
     return sims, arrivals
 
 
