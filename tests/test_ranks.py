@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -94,32 +95,47 @@ def _resource(levels: str) -> dict[str, object]:
     }
 
 
-def _two_rank_measurement(root: Path) -> Path:
-    mf = [
-        build_table(
-            "run-mf",
-            "MF",
-            {"M": _steps(events[0][1], events[0][2]), "F": _framework(events)},
-            rank=rank,
-            world_size=2,
-        )[0]
-        for rank, events in RANK_EVENTS.items()
-    ]
+def framework_ranks(events: dict[int, list[tuple[str, int, int, int, str, str]]]) -> pa.Table:
+    """An MF run of two ranks from each rank's framework events (its first is its step)."""
+    return join_ranks(
+        [
+            build_table(
+                "run-mf",
+                "MF",
+                {"M": _steps(mine[0][1], mine[0][2]), "F": _framework(mine)},
+                rank=rank,
+                world_size=2,
+            )[0]
+            for rank, mine in events.items()
+        ],
+        2,
+    )
+
+
+def write_two_ranks(
+    root: Path, m_steps: dict[int, tuple[int, int]], levels: str, deep: pa.Table
+) -> Path:
+    """A two-rank measurement: an M run with ``m_steps`` (each rank's step start and end) and
+    the ``levels`` run ``deep``."""
     m = [
-        build_table("run-m", "M", {"M": _steps(*M_STEPS[r])}, rank=r, world_size=2)[0]
+        build_table("run-m", "M", {"M": _steps(*m_steps[r])}, rank=r, world_size=2)[0]
         for r in (0, 1)
     ]
     store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
-    store.write_run(root / "MF", join_ranks(mf, 2), "MF", _resource("MF"), world_size=2)
+    store.write_run(root / levels, deep, levels, _resource(levels), world_size=2)
     store.write_json_atomic(
         root / store.MANIFEST,
         {
             "format": schema.STORE_FORMAT,
-            "runs": [{"levels": "M", "status": "ok"}, {"levels": "MF", "status": "ok"}],
+            "runs": [{"levels": "M", "status": "ok"}, {"levels": levels, "status": "ok"}],
             "status": "ok",
         },
     )
     return root
+
+
+def _two_rank_measurement(root: Path) -> Path:
+    return write_two_ranks(root, M_STEPS, "MF", framework_ranks(RANK_EVENTS))
 
 
 def test_the_ranks_of_an_iteration_are_one_trace_under_one_root(tmp_path: Path) -> None:

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from tests.test_ranks import _framework, _resource, _steps
-from xsp.tracer import schema, store
-from xsp.tracer.convert.ranks import join_ranks
-from xsp.tracer.convert.spans import build_table
+from tests.test_ranks import framework_ranks, write_two_ranks
+from xsp.tracer import schema
 
 # Rank 0: mm, then the all-reduce call at 3,000 ns; gloo's work starts at 3,050 and waits for
 # rank 1 (arrives 5,000 ns): a 1,950 ns wait, then a 1,000 ns transfer ending at 6,000; the add
@@ -40,32 +39,18 @@ EVENTS = {
 M_STEPS = {0: (10_000, 15_600), 1: (10_200, 15_350)}
 
 
+def _on_rank(spans: pa.Table, rank: int, value: str, column: str = "name") -> np.ndarray:
+    """The rows of ``spans`` on ``rank`` whose ``column`` holds ``value``."""
+    held = np.asarray(spans.column(column).to_pylist(), dtype=object) == value
+    return held & (np.asarray(spans.column("rank").fill_null(-1).to_pylist()) == rank)
+
+
+#: The spans of rank 1's mm (1,600-5,000 ns), for the what-ifs.
+rank_1_mm = partial(_on_rank, rank=1, value="aten::mm")
+
+
 def _measurement(root: Path) -> Path:
-    mf = [
-        build_table(
-            "run-mf",
-            "MF",
-            {"M": _steps(events[0][1], events[0][2]), "F": _framework(events)},
-            rank=rank,
-            world_size=2,
-        )[0]
-        for rank, events in EVENTS.items()
-    ]
-    m = [
-        build_table("run-m", "M", {"M": _steps(*M_STEPS[r])}, rank=r, world_size=2)[0]
-        for r in (0, 1)
-    ]
-    store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
-    store.write_run(root / "MF", join_ranks(mf, 2), "MF", _resource("MF"), world_size=2)
-    store.write_json_atomic(
-        root / store.MANIFEST,
-        {
-            "format": schema.STORE_FORMAT,
-            "runs": [{"levels": "M", "status": "ok"}, {"levels": "MF", "status": "ok"}],
-            "status": "ok",
-        },
-    )
-    return root
+    return write_two_ranks(root, M_STEPS, "MF", framework_ranks(EVENTS))
 
 
 def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
@@ -87,11 +72,6 @@ def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
-    def rank_1_mm(spans):  # type: ignore[no-untyped-def]
-        names = np.asarray(spans.column("name").to_pylist(), dtype=object)
-        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
-        return (names == "aten::mm") & (ranks == 1)
-
     edited = _replay(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
     # rank 1 arrives at 1,600 (its gloo at 1,650); rank 0 arrives last, at 3,000: rank 0
     # completes at max(3,000, 3,050) + 1,000 = 4,050, its add ends 4,550, its step 4,650 - 1,000;
@@ -108,12 +88,9 @@ def test_a_span_that_keeps_half_its_time_moves_what_follows_by_the_other_half(
     from xsp.analysis.replay import WhatIf, _replay
     from xsp.analysis.store import MeasurementStore
 
-    def rank_1_mm(spans):  # type: ignore[no-untyped-def]
-        names = np.asarray(spans.column("name").to_pylist(), dtype=object)
-        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
-        return np.where((names == "aten::mm") & (ranks == 1), 0.5, 1.0)
-
-    edit = WhatIf("rank 1's mm twice as fast", keep_host=rank_1_mm)
+    edit = WhatIf(
+        "rank 1's mm twice as fast", keep_host=lambda spans: np.where(rank_1_mm(spans), 0.5, 1.0)
+    )
     edited = _replay(MeasurementStore(_measurement(tmp_path)), edit)
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0039, 0.00345])
 
@@ -129,17 +106,10 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
-    def rank_1_mm(spans):  # type: ignore[no-untyped-def]
-        names = np.asarray(spans.column("name").to_pylist(), dtype=object)
-        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
-        return (names == "aten::mm") & (ranks == 1)
-
     plain = _replay(measurement)
     edited = _replay(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
-    names = np.asarray(plain.spans.column("name").to_pylist(), dtype=object)
-    ranks = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())
-    (mm_0,) = np.nonzero((names == "aten::mm") & (ranks == 0))[0]
-    (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
+    (mm_0,) = np.nonzero(_on_rank(plain.spans, 0, "aten::mm"))[0]
+    (add_1,) = np.nonzero(_on_rank(plain.spans, 1, "aten::add"))[0]
     assert (edited.start_ns[mm_0], edited.dur_ns[mm_0]) == (plain.start_ns[mm_0], 1900)
     assert (plain.start_ns[add_1], edited.start_ns[add_1]) == (6050, 4000)
 
@@ -156,10 +126,8 @@ def test_each_rank_takes_only_its_own_records_cost_off_its_times(tmp_path: Path)
     measurement = MeasurementStore(_measurement(tmp_path))
     deep_index, _, end, _ = host_timeline(measurement, Calibration(100.0, 100.0, "a test"))
     deep, _, _ = keyed(measurement, deep_index)
-    names = np.asarray(deep.column("name").to_pylist(), dtype=object)
-    ranks = np.asarray(deep.column("rank").fill_null(-1).to_pylist())
-    (add_0,) = np.nonzero((names == "aten::add") & (ranks == 0))[0]
-    (add_1,) = np.nonzero((names == "aten::add") & (ranks == 1))[0]
+    (add_0,) = np.nonzero(_on_rank(deep, 0, "aten::add"))[0]
+    (add_1,) = np.nonzero(_on_rank(deep, 1, "aten::add"))[0]
     assert (int(end[add_0]), int(end[add_1])) == (6150, 6200)
 
 
@@ -224,11 +192,7 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
         waits.setdefault(row["rank"], []).append(row["wait_ns"])
     assert {rank: float(np.median(ns)) for rank, ns in waits.items()} == {0: 1483037.0, 1: 0.0}
 
-    def rank_1_backward(spans):  # type: ignore[no-untyped-def]
-        kinds = np.asarray(spans.column("kind").to_pylist(), dtype=object)
-        ranks = np.asarray(spans.column("rank").fill_null(-1).to_pylist())
-        return (kinds == "backward") & (ranks == 1)
-
+    rank_1_backward = partial(_on_rank, rank=1, value="backward", column="kind")
     edited = _replay(
         measurement, WhatIf("rank 1's backward takes no time", drop_host=rank_1_backward)
     )
@@ -314,8 +278,6 @@ def _span(
 
 
 def _nccl_measurement(root: Path) -> Path:
-    import pyarrow as pa
-
     rows = [
         {"span_id": 1, "parent_span_id": 0, "name": "iteration", "kind": "iteration",
          "level": "model", "start_ns": 1000, "dur_ns": 4500},
@@ -340,21 +302,8 @@ def _nccl_measurement(root: Path) -> Path:
     for row in rows:
         row.update(trace_id=b"\x01" * 16, iteration=0, world_size=2)
     table = pa.Table.from_pylist(rows, schema=schema.SPAN_SCHEMA)
-    m = [
-        build_table("run-m", "M", {"M": _steps(*NCCL_RANKS[r]["step"])}, rank=r, world_size=2)[0]
-        for r in (0, 1)
-    ]
-    store.write_run(root / "M", join_ranks(m, 2), "M", _resource("M"), world_size=2)
-    store.write_run(root / "MFLG", table, "MFLG", _resource("MFLG"), world_size=2)
-    store.write_json_atomic(
-        root / store.MANIFEST,
-        {
-            "format": schema.STORE_FORMAT,
-            "runs": [{"levels": "M", "status": "ok"}, {"levels": "MFLG", "status": "ok"}],
-            "status": "ok",
-        },
-    )
-    return root
+    steps = {rank: times["step"] for rank, times in NCCL_RANKS.items()}
+    return write_two_ranks(root, steps, "MFLG", table)
 
 
 def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Path) -> None:
@@ -384,9 +333,7 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
         "activities_overlapping_on_a_stream": 0,
         "spans_outside_their_step": 0,
     }
-    names = np.asarray(plain.spans.column("name").to_pylist(), dtype=object)
-    ranks = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())
-    (nccl_0,) = np.nonzero((names == "ncclDevKernel_AllReduce_Sum_f32_RING_LL") & (ranks == 0))[0]
+    (nccl_0,) = np.nonzero(_on_rank(plain.spans, 0, "ncclDevKernel_AllReduce_Sum_f32_RING_LL"))[0]
     assert (plain.start_ns[nccl_0], plain.dur_ns[nccl_0]) == (2400, 3000)
     # NCCL's kernels are communication: rank 0's 3,000 ns and rank 1's 1,000, a mean 2,000 ns of
     # the 4,250 a step
@@ -396,10 +343,7 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
         "communication-bound: 47% communication, 41% gpu compute"
     )
 
-    def rank_1_gemm(spans):  # type: ignore[no-untyped-def]
-        kernel = np.asarray(spans.column("name").to_pylist(), dtype=object) == "sm90_gemm"
-        return kernel & (np.asarray(spans.column("rank").fill_null(-1).to_pylist()) == 1)
-
+    rank_1_gemm = partial(_on_rank, rank=1, value="sm90_gemm")
     edit = WhatIf("rank 1's GEMM takes no time", drop_activities=rank_1_gemm)
     edited = _replay(measurement, edit)
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.00415, 0.00365])
