@@ -54,9 +54,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from xsp.analysis import replay_collectives
 from xsp.analysis.host_timeline import (
     Calibration,
     baseline,
@@ -69,11 +67,11 @@ from xsp.analysis.host_timeline import (
     step_ranks,
 )
 from xsp.analysis.matching import keyed, tree_depths
-from xsp.analysis.replay_collectives import Collectives, find_collectives
-from xsp.analysis.store import MeasurementStore, text_in, text_matches, texts
+from xsp.analysis.replay_collectives import Collectives, find_collectives, nccl_kernels
+from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
-from xsp.tracer.convert.intervals import inherit, stab
+from xsp.tracer.convert.intervals import find_rows, inherit, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync for the work of the stream or event it
@@ -363,10 +361,9 @@ def _build_graph(store: MeasurementStore) -> _Graph:
     steps = np.nonzero(kind == schema.KIND_STEP)[0]
     owner = owning_steps(parent, kind)  # a multi-rank iteration's ranks: a step each
     base = _sync_base(start, dur, parent, owner, gpu, is_sync)
-    communicating = gpu & text_matches(
-        names, lambda each: pc.starts_with(each, replay_collectives.GPU_WORK_PREFIX)
-    )
-    causes = _causes(parent, tree_depths(store, deep_index), kind, gpu, is_sync, communicating)
+    communicating = nccl_kernels(names, gpu)  # NCCL's kernels: communication
+    depth = tree_depths(store, deep_index)
+    causes = _causes(parent, depth, kind, gpu, is_sync, communicating)
     device = numbers(deep.column("gpu_device"), null=-1).astype(np.int64, copy=False)
     stream = numbers(deep.column("gpu_stream"), null=-1).astype(np.int64, copy=False)
     library = level == schema.LEVEL_LIBRARY
@@ -414,7 +411,7 @@ def _build_graph(store: MeasurementStore) -> _Graph:
         latency,
         gap,
         numbers(deep.column("iteration"), null=-1).astype(np.int64, copy=False),
-        find_collectives(deep, parent, owner, start, dur, gpu),
+        find_collectives(deep, parent, depth, owner, start, dur, gpu, communicating),
     )
 
 
@@ -854,8 +851,7 @@ class _Iteration:
         # rank's has started, plus its transfer (as measured, waits included, in the first round)
         coll = self.collectives
         on_gpu = self.work_index[coll.on_gpu[self.work_index]]
-        kernel_at = np.searchsorted(acts, coll.work[on_gpu], sorter=np.argsort(acts))
-        kernel_at = np.argsort(acts)[kernel_at] if len(on_gpu) else kernel_at
+        kernel_at = find_rows(acts, coll.work[on_gpu])
         arrive = np.full(n, -1, dtype=np.int64)
         if self.arrivals is not None and len(on_gpu):
             measured = measured.copy()
@@ -980,10 +976,10 @@ class _Iteration:
                 return mine[mine < done]
             return np.arange(done)
 
-        held_by_ranks = coll.waits.get(self.step, [])
+        thread_waits = coll.waits.get(self.step, [])
         gap_at = [
             int(ws[w.after] + wd[w.after]) if w.after >= 0 else int(ws[self.step])
-            for w in held_by_ranks
+            for w in thread_waits
         ]
         events = sorted(
             [(at, 0, sync) for sync, at in zip(syncs, sync_start, strict=True)]
@@ -991,7 +987,7 @@ class _Iteration:
         )
         event_starts: list[int] = []
         moved: list[int] = []  # the cumulative delay after each event
-        self.collective_waits: list[tuple[int, int, int]] = []  # (from, to, work row)
+        self.waited_on_collectives: list[tuple[int, int, int]] = []  # (from, to, work row)
 
         def work_end(index: int) -> int:
             """A collective's replayed end on this rank: its last arrival (or its own start,
@@ -1012,11 +1008,11 @@ class _Iteration:
             real = at + delta
             ready = real
             if is_collective:  # a thread's wait for its collectives (the gap before resume)
-                wait = held_by_ranks[which]
+                wait = thread_waits[which]
                 finish, last = max((work_end(int(i)), int(i)) for i in wait.works)
                 ready = max(real, finish)
                 if ready > real:  # the critical path charges the wait to the collective
-                    self.collective_waits.append((real, ready, int(coll.work[last])))
+                    self.waited_on_collectives.append((real, ready, int(coll.work[last])))
                 length = max(0, int(ws[wait.resume]) - at)
                 change = (ready - real) + wait.wake_ns - length
             else:
@@ -1056,9 +1052,7 @@ class _Iteration:
         )
         host_works = index[~on_gpu]
         if len(host_works):
-            at = np.searchsorted(host, coll.work[host_works], sorter=np.argsort(host))
-            where = np.argsort(host)[at]
-            end[where] = (
+            end[find_rows(host, coll.work[host_works])] = (
                 np.maximum(self.last_arrival[~on_gpu], self.work_start[~on_gpu])
                 + coll.transfer_ns[host_works]
             )
@@ -1178,7 +1172,7 @@ class _Iteration:
         if not len(begins):
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
-        waits = np.asarray(self.collective_waits, dtype=np.int64).reshape(-1, 3)
+        waits = np.asarray(self.waited_on_collectives, dtype=np.int64).reshape(-1, 3)
         bounds = np.sort(np.concatenate(([self.step_start], begins, ends, waits[:, :2].ravel())))
         bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]  # np.unique's
         bounds = bounds[(bounds >= self.step_start) & (bounds <= max(ends.max(), self.step_start))]

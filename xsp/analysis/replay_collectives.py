@@ -33,6 +33,7 @@ from xsp.analysis.store import text_matches, texts
 from xsp.tracer import schema
 from xsp.tracer.convert import collectives
 from xsp.tracer.convert.columns import numbers
+from xsp.tracer.convert.intervals import inherit
 
 #: The backends whose work range is the transfer itself, on the host.
 HOST_WORK_PREFIXES = ("gloo:",)
@@ -91,16 +92,23 @@ def no_collectives() -> Collectives:
     return Collectives(empty, empty, empty.astype(bool), empty, empty, empty, {}, 0)
 
 
+def nccl_kernels(names: pa.ChunkedArray, gpu: np.ndarray) -> np.ndarray:
+    """Which rows are NCCL's kernels (the G run's activities named ``nccl...``)."""
+    return gpu & text_matches(names, partial(pc.starts_with, pattern=GPU_WORK_PREFIX))
+
+
 def find_collectives(
     deep: pa.Table,
     parent: np.ndarray,
+    depth: np.ndarray,
     owner: np.ndarray,
     start: np.ndarray,
     dur: np.ndarray,
     gpu: np.ndarray,
+    nccl: np.ndarray,
 ) -> Collectives:
-    """The collectives of the deep run (its rows, raw times), matched across the ranks of each
-    iteration, with each step's waits for them."""
+    """The collectives of the deep run (its rows, raw times; ``nccl``: its NCCL kernels),
+    matched across the ranks of each iteration, with each step's waits for them."""
     kind = texts(deep.column("kind"))
     is_collective = kind == schema.KIND_COLLECTIVE
     if not is_collective.any() or "rank" not in deep.column_names:
@@ -127,7 +135,7 @@ def find_collectives(
         if called is not None:
             work_rows.append(row)
             call_rows.append(called)
-    kernels, their_calls = _nccl_kernels(deep.column("name"), gpu, parent, is_call, start)
+    kernels, their_calls = _first_kernels(nccl, parent, depth, is_call, start)
     if not work_rows and not len(kernels):
         return no_collectives()
     work = np.concatenate((np.asarray(work_rows, np.int64), kernels))
@@ -149,21 +157,13 @@ def find_collectives(
     return Collectives(work, call, on_gpu, group, dur[work] - wait, wait, waits, most)
 
 
-def _nccl_kernels(
-    names: pa.ChunkedArray,
-    gpu: np.ndarray,
-    parent: np.ndarray,
-    is_call: np.ndarray,
-    start: np.ndarray,
+def _first_kernels(
+    nccl: np.ndarray, parent: np.ndarray, depth: np.ndarray, is_call: np.ndarray, start: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(each c10d call's first NCCL kernel, that call): the kernel's nearest c10d ancestor, up
     through its launch call and NCCL's own range."""
-    kernels = np.nonzero(
-        gpu & text_matches(names, partial(pc.starts_with, pattern=GPU_WORK_PREFIX))
-    )[0]
-    up = parent[kernels]
-    while (climb := (up >= 0) & ~is_call[np.maximum(up, 0)]).any():
-        up = np.where(climb, parent[np.maximum(up, 0)], up)
+    kernels = np.nonzero(nccl)[0]
+    up = inherit(np.where(is_call, np.arange(len(is_call)), -1), parent, depth)[kernels]
     found = up >= 0
     kernels, calls = kernels[found], up[found]
     by_start = np.argsort(start[kernels], kind="stable")

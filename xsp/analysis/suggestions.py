@@ -349,7 +349,9 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
     _, step_ms = _steps(store)
     if not step_ms or 100.0 * wait_ms / step_ms < STRAGGLER_WAIT_PCT:
         return None
-    compute = _rank_compute_ms(replay(store).spans)
+    spans = replay(store).spans
+    outer = _outer_compute(spans)
+    compute = _rank_compute_ms(spans, outer)
     if slow not in compute:
         return None  # no framework spans: nothing to say what it computes
     fastest = min(compute, key=lambda rank: compute[rank])
@@ -369,31 +371,35 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
         return found
     edit = WhatIf(
         f"rank {slow}'s compute as fast as rank {fastest}'s ({share:.2f} of its time)",
-        keep_host=lambda spans: np.where(_outer_compute(spans, slow), share, 1.0),
+        keep_host=lambda spans: np.where(outer & (_ranks(spans) == slow), share, 1.0),
     )
     return _replayed(store, found, edit)
 
 
-def _outer_compute(spans: pa.Table, rank: int) -> np.ndarray:
-    """The framework spans of ``rank`` right under its steps that compute (ops, modules,
-    autograd nodes, optimizer calls): its compute, each nanosecond once."""
+def _ranks(spans: pa.Table) -> np.ndarray:
+    return numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
+
+
+def _outer_compute(spans: pa.Table) -> np.ndarray:
+    """The framework spans right under a rank's step that compute (ops, modules, autograd
+    nodes, optimizer calls): the rank's compute, each nanosecond once."""
     from xsp.analysis.distributed import COMPUTE_KINDS
 
     parent = _parents(spans)
     kind = texts(spans.column("kind"))
-    ranks = numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
     under_step = (parent >= 0) & (kind[np.maximum(parent, 0)] == "step")
-    return under_step & np.isin(kind, COMPUTE_KINDS) & (ranks == rank)
+    return under_step & np.isin(kind, COMPUTE_KINDS)
 
 
-def _rank_compute_ms(spans: pa.Table) -> dict[int, float]:
-    """Each rank's median compute a step (ms), from the deep run's own durations."""
-    ranks = numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
+def _rank_compute_ms(spans: pa.Table, outer: np.ndarray) -> dict[int, float]:
+    """Each rank's median compute a step (ms; ``outer``: its compute spans), from the deep
+    run's own durations."""
+    ranks = _ranks(spans)
     iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
     dur = numbers(spans.column("dur_ns")).astype(np.int64, copy=False)
     out = {}
     for rank in sorted(set(ranks[ranks >= 0].tolist())):
-        rows = np.nonzero(_outer_compute(spans, rank))[0]
+        rows = np.nonzero(outer & (ranks == rank))[0]
         if not len(rows):
             continue
         per_step = np.bincount(iteration[rows] - iteration[rows].min(), weights=dur[rows])

@@ -281,7 +281,7 @@ def _summed(metas: list[dict[str, Any]], key: str) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for meta in metas:
         for name, value in (meta.get(key) or {}).items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if _is_number(value):
                 total[name] = total.get(name, 0) + value
             elif value is None and name not in total:
                 total[name] = None  # a rank could not say; the sum cannot either
