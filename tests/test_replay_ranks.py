@@ -369,3 +369,19 @@ def test_the_straggler_is_named_and_its_fix_replayed() -> None:
     )
     assert found["estimate"] == "rank 1's compute as fast as rank 0's (0.83 of its time)"
     assert found["gain_ms_per_iteration"] == pytest.approx(0.2634, abs=1e-4)
+
+
+def test_the_flame_of_a_gloo_job_is_one_ranks_step_without_the_ranges_beside_it() -> None:
+    """The flame shows the median step, rank 1's in iteration 4, as wide as its 6,014,915 ns:
+    the other rank's step ran beside it (the timeline shows both), and so did gloo's two
+    all-reduce ranges, on their own threads beside backward's autograd nodes; drawn as siblings
+    the ranks made the iteration box 20.8 ms wide."""
+    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.views import flame
+
+    spans, _ = reconstruct(MeasurementStore(GLOO))
+    boxes = flame(spans)
+    assert boxes is not None
+    assert (boxes.iteration, boxes.rank, boxes.values_ns[0]) == (4, 1, 6_014_915)
+    assert boxes.beside == 2 and not [n for n in boxes.names if n.startswith("gloo:")]

@@ -3,12 +3,14 @@ every box as wide as its span lasts) and the timeline (host threads and GPU stre
 Perfetto draws them). Pure functions from spans to plotly figures; the report places them.
 
 Algorithm notes:
-1. The iteration shown is the one with the median model latency.
+1. The iteration shown is the one with the median model latency; the flame of a multi-rank job
+   shows that step's rank (its ranks run side by side, and the timeline shows them all).
 2. Flame: only host spans. GPU work runs asynchronously after its launch call has returned, so it
    lies outside that call and belongs on the timeline. Values are integer nanoseconds with
    ``branchvalues="total"``: a box's width is its own duration, never the sum of its children.
-   The reconstruction lays siblings end to end inside their parent, so children never add up to
-   more than their parent.
+   The reconstruction lays a thread's siblings end to end inside their parent; a child on another
+   thread that runs beside them (gloo's all-reduce beside backward) is left out, or the children
+   would add up to more than their parent, and the caption counts it.
 3. Under a parent whose children belong to several phases (forward, backward, optimizer), each
    run of two or more consecutive same-phase children is drawn inside a box of that phase,
    as wide as the run's extent: the backward pass's hundreds of autograd nodes sit under
@@ -58,16 +60,25 @@ class Flame:
     layer_gpu_ns: list[int]  # a layer box's GPU time, forward + backward (-1: none)
     left_out: int  # spans below the duration threshold
     threshold_ns: int
+    rank: int = -1  # the rank whose step is shown (-1: a single-rank job)
+    beside: int = 0  # spans left out as running beside their siblings on another thread
 
 
-def median_iteration(spans: pa.Table) -> int | None:
-    """The iteration whose model span has the median duration."""
+def median_step(spans: pa.Table) -> tuple[int, int] | None:
+    """(iteration, rank) of the step with the median duration (rank -1: a single-rank job)."""
     steps = spans.filter(pc.equal(spans.column("kind"), schema.KIND_STEP))
     if not steps.num_rows:
         return None
     durations = np.asarray(steps.column("dur_ns"))
     row = int(np.argsort(durations, kind="stable")[len(durations) // 2])
-    return int(steps.column("iteration")[row].as_py())
+    rank = steps.column("rank")[row].as_py()
+    return int(steps.column("iteration")[row].as_py()), -1 if rank is None else int(rank)
+
+
+def median_iteration(spans: pa.Table) -> int | None:
+    """The iteration whose model span has the median duration."""
+    found = median_step(spans)
+    return None if found is None else found[0]
 
 
 def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
@@ -83,11 +94,14 @@ def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
 
 def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
     """The flame boxes of the median iteration (see the module notes)."""
-    iteration = median_iteration(spans)
-    if iteration is None:
+    found = median_step(spans)
+    if found is None:
         return None
+    iteration, rank = found
     rows = _iteration_rows(spans, iteration)
-    host = rows["level"] != schema.LEVEL_GPU
+    host = (rows["level"] != schema.LEVEL_GPU) & ((rows["rank"] == rank) | (rank < 0))
+    beside = _beside(rows, host)
+    host &= ~beside
     keep = np.nonzero(host)[0]
     durations = rows["dur_ns"][keep]
     threshold = 0
@@ -102,7 +116,7 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
     for row in keep.tolist():
         up = int(rows["parent_span_id"][row])
         (children.setdefault(up, []) if up in present else roots).append(row)
-    out = Flame(iteration, [], [], [], [], [], [], [], left_out, threshold)
+    out = Flame(iteration, [], [], [], [], [], [], [], left_out, threshold, rank, int(beside.sum()))
 
     def add(
         box: str, parent: str, label: str, name: str, value: int, level: str, gpu: int = -1
@@ -143,6 +157,33 @@ def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
         visit(root, "")
     _cover_children(out)
     return out
+
+
+def _beside(rows: dict[str, np.ndarray], host: np.ndarray) -> np.ndarray:
+    """The host spans (and what they hold) that run beside their siblings on another thread: a
+    child not on the thread that holds most of its siblings, overlapping one that is (gloo's
+    all-reduce on its own thread can outlast all of backward's autograd nodes together)."""
+    out = np.zeros(len(host), dtype=bool)
+    start, end = rows["start_ns"], rows["start_ns"] + rows["dur_ns"]
+    parent, thread = rows["parent_span_id"], rows["thread_id"]
+    for up in np.unique(parent[host]).tolist():
+        kids = np.nonzero(host & (parent == up))[0]
+        threads, at = np.unique(thread[kids], return_inverse=True)
+        if len(threads) < 2:
+            continue
+        busiest = threads[np.argmax(np.bincount(at.reshape(-1)))]
+        main = kids[thread[kids] == busiest]
+        main = main[np.argsort(start[main])]
+        reach = np.maximum.accumulate(end[main])
+        for k in kids[thread[kids] != busiest].tolist():
+            before = int(np.searchsorted(start[main], end[k], side="left"))
+            out[k] = before > 0 and reach[before - 1] > start[k]
+    ids = rows["span_id"]
+    while True:  # what they hold goes with them
+        held = host & ~out & np.isin(parent, ids[out])
+        if not held.any():
+            return out
+        out |= held
 
 
 def _cover_children(boxes: Flame) -> None:
@@ -198,17 +239,21 @@ def flame_figure(spans: pa.Table) -> Any:
         )
     )
     step_ms = boxes.values_ns[0] / 1e6 if boxes.values_ns else 0.0
-    caption = ""
+    notes = []
     if boxes.left_out:
-        caption = (
-            f"; {boxes.left_out:,} spans shorter than {boxes.threshold_ns / 1e3:.1f} µs left out"
+        notes.append(
+            f"{boxes.left_out:,} spans shorter than {boxes.threshold_ns / 1e3:.1f} µs left out"
         )
+    if boxes.beside:
+        notes.append(f"{boxes.beside:,} spans on threads running beside them left out (timeline)")
+    which = f"Iteration {boxes.iteration}" + (f", rank {boxes.rank}" if boxes.rank >= 0 else "")
     figure.update_layout(
         title=(
-            f"Iteration {boxes.iteration} (median latency, {step_ms:.3f} ms), reconstructed: "
-            f"width is duration, left to right in time{caption}. Click a box to zoom."
+            f"{which} (median latency, {step_ms:.3f} ms), reconstructed: width is duration, "
+            "left to right in time. Click a box to zoom."
+            + ("<br>" + "; ".join(notes) if notes else "")
         ),
-        margin={"t": 40, "l": 5, "r": 5, "b": 5},
+        margin={"t": 60 if notes else 40, "l": 5, "r": 5, "b": 5},
         height=650,
     )
     return figure
