@@ -585,15 +585,12 @@ p_ddp_gloo() {
       benchmarks/workloads/ddp_gloo_straggler.py --steps 60 2>&1 | grep -E "│ (M|MF) "
     timeout 100 python3 -m xsp analyze "$store" --json > "$store-analyze.json" 2>&1
     python3 - "$store-analyze.json" <<'PY'
-import json, statistics, sys
+import json, sys
 replay = json.load(open(sys.argv[1]))["reconstruction"]["replay"]
-waits = {}
-for row in replay["collective_waits"]:
-    waits.setdefault(row["rank"], []).append(row["wait_ns"] / 1e6)
 print({k: replay.get(k) for k in ("step_ms", "measured_step_ms", "error_pct", "checks")},
       "calibration", {k: replay["calibration"].get(k) for k in ("framework_ns_per_record", "scaled_to_own_steps")},
       "baseline", {k: (replay["baseline"] or {}).get(k) for k in ("untraced_ms", "difference_pct", "stable")},
-      "waits ms (median)", {r: round(statistics.median(w), 3) for r, w in waits.items()})
+      "waits ms (median)", replay["median_collective_wait_ms"])
 rows = json.load(open(sys.argv[1]))["analyses"].get("suggestions", {}).get("rows", [])
 for row in rows:
     if row["rule"] == "straggler":

@@ -10,7 +10,6 @@ model holds), F's cost per record and each rank's median wait for the last rank 
 
 from __future__ import annotations
 
-import statistics
 import sys
 from dataclasses import replace
 
@@ -32,9 +31,6 @@ def figures(path: str) -> str:
         store, replay_module._STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
     ).summary()
     base = found["baseline"] or {}
-    waits: dict[int, list[int]] = {}
-    for row in found["collective_waits"]:
-        waits.setdefault(row["rank"], []).append(row["wait_ns"])
     calib = found["calibration"]
     return (
         f"{path}: M {found['measured_step_ms']:.3f} ms, MF's own untraced "
@@ -45,8 +41,7 @@ def figures(path: str) -> str:
         f"F {calib['framework_ns_per_record']} ns a record (x{calib['scaled_to_own_steps']}); "
         "median wait a step: "
         + ", ".join(
-            f"rank {rank} {statistics.median(ns) / 1e6:.3f} ms"
-            for rank, ns in sorted(waits.items())
+            f"rank {rank} {ms:.3f} ms" for rank, ms in found["median_collective_wait_ms"].items()
         )
     )
 

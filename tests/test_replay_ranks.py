@@ -187,10 +187,7 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
 
     measurement = MeasurementStore(GLOO)
     plain = replay(measurement)
-    waits: dict[int, list[int]] = {}
-    for row in plain.summary()["collective_waits"]:
-        waits.setdefault(row["rank"], []).append(row["wait_ns"])
-    assert {rank: float(np.median(ns)) for rank, ns in waits.items()} == {0: 1483037.0, 1: 0.0}
+    assert plain.summary()["median_collective_wait_ms"] == {0: 1.483037, 1: 0.0}
 
     rank_1_backward = partial(_on_rank, rank=1, value="backward", column="kind")
     edited = _replay(

@@ -687,8 +687,6 @@ def _print_replay(store: Any) -> None:
     """The replayed step against M's (the summary above says what bounds it), then F's cost
     taken off where a check changed it, the ranks' waits for each other and the baseline's
     warnings."""
-    import statistics
-
     found = _replay_summary(store)
     if found is None or found["step_ms"] is None:
         return
@@ -712,14 +710,9 @@ def _print_replay(store: Any) -> None:
             f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
             highlight=False,
         )
-    waits: dict[int, list[int]] = {}
-    for row in found["collective_waits"]:
-        waits.setdefault(row["rank"], []).append(row["wait_ns"])
+    waits = found["median_collective_wait_ms"]
     if waits:
-        each = ", ".join(
-            f"rank {rank} {statistics.median(ns) / 1e6:.3f} ms"
-            for rank, ns in sorted(waits.items())
-        )
+        each = ", ".join(f"rank {rank} {ms:.3f} ms" for rank, ms in waits.items())
         console.print(
             f"collectives replayed across ranks; each rank's wait for the last to arrive, median "
             f"a step: {each}",

@@ -168,7 +168,15 @@ class Replay:
             "checks": dict(self.checks),
             "baseline": self.baseline,
             "collective_waits": list(self.collective_waits),
+            "median_collective_wait_ms": self.median_waits_ms(),
         }
+
+    def median_waits_ms(self) -> dict[int, float]:
+        """Each rank's median wait a step (ms) for the last rank to arrive at its collectives."""
+        waits: dict[int, list[int]] = {}
+        for row in self.collective_waits:
+            waits.setdefault(row["rank"], []).append(row["wait_ns"])
+        return {rank: float(np.median(ns)) / 1e6 for rank, ns in sorted(waits.items())}
 
 
 def _median_steady(rows: list[dict[str, Any]]) -> float | None:

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.host_timeline import step_ranks
 from xsp.analysis.replay import WhatIf, replay, what_if
 from xsp.analysis.store import (
     MeasurementStore,
@@ -371,13 +372,9 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
         return found
     edit = WhatIf(
         f"rank {slow}'s compute as fast as rank {fastest}'s ({share:.2f} of its time)",
-        keep_host=lambda spans: np.where(outer & (_ranks(spans) == slow), share, 1.0),
+        keep_host=lambda spans: np.where(outer & (step_ranks(spans) == slow), share, 1.0),
     )
     return _replayed(store, found, edit)
-
-
-def _ranks(spans: pa.Table) -> np.ndarray:
-    return numbers(spans.column("rank"), null=-1).astype(np.int64, copy=False)
 
 
 def _outer_compute(spans: pa.Table) -> np.ndarray:
@@ -394,7 +391,7 @@ def _outer_compute(spans: pa.Table) -> np.ndarray:
 def _rank_compute_ms(spans: pa.Table, outer: np.ndarray) -> dict[int, float]:
     """Each rank's median compute a step (ms; ``outer``: its compute spans), from the deep
     run's own durations."""
-    ranks = _ranks(spans)
+    ranks = step_ranks(spans)
     iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
     dur = numbers(spans.column("dur_ns")).astype(np.int64, copy=False)
     out = {}
