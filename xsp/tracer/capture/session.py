@@ -248,15 +248,10 @@ class Session:
         self.resource = self._resource(resource or {})
         check_levels(self.levels, self.device)
         self.continuous = profile.continuous
-        if (
-            self.continuous
-            and self.device.startswith("cuda")
-            and (self.levels.library or self.levels.gpu)
-        ):
+        if self.continuous and self.levels.counters:
             raise ConfigError(
-                f"level set {self.levels}: levels L and G on CUDA cannot run in a continuous "
-                "session yet (CUPTI's buffers are flushed once per run): use M or MF for a "
-                "service, or a fixed --iterations"
+                f"level set {self.levels}: level H cannot run in a continuous session (Nsight "
+                "Compute replays each kernel in a run of its own): use a fixed --iterations"
             )
         context = LevelContext(
             self.device,
