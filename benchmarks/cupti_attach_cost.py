@@ -92,7 +92,7 @@ def main() -> None:
             stamps.append(time.perf_counter_ns())
             native.cupti_stop()
             stamps.append(time.perf_counter_ns())
-            native.cupti_collect()
+            native.cupti_collect(0, True)
             stamps.append(time.perf_counter_ns())
             native.cupti_finalize()
             stamps.append(time.perf_counter_ns())

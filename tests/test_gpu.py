@@ -207,6 +207,14 @@ def test_a_service_samples_levels_l_and_g_on_cuda_across_batches(
     steps = sorted(r["iteration"] for r in rows.values() if r["kind"] == "step")
     assert steps == list(range(12))
     kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    steps_at = {r["iteration"]: r for r in rows.values() if r["kind"] == "step"}
+    where = {}  # each sampled request: its first launch's and kernel's start after its step's
+    for kind in ("runtime", "kernel"):
+        for r in rows.values():
+            if r["kind"] == kind:
+                step = steps_at[r["iteration"]]
+                key = (r["iteration"], kind)
+                where[key] = min(where.get(key, 1 << 62), r["start_ns"] - step["start_ns"])
     per_request: dict[int, int] = {}
     for kernel in kernels:
         per_request[kernel["iteration"]] = per_request.get(kernel["iteration"], 0) + 1
@@ -216,7 +224,8 @@ def test_a_service_samples_levels_l_and_g_on_cuda_across_batches(
         assert "op" in [s["kind"] for s in chain]
         (step,) = [s for s in chain if s["kind"] == "step"]
         assert step["iteration"] == kernel["iteration"]
-        assert step["start_ns"] <= kernel["start_ns"] <= step["start_ns"] + step["dur_ns"]
+        inside = step["start_ns"] <= kernel["start_ns"] <= step["start_ns"] + step["dur_ns"]
+        assert inside, sorted(where.items())
     # the sampled requests, in both batches, each with the same kernels (2 linear + relu)
     assert sorted(per_request) == [0, 3, 6, 9]
     assert len(set(per_request.values())) == 1 and per_request[0] >= 3

@@ -186,14 +186,15 @@ class _CuptiSession:
 
     def suspend(self) -> None:
         """After ``stop``, in a continuous session's unsampled iterations: decode what CUPTI
-        buffered into the native columns, on the clock offset measured as it stopped (each
-        start of CUPTI may stamp on its own base), then finalize CUPTI. Kinds merely disabled
+        buffered into the native columns, on the clock offset measured as it stopped, with
+        correlation ids that the next run's (numbered from 1 again) will not meet, then
+        finalize CUPTI. Kinds merely disabled
         would leave CUPTI attached, and every CUDA call would pay for it (about 4 µs a call on
         the H200, ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it
         again."""
         if self._users > 0 or self._finalized or self._native is None:
             return
-        self._native.cupti_collect(self._offsets[-1])
+        self._native.cupti_collect(self._offsets[-1], True)
         self.release()
 
     def hand_over(self, letter: str) -> _Batch:

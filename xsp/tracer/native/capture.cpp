@@ -1621,13 +1621,16 @@ struct Decoded {
   std::unordered_map<uint64_t, int32_t> api_names;
   Strings kernel_names, api_strings, marker_names, domains;
   uint64_t records = 0, unknown = 0, unpaired = 0, buffers = 0;
+  // CUPTI numbers its correlation ids from 1 again each time it starts: each run's ids go on
+  // from the last run's largest, so that a kernel never meets another run's launch
+  int64_t correlation_base = 0, correlation_max = 0;
 } g_decoded;
 
 // Every completed buffer, decoded into ``g_decoded`` with ``offset_ns`` added to its times (a
-// continuous session's: CUPTI's clock to the Unix epoch, measured while CUPTI ran, since each
-// start of CUPTI may stamp on its own base); the buffers go back to the pool. Returns how many
-// buffers it decoded.
-uint64_t cupti_collect(int64_t offset_ns) {
+// continuous session's: CUPTI's clock to the Unix epoch, measured while CUPTI ran);
+// ``run_ended``: CUPTI stopped after these records, and the next ones' correlation ids start
+// again. The buffers go back to the pool. Returns how many buffers it decoded.
+uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
   std::vector<Completed> buffers;
   {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
@@ -1635,6 +1638,11 @@ uint64_t cupti_collect(int64_t offset_ns) {
   }
   Decoded& d = g_decoded;
   d.buffers += buffers.size();
+  auto correlation = [&d](uint32_t id) {
+    int64_t unique = int64_t(id) + d.correlation_base;
+    d.correlation_max = std::max(d.correlation_max, unique);
+    return unique;
+  };
   auto& g_kind = d.g_kind;
   auto& g_copy = d.g_copy;
   auto& g_name = d.g_name;
@@ -1689,7 +1697,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
           g_name.push_back(kernel_names(k->name ? k->name : "?"));
           g_start.push_back(int64_t(k->start) + offset_ns);
           g_end.push_back(int64_t(k->end) + offset_ns);
-          g_corr.push_back(k->correlationId);
+          g_corr.push_back(correlation(k->correlationId));
           g_device.push_back(k->deviceId);
           g_stream.push_back(k->streamId);
           g_grid.insert(g_grid.end(), {k->gridX, k->gridY, k->gridZ});
@@ -1708,7 +1716,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
           g_name.push_back(-1);
           g_start.push_back(int64_t(c->start) + offset_ns);
           g_end.push_back(int64_t(c->end) + offset_ns);
-          g_corr.push_back(c->correlationId);
+          g_corr.push_back(correlation(c->correlationId));
           g_device.push_back(c->deviceId);
           g_stream.push_back(c->streamId);
           g_grid.insert(g_grid.end(), {0, 0, 0});
@@ -1727,7 +1735,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
           g_name.push_back(-1);
           g_start.push_back(int64_t(s->start) + offset_ns);
           g_end.push_back(int64_t(s->end) + offset_ns);
-          g_corr.push_back(s->correlationId);
+          g_corr.push_back(correlation(s->correlationId));
           g_device.push_back(s->deviceId);
           g_stream.push_back(s->streamId);
           g_grid.insert(g_grid.end(), {0, 0, 0});
@@ -1757,7 +1765,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
           a_name.push_back(name);
           a_start.push_back(int64_t(a->start) + offset_ns);
           a_end.push_back(int64_t(a->end) + offset_ns);
-          a_corr.push_back(a->correlationId);
+          a_corr.push_back(correlation(a->correlationId));
           a_thread.push_back(a->threadId);
           break;
         }
@@ -1784,7 +1792,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
           auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(record);
           if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
-            x_corr.push_back(x->correlationId);
+            x_corr.push_back(correlation(x->correlationId));
             x_external.push_back(int64_t(x->externalId));
           }
           break;
@@ -1792,7 +1800,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
         case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
           // the fields read here sit where version 1 put them in every later version
           auto* y = reinterpret_cast<CUpti_ActivitySynchronization*>(record);
-          n_corr.push_back(y->correlationId);
+          n_corr.push_back(correlation(y->correlationId));
           n_type.push_back(int8_t(y->type));
           n_stream.push_back(y->streamId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
                                  ? -1 : int64_t(y->streamId));
@@ -1802,7 +1810,7 @@ uint64_t cupti_collect(int64_t offset_ns) {
         }
         case CUPTI_ACTIVITY_KIND_CUDA_EVENT: {
           auto* e = reinterpret_cast<CUpti_ActivityCudaEvent*>(record);
-          n_corr.push_back(e->correlationId);
+          n_corr.push_back(correlation(e->correlationId));
           n_type.push_back(-1);
           n_stream.push_back(e->streamId);
           n_event.push_back(e->eventId);
@@ -1815,13 +1823,14 @@ uint64_t cupti_collect(int64_t offset_ns) {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
     g_cupti.pool.push_back(done.buffer);
   }
+  if (run_ended) d.correlation_base = d.correlation_max + 1;
   return buffers.size();
 }
 
 // What was collected since the last decode, and every completed buffer (with ``offset_ns``), as
 // columns.
 py::dict cupti_decode(int64_t offset_ns) {
-  cupti_collect(offset_ns);
+  cupti_collect(offset_ns, false);
   Decoded d;
   std::swap(d, g_decoded);
   py::dict gpu, api, markers, external, counts, named;
@@ -1926,7 +1935,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cupti_stop", &cupti_stop);
   m.def("cupti_flush", &cupti_flush);
   m.def("cupti_decode", &cupti_decode, py::arg("offset_ns") = 0);
-  m.def("cupti_collect", &cupti_collect, py::arg("offset_ns") = 0);
+  m.def("cupti_collect", &cupti_collect, py::arg("offset_ns"), py::arg("run_ended"));
   m.def("cupti_timestamp", &cupti_timestamp);
   m.def("cupti_finalize", &cupti_finalize);
   m.def("graph_captures_open", []() { return g_capturing.load(); });
