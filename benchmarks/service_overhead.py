@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument(
         "--sampled",
         default="MF",
-        help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFL on the CPU; L and G do not run in a continuous session on CUDA yet)",
+        help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFL on the CPU; MF,MFLG on CUDA)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")

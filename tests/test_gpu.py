@@ -156,3 +156,78 @@ def test_the_replay_matches_cuda_event_truth_on_known_layers(cuda_device: str, t
         if ms >= 0.3:
             assert abs(by_layer[index] - ms) <= 0.015 * ms, (index, by_layer[index], ms)
     assert critical_path.layers(store, 1).column("layer")[0].as_py() == "2"
+
+
+SAMPLED_SERVICE = """
+import sys, torch, xsp
+net = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+net = net.to("cuda").eval()
+session = xsp.session(
+    "MFLG", iterations=0, warmup=2, out=sys.argv[1], device="cuda", auto_iterations=True,
+    sample_every=3, export_every_s=1e6, monitor=False,
+)
+with torch.inference_mode():
+    for request in range(14):  # 2 warm-up, then measured 0..11; a batch boundary after 5
+        net(torch.ones(1, 256, device="cuda"))
+        if request == 7:
+            session._rotate()
+meta = session.close()
+print(meta["status"], meta["batches_stored"])
+"""
+
+
+def test_a_service_samples_levels_l_and_g_on_cuda_across_batches(
+    cuda_device: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Levels L and G in a continuous session: CUPTI's kinds are on for the sampled requests
+    only (1 in 3), each batch's records are flushed and decoded at its boundary, and every
+    kernel hangs under its launch, its op and its request's step, in both batches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from xsp.tracer.store import open_run
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", SAMPLED_SERVICE, str(tmp_path / "S")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["ok", "2"], done.stdout
+    run = open_run(tmp_path / "S")
+    assert run.meta["status"] == "ok", run.meta
+    table = run.spans()
+    assert reachable_from_root(table)
+    rows = {r["span_id"]: r for r in table.to_pylist()}
+    steps = sorted(r["iteration"] for r in rows.values() if r["kind"] == "step")
+    assert steps == list(range(12))
+    kernels = [r for r in rows.values() if r["kind"] == "kernel"]
+    steps_at = {r["iteration"]: r for r in rows.values() if r["kind"] == "step"}
+    where = {}  # each sampled request: its first launch's and kernel's start after its step's
+    for kind in ("runtime", "kernel"):
+        for r in rows.values():
+            if r["kind"] == kind:
+                step = steps_at[r["iteration"]]
+                key = (r["iteration"], kind)
+                where[key] = min(where.get(key, 1 << 62), r["start_ns"] - step["start_ns"])
+    per_request: dict[int, int] = {}
+    for kernel in kernels:
+        per_request[kernel["iteration"]] = per_request.get(kernel["iteration"], 0) + 1
+        chain = ancestors(rows, kernel)
+        launch = chain[0]
+        assert launch["level"] == "library" and launch["correlation_id"] == kernel["correlation_id"]
+        assert "op" in [s["kind"] for s in chain]
+        (step,) = [s for s in chain if s["kind"] == "step"]
+        assert step["iteration"] == kernel["iteration"]
+        inside = step["start_ns"] <= kernel["start_ns"] <= step["start_ns"] + step["dur_ns"]
+        assert inside, sorted(where.items())
+    # the sampled requests, in both batches, each with the same kernels (2 linear + relu)
+    assert sorted(per_request) == [0, 3, 6, 9]
+    assert len(set(per_request.values())) == 1 and per_request[0] >= 3
+    api = [r for r in rows.values() if r["level"] == "library"]
+    assert {r["iteration"] for r in api} == {0, 3, 6, 9}

@@ -542,3 +542,25 @@ def test_the_requests_thread_hands_batches_over_and_the_exporter_reads_them(
     steps, framework = _steps_and_framework(tmp_path / "MF")
     assert sorted(steps) == list(range(62))
     assert framework == set(range(0, 62, 3))
+
+
+def test_the_request_after_a_batch_boundary_follows_the_sampling_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's hand-over leaves level F recording and the next request's policy undecided:
+    that request goes through the markers, where the policy switches F off for the unsampled
+    requests 4 and 5 and on again for 6. A batch falls due as sampled request 3 ends."""
+    monkeypatch.delitem(sys.modules, OTEL_TRACE, raising=False)  # the root call may be lent
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    session = _service_session(tmp_path, "MF", sample_every=3)
+    with torch.inference_mode():
+        for request in range(2 + 9):
+            model(torch.ones(1, 4))
+            if request == 2 + 2:  # measured 2 ended (nothing lent: 3 is sampled)
+                session._batch_started, session._due = -1e9, 0.0
+    meta = session.close()
+    assert meta is not None and meta["status"] == "ok", meta
+    assert meta["batches_stored"] == 2
+    steps, framework = _steps_and_framework(tmp_path / "MF")
+    assert sorted(steps) == list(range(9))
+    assert framework == {0, 3, 6}

@@ -8,6 +8,13 @@ decoded into columns once, after it, never one Python object per record. When le
 pushes its record id as CUPTI external correlation id, and CUPTI's EXTERNAL_CORRELATION records
 join every API call to its op by id. At the end of the run CUPTI is finalized so that nothing
 stays attached to the process.
+
+A continuous session (a service) runs CUPTI for its sampled iterations only: when its sampling
+policy turns the levels off, the records so far are decoded into native columns and CUPTI is
+finalized (``suspend``; with its kinds only disabled it would stay attached, and every CUDA call
+would pay), and the next sampled iteration starts it again. Each batch boundary hands the
+batch's columns over (``hand_over``); each run of CUPTI's records is put on the Unix epoch's clock
+with the offset measured as that run ended.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 import os
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -109,9 +117,10 @@ class _CuptiSession:
         self._window = [0, 0]
         self.dropped_records: int | None = 0
         self.bad_records = 0
-        self.bad_kinds: dict[str, int] = {}
         self.buffer_counts: dict[str, int] = {}
         self.graph_error: str | None = None  # why CUDA graph nodes went unrecorded
+        self._batch: _Batch | None = None  # the records handed over at a batch boundary
+        self._batch_dropped: int | None = None  # None: not in batches (``in_batches``)
 
     def _module(self) -> Any:
         if self._native is None:
@@ -138,9 +147,10 @@ class _CuptiSession:
         if self._users == 0:
             _check_exclusive()
             self._stopped = self._finalized = False
-            self._decoded = None
-            self._offsets = [_clock_offset(native)]
-            self._window = [time.time_ns(), 0]
+            if self._batch_dropped is None:  # a run: its records from here
+                self._decoded = None
+                self._offsets = [_clock_offset(native)]
+                self._window = [time.time_ns(), 0]
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
         try:
             native.cupti_start(list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet)
@@ -157,13 +167,54 @@ class _CuptiSession:
             return
         native.cupti_measuring(False)
         self._window[1] = time.time_ns()
-        self._offsets.append(_clock_offset(native))
+        offset = _clock_offset(native)  # while CUPTI still runs
+        self._offsets = [offset] if self._batch_dropped is not None else [*self._offsets, offset]
         try:
             self.dropped_records = int(native.cupti_stop())
         except RuntimeError as exc:
             log.warning("xsp: CUPTI cannot report its dropped records: %s", exc)
             self.dropped_records = None
+        if self._batch_dropped is not None:
+            self._batch_dropped += self.dropped_records or 0
         self._stopped = True
+
+    def in_batches(self) -> None:
+        """From now on this process's CUPTI records go out in batches (a continuous session):
+        each stop of CUPTI is followed by ``suspend``, and ``hand_over`` ends a batch."""
+        if self._batch_dropped is None:
+            self._batch_dropped = 0
+
+    def suspend(self) -> None:
+        """After ``stop``, in a continuous session's unsampled iterations: decode what CUPTI
+        buffered into the native columns, on the clock offset measured as it stopped, with
+        correlation ids that the next run's (numbered from 1 again) will not meet, then
+        finalize CUPTI. Kinds merely disabled
+        would leave CUPTI attached, and every CUDA call would pay for it (about 4 µs a call on
+        the H200, ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it
+        again."""
+        if self._users > 0 or self._finalized or self._native is None:
+            return
+        self._native.cupti_collect(self._offsets[-1], True)
+        self.release()
+
+    def hand_over(self, letter: str) -> _Batch:
+        """A continuous session's batch boundary, between iterations: CUPTI's records of the
+        batch, decoded into columns on the Unix-epoch clock (flushed here, on the clock offset
+        measured now, if CUPTI runs, which it goes on doing). Levels L and G share one batch:
+        the first of them to hand over (or one handing over again) takes the next."""
+        native = self._module()
+        batch = self._batch
+        if batch is None or letter in batch.taken:
+            offset = 0  # the suspended runs' records are on the epoch's clock already
+            if self._users > 0:
+                offset = _clock_offset(native)
+                self._batch_dropped = (self._batch_dropped or 0) + int(native.cupti_flush())
+            window = (self._window[0], time.time_ns())
+            batch = _Batch(native.cupti_decode(offset), self._batch_dropped or 0, window)
+            self._batch, self._batch_dropped = batch, 0
+            self._window = [time.time_ns(), 0]
+        batch.taken.add(letter)
+        return batch
 
     def release(self) -> None:
         """Detach CUPTI from the process (a lingering CUPTI slows training) once both levels
@@ -179,33 +230,25 @@ class _CuptiSession:
     def _decode(self) -> dict[str, Any]:
         if self._decoded is None:
             self._decoded = self._module().cupti_decode()
-            counts = dict(self._decoded["counts"])
-            self.graph_error = str(counts.pop("graph_nodes_unrecorded", "")) or None
-            self.bad_records = int(counts.get("unknown_records", 0))
-            if self.bad_records:
-                self.bad_kinds = {"unknown kind": self.bad_records}
-            self.buffer_counts = {k: int(v) for k, v in counts.items()}
+            counts = self._decoded["counts"]
+            self.graph_error, self.bad_records, self.buffer_counts = _decoded_counts(counts)
         return self._decoded
 
     def counts(self) -> dict[str, Any]:
         """What CUPTI lost: records it dropped (its buffers were full) and records xsp could not
         decode; both make the kernel and API counts of the run inexact. Goes into run.json."""
-        return {
-            "dropped_records": self.dropped_records,
-            "undecodable_records": self.bad_records,
-            "undecodable_by_kind": dict(self.bad_kinds),
-            **self.buffer_counts,
-            **({"graph_nodes_unrecorded": self.graph_error} if self.graph_error else {}),
-        }
+        return _losses(self.dropped_records, self.bad_records, self.buffer_counts, self.graph_error)
 
     @property
     def offset_ns(self) -> int:
         """Unix-epoch ns minus CUPTI ns, averaged over the calibrations at start and stop."""
         return sum(self._offsets) // max(len(self._offsets), 1)
 
-    def take_api(self) -> ApiRecords:
-        decoded = self._decode()
-        api, offset = decoded["api"], self.offset_ns
+    def take_api(self, batch: _Batch | None = None) -> ApiRecords:
+        """Level L's records: the run's, or a continuous session's ``batch``."""
+        decoded = self._decode() if batch is None else batch.decoded
+        offset = self.offset_ns if batch is None else batch.offset_ns
+        api = decoded["api"]
         out = ApiRecords()
         out.kind = _array("b", api["kind"])
         out.name = Interned.from_codes(_np(api["name"], np.int32), list(api["names"]))
@@ -221,12 +264,17 @@ class _CuptiSession:
             for column in ("stream", "event"):
                 values = _np(named[column], np.int64)
                 setattr(out, column, _by_correlation(corr, values, correlation, -1))
-        self._check_clock(_np(out.start_ns, np.int64))
+        self._check_clock(
+            _np(out.start_ns, np.int64), self._window if batch is None else batch.window
+        )
         out.library = self._library_ranges(decoded["markers"], offset)
         return out
 
-    def take_gpu(self) -> GpuRecords:
-        gpu, offset = self._decode()["gpu"], self.offset_ns
+    def take_gpu(self, batch: _Batch | None = None) -> GpuRecords:
+        """Level G's records: the run's, or a continuous session's ``batch``."""
+        decoded = self._decode() if batch is None else batch.decoded
+        offset = self.offset_ns if batch is None else batch.offset_ns
+        gpu = decoded["gpu"]
         kind = _np(gpu["kind"], np.int8)
         names = list(gpu["names"])
         codes = _np(gpu["name"], np.int32).copy()
@@ -256,7 +304,7 @@ class _CuptiSession:
         out.block = _triples(_np(gpu["block"], np.int32), kind == 0)
         copy_names = [COPY_KINDS.get(int(k), str(k)) for k in range(11)] + [""]
         out.copy_kind = Interned.from_codes(np.where(kind == 1, copy, 11), copy_names)
-        out.dropped = self.dropped_records or 0
+        out.dropped = (self.dropped_records if batch is None else batch.dropped) or 0
         return out
 
     def _library_ranges(self, markers: dict[str, Any], offset: int) -> RangeRecords:
@@ -275,19 +323,61 @@ class _CuptiSession:
         out.detail = Interned.from_codes(np.zeros(len(keep), np.int32), [""])
         return out
 
-    def _check_clock(self, starts: np.ndarray) -> None:
-        """API calls must fall between enable and disable; if most do not, CUPTI stamped them
-        with another tool's time source (a PyTorch profiler that ran earlier in the process)."""
+    def _check_clock(self, starts: np.ndarray, window: Sequence[int]) -> None:
+        """API calls must fall between enable and disable (``window``); if most do not, CUPTI
+        stamped them with another tool's time source (a PyTorch profiler that ran earlier in the
+        process)."""
         if not len(starts):
             return
         margin = 1_000_000_000
-        inside = (starts >= self._window[0] - margin) & (starts <= self._window[1] + margin)
+        inside = (starts >= window[0] - margin) & (starts <= window[1] + margin)
         if inside.mean() < 0.5:
             raise XspError(
                 "CUPTI's timestamps are not on the system clock: a PyTorch profiler that ran "
                 "earlier in this process set CUPTI's time source; run levels L and G in a fresh "
                 "process (xsp run does)"
             )
+
+
+class _Batch:
+    """CUPTI's records of one batch of a continuous session, decoded at its boundary."""
+
+    #: its times are on the Unix epoch's clock already (each run of CUPTI's, as it ended)
+    offset_ns = 0
+
+    def __init__(self, decoded: dict[str, Any], dropped: int, window: tuple[int, int]) -> None:
+        self.decoded = decoded
+        self.dropped = dropped
+        self.window = window  # when the batch began and was handed over (Unix-epoch ns)
+        self.taken: set[str] = set()  # the levels that handed it over
+
+    def counts(self) -> dict[str, Any]:
+        graph_error, bad, buffers = _decoded_counts(self.decoded["counts"])
+        return _losses(self.dropped, bad, buffers, graph_error)
+
+
+def _decoded_counts(counts: Any) -> tuple[str | None, int, dict[str, int]]:
+    """The native decode's counts: why graph nodes went unrecorded (None: they did not),
+    records of unknown kind, and the buffer counts."""
+    counts = dict(counts)
+    graph_error = str(counts.pop("graph_nodes_unrecorded", "")) or None
+    return (
+        graph_error,
+        int(counts.get("unknown_records", 0)),
+        {k: int(v) for k, v in counts.items()},
+    )
+
+
+def _losses(
+    dropped: int | None, bad: int, buffers: dict[str, int], graph_error: str | None
+) -> dict[str, Any]:
+    return {
+        "dropped_records": dropped,
+        "undecodable_records": bad,
+        "undecodable_by_kind": {"unknown kind": bad} if bad else {},
+        **buffers,
+        **({"graph_nodes_unrecorded": graph_error} if graph_error else {}),
+    }
 
 
 def _np(data: Any, dtype: Any) -> np.ndarray:

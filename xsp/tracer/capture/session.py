@@ -248,15 +248,10 @@ class Session:
         self.resource = self._resource(resource or {})
         check_levels(self.levels, self.device)
         self.continuous = profile.continuous
-        if (
-            self.continuous
-            and self.device.startswith("cuda")
-            and (self.levels.library or self.levels.gpu)
-        ):
+        if self.continuous and self.levels.counters:
             raise ConfigError(
-                f"level set {self.levels}: levels L and G on CUDA cannot run in a continuous "
-                "session yet (CUPTI's buffers are flushed once per run): use M or MF for a "
-                "service, or a fixed --iterations"
+                f"level set {self.levels}: level H cannot run in a continuous session (Nsight "
+                "Compute replays each kernel in a run of its own): use a fixed --iterations"
             )
         context = LevelContext(
             self.device,
@@ -298,7 +293,9 @@ class Session:
         self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
         # a continuous session (a service): its sampling policy, its batches, when it stops
         self._policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
-        self._sampled_on = True  # the levels below M record the open (or next) iteration
+        #: the levels below M record the open (or next) iteration; None: not decided yet (after
+        #: a batch's hand-over), so the next iteration's policy switches every level
+        self._sampled_on: bool | None = True
         # the short way through the markers (_steady_check): the levels they go to, and when
         # the next progress report, batch or the duration's end is due (monotonic)
         self._steady = False
@@ -406,8 +403,9 @@ class Session:
         if self._steady and not self._open:  # a service's request: the short way
             self._open = True
             measured = self._index - self.warmup
-            if self._policy.sample(measured) is not self._sampled_on:
-                self._switch_sampling(not self._sampled_on)
+            on = self._policy.sample(measured)
+            if on is not self._sampled_on:
+                self._switch_sampling(on)
             for level in self._marker_levels:
                 level.begin_iteration(measured)
             return
@@ -562,9 +560,9 @@ class Session:
 
     def _mark_levels(self) -> None:
         """The levels that get the iteration markers: all of them while the levels below M
-        record; else those without a sampling switch (level M): a level sampled off records
-        nothing at its markers."""
-        if self._sampled_on:
+        record (or may: undecided, when nothing may be lent either); else those without a
+        sampling switch (level M): a level sampled off records nothing at its markers."""
+        if self._sampled_on is not False:
             self._marker_levels = list(self._levels)
         else:
             self._marker_levels = [level for level in self._levels if not hasattr(level, "sample")]
@@ -629,7 +627,9 @@ class Session:
                 self._errors.append(message)
                 self._batch_missing.append(message)
         self._levels = enabled
-        self._sampled_on = True  # enable() records; the next iteration's policy decides
+        # F's enable() records, L and G's waits for a sampled iteration (CUPTI starts then,
+        # before the iteration's markers): the next iteration's policy switches them all
+        self._sampled_on = None
         self._batch_started = time.monotonic()
         self._steady_check()
 

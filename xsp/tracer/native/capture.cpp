@@ -1361,12 +1361,25 @@ std::string api_name(CUpti_CallbackDomain domain, uint32_t cbid) {
   return text;
 }
 
+// The bookkeeping calls named in ``quiet``, found by name once per process: a continuous
+// session starts CUPTI again for each sampled iteration, and looking ~1,500 names up each time
+// would cost more than switching the calls off.
+std::vector<std::pair<CUpti_CallbackDomain, uint32_t>> g_quiet;
+
 // Switches off the bookkeeping calls named in ``quiet``; returns how many.
 int quiet_calls(CUpti_CallbackDomain domain, uint32_t count, const std::vector<std::string>& quiet) {
+  bool known = std::any_of(g_quiet.begin(), g_quiet.end(),
+                           [domain](const auto& call) { return call.first == domain; });
+  if (!known) {
+    for (uint32_t cbid = 1; cbid < count; ++cbid) {
+      std::string name = api_name(domain, cbid);
+      if (std::find(quiet.begin(), quiet.end(), name) != quiet.end())
+        g_quiet.emplace_back(domain, cbid);
+    }
+  }
   int off = 0;
-  for (uint32_t cbid = 1; cbid < count; ++cbid) {
-    std::string name = api_name(domain, cbid);
-    if (std::find(quiet.begin(), quiet.end(), name) == quiet.end()) continue;
+  for (const auto& [where, cbid] : g_quiet) {
+    if (where != domain) continue;
     CUptiResult status = domain == CUPTI_CB_DOMAIN_RUNTIME_API
                              ? cuptiActivityEnableRuntimeApi(cbid, 0)
                              : cuptiActivityEnableDriverApi(cbid, 0);
@@ -1491,6 +1504,11 @@ void unsubscribe_graphs() {
   g_capture_modules.clear();
 }
 
+bool pushes_correlation() {
+  return std::find(g_cupti.enabled.begin(), g_cupti.enabled.end(),
+                   CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != g_cupti.enabled.end();
+}
+
 int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, int64_t pool_buffers,
                 const std::vector<std::string>& quiet) {
   int quieted = 0;
@@ -1522,13 +1540,21 @@ int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, in
     if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_DRIVER)
       quieted += quiet_calls(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE, quiet);
   }
-  g_push_correlation.store(std::find(g_cupti.enabled.begin(), g_cupti.enabled.end(),
-                                     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) !=
-                           g_cupti.enabled.end());
+  g_push_correlation.store(pushes_correlation());
   return quieted;
 }
 
 void cupti_measuring(bool on) { g_cupti.measuring.store(on); }
+
+// A continuous session's batch boundary, between iterations, with CUPTI running: every record
+// so far to the completed queue (cupti_decode takes them); returns the records CUPTI dropped
+// since last asked.
+uint64_t cupti_flush() {
+  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "CUPTI flush");
+  size_t dropped = 0;
+  cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
+  return dropped;
+}
 
 uint64_t cupti_stop() {
   g_push_correlation.store(false);
@@ -1572,13 +1598,10 @@ struct Strings {
   }
 };
 
-// Every completed buffer, decoded into columns; the buffers go back to the pool.
-py::dict cupti_decode() {
-  std::vector<Completed> buffers;
-  {
-    std::lock_guard<std::mutex> lock(g_cupti.mutex);
-    buffers.swap(g_cupti.completed);
-  }
+// CUPTI's records decoded into columns, gathered over the collections until the next decode (a
+// continuous session collects after each sampled iteration, before CUPTI is finalized, and
+// decodes at its batch boundary).
+struct Decoded {
   std::vector<int8_t> g_kind, g_copy;
   std::vector<int32_t> g_name;
   std::vector<int64_t> g_start, g_end, g_corr, g_device, g_stream, g_regs, g_shared, g_bytes;
@@ -1597,7 +1620,69 @@ py::dict cupti_decode() {
   std::unordered_map<uint32_t, size_t> open_markers;
   std::unordered_map<uint64_t, int32_t> api_names;
   Strings kernel_names, api_strings, marker_names, domains;
-  uint64_t records = 0, unknown = 0, unpaired = 0;
+  uint64_t records = 0, unknown = 0, unpaired = 0, buffers = 0;
+  // CUPTI numbers its correlation ids from 1 again each time it starts: each run's ids go on
+  // from the last run's largest, so that a kernel never meets another run's launch
+  int64_t correlation_base = 0, correlation_max = 0;
+} g_decoded;
+
+// Every completed buffer, decoded into ``g_decoded`` with ``offset_ns`` added to its times (a
+// continuous session's: CUPTI's clock to the Unix epoch, measured while CUPTI ran);
+// ``run_ended``: CUPTI stopped after these records, and the next ones' correlation ids start
+// again. The buffers go back to the pool. Returns how many buffers it decoded.
+uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
+  std::vector<Completed> buffers;
+  {
+    std::lock_guard<std::mutex> lock(g_cupti.mutex);
+    buffers.swap(g_cupti.completed);
+  }
+  Decoded& d = g_decoded;
+  d.buffers += buffers.size();
+  auto correlation = [&d](uint32_t id) {
+    int64_t unique = int64_t(id) + d.correlation_base;
+    d.correlation_max = std::max(d.correlation_max, unique);
+    return unique;
+  };
+  auto& g_kind = d.g_kind;
+  auto& g_copy = d.g_copy;
+  auto& g_name = d.g_name;
+  auto& g_start = d.g_start;
+  auto& g_end = d.g_end;
+  auto& g_corr = d.g_corr;
+  auto& g_device = d.g_device;
+  auto& g_stream = d.g_stream;
+  auto& g_regs = d.g_regs;
+  auto& g_shared = d.g_shared;
+  auto& g_bytes = d.g_bytes;
+  auto& g_grid = d.g_grid;
+  auto& g_block = d.g_block;
+  auto& g_graph_node = d.g_graph_node;
+  auto& a_kind = d.a_kind;
+  auto& a_name = d.a_name;
+  auto& a_start = d.a_start;
+  auto& a_end = d.a_end;
+  auto& a_corr = d.a_corr;
+  auto& a_thread = d.a_thread;
+  auto& m_domain = d.m_domain;
+  auto& m_name = d.m_name;
+  auto& m_start = d.m_start;
+  auto& m_end = d.m_end;
+  auto& m_thread = d.m_thread;
+  auto& x_corr = d.x_corr;
+  auto& x_external = d.x_external;
+  auto& n_corr = d.n_corr;
+  auto& n_stream = d.n_stream;
+  auto& n_event = d.n_event;
+  auto& n_type = d.n_type;
+  auto& open_markers = d.open_markers;
+  auto& api_names = d.api_names;
+  auto& kernel_names = d.kernel_names;
+  auto& api_strings = d.api_strings;
+  auto& marker_names = d.marker_names;
+  auto& domains = d.domains;
+  auto& records = d.records;
+  auto& unknown = d.unknown;
+  auto& unpaired = d.unpaired;
   for (auto& done : buffers) {
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(done.buffer, done.valid, &record) == CUPTI_SUCCESS) {
@@ -1610,9 +1695,9 @@ py::dict cupti_decode() {
           g_graph_node.push_back(int64_t(k->graphNodeId));
           g_kind.push_back(0);
           g_name.push_back(kernel_names(k->name ? k->name : "?"));
-          g_start.push_back(int64_t(k->start));
-          g_end.push_back(int64_t(k->end));
-          g_corr.push_back(k->correlationId);
+          g_start.push_back(int64_t(k->start) + offset_ns);
+          g_end.push_back(int64_t(k->end) + offset_ns);
+          g_corr.push_back(correlation(k->correlationId));
           g_device.push_back(k->deviceId);
           g_stream.push_back(k->streamId);
           g_grid.insert(g_grid.end(), {k->gridX, k->gridY, k->gridZ});
@@ -1629,9 +1714,9 @@ py::dict cupti_decode() {
           g_graph_node.push_back(int64_t(c->graphNodeId));
           g_kind.push_back(1);
           g_name.push_back(-1);
-          g_start.push_back(int64_t(c->start));
-          g_end.push_back(int64_t(c->end));
-          g_corr.push_back(c->correlationId);
+          g_start.push_back(int64_t(c->start) + offset_ns);
+          g_end.push_back(int64_t(c->end) + offset_ns);
+          g_corr.push_back(correlation(c->correlationId));
           g_device.push_back(c->deviceId);
           g_stream.push_back(c->streamId);
           g_grid.insert(g_grid.end(), {0, 0, 0});
@@ -1648,9 +1733,9 @@ py::dict cupti_decode() {
           g_graph_node.push_back(int64_t(s->graphNodeId));
           g_kind.push_back(2);
           g_name.push_back(-1);
-          g_start.push_back(int64_t(s->start));
-          g_end.push_back(int64_t(s->end));
-          g_corr.push_back(s->correlationId);
+          g_start.push_back(int64_t(s->start) + offset_ns);
+          g_end.push_back(int64_t(s->end) + offset_ns);
+          g_corr.push_back(correlation(s->correlationId));
           g_device.push_back(s->deviceId);
           g_stream.push_back(s->streamId);
           g_grid.insert(g_grid.end(), {0, 0, 0});
@@ -1678,9 +1763,9 @@ py::dict cupti_decode() {
           }
           a_kind.push_back(runtime ? 0 : 1);
           a_name.push_back(name);
-          a_start.push_back(int64_t(a->start));
-          a_end.push_back(int64_t(a->end));
-          a_corr.push_back(a->correlationId);
+          a_start.push_back(int64_t(a->start) + offset_ns);
+          a_end.push_back(int64_t(a->end) + offset_ns);
+          a_corr.push_back(correlation(a->correlationId));
           a_thread.push_back(a->threadId);
           break;
         }
@@ -1690,7 +1775,7 @@ py::dict cupti_decode() {
             open_markers[m->id] = m_start.size();
             m_domain.push_back(domains(m->domain ? m->domain : ""));
             m_name.push_back(marker_names(m->name ? m->name : ""));
-            m_start.push_back(int64_t(m->timestamp));
+            m_start.push_back(int64_t(m->timestamp) + offset_ns);
             m_end.push_back(0);
             m_thread.push_back(int64_t(m->objectId.pt.threadId));
           } else if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_END) {
@@ -1698,7 +1783,7 @@ py::dict cupti_decode() {
             if (found == open_markers.end()) {
               unpaired++;
             } else {
-              m_end[found->second] = int64_t(m->timestamp);
+              m_end[found->second] = int64_t(m->timestamp) + offset_ns;
               open_markers.erase(found);
             }
           }
@@ -1707,7 +1792,7 @@ py::dict cupti_decode() {
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
           auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(record);
           if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
-            x_corr.push_back(x->correlationId);
+            x_corr.push_back(correlation(x->correlationId));
             x_external.push_back(int64_t(x->externalId));
           }
           break;
@@ -1715,7 +1800,7 @@ py::dict cupti_decode() {
         case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
           // the fields read here sit where version 1 put them in every later version
           auto* y = reinterpret_cast<CUpti_ActivitySynchronization*>(record);
-          n_corr.push_back(y->correlationId);
+          n_corr.push_back(correlation(y->correlationId));
           n_type.push_back(int8_t(y->type));
           n_stream.push_back(y->streamId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
                                  ? -1 : int64_t(y->streamId));
@@ -1725,7 +1810,7 @@ py::dict cupti_decode() {
         }
         case CUPTI_ACTIVITY_KIND_CUDA_EVENT: {
           auto* e = reinterpret_cast<CUpti_ActivityCudaEvent*>(record);
-          n_corr.push_back(e->correlationId);
+          n_corr.push_back(correlation(e->correlationId));
           n_type.push_back(-1);
           n_stream.push_back(e->streamId);
           n_event.push_back(e->eventId);
@@ -1738,53 +1823,63 @@ py::dict cupti_decode() {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
     g_cupti.pool.push_back(done.buffer);
   }
+  if (run_ended) d.correlation_base = d.correlation_max + 1;
+  return buffers.size();
+}
+
+// What was collected since the last decode, and every completed buffer (with ``offset_ns``), as
+// columns.
+py::dict cupti_decode(int64_t offset_ns) {
+  cupti_collect(offset_ns, false);
+  Decoded d;
+  std::swap(d, g_decoded);
   py::dict gpu, api, markers, external, counts, named;
-  gpu["kind"] = column(g_kind);
-  gpu["name"] = column(g_name);
-  gpu["names"] = kernel_names.values;
-  gpu["start_ns"] = column(g_start);
-  gpu["end_ns"] = column(g_end);
-  gpu["correlation"] = column(g_corr);
-  gpu["device"] = column(g_device);
-  gpu["stream"] = column(g_stream);
-  gpu["grid"] = column(g_grid);
-  gpu["block"] = column(g_block);
-  gpu["registers"] = column(g_regs);
-  gpu["shared_memory"] = column(g_shared);
-  gpu["bytes"] = column(g_bytes);
-  gpu["copy_kind"] = column(g_copy);
-  gpu["graph_node"] = column(g_graph_node);
-  api["kind"] = column(a_kind);
-  api["name"] = column(a_name);
-  api["names"] = api_strings.values;
-  api["start_ns"] = column(a_start);
-  api["end_ns"] = column(a_end);
-  api["correlation"] = column(a_corr);
-  api["thread"] = column(a_thread);
-  markers["domain"] = column(m_domain);
-  markers["domains"] = domains.values;
-  markers["name"] = column(m_name);
-  markers["names"] = marker_names.values;
-  markers["start_ns"] = column(m_start);
-  markers["end_ns"] = column(m_end);
-  markers["thread"] = column(m_thread);
-  external["correlation"] = column(x_corr);
-  external["external"] = column(x_external);
-  named["correlation"] = column(n_corr);
-  named["type"] = column(n_type);
-  named["stream"] = column(n_stream);
-  named["event"] = column(n_event);
+  gpu["kind"] = column(d.g_kind);
+  gpu["name"] = column(d.g_name);
+  gpu["names"] = d.kernel_names.values;
+  gpu["start_ns"] = column(d.g_start);
+  gpu["end_ns"] = column(d.g_end);
+  gpu["correlation"] = column(d.g_corr);
+  gpu["device"] = column(d.g_device);
+  gpu["stream"] = column(d.g_stream);
+  gpu["grid"] = column(d.g_grid);
+  gpu["block"] = column(d.g_block);
+  gpu["registers"] = column(d.g_regs);
+  gpu["shared_memory"] = column(d.g_shared);
+  gpu["bytes"] = column(d.g_bytes);
+  gpu["copy_kind"] = column(d.g_copy);
+  gpu["graph_node"] = column(d.g_graph_node);
+  api["kind"] = column(d.a_kind);
+  api["name"] = column(d.a_name);
+  api["names"] = d.api_strings.values;
+  api["start_ns"] = column(d.a_start);
+  api["end_ns"] = column(d.a_end);
+  api["correlation"] = column(d.a_corr);
+  api["thread"] = column(d.a_thread);
+  markers["domain"] = column(d.m_domain);
+  markers["domains"] = d.domains.values;
+  markers["name"] = column(d.m_name);
+  markers["names"] = d.marker_names.values;
+  markers["start_ns"] = column(d.m_start);
+  markers["end_ns"] = column(d.m_end);
+  markers["thread"] = column(d.m_thread);
+  external["correlation"] = column(d.x_corr);
+  external["external"] = column(d.x_external);
+  named["correlation"] = column(d.n_corr);
+  named["type"] = column(d.n_type);
+  named["stream"] = column(d.n_stream);
+  named["event"] = column(d.n_event);
   {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
-    counts["buffers"] = buffers.size();
+    counts["buffers"] = d.buffers;
     counts["buffers_requested"] = g_cupti.requested;
     counts["buffers_grown"] = g_cupti.grown;
     counts["buffers_completed_while_measuring"] = g_cupti.completed_while_measuring;
     if (!g_cupti.subscribe_error.empty()) counts["graph_nodes_unrecorded"] = g_cupti.subscribe_error;
   }
-  counts["records"] = records;
-  counts["unknown_records"] = unknown;
-  counts["unpaired_markers"] = unpaired + open_markers.size();
+  counts["records"] = d.records;
+  counts["unknown_records"] = d.unknown;
+  counts["unpaired_markers"] = d.unpaired + d.open_markers.size();
   py::dict out;
   out["gpu"] = gpu;
   out["api"] = api;
@@ -1838,7 +1933,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cupti_start", &cupti_start);
   m.def("cupti_measuring", &cupti_measuring);
   m.def("cupti_stop", &cupti_stop);
-  m.def("cupti_decode", &cupti_decode);
+  m.def("cupti_flush", &cupti_flush);
+  m.def("cupti_decode", &cupti_decode, py::arg("offset_ns") = 0);
+  m.def("cupti_collect", &cupti_collect, py::arg("offset_ns"), py::arg("run_ended"));
   m.def("cupti_timestamp", &cupti_timestamp);
   m.def("cupti_finalize", &cupti_finalize);
   m.def("graph_captures_open", []() { return g_capturing.load(); });

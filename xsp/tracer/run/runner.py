@@ -249,7 +249,7 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
         for levels in level_sets:
             check_levels(levels, profile.device)
     if profile.continuous:
-        _check_service(profile, level_sets, profile.device or "")
+        _check_service(profile, level_sets)
     store.check_creatable(spec.out)  # made only once validate's device checks pass
     return level_sets
 
@@ -264,12 +264,12 @@ def validate(spec: LeveledSpec) -> list[LevelSet]:
     for levels in level_sets:
         check_levels(levels, device)
     if spec.profile.continuous:
-        _check_service(spec.profile, level_sets, device)
+        _check_service(spec.profile, level_sets)
     store.check_writable(spec.out)
     return level_sets
 
 
-def _check_service(profile: ProfileSpec, level_sets: list[LevelSet], device: str) -> None:
+def _check_service(profile: ProfileSpec, level_sets: list[LevelSet]) -> None:
     """A continuous measurement's level sets: each must be able to run without an end, and
     without one only a single level set can run (the next would never start)."""
     if profile.iterations == 0 and profile.duration_s is None and len(level_sets) > 1:
@@ -279,10 +279,10 @@ def _check_service(profile: ProfileSpec, level_sets: list[LevelSet], device: str
             "load, or a --duration (docs/serving.md)"
         )
     for levels in level_sets:
-        if levels.counters or (device.startswith("cuda") and (levels.library or levels.gpu)):
+        if levels.counters:
             raise ConfigError(
-                f"level set {levels} cannot run in a continuous session yet (CUPTI's and "
-                "Nsight Compute's records are taken once per run): use M or MF for a service"
+                f"level set {levels} cannot run in a continuous session (Nsight Compute "
+                "replays each kernel in a run of its own): leave level H out for a service"
             )
 
 

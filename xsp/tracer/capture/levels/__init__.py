@@ -12,11 +12,12 @@ A level captures one layer of the stack. Its life inside a session::
                              next iterations or not (its sampling policy, level M excepted);
                              sampled off, a level records nothing at its iteration markers, and
                              a service's session may leave them out
-    handover() -> drain      optional, a continuous session's batch boundary, for the levels
-                             that write the capture arena: stop writing it (still installed;
-                             enable() follows, into a fresh arena) and return the drain of the
-                             batch, a function of the batch's arena contents that returns its
-                             records and counts, run later on the exporter's thread
+    handover() -> drain      optional, a continuous session's batch boundary: stop writing
+                             the batch (still installed; enable() follows) and return its
+                             drain, a function of the batch's arena contents that returns its
+                             records and counts, run later on the exporter's thread (the levels
+                             that write the capture arena go on into a fresh one; levels L and
+                             G on CUDA flush and decode CUPTI's records here and record on)
 
 A continuous session (a service, docs/serving.md) runs this life once per batch of iterations:
 handover (or disable and drain), enable again, into a fresh capture arena.

@@ -13,19 +13,24 @@ Both share the process's one CUPTI activity session, ``xsp.tracer.capture.cupti`
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.tracer.capture.cupti import cupti_session
-from xsp.tracer.convert.records import (
-    ApiRecords,
-    GpuRecords,
-)
+
+if TYPE_CHECKING:
+    from xsp.tracer.convert.arena import ArenaContents
+    from xsp.tracer.export.batches import BatchDrain
 
 log = logging.getLogger(__name__)
 
 
 class LibraryLevel:
-    """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges)."""
+    """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges).
+
+    In a continuous session CUPTI runs for the sampled iterations only: sampled off, the level
+    stops it (the last level to stop finalizes it, ``suspend``); sampled on, it starts again,
+    as the policy switches it on, or else as the sampled iteration begins (the first one after
+    a batch boundary)."""
 
     letter = "L"
     kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER", "SYNCHRONIZATION", "CUDA_EVENT")
@@ -33,21 +38,69 @@ class LibraryLevel:
     def __init__(self, with_ops: bool = False) -> None:
         self._session = cupti_session()
         self._kinds = self.kinds + (("EXTERNAL_CORRELATION",) if with_ops else ())
+        self._running = False  # CUPTI started by this level and not stopped
+        self._wanted = False  # the iterations from the next one on are recorded
+        self._batches = False  # a continuous session hands its records over in batches
 
     def enable(self) -> None:
-        self._session.start(self._kinds)
+        """Come on. After a batch's hand-over CUPTI starts with the next sampled iteration."""
+        self._wanted = True
+        if not self._batches:
+            self._start()
+
+    def sample(self, on: bool) -> None:
+        """A continuous session's sampling policy, between iterations: record the iterations
+        from the next one on, or not."""
+        self._in_batches()
+        self._wanted = on
+        if on:
+            self._start()
+        elif self._running:
+            self._running = False
+            self._session.stop()
+            self._session.suspend()
 
     def begin_iteration(self, index: int) -> None:
-        pass
+        self._start()
 
     def end_iteration(self, index: int) -> None:
         pass
 
-    def disable(self) -> None:
-        self._session.stop()
+    def handover(self) -> BatchDrain:
+        """A continuous session's batch boundary: this batch's records, decoded now (CUPTI
+        goes on if it runs)."""
+        self._in_batches()
+        batch = self._session.hand_over(self.letter)
 
-    def drain(self) -> ApiRecords:
-        records = self._session.take_api()
+        def drain(contents: ArenaContents) -> tuple[Any, dict[str, Any]]:
+            return self._take(batch), {"cupti": batch.counts()}
+
+        return drain
+
+    def disable(self) -> None:
+        self._wanted = False
+        if self._running:
+            self._running = False
+            self._session.stop()
+        if self._batches:  # every batch was handed over: nothing is left to drain
+            self._session.release()
+
+    def _in_batches(self) -> None:
+        """Only a continuous session samples and hands over: its records go out in batches."""
+        if not self._batches:
+            self._batches = True
+            self._session.in_batches()
+
+    def _start(self) -> None:
+        if self._wanted and not self._running:
+            self._session.start(self._kinds)
+            self._running = True
+
+    def _take(self, batch: Any = None) -> Any:
+        return self._session.take_api(batch)
+
+    def drain(self) -> Any:
+        records = self._take()
         self._session.release()
         return records
 
@@ -62,7 +115,5 @@ class GpuLevel(LibraryLevel):
     letter = "G"
     kinds: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET")
 
-    def drain(self) -> GpuRecords:  # type: ignore[override]
-        records = self._session.take_gpu()
-        self._session.release()
-        return records
+    def _take(self, batch: Any = None) -> Any:
+        return self._session.take_gpu(batch)
