@@ -352,20 +352,28 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
 def test_the_straggler_is_named_and_its_fix_replayed() -> None:
     """Rank 1 arrives last at 35 of 40 all-reduces and rank 0 waits 2.256 ms a step for it;
     its compute (the steps' outermost ops, modules, autograd nodes and optimizer calls, as
-    traced) takes 2.993 ms a step against rank 0's 2.494. Replayed with rank 1's compute at
-    0.83 of its time, the step is 0.263 ms shorter."""
+    traced) takes 2.993 ms a step against rank 0's 2.494. Balanced, the job would run at rank
+    0's own pace: rank 0's replayed step less its waits is 3.794 ms, rank 1's 5.393 ms, and the
+    1.599 ms between them come out of rank 1's replayed compute (0.27 of it kept): the step is
+    0.824 ms shorter."""
+    from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
     from xsp.analysis.suggestions import suggest
 
-    rows = [r for r in suggest(MeasurementStore(GLOO)).to_pylist() if r["rule"] == "straggler"]
+    store = MeasurementStore(GLOO)
+    assert replay(store).own_steps_ms() == pytest.approx({0: 3.794, 1: 5.393}, abs=5e-4)
+    rows = [r for r in suggest(store).to_pylist() if r["rule"] == "straggler"]
     assert len(rows) == 1
     found = rows[0]
     assert found["evidence"] == (
         "rank 1 arrives last at 35 of 40 collectives; the other ranks wait 2.256 ms a step for "
         "it; its compute (as traced) takes 2.993 ms a step against rank 0's 2.494"
     )
-    assert found["estimate"] == "rank 1's compute as fast as rank 0's (0.83 of its time)"
-    assert found["gain_ms_per_iteration"] == pytest.approx(0.2634, abs=1e-4)
+    assert found["estimate"] == (
+        "rank 1's own time a step (5.393 ms, its replayed step less its waits) cut to rank 0's "
+        "(3.794 ms) out of its compute (0.27 of it kept)"
+    )
+    assert found["gain_ms_per_iteration"] == pytest.approx(0.8241, abs=1e-4)
 
 
 def test_the_flame_of_a_gloo_job_is_one_ranks_step_without_the_ranges_beside_it() -> None:

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from xsp.analysis.host_timeline import (
     Calibration,
@@ -177,6 +178,25 @@ class Replay:
         for row in self.collective_waits:
             waits.setdefault(row["rank"], []).append(row["wait_ns"])
         return {rank: float(np.median(ns)) / 1e6 for rank, ns in sorted(waits.items())}
+
+    def own_steps_ms(self) -> dict[int, float]:
+        """Each rank's median own time a step (ms, over the steady steps): its replayed step
+        less its wait for the last rank to arrive at its collectives, what it would take at its
+        own pace."""
+        kind = texts(self.spans.column("kind"))
+        iteration = numbers(self.spans.column("iteration"), null=-1).astype(np.int64, copy=False)
+        ranks = step_ranks(self.spans)
+        steady = set(
+            pc.filter(self.steps.column("iteration"), self.steps.column("steady")).to_pylist()
+        )
+        waits = {(w["iteration"], w["rank"]): w["wait_ns"] for w in self.collective_waits}
+        own: dict[int, list[int]] = {}
+        for row in np.nonzero(kind == "step")[0].tolist():
+            step, rank = int(iteration[row]), int(ranks[row])
+            if step in steady and rank >= 0:
+                wait = waits.get((step, rank), 0)
+                own.setdefault(rank, []).append(int(self.dur_ns[row]) - wait)
+        return {rank: float(np.median(ns)) / 1e6 for rank, ns in sorted(own.items())}
 
 
 def _median_steady(rows: list[dict[str, Any]]) -> float | None:
