@@ -188,10 +188,9 @@ class _CuptiSession:
         """After ``stop``, in a continuous session's unsampled iterations: decode what CUPTI
         buffered into the native columns, on the clock offset measured as it stopped, with
         correlation ids that the next run's (numbered from 1 again) will not meet, then
-        finalize CUPTI. Kinds merely disabled
-        would leave CUPTI attached, and every CUDA call would pay for it (about 4 µs a call on
-        the H200, ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it
-        again."""
+        finalize CUPTI. Kinds merely disabled would leave CUPTI attached, and every CUDA call
+        would pay for it (40-120 µs a batch-1 MLP request on the H200,
+        ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it again."""
         if self._users > 0 or self._finalized or self._native is None:
             return
         self._native.cupti_collect(self._offsets[-1], True)
