@@ -1,0 +1,152 @@
+"""Levels L and G in a continuous session, without a GPU: the order in which they drive CUPTI.
+
+What a service relies on: an unsampled request pays nothing for CUPTI, so CUPTI runs only from a
+sampled iteration to the next unsampled one and is finalized in between (with its kinds merely
+disabled it stays attached, and every CUDA call pays: ``benchmarks/cupti_attach_cost.py``);
+each run's records are collected before CUPTI is finalized, with its own clock offset and with
+correlation ids that the next run's will not meet; a batch boundary hands the batch over,
+flushing CUPTI only if it runs. CUPTI itself is stood in for by a recorder of the native core's
+calls (on the H200, ``tests/test_gpu.py``'s sampled service test runs them on CUPTI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from xsp.tracer.capture import cupti
+from xsp.tracer.capture.levels.cuda import GpuLevel, LibraryLevel
+from xsp.tracer.convert.arena import ArenaContents
+
+#: Unix-epoch ns minus the recorder's CUPTI clock
+OFFSET = 1_000_000
+
+
+class NativeCalls:
+    """The native core's CUPTI calls, recorded (``cupti_timestamp`` left out of the log)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.kernels: list[int] = []  # a kernel's correlation id, per kernel since the decode
+
+    def cupti_timestamp(self) -> int:
+        import time
+
+        return time.time_ns() - OFFSET
+
+    def cupti_start(self, kinds: list[str], *_: Any) -> int:
+        self.log.append(("start", "CONCURRENT_KERNEL" in kinds))
+        return 0
+
+    def cupti_measuring(self, on: bool) -> None:
+        pass
+
+    def cupti_stop(self) -> int:
+        self.log.append(("stop",))
+        return 0
+
+    def cupti_flush(self) -> int:
+        self.log.append(("flush",))
+        return 0
+
+    def cupti_collect(self, offset_ns: int, run_ended: bool) -> int:
+        self.log.append(("collect", round(offset_ns / OFFSET), run_ended))
+        return 0
+
+    def cupti_decode(self, offset_ns: int = 0) -> dict[str, Any]:
+        self.log.append(("decode", round(offset_ns / OFFSET)))
+        return _empty_columns()
+
+    def cupti_finalize(self) -> None:
+        self.log.append(("finalize",))
+
+
+def _empty_columns() -> dict[str, Any]:
+    gpu = dict.fromkeys(
+        ["kind", "name", "start_ns", "end_ns", "correlation", "device", "stream", "grid"], b""
+    )
+    gpu |= dict.fromkeys(
+        ["block", "registers", "shared_memory", "bytes", "copy_kind", "graph_node"], b""
+    )
+    api = dict.fromkeys(["kind", "name", "start_ns", "end_ns", "correlation", "thread"], b"")
+    markers = dict.fromkeys(["domain", "name", "start_ns", "end_ns", "thread"], b"")
+    return {
+        "gpu": gpu | {"names": []},
+        "api": api | {"names": []},
+        "markers": markers | {"domains": [], "names": []},
+        "external": {"correlation": b"", "external": b""},
+        "named": dict.fromkeys(["correlation", "type", "stream", "event"], b""),
+        "counts": {"records": 0, "unknown_records": 0},
+    }
+
+
+@pytest.fixture
+def native(monkeypatch: pytest.MonkeyPatch) -> NativeCalls:
+    calls = NativeCalls()
+    session = cupti._CuptiSession()
+    session._native = calls
+    monkeypatch.setattr(cupti, "_session", session)
+    return calls
+
+
+def _levels() -> list[Any]:
+    return [LibraryLevel(with_ops=True), GpuLevel(with_ops=True)]
+
+
+def _sample(levels: list[Any], on: bool) -> None:
+    for level in levels:  # stack order, as the session switches them
+        level.sample(on)
+
+
+def _hand_over(levels: list[Any]) -> list[Any]:
+    drains = [level.handover() for level in reversed(levels)]  # deepest first
+    for level in levels:
+        level.enable()
+    return [drain(ArenaContents.empty()) for drain in drains]
+
+
+def test_cupti_runs_for_the_sampled_iterations_only_and_is_finalized_between(
+    native: NativeCalls,
+) -> None:
+    levels = _levels()
+    for level in levels:
+        level.enable()  # the session's levels come on: iteration 0 is sampled
+    assert native.log == [("start", False), ("start", True)]
+    native.log.clear()
+    _sample(levels, False)  # iteration 1: the last level to stop collects, then finalizes
+    assert native.log == [("stop",), ("collect", 1, True), ("finalize",)]
+    native.log.clear()
+    _sample(levels, False)  # iteration 2: nothing more to do
+    assert native.log == []
+    _sample(levels, True)  # iteration 3: started again
+    assert native.log == [("start", False), ("start", True)]
+
+
+def test_a_batch_boundary_flushes_cupti_only_while_it_runs(native: NativeCalls) -> None:
+    levels = _levels()
+    for level in levels:
+        level.enable()
+    _sample(levels, False)
+    _sample(levels, True)
+    native.log.clear()
+    # the boundary after a sampled iteration: flushed, decoded on the offset now; CUPTI goes on
+    records = _hand_over(levels)
+    assert native.log == [("flush",), ("decode", 1)]
+    assert [counts["cupti"]["dropped_records"] for _, counts in records] == [0, 0]
+    native.log.clear()
+    _sample(levels, False)
+    assert native.log == [("stop",), ("collect", 1, True), ("finalize",)]
+    native.log.clear()
+    # the next boundary, CUPTI finalized: its runs were collected already, nothing to flush
+    _hand_over(levels)
+    assert native.log == [("decode", 0)]
+    native.log.clear()
+    # a sampled iteration right after a boundary: CUPTI starts as it begins, before its markers
+    for level in levels:
+        level.begin_iteration(6)
+    assert native.log == [("start", False), ("start", True)]
+    native.log.clear()
+    for level in reversed(levels):
+        level.disable()
+    assert native.log == [("stop",), ("finalize",)]
