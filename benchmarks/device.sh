@@ -39,7 +39,8 @@ PRESETS=(
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager training, compiled reduce-overhead and default inference) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json (FIXTURES=0: the benchmark only)"
   "llama-1b|5-7 min|transformers:llama-1b (1.03B parameters) b8 x 1024 training, --fix bf16, at M,MF,MFLG (3 iterations): spans per iteration, finish µs per span, peak RSS, xsp analyze's time, the Jaeger trace's spans and the Perfetto export's size (large_trace.py --store); run.json files and analyze output into llama-1b/"
   "llama-accum|6-8 min|benchmarks/workloads/llama_accum_train.py (llama-1b's shape, 4 micro-batches of 2 x 1024, bf16 autocast) untraced, then at M,MF,MFLG (2 iterations, --warmup 9: 4 forward passes, then optimizer steps): the figures of llama-1b, into llama-accum/"
-  "service|1-2 min|service_overhead.py on CUDA: a batch-1 MLP service (width 2048) untraced, M on every request, F sampled 1 in 100 and F on every request, in shuffled rounds in one process, into service-overhead-cuda.json (ROUNDS=12 REQUESTS=1000 SAMPLED=MF: level sets sampled, comma-separated; L and G do not run in a continuous session on CUDA yet)"
+  "service|1-2 min|service_overhead.py on CUDA: a batch-1 MLP service (width 2048) untraced, M on every request, F, and F with L and G, sampled 1 in 100, and F on every request, in shuffled rounds in one process, into service-overhead-cuda.json (ROUNDS=12 REQUESTS=1000 SAMPLED=MF,MFLG: level sets sampled, comma-separated)"
+  "cupti-attach|1 min|cupti_attach_cost.py: a batch-1 MLP request untraced, with CUPTI recording, attached with its kinds off, finalized; and CUPTI started and finalized around single requests (its phases), into cupti-attach-cost.json"
   "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
@@ -558,8 +559,13 @@ p_service() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   timeout 400 python3 benchmarks/service_overhead.py --device cuda --width 2048 \
     --rounds "${ROUNDS:-12}" --requests "${REQUESTS:-1000}" --warmup 50 --sample-every 100 \
-    --sampled "${SAMPLED:-MF}" --export-every 0.5 --out "$OUT/service-overhead-cuda.json" \
+    --sampled "${SAMPLED:-MF,MFLG}" --export-every 0.5 --out "$OUT/service-overhead-cuda.json" \
     2>&1 | tail -30
+}
+
+p_cupti_attach() {
+  timeout 200 python3 benchmarks/cupti_attach_cost.py --requests 1000 \
+    --out "$OUT/cupti-attach-cost.json" 2>&1 | tail -25
 }
 
 p_two_streams() {
