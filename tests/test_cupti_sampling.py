@@ -150,3 +150,26 @@ def test_a_batch_boundary_flushes_cupti_only_while_it_runs(native: NativeCalls) 
     for level in reversed(levels):
         level.disable()
     assert native.log == [("stop",), ("finalize",)]
+
+
+def test_a_cupti_that_will_not_start_costs_the_iteration_its_records_not_the_request(
+    native: NativeCalls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xsp.tracer.export.finish import capture_losses
+
+    levels = _levels()
+    for level in levels:
+        level.enable()
+    _sample(levels, False)
+    _hand_over(levels)  # a boundary: the next sampled iteration starts CUPTI as it begins
+
+    def refuse(*_: Any) -> int:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(native, "cupti_start", refuse)
+    for level in levels:
+        level.begin_iteration(3)  # no exception reaches the program
+    records = _hand_over(levels)
+    counts = records[-1][1]
+    assert counts["cupti"]["start_failures"] == 1
+    assert capture_losses(counts) == ["CUPTI would not start for 1 sampled iterations"]

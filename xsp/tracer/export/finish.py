@@ -107,6 +107,8 @@ def capture_losses(counts: Mapping[str, Any]) -> list[str]:
         lost.append(f"CUPTI dropped {cupti['dropped_records']} records (buffers full)")
     if cupti.get("undecodable_records"):
         lost.append(f"{cupti['undecodable_records']} CUPTI records could not be decoded")
+    if cupti.get("start_failures"):
+        lost.append(f"CUPTI would not start for {cupti['start_failures']} sampled iterations")
     return lost
 
 

@@ -41,6 +41,7 @@ class LibraryLevel:
         self._running = False  # CUPTI started by this level and not stopped
         self._wanted = False  # the iterations from the next one on are recorded
         self._batches = False  # a continuous session hands its records over in batches
+        self.start_failures = 0  # sampled iterations whose CUPTI would not start
 
     def enable(self) -> None:
         """Come on. After a batch's hand-over CUPTI starts with the next sampled iteration."""
@@ -61,7 +62,15 @@ class LibraryLevel:
             self._session.suspend()
 
     def begin_iteration(self, index: int) -> None:
-        self._start()
+        """A sampled iteration right after a batch boundary starts CUPTI here; a CUPTI that
+        refuses to start costs this iteration its records, never the program its request."""
+        try:
+            self._start()
+        except Exception as exc:
+            self._wanted = False
+            self.start_failures += 1
+            if self.start_failures == 1:
+                log.warning("xsp: level %s could not start CUPTI: %s", self.letter, exc)
 
     def end_iteration(self, index: int) -> None:
         pass
@@ -72,8 +81,10 @@ class LibraryLevel:
         self._in_batches()
         batch = self._session.hand_over(self.letter)
 
+        failures, self.start_failures = self.start_failures, 0
+
         def drain(contents: ArenaContents) -> tuple[Any, dict[str, Any]]:
-            return self._take(batch), {"cupti": batch.counts()}
+            return self._take(batch), {"cupti": {**batch.counts(), "start_failures": failures}}
 
         return drain
 
