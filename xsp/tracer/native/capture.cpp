@@ -8,7 +8,8 @@
 // xsp/tracer/convert/arena.py with numpy, without this extension (the runner never imports torch).
 //
 // CUPTI's buffers come from a pool of large buffers; completion only queues them, and decoding
-// into columns happens once, after the measured window (cupti_decode).
+// into columns happens once, after the measured window (cupti_decode; a continuous session's
+// sampled iterations each collect theirs as CUPTI stops, cupti_collect).
 
 #include <torch/extension.h>
 #include <structmember.h>
@@ -1643,6 +1644,7 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
     d.correlation_max = std::max(d.correlation_max, unique);
     return unique;
   };
+  // the columns by their own names, as the loop below writes them
   auto& g_kind = d.g_kind;
   auto& g_copy = d.g_copy;
   auto& g_name = d.g_name;
