@@ -243,10 +243,16 @@ class _CuptiSession:
         """Unix-epoch ns minus CUPTI ns, averaged over the calibrations at start and stop."""
         return sum(self._offsets) // max(len(self._offsets), 1)
 
+    def _records(self, batch: _Batch | None) -> tuple[dict[str, Any], int]:
+        """The decoded columns and the offset that puts their times on the Unix epoch's clock:
+        the run's, or a batch's (whose times are there already, each CUPTI run's as it ended)."""
+        if batch is None:
+            return self._decode(), self.offset_ns
+        return batch.decoded, 0
+
     def take_api(self, batch: _Batch | None = None) -> ApiRecords:
         """Level L's records: the run's, or a continuous session's ``batch``."""
-        decoded = self._decode() if batch is None else batch.decoded
-        offset = self.offset_ns if batch is None else batch.offset_ns
+        decoded, offset = self._records(batch)
         api = decoded["api"]
         out = ApiRecords()
         out.kind = _array("b", api["kind"])
@@ -271,8 +277,7 @@ class _CuptiSession:
 
     def take_gpu(self, batch: _Batch | None = None) -> GpuRecords:
         """Level G's records: the run's, or a continuous session's ``batch``."""
-        decoded = self._decode() if batch is None else batch.decoded
-        offset = self.offset_ns if batch is None else batch.offset_ns
+        decoded, offset = self._records(batch)
         gpu = decoded["gpu"]
         kind = _np(gpu["kind"], np.int8)
         names = list(gpu["names"])
@@ -340,9 +345,6 @@ class _CuptiSession:
 
 class _Batch:
     """CUPTI's records of one batch of a continuous session, decoded at its boundary."""
-
-    #: its times are on the Unix epoch's clock already (each run of CUPTI's, as it ended)
-    offset_ns = 0
 
     def __init__(self, decoded: dict[str, Any], dropped: int, window: tuple[int, int]) -> None:
         self.decoded = decoded

@@ -1559,9 +1559,7 @@ uint64_t cupti_flush() {
 
 uint64_t cupti_stop() {
   g_push_correlation.store(false);
-  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "CUPTI flush");
-  size_t dropped = 0;
-  cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
+  uint64_t dropped = cupti_flush();
   for (auto kind : g_cupti.enabled) cuptiActivityDisable(kind);
   g_cupti.enabled.clear();
   unsubscribe_graphs();
@@ -1644,108 +1642,67 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
     d.correlation_max = std::max(d.correlation_max, unique);
     return unique;
   };
-  // the columns by their own names, as the loop below writes them
-  auto& g_kind = d.g_kind;
-  auto& g_copy = d.g_copy;
-  auto& g_name = d.g_name;
-  auto& g_start = d.g_start;
-  auto& g_end = d.g_end;
-  auto& g_corr = d.g_corr;
-  auto& g_device = d.g_device;
-  auto& g_stream = d.g_stream;
-  auto& g_regs = d.g_regs;
-  auto& g_shared = d.g_shared;
-  auto& g_bytes = d.g_bytes;
-  auto& g_grid = d.g_grid;
-  auto& g_block = d.g_block;
-  auto& g_graph_node = d.g_graph_node;
-  auto& a_kind = d.a_kind;
-  auto& a_name = d.a_name;
-  auto& a_start = d.a_start;
-  auto& a_end = d.a_end;
-  auto& a_corr = d.a_corr;
-  auto& a_thread = d.a_thread;
-  auto& m_domain = d.m_domain;
-  auto& m_name = d.m_name;
-  auto& m_start = d.m_start;
-  auto& m_end = d.m_end;
-  auto& m_thread = d.m_thread;
-  auto& x_corr = d.x_corr;
-  auto& x_external = d.x_external;
-  auto& n_corr = d.n_corr;
-  auto& n_stream = d.n_stream;
-  auto& n_event = d.n_event;
-  auto& n_type = d.n_type;
-  auto& open_markers = d.open_markers;
-  auto& api_names = d.api_names;
-  auto& kernel_names = d.kernel_names;
-  auto& api_strings = d.api_strings;
-  auto& marker_names = d.marker_names;
-  auto& domains = d.domains;
-  auto& records = d.records;
-  auto& unknown = d.unknown;
-  auto& unpaired = d.unpaired;
   for (auto& done : buffers) {
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(done.buffer, done.valid, &record) == CUPTI_SUCCESS) {
-      records++;
+      d.records++;
       switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
         case CUPTI_ACTIVITY_KIND_KERNEL: {
           // graphNodeId sits where version 5 put it in every later version
           auto* k = reinterpret_cast<CUpti_ActivityKernel5*>(record);
-          g_graph_node.push_back(int64_t(k->graphNodeId));
-          g_kind.push_back(0);
-          g_name.push_back(kernel_names(k->name ? k->name : "?"));
-          g_start.push_back(int64_t(k->start) + offset_ns);
-          g_end.push_back(int64_t(k->end) + offset_ns);
-          g_corr.push_back(correlation(k->correlationId));
-          g_device.push_back(k->deviceId);
-          g_stream.push_back(k->streamId);
-          g_grid.insert(g_grid.end(), {k->gridX, k->gridY, k->gridZ});
-          g_block.insert(g_block.end(), {k->blockX, k->blockY, k->blockZ});
-          g_regs.push_back(k->registersPerThread);
-          g_shared.push_back(int64_t(k->staticSharedMemory) + int64_t(k->dynamicSharedMemory));
-          g_bytes.push_back(-1);
-          g_copy.push_back(-1);
+          d.g_graph_node.push_back(int64_t(k->graphNodeId));
+          d.g_kind.push_back(0);
+          d.g_name.push_back(d.kernel_names(k->name ? k->name : "?"));
+          d.g_start.push_back(int64_t(k->start) + offset_ns);
+          d.g_end.push_back(int64_t(k->end) + offset_ns);
+          d.g_corr.push_back(correlation(k->correlationId));
+          d.g_device.push_back(k->deviceId);
+          d.g_stream.push_back(k->streamId);
+          d.g_grid.insert(d.g_grid.end(), {k->gridX, k->gridY, k->gridZ});
+          d.g_block.insert(d.g_block.end(), {k->blockX, k->blockY, k->blockZ});
+          d.g_regs.push_back(k->registersPerThread);
+          d.g_shared.push_back(int64_t(k->staticSharedMemory) + int64_t(k->dynamicSharedMemory));
+          d.g_bytes.push_back(-1);
+          d.g_copy.push_back(-1);
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
           // graphNodeId (a copy replayed from a graph) sits where version 5 put it since
           auto* c = reinterpret_cast<CUpti_ActivityMemcpy5*>(record);
-          g_graph_node.push_back(int64_t(c->graphNodeId));
-          g_kind.push_back(1);
-          g_name.push_back(-1);
-          g_start.push_back(int64_t(c->start) + offset_ns);
-          g_end.push_back(int64_t(c->end) + offset_ns);
-          g_corr.push_back(correlation(c->correlationId));
-          g_device.push_back(c->deviceId);
-          g_stream.push_back(c->streamId);
-          g_grid.insert(g_grid.end(), {0, 0, 0});
-          g_block.insert(g_block.end(), {0, 0, 0});
-          g_regs.push_back(-1);
-          g_shared.push_back(-1);
-          g_bytes.push_back(int64_t(c->bytes));
-          g_copy.push_back(int8_t(c->copyKind));
+          d.g_graph_node.push_back(int64_t(c->graphNodeId));
+          d.g_kind.push_back(1);
+          d.g_name.push_back(-1);
+          d.g_start.push_back(int64_t(c->start) + offset_ns);
+          d.g_end.push_back(int64_t(c->end) + offset_ns);
+          d.g_corr.push_back(correlation(c->correlationId));
+          d.g_device.push_back(c->deviceId);
+          d.g_stream.push_back(c->streamId);
+          d.g_grid.insert(d.g_grid.end(), {0, 0, 0});
+          d.g_block.insert(d.g_block.end(), {0, 0, 0});
+          d.g_regs.push_back(-1);
+          d.g_shared.push_back(-1);
+          d.g_bytes.push_back(int64_t(c->bytes));
+          d.g_copy.push_back(int8_t(c->copyKind));
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMSET: {
           // and a set's where version 3 put it
           auto* s = reinterpret_cast<CUpti_ActivityMemset3*>(record);
-          g_graph_node.push_back(int64_t(s->graphNodeId));
-          g_kind.push_back(2);
-          g_name.push_back(-1);
-          g_start.push_back(int64_t(s->start) + offset_ns);
-          g_end.push_back(int64_t(s->end) + offset_ns);
-          g_corr.push_back(correlation(s->correlationId));
-          g_device.push_back(s->deviceId);
-          g_stream.push_back(s->streamId);
-          g_grid.insert(g_grid.end(), {0, 0, 0});
-          g_block.insert(g_block.end(), {0, 0, 0});
-          g_regs.push_back(-1);
-          g_shared.push_back(-1);
-          g_bytes.push_back(int64_t(s->bytes));
-          g_copy.push_back(-1);
+          d.g_graph_node.push_back(int64_t(s->graphNodeId));
+          d.g_kind.push_back(2);
+          d.g_name.push_back(-1);
+          d.g_start.push_back(int64_t(s->start) + offset_ns);
+          d.g_end.push_back(int64_t(s->end) + offset_ns);
+          d.g_corr.push_back(correlation(s->correlationId));
+          d.g_device.push_back(s->deviceId);
+          d.g_stream.push_back(s->streamId);
+          d.g_grid.insert(d.g_grid.end(), {0, 0, 0});
+          d.g_block.insert(d.g_block.end(), {0, 0, 0});
+          d.g_regs.push_back(-1);
+          d.g_shared.push_back(-1);
+          d.g_bytes.push_back(int64_t(s->bytes));
+          d.g_copy.push_back(-1);
           break;
         }
         case CUPTI_ACTIVITY_KIND_RUNTIME:
@@ -1753,40 +1710,40 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
           auto* a = reinterpret_cast<CUpti_ActivityAPI*>(record);
           bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
           uint64_t key = (uint64_t(runtime) << 32) | a->cbid;
-          auto found = api_names.find(key);
+          auto found = d.api_names.find(key);
           int32_t name;
-          if (found == api_names.end()) {
+          if (found == d.api_names.end()) {
             std::string text = api_name(
                 runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid);
-            name = api_strings(text.c_str());
-            api_names.emplace(key, name);
+            name = d.api_strings(text.c_str());
+            d.api_names.emplace(key, name);
           } else {
             name = found->second;
           }
-          a_kind.push_back(runtime ? 0 : 1);
-          a_name.push_back(name);
-          a_start.push_back(int64_t(a->start) + offset_ns);
-          a_end.push_back(int64_t(a->end) + offset_ns);
-          a_corr.push_back(correlation(a->correlationId));
-          a_thread.push_back(a->threadId);
+          d.a_kind.push_back(runtime ? 0 : 1);
+          d.a_name.push_back(name);
+          d.a_start.push_back(int64_t(a->start) + offset_ns);
+          d.a_end.push_back(int64_t(a->end) + offset_ns);
+          d.a_corr.push_back(correlation(a->correlationId));
+          d.a_thread.push_back(a->threadId);
           break;
         }
         case CUPTI_ACTIVITY_KIND_MARKER: {
           auto* m = reinterpret_cast<CUpti_ActivityMarker2*>(record);
           if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_START) {
-            open_markers[m->id] = m_start.size();
-            m_domain.push_back(domains(m->domain ? m->domain : ""));
-            m_name.push_back(marker_names(m->name ? m->name : ""));
-            m_start.push_back(int64_t(m->timestamp) + offset_ns);
-            m_end.push_back(0);
-            m_thread.push_back(int64_t(m->objectId.pt.threadId));
+            d.open_markers[m->id] = d.m_start.size();
+            d.m_domain.push_back(d.domains(m->domain ? m->domain : ""));
+            d.m_name.push_back(d.marker_names(m->name ? m->name : ""));
+            d.m_start.push_back(int64_t(m->timestamp) + offset_ns);
+            d.m_end.push_back(0);
+            d.m_thread.push_back(int64_t(m->objectId.pt.threadId));
           } else if (m->flags & CUPTI_ACTIVITY_FLAG_MARKER_END) {
-            auto found = open_markers.find(m->id);
-            if (found == open_markers.end()) {
-              unpaired++;
+            auto found = d.open_markers.find(m->id);
+            if (found == d.open_markers.end()) {
+              d.unpaired++;
             } else {
-              m_end[found->second] = int64_t(m->timestamp) + offset_ns;
-              open_markers.erase(found);
+              d.m_end[found->second] = int64_t(m->timestamp) + offset_ns;
+              d.open_markers.erase(found);
             }
           }
           break;
@@ -1794,32 +1751,32 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
           auto* x = reinterpret_cast<CUpti_ActivityExternalCorrelation*>(record);
           if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
-            x_corr.push_back(correlation(x->correlationId));
-            x_external.push_back(int64_t(x->externalId));
+            d.x_corr.push_back(correlation(x->correlationId));
+            d.x_external.push_back(int64_t(x->externalId));
           }
           break;
         }
         case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
           // the fields read here sit where version 1 put them in every later version
           auto* y = reinterpret_cast<CUpti_ActivitySynchronization*>(record);
-          n_corr.push_back(correlation(y->correlationId));
-          n_type.push_back(int8_t(y->type));
-          n_stream.push_back(y->streamId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
+          d.n_corr.push_back(correlation(y->correlationId));
+          d.n_type.push_back(int8_t(y->type));
+          d.n_stream.push_back(y->streamId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
                                  ? -1 : int64_t(y->streamId));
-          n_event.push_back(y->cudaEventId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
+          d.n_event.push_back(y->cudaEventId == CUPTI_SYNCHRONIZATION_INVALID_VALUE
                                 ? -1 : int64_t(y->cudaEventId));
           break;
         }
         case CUPTI_ACTIVITY_KIND_CUDA_EVENT: {
           auto* e = reinterpret_cast<CUpti_ActivityCudaEvent*>(record);
-          n_corr.push_back(correlation(e->correlationId));
-          n_type.push_back(-1);
-          n_stream.push_back(e->streamId);
-          n_event.push_back(e->eventId);
+          d.n_corr.push_back(correlation(e->correlationId));
+          d.n_type.push_back(-1);
+          d.n_stream.push_back(e->streamId);
+          d.n_event.push_back(e->eventId);
           break;
         }
         default:
-          unknown++;
+          d.unknown++;
       }
     }
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
