@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -521,6 +522,53 @@ def test_ctrl_c_stops_the_measurement_and_keeps_what_finished(tmp_path: Path, ta
     assert "level set MF was interrupted; left out" in summary.stderr
     analyzed = CliRunner().invoke(cli_main, ["analyze", str(out)])
     assert analyzed.exit_code == 0, analyzed.output
+
+
+def _session_processes(session: int) -> list[int]:
+    import os
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session:
+                    found.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return found
+
+
+def test_ctrl_c_stops_a_forked_level_set_and_its_fork_server(tmp_path: Path) -> None:
+    """A zoo model's level sets are forked from a server that imported torch once; Ctrl-C stops
+    the level set measuring, keeps its spans, and leaves neither it nor the server behind."""
+    import signal
+    import time
+
+    out = tmp_path / "R"
+    command = [sys.executable, "-m", "xsp", "run", "--model", "torchvision:squeezenet1_1"]
+    command += ["--levels", "MF", "--iterations", "100000", "--warmup", "0", "--device", "cpu"]
+    command += ["--out", str(out)]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=_env(), start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not (out / "MF").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # measuring by now
+    assert len(_session_processes(proc.pid)) >= 3  # the runner, the server, the level set
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    left = _session_processes(proc.pid)
+    while left and time.time() < deadline:
+        time.sleep(0.2)
+        left = _session_processes(proc.pid)
+    assert left == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["spec"]["fork_server"] is True
+    assert [(r["levels"], r["status"]) for r in manifest["runs"]] == [("MF", "interrupted")]
+    assert json.loads((out / "MF" / "run.json").read_text())["iterations_measured"] > 0
 
 
 INPUT_BOUND_SCRIPT = """

@@ -400,3 +400,16 @@ def test_a_level_set_processs_messages_carry_one_xsp_prefix() -> None:
     assert shown("warning: level set MF was interrupted") == (
         "xsp: warning: level set MF was interrupted"
     )
+
+
+def test_a_fork_server_imports_its_models_zoo_and_a_campaigns_imports_every_zoo() -> None:
+    from xsp.tracer.run import forkserver
+
+    xsp_side = ("xsp.tracer.run.child", "xsp.tracer.workloads.zoo")
+    assert forkserver.preload_for("torchvision:resnet50") == ("torch", "torchvision", *xsp_side)
+    assert forkserver.preload_for("timm:vit_base_patch16_224") == ("torch", "timm", *xsp_side)
+    assert forkserver.preload_for("transformers:bert") == ("torch", "transformers", *xsp_side)
+    assert forkserver.preload_for("") == ("torch", *xsp_side)
+    assert {"torchvision", "timm", "transformers", "xsp.tracer.workloads.preload"} <= set(
+        forkserver.EVERY_ZOO
+    )

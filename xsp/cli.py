@@ -213,10 +213,11 @@ def run(
     throughput) of every kernel of its measured iterations under Nsight Compute (ncu, which
     replays each kernel); without ncu it is skipped with one line and the others run.
 
-    Each level set runs in a fresh process and writes RUN_DIR/<levels>/; RUN_DIR/manifest.json
-    ties them into one leveled measurement. A summary is printed at the end. A multi-rank job
-    (-- torchrun ... or -- python -m torch.distributed.run ...) is traced on every rank, one
-    trace per iteration across ranks.
+    Each level set runs in a process of its own (a zoo model's forked from a server that
+    imported torch once; XSP_FORK_SERVER=0: fresh interpreters) and writes RUN_DIR/<levels>/;
+    RUN_DIR/manifest.json ties them into one leveled measurement. A summary is printed at the
+    end. A multi-rank job (-- torchrun ... or -- python -m torch.distributed.run ...) is traced
+    on every rank, one trace per iteration across ranks.
 
     \b
     How a command's iterations are found (run.json: iteration_boundary):
@@ -240,6 +241,7 @@ def run(
     """
     import time
 
+    from xsp.tracer import config
     from xsp.tracer.levelset import parse_level_sets
     from xsp.tracer.run.runner import LeveledSpec, check_arguments, run_leveled
     from xsp.tracer.spec import ProfileSpec
@@ -268,7 +270,12 @@ def run(
         sample_rate=sample_rate,
         export_every_s=export_every,
     )
-    spec = LeveledSpec(out=out, profile=profile, level_sets=tuple(level_sets))
+    spec = LeveledSpec(
+        out=out,
+        profile=profile,
+        level_sets=tuple(level_sets),
+        fork_server=config.switch("XSP_FORK_SERVER", True),
+    )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     with _labelled_bars("{task.fields[levels]:>5}") as bar:
         tasks: dict[str, Any] = {}

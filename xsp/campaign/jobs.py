@@ -30,7 +30,7 @@ _REASONS = (
 
 def switched_on(variable: str) -> bool:
     """A campaign switch, on unless the environment sets it to 0: ``XSP_FORK_SERVER`` (0: a
-    fresh interpreter per level set, as xsp run starts them) and ``XSP_OVERLAP`` (0: each
+    fresh interpreter per level set) and ``XSP_OVERLAP`` (0: each
     process and job starts only once the one before has ended; while they overlap, two
     processes hold GPU memory at once)."""
     from xsp.tracer import config
@@ -92,6 +92,11 @@ def run_job(
         mode=job.mode,
         counter_iterations=spec.counter_iterations,
     )
+    fork_server = switched_on("XSP_FORK_SERVER")
+    if fork_server:
+        from xsp.tracer.run import forkserver
+
+        forkserver.preload_every_zoo()
     try:
         leveled = LeveledSpec(
             out=out,
@@ -100,7 +105,7 @@ def run_job(
             env={"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {},
             timeout_s=spec.timeout_s,
             log_stderr=True,
-            fork_server=switched_on("XSP_FORK_SERVER"),
+            fork_server=fork_server,
             overlap=switched_on("XSP_OVERLAP"),
         )
         result = run_leveled(leveled, after=after, on_measured=on_measured)

@@ -1,9 +1,10 @@
 """Level-set processes forked from a server that imported torch and the zoo libraries once.
 
 A fresh interpreter spends seconds importing torch, torchvision, timm and transformers before a
-level-set run can start (3.7–5 s of a 4–5 s M run on the dev machine). For campaigns, which start
-hundreds of level-set processes, the leveled runner forks them instead from a multiprocessing
-fork server that preloaded those modules. Each level set still gets its own process: nothing
+level-set run can start (3.7–5 s of a 4–5 s M run on the dev machine). For a zoo model's level
+sets (``xsp run --model``, campaigns), the leveled runner forks them instead from a
+multiprocessing fork server that preloaded those modules: for one model, torch and its zoo's
+library; for a campaign, which forks every family's, all of them. Each level set still gets its own process: nothing
 initializes CUDA, CUPTI, NVTX, cuBLAS or oneDNN in the server, so the variables the levels need
 (``CUDA_VISIBLE_DEVICES``, NVTX injection, ``ONEDNN_VERBOSE_TIMESTAMP``) still take effect when
 the child sets them, before any library starts.
@@ -23,27 +24,40 @@ from typing import Any
 
 from xsp.tracer.run.protocol import ChildSpec
 
-#: Imported once by the server (the zoo's sources and xsp's capture path).
-PRELOAD = (
-    "torch",
-    "torchvision",
-    "timm",
-    "transformers",
-    "xsp.tracer.run.child",
-    "xsp.tracer.workloads.zoo",
-    "xsp.tracer.workloads.preload",
-)
+#: xsp's side of a level-set process, imported by every server.
+_XSP = ("xsp.tracer.run.child", "xsp.tracer.workloads.zoo")
+#: The zoos' libraries, by the prefix of a model's name.
+_ZOO_LIBRARIES = ("torchvision", "timm", "transformers")
+#: A campaign's server: every zoo's library and the transformers families' modeling code.
+EVERY_ZOO = ("torch", *_ZOO_LIBRARIES, *_XSP, "xsp.tracer.workloads.preload")
 
 _context: ForkServerContext | None = None
 _lock = threading.Lock()
+_every_zoo = False
 
 
-def context() -> ForkServerContext:
+def preload_for(model: str) -> tuple[str, ...]:
+    """What a server for one model's level sets imports: torch, the model's zoo library and xsp's
+    child. Importing the other zoos too would cost ``xsp run`` more than it saves (2.3 s of 8.0
+    on the dev machine for ResNet-18's three level sets)."""
+    library = model.partition(":")[0]
+    return ("torch", *((library,) if library in _ZOO_LIBRARIES else ()), *_XSP)
+
+
+def preload_every_zoo() -> None:
+    """Make the server, when it starts, import every zoo (a campaign's jobs span them all)."""
+    global _every_zoo
+    _every_zoo = True
+
+
+def context(model: str) -> ForkServerContext:
+    """The fork server's context; the server starts with the first process it forks, importing
+    ``preload_for(model)`` (or ``EVERY_ZOO``) once for the rest of this process's life."""
     global _context
     with _lock:
         if _context is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(list(PRELOAD))
+            ctx.set_forkserver_preload(list(EVERY_ZOO if _every_zoo else preload_for(model)))
             _context = ctx
         return _context
 
@@ -88,7 +102,7 @@ def start(
 ) -> tuple[Any, int, int | None]:
     """Fork a level-set process running ``xsp.tracer.run.child`` for ``spec``; return (process, read end of its progress pipe, write end of its
     gate when ``gated``), the ends as fds."""
-    ctx = context()
+    ctx = context(spec.run.profile.model or "")
     read, write = ctx.Pipe(duplex=False)
     gate_read, gate_write = ctx.Pipe(duplex=False) if gated else (None, None)
     process = ctx.Process(

@@ -81,7 +81,8 @@ class LeveledSpec:
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     log_stderr: bool = False
-    # Zoo workloads: fork level-set processes from a server that imported torch once.
+    # Zoo workloads: fork level-set processes from a server that imported torch once (xsp run
+    # and campaigns, unless XSP_FORK_SERVER=0).
     fork_server: bool = False
     # Start each level set's process as soon as the one before has measured, so that its
     # start-up and untraced warm-up overlap the other's flush, conversion and exit; it switches

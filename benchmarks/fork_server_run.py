@@ -1,0 +1,149 @@
+"""`xsp run --model` with level-set processes forked from a preloaded server against fresh
+interpreters (XSP_FORK_SERVER=1 / 0), in alternating pairs, beside the untraced loop run as a
+user's script would run it.
+
+For each run: the command's wall time, each level set's phases from the manifest, M's median
+step, the MF process's own untraced steps and the replay's error against M. A forked level set
+must measure what a fresh one does, only sooner: compare the steps, not just the wall times.
+
+    python benchmarks/fork_server_run.py --model torchvision:resnet50 --mode infer \
+        --batch-size 1 --device cuda --pairs 3 --out fork-run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+UNTRACED = """
+import sys, torch
+from xsp.tracer.workloads import zoo
+model, mode, batch, device, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+w = zoo.build(model, batch, mode, device)
+for _ in range(steps):
+    w.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+"""
+
+
+def untraced(args: argparse.Namespace) -> dict[str, Any]:
+    steps = args.warmup + args.iterations
+    began = time.perf_counter()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            UNTRACED,
+            args.model,
+            args.mode,
+            str(args.batch_size),
+            args.device,
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {
+        "config": "untraced",
+        "rc": done.returncode,
+        "wall_s": round(time.perf_counter() - began, 2),
+        "stderr": done.stderr[-300:],
+    }
+
+
+def leveled(args: argparse.Namespace, fork: bool, out: Path) -> dict[str, Any]:
+    env = {**os.environ, "XSP_FORK_SERVER": "1" if fork else "0"}
+    command = [
+        sys.executable,
+        "-m",
+        "xsp",
+        "run",
+        "--model",
+        args.model,
+        "--mode",
+        args.mode,
+        "--batch-size",
+        str(args.batch_size),
+        "--device",
+        args.device,
+        "--levels",
+        args.levels,
+        "--iterations",
+        str(args.iterations),
+        "--warmup",
+        str(args.warmup),
+        "--out",
+        str(out),
+    ]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    row: dict[str, Any] = {
+        "config": "forked" if fork else "fresh",
+        "rc": done.returncode,
+        "wall_s": round(time.perf_counter() - began, 2),
+    }
+    if done.returncode:
+        row["stderr"] = done.stderr[-500:]
+        return row
+    manifest = json.loads((out / "manifest.json").read_text())
+    row["seconds"] = {run["levels"]: run.get("seconds") for run in manifest["runs"]}
+    row.update(replayed(out))
+    return row
+
+
+def replayed(out: Path) -> dict[str, Any]:
+    from xsp.analysis.replay import replay
+    from xsp.analysis.store import MeasurementStore
+
+    found = replay(MeasurementStore(out)).summary()
+    baseline = found.get("baseline") or {}
+    return {
+        "m_step_ms": round(found["measured_step_ms"], 3),
+        "replayed_ms": round(found["step_ms"], 3),
+        "error_pct": round(found["error_pct"], 2),
+        "mf_untraced_ms": baseline.get("untraced_ms"),
+        "m_vs_mf_untraced_pct": round(baseline["difference_pct"], 2) if baseline else None,
+        "baseline_stable": baseline.get("stable"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="torchvision:resnet18")
+    parser.add_argument("--mode", default="infer")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--levels", default="M,MF,MFLG")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = [untraced(args)]
+    print(rows[-1], flush=True)
+    scratch = Path(tempfile.mkdtemp(prefix="fork-run-"))
+    for pair in range(args.pairs):
+        for fork in (pair % 2 == 0, pair % 2 == 1):  # alternate which goes first
+            out = scratch / f"{pair}-{int(fork)}"
+            rows.append({"pair": pair, **leveled(args, fork, out)})
+            print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    rows.append(untraced(args))
+    print(rows[-1], flush=True)
+    args.out.write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
