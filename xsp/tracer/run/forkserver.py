@@ -68,12 +68,15 @@ def _entry(
     stderr_path: str | None,
     progress: Any,
     gate: Any,
+    cwd: str,
     own_group: bool = False,
 ) -> None:
     """Runs in the forked child: its own process group when asked (a time limit then kills its
-    children too), the environment, then ``python -m xsp.tracer.run.child``'s main."""
+    children too), the runner's working directory (the server keeps the one it started in) and
+    environment, then ``python -m xsp.tracer.run.child``'s main."""
     if own_group:
         os.setsid()
+    os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     if stderr_path:
@@ -113,6 +116,7 @@ def start(
             str(stderr_path) if stderr_path else None,
             write,
             gate_read,
+            os.getcwd(),
             own_group,
         ),
         daemon=False,
