@@ -274,6 +274,23 @@ def test_summary_says_where_the_measurements_time_went() -> None:
     )
 
 
+def test_summary_says_why_its_verdict_may_be_off() -> None:
+    """The committed ResNet-50 store predates the probe of F's cost: it replays to 47.06 ms
+    against M's 32.76 ms and reads host-bound, so the summary says why under its verdict; a
+    store whose replay holds (+1.3% on a steady baseline) gets no such line."""
+    old = xsp("summary", "benchmarks/data/r50-b64-train")
+    assert old.returncode == 0, old.stderr
+    assert "host-bound" in old.stdout
+    warned = [line for line in old.stderr.splitlines() if "recorded no calibration" in line]
+    assert warned == [
+        "xsp: warning: the MF run recorded no calibration (a store older than the probe): the "
+        "host's times keep the tracer's cost, so the replayed step and its verdict overstate "
+        "host work; record it again to read them"
+    ]
+    held = xsp("summary", "benchmarks/data/replay-h200/r50-b64-train")
+    assert "GPU-bound" in held.stdout and "warning" not in held.stderr, held.stderr
+
+
 def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
     listed = xsp("models", "--filter", "resnet18")
     assert listed.returncode == 0

@@ -622,7 +622,7 @@ def analyze(
     if as_json:
         _print_json(run_dir, spans.num_rows, median_ms, mismatches.num_rows, store)
     else:
-        _print_summary(run_dir, store)
+        _print_summary(run_dir, store, replay_warnings=False)
         if median_ms is not None:
             console.print(
                 f"reconstructed: {spans.num_rows:,} spans, model latency median {median_ms:.3f} "
@@ -725,20 +725,38 @@ def _print_replay(store: Any) -> None:
             f"a step: {each}",
             highlight=False,
         )
+    for line in _replay_warnings(found):
+        _warn(line)
+
+
+def _replay_warnings(found: dict[str, Any]) -> list[str]:
+    """Why the replayed step may be off M's: the F run measured no cost of its own to take off
+    the host's times, or the host ran at another speed in M's process (the baseline) or within
+    the F run's."""
+    from xsp.analysis.host_timeline import NO_CALIBRATION
+
+    lines = []
+    if NO_CALIBRATION in found["calibration"]["source"]:
+        lines.append(
+            f"{found['calibration']['source']} (a store older than the probe): the host's times "
+            "keep the tracer's cost, so the replayed step and its verdict overstate host work; "
+            "record it again to read them"
+        )
     base = found["baseline"]
     if base is not None and not base["stable"]:
-        _warn(
+        lines.append(
             f"baseline unstable: the {base['run']} process's own untraced warm-up steps took "
             f"{base['untraced_ms']:.2f} ms against M's {base['measured_ms']:.2f} ms "
             f"({base['difference_pct']:+.0f}%): the host ran at another speed in the two "
             "processes (its clocks, other work on the machine), so host time is not comparable"
         )
     if base is not None and not base["replay_consistent"]:
-        _warn(
+        lines.append(
             f"the replayed step is {base['replay_vs_untraced_pct']:+.0f}% off the {base['run']} "
             f"process's own untraced warm-up steps ({base['untraced_ms']:.2f} ms): the host "
             "changed speed within that process, or the tracer's calibrated cost is off"
         )
+    return lines
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
@@ -1028,9 +1046,9 @@ def run_warnings(run: Any) -> list[str]:
     return lines
 
 
-def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
-    """With level G (single-rank): the replay's verdict, then the layers with the most GPU time
-    (forward + backward); False where there is none to print."""
+def _print_gpu_layers(store: Any, limit: int = 5, warn: bool = True) -> bool:
+    """With level G (single-rank): the replay's verdict and why it may be off, then the layers
+    with the most GPU time (forward + backward); False where there is none to print."""
     from xsp.analysis import critical_path, distributed
 
     if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
@@ -1044,6 +1062,8 @@ def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
     if not rows:
         return False
     out_console.print(verdict, highlight=False)
+    for line in _replay_warnings(_replay_summary(store)) if warn else ():
+        _warn(line)
     lt = Table(title="layers by GPU time (forward + backward, replayed step)", title_justify="left")
     for name in ("layer", "fwd ms", "bwd ms", "GPU ms", "path ms", "% of step"):
         lt.add_column(name, justify="left" if name == "layer" else "right")
@@ -1060,9 +1080,10 @@ def _print_gpu_layers(store: Any, limit: int = 5) -> bool:
     return True
 
 
-def _print_summary(run_dir: Path, store: Any = None) -> None:
+def _print_summary(run_dir: Path, store: Any = None, replay_warnings: bool = True) -> None:
     """The measurement's summary; a ``store`` given was opened by ``_open_store``, which printed
-    its reader's warnings."""
+    its reader's warnings. ``replay_warnings``: say why the replay may be off M (analyze says it
+    after its replay line instead)."""
     from xsp.analysis.summary import level_sets, time_line, top_layers
     from xsp.tracer.store import MANIFEST, read_json
 
@@ -1092,7 +1113,9 @@ def _print_summary(run_dir: Path, store: Any = None) -> None:
             _ratio(r["overhead_x"], r.get("overhead_verdict")),
         )
     out_console.print(table)
-    if not _print_gpu_layers(store) and (layers := top_layers(store).to_pylist()):
+    if not _print_gpu_layers(store, warn=replay_warnings) and (
+        layers := top_layers(store).to_pylist()
+    ):
         lt = Table(
             title="slowest layers (forward host time, shallowest run with F; no G run for GPU time)",
             title_justify="left",

@@ -87,6 +87,10 @@ class Calibration:
         )
 
 
+#: How a calibration's source says that the F run measured none (a store older than the probe).
+NO_CALIBRATION = "recorded no calibration"
+
+
 def calibration(store: MeasurementStore, source: int | None) -> Calibration:
     """The F run's calibration from its run.json, if it recorded one."""
     if source is None:
@@ -97,7 +101,7 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
     found = run.meta.get("calibration") or {}
     op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
     if op is None:
-        return Calibration(None, None, f"the {run.levels} run recorded no calibration")
+        return Calibration(None, None, f"the {run.levels} run {NO_CALIBRATION}")
     first = found.get("framework_ns_per_record_first_iteration")
     return Calibration(
         float(op),
