@@ -30,9 +30,8 @@ _REASONS = (
 
 def switched_on(variable: str) -> bool:
     """A campaign switch, on unless the environment sets it to 0: ``XSP_FORK_SERVER`` (0: a
-    fresh interpreter per level set) and ``XSP_OVERLAP`` (0: each
-    process and job starts only once the one before has ended; while they overlap, two
-    processes hold GPU memory at once)."""
+    fresh interpreter per level set) and ``XSP_OVERLAP`` (0: each process and job starts only
+    once the one before has ended; while they overlap, two processes hold GPU memory at once)."""
     from xsp.tracer import config
 
     return config.switch(variable, True)

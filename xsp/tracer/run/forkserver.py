@@ -4,10 +4,10 @@ A fresh interpreter spends seconds importing torch, torchvision, timm and transf
 level-set run can start (3.7–5 s of a 4–5 s M run on the dev machine). For a zoo model's level
 sets (``xsp run --model``, campaigns), the leveled runner forks them instead from a
 multiprocessing fork server that preloaded those modules: for one model, torch and its zoo's
-library; for a campaign, which forks every family's, all of them. Each level set still gets its own process: nothing
-initializes CUDA, CUPTI, NVTX, cuBLAS or oneDNN in the server, so the variables the levels need
-(``CUDA_VISIBLE_DEVICES``, NVTX injection, ``ONEDNN_VERBOSE_TIMESTAMP``) still take effect when
-the child sets them, before any library starts.
+library; for a campaign, which forks every family's, all of them. Each level set still gets its
+own process: nothing initializes CUDA, CUPTI, NVTX, cuBLAS or oneDNN in the server, so the
+variables the levels need (``CUDA_VISIBLE_DEVICES``, NVTX injection, ``ONEDNN_VERBOSE_TIMESTAMP``)
+still take effect when the child sets them, before any library starts.
 """
 
 from __future__ import annotations
