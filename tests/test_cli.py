@@ -291,6 +291,18 @@ def test_summary_says_why_its_verdict_may_be_off() -> None:
     assert "GPU-bound" in held.stdout and "warning" not in held.stderr, held.stderr
 
 
+def test_analyze_sets_the_replay_against_the_f_processs_own_untraced_steps_too() -> None:
+    """M's process can run at another speed than the F process's; the replay's line also gives
+    the check within one process: 32.923 ms against that process's 33.243 ms untraced."""
+    done = xsp("analyze", "benchmarks/data/replay-h200/r50-b64-train")
+    assert done.returncode == 0, done.stderr
+    line = " ".join(done.stderr.split())  # beside the progress and warnings
+    assert (
+        "replayed step 32.923 ms against M's 33.877 ms (-2.8%) and the MF process's own "
+        "untraced 33.243 ms (-1.0%); iterations [11, 12] not steady, left out"
+    ) in line
+
+
 def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
     listed = xsp("models", "--filter", "resnet18")
     assert listed.returncode == 0

@@ -703,6 +703,12 @@ def _print_replay(store: Any) -> None:
         if found["measured_step_ms"]
         else ""
     )
+    base = found["baseline"]
+    if base is not None:  # a check within one process, free of the host's speed between them
+        against += (
+            f" and the {base['run']} process's own untraced {base['untraced_ms']:.3f} ms "
+            f"({base['replay_vs_untraced_pct']:+.1f}%)"
+        )
     unsteady = found["unsteady_iterations"]
     console.print(
         f"replayed step {found['step_ms']:.3f} ms{against}"
