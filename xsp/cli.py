@@ -1068,8 +1068,9 @@ def _print_gpu_layers(store: Any, limit: int = 5, warn: bool = True) -> bool:
     if not rows:
         return False
     out_console.print(verdict, highlight=False)
-    for line in _replay_warnings(_replay_summary(store)) if warn else ():
-        _warn(line)
+    if warn:
+        for line in _replay_warnings(_replay_summary(store)):
+            _warn(line)
     lt = Table(title="layers by GPU time (forward + backward, replayed step)", title_justify="left")
     for name in ("layer", "fwd ms", "bwd ms", "GPU ms", "path ms", "% of step"):
         lt.add_column(name, justify="left" if name == "layer" else "right")
