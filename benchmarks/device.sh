@@ -43,8 +43,8 @@ PRESETS=(
   "cupti-attach|1 min|cupti_attach_cost.py: a batch-1 MLP request untraced, with CUPTI recording, attached with its kinds off, finalized; and CUPTI started and finalized around single requests (its phases), into cupti-attach-cost.json"
   "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
-  "fork-run|4-5 min|xsp run --model with level sets forked from a preloaded server against fresh interpreters (XSP_FORK_SERVER=1/0), alternating pairs, beside the untraced loop: ResNet-50 b1 inference (PAIRS=3) and b64 training (one pair); wall, phases, M's step, the replay; fork-run-*.json"
-  "cold-start|1-2 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice; wall time and each process's phases (manifest) into cold-start.json"
+  "fork-run|4-5 min|xsp run --model three ways: level sets forked from a preloaded server and overlapped (the default), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
+  "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice and MFLG once more; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
   "parent-imports|1 min|what xsp run's own process imports on CUDA (ResNet-18 b8, --levels M): python -X importtime, the chain that brings torch in, into parent-imports.txt"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
@@ -620,9 +620,11 @@ PY
 
 p_fork_run() {
   timeout 260 python3 benchmarks/fork_server_run.py --model torchvision:resnet50 --mode infer \
-    --batch-size 1 --device cuda --pairs "${PAIRS:-3}" --out "$OUT/fork-run-r50-b1-infer.json"
+    --batch-size 1 --device cuda --rounds "${ROUNDS:-2}" --configs forked,serial,fresh \
+    --out "$OUT/fork-run-r50-b1-infer.json"
   timeout 200 python3 benchmarks/fork_server_run.py --model torchvision:resnet50 --mode train \
-    --batch-size 64 --device cuda --pairs 1 --out "$OUT/fork-run-r50-b64-train.json"
+    --batch-size 64 --device cuda --rounds 1 --configs forked,serial,fresh \
+    --out "$OUT/fork-run-r50-b64-train.json"
 }
 
 p_cold_start() {
@@ -643,7 +645,7 @@ def untraced():
     done = subprocess.run([sys.executable, "-c", UNTRACED], capture_output=True, text=True)
     rows.append({"levels": "untraced", "rc": done.returncode, "wall_s": round(time.time() - began, 2)})
     print(rows[-1], done.stderr[-300:] if done.returncode else "")
-for levels in ("MFLG", "MFLG", "M"):
+def traced(levels):
     out = f"/tmp/cold-{len(rows)}"
     began = time.time()
     done = subprocess.run([sys.executable, "-m", "xsp", "run", "--model", "torchvision:resnet50",
@@ -652,10 +654,18 @@ for levels in ("MFLG", "MFLG", "M"):
     wall = time.time() - began
     manifest = json.load(open(f"{out}/manifest.json"))
     phases = [e.get("seconds") for e in manifest.get("runs", manifest.get("level_sets", []))]
-    rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2), "phases_s": phases})
-    print(levels, done.returncode, f"{wall:.1f} s", phases, done.stderr[-300:] if done.returncode else "")
+    # the measurement as the manifest counts it (created to finished); the rest of the wall is
+    # the runner's own start-up and its summary
+    inside = (manifest.get("finished_ns", 0) - manifest.get("created_ns", 0)) / 1e9
+    rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2),
+                 "manifest_s": round(inside, 2), "phases_s": phases})
+    print(levels, done.returncode, f"{wall:.1f} s ({inside:.1f} s in the manifest)", phases,
+          done.stderr[-300:] if done.returncode else "")
+for levels in ("MFLG", "MFLG", "M"):
+    traced(levels)
 untraced()
 untraced()
+traced("MFLG")  # a later one, after the untraced loops
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
 }

@@ -1,13 +1,14 @@
-"""`xsp run --model` with level-set processes forked from a preloaded server against fresh
-interpreters (XSP_FORK_SERVER=1 / 0), in alternating pairs, beside the untraced loop run as a
-user's script would run it.
+"""`xsp run --model` with level-set processes forked from a preloaded server and overlapped (each
+started while the one before finishes), forked one after the other, and in fresh interpreters
+(``CONFIGS``), in rounds that rotate their order, beside the untraced loop run as a user's script
+would run it.
 
 For each run: the command's wall time, each level set's phases from the manifest, M's median
 step, the MF process's own untraced steps and the replay's error against M. A forked level set
 must measure what a fresh one does, only sooner: compare the steps, not just the wall times.
 
     python benchmarks/fork_server_run.py --model torchvision:resnet50 --mode infer \
-        --batch-size 1 --device cuda --pairs 3 --out fork-run.json
+        --batch-size 1 --device cuda --rounds 3 --configs forked,serial,fresh --out fork-run.json
 """
 
 from __future__ import annotations
@@ -61,8 +62,18 @@ def untraced(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def leveled(args: argparse.Namespace, fork: bool, out: Path) -> dict[str, Any]:
-    env = {**os.environ, "XSP_FORK_SERVER": "1" if fork else "0"}
+#: How each configuration starts its level sets: ``forked`` is xsp run's default (a fork server,
+#: each level set started while the one before finishes), ``serial`` forks them one after the
+#: other, ``fresh`` starts a new interpreter for each, one after the other (xsp run before both).
+CONFIGS = {
+    "forked": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1"},
+    "serial": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "0"},
+    "fresh": {"XSP_FORK_SERVER": "0", "XSP_OVERLAP": "0"},
+}
+
+
+def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
+    env = {**os.environ, **CONFIGS[config]}
     command = [
         sys.executable,
         "-m",
@@ -88,7 +99,7 @@ def leveled(args: argparse.Namespace, fork: bool, out: Path) -> dict[str, Any]:
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     row: dict[str, Any] = {
-        "config": "forked" if fork else "fresh",
+        "config": config,
         "rc": done.returncode,
         "wall_s": round(time.perf_counter() - began, 2),
     }
@@ -126,16 +137,24 @@ def main() -> None:
     parser.add_argument("--levels", default="M,MF,MFLG")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--configs", default="forked,fresh", help=f"comma-separated, of {', '.join(CONFIGS)}"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     rows: list[dict[str, Any]] = [untraced(args)]
     print(rows[-1], flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="fork-run-"))
-    for pair in range(args.pairs):
-        for fork in (pair % 2 == 0, pair % 2 == 1):  # alternate which goes first
-            out = scratch / f"{pair}-{int(fork)}"
-            rows.append({"pair": pair, **leveled(args, fork, out)})
+    configs = args.configs.split(",")
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown configs {sorted(unknown)}: use {', '.join(CONFIGS)}")
+    for round_ in range(args.rounds):
+        shift = round_ % len(configs)  # rotate which goes first
+        for config in configs[shift:] + configs[:shift]:
+            out = scratch / f"{round_}-{config}"
+            rows.append({"round": round_, **leveled(args, config, out)})
             print({k: v for k, v in rows[-1].items() if k != "seconds"}, flush=True)
             shutil.rmtree(out, ignore_errors=True)
     rows.append(untraced(args))

@@ -77,6 +77,59 @@ def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Pa
     assert manifest["status"] == "error" and len(manifest["runs"]) == 1
 
 
+HOLDS_THE_DEVICE = """
+    import sys
+    import time
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    import torch
+    import xsp
+
+    busy, refused = Path({busy!r}), Path({refused!r})
+    if busy.exists():  # the level set before still holds the "device": fail before measuring
+        refused.write_text("")
+        raise RuntimeError("out of memory: the device is held")
+    busy.write_text("")
+    for _ in range(4):
+        with xsp.iteration():
+            torch.ones(4).sum()
+    deadline = time.monotonic() + 60
+    while not refused.exists() and time.monotonic() < deadline:  # until the next one tried
+        time.sleep(0.05)
+    busy.unlink()
+"""
+
+
+def test_a_level_set_that_fails_while_started_ahead_runs_again_on_its_own(tmp_path: Path) -> None:
+    script = tmp_path / "holds.py"
+    busy, refused = tmp_path / "busy", tmp_path / "refused"
+    body = HOLDS_THE_DEVICE.format(root=str(ROOT), busy=str(busy), refused=str(refused))
+    script.write_text(textwrap.dedent(body))
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        # levels come on after the first of two warm-up iterations: a process started ahead
+        # runs the script up to there
+        profile=ProfileSpec(
+            iterations=2, warmup=2, device="cpu", command=(sys.executable, str(script))
+        ),
+        level_sets=("M", "MF"),
+        log_stderr=True,
+        overlap=True,
+    )
+    events: list[tuple[str, str]] = []
+    result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
+    assert result.ok, result.failure
+    assert refused.exists()  # MF did start ahead and fail
+    assert events.count(("MF", "start")) == 2
+    entries = {entry["levels"]: entry for entry in result.runs}
+    assert entries["MF"]["status"] == "ok" and entries["MF"]["failed_ahead"] is True
+    assert "failed_ahead" not in entries["M"]
+    assert {run.levels: run.meta["iterations_measured"] for run in open_measurement(spec.out)} == {
+        "M": 2,
+        "MF": 2,
+    }
+
+
 def _spec(
     tmp_path: Path, body: str, level_sets: tuple[str, ...] = ("M",), **kw: object
 ) -> LeveledSpec:

@@ -351,6 +351,31 @@ def test_a_cuda_measurement_cannot_re_run_on_a_host_without_a_gpu() -> None:
     assert not (run / "verify").exists()
 
 
+def test_a_zoo_models_rounds_fork_from_one_server_and_apply_their_fix(tmp_path: Path) -> None:
+    original = verifying.Original(
+        root=tmp_path,
+        profile=ProfileSpec(
+            iterations=3, warmup=1, device="cpu", model="torchvision:resnet18", batch_size=2
+        ),
+        level_sets=(verifying.UNTRACED,),
+        env={},
+        cwd=tmp_path,
+    )
+    runs = [
+        verifying._measure(
+            original, fixes, verifying.UNTRACED, tmp_path / side, "rule", side, 0, 1, None
+        )
+        for side, fixes in (("base", ()), ("fixed", ("channels_last",)))
+    ]
+    for run in runs:
+        assert run.failure is None and len(run.steps_ms) == 3
+        manifest = json.loads((run.path / "manifest.json").read_text())
+        assert manifest["spec"]["fork_server"] is True
+    fixed = json.loads((tmp_path / "fixed" / "M" / "run.json").read_text())
+    assert not fixed.get("errors")  # the fix applied in the forked process
+    assert fixed["resource"]["xsp.fixes"] == "channels_last"
+
+
 def test_a_campaign_verify_step_gives_the_what_if_table(verified: tuple, tmp_path: Path) -> None:
     """A campaign directory with two finished jobs: the script's measurement (its host-syncs
     rule verified: a code change, nothing to run) and the fixed script's M run (nothing to

@@ -214,7 +214,9 @@ def run(
     replays each kernel); without ncu it is skipped with one line and the others run.
 
     Each level set runs in a process of its own (a zoo model's forked from a server that
-    imported torch once; XSP_FORK_SERVER=0: fresh interpreters) and writes RUN_DIR/<levels>/;
+    imported torch once; XSP_FORK_SERVER=0: fresh interpreters), started while the one before
+    finishes but measuring only once it has exited (XSP_OVERLAP=0: one after the other), and
+    writes RUN_DIR/<levels>/;
     RUN_DIR/manifest.json ties them into one leveled measurement. A summary is printed at the
     end. A multi-rank job (-- torchrun ... or -- python -m torch.distributed.run ...) is traced
     on every rank, one trace per iteration across ranks.
@@ -275,6 +277,7 @@ def run(
         profile=profile,
         level_sets=tuple(level_sets),
         fork_server=config.switch("XSP_FORK_SERVER", True),
+        overlap=config.switch("XSP_OVERLAP", True),
     )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     with _labelled_bars("{task.fields[levels]:>5}") as bar:
@@ -1175,14 +1178,14 @@ def counter_line(run: Any) -> str:
     type=int,
     default=3,
     show_default=True,
-    help="Paired rounds (without, with the fix; each run a fresh process).",
+    help="Paired rounds (without, with the fix; each run a process of its own).",
 )
 @click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
 def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) -> None:
     """Measure each suggestion of a measurement: re-run its workload untraced (level set M)
     without and with the suggestion's fix, applied without editing the program, in paired
-    rounds (the order alternates, each run a fresh process), then once with the fix at the
+    rounds (the order alternates, each run a process of its own), then once with the fix at the
     measurement's deepest level set to show what changed. A suggestion that needs a change to
     the program's code says so and is not run.
 

@@ -5,7 +5,7 @@ the fix the suggestion names, applied without editing the program (``xsp.tracer.
 For each suggestion (``xsp.analysis.suggestions``) whose rule maps to a fix (``RULE_FIXES``):
 
 1. Re-run the measurement's workload, as its manifest's spec says, untraced (level set M),
-   without and with the fix, in ``rounds`` paired rounds, each run a fresh process. The order
+   without and with the fix, in ``rounds`` paired rounds, each run a process of its own. The order
    alternates (base then fixed, then fixed then base, ...), so that a host drifting one way
    weighs on both sides alike. Each run is a measurement of its own:
    ``RUN/verify/<rule>/round-<k>/{base,fixed}/``.
@@ -442,6 +442,7 @@ def _measure(
 ) -> _Run:
     """One measurement of the original's workload at ``levels`` with ``fixes``, into ``out``;
     its complete steps' times (ms) from the run of ``levels``."""
+    from xsp.tracer import config
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
     profile = dataclasses.replace(
@@ -452,7 +453,14 @@ def _measure(
         # iterations (it reads the output back to the host)
         numerics_probe=levels == UNTRACED and original.profile.warmup > 0,
     )
-    spec = LeveledSpec(out=out.resolve(), profile=profile, level_sets=(levels,), env=original.env)
+    spec = LeveledSpec(
+        out=out.resolve(),
+        profile=profile,
+        level_sets=(levels,),
+        env=original.env,
+        # a zoo model's rounds fork from one server that imported torch and the zoo once
+        fork_server=config.switch("XSP_FORK_SERVER", True),
+    )
 
     def forward(_: str, phase: str, step: int, steps: int) -> None:
         if progress is not None:

@@ -7,7 +7,7 @@ hold the transports):
 2. decode the whole request as the store worker will (the resource, scopes, events, links, every
    AnyValue: ``ingest_view``) and validate every span against the columns it will fill (HTTP
    400 / gRPC INVALID_ARGUMENT naming the field and value): a request is acknowledged only when
-   every span of it will be stored;
+   every span of it will be stored. ``door`` does it natively for the requests it is sure of;
 3. append to the write-ahead spool and fsync; only then acknowledge.
 
 A flusher thread turns spool segments into store files every ``flush_interval_s`` (at once when
@@ -46,7 +46,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from xsp.collector import ingest_view
+from xsp.collector import door
 from xsp.collector.forwarder import DRAIN_S as FORWARD_DRAIN_S
 from xsp.collector.forwarder import Forwarder
 from xsp.collector.grpc_receiver import GrpcReceiver
@@ -184,6 +184,7 @@ class Collector:
         that cannot be bound, having closed whatever it opened (the spool is kept)."""
         if self.config.store_workers:
             self._workers = _worker_pool()
+        door.prepare()  # built now, if need be, not while the first request waits
         if self._forward_transport is not None:
             self._forward = Forwarder(self._forward_transport, drain_s=self.config.forward_drain_s)
         self._recovered = list(self.spool.recovered)  # a killed collector's acknowledged requests
@@ -248,12 +249,12 @@ class Collector:
 
     def ingest(self, request: trace_service_pb2.ExportTraceServiceRequest) -> int:
         """Validate and spool a request; returns the span count once it is durable. Checked as
-        the bytes spooled, by the parser the store worker uses (``ingest_view``)."""
+        the bytes spooled, by the parser the store worker uses (``door``, ``ingest_view``)."""
         return self.ingest_protobuf(request.SerializeToString())
 
     def ingest_protobuf(self, body: bytes) -> int:
         """Decode, validate and spool a protobuf body (spooled as received: no re-encoding)."""
-        return self._append(ingest_view.check(body), body)
+        return self._append(door.check(body), body)
 
     def ingest_http(self, body: bytes, as_json: bool, gzipped: bool) -> int:
         if gzipped:

@@ -91,7 +91,7 @@ def _key(with_cupti: Cupti | None) -> str:
 
 
 @contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
+def locked(directory: Path) -> Iterator[None]:
     """One builder at a time: the level-set processes of a run may all start cold."""
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / ".lock", "w") as lock:
@@ -102,7 +102,7 @@ def _locked(directory: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _import(name: str, path: Path) -> ModuleType:
+def import_extension(name: str, path: Path) -> ModuleType:
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     assert spec is not None
@@ -132,11 +132,11 @@ def load() -> ModuleType:
     directory = config.native_dir() / key
     built = directory / f"{name}.so"
     if not built.is_file():
-        with _locked(directory):
+        with locked(directory):
             if not built.is_file():
                 return _build(name, directory, cupti)
     try:
-        return _import(name, built)
+        return import_extension(name, built)
     except ImportError as exc:
         raise NativeBuildError(f"xsp's native capture ({built}) cannot be loaded: {exc}") from exc
 

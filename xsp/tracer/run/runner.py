@@ -360,6 +360,17 @@ def run_leveled(
             if process is None:  # never: each turn starts the next or breaks
                 break
             entry = _drop_empty(spec, _complete(spec, process, progress))
+            if _failed_while_ahead(process, entry):
+                log.warning(
+                    "xsp: %s failed while it shared the machine with the level set before it "
+                    "(%s); running it again on its own",
+                    level_sets[i],
+                    entry.get("error"),
+                )
+                shutil.rmtree(spec.out / level_sets[i], ignore_errors=True)
+                process = launch(i, gated=False)
+                entry = _drop_empty(spec, _complete(spec, process, progress))
+                entry["failed_ahead"] = True
             process = None
             manifest["runs"].append(entry)
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
@@ -392,6 +403,17 @@ def run_leveled(
     else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _failed_while_ahead(process: _Process, entry: dict[str, Any]) -> bool:
+    """Whether a level set started ahead of its turn failed before measuring: it shared the GPU
+    with the one before (its memory, a model that fills it), so it is worth one run on its own."""
+    return (
+        process.ahead
+        and entry.get("status") == "error"
+        and not entry.get("iterations_measured")
+        and not entry.get("timed_out")
+    )
 
 
 def _own_compile_cache(spec: LeveledSpec) -> str | None:
@@ -554,6 +576,7 @@ class _Process:
     #: a process without a progress pipe (under ncu) has measured once it has exited
     on_exit: Callable[[], None] | None = None
     ncu: str | None = None  # the Nsight Compute that runs it (hardware-counter level set)
+    ahead: bool = False  # started ahead of its turn: it overlapped the one before's end
 
     def open(self) -> _Process:
         if self.gate is not None:
@@ -625,6 +648,7 @@ def _launch(
     )
     reader.start()
     process = _Process(levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns)
+    process.ahead = gated
     if counted:
         from xsp.tracer.run import ncu
 
