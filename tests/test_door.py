@@ -103,7 +103,9 @@ def test_a_span_the_python_check_refuses_is_never_accepted_natively(damage: str)
     body = request.SerializeToString()
     if damage == "utf8":  # a resource attribute's value; protobuf will not serialize it
         good = "host-é".encode()
-        request.resource_spans[0].resource.attributes.add(key="h", value=AnyValue(string_value="host-é"))
+        request.resource_spans[0].resource.attributes.add(
+            key="h", value=AnyValue(string_value="host-é")
+        )
         body = request.SerializeToString().replace(good, b"host-\xff\xfe")
     assert native.check(body) == -1
     with pytest.raises(otlp.DecodeError):

@@ -960,15 +960,18 @@ def _diff_view(table: Any) -> Any:
 
 @main.command()
 def native() -> None:
-    """Build xsp's native capture core for this torch (once; later runs reuse it) and say where
-    it is and whether it holds CUPTI (levels L and G)."""
+    """Build xsp's native capture core for this torch and the collector door's native check
+    (once; later runs reuse them), and say where they are and whether the core holds CUPTI
+    (levels L and G)."""
+    from xsp.collector import door
     from xsp.tracer.native.build import find_cupti, load
 
     module = load()
     cupti = find_cupti() if module.WITH_CUPTI else None
     console.print(
         f"native capture core: {module.__file__}\n"
-        f"CUPTI: {cupti.library if cupti else 'not built in (no CUDA build of torch or no cupti.h)'}",
+        f"CUPTI: {cupti.library if cupti else 'not built in (no CUDA build of torch or no cupti.h)'}\n"
+        f"collector door: {door.load().__file__}",
         highlight=False,
     )
 
