@@ -97,7 +97,9 @@ def load() -> ModuleType:
     try:
         return import_extension(NAME, built)
     except ImportError as exc:
-        raise NativeBuildError(f"the collector's native check ({built}) cannot be loaded: {exc}")
+        raise NativeBuildError(
+            f"the collector's native check ({built}) cannot be loaded: {exc}"
+        ) from exc
 
 
 def _build(built: Path) -> None:
