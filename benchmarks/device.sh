@@ -46,6 +46,7 @@ PRESETS=(
   "fork-run|4-5 min|xsp run --model three ways: level sets forked from a preloaded server and overlapped (the default), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
   "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice and MFLG once more; wall time and each process's phases (manifest) into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
+  "runner-cost|1-2 min|where xsp run's own process spends the seconds outside its level sets: xsp run --help and xsp summary of a fresh MFLG store (ResNet-50 b64 training, 10 iterations), as the image runs Python (no bytecode written) and with bytecode cached; the summary's imports; into runner-cost.txt, summary-importtime.txt"
   "parent-imports|1 min|what xsp run's own process imports on CUDA (ResNet-18 b8, --levels M): python -X importtime, the chain that brings torch in, into parent-imports.txt"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
@@ -712,6 +713,33 @@ p_parent_imports() {
   awk '/\| +torch$/ {n = 1} n && n++ <= 25' "$OUT/parent-importtime.txt" \
     | tee "$OUT/parent-imports.txt"
   grep -c "import time" "$OUT/parent-importtime.txt"
+}
+
+# Where xsp run's own process spends the seconds outside its level sets (issue 31): its start-up
+# (xsp run --help), and the summary it prints at the end (xsp summary of an MFLG store), each
+# twice as the image runs Python (no bytecode written) and twice with bytecode cached, as a
+# machine where pip compiled the packages runs it; the summary's imports (python -X importtime).
+p_runner_cost() {
+  rm -rf /tmp/rc
+  timed() { local began; began=$(date +%s.%N); "$@" >/dev/null 2>&1; echo "$(python3 -c "import time; print(round(time.time() - $began, 2))") s: ${*: -3}"; }
+  python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train --levels MFLG \
+    --iterations 10 --device cuda --out /tmp/rc 2>&1 | tail -1
+  python3 - <<'PY'
+import json
+m = json.load(open("/tmp/rc/manifest.json"))
+print("manifest seconds:", round((m["finished_ns"] - m["created_ns"]) / 1e9, 2))
+PY
+  {
+    echo "## as the image runs Python (PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
+    for _ in 1 2; do timed python3 -m xsp run --help; timed python3 -m xsp summary /tmp/rc; done
+    echo "## with bytecode cached (PYTHONPYCACHEPREFIX=/tmp/pyc; the first run writes it)"
+    for _ in 1 2 3; do
+      timed env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m xsp run --help
+      timed env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m xsp summary /tmp/rc
+    done
+  } 2>&1 | tee "$OUT/runner-cost.txt"
+  python3 -X importtime -m xsp summary /tmp/rc 2> "$OUT/summary-importtime.txt" >/dev/null
+  sort -t'|' -k2 -n -r "$OUT/summary-importtime.txt" | head -15
 }
 
 p_conversion() {
