@@ -58,6 +58,7 @@ static int read_varint(Cursor *c, uint64_t *out) {
     for (int shift = 0; shift < 64; shift += 7) {
         if (c->p >= c->end) return 0;
         uint8_t byte = *c->p++;
+        if (shift == 63 && byte > 1) return 0; /* past 64 bits: protobuf may refuse it */
         value |= (uint64_t)(byte & 0x7F) << shift;
         if (!(byte & 0x80)) {
             *out = value;

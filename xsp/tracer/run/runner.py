@@ -367,10 +367,11 @@ def run_leveled(
                     level_sets[i],
                     entry.get("error"),
                 )
+                first_error = entry.get("error")
                 shutil.rmtree(spec.out / level_sets[i], ignore_errors=True)
                 process = launch(i, gated=False)
                 entry = _drop_empty(spec, _complete(spec, process, progress))
-                entry["failed_ahead"] = True
+                entry["failed_ahead"] = first_error  # the first attempt's error
             process = None
             manifest["runs"].append(entry)
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
