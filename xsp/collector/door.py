@@ -30,7 +30,7 @@ from types import ModuleType
 from xsp.collector import ingest_view
 from xsp.tracer import config, schema
 from xsp.tracer.export import otlp
-from xsp.tracer.native.build import NativeBuildError, import_extension, locked
+from xsp.tracer.native.extension import NativeBuildError, import_extension, locked
 
 log = logging.getLogger(__name__)
 

@@ -10,24 +10,19 @@ or under ``CUDA_HOME``. No binary is kept in git.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
 import shutil
 import sys
 import sysconfig
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from xsp.tracer import config
-from xsp.tracer.errors import XspError
+from xsp.tracer.native.extension import NativeBuildError, import_extension, locked
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +30,6 @@ SOURCE = Path(__file__).with_name("capture.cpp")
 #: NDEBUG as torch itself is built: ATen's headers add debug-only members to RecordFunction
 #: without it, and the extension would then disagree with libtorch about its layout.
 CFLAGS = ("-O2", "-DNDEBUG")
-
-
-class NativeBuildError(XspError):
-    """The native capture core cannot be built or loaded here."""
 
 
 @dataclass(frozen=True)
@@ -88,27 +79,6 @@ def _key(with_cupti: Cupti | None) -> str:
     for part in parts:
         digest.update(part.encode())
     return digest.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """One builder at a time: the level-set processes of a run may all start cold."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def import_extension(name: str, path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def _compiler() -> str:
