@@ -427,3 +427,30 @@ def dynamo_counts() -> dict[str, int]:
         "frames_compiled": int(counters["frames"]["ok"]),
         "recompiles": sum(counters["recompiles"].values()),
     }
+
+
+def _with_values(table: Any, name: str, rows: dict[int, object]) -> Any:
+    import pyarrow as pa
+
+    values = table.column(name).to_pylist()
+    for row, value in rows.items():
+        values[row] = value
+    at = table.column_names.index(name)
+    return table.set_column(at, name, pa.array(values, table.schema.field(name).type))
+
+
+def varied_xsp_table() -> Any:
+    """A ResNet-18 step at MF, with what xsp's own spans may also carry: an application's span
+    above the step, an error, a reconstruction's link, a float, a long string, a negative int."""
+    table = fixture_table("resnet18_train_cpu", "MF").slice(0, 400)
+    kinds = table.column("kind").to_pylist()
+    step = kinds.index("step")
+    op = kinds.index("op")
+    table = _with_values(table, "remote_parent_span_id", {step: 0xABCDEF0123456789})
+    table = _with_values(table, "status_message", {op: "CUDA error: out of memory"})
+    table = _with_values(table, "link_trace_id", {op + 1: b"\x07" * 16})
+    table = _with_values(table, "link_span_id", {op + 1: 0x1122334455667788})
+    table = _with_values(table, "gpu_utilization_pct", {step: 87.5})
+    shapes = "[" + ", ".join(["[64, 3, 224, 224]"] * 20) + "]"
+    table = _with_values(table, "input_shapes", {op: shapes})
+    return _with_values(table, "thread_id", {op: -5})

@@ -8,36 +8,16 @@ import pyarrow as pa
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.fixtures import fixture_table
+from tests.fixtures import varied_xsp_table
 from xsp.collector import writer
 from xsp.tracer.export import otlp, otlp_columns
 
 RESOURCE = {"service.name": "xsp", "xsp.measurement.id": "m1", "xsp.levels": "MF"}
 
 
-def _set(table: pa.Table, name: str, rows: dict[int, object]) -> pa.Table:
-    values = table.column(name).to_pylist()
-    for row, value in rows.items():
-        values[row] = value
-    at = table.column_names.index(name)
-    return table.set_column(at, name, pa.array(values, table.schema.field(name).type))
-
-
 @pytest.fixture(scope="module")
 def xsp_table() -> pa.Table:
-    """A ResNet-18 step at MF, with what xsp's own spans may also carry: an application's span
-    above the step, an error, a reconstruction's link, a float, a long string, a negative int."""
-    table = fixture_table("resnet18_train_cpu", "MF").slice(0, 400)
-    kinds = table.column("kind").to_pylist()
-    step = kinds.index("step")
-    op = kinds.index("op")
-    table = _set(table, "remote_parent_span_id", {step: 0xABCDEF0123456789})
-    table = _set(table, "status_message", {op: "CUDA error: out of memory"})
-    table = _set(table, "link_trace_id", {op + 1: b"\x07" * 16})
-    table = _set(table, "link_span_id", {op + 1: 0x1122334455667788})
-    table = _set(table, "gpu_utilization_pct", {step: 87.5})
-    table = _set(table, "input_shapes", {op: "[" + ", ".join(["[64, 3, 224, 224]"] * 20) + "]"})
-    return _set(table, "thread_id", {op: -5})
+    return varied_xsp_table()
 
 
 def _both(body: bytes) -> tuple[writer.Converted, writer.Converted]:

@@ -960,10 +960,10 @@ def _diff_view(table: Any) -> Any:
 
 @main.command()
 def native() -> None:
-    """Build xsp's native capture core for this torch and the collector door's native check
-    (once; later runs reuse them), and say where they are and whether the core holds CUPTI
-    (levels L and G)."""
-    from xsp.collector import door
+    """Build xsp's native capture core for this torch and the collector's C modules (the door's
+    check, the store worker's span decoder) once (later runs reuse them), and say where they are
+    and whether the core holds CUPTI (levels L and G)."""
+    from xsp.collector import door, span_columns
     from xsp.tracer.native.build import find_cupti, load
 
     module = load()
@@ -971,7 +971,8 @@ def native() -> None:
     console.print(
         f"native capture core: {module.__file__}\n"
         f"CUPTI: {cupti.library if cupti else 'not built in (no CUDA build of torch or no cupti.h)'}\n"
-        f"collector door: {door.load().__file__}",
+        f"collector door: {door.load().__file__}\n"
+        f"collector span decoder: {span_columns.load().__file__}",
         highlight=False,
     )
 

@@ -15,27 +15,18 @@ collector says so once and checks every request in Python.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.machinery
 import logging
-import os
-import shlex
-import shutil
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 from types import ModuleType
 
 from xsp.collector import ingest_view
 from xsp.tracer import config, schema
 from xsp.tracer.export import otlp
-from xsp.tracer.native.extension import NativeBuildError, import_extension, locked
+from xsp.tracer.native.extension import NativeBuildError, load_c_module
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "door.c"
-NAME = "xsp_door"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the kinds of door.c
 _WIDE_INT, _INT, _FLOAT, _SPAN_ID_HEX = 0, 1, 2, 3
@@ -86,45 +77,4 @@ def _native() -> ModuleType | None:
 
 def load() -> ModuleType:
     """The door's extension, built first where this Python has none yet."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(sys.version.encode())
-    directory = config.native_dir() / f"door-{digest.hexdigest()[:16]}"
-    built = directory / f"{NAME}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    if not built.is_file():
-        with locked(directory):
-            if not built.is_file():
-                _build(built)
-    try:
-        return import_extension(NAME, built)
-    except ImportError as exc:
-        raise NativeBuildError(
-            f"the collector's native check ({built}) cannot be loaded: {exc}"
-        ) from exc
-
-
-def _build(built: Path) -> None:
-    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
-    if not compiler or shutil.which(compiler[0]) is None:
-        raise NativeBuildError(
-            f"the collector's native check needs a C compiler and none was found ({compiler[0]})"
-        )
-    partial = built.with_suffix(".partial")
-    command = [
-        *compiler,
-        "-O2",
-        "-shared",
-        "-fPIC",
-        f"-I{sysconfig.get_paths()['include']}",
-        str(SOURCE),
-        "-o",
-        str(partial),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        log_path = built.parent / "build.log"
-        log_path.write_text(done.stderr)
-        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr)
-        raise NativeBuildError(
-            f"building the collector's native check failed: {first.strip()[:200]} (log: {log_path})"
-        )
-    partial.rename(built)  # whole or not at all: a reader never loads a half-written library
+    return load_c_module(SOURCE, "the collector's native check")

@@ -46,7 +46,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from xsp.collector import door
+from xsp.collector import door, span_columns
 from xsp.collector.forwarder import DRAIN_S as FORWARD_DRAIN_S
 from xsp.collector.forwarder import Forwarder
 from xsp.collector.grpc_receiver import GrpcReceiver
@@ -185,6 +185,7 @@ class Collector:
         if self.config.store_workers:
             self._workers = _worker_pool()
         door.prepare()  # built now, if need be, not while the first request waits
+        span_columns.prepare()  # likewise, for the store worker's first segment
         if self._forward_transport is not None:
             self._forward = Forwarder(self._forward_transport, drain_s=self.config.forward_drain_s)
         self._recovered = list(self.spool.recovered)  # a killed collector's acknowledged requests

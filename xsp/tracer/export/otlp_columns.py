@@ -17,6 +17,7 @@ decoded span by span (``otlp._any_columns``), into the same table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,16 +80,21 @@ def block(resource_spans: Any, sender: str) -> Block:
     return Block(*otlp.spans_and_scopes(resource_spans), sender)
 
 
-def tables_of_blocks(blocks: list[Block]) -> list[pa.Table] | None:
+#: A decoder of the common case: ``common_columns``'s arguments and answer.
+Decoder = Callable[[list[bytes], np.ndarray | None], dict[str, Any] | None]
+
+
+def tables_of_blocks(blocks: list[Block], decode: Decoder | None = None) -> list[pa.Table] | None:
     """The table of each block (as ``table_from_resource_spans`` makes it), all decoded in one
-    go, so that numpy's and arrow's cost per call is paid once for many requests; None where a
-    block is not xsp's common case (decode each alone then)."""
+    go by ``decode`` (default ``common_columns``), so that numpy's and arrow's cost per call is
+    paid once for many requests; None where a block is not xsp's common case (decode each alone
+    then)."""
     lengths = np.array([len(b.spans) for b in blocks], np.int64)
     firsts = np.cumsum(lengths) - lengths
     n = int(lengths.sum())
     if not n:
         return None
-    columns = common_columns([span for b in blocks for span in b.spans], firsts)
+    columns = (decode or common_columns)([span for b in blocks for span in b.spans], firsts)
     if columns is None:
         return None
     senders = list(dict.fromkeys(b.sender for b in blocks))
@@ -170,6 +176,19 @@ def common_columns(spans: list[bytes], firsts: np.ndarray | None = None) -> dict
         "link_span_id": links[1],
         **attributes,
     }
+    return finish_columns(columns, names, span_ids, parent_ids, firsts)
+
+
+def finish_columns(
+    columns: dict[str, Any],
+    names: pa.Array,
+    span_ids: np.ndarray,
+    parent_ids: np.ndarray,
+    firsts: np.ndarray | None,
+) -> dict[str, Any]:
+    """The common case's columns completed from the decoded ones (any decoder's: this one's, or
+    the collector's native one): the names, parents and remote parents, with the steps' and
+    iterations' roots as ``_any_columns`` makes them. ``parent_ids`` is changed in place."""
     firsts = np.zeros(1, np.int64) if firsts is None else firsts
     remote, names = _roots(columns, names, span_ids, parent_ids, firsts)
     columns["name"] = names.dictionary_encode().cast(schema.SPAN_SCHEMA.field("name").type)

@@ -1,23 +1,31 @@
 """Building and loading xsp's native extensions, shared by the capture core (``build``) and the
-collector door's check (``xsp.collector.door``); torch-free, so that the collector never reaches
-torch through it."""
+collector's C modules (``xsp.collector.door``, ``xsp.collector.span_columns``); torch-free, so
+that the collector never reaches torch through it."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.machinery
 import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+from xsp.tracer import config
 from xsp.tracer.errors import XspError
 
 
 class NativeBuildError(XspError):
-    """A native extension (the capture core, the collector door's check) cannot be built or
-    loaded here."""
+    """A native extension (the capture core, one of the collector's C modules) cannot be built
+    or loaded here."""
 
 
 @contextlib.contextmanager
@@ -40,3 +48,49 @@ def import_extension(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def load_c_module(source: Path, what: str) -> ModuleType:
+    """The plain CPython module (no torch) of one C ``source``, named after its file
+    (``xsp_<stem>``): built first, with the C compiler Python was built with, into
+    ``XSP_NATIVE_DIR``, once per source, the headers beside it and this Python. ``what`` names
+    it in errors ("the collector's native check")."""
+    name = f"xsp_{source.stem}"
+    digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):
+        digest.update(header.read_bytes())
+    digest.update(sys.version.encode())
+    directory = config.native_dir() / f"{source.stem}-{digest.hexdigest()[:16]}"
+    built = directory / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    if not built.is_file():
+        with locked(directory):
+            if not built.is_file():
+                _build_c(source, built, what)
+    try:
+        return import_extension(name, built)
+    except ImportError as exc:
+        raise NativeBuildError(f"{what} ({built}) cannot be loaded: {exc}") from exc
+
+
+def _build_c(source: Path, built: Path, what: str) -> None:
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not compiler or shutil.which(compiler[0]) is None:
+        raise NativeBuildError(f"{what} needs a C compiler and none was found ({compiler[0]})")
+    partial = built.with_suffix(".partial")
+    command = [
+        *compiler,
+        "-O2",
+        "-shared",
+        "-fPIC",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(source),
+        "-o",
+        str(partial),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        log_path = built.parent / "build.log"
+        log_path.write_text(done.stderr)
+        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr)
+        raise NativeBuildError(f"building {what} failed: {first.strip()[:200]} (log: {log_path})")
+    partial.rename(built)  # whole or not at all: a reader never loads a half-written library
