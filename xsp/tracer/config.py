@@ -86,8 +86,9 @@ def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def native_dir(env: Mapping[str, str] | None = None) -> Path:
-    """``XSP_NATIVE_DIR`` (default ``~/.cache/xsp/native``): where the native capture core is
-    built (``xsp.tracer.native.build``), one folder per source, torch and Python."""
+    """``XSP_NATIVE_DIR`` (default ``~/.cache/xsp/native``): where the native capture core
+    (``xsp.tracer.native.build``) and the collector's C modules are built, one folder per
+    source, torch and Python."""
     value = _get("XSP_NATIVE_DIR", env)
     return Path(value) if value is not None else Path.home() / ".cache" / "xsp" / "native"
 

@@ -1,0 +1,89 @@
+"""The collector's store worker alone: µs of CPU a span, native span decoder against numpy's.
+
+Builds the segments ``collector_load.py`` sends (real ResNet-18 training spans, 1,000 a
+request, 100 requests a segment, every request's trace id its own), then stores them with
+``store_worker.store_requests`` into a fresh store, the decoders alternating segment by segment
+(``XSP_NATIVE_COLUMNS`` on / off), and reports each one's µs a span over the rounds: the whole
+store (parse, decode, de-duplicate, write parquet) and the decode alone
+(``writer.convert_together`` of the parsed requests).
+
+    python benchmarks/store_worker.py [--rounds 5] [--requests 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.collector_load import requests  # noqa: E402
+from xsp.collector import span_columns, writer  # noqa: E402
+from xsp.collector.store_worker import store_requests  # noqa: E402
+from xsp.tracer.export import otlp_columns  # noqa: E402
+
+TEMPLATES = 64
+SPANS_PER_REQUEST = 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=100, help="requests a segment")
+    args = parser.parse_args()
+    if span_columns._native() is None:
+        sys.exit("store_worker.py: the native span decoder cannot be built here (see the log)")
+    bodies = requests(TEMPLATES, SPANS_PER_REQUEST)
+    sent = 0
+
+    def segment() -> list[bytes]:
+        nonlocal sent
+        out = []
+        for _ in range(args.requests):
+            template = sent % TEMPLATES
+            marker = template.to_bytes(16, "big")
+            out.append(bodies[template].replace(marker, (1 << 64 | sent).to_bytes(16, "big")))
+            sent += 1
+        return out
+
+    native = span_columns._native
+
+    def numpy_only() -> None:
+        return None
+
+    decoders = {"native": native, "numpy": numpy_only}
+    spans = args.requests * SPANS_PER_REQUEST
+    whole: dict[str, list[float]] = {name: [] for name in decoders}
+    decode: dict[str, list[float]] = {name: [] for name in decoders}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = writer.StoreWriter(Path(tmp))
+        store_requests(store, "warm", segment()[:10])
+        for k in range(args.rounds):
+            for name, which in decoders.items():
+                span_columns._native = which  # type: ignore[assignment]
+                payloads = segment()
+                parsed = [otlp_columns.parse_request(p) for p in payloads]
+                t0 = time.process_time()
+                writer.convert_together(parsed)
+                t1 = time.process_time()
+                store_requests(store, f"{name}-{k}", payloads)
+                t2 = time.process_time()
+                decode[name].append((t1 - t0) / spans * 1e6)
+                whole[name].append((t2 - t1) / spans * 1e6)
+    span_columns._native = native  # type: ignore[assignment]
+    print(f"{args.rounds} rounds, {spans:,} spans a segment, CPU time (process_time)")
+    for name in decoders:
+        print(
+            f"{name}: store {statistics.median(whole[name]):.2f} µs/span "
+            f"({min(whole[name]):.2f}-{max(whole[name]):.2f}), decode alone "
+            f"{statistics.median(decode[name]):.2f} ({min(decode[name]):.2f}-{max(decode[name]):.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
