@@ -33,7 +33,7 @@ PRESETS=(
   "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
   "compiled-attribution|2 min|torch.compile'd ResNet-18 b32 training at MFLG, first measured iteration: Triton kernels, the wrapper's extern ops (mm, convolution) and the cuBLAS/cuDNN kernels under them below the compiled root, into compiled-attribution.json (MODEL= BATCH= DEVICE=)"
-  "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30)"
+  "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds, phases and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30); EXIT_COST=1 first times the script's exit alone, cold, warm and warm with TORCH_WARM_POOL=0, into compiled-exit.txt"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager training, compiled reduce-overhead and default inference) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json (FIXTURES=0: the benchmark only)"
@@ -412,6 +412,25 @@ p_compiled_run() {
   t0=$(date +%s.%N)
   TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-alone-cache "${script[@]}" 2>&1 | tail -1
   t1=$(date +%s.%N)
+  # where the script's own process spends its seconds outside its loop: before main, and from
+  # main's end to the process's end (its exit), with a cold and then a warm inductor cache, then
+  # warm with torch's compile workers started only when needed (TORCH_WARM_POOL=0)
+  if [ -n "${EXIT_COST:-}" ]; then
+    for cache in cold warm warm-no-warm-pool; do
+      [ "$cache" = cold ] && rm -rf /tmp/r18c-exit-cache
+      local began pool=1; began=$(date +%s.%N)
+      [ "$cache" = warm-no-warm-pool ] && pool=0
+      TORCH_WARM_POOL=$pool TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-exit-cache python3 - "${STEPS:-30}" <<'PY' 2>&1 | tail -2
+import runpy, sys, time
+sys.argv = ["compiled_resnet18.py", "--steps", sys.argv[1], "--batch-size", "32"]
+print("main_start", time.time())
+runpy.run_path("benchmarks/workloads/compiled_resnet18.py", run_name="__main__")
+print("main_end", time.time(), flush=True)
+PY
+      echo "$cache: began $began, process_end $(date +%s.%N)"
+    done 2>&1 | tee "$OUT/compiled-exit.txt"
+    t0=$(date +%s.%N); TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-alone-cache "${script[@]}" 2>&1 | tail -1; t1=$(date +%s.%N)
+  fi
   env -u TORCHINDUCTOR_CACHE_DIR python3 -m xsp run --levels M,MF,MFLG --iterations 10 --warmup 5 \
     --device cuda --out /tmp/r18c -- "${script[@]}" 2>&1 | tail -4
   t2=$(date +%s.%N)
@@ -423,7 +442,7 @@ runs = {}
 for entry in json.loads(Path("/tmp/r18c/manifest.json").read_text())["runs"]:
     meta = json.loads(Path("/tmp/r18c", entry["levels"], "run.json").read_text())
     runs[entry["levels"]] = {"status": entry["status"], "seconds": entry.get("seconds", {}).get("total"),
-                             "inductor_cache": meta.get("inductor_cache")}
+                             "phases": entry.get("seconds"), "inductor_cache": meta.get("inductor_cache")}
 out = {"alone_s": round(t1 - t0, 1), "xsp_run_s": round(t2 - t1, 1),
        "ratio": round((t2 - t1) / (t1 - t0), 2), "runs": runs}
 json.dump(out, open(sys.argv[4], "w"), indent=1)
@@ -740,6 +759,18 @@ PY
   } 2>&1 | tee "$OUT/runner-cost.txt"
   python3 -X importtime -m xsp summary /tmp/rc 2> "$OUT/summary-importtime.txt" >/dev/null
   sort -t'|' -k2 -n -r "$OUT/summary-importtime.txt" | head -15
+  # where the summary's own seconds go, and numpy's import (0.30 s here, 0.03 s on the dev
+  # machine) with its BLAS's threads limited and not
+  python3 -m cProfile -o "$OUT/summary.prof" -m xsp summary /tmp/rc >/dev/null 2>&1
+  python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
+    "$OUT/summary.prof" > "$OUT/summary-profile.txt"
+  head -70 "$OUT/summary-profile.txt" | tail -55
+  {
+    for threads in "" 1 "" 1; do
+      echo "OPENBLAS_NUM_THREADS=${threads:-unset}: $(OPENBLAS_NUM_THREADS=$threads python3 -X importtime -c 'import numpy' 2>&1 | tail -1)"
+    done
+    python3 -c "import numpy; numpy.show_config()" 2>&1 | head -40
+  } 2>&1 | tee "$OUT/numpy-import.txt"
 }
 
 p_conversion() {
