@@ -219,57 +219,88 @@ def _host_timeline(
        the matched spans' starts and ends around it, so a launch call keeps its place inside its
        op and the op its untraced length; past the last of them (the step's closing sync) it
        keeps its measured distance.
+
+    What no calibration changes (the matching, the order of times) is found once per store
+    (``_Placing``): the replay's fit asks for the timeline of ten or so calibrations.
     """
     runs, source_of = level_sources(store)
     deep_index = runs[-1][0]
-    deep, key, parent = keyed(store, deep_index)
+    deep = keyed(store, deep_index)[0]
     start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
     end = start + numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
     source = source_of.get(schema.LEVEL_FRAMEWORK)
     calib = calibration(store, source)
     if source is None:
         return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
-    table, keys, source_parent = keyed(store, source)
-    calib = given or checked_against_own_steps(calib, store, source, table, deep)
-    s_start, s_end = _debiased(table, source_parent, calib)
-    level = texts(deep.column("level"))
-    kind = texts(deep.column("kind"))
-    owner = owning_steps(parent, kind)
-    found = find_rows(keys, key)
-    matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
-    source_kind = texts(table.column("kind"))
-    source_owner = owning_steps(source_parent, source_kind)
-    at = np.maximum(found, 0)
-    anchor = s_start[source_owner[at]]
-    out_start, out_end = start.copy(), end.copy()
-    out_start[matched] = start[owner[matched]] + (s_start[at] - anchor)[matched]
-    out_end[matched] = start[owner[matched]] + (s_end[at] - anchor)[matched]
-    steps = np.nonzero(kind == schema.KIND_STEP)[0]
-    in_source = found[steps] >= 0  # the step's end on the F run's debiased timeline
-    at_step = np.maximum(found[steps], 0)
-    out_end[steps] = np.where(
-        in_source, start[steps] + s_end[at_step] - s_start[at_step], end[steps]
-    )
-    others = ~matched & (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
-    order = np.argsort(owner, kind="stable")
-    first = np.searchsorted(owner[order], np.arange(len(owner)))
-    last = np.searchsorted(owner[order], np.arange(len(owner)), side="right")
-    for step in np.unique(owner[others]):
-        members = order[first[step] : last[step]]
-        knots = members[matched[members]]
-        todo = members[others[members]]
-        # placed by interpolation between the matched spans' starts and ends around it
-        x = np.concatenate(([start[step]], start[knots], end[knots], [end[step]]))
-        y = np.concatenate(([start[step]], out_start[knots], out_end[knots], [out_end[step]]))
-        by = np.argsort(x, kind="stable")
-        x, y = x[by], np.maximum.accumulate(y[by])
-        out_start[todo] = np.round(np.interp(start[todo], x, y)).astype(np.int64)
-        out_end[todo] = np.round(np.interp(end[todo], x, y)).astype(np.int64)
-    # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
-    out_end = np.maximum(out_end, out_start + (end > start))
-    host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
-    depth = tree_depths(store, deep_index)
-    return deep_index, *_inside_parents(out_start, out_end, parent, depth, host), calib
+    if "host_placing" not in store.memo:
+        store.memo["host_placing"] = _Placing(store, deep_index, source)
+    placing: _Placing = store.memo["host_placing"]
+    calib = given or checked_against_own_steps(calib, store, source, placing.source, deep)
+    return deep_index, *placing.placed(calib), calib
+
+
+class _Placing:
+    """The deep run's host spans matched to the F run's, and the order of the times that their
+    placement interpolates between: all that ``_host_timeline`` finds without a calibration."""
+
+    def __init__(self, store: MeasurementStore, deep_index: int, source: int) -> None:
+        deep, key, parent = keyed(store, deep_index)
+        self.start = numbers(deep.column("start_ns")).astype(np.int64, copy=False)
+        self.end = self.start + numbers(deep.column("dur_ns")).astype(np.int64, copy=False)
+        self.source, keys, source_parent = keyed(store, source)
+        self.clock = _CostClock(self.source, source_parent)
+        level = texts(deep.column("level"))
+        kind = texts(deep.column("kind"))
+        self.owner = owning_steps(parent, kind)
+        found = find_rows(keys, key)
+        self.matched = (level == schema.LEVEL_FRAMEWORK) & (found >= 0)
+        self.at = np.maximum(found, 0)
+        self.source_owner = owning_steps(source_parent, texts(self.source.column("kind")))
+        self.steps = np.nonzero(kind == schema.KIND_STEP)[0]
+        self.in_source = found[self.steps] >= 0  # the step's end on the F run's timeline
+        self.at_step = np.maximum(found[self.steps], 0)
+        others = ~self.matched & (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+        order = np.argsort(self.owner, kind="stable")
+        first = np.searchsorted(self.owner[order], np.arange(len(self.owner)))
+        last = np.searchsorted(self.owner[order], np.arange(len(self.owner)), side="right")
+        #: per step with spans to interpolate: (the step, its matched spans, the spans to place,
+        #: the order of the interpolation's x: the step's start, the matched starts and ends,
+        #: the step's end)
+        self.interpolated: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        for step in np.unique(self.owner[others]).tolist():
+            members = order[first[step] : last[step]]
+            knots = members[self.matched[members]]
+            x = np.concatenate(
+                ([self.start[step]], self.start[knots], self.end[knots], [self.end[step]])
+            )
+            by = np.argsort(x, kind="stable")
+            self.interpolated.append((step, knots, members[others[members]], by))
+        self.host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+        self.parent = parent
+        self.depth = tree_depths(store, deep_index)
+
+    def placed(self, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
+        """Each deep row's host start and end under ``calib`` (steps 2.1 to 2.3)."""
+        start, end, owner, matched, at = self.start, self.end, self.owner, self.matched, self.at
+        s_start, s_end = self.clock.moved(calib)
+        anchor = s_start[self.source_owner[at]]
+        out_start, out_end = start.copy(), end.copy()
+        out_start[matched] = start[owner[matched]] + (s_start[at] - anchor)[matched]
+        out_end[matched] = start[owner[matched]] + (s_end[at] - anchor)[matched]
+        steps, at_step = self.steps, self.at_step
+        out_end[steps] = np.where(
+            self.in_source, start[steps] + s_end[at_step] - s_start[at_step], end[steps]
+        )
+        for step, knots, todo, by in self.interpolated:
+            # placed by interpolation between the matched spans' starts and ends around it
+            x = np.concatenate(([start[step]], start[knots], end[knots], [end[step]]))[by]
+            y = np.concatenate(([start[step]], out_start[knots], out_end[knots], [out_end[step]]))
+            y = np.maximum.accumulate(y[by])
+            out_start[todo] = np.round(np.interp(start[todo], x, y)).astype(np.int64)
+            out_end[todo] = np.round(np.interp(end[todo], x, y)).astype(np.int64)
+        # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
+        out_end = np.maximum(out_end, out_start + (end > start))
+        return _inside_parents(out_start, out_end, self.parent, self.depth, self.host)
 
 
 def _inside_parents(
@@ -338,48 +369,65 @@ def _debiased(
     table: pa.Table, parent: np.ndarray, calib: Calibration
 ) -> tuple[np.ndarray, np.ndarray]:
     """The F run's start and end times, each moved back by the calibrated cost of the F record
-    starts and ends before it in its step (step 2.1): its own rank's, since each rank's process
-    paid for its own records (counted across the ranks of an iteration, a rank of a two-rank gloo
-    job moved back twice its cost, 0.64 ms of a 3.3 ms step)."""
-    start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
-    end = start + numbers(table.column("dur_ns")).astype(np.int64, copy=False)
-    if calib.op_ns is None:
-        return start, end
-    level = texts(table.column("level"))
-    kind = texts(table.column("kind"))
-    owner = owning_steps(parent, kind)
-    rank = step_ranks(table)[owner]  # a row's step's (the iteration root of ranks: its own, -1)
-    framework = level == schema.LEVEL_FRAMEWORK
-    op_ns = np.full(len(start), calib.op_ns, dtype=np.float64)
-    if calib.first_op_ns is not None:  # the first measured iteration's ops record shapes too
-        iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
-        op_ns[iteration == 0] = calib.first_op_ns
-    half = np.where(kind == schema.KIND_MODULE, calib.module_ns or 0.0, op_ns) / 2
-    moved_start, moved_end = start.copy(), end.copy()
-    for each in np.unique(rank).tolist():
-        mine = rank == each
-        records = np.nonzero(framework & mine)[0]
-        times = np.concatenate((start[records], end[records]))
-        by = np.argsort(times, kind="stable")
-        times = times[by]
-        cost = np.concatenate(
-            ([0.0], np.cumsum(np.concatenate((half[records], half[records]))[by]))
-        )
+    starts and ends before it in its step (step 2.1)."""
+    return _CostClock(table, parent).moved(calib)
 
-        def before(t: np.ndarray, times: np.ndarray = times, cost: np.ndarray = cost) -> np.ndarray:
-            return cost[np.searchsorted(times, t, side="left")]
 
-        rows = np.nonzero(mine)[0]
-        base = before(start[owner[rows]])  # what earlier iterations' records cost
-        # a cost above the time the records took (a fitted one can be) stops at the step's start
-        floor = start[owner[rows]]
-        moved_start[rows] = np.maximum(
-            start[rows] - np.round(before(start[rows]) - base).astype(np.int64), floor
-        )
-        moved_end[rows] = np.maximum(
-            end[rows] - np.round(before(end[rows]) - base).astype(np.int64), floor
-        )
-    return moved_start, np.maximum(moved_end, moved_start)
+class _CostClock:
+    """The F run's record starts and ends in time order, and where each row's start, end and
+    step start fall among them: the cost of the records before any of those times is then one
+    cumulative sum of a calibration's costs (step 2.1). Each rank's own, since each rank's
+    process paid for its own records (counted across the ranks of an iteration, a rank of a
+    two-rank gloo job moved back twice its cost, 0.64 ms of a 3.3 ms step)."""
+
+    def __init__(self, table: pa.Table, parent: np.ndarray) -> None:
+        self.start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
+        self.end = self.start + numbers(table.column("dur_ns")).astype(np.int64, copy=False)
+        self.kind = texts(table.column("kind"))
+        self.owner = owning_steps(parent, self.kind)
+        self.iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
+        framework = texts(table.column("level")) == schema.LEVEL_FRAMEWORK
+        rank = step_ranks(table)[self.owner]  # a row's step's (the iteration root of ranks: -1)
+        #: per rank: (its rows, its F records, the order of their starts then ends, and where
+        #: each row's step start, start and end fall among those times)
+        self.ranks: list[tuple[np.ndarray, ...]] = []
+        for each in np.unique(rank).tolist():
+            mine = rank == each
+            records = np.nonzero(framework & mine)[0]
+            times = np.concatenate((self.start[records], self.end[records]))
+            by = np.argsort(times, kind="stable")
+            times = times[by]
+            rows = np.nonzero(mine)[0]
+            where = [
+                np.searchsorted(times, t, side="left")
+                for t in (self.start[self.owner[rows]], self.start[rows], self.end[rows])
+            ]
+            self.ranks.append((rows, records, by, *where))
+
+    def moved(self, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's start and end less the cost of the records before them in its step."""
+        start, end = self.start, self.end
+        if calib.op_ns is None:
+            return start, end
+        op_ns = np.full(len(start), calib.op_ns, dtype=np.float64)
+        if calib.first_op_ns is not None:  # the first measured iteration's ops record shapes too
+            op_ns[self.iteration == 0] = calib.first_op_ns
+        half = np.where(self.kind == schema.KIND_MODULE, calib.module_ns or 0.0, op_ns) / 2
+        moved_start, moved_end = start.copy(), end.copy()
+        for rows, records, by, at_base, at_start, at_end in self.ranks:
+            cost = np.concatenate(
+                ([0.0], np.cumsum(np.concatenate((half[records], half[records]))[by]))
+            )
+            base = cost[at_base]  # what earlier iterations' records cost
+            # a cost above the time the records took (a fitted one can be) stops at the step's start
+            floor = start[self.owner[rows]]
+            moved_start[rows] = np.maximum(
+                start[rows] - np.round(cost[at_start] - base).astype(np.int64), floor
+            )
+            moved_end[rows] = np.maximum(
+                end[rows] - np.round(cost[at_end] - base).astype(np.int64), floor
+            )
+        return moved_start, np.maximum(moved_end, moved_start)
 
 
 #: The F run's own untraced steps (its warm-up, levels off) and M's steps differ by more than
