@@ -33,7 +33,7 @@ PRESETS=(
   "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
   "compiled-attribution|2 min|torch.compile'd ResNet-18 b32 training at MFLG, first measured iteration: Triton kernels, the wrapper's extern ops (mm, convolution) and the cuBLAS/cuDNN kernels under them below the compiled root, into compiled-attribution.json (MODEL= BATCH= DEVICE=)"
-  "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds, phases and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30); EXIT_COST=1 first times the script's exit alone, cold, warm and warm with TORCH_WARM_POOL=0, into compiled-exit.txt"
+  "compiled-run|2-3 min|the torch.compile'd ResNet-18 b32 training script (benchmarks/workloads/compiled_resnet18.py) alone, with a cold inductor cache, then under xsp run --levels M,MF,MFLG: wall seconds of both and their ratio, each level set's seconds, phases and inductor_cache (graphs saved, loaded), into compiled-run.json (STEPS=30); EXIT_COST=1 first times the script's exit alone, cold, warm, warm with TORCH_WARM_POOL=0 and with TORCHINDUCTOR_COMPILE_THREADS=1, into compiled-exit.txt"
   "memory|1 min|ResNet-50 b64 training at M,MF,MFLG: memory per layer and per layer type, into memory-r50-b64-train.json"
   "cuda-fixtures|1 min|the native CUDA capture fixtures of the tests (tests/data/resnet18_train_{mf,mflg}_cuda_native) into fixtures/"
   "cuda-graphs|3-4 min|CUDA graph attribution: the small-CNN fixtures (graphed and eager training, compiled reduce-overhead and default inference) into fixtures/, tests/test_cuda_graphs.py, and cuda_graphs.py (make_graphed_callables training; ResNet-18 compiled reduce-overhead) into cuda-graphs.json (FIXTURES=0: the benchmark only)"
@@ -414,13 +414,16 @@ p_compiled_run() {
   t1=$(date +%s.%N)
   # where the script's own process spends its seconds outside its loop: before main, and from
   # main's end to the process's end (its exit), with a cold and then a warm inductor cache, then
-  # warm with torch's compile workers started only when needed (TORCH_WARM_POOL=0)
+  # warm with torch's compile workers started only when needed (TORCH_WARM_POOL=0), and warm
+  # with none (TORCHINDUCTOR_COMPILE_THREADS=1)
   if [ -n "${EXIT_COST:-}" ]; then
-    for cache in cold warm warm-no-warm-pool; do
+    for cache in cold warm warm-no-warm-pool warm-one-compile-thread; do
       [ "$cache" = cold ] && rm -rf /tmp/r18c-exit-cache
-      local began pool=1; began=$(date +%s.%N)
+      local began pool=1 threads=; began=$(date +%s.%N)
       [ "$cache" = warm-no-warm-pool ] && pool=0
-      TORCH_WARM_POOL=$pool TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-exit-cache python3 - "${STEPS:-30}" <<'PY' 2>&1 | tail -2
+      [ "$cache" = warm-one-compile-thread ] && threads=1
+      env ${threads:+TORCHINDUCTOR_COMPILE_THREADS=$threads} TORCH_WARM_POOL=$pool \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/r18c-exit-cache python3 - "${STEPS:-30}" <<'PY' 2>&1 | tail -2
 import runpy, sys, time
 sys.argv = ["compiled_resnet18.py", "--steps", sys.argv[1], "--batch-size", "32"]
 print("main_start", time.time())

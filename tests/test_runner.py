@@ -359,7 +359,7 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
     assert {k: forced[k] for k in SHARED_HOST_ENV} == SHARED_HOST_ENV
 
 
-APPENDS_ITS_WARM_POOL = """
+APPENDS_ITS_COMPILE_THREADS = """
     import os
     import sys
     sys.path.insert(0, {root!r})
@@ -367,28 +367,28 @@ APPENDS_ITS_WARM_POOL = """
     import xsp
 
     with open(os.environ["ENV_OUT"], "a") as out:
-        out.write(f"{{os.environ.get('TORCH_WARM_POOL')}}\\n")
+        out.write(f"{{os.environ.get('TORCHINDUCTOR_COMPILE_THREADS')}}\\n")
     for _ in range(2):
         with xsp.iteration():
             torch.ones(4).sum()
 """
 
 
-@pytest.mark.parametrize(("users", "expected"), [(None, ["None", "0"]), ("1", ["1", "1"])])
-def test_level_sets_after_the_first_start_inductors_compile_workers_only_when_they_compile(
+@pytest.mark.parametrize(("users", "expected"), [(None, ["None", "1"]), ("4", ["4", "4"])])
+def test_level_sets_after_the_first_start_no_inductor_compile_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, users: str | None, expected: list[str]
 ) -> None:
     """The first level set compiles a torch.compile'd program; the later ones load it from the
-    cache, and with torch's warm pool they would wait 10-13 s at exit for compile workers they
-    never used. The user's own TORCH_WARM_POOL wins."""
+    cache, and with inductor's compile workers they would wait 6-13 s at exit for workers that
+    only loaded kernels. The user's own TORCHINDUCTOR_COMPILE_THREADS wins."""
     if users is None:
-        monkeypatch.delenv("TORCH_WARM_POOL", raising=False)
+        monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     else:
-        monkeypatch.setenv("TORCH_WARM_POOL", users)
-    env_out = tmp_path / "warm_pool.txt"
+        monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", users)
+    env_out = tmp_path / "compile_threads.txt"
     spec = _spec(
         tmp_path,
-        APPENDS_ITS_WARM_POOL,
+        APPENDS_ITS_COMPILE_THREADS,
         level_sets=("M", "MF"),
         env={"ENV_OUT": str(env_out)},
         overlap=False,  # one after another: the lines in level-set order

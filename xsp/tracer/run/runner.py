@@ -63,12 +63,13 @@ SHARED_HOST_ENV = {
 #: environment names one: its first level set compiles a torch.compile'd program and saves it
 #: there with its kernels' provenance, the others load it (``xsp.tracer.capture.inductor``).
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-#: Inductor starts its compile workers (one process per core, each importing torch) as soon as a
-#: program compiles, even where every graph then loads from the cache, and its exit waits for
-#: them: 10-13 s after a warm-cache ResNet-18's loop on the H200, against 3.5 s after a cold one.
-#: A level set after the first loads what the first compiled, so there torch starts them only
-#: once it does compile (torch's own switch; the user's setting wins).
-WARM_POOL_ENV = "TORCH_WARM_POOL"
+#: Inductor starts its compile workers (a process per core, each importing torch) whenever a
+#: program compiles or loads a compiled graph, since loading its Triton kernels goes through
+#: them too, and the process's exit waits for them: 6-13 s after a warm-cache ResNet-18's loop on
+#: the H200, against 3.2-3.5 s after a cold one that used them. A level set after the first
+#: loads what the first compiled, so there inductor compiles in the process itself (torch's own
+#: setting; the user's wins).
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 #: (level set, phase, done, total) -> None; phase is "start", "warmup", "measure" or "end".
 ProgressFn = Callable[[str, str, int, int], None]
@@ -424,11 +425,11 @@ def _failed_while_ahead(process: _Process, entry: dict[str, Any]) -> bool:
 
 
 def _later(spec: LeveledSpec, index: int) -> LeveledSpec:
-    """The spec of the ``index``-th level set: after the first, inductor's compile workers start
-    only when needed (``WARM_POOL_ENV``)."""
-    if index == 0 or WARM_POOL_ENV in os.environ or WARM_POOL_ENV in spec.env:
+    """The spec of the ``index``-th level set: after the first, inductor has no compile workers
+    (``COMPILE_THREADS_ENV``)."""
+    if index == 0 or COMPILE_THREADS_ENV in os.environ or COMPILE_THREADS_ENV in spec.env:
         return spec
-    return dataclasses.replace(spec, env={**spec.env, WARM_POOL_ENV: "0"})
+    return dataclasses.replace(spec, env={**spec.env, COMPILE_THREADS_ENV: "1"})
 
 
 def _own_compile_cache(spec: LeveledSpec) -> str | None:
