@@ -362,35 +362,54 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
 APPENDS_ITS_COMPILE_THREADS = """
     import os
     import sys
+    from pathlib import Path
     sys.path.insert(0, {root!r})
     import torch
     import xsp
 
     with open(os.environ["ENV_OUT"], "a") as out:
         out.write(f"{{os.environ.get('TORCHINDUCTOR_COMPILE_THREADS')}}\\n")
+    if os.environ.get("SAVES_A_GRAPH"):  # as inductor saves a compiled graph in its cache
+        graph = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"], "fxgraph", "ab", "graph")
+        graph.parent.mkdir(parents=True, exist_ok=True)
+        graph.write_bytes(b"compiled")
     for _ in range(2):
         with xsp.iteration():
             torch.ones(4).sum()
 """
 
 
-@pytest.mark.parametrize(("users", "expected"), [(None, ["None", "1"]), ("4", ["4", "4"])])
-def test_level_sets_after_the_first_start_no_inductor_compile_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, users: str | None, expected: list[str]
+@pytest.mark.parametrize(
+    ("users", "saves", "expected"),
+    [
+        (None, True, ["None", "1"]),
+        ("4", True, ["4", "4"]),
+        (None, False, ["None", "None"]),
+    ],
+)
+def test_level_sets_after_a_compiling_first_one_start_no_inductor_compile_workers(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    users: str | None,
+    saves: bool,
+    expected: list[str],
 ) -> None:
-    """The first level set compiles a torch.compile'd program; the later ones load it from the
-    cache, and with inductor's compile workers they would wait 6-13 s at exit for workers that
-    only loaded kernels. The user's own TORCHINDUCTOR_COMPILE_THREADS wins."""
+    """The first level set compiles a torch.compile'd program into the measurement's inductor
+    cache; the later ones load it, and with inductor's compile workers they would wait 6-13 s at
+    exit for workers that only loaded kernels. The user's own TORCHINDUCTOR_COMPILE_THREADS
+    wins, and where the first saved nothing the next keeps its workers to compile with."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     if users is None:
         monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     else:
         monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", users)
     env_out = tmp_path / "compile_threads.txt"
+    env = {"ENV_OUT": str(env_out), **({"SAVES_A_GRAPH": "1"} if saves else {})}
     spec = _spec(
         tmp_path,
         APPENDS_ITS_COMPILE_THREADS,
         level_sets=("M", "MF"),
-        env={"ENV_OUT": str(env_out)},
+        env=env,
         overlap=False,  # one after another: the lines in level-set order
     )
     result = run_leveled(spec)

@@ -425,11 +425,22 @@ def _failed_while_ahead(process: _Process, entry: dict[str, Any]) -> bool:
 
 
 def _later(spec: LeveledSpec, index: int) -> LeveledSpec:
-    """The spec of the ``index``-th level set: after the first, inductor has no compile workers
-    (``COMPILE_THREADS_ENV``)."""
+    """The spec of the ``index``-th level set: after the first, once the inductor cache holds
+    what it compiled, inductor has no compile workers (``COMPILE_THREADS_ENV``). A first level
+    set that saved nothing (it failed first) leaves the next one its workers to compile with."""
     if index == 0 or COMPILE_THREADS_ENV in os.environ or COMPILE_THREADS_ENV in spec.env:
         return spec
+    cache = spec.env.get(COMPILE_CACHE_ENV) or os.environ.get(COMPILE_CACHE_ENV)
+    if not cache or not _holds_files(Path(cache)):
+        return spec
     return dataclasses.replace(spec, env={**spec.env, COMPILE_THREADS_ENV: "1"})
+
+
+def _holds_files(directory: Path) -> bool:
+    try:
+        return any(p.is_file() for p in directory.rglob("*"))
+    except OSError:
+        return False
 
 
 def _own_compile_cache(spec: LeveledSpec) -> str | None:
