@@ -16,32 +16,16 @@
 #include <string.h>
 
 #include "wire.h"
+#include "keys.h"
 
 #define NOT_SURE (-1)
 /* upb allows 100 nested messages; deeper AnyValues are rare enough to leave to the Python check */
 #define MAX_DEPTH 64
 
-enum { KIND_WIDE_INT = 0, KIND_INT = 1, KIND_FLOAT = 2, KIND_SPAN_ID_HEX = 3 };
+enum { KIND_WIDE_INT = 0, KIND_INT = 1, KIND_FLOAT = 2, KIND_SPAN_ID_HEX = 3, KINDS };
 
-/* ---- the numeric attributes' table, set once by configure() ------------------------------- */
-#define TABLE_SIZE 256 /* a power of two, more than twice the keys */
-typedef struct {
-    char *key;
-    Py_ssize_t length;
-    int kind;
-    int64_t low, high;
-} Key;
-static Key table[TABLE_SIZE];
-static int configured = 0;
-
-static const Key *find_key(const uint8_t *s, Py_ssize_t n) {
-    uint32_t slot = hash_of(s, n) & (TABLE_SIZE - 1);
-    while (table[slot].key != NULL) {
-        if (table[slot].length == n && memcmp(table[slot].key, s, (size_t)n) == 0) return &table[slot];
-        slot = (slot + 1) & (TABLE_SIZE - 1);
-    }
-    return NULL;
-}
+/* the numeric attributes (and the stored parent), set once by configure() */
+static Keys keys;
 
 /* ---- the messages ----------------------------------------------------------------------------- */
 static int key_value(Cursor c, int depth, const Key **numeric, Cursor *value);
@@ -120,7 +104,7 @@ static int key_value(Cursor c, int depth, const Key **numeric, Cursor *value) {
         if (!read_tag(&c, &number, &wire) || wire != WIRE_LEN || !read_length(&c, &inner)) return 0;
         if (number == 1) {
             if (!utf8_valid(inner.p, inner.end)) return 0;
-            *numeric = configured ? find_key(inner.p, inner.end - inner.p) : NULL;
+            *numeric = find_key(&keys, inner.p, (size_t)(inner.end - inner.p));
         } else if (number == 2) {
             int which;
             uint64_t bits;
@@ -321,7 +305,9 @@ static int resource_or_scope(Cursor c, int depth, int is_scope) {
     return 1;
 }
 
-static Py_ssize_t scope_spans(Cursor c, int depth) {
+/* ResourceSpans (is_scope 0) and ScopeSpans (1) alike: field 1 their Resource or scope, 2
+ * their ScopeSpans or Spans, 3 their schema URL. The spans they hold, or NOT_SURE. */
+static Py_ssize_t spans_of(Cursor c, int depth, int is_scope) {
     Py_ssize_t count = 0;
     while (c.p < c.end) {
         uint32_t number;
@@ -329,31 +315,10 @@ static Py_ssize_t scope_spans(Cursor c, int depth) {
         Cursor inner;
         if (!read_tag(&c, &number, &wire) || wire != WIRE_LEN) return NOT_SURE;
         if (number == 1) {
-            if (!read_length(&c, &inner) || !resource_or_scope(inner, depth + 1, 1)) return NOT_SURE;
-        } else if (number == 2) {
-            if (!read_length(&c, &inner) || !span(inner, depth + 1)) return NOT_SURE;
-            count++;
-        } else if (number == 3) {
-            if (!read_string(&c)) return NOT_SURE;
-        } else {
-            return NOT_SURE;
-        }
-    }
-    return count;
-}
-
-static Py_ssize_t resource_spans(Cursor c, int depth) {
-    Py_ssize_t count = 0;
-    while (c.p < c.end) {
-        uint32_t number;
-        int wire;
-        Cursor inner;
-        if (!read_tag(&c, &number, &wire) || wire != WIRE_LEN) return NOT_SURE;
-        if (number == 1) {
-            if (!read_length(&c, &inner) || !resource_or_scope(inner, depth + 1, 0)) return NOT_SURE;
+            if (!read_length(&c, &inner) || !resource_or_scope(inner, depth + 1, is_scope)) return NOT_SURE;
         } else if (number == 2) {
             if (!read_length(&c, &inner)) return NOT_SURE;
-            Py_ssize_t spans = scope_spans(inner, depth + 1);
+            Py_ssize_t spans = is_scope ? (span(inner, depth + 1) ? 1 : NOT_SURE) : spans_of(inner, depth + 1, 1);
             if (spans < 0) return NOT_SURE;
             count += spans;
         } else if (number == 3) {
@@ -374,7 +339,7 @@ static Py_ssize_t request(const uint8_t *data, Py_ssize_t length) {
         Cursor inner;
         if (!read_tag(&c, &number, &wire) || number != 1 || wire != WIRE_LEN) return NOT_SURE;
         if (!read_length(&c, &inner)) return NOT_SURE;
-        Py_ssize_t spans = resource_spans(inner, 1);
+        Py_ssize_t spans = spans_of(inner, 1, 0);
         if (spans < 0) return NOT_SURE;
         count += spans;
     }
@@ -384,7 +349,7 @@ static Py_ssize_t request(const uint8_t *data, Py_ssize_t length) {
 /* ---- Python ---------------------------------------------------------------------------------- */
 static PyObject *py_check(PyObject *self, PyObject *arg) {
     Py_buffer view;
-    if (!configured) {
+    if (!keys.configured) {
         PyErr_SetString(PyExc_RuntimeError, "xsp door: configure() first");
         return NULL;
     }
@@ -396,50 +361,8 @@ static PyObject *py_check(PyObject *self, PyObject *arg) {
 }
 
 /* configure([(key, kind, low, high), ...]): the attributes whose values are checked. */
-static PyObject *py_configure(PyObject *self, PyObject *keys) {
-    uint16_t probe = 1;
-    if (*(uint8_t *)&probe != 1) {
-        PyErr_SetString(PyExc_RuntimeError, "xsp door: a little-endian host is needed");
-        return NULL;
-    }
-    PyObject *items = PySequence_Fast(keys, "configure() takes a sequence");
-    if (items == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-    if (n * 2 > TABLE_SIZE) {
-        Py_DECREF(items);
-        PyErr_SetString(PyExc_ValueError, "xsp door: too many keys");
-        return NULL;
-    }
-    for (int i = 0; i < TABLE_SIZE; i++) {
-        PyMem_Free(table[i].key);
-        table[i].key = NULL;
-    }
-    configured = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const char *key;
-        Py_ssize_t length;
-        int kind;
-        long long low, high;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, i), "s#iLL", &key, &length, &kind,
-                              &low, &high)) {
-            Py_DECREF(items);
-            return NULL;
-        }
-        uint32_t slot = hash_of((const uint8_t *)key, length) & (TABLE_SIZE - 1);
-        while (table[slot].key != NULL) slot = (slot + 1) & (TABLE_SIZE - 1);
-        table[slot].key = PyMem_Malloc((size_t)length + 1);
-        if (table[slot].key == NULL) {
-            Py_DECREF(items);
-            return PyErr_NoMemory();
-        }
-        memcpy(table[slot].key, key, (size_t)length + 1);
-        table[slot].length = length;
-        table[slot].kind = kind;
-        table[slot].low = low;
-        table[slot].high = high;
-    }
-    Py_DECREF(items);
-    configured = 1;
+static PyObject *py_configure(PyObject *self, PyObject *sequence) {
+    if (!configure_keys(&keys, sequence, "xsp door", KINDS)) return NULL;
     Py_RETURN_NONE;
 }
 

@@ -21,8 +21,9 @@
 #include <string.h>
 
 #include "wire.h"
+#include "keys.h"
 
-enum { COLUMN_STRING = 0, COLUMN_INT = 1, COLUMN_DOUBLE = 2 };
+enum { COLUMN_STRING = 0, COLUMN_INT = 1, COLUMN_DOUBLE = 2, COLUMN_KINDS };
 /* Span fields (OTLP's numbers) and the one SpanKind the common case holds. */
 enum {
     TRACE_ID = 1, SPAN_ID = 2, TRACE_STATE = 3, PARENT = 4, NAME = 5, KIND = 6, START = 7,
@@ -35,27 +36,12 @@ enum {
 /* AnyValue's first byte for each column type: string_value, int_value, double_value. */
 static const uint8_t VALUE_TAG[] = {0x0A, 0x18, 0x21};
 
-/* ---- the attribute columns, set once by configure() ----------------------------------------- */
-#define MAX_COLUMNS 128
-#define TABLE_SIZE 512 /* a power of two, more than twice the columns */
-typedef struct {
-    char *key;
-    size_t length;
-    int kind;
-    int64_t low, high;
-} ColumnSpec;
-static ColumnSpec specs[MAX_COLUMNS];
-static Py_ssize_t column_count = 0;
-static int slots[TABLE_SIZE]; /* key hash -> column index + 1 (0: empty) */
+/* ---- the attribute columns, set once by configure(): decode() numbers them in its order ---- */
+static Keys columns_by_key;
 
 static int find_column(const uint8_t *s, size_t n) {
-    uint32_t slot = hash_of(s, n) & (TABLE_SIZE - 1);
-    while (slots[slot]) {
-        const ColumnSpec *spec = &specs[slots[slot] - 1];
-        if (spec->length == n && memcmp(spec->key, s, n) == 0) return slots[slot] - 1;
-        slot = (slot + 1) & (TABLE_SIZE - 1);
-    }
-    return -1;
+    const Key *key = find_key(&columns_by_key, s, n);
+    return key == NULL ? -1 : (int)(key - columns_by_key.keys);
 }
 
 /* ---- growable byte buffers ------------------------------------------------------------------ */
@@ -107,7 +93,7 @@ typedef struct {
     Py_ssize_t links;
     Error *errors;
     Py_ssize_t error_count;
-    Column columns[MAX_COLUMNS];
+    Column columns[MAX_KEYS];
     int out_of_memory;
 } Decoded;
 
@@ -131,7 +117,7 @@ static Column *use_column(Decoded *d, int index) {
     Column *column = &d->columns[index];
     if (column->used) return column;
     Py_ssize_t n = d->n;
-    int text = specs[index].kind == COLUMN_STRING;
+    int text = columns_by_key.keys[index].kind == COLUMN_STRING;
     column->valid = calloc((size_t)(n + 7) / 8 + 1, 1);
     column->values = calloc((size_t)n + 1, text ? sizeof(int32_t) : sizeof(int64_t));
     if (column->valid == NULL || column->values == NULL) {
@@ -150,7 +136,7 @@ static int attribute(Decoded *d, Cursor c, Py_ssize_t row) {
     if (c.p >= c.end || *c.p++ != 0x12 || !read_length(&c, &value) || c.p != c.end) return 0;
     int index = find_column(key.p, (size_t)(key.end - key.p));
     if (index < 0 || value.p >= value.end) return 0;
-    const ColumnSpec *spec = &specs[index];
+    const Key *spec = &columns_by_key.keys[index];
     if (*value.p++ != VALUE_TAG[spec->kind]) return 0;
     Column *column = use_column(d, index);
     if (column == NULL || column->last_row == row) return 0;
@@ -334,7 +320,7 @@ static void release(Decoded *d) {
     free(d->link_traces);
     free(d->link_spans);
     free(d->errors);
-    for (Py_ssize_t i = 0; i < column_count; i++) {
+    for (Py_ssize_t i = 0; i < columns_by_key.count; i++) {
         free(d->columns[i].valid);
         free(d->columns[i].values);
         free(d->columns[i].text.data);
@@ -349,10 +335,10 @@ static PyObject *columns_of(Decoded *d) {
     size_t bitmap = (size_t)(n + 7) / 8;
     PyObject *attributes = PyList_New(0);
     if (attributes == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < column_count; i++) {
+    for (Py_ssize_t i = 0; i < columns_by_key.count; i++) {
         Column *column = &d->columns[i];
         if (!column->used) continue;
-        int text = specs[i].kind == COLUMN_STRING;
+        int text = columns_by_key.keys[i].kind == COLUMN_STRING;
         if (text && !string_offsets_to(column, n)) {
             Py_DECREF(attributes);
             Py_RETURN_NONE;
@@ -406,7 +392,7 @@ static PyObject *columns_of(Decoded *d) {
 /* decode(spans): the columns of a list of encoded spans, or None where one is not xsp's
  * common case. */
 static PyObject *py_decode(PyObject *self, PyObject *arg) {
-    if (column_count == 0) {
+    if (!columns_by_key.configured) {
         PyErr_SetString(PyExc_RuntimeError, "xsp span columns: configure() first");
         return NULL;
     }
@@ -452,50 +438,8 @@ static PyObject *py_decode(PyObject *self, PyObject *arg) {
 
 /* configure([(key, kind, low, high), ...]): the attribute columns, in the order decode() numbers
  * them; kind 0 string, 1 int (within [low, high]), 2 double. */
-static PyObject *py_configure(PyObject *self, PyObject *keys) {
-    uint16_t probe = 1;
-    if (*(uint8_t *)&probe != 1) {
-        PyErr_SetString(PyExc_RuntimeError, "xsp span columns: a little-endian host is needed");
-        return NULL;
-    }
-    PyObject *items = PySequence_Fast(keys, "configure() takes a sequence");
-    if (items == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-    if (n > MAX_COLUMNS) {
-        Py_DECREF(items);
-        PyErr_SetString(PyExc_ValueError, "xsp span columns: too many columns");
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < column_count; i++) PyMem_Free(specs[i].key);
-    memset(slots, 0, sizeof(slots));
-    column_count = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const char *key;
-        Py_ssize_t length;
-        int kind;
-        long long low, high;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(items, i), "s#iLL", &key, &length, &kind, &low, &high) ||
-            kind < COLUMN_STRING || kind > COLUMN_DOUBLE) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "xsp span columns: a column's kind is 0, 1 or 2");
-            Py_DECREF(items);
-            return NULL;
-        }
-        specs[i].key = PyMem_Malloc((size_t)length + 1);
-        if (specs[i].key == NULL) {
-            Py_DECREF(items);
-            return PyErr_NoMemory();
-        }
-        memcpy(specs[i].key, key, (size_t)length + 1);
-        specs[i].length = (size_t)length;
-        specs[i].kind = kind;
-        specs[i].low = low;
-        specs[i].high = high;
-        uint32_t slot = hash_of((const uint8_t *)key, (size_t)length) & (TABLE_SIZE - 1);
-        while (slots[slot]) slot = (slot + 1) & (TABLE_SIZE - 1);
-        slots[slot] = (int)i + 1;
-        column_count = i + 1;
-    }
-    Py_DECREF(items);
+static PyObject *py_configure(PyObject *self, PyObject *sequence) {
+    if (!configure_keys(&columns_by_key, sequence, "xsp span columns", COLUMN_KINDS)) return NULL;
     Py_RETURN_NONE;
 }
 
