@@ -15,18 +15,16 @@ collector says so once and checks every request in Python.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 from types import ModuleType
 
 from xsp.collector import ingest_view
-from xsp.tracer import config, schema
+from xsp.tracer import schema
 from xsp.tracer.export import otlp
-from xsp.tracer.native.extension import NativeBuildError, load_c_module
-
-log = logging.getLogger(__name__)
+from xsp.tracer.native.extension import load_c_module, optional_c_module
 
 SOURCE = Path(__file__).with_name("native") / "door.c"
+WHAT = "the collector's native check"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the kinds of door.c
 _WIDE_INT, _INT, _FLOAT, _SPAN_ID_HEX = 0, 1, 2, 3
@@ -64,17 +62,11 @@ def prepare() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _native() -> ModuleType | None:
-    if not config.switch("XSP_NATIVE_DOOR", True):
-        return None
-    try:
-        module = load()
-    except NativeBuildError as exc:
-        log.warning("xsp collector: %s; every request is checked in Python", exc)
-        return None
-    module.configure(checked_keys())
-    return module
+    return optional_c_module(
+        SOURCE, WHAT, "XSP_NATIVE_DOOR", checked_keys(), "every request is checked in Python"
+    )
 
 
 def load() -> ModuleType:
     """The door's extension, built first where this Python has none yet."""
-    return load_c_module(SOURCE, "the collector's native check")
+    return load_c_module(SOURCE, WHAT)

@@ -15,7 +15,6 @@ is found the collector says so once and decodes with numpy. ``XSP_NATIVE_COLUMNS
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,13 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import config, schema
+from xsp.tracer import schema
 from xsp.tracer.export import otlp, otlp_columns
-from xsp.tracer.native.extension import NativeBuildError, load_c_module
-
-log = logging.getLogger(__name__)
+from xsp.tracer.native.extension import load_c_module, optional_c_module
 
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
+WHAT = "the collector's native span decoder"
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 # the column kinds of span_columns.c
 _STRING, _INT, _DOUBLE = 0, 1, 2
@@ -52,7 +50,7 @@ def prepare() -> bool:
 
 def load() -> ModuleType:
     """The decoder's extension, built first where this Python has none yet."""
-    return load_c_module(SOURCE, "the collector's native span decoder")
+    return load_c_module(SOURCE, WHAT)
 
 
 def column_specs() -> list[tuple[str, int, int, int]]:
@@ -72,15 +70,9 @@ def column_specs() -> list[tuple[str, int, int, int]]:
 
 @functools.lru_cache(maxsize=1)
 def _native() -> ModuleType | None:
-    if not config.switch("XSP_NATIVE_COLUMNS", True):
-        return None
-    try:
-        module = load()
-    except NativeBuildError as exc:
-        log.warning("xsp collector: %s; spans are decoded with numpy", exc)
-        return None
-    module.configure(column_specs())
-    return module
+    return optional_c_module(
+        SOURCE, WHAT, "XSP_NATIVE_COLUMNS", column_specs(), "spans are decoded with numpy"
+    )
 
 
 def _columns(raw: dict[str, Any], n: int, firsts: np.ndarray | None) -> dict[str, Any]:

@@ -9,18 +9,21 @@ import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from xsp.tracer import config
 from xsp.tracer.errors import XspError
+
+log = logging.getLogger(__name__)
 
 
 class NativeBuildError(XspError):
@@ -70,6 +73,23 @@ def load_c_module(source: Path, what: str) -> ModuleType:
         return import_extension(name, built)
     except ImportError as exc:
         raise NativeBuildError(f"{what} ({built}) cannot be loaded: {exc}") from exc
+
+
+def optional_c_module(
+    source: Path, what: str, switch: str, keys: Sequence[tuple[str, int, int, int]], fallback: str
+) -> ModuleType | None:
+    """A collector's C module (``load_c_module``), configured with ``keys``; None where its
+    on/off ``switch`` (on by default) is off, or where it cannot be built here: then said once,
+    with what is done instead (``fallback``)."""
+    if not config.switch(switch, True):
+        return None
+    try:
+        module = load_c_module(source, what)
+    except NativeBuildError as exc:
+        log.warning("xsp collector: %s; %s", exc, fallback)
+        return None
+    module.configure(keys)
+    return module
 
 
 def _build_c(source: Path, built: Path, what: str) -> None:
