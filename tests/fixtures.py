@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from array import array
 from pathlib import Path
 from typing import Any
@@ -454,3 +455,21 @@ def varied_xsp_table() -> Any:
     shapes = "[" + ", ".join(["[64, 3, 224, 224]"] * 20) + "]"
     table = _with_values(table, "input_shapes", {op: shapes})
     return _with_values(table, "thread_id", {op: -5})
+
+
+def damaged(rng: random.Random, data: bytes, times: int = 1) -> bytes:
+    """``data`` damaged ``times`` times at random places: a byte flipped (60%), the rest cut off
+    (20%) or a byte inserted (20%); a cut to nothing leaves one tag byte."""
+    body = bytearray(data)
+    for _ in range(times):
+        where = rng.randrange(len(body))
+        how = rng.random()
+        if how < 0.6:
+            body[where] = rng.randrange(256)
+        elif how < 0.8:
+            del body[where:]
+            if not body:
+                body = bytearray(b"\x0a")
+        else:
+            body[where:where] = bytes([rng.randrange(256)])
+    return bytes(body)

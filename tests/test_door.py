@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from tests.fixtures import load_raw
+from tests.fixtures import damaged, load_raw
 from xsp.collector import door, ingest_view
 from xsp.tracer import schema
 from xsp.tracer.convert.spans import build_table
@@ -119,19 +119,8 @@ def test_damaged_bytes_are_never_accepted_where_the_python_check_refuses() -> No
     bodies = [_request(rows=n).SerializeToString() for n in (1, 4, 40)]
     natively = refused = 0
     for _ in range(3000):
-        body = bytearray(rng.choice(bodies))
-        for _ in range(rng.randint(1, 3)):
-            where = rng.randrange(len(body))
-            how = rng.random()
-            if how < 0.6:
-                body[where] = rng.randrange(256)
-            elif how < 0.8:
-                del body[where:]
-                if not body:
-                    body = bytearray(b"\x0a")
-            else:
-                body[where:where] = bytes([rng.randrange(256)])
-        data = bytes(body)
+        body = rng.choice(bodies)
+        data = damaged(rng, body, rng.randint(1, 3))
         count = native.check(data)
         try:
             expected = ingest_view.check(data)

@@ -55,17 +55,7 @@ FAILS_AFTER_MEASURING = """
 
 
 def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Path) -> None:
-    script = tmp_path / "fails.py"
-    script.write_text(textwrap.dedent(FAILS_AFTER_MEASURING.format(root=str(ROOT))))
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=2, warmup=0, device="cpu", command=(sys.executable, str(script))
-        ),
-        level_sets=("M", "MF"),
-        log_stderr=True,
-        overlap=True,
-    )
+    spec = _spec(tmp_path, FAILS_AFTER_MEASURING, ("M", "MF"), log_stderr=True, overlap=True)
     events: list[tuple[str, str]] = []
     result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
     assert ("MF", "start") in events  # started once M had measured, then dropped
@@ -101,18 +91,15 @@ HOLDS_THE_DEVICE = """
 
 
 def test_a_level_set_that_fails_while_started_ahead_runs_again_on_its_own(tmp_path: Path) -> None:
-    script = tmp_path / "holds.py"
     busy, refused = tmp_path / "busy", tmp_path / "refused"
-    body = HOLDS_THE_DEVICE.format(root=str(ROOT), busy=str(busy), refused=str(refused))
-    script.write_text(textwrap.dedent(body))
-    spec = LeveledSpec(
-        out=tmp_path / "R",
+    spec = _spec(
+        tmp_path,
+        HOLDS_THE_DEVICE,
+        ("M", "MF"),
         # levels come on after the first of two warm-up iterations: a process started ahead
         # runs the script up to there
-        profile=ProfileSpec(
-            iterations=2, warmup=2, device="cpu", command=(sys.executable, str(script))
-        ),
-        level_sets=("M", "MF"),
+        warmup=2,
+        fields={"busy": str(busy), "refused": str(refused)},
         log_stderr=True,
         overlap=True,
     )
@@ -132,14 +119,21 @@ def test_a_level_set_that_fails_while_started_ahead_runs_again_on_its_own(tmp_pa
 
 
 def _spec(
-    tmp_path: Path, body: str, level_sets: tuple[str, ...] = ("M",), **kw: object
+    tmp_path: Path,
+    body: str,
+    level_sets: tuple[str, ...] = ("M",),
+    warmup: int = 0,
+    fields: dict[str, str] | None = None,
+    **kw: object,
 ) -> LeveledSpec:
+    """A 2-iteration CPU measurement of the script ``body`` (formatted with ``root`` and
+    ``fields``)."""
     script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(body.format(root=str(ROOT))))
+    script.write_text(textwrap.dedent(body.format(root=str(ROOT), **(fields or {}))))
     return LeveledSpec(
         out=tmp_path / "R",
         profile=ProfileSpec(
-            iterations=2, warmup=0, device="cpu", command=(sys.executable, str(script))
+            iterations=2, warmup=warmup, device="cpu", command=(sys.executable, str(script))
         ),
         level_sets=level_sets,
         **kw,

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from tests.fixtures import fixture_table, varied_xsp_table
+from tests.fixtures import damaged, fixture_table, varied_xsp_table
 from xsp.collector import span_columns, writer
 from xsp.tracer.export import otlp, otlp_columns
 from xsp.tracer.native.extension import NativeBuildError
@@ -163,16 +163,7 @@ def test_damaged_bytes_are_never_decoded_natively_where_numpy_declines_or_differ
     for _ in range(1500):
         spans = list(good)
         row = rng.randrange(len(spans))
-        body = bytearray(spans[row])
-        where = rng.randrange(len(body))
-        how = rng.random()
-        if how < 0.6:
-            body[where] = rng.randrange(256)
-        elif how < 0.8:
-            del body[where:]
-        else:
-            body[where:where] = bytes([rng.randrange(256)])
-        spans[row] = bytes(body)
+        spans[row] = damaged(rng, spans[row])
         got = _natively(spans)
         expected = otlp_columns.common_columns(spans)
         if got is None:

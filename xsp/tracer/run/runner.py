@@ -674,8 +674,9 @@ def _launch(
         daemon=True,
     )
     reader.start()
-    process = _Process(levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns)
-    process.ahead = gated
+    process = _Process(
+        levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns, ahead=gated
+    )
     if counted:
         from xsp.tracer.run import ncu
 
