@@ -974,6 +974,7 @@ def native() -> None:
         f"collector door: {door.load().__file__}\n"
         f"collector span decoder: {span_columns.load().__file__}",
         highlight=False,
+        soft_wrap=True,  # a path stays whole on its line, however narrow the terminal
     )
 
 
