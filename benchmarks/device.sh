@@ -44,7 +44,7 @@ PRESETS=(
   "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "fork-run|4-5 min|xsp run --model three ways: level sets forked from a preloaded server and overlapped (the default), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
-  "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice and MFLG once more; wall time and each process's phases (manifest) into cold-start.json"
+  "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again; wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
   "runner-cost|1-2 min|where xsp run's own process spends the seconds outside its level sets: xsp run --help and xsp summary of a fresh MFLG store (ResNet-50 b64 training, 10 iterations), as the image runs Python (no bytecode written) and with bytecode cached; the summary's imports; into runner-cost.txt, summary-importtime.txt"
   "parent-imports|1 min|what xsp run's own process imports on CUDA (ResNet-18 b8, --levels M): python -X importtime, the chain that brings torch in, into parent-imports.txt"
@@ -677,18 +677,26 @@ def traced(levels):
     wall = time.time() - began
     manifest = json.load(open(f"{out}/manifest.json"))
     phases = [e.get("seconds") for e in manifest.get("runs", manifest.get("level_sets", []))]
+    switch_on = {}  # its parts: calibration, monitor, each level's start
+    for name in levels.split(","):
+        try:
+            switch_on[name] = json.load(open(f"{out}/{name}/run.json")).get("switch_on_ms")
+        except OSError:
+            pass
     # the measurement as the manifest counts it (created to finished); the rest of the wall is
     # the runner's own start-up and its summary
     inside = (manifest.get("finished_ns", 0) - manifest.get("created_ns", 0)) / 1e9
     rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2),
-                 "manifest_s": round(inside, 2), "phases_s": phases})
+                 "manifest_s": round(inside, 2), "runner_s": manifest.get("runner_s"),
+                 "phases_s": phases, "switch_on_ms": switch_on})
     print(levels, done.returncode, f"{wall:.1f} s ({inside:.1f} s in the manifest)", phases,
-          done.stderr[-300:] if done.returncode else "")
+          manifest.get("runner_s"), switch_on, done.stderr[-300:] if done.returncode else "")
 for levels in ("MFLG", "MFLG", "M"):
     traced(levels)
 untraced()
 untraced()
 traced("MFLG")  # a later one, after the untraced loops
+untraced()
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
 }
@@ -758,6 +766,9 @@ PY
     for _ in 1 2 3; do
       timed env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m xsp run --help
       timed env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m xsp summary /tmp/rc
+      # a committed store whose replay fits its calibration (benchmarks/README)
+      timed env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m xsp summary \
+        benchmarks/data/replay-h200/r50-b64-train-cl
     done
   } 2>&1 | tee "$OUT/runner-cost.txt"
   python3 -X importtime -m xsp summary /tmp/rc 2> "$OUT/summary-importtime.txt" >/dev/null

@@ -175,7 +175,7 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("trained 4") == 2  # the script ran once per level set
     # where the time went: the manifest's phases, and the whole from its start to its end
-    from xsp.analysis.summary import time_line
+    from xsp.analysis.summary import own_time_line, time_line
 
     manifest = json.loads((out / "manifest.json").read_text())
     whole = (manifest["finished_ns"] - manifest["created_ns"]) / 1e9
@@ -186,6 +186,14 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
     said = [line for line in done.stdout.splitlines() if line.startswith("time: ")]
     assert said == [time_line(manifest)]
     assert said[0].startswith(f"time: {whole:.1f} s in all; 2 level-set processes ")
+    # and xsp run's own seconds outside it: its start-up before, the summary after
+    own = manifest["runner_s"]
+    assert 0 < own["before"] < 30 and 0 < own["after"] < 30
+    assert own_time_line(manifest) in done.stdout.splitlines()
+    assert own_time_line(manifest) == (
+        f"xsp run itself: {own['before']:.1f} s before the level sets (start-up, checks), "
+        f"{own['after']:.1f} s after them (summary)"
+    )
     for run in open_measurement(out):
         spans = run.spans()
         kinds = spans.column("kind").to_pylist()
@@ -599,6 +607,24 @@ def test_ctrl_c_stops_a_forked_level_set_and_its_fork_server(tmp_path: Path) -> 
     assert manifest["spec"]["fork_server"] is True
     assert [(r["levels"], r["status"]) for r in manifest["runs"]] == [("MF", "interrupted")]
     assert json.loads((out / "MF" / "run.json").read_text())["iterations_measured"] > 0
+
+
+def test_the_fork_server_is_gone_when_xsp_run_exits(tmp_path: Path) -> None:
+    """The server (torch imported) holds the runner's stdout and stderr: left to exit on its
+    own after the runner, it kept a caller's pipe open for its exit. The runner kills it, so
+    nothing of the run outlives the runner's own exit."""
+    out = tmp_path / "R"
+    command = [sys.executable, "-m", "xsp", "run", "--model", "torchvision:squeezenet1_1"]
+    command += ["--levels", "M", "--iterations", "2", "--warmup", "0", "--device", "cpu"]
+    command += ["--out", str(out)]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=_env(), start_new_session=True, stdout=stdout, stderr=stderr
+        )
+        assert proc.wait(timeout=300) == 0, (tmp_path / "stderr").read_text()
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _session_processes(proc.pid)}
+    assert left == {}
+    assert json.loads((out / "manifest.json").read_text())["spec"]["fork_server"] is True
 
 
 INPUT_BOUND_SCRIPT = """

@@ -75,7 +75,14 @@ def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> 
         with xsp.iteration():
             _train_step(model, opt, x)
     session.close()
-    found = json.loads((tmp_path / "MF" / "run.json").read_text())["calibration"]
+    meta = json.loads((tmp_path / "MF" / "run.json").read_text())
+    found = meta["calibration"]
+    # the switch-on's parts (no GPU: no monitor) add up to the switch-on's own time
+    parts = meta["switch_on_ms"]
+    assert set(parts) == {"calibration, levels off", "level M", "level F", "calibration, levels on"}
+    assert parts["calibration, levels off"] > 0 and parts["calibration, levels on"] > 0
+    switch_on_ms = (meta["phases_ns"]["enabled"] - meta["phases_ns"]["levels_on"]) / 1e6
+    assert sum(parts.values()) == pytest.approx(switch_on_ms, abs=0.05)
     chain, step = found["probes"]["modules"], found["probes"]["step"]
     assert chain["records"] == {"modules": 17.0, "ops": 0.0}
     assert step["records"]["modules"] == 4.0 and step["records"]["ops"] > 20

@@ -173,3 +173,19 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
         )
     ]
     return f"time: {whole}{count}: {', '.join(parts)}"
+
+
+def own_time_line(manifest: Mapping[str, Any]) -> str | None:
+    """The seconds ``xsp run``'s own process spent outside the measurement, for example
+    ``xsp run itself: 0.3 s before the level sets (start-up, checks), 0.5 s after (summary)``;
+    None where the manifest has no record of them (a campaign's job, an older store)."""
+    own = manifest.get("runner_s")
+    if not isinstance(own, Mapping):
+        return None
+    before, after = own.get("before"), own.get("after")
+    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
+        return None
+    return (
+        f"xsp run itself: {before:.1f} s before the level sets (start-up, checks), "
+        f"{after:.1f} s after them (summary)"
+    )

@@ -288,6 +288,7 @@ class Session:
         self._misuse_logged = False
         self.started_ns = time.time_ns()
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
+        self._switch_on_ms: dict[str, float] = {}
         self._before_levels = before_levels
         self._calibration: Calibration | None = None
         self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
@@ -795,18 +796,28 @@ class Session:
             self._phase_ns["ready"] = time.time_ns()
             self._before_levels()
         self._levels_on = True
-        self._phase_ns["levels_on"] = time.time_ns()
+        self._phase_ns["levels_on"] = mark = time.time_ns()
+
+        def took(what: str) -> None:  # the switch-on's parts, in run.json's switch_on_ms
+            nonlocal mark
+            now = time.time_ns()
+            self._switch_on_ms[what] = round((now - mark) / 1e6, 2)
+            mark = now
+
         if self.levels.framework:  # the replay takes F's own cost off host durations
             self._calibration = Calibration()
             self._calibration.before()
+            took("calibration, levels off")
         if self._monitor is not None:
             reason = self._monitor.start()
             if reason:
                 self._errors.append(reason)
+            took("monitor")
         enabled = []
         for level in self._levels:
             try:
                 level.enable()
+                took(f"level {level.letter}")
                 enabled.append(level)
             except Exception as exc:  # reported; the other levels still record
                 message = f"level {level.letter} could not start: {exc}"
@@ -827,6 +838,7 @@ class Session:
                 None,
             )
             self._calibration.after(self._context.arena.records_written, shapes)
+            took("calibration, levels on")
         self._phase_ns["enabled"] = time.time_ns()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:
@@ -1102,6 +1114,7 @@ class Session:
             "errors": list(self._errors),
             "started_ns": self.started_ns,
             "phases_ns": dict(self._phase_ns),
+            "switch_on_ms": dict(self._switch_on_ms),
             "finished_ns": time.time_ns() if status != "running" else None,
             "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
             **({"program": dict(self.program)} if self.program is not None else {}),
