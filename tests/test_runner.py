@@ -306,6 +306,41 @@ def test_only_the_deepest_framework_level_set_records_op_shapes(tmp_path: Path) 
     ).run.profile.op_shapes  # collective sizes come from them
 
 
+def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> None:
+    """The replay reads host times from the shallowest run with F, so only its process times
+    F's cost (0.5-1.3 s of a switch-on on the H200); the deeper ones skip the probes, and the
+    replay still finds its calibration."""
+    from xsp.analysis.host_timeline import calibration
+    from xsp.analysis.matching import level_sources
+    from xsp.analysis.store import MeasurementStore
+    from xsp.tracer.run.runner import child_spec
+
+    levels = ["M", "MF", "MFL", "MFLG"]
+    spec = LeveledSpec(
+        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=levels
+    )
+    calibrated = [child_spec(spec, LevelSet(s), "m").run.profile.calibrate for s in levels]
+    assert calibrated == [False, True, False, False]
+    alone = LeveledSpec(
+        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=["MFLG"]
+    )
+    assert child_spec(alone, LevelSet("MFLG"), "m").run.profile.calibrate
+    run = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(iterations=2, device="cpu", model="torchvision:squeezenet1_1"),
+        level_sets=("MF", "MFL"),
+    )
+    assert run_leveled(run).ok
+    metas = {r.levels: r.meta for r in open_measurement(run.out)}
+    assert "calibration" in metas["MF"] and "calibration" not in metas["MFL"]
+    assert "calibration, levels on" in metas["MF"]["switch_on_ms"]
+    assert set(metas["MFL"]["switch_on_ms"]) == {"level M", "level F", "level L"}
+    store = MeasurementStore(run.out)
+    source = level_sources(store)[1]["framework"]
+    found = calibration(store, source)
+    assert found.source == "measured in the MF run's process" and found.op_ns is not None
+
+
 WRITES_ITS_ENVIRONMENT = """
     import json
     import os

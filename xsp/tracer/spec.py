@@ -38,7 +38,9 @@ class ProfileSpec:
     ``command`` is the program as the user gave it (``python train.py``) in a measurement's
     spec, and as a level-set process runs it (``train.py``, in xsp's own interpreter) in a
     run's. ``op_shapes``: record aten ops' input shapes and dtypes (level F; the runner leaves
-    them to the deepest level set with F). ``counter_iterations``: the hardware-counter level
+    them to the deepest level set with F). ``calibrate``: time level F's own cost per record as
+    the levels come on (``xsp.tracer.capture.calibrate``; the runner leaves it to the shallowest
+    level set with F, whose host times the replay reads). ``counter_iterations``: the hardware-counter level
     set (MH) measures at most this many iterations (Nsight Compute replays each kernel once
     per pass: minutes for a ResNet-50 training step). ``fixes``: names from the fix registry
     (``xsp.tracer.workloads.fixes``) applied in each level-set process before the workload
@@ -66,6 +68,7 @@ class ProfileSpec:
     command: tuple[str, ...] = field(default_factory=tuple)
     otlp_endpoint: str | None = None
     op_shapes: bool = True
+    calibrate: bool = True
     counter_iterations: int = 1
     fixes: tuple[str, ...] = field(default_factory=tuple)
     numerics_probe: bool = False

@@ -2,9 +2,11 @@
 
 The replay (``xsp.analysis.replay``) takes host durations from the shallowest run with F and
 must take F's own cost off them. Calibrating from that run's step against M's would make the
-replay's check against M circular, so each process with F times two small probes with its levels
+replay's check against M circular, so that run's process times two small probes with its levels
 off and on, just before and just after they come on (outside every iteration, so nothing
-measured changes), on the program's GPU when it has started CUDA, else on the CPU:
+measured changes), on the program's GPU when it has started CUDA, else on the CPU. (A session
+started by hand calibrates whenever it has F; the leveled runner leaves the calibration to the
+shallowest level set with F, ``ProfileSpec.calibrate``.) The probes:
 
 - a two-layer perceptron's training step: module calls, aten ops and their allocations, autograd
   nodes and gradient accumulation;

@@ -291,6 +291,7 @@ class Session:
         self._switch_on_ms: dict[str, float] = {}
         self._before_levels = before_levels
         self._calibration: Calibration | None = None
+        self._calibrates = profile.calibrate
         self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
         # a continuous session (a service): its sampling policy, its batches, when it stops
         self._policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
@@ -804,7 +805,7 @@ class Session:
             self._switch_on_ms[what] = round((now - mark) / 1e6, 2)
             mark = now
 
-        if self.levels.framework:  # the replay takes F's own cost off host durations
+        if self.levels.framework and self._calibrates:  # the replay takes F's cost off host times
             self._calibration = Calibration()
             self._calibration.before()
             took("calibration, levels off")

@@ -553,10 +553,20 @@ def records_shapes(spec: LeveledSpec, levels: LevelSet) -> bool:
     return levels == max(framework, key=len, default=levels)
 
 
+def calibrates(spec: LeveledSpec, levels: LevelSet) -> bool:
+    """Whether the level set ``levels`` times level F's own cost per record: only the
+    shallowest one with F does, since the replay reads its host times from that run alone
+    (``xsp.analysis.matching.level_sources``). The calibration takes 0.5-1.3 s of a process's
+    switch-on on the H200, which the deeper level sets no longer pay."""
+    framework = [s for s in spec.level_sets if s.framework]
+    return levels.framework and levels == min(framework, key=len, default=levels)
+
+
 def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> ChildSpec:
     """What the level-set process of ``levels`` runs (its pipes are added where it starts):
     the measurement's profile, with the iterations the counter level set measures, op shapes
-    where this level set records them, and a command as the process runs it."""
+    and the calibration where this level set records them, and a command as the process runs
+    it."""
     profile = spec.profile
     iterations = profile.iterations
     if levels.counters:
@@ -568,6 +578,7 @@ def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> Chil
             profile,
             iterations=iterations,
             op_shapes=profile.op_shapes and records_shapes(spec, levels),
+            calibrate=profile.calibrate and calibrates(spec, levels),
             command=command,
         ),
         out=str(spec.out / levels),
