@@ -28,7 +28,7 @@ PRESETS=(
   "ncu-probe|1 min|Nsight Compute: its metrics, the ones xsp picks, one tiny kernel under the whole set and the lean one (XSP_NCU=path)"
   "counter-calibration|2 min|counter_calibration.py: GEMMs of known shape and a 2 GiB copy under ncu, into calibration/"
   "counters|6 min|xsp run of ResNet-50 b64 training at M,MF,MFLG and the counter run MH; its analyses; the store as r50-b64-train-counters.tgz"
-  "campaign|up to 9 min|one part of campaigns/default.toml, resumable, and its campaign_time.py figures (PART=0/1 ONLY= KEEP= PREV= LIMIT_S=480 EXTRA=)"
+  "campaign|up to 9 min|one part of campaigns/default.toml, resumable, and its campaign_time.py figures (PART=0/1 ONLY= KEEP= PREV= LIMIT_S=480 EXTRA= FIRST_ALONE=1)"
   "views|2 min|the GPT LM training script, unmodified, at M,MF,MFLG; its analyses and store (gpt-store.tgz)"
   "ddp|4 min|2-GPU ResNet-50 DDP training (nvidia-h200-x2), untraced and at M,MF,MFLG; its analyses and store"
   "r50-stores|4 min|the committed leveled stores benchmarks/data/r50-b64-train (M,MF,MFL,MFLG x 20) and r50-b64-train-cl (M,MFLG x 5) into r50-b64-train.tgz"
@@ -44,6 +44,7 @@ PRESETS=(
   "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "fork-run|4-5 min|xsp run --model three ways: level sets forked from a preloaded server and overlapped (the default), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
+  "first-step|1 min|where a fresh CUDA process's first iteration goes (ResNet-50 b1 inference), and what loading cuDNN's and cuBLAS's libraries before CUDA starts saves (ROUNDS=3); into first-step.jsonl"
   "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again; wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
   "runner-cost|1-2 min|where xsp run's own process spends the seconds outside its level sets: xsp run --help and xsp summary of a fresh MFLG store (ResNet-50 b64 training, 10 iterations), as the image runs Python (no bytecode written) and with bytecode cached; the summary's imports; into runner-cost.txt, summary-importtime.txt"
@@ -337,9 +338,10 @@ PY
   if [ -n "${PREV:-}" ]; then cp -r "$PREV" /tmp/c; fi
   start=$(date +%s)
   # the first job alone: if it fails, say how, and run the rest without the fork server
-  python3 -m xsp campaign run campaigns/default.toml --out /tmp/c --only "$only" --limit 1 \
-    > "$OUT/first-job.log" 2>&1
-  if ! grep -q '"status": "ok"' /tmp/c/jobs/*.json 2>/dev/null; then
+  # (FIRST_ALONE=0: one campaign command for the whole part, one fork server start)
+  [ "${FIRST_ALONE:-1}" = 0 ] || python3 -m xsp campaign run campaigns/default.toml --out /tmp/c \
+    --only "$only" --limit 1 > "$OUT/first-job.log" 2>&1
+  if [ "${FIRST_ALONE:-1}" != 0 ] && ! grep -q '"status": "ok"' /tmp/c/jobs/*.json 2>/dev/null; then
     echo "first job failed: XSP_FORK_SERVER=0 from here" | tee -a "$OUT/first-job.log"
     cat /tmp/c/runs/*/*.stderr.log >> "$OUT/first-job.log" 2>/dev/null
     export XSP_FORK_SERVER=0
@@ -648,6 +650,11 @@ p_fork_run() {
   timeout 200 python3 benchmarks/fork_server_run.py --model torchvision:resnet50 --mode train \
     --batch-size 64 --device cuda --rounds 1 --configs forked,serial,fresh \
     --out "$OUT/fork-run-r50-b64-train.json"
+}
+
+p_first_step() {
+  python3 benchmarks/first_step.py --rounds "${ROUNDS:-3}" --model torchvision:resnet50 \
+    --batch-size 1 2>&1 | tee "$OUT/first-step.jsonl"
 }
 
 p_cold_start() {

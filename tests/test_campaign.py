@@ -523,6 +523,39 @@ def test_a_campaign_whose_jobs_all_failed_exits_1_and_says_how_many(tmp_path: Pa
     assert "2 of 2 jobs failed" in stderr.strip().splitlines()[-1]
 
 
+def test_a_campaign_logged_to_a_file_says_each_job_as_it_ends(tmp_path: Path) -> None:
+    """No terminal, no bar to watch: one line per finished job, with how far the campaign is,
+    the job's wall time and each level-set process's seconds from its record."""
+    import json
+
+    from xsp.campaign.summary import job_line
+
+    record = {
+        "job": "timm-x__infer__b1",
+        "status": "ok",
+        "wall_s": 3.44,
+        "seconds_by_level_set": {"M": {"total": 1.02}, "MF": {"total": 1.66}},
+    }
+    assert job_line(record, 12, 105, 41.3) == (
+        "[12/105 41 s] timm-x__infer__b1 ok 3.4 s: M 1.0 s, MF 1.7 s"
+    )
+    campaign_file = _toml(tmp_path / "c.toml", ["torchvision:squeezenet1_1"], batches=(1, 2))
+    out = tmp_path / "C"
+    done = _xsp(
+        "campaign", "run", str(campaign_file), "--out", str(out),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = done.communicate(timeout=300)
+    assert done.returncode == 0, stderr
+    said = [line for line in stderr.splitlines() if line.startswith("[")]  # with the bar
+    assert [line.split("]")[0].split()[0] for line in said] == ["[1/2", "[2/2"]
+    for line in said:
+        job = line.split("] ")[1].split()[0]
+        stored = json.loads((out / "jobs" / f"{job}.json").read_text())
+        assert line.endswith(job_line(stored, 0, 0, 0).split("] ", 1)[1])
+        assert ": M " in line
+
+
 def test_a_level_set_past_the_time_limit_is_killed_and_the_job_recorded_as_timeout(
     tmp_path: Path,
 ) -> None:

@@ -1313,11 +1313,14 @@ def campaign_run(
 ) -> None:
     """Run (or resume) a campaign: finished jobs are skipped, failed ones retried; a failing
     job is recorded with its reason and the campaign moves on."""
+    import time
+
     from rich.progress import TimeRemainingColumn
 
     from xsp.campaign import executor as executors
     from xsp.campaign.files import load
     from xsp.campaign.store import CampaignStore
+    from xsp.campaign.summary import job_line
 
     spec = load(campaign_file)
     store = CampaignStore(out)
@@ -1337,6 +1340,8 @@ def campaign_run(
         highlight=False,
     )
     failed = 0
+    finished = 0
+    began = time.monotonic()
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -1348,13 +1353,20 @@ def campaign_run(
         task = bar.add_task("jobs", total=len(pending))
 
         def done(record: dict[str, Any]) -> None:
-            nonlocal failed
+            nonlocal failed, finished
             store.save(record)
+            finished += 1
             if record["status"] != "ok":
                 failed += 1
                 bar.console.print(
                     f"[red]{record['job']}[/]: {record['reason']}: {record.get('error') or ''}",
                     highlight=False,
+                )
+            elif not bar.console.is_terminal:  # a log has no bar to watch: a line per job
+                bar.console.print(
+                    job_line(record, finished, len(pending), time.monotonic() - began),
+                    highlight=False,
+                    soft_wrap=True,
                 )
             bar.update(task, advance=1, description=record["job"])
 

@@ -69,6 +69,22 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def job_line(record: dict[str, Any], finished: int, total: int, elapsed_s: float) -> str:
+    """One finished job in a campaign's log, for example ``[12/105 41 s] timm-x__infer__b1
+    ok 3.4 s: M 1.0 s, MF 1.7 s, MFLG 1.1 s``: its wall time and each level-set process's."""
+    processes = ", ".join(
+        f"{levels} {float(seconds.get('total') or 0.0):.1f} s"
+        for levels, seconds in (record.get("seconds_by_level_set") or {}).items()
+        if isinstance(seconds, dict)
+    )
+    wall = record.get("wall_s")
+    took = f" {float(wall):.1f} s" if isinstance(wall, (int, float)) else ""
+    return (
+        f"[{finished}/{total} {elapsed_s:.0f} s] {record.get('job')} {record.get('status')}{took}"
+        + (f": {processes}" if processes else "")
+    )
+
+
 #: What a job summary keeps of A15 (the model's aggregate from the counter run).
 COUNTER_FIELDS = (
     "work_gflop",
