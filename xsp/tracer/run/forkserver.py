@@ -70,9 +70,10 @@ def _stop_server() -> None:
     runner's stdout and stderr, so a pipe (``| tee``, a caller's capture) stays open until its
     interpreter, torch imported, has finished exiting: 0.7 s on the dev machine. Nothing in it
     needs finishing: it never started CUDA nor opened a file, and the level-set processes it
-    forked have ended. multiprocessing's resource tracker, which the server started, then
-    stops too, rather than once it notices."""
-    from multiprocessing import forkserver, resource_tracker
+    forked have ended. (multiprocessing's resource tracker, a small interpreter, exits by
+    itself once the runner is gone; waiting for it here could wait on a level set that
+    outlived its runner.)"""
+    from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # None: never started
     if not pid:
@@ -82,9 +83,6 @@ def _stop_server() -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass  # already gone
-    stop_tracker = getattr(resource_tracker._resource_tracker, "_stop", None)
-    if stop_tracker is not None:
-        stop_tracker()
 
 
 def _entry(
