@@ -87,6 +87,8 @@ def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> 
     assert chain["records"] == {"modules": 17.0, "ops": 0.0}
     assert step["records"]["modules"] == 4.0 and step["records"]["ops"] > 20
     plain = found["probes"]["step_without_shapes"]
+    # the first iteration's probe runs fewer rounds; its records are still counted per call
+    assert found["rounds_first_iteration"] == 3 and found["rounds"] == 7
     assert plain["records"] == step["records"] and plain["off_ns"] == step["off_ns"]
     module_ns = max(0.0, chain["on_ns"] - chain["off_ns"]) / 17
     assert found["module_ns_per_call"] == pytest.approx(module_ns, abs=0.1)

@@ -12,7 +12,8 @@ shallowest level set with F, ``ProfileSpec.calibrate``.) The probes:
   nodes and gradient accumulation;
 - a chain of ``MODULE_CHAIN`` ``nn.Identity`` modules, which run no op: module records alone.
 
-Each side is timed in ``ROUNDS`` rounds of ``CALLS`` calls; the medians' difference, on minus
+Each side is timed in ``ROUNDS`` rounds of ``CALLS`` calls (the step with shapes, which prices
+the first iteration alone, in ``FIRST_ITERATION_ROUNDS``); the medians' difference, on minus
 off, over the records the probe wrote (read back from the capture arena by kind) gives the cost
 of a module record (the chain) and of an op record (the step less its module calls), allocator
 events folded in as the step has them. On the GPU each op also launches a kernel and the caching
@@ -48,6 +49,10 @@ CALLS = 50
 ROUNDS = 7
 #: Modules in the chain that times a module record.
 MODULE_CHAIN = 16
+#: Rounds of the step with the ops' shapes on, which prices the first measured iteration only:
+#: the replay's step is a median over the steady iterations, so fewer rounds serve it (about
+#: 0.27 s less of an MFLG process's 1.1-1.7 s calibration on the H200, by its calls' time).
+FIRST_ITERATION_ROUNDS = 3
 
 
 def _warm(work: Callable[[], Any], settle: Callable[[], Any]) -> None:
@@ -58,9 +63,9 @@ def _warm(work: Callable[[], Any], settle: Callable[[], Any]) -> None:
     settle()
 
 
-def _per_call_ns(work: Callable[[], Any], settle: Callable[[], Any]) -> float:
+def _per_call_ns(work: Callable[[], Any], settle: Callable[[], Any], times: int = ROUNDS) -> float:
     rounds = []
-    for _ in range(ROUNDS):
+    for _ in range(times):
         settle()  # each round starts with the GPU idle: no queue left from the round before
         begin = time.perf_counter_ns()
         for _ in range(CALLS):
@@ -159,8 +164,11 @@ class Calibration:
         kinds = {"ops": (KIND_OP, KIND_RANGE), "modules": (KIND_MODULE,)}
         try:
             with _training():
-                for probe in self._probes.values():
-                    self._time_on(probe, records, kinds)
+                for name, probe in self._probes.items():
+                    first_only = name == "step" and shapes is not None
+                    self._time_on(
+                        probe, records, kinds, FIRST_ITERATION_ROUNDS if first_only else ROUNDS
+                    )
                 if shapes is not None:
                     plain = _Probe(self._probes["step"].work)
                     plain.off = self._probes["step"].off
@@ -199,17 +207,19 @@ class Calibration:
         }
         if shapes is not None:
             self.result["framework_ns_per_record_first_iteration"] = round(with_shapes, 1)
+            self.result["rounds_first_iteration"] = FIRST_ITERATION_ROUNDS
 
     def _time_on(
         self,
         probe: _Probe,
         records: Callable[[tuple[int, ...]], int],
         kinds: dict[str, tuple[int, ...]],
+        rounds: int = ROUNDS,
     ) -> None:
         probe.work()  # warm, as before
         held = {name: records(k) for name, k in kinds.items()}
-        probe.on = _per_call_ns(probe.work, self._settle)
-        calls = ROUNDS * CALLS
+        probe.on = _per_call_ns(probe.work, self._settle, rounds)
+        calls = rounds * CALLS
         probe.records = {name: (records(k) - held[name]) / calls for name, k in kinds.items()}
 
     @staticmethod
