@@ -105,7 +105,8 @@ def overlapped_seconds(records: list[dict[str, Any]], spec: dict[str, Any]) -> f
             phases = (record.get("seconds_by_level_set") or {}).get(levels) or {}
             finish = sum(phases.get(k, 0.0) for k in FINISH)
             ahead = phases.get("start_up", 0.0) + phases.get("untraced_warm_up", 0.0)
-            total += phases.get("switch_on", 0.0) + phases.get("traced_iterations", 0.0) + finish
+            switch_on = phases.get("calibration", 0.0) + phases.get("switch_on", 0.0)
+            total += switch_on + phases.get("traced_iterations", 0.0) + finish
             total += max(0.0, ahead - previous_finish)
             previous_finish = finish
         total += SUMMARY_S

@@ -218,6 +218,13 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     waited["runs"][1]["seconds"]["waiting_for_previous"] = 1.5
     waited["runs"][1]["seconds"]["total"] += 1.5
     assert [r["phase"] for r in time_by_phase(waited).to_pylist()][2] == "waiting"
+    # F's calibration, split off a switch-on whose parts run.json has: a phase of its own
+    calibrated = json.loads(json.dumps(manifest))
+    calibrated["runs"][1]["seconds"].update(calibration=0.8, switch_on=0.042)
+    found = {r["phase"]: r["seconds"] for r in time_by_phase(calibrated).to_pylist()}
+    assert list(found)[2:4] == ["F's calibration", "levels on"]
+    assert found["F's calibration"] == pytest.approx(0.8)
+    assert found["levels on"] == pytest.approx(0.004 + 0.042 + 1.191)
     # runs without phase seconds (a manifest older than them): no line
     older = json.loads((REPLAY_R50.parent.parent / "r50-b64-train/manifest.json").read_text())
     assert time_by_phase(older).num_rows == 0 and time_line(older) is None

@@ -330,7 +330,11 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
         profile=ProfileSpec(iterations=2, device="cpu", model="torchvision:squeezenet1_1"),
         level_sets=("MF", "MFL"),
     )
-    assert run_leveled(run).ok
+    result = run_leveled(run)
+    assert result.ok
+    # the manifest's phases give the calibration its own: in MF's process only
+    phases = {entry["levels"]: entry["seconds"] for entry in result.runs}
+    assert phases["MF"]["calibration"] > 0 and "calibration" not in phases["MFL"]
     metas = {r.levels: r.meta for r in open_measurement(run.out)}
     assert "calibration" in metas["MF"] and "calibration" not in metas["MFL"]
     assert "calibration, levels on" in metas["MF"]["switch_on_ms"]
@@ -339,6 +343,27 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
     source = level_sources(store)[1]["framework"]
     found = calibration(store, source)
     assert found.source == "measured in the MF run's process" and found.op_ns is not None
+
+
+def test_a_process_phases_split_the_calibration_off_its_switch_on() -> None:
+    """Switching the levels on took 1.0 s, of which run.json's parts give F's calibration
+    0.3 + 0.6 s: the phases say calibration 0.9 s and switch-on 0.1 s, and still add up."""
+    from xsp.tracer.run.runner import _phase_seconds
+
+    s = 1_000_000_000
+    meta = {
+        "started_ns": 2 * s,
+        "phases_ns": {"levels_on": 3 * s, "enabled": 4 * s, "measured": 5 * s},
+        "finished_ns": 6 * s,
+        "switch_on_ms": {"calibration, levels off": 300.0, "level F": 2.0,
+                         "calibration, levels on": 600.0},
+    }  # fmt: skip
+    seconds = _phase_seconds(meta, spawned_ns=1 * s, ended_ns=7 * s)
+    assert seconds["calibration"] == 0.9 and seconds["switch_on"] == 0.1
+    assert sum(v for k, v in seconds.items() if k != "total") == pytest.approx(seconds["total"])
+    assert seconds["total"] == 6.0
+    del meta["switch_on_ms"]  # a run.json older than the parts: the switch-on whole
+    assert "calibration" not in _phase_seconds(meta, 1 * s, 7 * s)
 
 
 WRITES_ITS_ENVIRONMENT = """

@@ -19,6 +19,7 @@ PHASE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("start-up", ("start_up",)),
     ("warm-up", ("untraced_warm_up",)),
     ("waiting", ("waiting_for_previous",)),
+    ("F's calibration", ("calibration",)),
     ("levels on", ("switch_on",)),
     ("traced", ("traced_iterations",)),
     ("finish", ("stop", "drain", "convert", "store")),

@@ -959,7 +959,8 @@ def _fork(
 
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
     """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
-    the warm-up iterations before the levels came on, switching them on (CUPTI's start), the
+    the warm-up iterations before the levels came on, F's calibration probes and switching the
+    levels on (CUPTI's start), the
     traced iterations (the last warm-up one and the measured ones), switching the levels off
     (CUPTI's flush), draining them (records decoded, the monitor stopped), conversion to spans,
     storage (the sinks, run.json), and exit; a process started ahead of its turn also waited for the one before to exit. A phase
@@ -984,6 +985,13 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
         if isinstance(mark, int):
             seconds[name] = round((mark - previous) / 1e9, 3)
             previous = mark
+    # F's calibration probes (most of a switch-on: 1.1-1.7 s of an MFLG process's on the H200,
+    # where each level's start took 0.1-4 ms) are a phase of their own
+    parts = meta.get("switch_on_ms") or {}
+    calibration = sum(v for k, v in parts.items() if k.startswith("calibration")) / 1e3
+    if calibration > 0 and "switch_on" in seconds:
+        seconds["calibration"] = round(min(calibration, seconds["switch_on"]), 3)
+        seconds["switch_on"] = round(seconds["switch_on"] - seconds["calibration"], 3)
     seconds["total"] = round((ended_ns - spawned_ns) / 1e9, 3)
     return seconds
 
