@@ -363,12 +363,16 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     if with_probe <= target:
         return graph
     low, high = 1.0, largest_cost_factor(store, probe)
-    if replayed(high)[1] > target:
+    fitted, at_high = replayed(high)  # the graph at ``high``, kept: no replay again at the end
+    if at_high > target:
         return graph
     for _ in range(FIT_ROUNDS):
         middle = (low + high) / 2
-        low, high = (middle, high) if replayed(middle)[1] > target else (low, middle)
-    fitted, _ = replayed(high)
+        graph_middle, at_middle = replayed(middle)
+        if at_middle > target:
+            low = middle
+        else:
+            high, fitted = middle, graph_middle
     why = (
         f"fitted to within {FIT_TOLERANCE_PCT:g}% of the {untraced:.3f} ms of the F process's own "
         f"untraced steps, which the probe's cost replayed to {with_probe:.3f} ms"
