@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from xsp.analysis import critical_path
-from xsp.analysis.host_timeline import _debiased, calibration, steady
+from xsp.analysis.host_timeline import _CostClock, calibration, steady
 from xsp.analysis.matching import keyed
 from xsp.analysis.reconstruct import overhead_verdict, reconstruct
 from xsp.analysis.replay import CAUSE_GPU, WhatIf, replay, what_if
@@ -190,7 +190,7 @@ def test_host_times_lose_the_calibrated_cost_of_the_records_before_them(
     calib = calibration(resnet, mf)
     assert (calib.op_ns, calib.module_ns) == (1228.3, 1575.6)
     table, _, parent = keyed(resnet, mf)
-    start, end = _debiased(table, parent, calib)
+    start, end = _CostClock(table, parent).moved(calib)
     kind = np.asarray(table.column("kind").cast("string").fill_null(""), dtype=object)
     leaf = np.ones(len(parent), dtype=bool)
     leaf[parent[parent >= 0]] = False
@@ -209,7 +209,7 @@ def test_the_first_iterations_op_records_lose_their_shapes_cost_too(
     mf = next(i for i, run in enumerate(resnet.runs) if run.levels == "MF")
     calib = replace(calibration(resnet, mf), first_op_ns=3000.0)
     table, _, parent = keyed(resnet, mf)
-    start, end = _debiased(table, parent, calib)
+    start, end = _CostClock(table, parent).moved(calib)
     kind = np.asarray(table.column("kind").cast("string").fill_null(""), dtype=object)
     iteration = np.asarray(table.column("iteration").fill_null(-1), dtype=np.int64)
     leaf = np.ones(len(parent), dtype=bool)

@@ -283,19 +283,23 @@ def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
         ChildSpec.from_argv(["--levels", "M"])
 
 
+def _child_profiles(tmp_path: Path, level_sets: list[str]) -> list[ProfileSpec]:
+    """What each level-set process of a ResNet-18 measurement at ``level_sets`` is told."""
+    from xsp.tracer.run.runner import child_spec
+
+    spec = LeveledSpec(
+        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=level_sets
+    )
+    return [child_spec(spec, LevelSet(s), "m").run.profile for s in level_sets]
+
+
 def test_only_the_deepest_framework_level_set_records_op_shapes(tmp_path: Path) -> None:
-    from xsp.tracer.run.runner import LeveledSpec, child_spec
+    from xsp.tracer.run.runner import child_spec
 
     levels = ["M", "MF", "MFL", "MFLG"]
-    spec = LeveledSpec(
-        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=levels
-    )
-    shapes = [child_spec(spec, LevelSet(s), "m").run.profile.op_shapes for s in levels]
+    shapes = [profile.op_shapes for profile in _child_profiles(tmp_path, levels)]
     assert shapes == [False, False, False, True]
-    alone = LeveledSpec(
-        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=["M", "MF"]
-    )
-    assert child_spec(alone, LevelSet("MF"), "m").run.profile.op_shapes
+    assert _child_profiles(tmp_path, ["M", "MF"])[1].op_shapes
     ranks = LeveledSpec(
         out=tmp_path,
         profile=ProfileSpec(command=("torchrun", "--nproc-per-node", "2", "t.py")),
@@ -313,18 +317,11 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
     from xsp.analysis.host_timeline import calibration
     from xsp.analysis.matching import level_sources
     from xsp.analysis.store import MeasurementStore
-    from xsp.tracer.run.runner import child_spec
 
     levels = ["M", "MF", "MFL", "MFLG"]
-    spec = LeveledSpec(
-        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=levels
-    )
-    calibrated = [child_spec(spec, LevelSet(s), "m").run.profile.calibrate for s in levels]
+    calibrated = [profile.calibrate for profile in _child_profiles(tmp_path, levels)]
     assert calibrated == [False, True, False, False]
-    alone = LeveledSpec(
-        out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=["MFLG"]
-    )
-    assert child_spec(alone, LevelSet("MFLG"), "m").run.profile.calibrate
+    assert _child_profiles(tmp_path, ["MFLG"])[0].calibrate
     run = LeveledSpec(
         out=tmp_path / "R",
         profile=ProfileSpec(iterations=2, device="cpu", model="torchvision:squeezenet1_1"),

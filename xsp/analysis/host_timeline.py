@@ -264,9 +264,9 @@ class _Placing:
         first = np.searchsorted(self.owner[order], np.arange(len(self.owner)))
         last = np.searchsorted(self.owner[order], np.arange(len(self.owner)), side="right")
         #: per step with spans to interpolate: (the step, its matched spans, the spans to place,
-        #: the order of the interpolation's x: the step's start, the matched starts and ends,
-        #: the step's end)
-        self.interpolated: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        #: the order of the interpolation's x and that x, sorted: the step's start, the matched
+        #: spans' starts and ends, the step's end)
+        self.interpolated: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         for step in np.unique(self.owner[others]).tolist():
             members = order[first[step] : last[step]]
             knots = members[self.matched[members]]
@@ -274,7 +274,7 @@ class _Placing:
                 ([self.start[step]], self.start[knots], self.end[knots], [self.end[step]])
             )
             by = np.argsort(x, kind="stable")
-            self.interpolated.append((step, knots, members[others[members]], by))
+            self.interpolated.append((step, knots, members[others[members]], by, x[by]))
         self.host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
         self.parent = parent
         self.depth = tree_depths(store, deep_index)
@@ -291,9 +291,8 @@ class _Placing:
         out_end[steps] = np.where(
             self.in_source, start[steps] + s_end[at_step] - s_start[at_step], end[steps]
         )
-        for step, knots, todo, by in self.interpolated:
+        for step, knots, todo, by, x in self.interpolated:
             # placed by interpolation between the matched spans' starts and ends around it
-            x = np.concatenate(([start[step]], start[knots], end[knots], [end[step]]))[by]
             y = np.concatenate(([start[step]], out_start[knots], out_end[knots], [out_end[step]]))
             y = np.maximum.accumulate(y[by])
             out_start[todo] = np.round(np.interp(start[todo], x, y)).astype(np.int64)
@@ -363,14 +362,6 @@ def _host_length_from_m(
         key = (int(iteration[row]), int(rank[row]))
         out[row] = start[row] + round(measured.get(key, median) * 1e6)
     return out
-
-
-def _debiased(
-    table: pa.Table, parent: np.ndarray, calib: Calibration
-) -> tuple[np.ndarray, np.ndarray]:
-    """The F run's start and end times, each moved back by the calibrated cost of the F record
-    starts and ends before it in its step (step 2.1)."""
-    return _CostClock(table, parent).moved(calib)
 
 
 class _CostClock:

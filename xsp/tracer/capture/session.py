@@ -808,7 +808,7 @@ class Session:
         if self.levels.framework and self._calibrates:  # the replay takes F's cost off host times
             self._calibration = Calibration()
             self._calibration.before()
-            took("calibration, levels off")
+            took(schema.CALIBRATION_PARTS[0])
         if self._monitor is not None:
             reason = self._monitor.start()
             if reason:
@@ -839,7 +839,7 @@ class Session:
                 None,
             )
             self._calibration.after(self._context.arena.records_written, shapes)
-            took("calibration, levels on")
+            took(schema.CALIBRATION_PARTS[1])
         self._phase_ns["enabled"] = time.time_ns()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:

@@ -549,8 +549,7 @@ def records_shapes(spec: LeveledSpec, levels: LevelSet) -> bool:
 
         if launcher.is_launcher(script_command(spec.profile.command)):
             return True
-    framework = [s for s in spec.level_sets if s.framework]
-    return levels == max(framework, key=len, default=levels)
+    return levels == max(_with_framework(spec), key=len, default=levels)
 
 
 def calibrates(spec: LeveledSpec, levels: LevelSet) -> bool:
@@ -558,8 +557,11 @@ def calibrates(spec: LeveledSpec, levels: LevelSet) -> bool:
     shallowest one with F does, since the replay reads its host times from that run alone
     (``xsp.analysis.matching.level_sources``). The calibration takes 0.5-1.3 s of a process's
     switch-on on the H200, which the deeper level sets no longer pay."""
-    framework = [s for s in spec.level_sets if s.framework]
-    return levels.framework and levels == min(framework, key=len, default=levels)
+    return levels.framework and levels == min(_with_framework(spec), key=len, default=levels)
+
+
+def _with_framework(spec: LeveledSpec) -> list[LevelSet]:
+    return [s for s in spec.level_sets if s.framework]
 
 
 def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> ChildSpec:
@@ -960,11 +962,11 @@ def _fork(
 def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict[str, float]:
     """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
     the warm-up iterations before the levels came on, F's calibration probes and switching the
-    levels on (CUPTI's start), the
-    traced iterations (the last warm-up one and the measured ones), switching the levels off
-    (CUPTI's flush), draining them (records decoded, the monitor stopped), conversion to spans,
-    storage (the sinks, run.json), and exit; a process started ahead of its turn also waited for the one before to exit. A phase
-    whose mark is missing folds into the next."""
+    levels on (CUPTI's start), the traced iterations (the last warm-up one and the measured
+    ones), switching the levels off (CUPTI's flush), draining them (records decoded, the monitor
+    stopped), conversion to spans, storage (the sinks, run.json), and exit; a process started
+    ahead of its turn also waited for the one before to exit. A phase whose mark is missing
+    folds into the next."""
     phases = meta.get("phases_ns") or {}
     ready = phases.get("ready")  # a process started ahead of its turn waited from here
     marks = [
@@ -988,7 +990,7 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
     # F's calibration probes (most of a switch-on: 1.1-1.7 s of an MFLG process's on the H200,
     # where each level's start took 0.1-4 ms) are a phase of their own
     parts = meta.get("switch_on_ms") or {}
-    calibration = sum(v for k, v in parts.items() if k.startswith("calibration")) / 1e3
+    calibration = sum(parts.get(name, 0.0) for name in schema.CALIBRATION_PARTS) / 1e3
     if calibration > 0 and "switch_on" in seconds:
         seconds["calibration"] = round(min(calibration, seconds["switch_on"]), 3)
         seconds["switch_on"] = round(seconds["switch_on"] - seconds["calibration"], 3)
