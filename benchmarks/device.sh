@@ -43,7 +43,8 @@ PRESETS=(
   "cupti-attach|1 min|cupti_attach_cost.py: a batch-1 MLP request untraced, with CUPTI recording, attached with its kinds off, finalized; and CUPTI started and finalized around single requests (its phases), into cupti-attach-cost.json"
   "ddp-gloo|3-4 min|the two-rank gloo DDP straggler (benchmarks/workloads/ddp_gloo_straggler.py) on the host's CPU, ROUNDS=3 measurements at M,MF (40 iterations, 15 warm-up): each one's replay against M, the collective waits and the straggler suggestion, and the stores; then its fix measured: M alone, unbalanced and --balanced alternating (PAIRS=3), into ddp-gloo/"
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
-  "fork-run|4-5 min|xsp run --model three ways: level sets forked from a preloaded server and overlapped (the default), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
+  "fork-run|5-6 min|xsp run --model four ways: level sets forked from a preloaded server and overlapped with MF after M in M's process (the default), the same with MF in its own (XSP_SHARE_PROCESS=0), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
+  "share-run|5-6 min|xsp run --model M,MF,MFLG with MF after M in M's process (the default) and in a process of its own (XSP_SHARE_PROCESS=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference, MobileNetV3-large b1 inference, ResNet-50 b64 training (ROUNDS=3); wall, each level set's step and phases, the replay against M; share-run-*.json"
   "first-step|1 min|where a fresh CUDA process's first iteration goes (ResNet-50 b1 inference), and what loading cuDNN's and cuBLAS's libraries before CUDA starts saves (ROUNDS=3); into first-step.jsonl"
   "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again; wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -645,11 +646,22 @@ PY
 
 p_fork_run() {
   timeout 260 python3 benchmarks/fork_server_run.py --model torchvision:resnet50 --mode infer \
-    --batch-size 1 --device cuda --rounds "${ROUNDS:-2}" --configs forked,serial,fresh \
+    --batch-size 1 --device cuda --rounds "${ROUNDS:-2}" --configs shared,forked,serial,fresh \
     --out "$OUT/fork-run-r50-b1-infer.json"
   timeout 200 python3 benchmarks/fork_server_run.py --model torchvision:resnet50 --mode train \
-    --batch-size 64 --device cuda --rounds 1 --configs forked,serial,fresh \
+    --batch-size 64 --device cuda --rounds 1 --configs shared,forked,serial,fresh \
     --out "$OUT/fork-run-r50-b64-train.json"
+}
+
+p_share_run() {
+  local case model mode batch
+  for case in torchvision:resnet50/infer/1 timm:mobilenetv3_large_100/infer/1 \
+    torchvision:resnet50/train/64; do
+    IFS=/ read -r model mode batch <<<"$case"
+    timeout 200 python3 benchmarks/fork_server_run.py --model "$model" --mode "$mode" \
+      --batch-size "$batch" --device cuda --rounds "${ROUNDS:-3}" --configs shared,forked \
+      --out "$OUT/share-run-${model#*:}-b$batch-$mode.json"
+  done
 }
 
 p_first_step() {

@@ -1,14 +1,15 @@
 """`xsp run --model` with level-set processes forked from a preloaded server and overlapped (each
-started while the one before finishes), forked one after the other, and in fresh interpreters
-(``CONFIGS``), in rounds that rotate their order, beside the untraced loop run as a user's script
-would run it.
+started while the one before finishes), with MF run after M in M's process or in its own, forked
+one after the other, and in fresh interpreters (``CONFIGS``), in rounds that rotate their order,
+beside the untraced loop run as a user's script would run it.
 
-For each run: the command's wall time, each level set's phases from the manifest, M's median
-step, the MF process's own untraced steps and the replay's error against M. A forked level set
-must measure what a fresh one does, only sooner: compare the steps, not just the wall times.
+For each run: the command's wall time, each level set's phases from the manifest and median
+step, the MF process's own untraced steps and the replay's error against M. A forked or shared
+level set must measure what a fresh one does, only sooner: compare the steps, not just the wall
+times.
 
     python benchmarks/fork_server_run.py --model torchvision:resnet50 --mode infer \
-        --batch-size 1 --device cuda --rounds 3 --configs forked,serial,fresh --out fork-run.json
+        --batch-size 1 --device cuda --rounds 3 --configs shared,forked,fresh --out fork-run.json
 """
 
 from __future__ import annotations
@@ -62,13 +63,15 @@ def untraced(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-#: How each configuration starts its level sets: ``forked`` is xsp run's default (a fork server,
-#: each level set started while the one before finishes), ``serial`` forks them one after the
-#: other, ``fresh`` starts a new interpreter for each, one after the other (xsp run before both).
+#: How each configuration starts its level sets: ``shared`` is xsp run's default (a fork server,
+#: MF run after M in M's process, each process started while the one before finishes),
+#: ``forked`` gives MF a process of its own, ``serial`` forks them one after the other, ``fresh``
+#: starts a new interpreter for each, one after the other (xsp run before the other three).
 CONFIGS = {
-    "forked": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1"},
-    "serial": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "0"},
-    "fresh": {"XSP_FORK_SERVER": "0", "XSP_OVERLAP": "0"},
+    "shared": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1", "XSP_SHARE_PROCESS": "1"},
+    "forked": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1", "XSP_SHARE_PROCESS": "0"},
+    "serial": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "0", "XSP_SHARE_PROCESS": "0"},
+    "fresh": {"XSP_FORK_SERVER": "0", "XSP_OVERLAP": "0", "XSP_SHARE_PROCESS": "0"},
 }
 
 
@@ -115,10 +118,14 @@ def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
 def replayed(out: Path) -> dict[str, Any]:
     from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.summary import level_sets
 
-    found = replay(MeasurementStore(out)).summary()
+    store = MeasurementStore(out)
+    found = replay(store).summary()
     baseline = found.get("baseline") or {}
+    steps = {row["levels"]: row["step_median_ms"] for row in level_sets(store).to_pylist()}
     return {
+        "step_ms": {levels: round(ms, 3) for levels, ms in steps.items() if ms is not None},
         "m_step_ms": round(found["measured_step_ms"], 3),
         "replayed_ms": round(found["step_ms"], 3),
         "error_pct": round(found["error_pct"], 2),
@@ -139,7 +146,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--configs", default="forked,fresh", help=f"comma-separated, of {', '.join(CONFIGS)}"
+        "--configs", default="shared,forked", help=f"comma-separated, of {', '.join(CONFIGS)}"
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -576,3 +576,98 @@ def test_a_fork_server_imports_its_models_zoo_and_a_campaigns_imports_every_zoo(
     assert {"torchvision", "timm", "transformers", "xsp.tracer.workloads.preload"} <= set(
         forkserver.EVERY_ZOO
     )
+
+
+def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: Path) -> None:
+    """M and MF share a process (one CUDA start-up and first iteration, not two); MFL, whose
+    level L needs its environment before the process starts, gets one of its own."""
+    from xsp.analysis.summary import time_line
+
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
+        ),
+        level_sets=("M", "MF", "MFL"),
+        fork_server=True,
+        overlap=True,
+        share_process=True,
+    )
+    events: list[tuple[str, str]] = []
+    result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
+    assert result.ok, result.failure
+    runs = {run.levels: run.meta for run in open_measurement(spec.out)}
+    pids = {levels: meta["resource"]["process.pid"] for levels, meta in runs.items()}
+    assert pids["M"] == pids["MF"] != pids["MFL"]
+    assert [entry.get("in_process_of") for entry in result.runs] == [None, "M", None]
+    assert runs["MF"]["started_ns"] >= runs["M"]["finished_ns"]
+    assert runs["MFL"]["phases_ns"]["levels_on"] > runs["MF"]["finished_ns"]
+    assert runs["MF"]["spans_by_level"]["framework"] > 0
+    assert runs["MF"]["calibration"]["framework_ns_per_record"] > 0  # the shallowest with F
+    order = [events.index(e) for e in [("M", "end"), ("MF", "start"), ("MF", "end")]]
+    assert order == sorted(order)
+    manifest = json.loads((spec.out / "manifest.json").read_text())
+    line = time_line(manifest)
+    assert line is not None and "3 level sets in 2 processes" in line
+
+
+def test_a_level_set_killed_in_a_shared_process_ends_the_measurement_there(
+    tmp_path: Path,
+) -> None:
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=100_000, warmup=0, device="cpu", model="torchvision:squeezenet1_1"
+        ),
+        level_sets=("M", "MF"),
+        fork_server=True,
+        share_process=True,
+        timeout_s=1,
+    )
+    result = run_leveled(spec)
+    assert [entry["levels"] for entry in result.runs] == ["M"]
+    assert result.runs[0]["timed_out"] is True
+    assert result.runs[0]["program"] == {"signal": 9, "signal_name": "SIGKILL"}
+    assert not (spec.out / "MF").exists()
+
+
+def test_which_level_sets_share_a_process(tmp_path: Path) -> None:
+    from xsp.tracer.run.runner import process_hosts
+
+    def hosts(level_sets: tuple[str, ...], share: bool = True, **profile: object) -> list[str]:
+        spec = LeveledSpec(
+            out=tmp_path,
+            profile=ProfileSpec(**{"model": "torchvision:resnet18", **profile}),  # type: ignore[arg-type]
+            level_sets=level_sets,
+            share_process=share,
+        )
+        return [",".join(group) for group in process_hosts(spec, spec.level_sets)]
+
+    assert hosts(("M", "MF", "MFLG")) == ["M,MF", "", "MFLG"]
+    assert hosts(("M", "MF", "MFLG"), share=False) == ["M", "MF", "MFLG"]
+    assert hosts(("MF", "M")) == ["MF", "M"]  # the deeper one first: it would leave its hooks
+    assert hosts(("M", "MFL", "MFLG")) == ["M", "MFL", "MFLG"]  # L needs its environment first
+    assert hosts(("M", "MH")) == ["M", "MH"]
+    assert hosts(("M", "MF"), model=None, command=("train.py",)) == ["M", "MF"]  # runs once
+    assert hosts(("M", "MF"), fixes=("channels_last",)) == ["M", "MF"]
+
+
+def test_the_child_spec_carries_the_level_sets_run_after_it_in_its_process(
+    tmp_path: Path,
+) -> None:
+    from xsp.tracer.run.protocol import ChildSpec
+    from xsp.tracer.run.runner import child_spec
+
+    spec = LeveledSpec(
+        out=tmp_path,
+        profile=ProfileSpec(model="torchvision:resnet18"),
+        level_sets=("M", "MF", "MFLG"),
+        share_process=True,
+    )
+    sent = child_spec(spec, LevelSet("M"), "m", (LevelSet("MF"),))
+    back = ChildSpec.from_argv(sent.to_argv())
+    assert back == sent
+    assert [run.levels for run in back.then] == ["MF"] and back.then[0].out == str(tmp_path / "MF")
+    # MF calibrates (the shallowest with F); MFLG records the op shapes (the deepest)
+    assert back.then[0].profile.calibrate and not back.then[0].profile.op_shapes
+    assert not back.run.profile.calibrate

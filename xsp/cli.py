@@ -216,7 +216,8 @@ def run(
     Each level set runs in a process of its own (a zoo model's forked from a server that
     imported torch once; XSP_FORK_SERVER=0: fresh interpreters), started while the one before
     finishes but measuring only once it has exited (XSP_OVERLAP=0: one after the other), and
-    writes RUN_DIR/<levels>/;
+    writes RUN_DIR/<levels>/. A zoo model's MF runs in M's process once M has stored its run
+    (XSP_SHARE_PROCESS=0: a process of its own);
     RUN_DIR/manifest.json ties them into one leveled measurement. A summary is printed at the
     end. A multi-rank job (-- torchrun ... or -- python -m torch.distributed.run ...) is traced
     on every rank, one trace per iteration across ranks.
@@ -279,6 +280,7 @@ def run(
         level_sets=tuple(level_sets),
         fork_server=config.switch("XSP_FORK_SERVER", True),
         overlap=config.switch("XSP_OVERLAP", True),
+        share_process=config.switch("XSP_SHARE_PROCESS", True),
     )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     _import_in_background(_SUMMARY_MODULES)

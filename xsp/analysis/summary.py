@@ -151,15 +151,19 @@ def time_by_phase(manifest: Mapping[str, Any]) -> pa.Table:
 
 def time_line(manifest: Mapping[str, Any]) -> str | None:
     """The one line on where a leveled measurement's time went, for example ``time: 33.4 s in
-    all; 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), ...``; the
-    whole is given where the manifest has the measurement's end (``finished_ns``). None when
-    its runs recorded no phases."""
+    all; 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), ...`` (``3
+    level sets in 2 processes`` where one ran after another in its process); the whole is
+    given where the manifest has the measurement's end (``finished_ns``). None when its runs
+    recorded no phases."""
     table = time_by_phase(manifest)
     if not table.num_rows:
         return None
     runs = [r for r in manifest.get("runs") or [] if isinstance(r, dict) and r.get("seconds")]
     processes = sum(float(r["seconds"].get("total") or 0.0) for r in runs)
     count = f"{len(runs)} level-set process{'es' if len(runs) != 1 else ''} {processes:.1f} s"
+    shared = sum(1 for r in runs if r.get("in_process_of"))
+    if shared:  # a level set run after another in its process (xsp.tracer.run.runner)
+        count = f"{len(runs)} level sets in {len(runs) - shared} processes {processes:.1f} s"
     start, end = manifest.get("created_ns"), manifest.get("finished_ns")
     whole = ""
     if isinstance(start, int) and isinstance(end, int) and end > start:

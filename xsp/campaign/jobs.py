@@ -30,8 +30,9 @@ _REASONS = (
 
 def switched_on(variable: str) -> bool:
     """A campaign switch, on unless the environment sets it to 0: ``XSP_FORK_SERVER`` (0: a
-    fresh interpreter per level set) and ``XSP_OVERLAP`` (0: each process and job starts only
-    once the one before has ended; while they overlap, two processes hold GPU memory at once)."""
+    fresh interpreter per level set), ``XSP_OVERLAP`` (0: each process and job starts only
+    once the one before has ended; while they overlap, two processes hold GPU memory at once)
+    and ``XSP_SHARE_PROCESS`` (0: MF in a process of its own, not after M in M's)."""
     from xsp.tracer import config
 
     return config.switch(variable, True)
@@ -106,6 +107,7 @@ def run_job(
             log_stderr=True,
             fork_server=fork_server,
             overlap=switched_on("XSP_OVERLAP"),
+            share_process=switched_on("XSP_SHARE_PROCESS"),
         )
         result = run_leveled(leveled, after=after, on_measured=on_measured)
     except XspError as exc:  # refused before anything ran: an unknown model, a bad device

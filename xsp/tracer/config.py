@@ -131,6 +131,7 @@ def check(env: Mapping[str, str] | None = None) -> None:
     cupti_all_api(env)
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)
+    switch("XSP_SHARE_PROCESS", True, env)
     switch("XSP_STEADY_HEAP", True, env)
     ncu_path(env)
     native_dir(env)

@@ -40,7 +40,7 @@ from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.run import heap
-from xsp.tracer.run.protocol import ChildSpec, check_program
+from xsp.tracer.run.protocol import STORED, ChildSpec, check_program
 from xsp.tracer.spec import RunSpec
 
 log = logging.getLogger("xsp")
@@ -185,15 +185,18 @@ def _fast_exit(code: int) -> int:
 
 
 def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
-    """A started session of ``run`` (``args.run``, completed by the workload) with the options
-    every level-set process shares."""
+    """A started session of ``run`` (``args.run`` or one of ``args.then``, completed by the
+    workload) with the options every level-set process shares; the progress lines and the gate
+    are the process's own unless ``options`` pass them."""
     options["resource"] = {schema.RES_HOST_HEAP: _heap, **options.get("resource", {})}
+    if "progress" not in options:
+        options["progress"] = _progress_writer(args.progress_fd, args.progress_path)
+    if "before_levels" not in options:
+        options["before_levels"] = _gate(args.gate_fd)
     return Session.from_spec(
         run,
         # a rank sends nothing: the joined run is sent whole (xsp.tracer.run.ranks)
         sinks=_sinks(run.profile.otlp_endpoint) if run.rank is None else [],
-        progress=_progress_writer(args.progress_fd, args.progress_path),
-        before_levels=_gate(args.gate_fd),
         # kernel replay makes the monitor's samples meaningless (and it would run for minutes)
         monitor=not run.levels.counters,
         **options,
@@ -233,6 +236,9 @@ def _root_changes(session: Session, device: str) -> Callable[[Any], None] | None
 
 
 def _run_zoo(args: ChildSpec, model: str) -> int:
+    """Build the zoo workload once and measure it for ``args.run``, then for each of
+    ``args.then`` in turn (``xsp.tracer.run.runner.shares_process``), saying ``stored`` on the
+    progress pipe after each but the last; stop at the first that fails."""
     from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
 
@@ -241,10 +247,35 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     workload = zoo.build(
         model, profile.batch_size, profile.mode, device, channels_last=profile.channels_last
     )
+    report = _progress_writer(args.progress_fd, args.progress_path)
+    runs = (args.run, *args.then)
+    for k, run in enumerate(runs):
+        gate = _gate(args.gate_fd) if k == 0 else None  # the later ones follow in this process
+        code, status = _measure_zoo(args, run, model, device, workload, report, gate)
+        if code != 0 or status != "ok":
+            return code
+        if report is not None and k + 1 < len(runs):
+            report(STORED, 1, 1)
+    return 0
+
+
+def _measure_zoo(
+    args: ChildSpec,
+    run: RunSpec,
+    model: str,
+    device: str,
+    workload: Any,
+    report: Any,
+    gate: Callable[[], None] | None,
+) -> tuple[int, str | None]:
+    """One level set's session over the zoo workload's steps: (exit code, run.json's status)."""
+    profile = run.profile
     session = _session(
         args,
-        dataclasses.replace(args.run, workload=model).with_profile(device=device),
+        dataclasses.replace(run, workload=model).with_profile(device=device),
         settle=True,  # this loop runs until the session is done
+        progress=report,
+        before_levels=gate,
         resource={
             schema.RES_MODE: profile.mode,
             schema.RES_BATCH_SIZE: profile.batch_size,
@@ -264,9 +295,9 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     except Exception as exc:
         session.close(error=fail_message(exc))
         print(f"xsp: {model} failed: {fail_message(exc)}", file=sys.stderr)
-        return EXIT_WORKLOAD_FAILED
-    session.close()
-    return 0
+        return EXIT_WORKLOAD_FAILED, "error"
+    meta = session.close() or {}
+    return 0, meta.get("status")
 
 
 def _run_launcher(args: ChildSpec, command: list[str]) -> int:

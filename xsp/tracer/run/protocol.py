@@ -29,18 +29,23 @@ SPEC_FLAG = "--spec"
 #: to the rank processes that the launcher (torchrun) starts: they inherit its environment, not
 #: its arguments.
 RANK_SPEC_ENV = "XSP_RANK_SPEC"
+#: The progress phase with which a process that runs several level sets in turn says that it
+#: has stored one's run and goes on to the next (``xsp.tracer.run.runner.shares_process``).
+STORED = "stored"
 
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """A level-set process's run (``xsp.tracer.spec.RunSpec``) and its ends of the runner's
-    pipes: file descriptors inherited from the runner (progress lines out, the gate's byte
-    in), or, for rank 0 of a multi-rank job, the progress pipe by path."""
+    """A level-set process's run (``xsp.tracer.spec.RunSpec``), the runs it makes after it in
+    the same process (``then``: a zoo model's M, then MF), and its ends of the runner's pipes:
+    file descriptors inherited from the runner (progress lines out, the gate's byte in), or,
+    for rank 0 of a multi-rank job, the progress pipe by path."""
 
     run: RunSpec
     progress_fd: int | None = None
     gate_fd: int | None = None
     progress_path: str | None = None
+    then: tuple[RunSpec, ...] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -60,7 +65,8 @@ class ChildSpec:
         """The spec from its JSON; ConfigError naming ``what`` for anything else."""
         try:
             data = json.loads(text)
-            return cls(**{**data, "run": RunSpec.from_dict(data["run"])})
+            then = tuple(RunSpec.from_dict(run) for run in data.get("then") or ())
+            return cls(**{**data, "run": RunSpec.from_dict(data["run"]), "then": then})
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             raise ConfigError(f"bad {what}: {exc}") from exc
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.errors import ConfigError, StoreError
 from xsp.tracer.levelset import LevelSet, level_sets
-from xsp.tracer.run.protocol import ChildSpec, check_program, describe_end
+from xsp.tracer.run.protocol import STORED, ChildSpec, check_program, describe_end
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,10 @@ class LeveledSpec:
     # its levels on only once the one before has exited, so no measurement overlaps another
     # process's work.
     overlap: bool = False
+    # Zoo workloads: a level set of M and F alone runs in the process of the one before it when
+    # it only adds levels to it (M, then MF): one CUDA start-up and first iteration, not two
+    # (``shares_process``; xsp run and campaigns, unless XSP_SHARE_PROCESS=0).
+    share_process: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -346,14 +350,27 @@ def run_leveled(
     result = LeveledResult(spec.out, measurement_id, manifest["runs"])
     result.skipped = list(skipped.values())
     handoffs = [_Handoff() for _ in level_sets]
+    hosts = process_hosts(spec, level_sets)
+    processes: dict[int, _Process] = {}
+
+    def measured_after(i: int) -> Callable[[], None] | None:
+        if i + 1 == len(level_sets):
+            return on_measured  # the caller's: the next job may start
+        if spec.overlap and not level_sets[i + 1].counters:
+            return lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))
+        return None
 
     def launch(i: int, gated: bool) -> _Process:
-        measured: Callable[[], None] | None = None
-        if i + 1 == len(level_sets):
-            measured = on_measured  # the caller's: the next job may start
-        elif spec.overlap and not level_sets[i + 1].counters:
-            measured = lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))  # noqa: E731
-        return _launch(_later(spec, i), level_sets[i], measurement_id, progress, gated, measured)
+        if not hosts[i]:  # it runs next in the process of the level set before it
+            process = processes[i - 1].next_stage(level_sets[i])
+            if progress:
+                progress(level_sets[i], "start", 0, spec.profile.iterations)
+        else:
+            last = i + len(hosts[i]) - 1
+            measured = [None] * (len(hosts[i]) - 1) + [measured_after(last)]
+            process = _launch(_later(spec, i), hosts[i], measurement_id, progress, gated, measured)
+        processes[i] = process
+        return process
 
     process: _Process | None = None
     i = 0
@@ -380,12 +397,15 @@ def run_leveled(
                 entry = _drop_empty(spec, _complete(spec, process, progress))
                 entry["failed_ahead"] = first_error  # the first attempt's error
             process = None
+            if not hosts[i]:
+                entry["in_process_of"] = level_sets[i - 1]
             manifest["runs"].append(entry)
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
             following = handoffs[i].take()
             if entry["status"] != "ok":
                 if following is not None:
                     _cancel(spec, following)
+                _end_later_stages(spec, processes[i])
                 break
             if i + 1 < len(level_sets):
                 process = following.open() if following is not None else launch(i + 1, False)
@@ -535,6 +555,38 @@ def _interrupt(spec: LeveledSpec, process: _Process, progress: ProgressFn | None
     return entry
 
 
+def shares_process(spec: LeveledSpec, before: LevelSet, levels: LevelSet) -> bool:
+    """Whether the level set ``levels`` runs in the process of the one ``before`` it, once that
+    one has stored its run (``LeveledSpec.share_process``): a zoo model's level sets of M and F
+    alone, each adding levels to the one before (M, then MF). The shallower one leaves nothing
+    that the deeper one could measure but a longer warm-up: M installs no hook, and neither
+    starts CUPTI. L and G need their environment before the process starts, a script runs only
+    once, and fixes and the numerics probe change the model once."""
+    profile = spec.profile
+    return (
+        spec.share_process
+        and bool(profile.model)
+        and not (profile.fixes or profile.numerics_probe or profile.continuous)
+        and set(before) < set(levels)
+        and not (levels.library or levels.gpu or levels.counters)
+    )
+
+
+def process_hosts(spec: LeveledSpec, level_sets: Sequence[LevelSet]) -> list[tuple[LevelSet, ...]]:
+    """For each level set, the level sets that the process started for it runs, in order (its
+    own first); empty for one that runs in the process of the level set before it."""
+    hosts: list[tuple[LevelSet, ...]] = []
+    first = 0
+    for i, levels in enumerate(level_sets):
+        if i and shares_process(spec, level_sets[i - 1], levels):
+            hosts[first] += (levels,)
+            hosts.append(())
+        else:
+            first = i
+            hosts.append((levels,))
+    return hosts
+
+
 def records_shapes(spec: LeveledSpec, levels: LevelSet) -> bool:
     """Whether the level set ``levels`` records aten ops' input shapes and dtypes: only the
     deepest one with level F does. Shapes do not change with the levels, so the reconstruction
@@ -564,17 +616,27 @@ def _with_framework(spec: LeveledSpec) -> list[LevelSet]:
     return [s for s in spec.level_sets if s.framework]
 
 
-def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> ChildSpec:
-    """What the level-set process of ``levels`` runs (its pipes are added where it starts):
-    the measurement's profile, with the iterations the counter level set measures, op shapes
-    and the calibration where this level set records them, and a command as the process runs
-    it."""
+def child_spec(
+    spec: LeveledSpec, levels: LevelSet, measurement_id: str, then: Sequence[LevelSet] = ()
+) -> ChildSpec:
+    """What the level-set process of ``levels`` runs (its pipes are added where it starts),
+    and after it the level sets ``then`` in the same process (``shares_process``)."""
+    return ChildSpec(
+        _run_spec(spec, levels, measurement_id),
+        then=tuple(_run_spec(spec, later, measurement_id) for later in then),
+    )
+
+
+def _run_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> RunSpec:
+    """The run of ``levels``: the measurement's profile, with the iterations the counter level
+    set measures, op shapes and the calibration where this level set records them, and a
+    command as the process runs it."""
     profile = spec.profile
     iterations = profile.iterations
     if levels.counters:
         iterations = min(iterations, profile.counter_iterations)
     command = tuple(script_command(profile.command)) if profile.command else ()
-    run = RunSpec(
+    return RunSpec(
         levels,
         dataclasses.replace(
             profile,
@@ -586,7 +648,6 @@ def child_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> Chil
         out=str(spec.out / levels),
         measurement_id=measurement_id,
     )
-    return ChildSpec(run)
 
 
 #: Waits for a level-set process for at most the given seconds (None: no limit) and, past them,
@@ -600,15 +661,52 @@ class Wait(Protocol):
 CANCEL_GRACE_S = 30.0
 
 
+class _Stages:
+    """What the progress reader learns of the level sets that one process runs in turn: which
+    have stored their run, and when; ``done[k]`` is set once level set ``k`` has stored its
+    run or the process has ended."""
+
+    def __init__(self, levels: Sequence[LevelSet]) -> None:
+        self.levels = tuple(levels)
+        count = len(self.levels)
+        self.done = [threading.Event() for _ in range(count)]
+        self.stored = [False] * count
+        self.stored_ns = [0] * count
+
+    def store(self, k: int) -> None:
+        self.stored_ns[k] = time.time_ns()
+        self.stored[k] = True
+        self.done[k].set()
+
+    def end(self) -> None:
+        for event in self.done:
+            event.set()
+
+    def wait(self, k: int, process_wait: Wait) -> Wait:
+        """The wait of level set ``k`` in the process: until it has stored its run (exit
+        status 0, as its own process would end) or the process has ended (its status)."""
+        if k + 1 == len(self.done):
+            return process_wait
+
+        def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
+            if not self.done[k].wait(timeout):
+                return process_wait(0, kill) if kill else (None, True)
+            return (0, False) if self.stored[k] else process_wait(None, kill)
+
+        return wait
+
+
 @dataclass
 class _Process:
     """A started level-set process: its wait, its progress reader and, when it was started
-    ahead of its turn, the write end of its gate (a byte lets it switch its levels on)."""
+    ahead of its turn, the write end of its gate (a byte lets it switch its levels on). A
+    process that runs several level sets in turn (``shares_process``) is one of these per
+    level set (``next_stage``), each waiting for its own level set's run."""
 
     levels: LevelSet
     wait: Wait
     reader: threading.Thread
-    spawned_ns: int
+    spawned_ns: int  # for a later level set in a shared process: when the one before stored
     gate: int | None = None
     pid: int = 0
     own_group: bool = False
@@ -617,6 +715,30 @@ class _Process:
     on_exit: Callable[[], None] | None = None
     ncu: str | None = None  # the Nsight Compute that runs it (hardware-counter level set)
     ahead: bool = False  # started ahead of its turn: it overlapped the one before's end
+    stages: _Stages = field(default_factory=lambda: _Stages(()))
+    stage: int = 0  # which of the process's level sets this one is
+    process_wait: Wait | None = None  # the process's own wait (``wait`` is the level set's)
+
+    @property
+    def last_stage(self) -> bool:
+        return self.stage + 1 >= len(self.stages.done)
+
+    def next_stage(self, levels: LevelSet) -> _Process:
+        """The next level set that this process runs, ``levels``, from when this one stored."""
+        k = self.stage + 1
+        start = self.stages.stored_ns[self.stage] or time.time_ns()
+        process_wait = self.process_wait or self.wait
+        return dataclasses.replace(
+            self,
+            levels=levels,
+            wait=self.stages.wait(k, process_wait),
+            spawned_ns=start,
+            opened_ns=start,
+            gate=None,
+            ahead=False,
+            stage=k,
+            process_wait=process_wait,
+        )
 
     def open(self) -> _Process:
         if self.gate is not None:
@@ -664,12 +786,15 @@ class _Handoff:
 
 def _launch(
     spec: LeveledSpec,
-    levels: LevelSet,
+    stages: tuple[LevelSet, ...],
     measurement_id: str,
     progress: ProgressFn | None,
     gated: bool,
-    on_measured: Callable[[], None] | None,
+    on_measured: Sequence[Callable[[], None] | None],
 ) -> _Process:
+    """Start the process of the level sets ``stages`` (one, or those that share it), which run
+    in turn; ``on_measured[k]`` is called once the ``k``-th has measured. Returns the first's."""
+    levels = stages[0]
     if progress:
         progress(levels, "start", 0, spec.profile.iterations)
     env = child_environment(spec, levels)
@@ -680,20 +805,32 @@ def _launch(
     counted = levels.counters  # under ncu: a fresh process, no pipes
     start = _fork if spec.fork_server and spec.profile.model and not counted else _spawn
     own_group = spec.timeout_s is not None  # so that a time limit takes its children too
-    wait, read_fd, gate, pid = start(spec, levels, measurement_id, env, stderr_path, gated)
+    child = child_spec(spec, levels, measurement_id, stages[1:])
+    wait, read_fd, gate, pid = start(spec, child, env, stderr_path, gated)
+    reports = _Stages(stages)
     reader = threading.Thread(
         target=_read_progress,
-        args=(read_fd, levels, progress, None if counted else on_measured),
+        args=(read_fd, stages, progress, [None] if counted else list(on_measured), reports),
         daemon=True,
     )
     reader.start()
     process = _Process(
-        levels, wait, reader, spawned_ns, gate, pid, own_group, spawned_ns, ahead=gated
+        levels,
+        reports.wait(0, wait),
+        reader,
+        spawned_ns,
+        gate,
+        pid,
+        own_group,
+        spawned_ns,
+        ahead=gated,
+        stages=reports,
+        process_wait=wait,
     )
     if counted:
         from xsp.tracer.run import ncu
 
-        process.on_exit, process.ncu = on_measured, ncu.find()
+        process.on_exit, process.ncu = on_measured[-1], ncu.find()
         if progress:
             progress(levels, "replaying kernels (ncu)", 0, spec.profile.iterations)
     return process
@@ -750,7 +887,8 @@ def _entry(
     """A finished level-set process's manifest entry: its run.json's status and counts, and how
     its program ended; a process that ended before storing its run is an error that says how."""
     levels = process.levels
-    process.reader.join(timeout=5)
+    if process.last_stage:
+        process.reader.join(timeout=5)
     ended_ns = time.time_ns()
     entry: dict[str, Any] = {"levels": levels, "returncode": returncode}
     meta: dict[str, Any] = {}
@@ -833,6 +971,19 @@ def _amend_run(spec: LeveledSpec, levels: str, entry: dict[str, Any]) -> None:
         log.error("xsp: cannot update %s: %s", path, exc)
 
 
+def _end_later_stages(spec: LeveledSpec, process: _Process) -> None:
+    """A level set failed in a process that was to run more level sets after it: the process
+    (which ends by itself after a failed one) is stopped, and what the later ones wrote goes
+    (the manifest never lists them)."""
+    if process.last_stage or process.process_wait is None:
+        return
+    process.process_wait(0, True)
+    process.reader.join(timeout=5)
+    for k in range(process.stage + 1, len(process.stages.done)):
+        later = process.stages.levels[k]
+        shutil.rmtree(spec.out / later, ignore_errors=True)
+
+
 def _cancel(spec: LeveledSpec, process: _Process) -> None:
     """Drop a process started ahead of its turn: its gate closes unopened, so it exits before
     its levels come on; what it wrote goes (the manifest never lists it)."""
@@ -846,8 +997,7 @@ def _cancel(spec: LeveledSpec, process: _Process) -> None:
 
 def _spawn(
     spec: LeveledSpec,
-    levels: LevelSet,
-    measurement_id: str,
+    child: ChildSpec,
     env: dict[str, str],
     stderr_path: Path | None,
     gated: bool,
@@ -856,6 +1006,7 @@ def _spawn(
     when ``gated``, its pid)."""
     # Under ncu (the hardware-counter level set) the process gets no pipes: ncu starts it, and
     # what it inherits is ncu's to decide; its progress pipe closes at once.
+    levels = child.run.levels
     counted = levels.counters
     read_fd, write_fd = os.pipe()
     gate_read, gate_write = os.pipe() if gated and not counted else (None, None)
@@ -866,7 +1017,7 @@ def _spawn(
         "-m",
         "xsp.tracer.run.child",
         *dataclasses.replace(
-            child_spec(spec, levels, measurement_id),
+            child,
             progress_fd=None if counted else write_fd,
             gate_fd=gate_read,
         ).to_argv(),
@@ -930,8 +1081,7 @@ def _send(pid: int, own_group: bool, signum: int) -> None:
 
 def _fork(
     spec: LeveledSpec,
-    levels: LevelSet,
-    measurement_id: str,
+    child: ChildSpec,
     env: dict[str, str],
     stderr_path: Path | None,
     gated: bool,
@@ -941,9 +1091,7 @@ def _fork(
     from xsp.tracer.run import forkserver
 
     own_group = spec.timeout_s is not None
-    process, read_fd, gate = forkserver.start(
-        child_spec(spec, levels, measurement_id), env, stderr_path, gated, own_group
-    )
+    process, read_fd, gate = forkserver.start(child, env, stderr_path, gated, own_group)
 
     def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
         process.join(timeout=timeout)
@@ -1021,21 +1169,35 @@ def _level_environment(
 
 
 def _read_progress(
-    fd: int, levels: str, progress: ProgressFn | None, on_measured: Callable[[], None] | None
+    fd: int,
+    stages: Sequence[str],
+    progress: ProgressFn | None,
+    on_measured: list[Callable[[], None] | None],
+    reports: _Stages,
 ) -> None:
-    """Pass a level-set process's progress lines on; call ``on_measured`` once its last
-    measured iteration is over."""
-    with os.fdopen(fd) as stream:
-        for line in stream:
-            parts = line.split()
-            if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
-                continue
-            phase, done, total = parts[0], int(parts[1]), int(parts[2])
-            if progress:
-                progress(levels, phase, done, total)
-            if on_measured is not None and phase == "measure" and 0 < total <= done:
-                on_measured()
-                on_measured = None
+    """Pass a level-set process's progress lines on, for the level set it is running
+    (``stages``, in turn: a ``stored`` line ends one); call ``on_measured[k]`` once the
+    ``k``-th has measured its last iteration."""
+    k = 0
+    try:
+        with os.fdopen(fd) as stream:
+            for line in stream:
+                parts = line.split()
+                if len(parts) != 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+                    continue
+                phase, done, total = parts[0], int(parts[1]), int(parts[2])
+                if phase == STORED and k + 1 < len(stages):
+                    reports.store(k)
+                    k += 1
+                    continue
+                if progress:
+                    progress(stages[k], phase, done, total)
+                measured = on_measured[k] if k < len(on_measured) else None
+                if measured is not None and phase == "measure" and 0 < total <= done:
+                    on_measured[k] = None
+                    measured()
+    finally:
+        reports.end()
 
 
 __all__ = ["LeveledResult", "LeveledSpec", "run_leveled", "validate"]
