@@ -2,7 +2,9 @@
 ``ChildSpec``, ``xsp.tracer.run.protocol``), or forked from the fork server with the same spec.
 
 The leveled runner starts one of these per level set so that no level's state (hooks, profiler
-buffers, CUPTI subscriptions, allocator caches) leaks into the next. It runs either a zoo workload
+buffers, CUPTI subscriptions, allocator caches) leaks into the next; a zoo model's MF runs after
+M in M's process (``ChildSpec.then``), since M leaves it nothing but a warm model
+(``xsp.tracer.run.runner.shares_process``). It runs either a zoo workload
 or a user's Python script under a ``Session``, writes ``RUN_DIR/<levels>/``, reports progress as
 lines on its progress pipe and exits with the workload's status: 0, the script's own exit code
 (``sys.exit(3)`` exits 3), 1 when it raised, 2 for an xsp error, 3 when cancelled before its

@@ -3,7 +3,8 @@
 ``run_leveled`` validates everything it can up front (level sets, model name, device, output
 directory), then for each level set starts ``python -m xsp.tracer.run.child`` with a pipe for progress,
 waits for it, and records the run in ``RUN_DIR/manifest.json``. A failing level-set run stops the
-measurement; what it recorded stays in the store.
+measurement; what it recorded stays in the store. The one exception to a process each: a zoo
+model's MF runs in M's process once M has stored its run (``shares_process``).
 
 Statuses (run.json, the manifest's runs, the manifest): ``ok``; ``partial`` (something is missing:
 fewer iterations, a failed sink, records CUPTI dropped); ``error`` (the program failed, or nothing
@@ -397,9 +398,7 @@ def run_leveled(
                 entry = _drop_empty(spec, _complete(spec, process, progress))
                 entry["failed_ahead"] = first_error  # the first attempt's error
             process = None
-            if not hosts[i]:
-                entry["in_process_of"] = level_sets[i - 1]
-            manifest["runs"].append(entry)
+            manifest["runs"].append(_in_process_of(entry, hosts, level_sets, i))
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
             following = handoffs[i].take()
             if entry["status"] != "ok":
@@ -417,7 +416,8 @@ def run_leveled(
                 following.signal(signal.SIGINT)
                 _cancel(spec, following)
             if process is not None:
-                manifest["runs"].append(_interrupt(spec, process, progress))
+                entry = _interrupt(spec, process, progress)
+                manifest["runs"].append(_in_process_of(entry, hosts, level_sets, i))
         manifest["interrupted_ns"] = time.time_ns()
     finally:
         if restore is not None:
@@ -431,6 +431,16 @@ def run_leveled(
     else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _in_process_of(
+    entry: dict[str, Any], hosts: list[tuple[LevelSet, ...]], level_sets: list[LevelSet], i: int
+) -> dict[str, Any]:
+    """The manifest entry of level set ``i``, naming the level set in whose process it ran
+    (``in_process_of``) where it did not run in its own."""
+    if not hosts[i]:
+        entry["in_process_of"] = level_sets[i - 1]
+    return entry
 
 
 def _failed_while_ahead(process: _Process, entry: dict[str, Any]) -> bool:
