@@ -671,3 +671,86 @@ def test_the_child_spec_carries_the_level_sets_run_after_it_in_its_process(
     # MF calibrates (the shallowest with F); MFLG records the op shapes (the deepest)
     assert back.then[0].profile.calibrate and not back.then[0].profile.op_shapes
     assert not back.run.profile.calibrate
+
+
+def _side_by_side_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a zoo model's processes warm up side by side; on the CPU they would share the
+    workload's cores, so the runner starts them in turn there. The tests drive the GPU's way."""
+    from xsp.tracer.run import runner
+
+    monkeypatch.setattr(
+        runner,
+        "warms_up_side_by_side",
+        lambda spec, hosts: [j for j, g in enumerate(hosts) if j and g],
+    )
+
+
+def test_side_by_side_processes_warm_up_together_and_measure_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _side_by_side_on_the_cpu(monkeypatch)
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
+        ),
+        level_sets=("M", "MF", "MFL"),
+        fork_server=True,
+        overlap=True,
+        share_process=True,
+    )
+    result = run_leveled(spec)
+    assert result.ok, result.failure
+    runs = {run.levels: run.meta for run in open_measurement(spec.out)}
+    # MFL started with M's process and waited at its gate before M switched its levels on
+    assert runs["MFL"]["phases_ns"]["ready"] <= runs["M"]["phases_ns"]["levels_on"]
+    assert runs["M"]["phases_ns"]["ready"] <= runs["M"]["phases_ns"]["levels_on"]
+    # and it measured only once M's process (M, then MF) had ended
+    assert runs["MFL"]["phases_ns"]["levels_on"] > runs["MF"]["finished_ns"]
+    assert [entry["status"] for entry in result.runs] == ["ok", "ok", "ok"]
+
+
+def test_a_failed_level_set_cancels_the_processes_warmed_up_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _side_by_side_on_the_cpu(monkeypatch)
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=100_000, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
+        ),
+        level_sets=("M", "MFL"),
+        fork_server=True,
+        overlap=True,
+        timeout_s=2,
+        log_stderr=True,
+    )
+    events: list[tuple[str, str]] = []
+    result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
+    assert ("MFL", "start") in events and ("M", "ready") not in events
+    assert [entry["levels"] for entry in result.runs] == ["M"]
+    assert result.runs[0]["timed_out"] is True
+    assert not (spec.out / "MFL").exists() and not (spec.out / "MFL.stderr.log").exists()
+
+
+def test_a_process_that_does_not_warm_up_in_time_starts_in_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xsp.tracer.run import runner
+
+    _side_by_side_on_the_cpu(monkeypatch)
+    monkeypatch.setattr(runner, "READY_LIMIT_S", 0.0)  # none is ready that soon
+    spec = LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
+        ),
+        level_sets=("M", "MFL"),
+        fork_server=True,
+        overlap=True,
+    )
+    result = run_leveled(spec)
+    assert result.ok, result.failure
+    runs = {run.levels: run.meta for run in open_measurement(spec.out)}
+    # started again once M had measured: it warmed up after M's levels came on
+    assert runs["MFL"]["started_ns"] > runs["M"]["phases_ns"]["levels_on"]

@@ -215,7 +215,8 @@ def run(
 
     Each level set runs in a process of its own (a zoo model's forked from a server that
     imported torch once; XSP_FORK_SERVER=0: fresh interpreters), started while the one before
-    finishes but measuring only once it has exited (XSP_OVERLAP=0: one after the other), and
+    finishes but measuring only once it has exited (a zoo model's on a GPU all start at once,
+    warm up side by side and measure in turn; XSP_OVERLAP=0: one after the other), and
     writes RUN_DIR/<levels>/. A zoo model's MF runs in M's process once M has stored its run
     (XSP_SHARE_PROCESS=0: a process of its own);
     RUN_DIR/manifest.json ties them into one leveled measurement. A summary is printed at the

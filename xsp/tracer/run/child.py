@@ -42,7 +42,7 @@ from xsp.tracer.capture.session import Session, fail_message
 from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.run import heap
-from xsp.tracer.run.protocol import STORED, ChildSpec, check_program
+from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program
 from xsp.tracer.spec import RunSpec
 
 log = logging.getLogger("xsp")
@@ -104,13 +104,17 @@ def _progress_writer(fd: int | None, path: str | None = None) -> Any:
     return report
 
 
-def _gate(fd: int | None) -> Any:
+def _gate(fd: int | None, report: Any = None) -> Any:
     """Block before the levels come on until the runner writes a byte to ``fd`` (the level set
-    before has exited); end the process if the runner closes it instead (that one failed)."""
+    before has exited); end the process if the runner closes it instead (that one failed).
+    ``report`` tells the runner first that this process has warmed up (``READY``): a level set
+    before it may measure now."""
     if fd is None:
         return None
 
     def wait() -> None:
+        if report is not None:
+            report(READY, 0, 0)
         with os.fdopen(fd, "rb", buffering=0) as gate:
             opened = gate.read(1)
         if not opened:
@@ -194,7 +198,7 @@ def _session(args: ChildSpec, run: RunSpec, **options: Any) -> Session:
     if "progress" not in options:
         options["progress"] = _progress_writer(args.progress_fd, args.progress_path)
     if "before_levels" not in options:
-        options["before_levels"] = _gate(args.gate_fd)
+        options["before_levels"] = _gate(args.gate_fd, options["progress"])
     return Session.from_spec(
         run,
         # a rank sends nothing: the joined run is sent whole (xsp.tracer.run.ranks)
@@ -252,7 +256,7 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     report = _progress_writer(args.progress_fd, args.progress_path)
     runs = (args.run, *args.then)
     for k, run in enumerate(runs):
-        gate = _gate(args.gate_fd) if k == 0 else None  # the later ones follow in this process
+        gate = _gate(args.gate_fd, report) if k == 0 else None  # the later ones follow it here
         code, status = _measure_zoo(args, run, model, device, workload, report, gate)
         if code != 0 or status != "ok":
             return code

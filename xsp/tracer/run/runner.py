@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -40,7 +41,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.errors import ConfigError, StoreError
 from xsp.tracer.levelset import LevelSet, level_sets
-from xsp.tracer.run.protocol import STORED, ChildSpec, check_program, describe_end
+from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program, describe_end
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,9 @@ class LeveledSpec:
     # Start each level set's process as soon as the one before has measured, so that its
     # start-up and untraced warm-up overlap the other's flush, conversion and exit; it switches
     # its levels on only once the one before has exited, so no measurement overlaps another
-    # process's work.
+    # process's work. A zoo model on a GPU starts all its processes at once instead: they warm
+    # up side by side, and each measures once the one before has exited and the ones after it
+    # wait at their gates (``warms_up_side_by_side``).
     overlap: bool = False
     # Zoo workloads: a level set of M and F alone runs in the process of the one before it when
     # it only adds levels to it (M, then MF): one CUDA start-up and first iteration, not two
@@ -373,14 +376,34 @@ def run_leveled(
         processes[i] = process
         return process
 
+    def open_in_turn(process: _Process, i: int) -> _Process:
+        """Let level set ``i``'s process measure once the processes started ahead for the level
+        sets after it have warmed up: none warms up while it measures."""
+        for handoff in handoffs[i:]:  # handoffs[k] holds level set k + 1's process
+            later = handoff.peek()
+            if later is None or later is process or later.stages.ready.wait(READY_LIMIT_S):
+                continue
+            log.warning(
+                "xsp: %s did not warm up within %.0f s beside %s; it starts in its turn instead",
+                later.levels,
+                READY_LIMIT_S,
+                level_sets[i],
+            )
+            _stop_ahead(spec, handoff)
+        return process.open()
+
     process: _Process | None = None
     i = 0
     restore = _terminate_as_interrupt() if spec.profile.continuous else None
+    side_by_side = warms_up_side_by_side(spec, hosts)
     try:
-        process = launch(0, gated=after is not None)
+        process = launch(0, gated=after is not None or bool(side_by_side))
+        for j in side_by_side:
+            handoffs[j - 1].offer(functools.partial(launch, j, gated=True))
         if after is not None:
             after()
-            process.open()
+        if process.gate is not None:
+            process = open_in_turn(process, 0)
         for i in range(len(level_sets)):
             if process is None:  # never: each turn starts the next or breaks
                 break
@@ -402,19 +425,23 @@ def run_leveled(
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
             following = handoffs[i].take()
             if entry["status"] != "ok":
-                if following is not None:
-                    _cancel(spec, following)
+                for ahead in [following, *(h.take() for h in handoffs[i + 1 :])]:
+                    if ahead is not None:
+                        _cancel(spec, ahead)
                 _end_later_stages(spec, processes[i])
                 break
             if i + 1 < len(level_sets):
-                process = following.open() if following is not None else launch(i + 1, False)
+                if following is None:
+                    process = launch(i + 1, False)
+                else:
+                    process = open_in_turn(following, i + 1)
     except KeyboardInterrupt:
         result.interrupted = True
         with _sigint_ignored():
-            following = handoffs[i].take() if i < len(handoffs) else None
-            if following is not None and following is not process:
-                following.signal(signal.SIGINT)
-                _cancel(spec, following)
+            for ahead in (h.take() for h in handoffs[i:]):
+                if ahead is not None and ahead is not process:
+                    ahead.signal(signal.SIGINT)
+                    _cancel(spec, ahead)
             if process is not None:
                 entry = _interrupt(spec, process, progress)
                 manifest["runs"].append(_in_process_of(entry, hosts, level_sets, i))
@@ -431,6 +458,41 @@ def run_leveled(
     else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) -> list[int]:
+    """The level sets whose processes start with the first one, ahead of their turn
+    (``LeveledSpec.overlap``, a zoo model): every process of the measurement but one run under
+    Nsight Compute (no gate to wait at), on a GPU. They start up and warm up side by side; each measures
+    only once the one before has exited and every one after it waits at its gate, so no
+    measurement overlaps another process's work, and no process's start-up and first iteration
+    wait for the measurement before it. A script's processes start one at a time (it may compile
+    what the next loads from the inductor cache, or touch files)."""
+    from xsp.tracer.run.devices import resolve_device
+
+    if not (spec.overlap and spec.profile.model):
+        return []
+    if not resolve_device(spec.profile.device).startswith("cuda"):
+        return []  # on the CPU the warm-ups would share the cores the workload runs on
+    return [
+        j
+        for j, group in enumerate(hosts)
+        if j and group and not group[0].counters and not hosts[0][0].counters
+    ]
+
+
+def _stop_ahead(spec: LeveledSpec, handoff: _Handoff) -> None:
+    """Stop a process started ahead of its turn that has not warmed up in time, and forget it:
+    its level set starts in its turn instead."""
+    process = handoff.drop()
+    if process is None:
+        return
+    (process.process_wait or process.wait)(0, True)
+    process.reader.join(timeout=5)
+    for levels in process.stages.levels:
+        shutil.rmtree(spec.out / levels, ignore_errors=True)
+    if spec.log_stderr:
+        (spec.out / f"{process.levels}.stderr.log").unlink(missing_ok=True)
 
 
 def _in_process_of(
@@ -669,6 +731,9 @@ class Wait(Protocol):
 
 #: How long a cancelled process gets to exit by itself before it is killed.
 CANCEL_GRACE_S = 30.0
+#: How long a level set waits to measure for the processes started ahead of their turn to warm
+#: up; one that takes longer is stopped and started in its turn.
+READY_LIMIT_S = 120.0
 
 
 class _Stages:
@@ -682,6 +747,8 @@ class _Stages:
         self.done = [threading.Event() for _ in range(count)]
         self.stored = [False] * count
         self.stored_ns = [0] * count
+        #: set once the process has warmed up and waits at its gate, or has ended
+        self.ready = threading.Event()
 
     def store(self, k: int) -> None:
         self.stored_ns[k] = time.time_ns()
@@ -689,6 +756,7 @@ class _Stages:
         self.done[k].set()
 
     def end(self) -> None:
+        self.ready.set()
         for event in self.done:
             event.set()
 
@@ -792,6 +860,17 @@ class _Handoff:
         with self._lock:
             self._taken = True
             return self._process
+
+    def peek(self) -> _Process | None:
+        with self._lock:
+            return None if self._taken else self._process
+
+    def drop(self) -> _Process | None:
+        """Forget the process started ahead (the caller stops it): the level set is started in
+        its turn instead."""
+        with self._lock:
+            process, self._process = self._process, None
+            return None if self._taken else process
 
 
 def _launch(
@@ -1123,7 +1202,8 @@ def _phase_seconds(meta: dict[str, Any], spawned_ns: int, ended_ns: int) -> dict
     levels on (CUPTI's start), the traced iterations (the last warm-up one and the measured
     ones), switching the levels off (CUPTI's flush), draining them (records decoded, the monitor
     stopped), conversion to spans, storage (the sinks, run.json), and exit; a process started
-    ahead of its turn also waited for the one before to exit. A phase whose mark is missing
+    ahead of its turn also waited for the one before to exit (and one started beside others, for
+    them to warm up). A phase whose mark is missing
     folds into the next."""
     phases = meta.get("phases_ns") or {}
     ready = phases.get("ready")  # a process started ahead of its turn waited from here
@@ -1199,6 +1279,9 @@ def _read_progress(
                 if phase == STORED and k + 1 < len(stages):
                     reports.store(k)
                     k += 1
+                    continue
+                if phase == READY:
+                    reports.ready.set()
                     continue
                 if progress:
                     progress(stages[k], phase, done, total)
