@@ -65,10 +65,13 @@ def untraced(args: argparse.Namespace) -> dict[str, Any]:
 
 #: How each configuration starts its level sets: ``shared`` is xsp run's default (a fork server,
 #: MF run after M in M's process, each process started while the one before finishes),
-#: ``forked`` gives MF a process of its own, ``serial`` forks them one after the other, ``fresh``
+#: ``shared-serial`` the same with each process started once the one before has ended (on a
+#: GPU, ``shared`` starts them at once and warms them up side by side), ``forked`` gives MF a
+#: process of its own, ``serial`` forks them one after the other, ``fresh``
 #: starts a new interpreter for each, one after the other (xsp run before the other three).
 CONFIGS = {
     "shared": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1", "XSP_SHARE_PROCESS": "1"},
+    "shared-serial": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "0", "XSP_SHARE_PROCESS": "1"},
     "forked": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "1", "XSP_SHARE_PROCESS": "0"},
     "serial": {"XSP_FORK_SERVER": "1", "XSP_OVERLAP": "0", "XSP_SHARE_PROCESS": "0"},
     "fresh": {"XSP_FORK_SERVER": "0", "XSP_OVERLAP": "0", "XSP_SHARE_PROCESS": "0"},
@@ -111,6 +114,18 @@ def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
         return row
     manifest = json.loads((out / "manifest.json").read_text())
     row["seconds"] = {run["levels"]: run.get("seconds") for run in manifest["runs"]}
+    calibrated = [
+        json.loads((out / levels / "run.json").read_text()).get("calibration")
+        for levels in row["seconds"]
+    ]
+    row["calibration"] = next(
+        (
+            {k: c[k] for k in ("framework_ns_per_record", "module_ns_per_call")}
+            for c in calibrated
+            if c
+        ),
+        None,
+    )
     row.update(replayed(out))
     return row
 

@@ -367,3 +367,34 @@ def test_a_host_bound_steps_f_cost_is_checked_against_its_own_steps(
     monkeypatch.setattr(host_timeline, "HOST_BOUND_EXCESS", float("inf"))  # the probe alone
     alone = replay(MeasurementStore(DATA / "gpt-lm-train-2")).summary()
     assert alone["step_ms"] == pytest.approx(10.690, abs=1e-3)
+
+
+DRIFTED = Path(__file__).resolve().parent / "data" / "resnet18_drifted_mf_cpu"
+
+
+def test_a_drift_that_f_cannot_explain_is_not_fitted_and_no_span_ends_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ResNet-18 b2 inference at M,MF (M and MF in one process) on the 2-core dev machine while
+    two busy loops shared its cores: the MF stage's untraced warm-up steps took 74-100 ms (a
+    median 94.14 ms) and its traced ones 849-891 ms. Fitting F's cost to those would take 1,292
+    times the probe's 1.21 µs a record, a host that takes no time at all; past
+    ``FIT_MAX_FACTOR`` the probe's figure stands, the step replays to 863.986 ms (+5.70% against
+    M's 817.365 ms) and the baseline's check reports the drift (-88.5%, not stable). With that
+    fit allowed, the replay drew 819 spans ending before they started, which the store refused
+    to read back; now none."""
+    import xsp.analysis.replay as replay_module
+
+    found = replay(MeasurementStore(DRIFTED)).summary()
+    assert found["calibration"]["scaled_to_own_steps"] is None
+    assert (found["step_ms"], found["measured_step_ms"]) == pytest.approx(
+        (863.9864, 817.3649), abs=1e-3
+    )
+    assert found["baseline"]["untraced_ms"] == pytest.approx(94.1425, abs=1e-3)
+    assert found["baseline"]["stable"] is False
+    spans, _ = reconstruct(MeasurementStore(DRIFTED))
+    assert int(np.asarray(spans.column("dur_ns")).min()) >= 0
+    monkeypatch.setattr(replay_module, "FIT_MAX_FACTOR", float("inf"))
+    fitted = replay(MeasurementStore(DRIFTED))
+    assert fitted.summary()["calibration"]["scaled_to_own_steps"] == pytest.approx(1292.012)
+    assert int(fitted.dur_ns.min()) >= 0
