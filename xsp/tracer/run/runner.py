@@ -417,6 +417,8 @@ def run_leveled(
                 )
                 first_error = entry.get("error")
                 shutil.rmtree(spec.out / level_sets[i], ignore_errors=True)
+                for handoff in handoffs[i:]:  # on its own: those warmed up beside it start later
+                    _stop_ahead(spec, handoff)
                 process = launch(i, gated=False)
                 entry = _drop_empty(spec, _complete(spec, process, progress))
                 entry["failed_ahead"] = first_error  # the first attempt's error
@@ -482,8 +484,8 @@ def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) 
 
 
 def _stop_ahead(spec: LeveledSpec, handoff: _Handoff) -> None:
-    """Stop a process started ahead of its turn that has not warmed up in time, and forget it:
-    its level set starts in its turn instead."""
+    """Stop a process started ahead of its turn (it has not warmed up in time, or the one
+    before it runs again on its own), and forget it: its level set starts in its turn."""
     process = handoff.drop()
     if process is None:
         return
