@@ -464,12 +464,12 @@ def run_leveled(
 
 def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) -> list[int]:
     """The level sets whose processes start with the first one, ahead of their turn
-    (``LeveledSpec.overlap``, a zoo model): every process of the measurement but one run under
-    Nsight Compute (no gate to wait at), on a GPU. They start up and warm up side by side; each measures
-    only once the one before has exited and every one after it waits at its gate, so no
-    measurement overlaps another process's work, and no process's start-up and first iteration
-    wait for the measurement before it. A script's processes start one at a time (it may compile
-    what the next loads from the inductor cache, or touch files)."""
+    (``LeveledSpec.overlap``, a zoo model on a GPU): every process of the measurement but one
+    run under Nsight Compute (no gate to wait at). They start up and warm up side by side; each
+    measures only once the one before has exited and every one after it waits at its gate, so
+    no measurement overlaps another process's work, and no process's start-up and first
+    iteration wait for the measurement before it. A script's processes start one at a time (it
+    may compile what the next loads from the inductor cache, or touch files)."""
     from xsp.tracer.run.devices import resolve_device
 
     if not (spec.overlap and spec.profile.model):
@@ -841,8 +841,9 @@ class _Process:
 
 
 class _Handoff:
-    """The next level set's process, started from the progress reader once the current one
-    has measured; taken (or found missing) once the current one has exited."""
+    """The next level set's process, started ahead of its turn: with the first one (side by
+    side) or from the progress reader once the current one has measured; taken (or found
+    missing) once the current one has exited."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
