@@ -352,7 +352,7 @@ PY
     --only "$only" ${EXTRA:-} > "$OUT/campaign.log" 2>&1
   echo "campaign part $part: $(( $(date +%s) - start )) s" | tee -a "$OUT/campaign.log"
   tail -3 "$OUT/campaign.log"
-  python3 benchmarks/campaign_time.py /tmp/c --project-overlap 2>&1 | tee "$OUT/campaign-time.txt"
+  python3 benchmarks/campaign_time.py /tmp/c 2>&1 | tee "$OUT/campaign-time.txt"
   tar -C /tmp -czf "$OUT/campaign-part.tgz" --exclude='*.parquet' c
   # shellcheck disable=SC2046,SC2086  # the KEEP stores that exist, one word each
   (cd /tmp/c/runs && tar -czf "$OUT/stores.tgz" $(ls -d $keep 2>/dev/null))
