@@ -754,3 +754,27 @@ def test_a_process_that_does_not_warm_up_in_time_starts_in_its_turn(
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}
     # started again once M had measured: it warmed up after M's levels came on
     assert runs["MFL"]["started_ns"] > runs["M"]["phases_ns"]["levels_on"]
+
+
+def test_a_level_set_in_a_shared_process_ends_when_it_has_stored_or_the_process_ended() -> None:
+    """The wait of the first of two level sets in one process: (0, not timed out) once it has
+    stored its run, the process's own status once the process ended before that, and past its
+    time limit the process is killed (both level sets go with it)."""
+    from xsp.tracer.run.runner import _Stages
+
+    calls: list[tuple[float | None, bool]] = []
+
+    def process_wait(timeout: float | None, kill: bool = True) -> tuple[int, bool]:
+        calls.append((timeout, kill))
+        return (-9, True) if timeout == 0 and kill else (3, False)
+
+    stored = _Stages((LevelSet("M"), LevelSet("MF")))
+    assert stored.wait(1, process_wait) is process_wait  # the last one waits for the process
+    stored.store(0)
+    assert stored.wait(0, process_wait)(0.1) == (0, False) and not calls
+    ended = _Stages((LevelSet("M"), LevelSet("MF")))
+    ended.end()  # the process ended before M stored its run
+    assert ended.wait(0, process_wait)(0.1) == (3, False) and calls == [(None, True)]
+    late = _Stages((LevelSet("M"), LevelSet("MF")))
+    assert late.wait(0, process_wait)(0.01, kill=False) == (None, True)
+    assert late.wait(0, process_wait)(0.01) == (-9, True) and calls[-1] == (0, True)
