@@ -346,10 +346,11 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     warm-up steps with the probe's 2.6 µs a record, its forward ops 35% slower in two of three
     traced steps). Where the replay of the F run's steps exceeds that process's own untraced
     steps by more than ``FIT_TOLERANCE_PCT``, the cost is raised, by bisection, to the least at
-    which it does so no more, up to ``FIT_MAX_FACTOR`` times the probe's: never lowered (a GPU-bound step's replay cannot fall below its GPU
-    work, whatever the host's speed), and left as the probe measured it where even a host that
-    takes no time replays too slowly (the GPU side is then off, and ``baseline`` says so). M is
-    not read, so the check against M stays free of it."""
+    which it does so no more, up to ``FIT_MAX_FACTOR`` times the probe's: never lowered (a
+    GPU-bound step's replay cannot fall below its GPU work, whatever the host's speed), and left
+    as the probe measured it where even a host that takes no time replays too slowly (the GPU
+    side is then off, and ``baseline`` says so) or where only more than ``FIT_MAX_FACTOR`` would
+    do (the process drifted). M is not read, so the check against M stays free of it."""
     graph = _build_graph(store)
     untraced = own_untraced_ms(store)
     probe = graph.calibration
