@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5", "torchvision:mnasnet0_5"]
 
 
-def _toml(path: Path, models: list[str], batches: tuple[int, ...] = (1, 2)) -> Path:
+def _toml(
+    path: Path, models: list[str], batches: tuple[int, ...] = (1, 2), iterations: int = 1
+) -> Path:
     names = ", ".join(f'"{m}"' for m in models)
     path.write_text(
         f"""[campaign]
@@ -36,7 +38,7 @@ name = "test"
 device = "cpu"
 batch_sizes = {list(batches)}
 level_sets = ["M"]
-iterations = 1
+iterations = {iterations}
 warmup = 0
 [models]
 names = [{names}]
@@ -104,7 +106,9 @@ def test_campaign_files_expand_into_jobs_and_bad_ones_name_the_problem(tmp_path:
 
 
 def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path) -> None:
-    campaign_file = _toml(tmp_path / "c.toml", SMALL)
+    # jobs long enough (30 iterations) that the kill lands midway: at one iteration each, the
+    # campaign could end between two looks at its records
+    campaign_file = _toml(tmp_path / "c.toml", SMALL, iterations=30)
     out = tmp_path / "C"
     first = _xsp(
         "campaign",
@@ -117,7 +121,7 @@ def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path)
     )
     deadline = time.time() + 300
     while time.time() < deadline and len(list((out / "jobs").glob("*.json"))) < 2:
-        time.sleep(0.5)
+        time.sleep(0.05)
     os.killpg(first.pid, signal.SIGKILL)  # midway: the driver and its level-set processes
     first.wait()
     finished = {p.name: json.loads(p.read_text()) for p in (out / "jobs").glob("*.json")}
@@ -144,7 +148,7 @@ def test_a_killed_campaign_resumes_without_redoing_finished_jobs(tmp_path: Path)
     ).fetchall()
     assert sorted(per_model) == sorted((m, 2, True) for m in SMALL)
     steps = con.sql("SELECT count(*) FROM spans WHERE kind = 'step'").fetchall()
-    assert steps == [(6,)]
+    assert steps == [(6 * 30,)]  # six jobs, 30 measured iterations each
     query = _xsp(
         "campaign",
         "sql",
@@ -651,3 +655,37 @@ def test_campaign_sql_reads_job_records_with_nested_and_empty_fields(tmp_path: P
         store.connect().sql("SELECT job, latency_ms, gpu_busy_pct, len(runs) FROM jobs").fetchall()
     )
     assert rows == [("j", 2.5, None, 2)]
+
+
+def test_a_resumed_job_first_kills_the_level_set_processes_its_killed_campaign_left(
+    tmp_path: Path,
+) -> None:
+    """A level-set process with a time limit has its own process group, which a SIGKILL to the
+    campaign's group misses: left running, it wrote into the run directory its rerun was
+    writing ("level M recorded nothing"). Only a process that started just before its run did
+    is the run's: a pid that does not match is left alone."""
+    from xsp.campaign.jobs import stop_stale_processes
+
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        for levels, pid, status, later_s in [
+            ("M", orphan.pid, "running", 0.5),  # started 0.5 s after its process: the run's
+            ("MF", other.pid, "running", 1000.0),  # its process is no run's of this job
+            ("MFLG", other.pid, "ok", 0.5),  # a finished run's pid
+        ]:
+            (tmp_path / levels).mkdir()
+            meta = {
+                "status": status,
+                "started_ns": int((time.time() + later_s) * 1e9),
+                "resource": {"process.pid": pid},
+            }
+            (tmp_path / levels / "run.json").write_text(json.dumps(meta))
+        assert stop_stale_processes(tmp_path) == [orphan.pid]
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for process in (orphan, other):
+            process.kill()
+            process.wait()
