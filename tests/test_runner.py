@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,18 +20,29 @@ from xsp.tracer.store import open_measurement
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _squeezenet(
+    tmp_path: Path, level_sets: tuple[str, ...], iterations: int = 2, warmup: int = 1, **kw: Any
+) -> LeveledSpec:
+    """A zoo model's measurement on the CPU (SqueezeNet 1.1, forked level sets) into
+    ``tmp_path/R``; ``kw`` are further ``LeveledSpec`` fields."""
+    return LeveledSpec(
+        out=tmp_path / "R",
+        profile=ProfileSpec(
+            iterations=iterations,
+            warmup=warmup,
+            device="cpu",
+            model="torchvision:squeezenet1_1",
+        ),
+        level_sets=level_sets,
+        fork_server=True,
+        **kw,
+    )
+
+
 def test_an_overlapped_level_set_switches_its_levels_on_after_the_one_before_exited(
     tmp_path: Path,
 ) -> None:
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=3, warmup=2, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MF"),
-        fork_server=True,
-        overlap=True,
-    )
+    spec = _squeezenet(tmp_path, ("M", "MF"), iterations=3, warmup=2, overlap=True)
     result = run_leveled(spec)
     assert result.ok, result.failure
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}
@@ -222,15 +234,7 @@ def test_the_program_end_is_recorded_and_passed_on(
 def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> None:
     import time
 
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=100_000, warmup=0, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M",),
-        fork_server=True,
-        timeout_s=1,
-    )
+    spec = _squeezenet(tmp_path, ("M",), iterations=100_000, warmup=0, timeout_s=1)
     started = time.monotonic()
     result = run_leveled(spec)
     entry = result.runs[0]
@@ -583,16 +587,7 @@ def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: 
     level L needs its environment before the process starts, gets one of its own."""
     from xsp.analysis.summary import time_line
 
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MF", "MFL"),
-        fork_server=True,
-        overlap=True,
-        share_process=True,
-    )
+    spec = _squeezenet(tmp_path, ("M", "MF", "MFL"), overlap=True, share_process=True)
     events: list[tuple[str, str]] = []
     result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
     assert result.ok, result.failure
@@ -614,15 +609,8 @@ def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: 
 def test_a_level_set_killed_in_a_shared_process_ends_the_measurement_there(
     tmp_path: Path,
 ) -> None:
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=100_000, warmup=0, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MF"),
-        fork_server=True,
-        share_process=True,
-        timeout_s=1,
+    spec = _squeezenet(
+        tmp_path, ("M", "MF"), iterations=100_000, warmup=0, share_process=True, timeout_s=1
     )
     result = run_leveled(spec)
     assert [entry["levels"] for entry in result.runs] == ["M"]
@@ -689,16 +677,7 @@ def test_side_by_side_processes_warm_up_together_and_measure_in_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _side_by_side_on_the_cpu(monkeypatch)
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MF", "MFL"),
-        fork_server=True,
-        overlap=True,
-        share_process=True,
-    )
+    spec = _squeezenet(tmp_path, ("M", "MF", "MFL"), overlap=True, share_process=True)
     result = run_leveled(spec)
     assert result.ok, result.failure
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}
@@ -714,16 +693,8 @@ def test_a_failed_level_set_cancels_the_processes_warmed_up_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _side_by_side_on_the_cpu(monkeypatch)
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=100_000, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MFL"),
-        fork_server=True,
-        overlap=True,
-        timeout_s=2,
-        log_stderr=True,
+    spec = _squeezenet(
+        tmp_path, ("M", "MFL"), iterations=100_000, overlap=True, timeout_s=2, log_stderr=True
     )
     events: list[tuple[str, str]] = []
     result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
@@ -740,15 +711,7 @@ def test_a_process_that_does_not_warm_up_in_time_starts_in_its_turn(
 
     _side_by_side_on_the_cpu(monkeypatch)
     monkeypatch.setattr(runner, "READY_LIMIT_S", 0.0)  # none is ready that soon
-    spec = LeveledSpec(
-        out=tmp_path / "R",
-        profile=ProfileSpec(
-            iterations=2, warmup=1, device="cpu", model="torchvision:squeezenet1_1"
-        ),
-        level_sets=("M", "MFL"),
-        fork_server=True,
-        overlap=True,
-    )
+    spec = _squeezenet(tmp_path, ("M", "MFL"), overlap=True)
     result = run_leveled(spec)
     assert result.ok, result.failure
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}

@@ -245,7 +245,9 @@ def run(
     """
     import time
 
-    started_ns = time.time_ns() - _process_age_ns()
+    from xsp.tracer.run.procfs import process_age_ns
+
+    started_ns = time.time_ns() - (process_age_ns() or 0)
     from xsp.tracer import config
     from xsp.tracer.levelset import parse_level_sets
     from xsp.tracer.run.runner import LeveledSpec, check_arguments, run_leveled
@@ -1194,21 +1196,6 @@ def _import_in_background(modules: tuple[str, ...]) -> None:
                 return
 
     threading.Thread(target=load, name="xsp-summary-imports", daemon=True).start()
-
-
-def _process_age_ns() -> int:
-    """How long ago this process started, from the kernel's record of it (so the interpreter's
-    own start and the imports before ``main`` count); 0 where there is none (not Linux)."""
-    import os
-    import time
-
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: since boot
-        return max(0, time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(started_s * 1e9))
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0
 
 
 def _note_own_time(out: Path, started_ns: int) -> str | None:

@@ -44,49 +44,37 @@ def stop_stale_processes(out: Path, wait_s: float = 10.0) -> list[int]:
     with a time limit has its own process group, which a SIGKILL to the campaign's group does
     not reach): its rerun writes the same run directories. A process is the run's while its pid,
     recorded in run.json, belongs to a process that started before the run did (within a
-    minute; the kernel's boot time has whole seconds), so that a reused pid is left alone.
-    Returns the pids killed."""
+    minute), so that a reused pid is left alone. Returns the pids killed."""
     import json
     import os
     import signal
+
+    from xsp.tracer.run.procfs import process_age_ns
 
     killed = []
     for meta_path in out.glob("*/run.json"):
         try:
             meta = json.loads(meta_path.read_text())
             pid = int((meta.get("resource") or {})["process.pid"])
-            started_s = int(meta["started_ns"]) / 1e9
+            started_ns = int(meta["started_ns"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        began = _process_start_s(pid)
-        if meta.get("status") != "running" or began is None or not -2 < started_s - began < 60:
+        age_ns = process_age_ns(pid)
+        if meta.get("status") != "running" or age_ns is None:
+            continue
+        if not -1e9 < started_ns - (time.time_ns() - age_ns) < 60e9:  # clock ticks: 10 ms
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     deadline = time.monotonic() + wait_s
-    while killed and time.monotonic() < deadline and any(_process_start_s(p) for p in killed):
+    while (
+        killed
+        and time.monotonic() < deadline
+        and any(process_age_ns(p) is not None for p in killed)
+    ):
         time.sleep(0.05)
     return killed
-
-
-def _process_start_s(pid: int) -> float | None:
-    """When a live process started (Unix seconds, from /proc); None when there is none (or a
-    zombie: it has ended, and only its killed parent would have reaped it)."""
-    import os
-
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, IndexError, StopIteration, ValueError):
-        return None
-    if fields[0] == "Z":
-        return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
 
 
 def classify_error(exc: XspError) -> str:

@@ -476,11 +476,9 @@ def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) 
         return []
     if not resolve_device(spec.profile.device).startswith("cuda"):
         return []  # on the CPU the warm-ups would share the cores the workload runs on
-    return [
-        j
-        for j, group in enumerate(hosts)
-        if j and group and not group[0].counters and not hosts[0][0].counters
-    ]
+    if hosts[0][0].counters:
+        return []
+    return [j for j, group in enumerate(hosts) if j and group and not group[0].counters]
 
 
 def _stop_ahead(spec: LeveledSpec, handoff: _Handoff) -> None:
@@ -489,7 +487,7 @@ def _stop_ahead(spec: LeveledSpec, handoff: _Handoff) -> None:
     process = handoff.drop()
     if process is None:
         return
-    (process.process_wait or process.wait)(0, True)
+    process.whole_wait(0, True)
     process.reader.join(timeout=5)
     for levels in process.stages.levels:
         shutil.rmtree(spec.out / levels, ignore_errors=True)
@@ -747,14 +745,12 @@ class _Stages:
         self.levels = tuple(levels)
         count = len(self.levels)
         self.done = [threading.Event() for _ in range(count)]
-        self.stored = [False] * count
-        self.stored_ns = [0] * count
+        self.stored_ns = [0] * count  # 0: not stored
         #: set once the process has warmed up and waits at its gate, or has ended
         self.ready = threading.Event()
 
     def store(self, k: int) -> None:
         self.stored_ns[k] = time.time_ns()
-        self.stored[k] = True
         self.done[k].set()
 
     def end(self) -> None:
@@ -771,7 +767,7 @@ class _Stages:
         def wait(timeout: float | None, kill: bool = True) -> tuple[Any, bool]:
             if not self.done[k].wait(timeout):
                 return process_wait(0, kill) if kill else (None, True)
-            return (0, False) if self.stored[k] else process_wait(None, kill)
+            return (0, False) if self.stored_ns[k] else process_wait(None, kill)
 
         return wait
 
@@ -800,6 +796,11 @@ class _Process:
     process_wait: Wait | None = None  # the process's own wait (``wait`` is the level set's)
 
     @property
+    def whole_wait(self) -> Wait:
+        """The process's own wait, whichever of its level sets this one is."""
+        return self.process_wait or self.wait
+
+    @property
     def last_stage(self) -> bool:
         return self.stage + 1 >= len(self.stages.done)
 
@@ -807,17 +808,16 @@ class _Process:
         """The next level set that this process runs, ``levels``, from when this one stored."""
         k = self.stage + 1
         start = self.stages.stored_ns[self.stage] or time.time_ns()
-        process_wait = self.process_wait or self.wait
         return dataclasses.replace(
             self,
             levels=levels,
-            wait=self.stages.wait(k, process_wait),
+            wait=self.stages.wait(k, self.whole_wait),
             spawned_ns=start,
             opened_ns=start,
             gate=None,
             ahead=False,
             stage=k,
-            process_wait=process_wait,
+            process_wait=self.whole_wait,
         )
 
     def open(self) -> _Process:
@@ -1067,9 +1067,9 @@ def _end_later_stages(spec: LeveledSpec, process: _Process) -> None:
     """A level set failed in a process that was to run more level sets after it: the process
     (which ends by itself after a failed one) is stopped, and what the later ones wrote goes
     (the manifest never lists them)."""
-    if process.last_stage or process.process_wait is None:
+    if process.last_stage:
         return
-    process.process_wait(0, True)
+    process.whole_wait(0, True)
     process.reader.join(timeout=5)
     for k in range(process.stage + 1, len(process.stages.done)):
         later = process.stages.levels[k]
