@@ -114,32 +114,29 @@ def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
         return row
     manifest = json.loads((out / "manifest.json").read_text())
     row["seconds"] = {run["levels"]: run.get("seconds") for run in manifest["runs"]}
-    calibrated = [
-        json.loads((out / levels / "run.json").read_text()).get("calibration")
-        for levels in row["seconds"]
-    ]
-    row["calibration"] = next(
-        (
-            {k: c[k] for k in ("framework_ns_per_record", "module_ns_per_call")}
-            for c in calibrated
-            if c
-        ),
-        None,
-    )
     row.update(replayed(out))
     return row
 
 
 def replayed(out: Path) -> dict[str, Any]:
+    from xsp.analysis.host_timeline import calibration
+    from xsp.analysis.matching import level_sources
     from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
     from xsp.analysis.summary import level_sets
+    from xsp.tracer import schema
 
     store = MeasurementStore(out)
     found = replay(store).summary()
     baseline = found.get("baseline") or {}
     steps = {row["levels"]: row["step_median_ms"] for row in level_sets(store).to_pylist()}
+    probe = calibration(store, level_sources(store)[1].get(schema.LEVEL_FRAMEWORK))
     return {
+        # the F run's probe, as it measured it (the replay's summary has it as fitted)
+        "calibration": {
+            "framework_ns_per_record": probe.op_ns,
+            "module_ns_per_call": probe.module_ns,
+        },
         "step_ms": {levels: round(ms, 3) for levels, ms in steps.items() if ms is not None},
         "m_step_ms": round(found["measured_step_ms"], 3),
         "replayed_ms": round(found["step_ms"], 3),
