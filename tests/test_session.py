@@ -68,9 +68,13 @@ def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> 
     its 4 module calls' records and its ops'; an op record costs the step's added time less its
     module calls', per op record. F records the ops' shapes in the first measured iteration only,
     so the step is timed both ways: with the shapes (the first iteration's cost) and without
-    (the later ones'), writing the same records."""
+    (the later ones'), writing the same records. Each round times F off, then on: the program's
+    iterations after it are recorded."""
     model, opt, x = _mlp()
-    session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()
+    sink = InMemorySink()
+    session = Session(
+        "MF", iterations=2, warmup=1, out=tmp_path / "MF", sinks=[sink], device="cpu"
+    ).start()
     for _ in range(3):
         with xsp.iteration():
             _train_step(model, opt, x)
@@ -87,9 +91,8 @@ def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> 
     assert chain["records"] == {"modules": 17.0, "ops": 0.0}
     assert step["records"]["modules"] == 4.0 and step["records"]["ops"] > 20
     plain = found["probes"]["step_without_shapes"]
-    # the first iteration's probe runs fewer rounds; its records are still counted per call
-    assert found["rounds_first_iteration"] == 3 and found["rounds"] == 7
-    assert plain["records"] == step["records"] and plain["off_ns"] == step["off_ns"]
+    assert found["rounds"] == 5 and found["calls"] == 20 and found["paired"] is True
+    assert plain["records"] == step["records"]
     module_ns = max(0.0, chain["on_ns"] - chain["off_ns"]) / 17
     assert found["module_ns_per_call"] == pytest.approx(module_ns, abs=0.1)
     for probe, key in (
@@ -97,8 +100,14 @@ def test_an_f_session_calibrates_op_and_module_records_apart(tmp_path: Path) -> 
         (plain, "framework_ns_per_record"),
     ):
         added = probe["on_ns"] - probe["off_ns"] - 4 * module_ns
-        assert found[key] == pytest.approx(max(0.0, added) / step["records"]["ops"], abs=0.1)
+        assert found[key] == pytest.approx(max(0.0, added) / step["records"]["ops"], abs=0.2)
     assert found["device"] == "cpu"
+    # F was left on: both measured iterations' module calls and ops were recorded
+    table = sink.table()
+    assert len(_kind(table, "module")) == 2 * 4
+    ops = _kind(table, "op")
+    assert {o["iteration"] for o in ops} == {0, 1}
+    assert sum(o["iteration"] == 0 for o in ops) == sum(o["iteration"] == 1 for o in ops)
 
 
 def test_step_marks_boundaries_and_warmup_is_not_recorded() -> None:

@@ -18,8 +18,9 @@ import pyarrow as pa
 
 #: Format tag written into every run's ``run.json``; readers refuse other majors.
 STORE_FORMAT: Final = "xsp-run/1"
-#: run.json's ``switch_on_ms`` parts that are F's calibration probes (levels off, levels on): the
-#: manifest's phases count them apart from the rest of switching the levels on.
+#: run.json's ``switch_on_ms`` parts that are F's calibration probes (built and warmed up with the
+#: levels off; timed in pairs of F off and on once they are on): the manifest's phases count them
+#: apart from the rest of switching the levels on.
 CALIBRATION_PARTS: Final = ("calibration, levels off", "calibration, levels on")
 
 # Level names, in stack order, and the letters used in level sets ("MF", "MFLG"; a level set is

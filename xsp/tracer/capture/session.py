@@ -829,16 +829,15 @@ class Session:
         if self._calibration is not None:
             from xsp.tracer.capture.levels.framework import FrameworkLevel
 
-            # F records the ops' shapes in its first measured iteration only: timed both ways
-            shapes = next(
-                (
-                    level.set_shapes
-                    for level in self._levels
-                    if isinstance(level, FrameworkLevel) and level.shapes_in_first_iteration_only
-                ),
-                None,
+            framework = next(
+                (level for level in self._levels if isinstance(level, FrameworkLevel)), None
             )
-            self._calibration.after(self._context.arena.records_written, shapes)
+            if framework is not None:  # F's records are what it prices
+                # F records the ops' shapes in its first measured iteration only: timed both ways
+                shapes = framework.set_shapes if framework.shapes_in_first_iteration_only else None
+                self._calibration.after(
+                    self._context.arena.records_written, framework.sample, shapes
+                )
             took(schema.CALIBRATION_PARTS[1])
         self._phase_ns["enabled"] = time.time_ns()
 
