@@ -5,6 +5,7 @@ layers' GPU times have CUDA-event truth (truth.json), and ResNet-50 b64 training
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -398,3 +399,55 @@ def test_a_drift_that_f_cannot_explain_is_not_fitted_and_no_span_ends_before_it_
     fitted = replay(MeasurementStore(DRIFTED))
     assert fitted.summary()["calibration"]["scaled_to_own_steps"] == pytest.approx(1292.012)
     assert int(fitted.dur_ns.min()) >= 0
+
+
+def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPT LM's store needs the fit (0.704 of the probe's cost, above). The first replay keeps
+    its outcome in replay-fit.json; the next one reads it, fits nothing and gives the same step
+    (12.958 ms); a run.json written since is fitted again; a store that cannot be written is
+    fitted every time, with the same answer."""
+    import shutil
+
+    import xsp.analysis.replay as replay_module
+    from xsp.analysis import fit_cache
+    from xsp.analysis.fit_cache import FIT_FILE
+
+    store_dir = tmp_path / "gpt"
+    shutil.copytree(DATA / "gpt-lm-train-2", store_dir)
+    (store_dir / FIT_FILE).unlink(missing_ok=True)
+    fits: list[float] = []
+    real_fit = replay_module._fit
+
+    def counted(*args: object) -> object:
+        fits.append(1)
+        return real_fit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_module, "_fit", counted)
+
+    def summary() -> dict[str, object]:
+        found: dict[str, object] = replay(MeasurementStore(store_dir)).summary()
+        return found
+
+    first = summary()
+    kept = json.loads((store_dir / FIT_FILE).read_text())
+    assert kept["factor"] == pytest.approx(0.704 / 0.671, abs=0.01) and len(fits) == 1
+    again = summary()
+    assert len(fits) == 1  # read, not fitted
+    assert again["step_ms"] == first["step_ms"] == pytest.approx(12.9577, abs=1e-3)
+    assert again["calibration"] == first["calibration"]
+
+    run_json = store_dir / "MF" / "run.json"
+    stat = run_json.stat()
+    os.utime(run_json, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 2
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(store_dir))
+
+    (store_dir / FIT_FILE).unlink()
+    monkeypatch.setattr(fit_cache.tempfile, "mkstemp", refused)  # a read-only store
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 3
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 4
+    assert list(store_dir.glob("*fit*")) == []

@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis import fit_cache
 from xsp.analysis.host_timeline import (
     Calibration,
     baseline,
@@ -356,37 +357,56 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     probe = graph.calibration
     if untraced is None or not probe.op_ns:
         return graph
+    # what the fit starts from besides the runs: its settings and the probe's cost as checked
+    settings = (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe)
+    fit = fit_cache.read(store, settings)
+    if fit is None:
+        fit = _fit(store, graph, untraced)
+        fit_cache.write(store, settings, fit)
+    if fit.factor is None:
+        return graph
+    return replace(
+        _with_cost(store, graph, fit.factor), calibration=probe.scaled(fit.factor, fit.why or "")
+    )
 
-    def replayed(factor: float) -> tuple[_Graph, float]:
-        fitted = graph
-        if factor != 1.0:  # only the host's times change with the cost
-            _, warped_start, warped_end, _ = host_timeline(store, probe.scaled(factor, "fitted"))
-            fitted = replace(graph, warped_start=warped_start, warped_end=warped_end)
-        steps = _replay(store, _STEPS_ONLY, fitted).steps.to_pylist()
-        return fitted, _median_steady(steps) or 0.0
+
+def _with_cost(store: MeasurementStore, graph: _Graph, factor: float) -> _Graph:
+    """``graph`` with the host's times under the probe's cost times ``factor``."""
+    if factor == 1.0:  # only the host's times change with the cost
+        return graph
+    scaled = graph.calibration.scaled(factor, "fitted")
+    _, warped_start, warped_end, _ = host_timeline(store, scaled)
+    return replace(graph, warped_start=warped_start, warped_end=warped_end)
+
+
+def _fit(store: MeasurementStore, graph: _Graph, untraced: float) -> fit_cache.Fit:
+    """The least factor on the probe's cost at which the replay of the F run's steps comes
+    within ``FIT_TOLERANCE_PCT`` of ``untraced``, by bisection (``_fitted_graph``)."""
+
+    def replayed(factor: float) -> float:
+        steps = _replay(store, _STEPS_ONLY, _with_cost(store, graph, factor)).steps.to_pylist()
+        return _median_steady(steps) or 0.0
 
     target = untraced * (1 + FIT_TOLERANCE_PCT / 100)
-    _, with_probe = replayed(1.0)
+    with_probe = replayed(1.0)
     if with_probe <= target:
-        return graph
-    low, high = 1.0, largest_cost_factor(store, probe)
-    fitted, at_high = replayed(high)  # the graph at ``high``, kept: no replay again at the end
-    if at_high > target:
-        return graph
+        return fit_cache.Fit(None)
+    low, high = 1.0, largest_cost_factor(store, graph.calibration)
+    if replayed(high) > target:
+        return fit_cache.Fit(None)
     for _ in range(FIT_ROUNDS):
         middle = (low + high) / 2
-        graph_middle, at_middle = replayed(middle)
-        if at_middle > target:
+        if replayed(middle) > target:
             low = middle
         else:
-            high, fitted = middle, graph_middle
+            high = middle
     if high > FIT_MAX_FACTOR:  # not F's cost: the baseline's check reports the drift
-        return graph
+        return fit_cache.Fit(None)
     why = (
         f"fitted to within {FIT_TOLERANCE_PCT:g}% of the {untraced:.3f} ms of the F process's own "
         f"untraced steps, which the probe's cost replayed to {with_probe:.3f} ms"
     )
-    return replace(fitted, calibration=probe.scaled(high, why))
+    return fit_cache.Fit(high, why)
 
 
 def _build_graph(store: MeasurementStore) -> _Graph:

@@ -1,0 +1,101 @@
+"""The replay's fitted cost of F, kept in the store so that the next analysis does not fit again.
+
+The fit (``xsp.analysis.replay._fitted_graph``) replays the F run's steps ten or so times: 0.25 s
+of the 1.1 s that ``xsp summary`` took of a store that needed it on the dev machine. ``xsp run``
+fits once, at the end of its measurement (its summary); every later ``xsp summary``,
+``xsp analyze`` or export of the same store reads the outcome from ``replay-fit.json`` beside
+the manifest.
+
+The outcome is kept with a key of everything it was computed from: each run's ``run.json`` and
+span files (name, size, modification time), the source of the analysis package (a changed
+replay fits again) and what the fit starts from (its settings and the cost it starts at, as they are when it runs). A missing, unreadable or differing key, or a store that cannot be written
+(a read-only copy), means the fit runs as if nothing were kept: the cache can cost a fit,
+never change an answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xsp.analysis.store import MeasurementStore
+
+log = logging.getLogger(__name__)
+
+FIT_FILE = "replay-fit.json"
+_ANALYSIS = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fit's outcome: the factor on the probe's cost and why (None: the probe's cost stands)."""
+
+    factor: float | None
+    why: str | None = None
+
+
+def _code_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(_ANALYSIS.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _key(store: MeasurementStore, settings: tuple[object, ...]) -> str | None:
+    """What the fit was computed from (None: it cannot be told, so nothing is kept)."""
+    try:
+        digest = hashlib.sha256(f"{_code_digest()} {settings!r}\n".encode())
+        for run in store.runs:
+            for path in sorted([run.path / "run.json", *run.span_files]):
+                stat = path.stat()
+                digest.update(
+                    f"{run.path.name}/{path.name}:{stat.st_size}:{stat.st_mtime_ns}\n".encode()
+                )
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+def read(store: MeasurementStore, settings: tuple[object, ...]) -> Fit | None:
+    """The fit kept for this store's runs, this code and the fit's ``settings``, if any."""
+    key = _key(store, settings)
+    if key is None:
+        return None
+    try:
+        kept = json.loads((store.root / FIT_FILE).read_text())
+        if kept.get("key") != key:
+            return None
+        factor = kept["factor"]
+        return Fit(None if factor is None else float(factor), kept.get("why"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write(store: MeasurementStore, settings: tuple[object, ...], fit: Fit) -> None:
+    """Keep ``fit`` for the next reader; a store that cannot be written is left as it is."""
+    key = _key(store, settings)
+    if key is None:
+        return
+    text = json.dumps({"key": key, "factor": fit.factor, "why": fit.why}, indent=1)
+    try:
+        handle, temporary = tempfile.mkstemp(dir=store.root, prefix=f".{FIT_FILE}.")
+    except OSError as exc:
+        log.debug("replay: the fit is not kept in %s: %s", store.root, exc)
+        return
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.replace(temporary, store.root / FIT_FILE)  # whole or not at all, for a reader
+    except OSError as exc:
+        log.debug("replay: the fit is not kept in %s: %s", store.root, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
