@@ -411,7 +411,7 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
     import shutil
 
     import xsp.analysis.replay as replay_module
-    from xsp.analysis import fit_cache
+    import xsp.tracer.store as store_module
     from xsp.analysis.fit_cache import FIT_FILE
 
     store_dir = tmp_path / "gpt"
@@ -447,7 +447,7 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
         raise PermissionError(13, "Permission denied", str(store_dir))
 
     (store_dir / FIT_FILE).unlink()
-    monkeypatch.setattr(fit_cache.tempfile, "mkstemp", refused)  # a read-only store
+    monkeypatch.setattr(store_module.tempfile, "mkstemp", refused)  # a read-only store
     assert summary()["step_ms"] == first["step_ms"] and len(fits) == 3
     assert summary()["step_ms"] == first["step_ms"] and len(fits) == 4
     assert list(store_dir.glob("*fit*")) == []

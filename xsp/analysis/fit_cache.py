@@ -15,15 +15,14 @@ never change an answer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from xsp.tracer.store import write_json_atomic
 
 if TYPE_CHECKING:
     from xsp.analysis.store import MeasurementStore
@@ -85,17 +84,7 @@ def write(store: MeasurementStore, settings: tuple[object, ...], fit: Fit) -> No
     key = _key(store, settings)
     if key is None:
         return
-    text = json.dumps({"key": key, "factor": fit.factor, "why": fit.why}, indent=1)
     try:
-        handle, temporary = tempfile.mkstemp(dir=store.root, prefix=f".{FIT_FILE}.")
+        write_json_atomic(store.root / FIT_FILE, {"key": key, "factor": fit.factor, "why": fit.why})
     except OSError as exc:
         log.debug("replay: the fit is not kept in %s: %s", store.root, exc)
-        return
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, store.root / FIT_FILE)  # whole or not at all, for a reader
-    except OSError as exc:
-        log.debug("replay: the fit is not kept in %s: %s", store.root, exc)
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
