@@ -45,6 +45,7 @@ PRESETS=(
   "two-streams|1-2 min|the two-stream workload (benchmarks/workloads/two_streams.py: an event wait joins the streams) at M,MF,MFLG and its replay, into two-streams/ (the store for benchmarks/data/replay-h200/two-streams)"
   "fork-run|5-6 min|xsp run --model four ways: level sets forked from a preloaded server and overlapped with MF after M in M's process (the default), the same with MF in its own (XSP_SHARE_PROCESS=0), forked one at a time (XSP_OVERLAP=0), fresh interpreters one at a time (XSP_FORK_SERVER=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference (ROUNDS=2) and b64 training (one round); wall, phases, M's step, the replay; fork-run-*.json"
   "share-run|5-6 min|xsp run --model M,MF,MFLG with MF after M in M's process (the default) and in a process of its own (XSP_SHARE_PROCESS=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference, MobileNetV3-large b1 inference, ResNet-50 b64 training (ROUNDS=3); wall, each level set's step and phases, the replay against M; share-run-*.json"
+  "calibration|1-2 min|calibration_spread.py: F's calibration repeated in one process on CUDA (an MF session of one ResNet-18 b1 inference iteration each), rounds of CALLSxROUNDS each (CONFIGS=20x5,50x7,25x5,20x4,10x7 REPEATS=10), into calibration-spread.json"
   "first-step|1 min|where a fresh CUDA process's first iteration goes (ResNet-50 b1 inference), and what loading cuDNN's and cuBLAS's libraries before CUDA starts saves (ROUNDS=3); into first-step.jsonl"
   "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again; wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
@@ -662,6 +663,12 @@ p_share_run() {
       --batch-size "$batch" --device cuda --rounds "${ROUNDS:-3}" --configs shared,forked \
       --out "$OUT/share-run-${model#*:}-b$batch-$mode.json"
   done
+}
+
+p_calibration() {
+  timeout 240 python3 benchmarks/calibration_spread.py --device cuda --repeats "${REPEATS:-10}" \
+    --configs "${CONFIGS:-20x5,50x7,25x5,20x4,10x7}" --out "$OUT/calibration-spread.json" 2>&1 \
+    | grep -v '^repeat'
 }
 
 p_first_step() {
