@@ -351,7 +351,8 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     GPU-bound step's replay cannot fall below its GPU work, whatever the host's speed), and left
     as the probe measured it where even a host that takes no time replays too slowly (the GPU
     side is then off, and ``baseline`` says so) or where only more than ``FIT_MAX_FACTOR`` would
-    do (the process drifted). M is not read, so the check against M stays free of it."""
+    do (the process drifted). M is not read, so the check against M stays free of it. The
+    outcome is kept in the store for the next reader (``xsp.analysis.fit_cache``)."""
     graph = _build_graph(store)
     untraced = own_untraced_ms(store)
     probe = graph.calibration
