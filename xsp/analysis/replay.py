@@ -21,7 +21,7 @@ run that measures it:
 2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
    is the shallowest F run's, each time moved back by the calibrated cost of its own rank's F
    records that started and ended before it in its step (the level-set process timed a small
-   training step with its levels off and on: ``run.json``'s ``calibration``); the deep run's
+   training step in rounds of F off and on: ``run.json``'s ``calibration``); the deep run's
    spans take those times by structural key, and its L calls are placed between them by
    interpolation; children stay inside their parents. A sync keeps only what it took after the
    work it awaited ended.
