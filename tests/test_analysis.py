@@ -225,6 +225,12 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     assert list(found)[2:4] == ["F's calibration", "levels on"]
     assert found["F's calibration"] == pytest.approx(0.8)
     assert found["levels on"] == pytest.approx(0.004 + 0.042 + 1.191)
+    # MF run after M in M's process: the processes are counted as many as there are
+    shared = json.loads(json.dumps(manifest))
+    shared["runs"][1]["in_process_of"] = "M"
+    assert (time_line(shared) or "").startswith("time: 3 level sets in 2 processes 32.7 s: ")
+    two = {**shared, "runs": shared["runs"][:2]}  # M and MF alone: one process
+    assert (time_line(two) or "").startswith("time: 2 level sets in 1 process 18.9 s: ")
     # runs without phase seconds (a manifest older than them): no line
     older = json.loads((REPLAY_R50.parent.parent / "r50-b64-train/manifest.json").read_text())
     assert time_by_phase(older).num_rows == 0 and time_line(older) is None

@@ -160,10 +160,11 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
         return None
     runs = [r for r in manifest.get("runs") or [] if isinstance(r, dict) and r.get("seconds")]
     processes = sum(float(r["seconds"].get("total") or 0.0) for r in runs)
-    count = f"{len(runs)} level-set process{'es' if len(runs) != 1 else ''} {processes:.1f} s"
+    count = f"{_count(len(runs), 'level-set process')} {processes:.1f} s"
     shared = sum(1 for r in runs if r.get("in_process_of"))
     if shared:  # a level set run after another in its process (xsp.tracer.run.runner)
-        count = f"{len(runs)} level sets in {len(runs) - shared} processes {processes:.1f} s"
+        held = _count(len(runs) - shared, "process")
+        count = f"{len(runs)} level sets in {held} {processes:.1f} s"
     start, end = manifest.get("created_ns"), manifest.get("finished_ns")
     whole = ""
     if isinstance(start, int) and isinstance(end, int) and end > start:
@@ -178,6 +179,13 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
         )
     ]
     return f"time: {whole}{count}: {', '.join(parts)}"
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the number ``n`` asks for (a noun ending in "s" takes "es")."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
 def own_time_line(manifest: Mapping[str, Any]) -> str | None:
