@@ -406,8 +406,8 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
 ) -> None:
     """The GPT LM's store needs the fit (0.704 of the probe's cost, above). The first replay keeps
     its outcome in replay-fit.json; the next one reads it, fits nothing and gives the same step
-    (12.958 ms); a run.json written since is fitted again; a store that cannot be written is
-    fitted every time, with the same answer."""
+    (12.958 ms); a file this code did not write, or a run.json written since, is fitted again;
+    a store that cannot be written is fitted every time, with the same answer."""
     import shutil
 
     import xsp.analysis.replay as replay_module
@@ -438,16 +438,21 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
     assert again["step_ms"] == first["step_ms"] == pytest.approx(12.9577, abs=1e-3)
     assert again["calibration"] == first["calibration"]
 
+    for damaged in ("[1]", "{", '{"key": null}'):  # not a fit this code wrote: fitted again
+        (store_dir / FIT_FILE).write_text(damaged)
+        assert summary()["step_ms"] == first["step_ms"]
+    assert len(fits) == 4 and json.loads((store_dir / FIT_FILE).read_text()) == kept
+
     run_json = store_dir / "MF" / "run.json"
     stat = run_json.stat()
     os.utime(run_json, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 2
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 5
 
     def refused(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(store_dir))
 
     (store_dir / FIT_FILE).unlink()
     monkeypatch.setattr(store_module.tempfile, "mkstemp", refused)  # a read-only store
-    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 3
-    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 4
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 6
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 7
     assert list(store_dir.glob("*fit*")) == []

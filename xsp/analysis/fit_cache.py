@@ -71,7 +71,7 @@ def read(store: MeasurementStore, settings: tuple[object, ...]) -> Fit | None:
         return None
     try:
         kept = json.loads((store.root / FIT_FILE).read_text())
-        if kept.get("key") != key:
+        if not isinstance(kept, dict) or kept.get("key") != key:
             return None
         factor = kept["factor"]
         return Fit(None if factor is None else float(factor), kept.get("why"))
