@@ -8,9 +8,10 @@ the manifest.
 
 The outcome is kept with a key of everything it was computed from: each run's ``run.json`` and
 span files (name, size, modification time), the source of the analysis package (a changed
-replay fits again) and what the fit starts from (its settings and the cost it starts at, as they are when it runs). A missing, unreadable or differing key, or a store that cannot be written
-(a read-only copy), means the fit runs as if nothing were kept: the cache can cost a fit,
-never change an answer.
+replay fits again) and what the fit starts from (its settings and the cost it starts at, as
+they are when it runs). A missing, unreadable or differing key, or a store that cannot be
+written (a read-only copy), means the fit runs as if nothing were kept: the cache can cost a
+fit, never change an answer.
 """
 
 from __future__ import annotations
