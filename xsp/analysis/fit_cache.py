@@ -17,13 +17,13 @@ fit, never change an answer.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xsp.tracer.store import write_json_atomic
+from xsp.tracer.errors import StoreError
+from xsp.tracer.store import read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from xsp.analysis.store import MeasurementStore
@@ -50,8 +50,9 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def _key(store: MeasurementStore, settings: tuple[object, ...]) -> str | None:
-    """What the fit was computed from (None: it cannot be told, so nothing is kept)."""
+def key(store: MeasurementStore, settings: tuple[object, ...]) -> str | None:
+    """What a fit of ``store`` with ``settings`` is computed from (None: it cannot be told, so
+    nothing is kept)."""
     try:
         digest = hashlib.sha256(f"{_code_digest()} {settings!r}\n".encode())
         for run in store.runs:
@@ -65,27 +66,28 @@ def _key(store: MeasurementStore, settings: tuple[object, ...]) -> str | None:
         return None
 
 
-def read(store: MeasurementStore, settings: tuple[object, ...]) -> Fit | None:
-    """The fit kept for this store's runs, this code and the fit's ``settings``, if any."""
-    key = _key(store, settings)
-    if key is None:
+def read(store: MeasurementStore, kept_as: str | None) -> Fit | None:
+    """The fit kept for ``store`` under the key ``kept_as`` (``key``), if there is one."""
+    if kept_as is None:
         return None
     try:
-        kept = json.loads((store.root / FIT_FILE).read_text())
-        if not isinstance(kept, dict) or kept.get("key") != key:
+        kept = read_json(store.root / FIT_FILE)
+        if kept.get("key") != kept_as:
             return None
         factor = kept["factor"]
         return Fit(None if factor is None else float(factor), kept.get("why"))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (StoreError, ValueError, KeyError, TypeError):
         return None
 
 
-def write(store: MeasurementStore, settings: tuple[object, ...], fit: Fit) -> None:
-    """Keep ``fit`` for the next reader; a store that cannot be written is left as it is."""
-    key = _key(store, settings)
-    if key is None:
+def write(store: MeasurementStore, kept_as: str | None, fit: Fit) -> None:
+    """Keep ``fit`` under ``kept_as`` for the next reader; a store that cannot be written is
+    left as it is."""
+    if kept_as is None:
         return
     try:
-        write_json_atomic(store.root / FIT_FILE, {"key": key, "factor": fit.factor, "why": fit.why})
+        write_json_atomic(
+            store.root / FIT_FILE, {"key": kept_as, "factor": fit.factor, "why": fit.why}
+        )
     except OSError as exc:
         log.debug("replay: the fit is not kept in %s: %s", store.root, exc)

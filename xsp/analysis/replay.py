@@ -359,11 +359,11 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     if untraced is None or not probe.op_ns:
         return graph
     # what the fit starts from besides the runs: its settings and the probe's cost as checked
-    settings = (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe)
-    fit = fit_cache.read(store, settings)
+    kept_as = fit_cache.key(store, (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe))
+    fit = fit_cache.read(store, kept_as)
     if fit is None:
         fit = _fit(store, graph, untraced)
-        fit_cache.write(store, settings, fit)
+        fit_cache.write(store, kept_as, fit)
     if fit.factor is None:
         return graph
     return replace(

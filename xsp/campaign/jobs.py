@@ -45,19 +45,19 @@ def stop_stale_processes(out: Path, wait_s: float = 10.0) -> list[int]:
     not reach): its rerun writes the same run directories. A process is the run's while its pid,
     recorded in run.json, belongs to a process that started before the run did (within a
     minute), so that a reused pid is left alone. Returns the pids killed."""
-    import json
     import os
     import signal
 
     from xsp.tracer.run.procfs import process_age_ns
+    from xsp.tracer.store import read_json
 
     killed = []
     for meta_path in out.glob("*/run.json"):
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json(meta_path)
             pid = int((meta.get("resource") or {})["process.pid"])
             started_ns = int(meta["started_ns"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (XspError, ValueError, KeyError, TypeError):
             continue
         age_ns = process_age_ns(pid)
         if meta.get("status") != "running" or age_ns is None:
