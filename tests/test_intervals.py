@@ -107,6 +107,27 @@ def test_stabbing_points_agrees_with_nesting_them_as_empty_intervals() -> None:
         assert stab(thread, start, end, threads, times).tolist() == expected.tolist()
 
 
+def test_a_point_past_the_ends_of_a_deep_chain_lands_in_the_deepest_open_ancestor() -> None:
+    """A chain of 64 intervals, each inside the one before (interval i spans [i, 1000 - 10 i]),
+    on two threads: a point at t lies in every interval with i <= t <= 1000 - 10 i, and the
+    innermost is the largest such i, however many ended intervals it climbs past (the climb
+    jumps by powers of two)."""
+    depth = 64
+    start = np.tile(np.arange(depth), 2)
+    end = np.tile(1000 - 10 * np.arange(depth), 2)
+    thread = np.repeat([0, 1], depth)
+    times = np.arange(0, 1010, 7)
+    points = np.concatenate([times, times])
+    point_thread = np.repeat([0, 1], len(times))
+    expected = []
+    for t, th in zip(points.tolist(), point_thread.tolist(), strict=True):
+        inside = [i for i in range(depth) if i <= t <= 1000 - 10 * i]
+        expected.append(th * depth + max(inside) if inside else -1)
+    assert stab(thread, start, end, point_thread, points).tolist() == expected
+    assert expected[times.tolist().index(504)] == 49  # past the 14 that ended: [49, 510]
+    assert expected[times.tolist().index(700)] == 30 and expected[-1] == -1  # [30, 700]; none
+
+
 def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:
     """Parent rows of a random forest, rows in no particular order (a child may come first)."""
     order = rng.permutation(n)
