@@ -47,9 +47,9 @@ PRESETS=(
   "share-run|5-6 min|xsp run --model M,MF,MFLG with MF after M in M's process (the default) and in a process of its own (XSP_SHARE_PROCESS=0), in rotating rounds beside the untraced loop: ResNet-50 b1 inference, MobileNetV3-large b1 inference, ResNet-50 b64 training (ROUNDS=3); wall, each level set's step and phases, the replay against M; share-run-*.json"
   "calibration|1-2 min|calibration_spread.py: F's calibration repeated in one process on CUDA (an MF session of one ResNet-18 b1 inference iteration each), rounds of CALLSxROUNDS each (CONFIGS=20x5,50x7,25x5,20x4,10x7 REPEATS=10), into calibration-spread.json"
   "first-step|1 min|where a fresh CUDA process's first iteration goes (ResNet-50 b1 inference), and what loading cuDNN's and cuBLAS's libraries before CUDA starts saves (ROUNDS=3); into first-step.jsonl"
-  "cold-start|2-3 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again; wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
+  "cold-start|4-5 min|issue 31's cold first process: ResNet-50 b64 training, 40 iterations, xsp run --levels MFLG twice then --levels M, as the machine's first GPU work (name it first), then the untraced loop twice, MFLG once more and the untraced loop again, then BYTECODE_ROUNDS=3 rounds of the untraced loop and MFLG with Python's bytecode cached (the image writes none); wall time, each process's phases (manifest), xsp run's own seconds and the switch-on's parts into cold-start.json"
   "cpu-demo|2-3 min|the CPU demo's command (ResNet-18 b2 inference, M,MF, 3 iterations) on 2 pinned cores (taskset), the steady heap on and off alternating (PAIRS=3), and once on 8 cores; into cpu-demo.json"
-  "runner-cost|1-2 min|where xsp run's own process spends the seconds outside its level sets: xsp run --help and xsp summary of a fresh MFLG store (ResNet-50 b64 training, 10 iterations), as the image runs Python (no bytecode written) and with bytecode cached; the summary's imports; into runner-cost.txt, summary-importtime.txt"
+  "runner-cost|1-2 min|where xsp run's own process spends the seconds outside its level sets: xsp run --help and xsp summary of a fresh MFLG store (ResNet-50 b64 training, 10 iterations), as the image runs Python (no bytecode written) and with bytecode cached; the summary's imports, and its profile with bytecode cached (that store and r50-b64-train-cl); into runner-cost.txt, summary-importtime.txt, summary-profile-*.txt"
   "parent-imports|1 min|what xsp run's own process imports on CUDA (ResNet-18 b8, --levels M): python -X importtime, the chain that brings torch in, into parent-imports.txt"
   "conversion|1 min|conversion.py: raw records to span table and parquet, spans/s and bytes per span (CPU)"
   "collector|1 min|collector_load.py: OTLP/HTTP spans/s into xsp collector serve (CPU; LOAD_S=10 CLIENTS=2)"
@@ -677,8 +677,8 @@ p_first_step() {
 }
 
 p_cold_start() {
-  python3 - "$OUT/cold-start.json" <<'PY'
-import json, subprocess, sys, time
+  python3 - "$OUT/cold-start.json" "${BYTECODE_ROUNDS:-3}" <<'PY'
+import json, os, subprocess, sys, time
 rows = []
 # the untraced loop, as a user's script would run it: the zoo's model and step, no xsp session
 UNTRACED = """
@@ -689,17 +689,19 @@ for _ in range(42):  # xsp run's 2 warm-up iterations and 40 measured
     w.step()
     torch.cuda.synchronize()
 """
+env = dict(os.environ)  # later: Python's bytecode cached, as a pip install has it
 def untraced():
     began = time.time()
-    done = subprocess.run([sys.executable, "-c", UNTRACED], capture_output=True, text=True)
-    rows.append({"levels": "untraced", "rc": done.returncode, "wall_s": round(time.time() - began, 2)})
+    done = subprocess.run([sys.executable, "-c", UNTRACED], capture_output=True, text=True, env=env)
+    rows.append({"levels": "untraced", "rc": done.returncode, "wall_s": round(time.time() - began, 2),
+                 "bytecode": "PYTHONPYCACHEPREFIX" in env})
     print(rows[-1], done.stderr[-300:] if done.returncode else "")
 def traced(levels):
     out = f"/tmp/cold-{len(rows)}"
     began = time.time()
     done = subprocess.run([sys.executable, "-m", "xsp", "run", "--model", "torchvision:resnet50",
         "--mode", "train", "--batch-size", "64", "--iterations", "40", "--levels", levels,
-        "--device", "cuda", "--out", out], capture_output=True, text=True)
+        "--device", "cuda", "--out", out], capture_output=True, text=True, env=env)
     wall = time.time() - began
     manifest = json.load(open(f"{out}/manifest.json"))
     phases = [e.get("seconds") for e in manifest.get("runs", manifest.get("level_sets", []))]
@@ -714,7 +716,8 @@ def traced(levels):
     inside = (manifest.get("finished_ns", 0) - manifest.get("created_ns", 0)) / 1e9
     rows.append({"levels": levels, "rc": done.returncode, "wall_s": round(wall, 2),
                  "manifest_s": round(inside, 2), "runner_s": manifest.get("runner_s"),
-                 "phases_s": phases, "switch_on_ms": switch_on})
+                 "phases_s": phases, "switch_on_ms": switch_on,
+                 "bytecode": "PYTHONPYCACHEPREFIX" in env, "out": out})
     print(levels, done.returncode, f"{wall:.1f} s ({inside:.1f} s in the manifest)", phases,
           manifest.get("runner_s"), switch_on, done.stderr[-300:] if done.returncode else "")
 for levels in ("MFLG", "MFLG", "M"):
@@ -723,8 +726,18 @@ untraced()
 untraced()
 traced("MFLG")  # a later one, after the untraced loops
 untraced()
+# The image writes no bytecode (PYTHONDONTWRITEBYTECODE), so each of its processes compiles
+# torch's and numpy's sources on import; a pip install has them compiled. Rounds of the untraced
+# loop and a later MFLG with the bytecode cached (written by one of each first, not counted).
+env.pop("PYTHONDONTWRITEBYTECODE", None)
+env["PYTHONPYCACHEPREFIX"] = "/tmp/pyc-cold"
+untraced(); traced("MFLG"); del rows[-2:]
+for _ in range(int(sys.argv[2])):
+    untraced()
+    traced("MFLG")
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 PY
+  tar -czf "$OUT/cold-mflg.tgz" -C "$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[-1]['out'])" "$OUT/cold-start.json")" .
 }
 
 p_cpu_demo() {
@@ -799,12 +812,17 @@ PY
   } 2>&1 | tee "$OUT/runner-cost.txt"
   python3 -X importtime -m xsp summary /tmp/rc 2> "$OUT/summary-importtime.txt" >/dev/null
   sort -t'|' -k2 -n -r "$OUT/summary-importtime.txt" | head -15
-  # where the summary's own seconds go, and numpy's import (0.30 s here, 0.03 s on the dev
-  # machine) with its BLAS's threads limited and not
-  python3 -m cProfile -o "$OUT/summary.prof" -m xsp summary /tmp/rc >/dev/null 2>&1
-  python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
-    "$OUT/summary.prof" > "$OUT/summary-profile.txt"
-  head -70 "$OUT/summary-profile.txt" | tail -55
+  # where the summary's own seconds go, bytecode cached (the fresh store's, and the committed
+  # one's, whose fit is kept), and numpy's import (0.30 s here without bytecode, 0.03 s on the
+  # dev machine) with its BLAS's threads limited and not
+  for store in /tmp/rc benchmarks/data/replay-h200/r50-b64-train-cl; do
+    name=$(basename "$store")
+    env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m cProfile \
+      -o "$OUT/summary-$name.prof" -m xsp summary "$store" >/dev/null 2>&1
+    python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
+      "$OUT/summary-$name.prof" > "$OUT/summary-profile-$name.txt"
+  done
+  head -40 "$OUT/summary-profile-r50-b64-train-cl.txt" | tail -28
   {
     for threads in "" 1 "" 1; do
       echo "OPENBLAS_NUM_THREADS=${threads:-unset}: $(OPENBLAS_NUM_THREADS=$threads python3 -X importtime -c 'import numpy' 2>&1 | tail -1)"
