@@ -392,16 +392,20 @@ def _fit(store: MeasurementStore, graph: _Graph, untraced: float) -> fit_cache.F
     with_probe = replayed(1.0)
     if with_probe <= target:
         return fit_cache.Fit(None)
-    low, high = 1.0, largest_cost_factor(store, graph.calibration)
-    if replayed(high) > target:
-        return fit_cache.Fit(None)
+    low = 1.0
+    high = largest = largest_cost_factor(store, graph.calibration)
     for _ in range(FIT_ROUNDS):
+        if low >= FIT_MAX_FACTOR:
+            break  # the least is past it already
         middle = (low + high) / 2
         if replayed(middle) > target:
             low = middle
         else:
             high = middle
-    if high > FIT_MAX_FACTOR:  # not F's cost: the baseline's check reports the drift
+    # past FIT_MAX_FACTOR it is not F's cost but the drift the baseline's check reports; and a
+    # bracket that never came down from the largest is checked there last, not first (one
+    # replay fewer where it holds): a host that takes no time at all may still be too slow
+    if high > FIT_MAX_FACTOR or (high == largest and replayed(high) > target):
         return fit_cache.Fit(None)
     why = (
         f"fitted to within {FIT_TOLERANCE_PCT:g}% of the {untraced:.3f} ms of the F process's own "
