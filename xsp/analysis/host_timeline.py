@@ -221,7 +221,7 @@ def _host_timeline(
        keeps its measured distance.
 
     What no calibration changes (the matching, the order of times) is found once per store
-    (``_Placing``): the replay's fit asks for the timeline of ten or so calibrations.
+    (``_Placing``): the replay's fit asks for the timeline of nine calibrations.
     """
     runs, source_of = level_sources(store)
     deep_index = runs[-1][0]
