@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from xsp.tracer.convert.intervals import depths, find_rows, inherit, nest, stab
+from xsp.tracer.convert.intervals import depths, find_rows, inherit, nest, order_by, stab
 
 
 def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]
@@ -126,6 +126,20 @@ def test_a_point_past_the_ends_of_a_deep_chain_lands_in_the_deepest_open_ancesto
     assert stab(thread, start, end, point_thread, points).tolist() == expected
     assert expected[times.tolist().index(504)] == 49  # past the 14 that ended: [49, 510]
     assert expected[times.tolist().index(700)] == 30 and expected[-1] == -1  # [30, 700]; none
+
+
+def test_order_by_sorts_as_lexsort_does_ties_in_row_order_and_any_range() -> None:
+    """Rows by the major key, then the minor, equal pairs in row order: lexsort's order, whether
+    the keys' ranges fit one combined int64 key (times in ns within a step, negative minors) or
+    not (epoch nanoseconds against a minor of 2**40, which falls back to lexsort)."""
+    rng = np.random.default_rng(3)
+    for low, high in ((0, 50), (-(10**6), 10**6), (1_700_000_000 * 10**9, 1_700_000_001 * 10**9)):
+        major = rng.integers(low, high, 2000)
+        minor = rng.integers(-(2**40), 2**40, 2000) if low > 10**12 else rng.integers(-5, 5, 2000)
+        assert order_by(major, minor).tolist() == np.lexsort((minor, major)).tolist()
+    major, minor = np.array([3, 1, 3, 1, 2]), np.array([0, 7, 0, -7, 1])
+    assert order_by(major, minor).tolist() == [3, 1, 4, 0, 2]  # rows 0 and 2 tie: row order
+    assert order_by(np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == []
 
 
 def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:

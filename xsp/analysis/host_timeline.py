@@ -26,7 +26,7 @@ from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import find_rows
+from xsp.tracer.convert.intervals import find_rows, order_by
 
 #: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
 #: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after
@@ -328,7 +328,7 @@ def _after_siblings(
     """Each of ``rows`` starts no earlier than its earlier siblings end (in place): where the runs
     nest a span differently (an op under another in MF, beside it in MFLG), interpolation can
     overlap siblings, and the children of a span must not outlast it together."""
-    rows = rows[np.lexsort((start[rows], parent[rows]))]
+    rows = rows[order_by(parent[rows], start[rows])]
     group = np.cumsum(np.concatenate(([True], parent[rows][1:] != parent[rows][:-1]))) - 1
     base = start[parent[rows]]  # times relative to the parent's start, groups apart
     span = int((end[rows] - base).max(initial=0)) + 1

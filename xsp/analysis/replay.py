@@ -73,7 +73,7 @@ from xsp.analysis.replay_collectives import Collectives, find_collectives, nccl_
 from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
-from xsp.tracer.convert.intervals import find_rows, inherit, stab
+from xsp.tracer.convert.intervals import find_rows, inherit, order_by, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync for the work of the stream or event it
@@ -855,7 +855,7 @@ class _Iteration:
         self.parent = parent
         self.is_call = is_call
         host = members[~gpu[members] & (members != step)]
-        self.host = host[np.lexsort((-warped_dur[host], warped_start[host]))]
+        self.host = host[order_by(warped_start[host], -warped_dur[host])]
         self.activities = members[gpu[members]]
         self.is_sync = is_sync
         self.ws = warped_start
