@@ -275,9 +275,15 @@ class _Placing:
             )
             by = np.argsort(x, kind="stable")
             self.interpolated.append((step, knots, members[others[members]], by, x[by]))
-        self.host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
+        host = (level != schema.LEVEL_GPU) & (kind != schema.KIND_STEP)
         self.parent = parent
-        self.depth = tree_depths(store, deep_index)
+        depth = tree_depths(store, deep_index)
+        #: the host spans under a host parent, a level of the tree at a time, top-down
+        self.levels: list[np.ndarray] = []
+        for at in range(1, int(depth.max(initial=0)) + 1):
+            rows = np.nonzero((depth == at) & host)[0]
+            if len(rows := rows[host[parent[rows]]]):
+                self.levels.append(rows)
 
     def placed(self, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
         """Each deep row's host start and end under ``calib`` (steps 2.1 to 2.3)."""
@@ -299,21 +305,18 @@ class _Placing:
             out_end[todo] = np.round(np.interp(end[todo], x, y)).astype(np.int64)
         # a span that lasted keeps at least a nanosecond (Jaeger "sanitizes" an empty one)
         out_end = np.maximum(out_end, out_start + (end > start))
-        return _inside_parents(out_start, out_end, self.parent, self.depth, self.host)
+        return _inside_parents(out_start, out_end, self.parent, self.levels)
 
 
 def _inside_parents(
-    start: np.ndarray, end: np.ndarray, parent: np.ndarray, depth: np.ndarray, host: np.ndarray
+    start: np.ndarray, end: np.ndarray, parent: np.ndarray, levels: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Host spans kept inside their host parents, top-down: the calibrated cost taken off a
-    parent's end can exceed the gap it measured after its last child (810 ns a record against
-    a 200 ns gap), and a child that outlasts its parent breaks every nested view."""
+    """Host spans kept inside their host parents, a level of ``levels`` at a time, top-down:
+    the calibrated cost taken off a parent's end can exceed the gap it measured after its last
+    child (810 ns a record against a 200 ns gap), and a child that outlasts its parent breaks
+    every nested view."""
     start, end = start.copy(), end.copy()
-    for level in range(1, int(depth.max(initial=0)) + 1):
-        rows = np.nonzero((depth == level) & host)[0]
-        rows = rows[host[parent[rows]]]
-        if not len(rows):
-            continue
+    for rows in levels:
         up_start, up_end = start[parent[rows]], end[parent[rows]]
         lasted = end[rows] > start[rows]
         start[rows] = np.clip(start[rows], up_start, np.maximum(up_start, up_end - lasted))
