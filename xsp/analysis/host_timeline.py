@@ -415,16 +415,17 @@ class _CostClock:
         if calib.op_ns is None:
             return start, end
         first_op_ns = calib.op_ns if calib.first_op_ns is None else calib.first_op_ns
-        half = np.array([calib.module_ns or 0.0, first_op_ns, calib.op_ns]) / 2
+        half = ((calib.module_ns or 0.0) / 2, first_op_ns / 2, calib.op_ns / 2)
+
+        def cost(counts: np.ndarray) -> np.ndarray:  # not a matrix product: BLAS's threads
+            found = counts[0] * half[0] + counts[1] * half[1] + counts[2] * half[2]
+            return np.round(found).astype(np.int64)
+
         moved_start, moved_end = start.copy(), end.copy()
         # a cost above the time the records took (a fitted one can be) stops at the step's start
         for rows, to_start, to_end, floor in self.ranks:
-            moved_start[rows] = np.maximum(
-                start[rows] - np.round(half @ to_start).astype(np.int64), floor
-            )
-            moved_end[rows] = np.maximum(
-                end[rows] - np.round(half @ to_end).astype(np.int64), floor
-            )
+            moved_start[rows] = np.maximum(start[rows] - cost(to_start), floor)
+            moved_end[rows] = np.maximum(end[rows] - cost(to_end), floor)
         return moved_start, np.maximum(moved_end, moved_start)
 
 
