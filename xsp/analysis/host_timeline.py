@@ -398,15 +398,18 @@ class _CostClock:
             by = np.argsort(times, kind="stable")
             times = times[by]
             kinds = np.concatenate((priced_as[records], priced_as[records]))[by]
-            before = np.zeros((self.KINDS, len(times) + 1))  # half-records before each time
+            # half-records of each kind before each time
+            before = np.zeros((self.KINDS, len(times) + 1), dtype=np.int32)
             for k in range(self.KINDS):
-                before[k, 1:] = np.cumsum(kinds == k)
+                np.cumsum(kinds == k, out=before[k, 1:])
             rows = np.nonzero(mine)[0]
-            step_start = self.start[self.owner[rows]]
-            at_step, at_start, at_end = (
+            steps, step_of = np.unique(self.owner[rows], return_inverse=True)
+            at_step = before[:, np.searchsorted(times, self.start[steps], side="left")][:, step_of]
+            at_start, at_end = (
                 before[:, np.searchsorted(times, t, side="left")]
-                for t in (step_start, self.start[rows], self.end[rows])
+                for t in (self.start[rows], self.end[rows])
             )
+            step_start = self.start[steps][step_of]
             self.ranks.append((rows, at_start - at_step, at_end - at_step, step_start))
 
     def moved(self, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
