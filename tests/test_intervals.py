@@ -131,7 +131,8 @@ def test_a_point_past_the_ends_of_a_deep_chain_lands_in_the_deepest_open_ancesto
 def test_order_by_sorts_as_lexsort_does_ties_in_row_order_and_any_range() -> None:
     """Rows by the major key, then the minor, equal pairs in row order: lexsort's order, whether
     the keys' ranges fit one combined int64 key (times in ns within a step, negative minors) or
-    not (epoch nanoseconds against a minor of 2**40, which falls back to lexsort)."""
+    not (epoch nanoseconds against a minor of 2**40, which falls back to lexsort), and for float
+    keys, which a combined integer key would truncate (0.1 and 0.2 both 0)."""
     rng = np.random.default_rng(3)
     for low, high in ((0, 50), (-(10**6), 10**6), (1_700_000_000 * 10**9, 1_700_000_001 * 10**9)):
         major = rng.integers(low, high, 2000)
@@ -139,6 +140,8 @@ def test_order_by_sorts_as_lexsort_does_ties_in_row_order_and_any_range() -> Non
         assert order_by(major, minor).tolist() == np.lexsort((minor, major)).tolist()
     major, minor = np.array([3, 1, 3, 1, 2]), np.array([0, 7, 0, -7, 1])
     assert order_by(major, minor).tolist() == [3, 1, 4, 0, 2]  # rows 0 and 2 tie: row order
+    assert order_by(major, minor + 0.5).tolist() == [3, 1, 4, 0, 2]  # floats: lexsort itself
+    assert order_by(major, np.array([0.2, 0, 0.1, 0, 0])).tolist() == [1, 3, 4, 2, 0]
     assert order_by(np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == []
 
 
