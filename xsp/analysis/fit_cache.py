@@ -1,15 +1,16 @@
 """The replay's fitted cost of F, kept in the store so that the next analysis does not fit again.
 
-The fit (``xsp.analysis.replay._fitted_graph``) replays the F run's steps ten or so times: 0.25 s
-of the 1.1 s that ``xsp summary`` took of a store that needed it on the dev machine. ``xsp run``
+The fit (``xsp.analysis.replay._fitted_graph``) replays the F run's steps nine times: 0.25 s of
+the 1.1 s that ``xsp summary`` took of a store that needed it on the dev machine. ``xsp run``
 fits once, at the end of its measurement (its summary); every later ``xsp summary``,
 ``xsp analyze`` or export of the same store reads the outcome from ``replay-fit.json`` beside
 the manifest.
 
 The outcome is kept with a key of everything it was computed from: each run's ``run.json`` and
-span files (name, size, modification time), the source of the analysis package (a changed
-replay fits again) and what the fit starts from (its settings and the cost it starts at, as
-they are when it runs). A missing, unreadable or differing key, or a store that cannot be
+span files (name, size, modification time), the source of the analysis package and of the
+conversion package whose interval and column helpers it calls (a changed replay fits again),
+and what the fit starts from (its settings and the cost it starts at, as they are when it
+runs). A missing, unreadable or differing key, or a store that cannot be
 written (a read-only copy), means the fit runs as if nothing were kept: the cache can cost a
 fit, never change an answer.
 """
@@ -31,7 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FIT_FILE = "replay-fit.json"
-_ANALYSIS = Path(__file__).resolve().parent
+#: The code a fit's outcome depends on: the analysis package, and the conversion package whose
+#: helpers it calls (``intervals``: the replay's orders and stabs; ``columns``: its arrays).
+_SOURCES = (
+    Path(__file__).resolve().parent,
+    Path(__file__).resolve().parents[1] / "tracer" / "convert",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +50,8 @@ class Fit:
 
 def _code_digest() -> str:
     digest = hashlib.sha256()
-    for path in sorted(_ANALYSIS.glob("*.py")):
-        digest.update(path.name.encode())
+    for path in sorted(path for folder in _SOURCES for path in folder.glob("*.py")):
+        digest.update(f"{path.parent.name}/{path.name}".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

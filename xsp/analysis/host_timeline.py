@@ -383,11 +383,11 @@ class _CostClock:
         self.start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
         self.end = self.start + numbers(table.column("dur_ns")).astype(np.int64, copy=False)
         kind = texts(table.column("kind"))
-        self.owner = owning_steps(parent, kind)
+        owner = owning_steps(parent, kind)
         iteration = numbers(table.column("iteration"), null=-1).astype(np.int64, copy=False)
         priced_as = np.where(kind == schema.KIND_MODULE, 0, np.where(iteration == 0, 1, 2))
         framework = texts(table.column("level")) == schema.LEVEL_FRAMEWORK
-        rank = step_ranks(table)[self.owner]  # a row's step's (the iteration root of ranks: -1)
+        rank = step_ranks(table)[owner]  # a row's step's (the iteration root of ranks: -1)
         #: per rank: (its rows, the records of each kind whose starts and ends fall between each
         #: row's step start and its start, the same up to its end, its step's start)
         self.ranks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -403,7 +403,7 @@ class _CostClock:
             for k in range(self.KINDS):
                 np.cumsum(kinds == k, out=before[k, 1:])
             rows = np.nonzero(mine)[0]
-            steps, step_of = np.unique(self.owner[rows], return_inverse=True)
+            steps, step_of = np.unique(owner[rows], return_inverse=True)
             at_step = before[:, np.searchsorted(times, self.start[steps], side="left")][:, step_of]
             at_start, at_end = (
                 before[:, np.searchsorted(times, t, side="left")]
