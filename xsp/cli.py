@@ -81,6 +81,8 @@ def _bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
 
 #: Ctrl-C: 128 + SIGINT, as a shell reports it.
 EXIT_INTERRUPTED = 130
+#: ``xsp run`` times M in this many processes by default (``xsp.tracer.run.m_processes``).
+DEFAULT_M_PROCESSES = 3
 
 
 class _Group(click.Group):
@@ -173,6 +175,14 @@ def main() -> None:
     help="Iterations the hardware-counter level set (MH, under ncu) measures.",
 )
 @click.option(
+    "--m-processes",
+    type=int,
+    default=DEFAULT_M_PROCESSES,
+    show_default=True,
+    help="Time M in this many processes (the host's speed varies between processes): M is "
+    "reported as a median with a 95% interval. 1: one process, no interval.",
+)
+@click.option(
     "--fix",
     "fixes",
     multiple=True,
@@ -203,6 +213,7 @@ def run(
     op_shapes: bool,
     channels_last: bool,
     counter_iterations: int,
+    m_processes: int,
     fixes: tuple[str, ...],
     iteration_fn: str | None,
     command: tuple[str, ...],
@@ -284,6 +295,7 @@ def run(
         fork_server=config.switch("XSP_FORK_SERVER", True),
         overlap=config.switch("XSP_OVERLAP", True),
         share_process=config.switch("XSP_SHARE_PROCESS", True),
+        m_processes=m_processes,
     )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     _import_in_background(_SUMMARY_MODULES)
@@ -703,30 +715,25 @@ def _replay_summary(store: Any) -> dict[str, Any]:
 
 
 def _print_replay(store: Any) -> None:
-    """The replayed step against M's (the summary above says what bounds it), then F's cost
-    taken off where a check changed it, the ranks' waits for each other and the baseline's
-    warnings."""
+    """The replayed step against M's, its two checks (the F process's held-out untraced steps,
+    M's interval across processes), then F's cost taken off where a check changed it, the
+    ranks' waits for each other, and what could not be checked or did not hold."""
     found = _replay_summary(store)
     if found is None or found["step_ms"] is None:
         return
     against = (
-        f" against {found['measured_run']}'s {found['measured_step_ms']:.3f} ms "
-        f"({found['error_pct']:+.1f}%)"
+        f" against M's {found['measured_step_ms']:.3f} ms ({found['error_pct']:+.1f}%)"
         if found["measured_step_ms"]
         else ""
     )
-    base = found["baseline"]
-    if base is not None:  # a check within one process, free of the host's speed between them
-        against += (
-            f" and the {base['run']} process's own untraced {base['untraced_ms']:.3f} ms "
-            f"({base['replay_vs_untraced_pct']:+.1f}%)"
-        )
     unsteady = found["unsteady_iterations"]
     console.print(
         f"replayed step {found['step_ms']:.3f} ms{against}"
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
         highlight=False,
     )
+    for line in _replay_check_lines(found):
+        console.print(f"  {line}", highlight=False)
     calib = found["calibration"]
     if calib["scaled_to_own_steps"] is not None and calib["framework_ns_per_record"]:
         checks = calib["source"].split("; ", 1)[-1]
@@ -747,10 +754,31 @@ def _print_replay(store: Any) -> None:
         _warn(line)
 
 
+def _replay_check_lines(found: dict[str, Any]) -> list[str]:
+    """The two checks that ran, one line each (``xsp.analysis.replay_checks``)."""
+    lines = []
+    own = found.get("in_process")
+    if own is not None:
+        lines.append(
+            f"in-process check: {own['error_pct']:+.1f}% against the {own['run']} process's "
+            f"untraced {own['untraced_ms']:.3f} ms ({len(own['checked_iterations'])} held-out "
+            f"of {own['pairs']} untraced/traced pairs; within {own['tolerance_pct']:g}%: "
+            f"{'yes' if own['holds'] else 'no'})"
+        )
+    across = found.get("m_interval")
+    if across is not None and across["processes"] > 1:
+        each = ", ".join(f"{ms:.3f}" for ms in across["process_medians_ms"])
+        lines.append(
+            f"across processes: {across['position']} M's {across['coverage']:.0%} interval "
+            f"{across['low_ms']:.3f}-{across['high_ms']:.3f} ms over {across['processes']} "
+            f"processes (their medians {each} ms)"
+        )
+    return lines
+
+
 def _replay_warnings(found: dict[str, Any]) -> list[str]:
-    """Why the replayed step may be off M's: the F run measured no cost of its own to take off
-    the host's times, or the host ran at another speed in M's process (the baseline) or within
-    the F run's."""
+    """Why the replayed step may be off: the F run measured no cost of its own to take off the
+    host's times, a check could not run (``unchecked``), or a check did not hold."""
     from xsp.analysis.host_timeline import NO_CALIBRATION
 
     lines = []
@@ -760,19 +788,20 @@ def _replay_warnings(found: dict[str, Any]) -> list[str]:
             "keep the tracer's cost, so the replayed step and its verdict overstate host work; "
             "record it again to read them"
         )
-    base = found["baseline"]
-    if base is not None and not base["stable"]:
+    lines += [f"unchecked {why}" for why in found.get("unchecked") or []]
+    own = found.get("in_process")
+    if own is not None and not own["holds"]:
         lines.append(
-            f"baseline unstable: the {base['run']} process's own untraced warm-up steps took "
-            f"{base['untraced_ms']:.2f} ms against M's {base['measured_ms']:.2f} ms "
-            f"({base['difference_pct']:+.0f}%): the host ran at another speed in the two "
-            "processes (its clocks, other work on the machine), so host time is not comparable"
+            f"the replayed step is {own['error_pct']:+.1f}% off the {own['run']} process's own "
+            f"held-out untraced steps ({own['untraced_ms']:.3f} ms): the host changed speed "
+            "within that process, or F's cost per record is not one figure for this workload"
         )
-    if base is not None and not base["replay_consistent"]:
+    across = found.get("m_interval")
+    if across is not None and across["processes"] > 1 and across["position"] != "inside":
         lines.append(
-            f"the replayed step is {base['replay_vs_untraced_pct']:+.0f}% off the {base['run']} "
-            f"process's own untraced warm-up steps ({base['untraced_ms']:.2f} ms): the host "
-            "changed speed within that process, or the tracer's calibrated cost is off"
+            f"the replayed step {across['replayed_ms']:.3f} ms is {across['position']} M's "
+            f"interval {across['low_ms']:.3f}-{across['high_ms']:.3f} ms: the F process's host "
+            "ran at another speed than M's processes did"
         )
     return lines
 
@@ -1010,8 +1039,8 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def _ratio(overhead: float | None, verdict: str | None = None) -> str:
     """A level set's step against the first's, with its verdict where it is not "added":
-    "noise" within twice the standard error, "baseline unstable" when the deeper run was
-    faster beyond it (a run with more levels on cannot be faster)."""
+    "noise" inside M's interval across processes (or twice the standard error, with one M
+    process), "below M" / "faster" when the deeper run was faster beyond it."""
     if not overhead:
         return "-"
     return f"{overhead:.3f}x" + (f" ({verdict})" if verdict and verdict != "added" else "")
@@ -1137,6 +1166,7 @@ def _print_summary(run_dir: Path, store: Any = None, replay_warnings: bool = Tru
             _ratio(r["overhead_x"], r.get("overhead_verdict")),
         )
     out_console.print(table)
+    _print_m_interval(store)
     if not _print_gpu_layers(store, warn=replay_warnings) and (
         layers := top_layers(store).to_pylist()
     ):
@@ -1169,6 +1199,25 @@ def _print_summary(run_dir: Path, store: Any = None, replay_warnings: bool = Tru
     for run_ in [*store.runs, *store.counter_runs]:
         for line in run_warnings(run_):
             _warn(line)
+
+
+def _print_m_interval(store: Any) -> None:
+    """M's median and interval over its processes, or why there is no interval (one process)."""
+    from xsp.analysis.m_interval import m_interval
+
+    if not store.runs or store.runs[0].levels != "M":
+        return
+    interval = m_interval(store)
+    if interval is None:
+        return
+    if interval.single:
+        out_console.print(
+            "M ran in one process: the host's variance between processes cannot be told apart "
+            "from overhead (--m-processes 3 gives M an interval)",
+            highlight=False,
+        )
+    else:
+        out_console.print(interval.describe(), highlight=False)
 
 
 #: What the summary at the end of ``xsp run`` imports (numpy, pyarrow, duckdb under them).

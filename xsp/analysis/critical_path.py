@@ -61,14 +61,47 @@ _CAUSES = pa.schema(
 
 
 def verdict(store: MeasurementStore) -> str:
-    """One line: what bounds the step, with the causes' shares ("GPU-bound: 94% GPU compute,
-    ...")."""
+    """One line: what bounds the step, with the causes' shares and how much the leading one
+    moves across the steady iterations ("GPU-bound: 94% GPU compute (92-95% across 20
+    iterations), ..."); "unchecked" ahead of it where the replay was not checked both ways
+    (``xsp.analysis.replay_checks``)."""
     causes = [r for r in step_causes(store).to_pylist() if r["share_pct"] >= 0.5]
     if not causes:
         return "no replayed step"
     causes.sort(key=lambda r: -r["share_pct"])
-    shares = ", ".join(f"{r['share_pct']:.0f}% {r['cause']}" for r in causes)
-    return f"{VERDICTS[causes[0]['cause']]}: {shares} of the step's critical path"
+    lead = causes[0]["cause"]
+    shares = [f"{r['share_pct']:.0f}% {r['cause']}" for r in causes]
+    spread = cause_share_range(store, lead)
+    if spread is not None:
+        low, high, n = spread
+        shares[0] += f" ({low:.0f}-{high:.0f}% across {n} iterations)"
+    verified = replay(store).verified
+    unchecked = "unchecked: " if verified is not None and not verified.checked else ""
+    return f"{unchecked}{VERDICTS[lead]}: {', '.join(shares)} of the step's critical path"
+
+
+def cause_share_range(store: MeasurementStore, cause: str) -> tuple[float, float, int] | None:
+    """The least and greatest share (%) of ``cause`` in one steady iteration's critical path,
+    and how many iterations; None with fewer than two."""
+    result = replay(store)
+    kept = _steady_iterations(result)
+    if len(kept) < 2:
+        return None
+    path = result.path.filter(pc.is_in(result.path.column("iteration"), arrow(kept, pa.int64())))
+    code, names = text_codes(path.column("cause"))
+    dur = numbers(path.column("dur_ns")).astype(np.float64, copy=False)
+    iteration = numbers(path.column("iteration")).astype(np.int64, copy=False)
+    _, at = np.unique(iteration, return_inverse=True)
+    total = np.bincount(at, weights=dur)
+    mine = (
+        np.bincount(
+            at, weights=np.where(code == names.index(cause), dur, 0.0), minlength=len(total)
+        )
+        if cause in names
+        else np.zeros(len(total))
+    )
+    shares = 100.0 * mine / np.where(total > 0, total, 1.0)
+    return float(shares.min()), float(shares.max()), len(shares)
 
 
 def layer_times(store: MeasurementStore) -> pa.Table:

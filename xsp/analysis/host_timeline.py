@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.untraced import untraced_steps
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import find_rows, order_by
@@ -135,14 +136,18 @@ def checked_against_own_steps(
     if calib.op_ns is None:
         return calib
     run = store.runs[source]
-    tail = untraced_steps_ms(run.meta)
+    own = untraced_steps(store)
+    fit_on, _ = own.split() if own is not None else (None, None)
+    untraced = own.ms(fit_on) if own is not None else None
     level = texts(table.column("level"))
     kind = texts(table.column("kind"))
     ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
+    if fit_on is not None:  # the pairs held out for the replay's check are not read here
+        iteration = numbers(table.column("iteration"), null=-1)
+        ok &= np.isin(iteration, sorted(fit_on))
     steps = numbers(table.column("dur_ns"))[ok] / 1e6
-    if not tail or not len(steps):
+    if untraced is None or not len(steps):
         return calib
-    untraced = float(np.median(tail))
     traced = float(np.median(steps[steady(steps)]))
     framework = level == schema.LEVEL_FRAMEWORK
     modules = int(np.count_nonzero(framework & (kind == schema.KIND_MODULE)))
@@ -174,14 +179,6 @@ def host_timeline(
         store.memo[memo] = _host_timeline(store, calib)
     found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo[memo]
     return found
-
-
-def own_untraced_ms(store: MeasurementStore) -> float | None:
-    """The F run's own untraced step (the median of its last warm-up steps), if it has one."""
-    _, source_of = level_sources(store)
-    source = source_of.get(schema.LEVEL_FRAMEWORK)
-    tail = untraced_steps_ms(store.runs[source].meta) if source is not None else []
-    return float(np.median(tail)) if tail else None
 
 
 def largest_cost_factor(store: MeasurementStore, calib: Calibration) -> float:
@@ -430,57 +427,6 @@ class _CostClock:
             moved_start[rows] = np.maximum(start[rows] - cost(to_start), floor)
             moved_end[rows] = np.maximum(end[rows] - cost(to_end), floor)
         return moved_start, np.maximum(moved_end, moved_start)
-
-
-#: The F run's own untraced steps (its warm-up, levels off) and M's steps differ by more than
-#: this share: the host ran at another speed in the two processes, and M is no baseline for it.
-BASELINE_TOLERANCE_PCT = 10.0
-#: How many of the F run's last warm-up steps stand for its untraced step.
-WARMUP_TAIL = 4
-
-
-def untraced_steps_ms(meta: dict[str, Any]) -> list[float]:
-    """The last of a level-set process's warm-up steps (levels off): its untraced step. The
-    first is left out as cold: the program's first step, or, where the boundary changed (a
-    training loop's forward passes, then its optimizer steps: ``WarmupClock.restart``), the
-    first optimizer step, which allocates the optimizer's state."""
-    return list(meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
-
-
-def baseline(
-    store: MeasurementStore, measured_ms: float | None, replayed_ms: float | None
-) -> dict[str, Any] | None:
-    """M's step and the replayed step against the F run's own untraced steps: the warm-up
-    steps it ran before its levels came on (its first, cold one left out).
-
-    - M against them (``difference_pct``, ``stable``): on the H200's host the two differed by up
-      to 2.4x while the same GPU work ran (ResNet-50 b1 inference: 9.6 ms in the MF process,
-      3.95 ms in M's): the host's speed (its clocks, other work on the machine) is not steady
-      across processes, and a host-bound replay cannot be checked against M then.
-    - The replay against them (``replay_vs_untraced_pct``, ``replay_consistent``): a check
-      within one process, free of that noise; beyond the tolerance, the host changed speed
-      between the warm-up and the measured steps, or the calibrated cost of F is off.
-
-    None without an F run or its warm-up steps."""
-    _, source_of = level_sources(store)
-    source = source_of.get(schema.LEVEL_FRAMEWORK)
-    untraced = own_untraced_ms(store)
-    if source is None or untraced is None:
-        return None
-    run = store.runs[source]
-    # M's against the warm-up's, as M is the reference; the replay's against the warm-up's
-    difference = 100.0 * (untraced - measured_ms) / measured_ms if measured_ms else None
-    replay_off = 100.0 * (replayed_ms - untraced) / untraced if replayed_ms else None
-    return {
-        "run": run.levels,
-        "untraced_ms": untraced,
-        "measured_ms": measured_ms,
-        "difference_pct": difference,
-        "stable": difference is None or abs(difference) <= BASELINE_TOLERANCE_PCT,
-        "replayed_ms": replayed_ms,
-        "replay_vs_untraced_pct": replay_off,
-        "replay_consistent": replay_off is None or abs(replay_off) <= BASELINE_TOLERANCE_PCT,
-    }
 
 
 def owning_steps(parent: np.ndarray, kind: np.ndarray) -> np.ndarray:

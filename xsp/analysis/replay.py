@@ -59,18 +59,19 @@ import pyarrow.compute as pc
 from xsp.analysis import fit_cache
 from xsp.analysis.host_timeline import (
     Calibration,
-    baseline,
     host_timeline,
     largest_cost_factor,
     measured_steps,
-    own_untraced_ms,
     owning_steps,
     steady,
     step_ranks,
 )
+from xsp.analysis.m_interval import m_interval
 from xsp.analysis.matching import keyed, tree_depths
+from xsp.analysis.replay_checks import ReplayChecks, check_replay
 from xsp.analysis.replay_collectives import Collectives, find_collectives, nccl_kernels
 from xsp.analysis.store import MeasurementStore, text_in, texts
+from xsp.analysis.untraced import untraced_steps
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, rows_table
 from xsp.tracer.convert.intervals import find_rows, inherit, order_by, stab
@@ -146,7 +147,8 @@ class Replay:
     steps: pa.Table  # iteration, replayed_ms, measured_ms, deep_ms, error_pct, steady
     path: pa.Table  # iteration, cause, row, dur_ns
     checks: dict[str, int] = field(default_factory=dict)
-    baseline: dict[str, Any] | None = None  # M against the F run's untraced warm-up
+    #: the replayed step against the F process's held-out untraced steps and M's interval
+    verified: ReplayChecks | None = None
     # per rank's step of a job whose collectives span ranks: the time its collectives waited
     # for the last rank to arrive (iteration, rank, wait_ns)
     collective_waits: list[dict[str, int]] = field(default_factory=list)
@@ -168,7 +170,7 @@ class Replay:
             "unsteady_iterations": [r["iteration"] for r in rows if not r["steady"]],
             "calibration": self.calibration.as_dict(),
             "checks": dict(self.checks),
-            "baseline": self.baseline,
+            **(self.verified or ReplayChecks()).as_dict(),
             "collective_waits": list(self.collective_waits),
             "median_collective_wait_ms": self.median_waits_ms(),
         }
@@ -354,15 +356,20 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     do (the process drifted). M is not read, so the check against M stays free of it. The
     outcome is kept in the store for the next reader (``xsp.analysis.fit_cache``)."""
     graph = _build_graph(store)
-    untraced = own_untraced_ms(store)
+    own = untraced_steps(store)
     probe = graph.calibration
-    if untraced is None or not probe.op_ns:
+    if own is None or not probe.op_ns:
+        return graph
+    fit_on, _ = own.split()  # the pairs held out for the check are not fitted to
+    untraced = own.ms(fit_on)
+    if untraced is None:
         return graph
     # what the fit starts from besides the runs: its settings and the probe's cost as checked
-    kept_as = fit_cache.key(store, (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe))
+    settings = (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe, sorted(fit_on or ()))
+    kept_as = fit_cache.key(store, settings)
     fit = fit_cache.read(store, kept_as)
     if fit is None:
-        fit = _fit(store, graph, untraced)
+        fit = _fit(store, graph, untraced, fit_on)
         fit_cache.write(store, kept_as, fit)
     if fit.factor is None:
         return graph
@@ -380,16 +387,25 @@ def _with_cost(store: MeasurementStore, graph: _Graph, factor: float) -> _Graph:
     return replace(graph, warped_start=warped_start, warped_end=warped_end)
 
 
-def _fit(store: MeasurementStore, graph: _Graph, untraced: float) -> fit_cache.Fit:
-    """The least factor on the probe's cost at which the replay of the F run's steps comes
-    within ``FIT_TOLERANCE_PCT`` of ``untraced``, by bisection (``_fitted_graph``)."""
+def _fit(
+    store: MeasurementStore, graph: _Graph, untraced: float, iterations: frozenset[int] | None
+) -> fit_cache.Fit:
+    """The factor on the probe's cost at which the replay of the F run's steps (those of
+    ``iterations``; None: all) comes within ``FIT_TOLERANCE_PCT`` of ``untraced``, by bisection
+    (``_fitted_graph``): raised where the probe's cost replays them too slowly, lowered where
+    it replays them too fast (its records cost less than the workload's: the replayed step
+    grows as less is taken off the host)."""
 
     def replayed(factor: float) -> float:
         steps = _replay(store, _STEPS_ONLY, _with_cost(store, graph, factor)).steps.to_pylist()
-        return _median_steady(steps) or 0.0
+        rows = [r for r in steps if iterations is None or r["iteration"] in iterations]
+        return _median_steady(rows) or 0.0
 
     target = untraced * (1 + FIT_TOLERANCE_PCT / 100)
+    floor = untraced * (1 - FIT_TOLERANCE_PCT / 100)
     with_probe = replayed(1.0)
+    if with_probe < floor:
+        return _lowered(replayed, floor, untraced, with_probe)
     if with_probe <= target:
         return fit_cache.Fit(None)
     low = 1.0
@@ -402,16 +418,38 @@ def _fit(store: MeasurementStore, graph: _Graph, untraced: float) -> fit_cache.F
             low = middle
         else:
             high = middle
-    # past FIT_MAX_FACTOR it is not F's cost but the drift the baseline's check reports; and a
-    # bracket that never came down from the largest is checked there last, not first (one
-    # replay fewer where it holds): a host that takes no time at all may still be too slow
+    # past FIT_MAX_FACTOR it is not F's cost but the process's drift, which the in-process
+    # check reports; and a bracket that never came down from the largest is checked there
+    # last, not first (one replay fewer where it holds): a host that takes no time at all may
+    # still be too slow
     if high > FIT_MAX_FACTOR or (high == largest and replayed(high) > target):
         return fit_cache.Fit(None)
-    why = (
+    return fit_cache.Fit(high, _fitted_why(untraced, with_probe))
+
+
+def _lowered(
+    replayed: Callable[[float], float], floor: float, untraced: float, with_probe: float
+) -> fit_cache.Fit:
+    """The greatest factor below 1 at which the replay reaches ``floor``; none where even a
+    host that keeps all of F's cost replays faster (the GPU side is then off)."""
+    if replayed(0.0) < floor:
+        return fit_cache.Fit(None)
+    low, high = 0.0, 1.0  # replayed(low) >= floor > replayed(high)
+    for _ in range(FIT_ROUNDS):
+        middle = (low + high) / 2
+        if replayed(middle) >= floor:
+            low = middle
+        else:
+            high = middle
+    # never quite 0: a cost of 0 reads as "no calibration" downstream
+    return fit_cache.Fit(max(low, 0.5**FIT_ROUNDS), _fitted_why(untraced, with_probe))
+
+
+def _fitted_why(untraced: float, with_probe: float) -> str:
+    return (
         f"fitted to within {FIT_TOLERANCE_PCT:g}% of the {untraced:.3f} ms of the F process's own "
         f"untraced steps, which the probe's cost replayed to {with_probe:.3f} ms"
     )
-    return fit_cache.Fit(high, why)
 
 
 def _build_graph(store: MeasurementStore) -> _Graph:
@@ -560,6 +598,9 @@ def _replay(
     measured, measured_run = measured_steps(store, g.deep_index)
     # against M's median: the iterations of different processes do not pair up
     measured_ms = float(np.median(list(measured.values()))) if measured else None
+    interval = m_interval(store) if measured_run == "M" else None
+    if interval is not None:  # M over its processes, where it ran in several
+        measured_ms = interval.median_ms
     replayed_ms = out_dur[steps] / 1e6
     deep_ms = dur[steps] / 1e6
     keep = steady(deep_ms) & steady(replayed_ms)
@@ -616,7 +657,7 @@ def _replay(
         ),
         path,
         checks,
-        baseline(store, measured_ms, _median_steady(step_rows)),
+        check_replay(store, step_rows, interval) if edit is None else None,
         waits,
     )
 

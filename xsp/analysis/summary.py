@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.layers import FRAMEWORK_RUN
+from xsp.analysis.m_interval import MInterval, m_interval, process_steps
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.convert.columns import arrow, rows_table
 
@@ -30,9 +31,14 @@ PHASE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 def level_sets(store: MeasurementStore) -> pa.Table:
     """One row per level-set run: columns levels, status, iterations, step_median_ms,
     step_min_ms, step_max_ms, spans_per_iteration, overhead_x (median against the first run) and
-    overhead_verdict (``reconstruct.overhead_verdict`` on the mean steps' difference).
-    The step figures are the complete iterations': one that failed or that the session closed
-    inside (its status message says which) is left out of them."""
+    overhead_verdict. The step figures are the complete iterations': one that failed or that
+    the session closed inside (its status message says which) is left out of them.
+
+    Where M ran in several processes (``xsp.analysis.m_interval``), M's row is all of them (its
+    median the pooled one, its iterations and extremes every process's), the ratios are against
+    that median, and a verdict places a run's median against M's 95% interval: "noise" inside
+    it, "added" above it, "below M" under it. Otherwise the verdict is
+    ``reconstruct.overhead_verdict`` on the mean steps' difference."""
     stats = store.sql(
         """
         SELECT levels, run_index,
@@ -50,12 +56,20 @@ def level_sets(store: MeasurementStore) -> pa.Table:
         """
     ).to_pylist()
     by_levels = {row["levels"]: row for row in stats}
+    interval = m_interval(store) if stats and stats[0]["levels"] == "M" else None
+    if interval is not None and not interval.single:
+        stats[0].update(_over_processes(store, interval))
+    else:
+        interval = None
     base = stats[0]["step_median_ms"] if stats else None
     first = stats[0] if stats else {}
     rows = []
     for run in store.runs:
         row = by_levels.get(run.levels, {})
         median = row.get("step_median_ms")
+        verdict = None
+        if row and row is not first:
+            verdict = _placed(interval, median) if interval else _verdict(first, row)
         rows.append(
             {
                 "levels": run.levels,
@@ -66,10 +80,28 @@ def level_sets(store: MeasurementStore) -> pa.Table:
                 "step_max_ms": row.get("step_max_ms"),
                 "spans_per_iteration": row.get("spans_per_iteration", 0),
                 "overhead_x": (median / base) if (median and base) else None,
-                "overhead_verdict": _verdict(first, row) if row and row is not first else None,
+                "overhead_verdict": verdict,
             }
         )
     return rows_table(rows, _LEVEL_SETS)
+
+
+def _over_processes(store: MeasurementStore, interval: MInterval) -> dict[str, Any]:
+    """M's row over every process it ran in: the pooled median, every steady step counted."""
+    every = np.concatenate(process_steps(store))
+    return {
+        "iterations": interval.iterations,
+        "step_median_ms": interval.median_ms,
+        "step_min_ms": float(every.min()),
+        "step_max_ms": float(every.max()),
+    }
+
+
+def _placed(interval: MInterval, median: float | None) -> str | None:
+    """A run's median step against M's interval: "noise" inside, "added" above, "below M"."""
+    if median is None:
+        return None
+    return {"inside": "noise", "above": "added", "below": "below M"}[interval.position(median)]
 
 
 #: level_sets' columns (``rows_table``: ``from_pylist`` would import pandas, a third of
@@ -120,7 +152,7 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
 
 
 def _verdict(first: dict, row: dict) -> str | None:
-    """ "added", "noise" or "baseline unstable" for a run's mean step against the first run's."""
+    """ "added", "noise" or "faster" for a run's mean step against the first run's."""
     from xsp.analysis.reconstruct import overhead_verdict
 
     if first.get("step_mean_ms") is None or row.get("step_mean_ms") is None:

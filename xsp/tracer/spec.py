@@ -47,7 +47,10 @@ class ProfileSpec:
     starts (``xsp run --fix``, ``xsp verify``); an unknown name raises ConfigError.
     ``numerics_probe``: record the root module's first forward pass (its inputs' checksum, its
     output's first values) for ``xsp verify`` to compare runs without and with a fix
-    (``xsp.tracer.workloads.numerics``). ``iteration_fn``: ``MODULE.QUALNAME`` of a function
+    (``xsp.tracer.workloads.numerics``). ``interleave``: time an untraced iteration before each
+    traced one, its levels switched off between them (``xsp.tracer.capture.interleave``; the
+    runner leaves it to the level set that calibrates, where the level set allows it), so
+    that the replay is checked against untraced steps of its own process. ``iteration_fn``: ``MODULE.QUALNAME`` of a function
     each call of which is one iteration of a command (``xsp.tracer.capture.iterations``);
     without it, optimizer steps or the root module's calls are.
 
@@ -69,6 +72,7 @@ class ProfileSpec:
     otlp_endpoint: str | None = None
     op_shapes: bool = True
     calibrate: bool = True
+    interleave: bool = False
     counter_iterations: int = 1
     fixes: tuple[str, ...] = field(default_factory=tuple)
     numerics_probe: bool = False

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from xsp.tracer import schema, store
-from xsp.tracer.capture import graphs
+from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
 from xsp.tracer.capture.context import OTEL_TRACE
@@ -293,6 +293,16 @@ class Session:
         self._calibration: Calibration | None = None
         self._calibrates = profile.calibrate
         self._warmup = WarmupClock(self.device, warmup, settle=settle and (world_size or 1) == 1)
+        # untraced iterations between the traced ones (the process that prices F's cost)
+        self._interleave: interleave.Interleave | None = None
+        self._interleave_skipped: str | None = None
+        self._untraced_open = False
+        if profile.interleave:
+            reason = interleave.unavailable(self.levels, self.device, self.continuous)
+            if reason is None:
+                self._interleave = interleave.Interleave(self.device)
+            else:
+                self._interleave_skipped = reason
         # a continuous session (a service): its sampling policy, its batches, when it stops
         self._policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
         #: the levels below M record the open (or next) iteration; None: not decided yet (after
@@ -421,6 +431,11 @@ class Session:
         if not self.measuring and not self._levels_on:
             self._warmup.begin()
         if self.measuring:
+            if self._interleave is not None:
+                if self._interleave.untraced_due:
+                    self._begin_untraced()
+                    return
+                self._interleave.begin()
             measured = self._index - self.warmup
             if self.continuous:
                 self._sample(measured)
@@ -433,6 +448,9 @@ class Session:
         if not self._open:
             if finish:
                 self.finish_if_done()
+            return
+        if self._untraced_open:
+            self._end_untraced(error)
             return
         if self._steady:  # as below, with what a steady state rules out left out
             measured = self._index - self.warmup
@@ -457,6 +475,9 @@ class Session:
                 level.end_iteration(measured)
             if error is not None:
                 self._failures[measured] = error
+            if self._interleave is not None:
+                more = self._limit is None or self._index + 1 < self._limit
+                self._interleave.end_traced(measured, error is not None, more)
         elif not self._levels_on:
             self._warmup.end()
         self._open = False
@@ -501,6 +522,29 @@ class Session:
         """True once every measured iteration has been recorded."""
         limit = self._limit
         return limit is not None and self._index >= limit
+
+    # -- untraced iterations between the traced ones (``xsp.tracer.capture.interleave``) ------
+    def _begin_untraced(self) -> None:
+        """An untraced iteration before the next traced one: the levels below M off, timed."""
+        if self._interleave is None:
+            return
+        self._untraced_open = True
+        began = time.perf_counter_ns()
+        self._switch_sampling(False)
+        self._interleave.switched(began)
+        self._interleave.begin()
+
+    def _end_untraced(self, error: str | None) -> None:
+        """The untraced iteration is over: its time kept, the levels on again for the traced
+        one. It is not a measured iteration: the levels never see it."""
+        if self._interleave is None:
+            return
+        self._interleave.end_untraced(failed=error is not None)
+        self._untraced_open = False
+        self._open = False
+        began = time.perf_counter_ns()
+        self._switch_sampling(True)
+        self._interleave.switched(began)
 
     # -- a continuous session ------------------------------------------------------------------
     def _steady_check(self) -> None:
@@ -1109,6 +1153,7 @@ class Session:
             "iteration_boundary": self.iteration_boundary,
             "warmup": self.warmup,
             **self._warmup.report(),
+            **self._interleave_report(),
             **({"levels_on_early": self._levels_early} if self._levels_early else {}),
             "failed_iterations": {str(k): v for k, v in sorted(self._failures.items())},
             "errors": list(self._errors),
@@ -1127,6 +1172,13 @@ class Session:
             except OSError as exc:
                 log.error("xsp: cannot write %s: %s", self.run_dir / store.RUN_META, exc)
         return meta
+
+    def _interleave_report(self) -> dict[str, Any]:
+        if self._interleave is not None:
+            return {interleave.RUN_KEY: self._interleave.report()}
+        if self._interleave_skipped is not None:
+            return {interleave.RUN_KEY: {"skipped": self._interleave_skipped}}
+        return {}
 
     def _resource(self, extra: Mapping[str, Any]) -> dict[str, Any]:
         device_name = self.device

@@ -104,6 +104,12 @@ class LeveledSpec:
     # it only adds levels to it (M, then MF): one CUDA start-up and first iteration, not two
     # (``shares_process``; xsp run and campaigns, unless XSP_SHARE_PROCESS=0).
     share_process: bool = False
+    # The level set that prices F's cost runs an untraced iteration before each traced one
+    # (``xsp.tracer.capture.interleave``), where its levels allow it.
+    interleave: bool = True
+    # M is timed in this many processes (``xsp.tracer.run.m_processes``): the first is the
+    # measurement's own M level set, the others run after the last level set.
+    m_processes: int = 1
 
     def __post_init__(self) -> None:
         try:
@@ -111,6 +117,8 @@ class LeveledSpec:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         object.__setattr__(self, "level_sets", parsed)
+        if self.m_processes < 1:
+            raise ConfigError(f"bad --m-processes {self.m_processes}: must be at least 1")
 
     def record(self) -> dict[str, Any]:
         """The spec as the manifest keeps it: one flat record of JSON values."""
@@ -437,6 +445,10 @@ def run_leveled(
                     process = launch(i + 1, False)
                 else:
                     process = open_in_turn(following, i + 1)
+        if result.ok and len(result.runs) == len(level_sets):
+            from xsp.tracer.run.m_processes import measure_m_again
+
+            measure_m_again(spec, level_sets, manifest, progress, run_leveled)
     except KeyboardInterrupt:
         result.interrupted = True
         with _sigint_ignored():
@@ -715,6 +727,7 @@ def _run_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> RunSp
             iterations=iterations,
             op_shapes=profile.op_shapes and records_shapes(spec, levels),
             calibrate=profile.calibrate and calibrates(spec, levels),
+            interleave=spec.interleave and profile.calibrate and calibrates(spec, levels),
             command=command,
         ),
         out=str(spec.out / levels),

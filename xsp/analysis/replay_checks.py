@@ -1,0 +1,157 @@
+"""The replayed step checked twice, or marked unchecked with the reason.
+
+1. **In-process.** The replayed step against the F process's own untraced iterations that the
+   fit did not read (``xsp.analysis.untraced``: the odd pairs). The host ran at the same speed
+   there, so this check holds for every workload, host- or GPU-bound: within
+   ``IN_PROCESS_TOLERANCE_PCT``.
+2. **Across processes.** The replayed step against M's 95% interval over its processes
+   (``xsp.analysis.m_interval``): inside it, the replay agrees with M as far as the host's
+   variance between processes lets anything agree.
+
+``checked`` is true only when both ran. Where one cannot run (no untraced pairs kept, one M
+process, no M level set), ``unchecked`` says which and why in one line each, and the views
+print the verdict as unchecked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xsp.analysis.m_interval import MInterval
+from xsp.analysis.matching import level_sources
+from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.untraced import INTERLEAVED, Untraced, untraced_steps
+from xsp.tracer import schema
+
+#: The in-process check holds when the replay is within this share of the untraced steps.
+IN_PROCESS_TOLERANCE_PCT = 2.0
+
+
+@dataclass(frozen=True)
+class ReplayChecks:
+    """``xsp analyze --json``'s ``reconstruction.replay`` check fields."""
+
+    in_process: dict[str, Any] | None = None
+    m_interval: dict[str, Any] | None = None
+    unchecked: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def checked(self) -> bool:
+        return self.in_process is not None and self.m_interval is not None and not self.unchecked
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "in_process": self.in_process,
+            "m_interval": self.m_interval,
+            "checked": self.checked,
+            "unchecked": list(self.unchecked),
+        }
+
+
+def _median_steady(rows: list[dict[str, Any]], iterations: frozenset[int] | None) -> float | None:
+    kept = [
+        r["replayed_ms"]
+        for r in rows
+        if r["steady"] and (iterations is None or r["iteration"] in iterations)
+    ]
+    return float(np.median(kept)) if kept else None
+
+
+def check_replay(
+    store: MeasurementStore, rows: list[dict[str, Any]], interval: MInterval | None
+) -> ReplayChecks:
+    """Both checks of the replayed steps ``rows`` (the replay's per-iteration rows)."""
+    unchecked: list[str] = []
+    own = untraced_steps(store)
+    in_process = _in_process(store, own, rows, unchecked)
+    replayed = _median_steady(rows, None)
+    across: dict[str, Any] | None = None
+    if interval is None:
+        unchecked.append(
+            "across processes: no M level set, so nothing measured the untraced step across "
+            "processes (run with --levels M,...)"
+        )
+    elif replayed is not None:
+        across = {
+            **interval.as_dict(),
+            "replayed_ms": replayed,
+            "position": interval.position(replayed),
+        }
+        if interval.single:
+            unchecked.append(
+                "across processes: M ran in one process, so the host's variance between "
+                "processes cannot be told apart from overhead (--m-processes 3 or more)"
+            )
+    return ReplayChecks(in_process, across, tuple(unchecked))
+
+
+def _in_process(
+    store: MeasurementStore,
+    own: Untraced | None,
+    rows: list[dict[str, Any]],
+    unchecked: list[str],
+) -> dict[str, Any] | None:
+    if own is None:
+        unchecked.append(
+            "in-process: no untraced steps of an F process (no level F, or a store without "
+            "warm-up steps)"
+        )
+        return None
+    if own.source != INTERLEAVED:
+        why = own.skipped or "recorded before xsp interleaved untraced iterations"
+        unchecked.append(
+            f"in-process: the {own.run} process kept no untraced iterations between its traced "
+            f"ones ({why}); F's cost was fitted to its warm-up's untraced steps, so nothing is "
+            "held out to check the replay against"
+        )
+        return None
+    fit_on, check_on = own.split()
+    if check_on is None:
+        unchecked.append(
+            f"in-process: the {own.run} process kept {own.pairs} untraced/traced pair; the fit "
+            "read it, so nothing is held out (measure 2 iterations or more)"
+        )
+        return None
+    untraced = own.ms(check_on)
+    replayed = _median_steady(rows, check_on)
+    if untraced is None or replayed is None:
+        unchecked.append(
+            f"in-process: none of the {own.run} process's held-out iterations replayed steady"
+        )
+        return None
+    error = 100.0 * (replayed - untraced) / untraced
+    added = own.added_ms()
+    records = _records_per_iteration(store)
+    return {
+        "run": own.run,
+        "untraced_ms": untraced,
+        "replayed_ms": replayed,
+        "error_pct": error,
+        "holds": abs(error) <= IN_PROCESS_TOLERANCE_PCT,
+        "tolerance_pct": IN_PROCESS_TOLERANCE_PCT,
+        "pairs": own.pairs,
+        "fitted_iterations": sorted(fit_on or ()),
+        "checked_iterations": sorted(check_on),
+        # each pair's traced less untraced step, per F record: the workload's own cost of a
+        # record where the host bounds the step (a floor where the GPU hides part of it)
+        "added_ms": added,
+        "records_per_iteration": records,
+        "added_ns_per_record": 1e6 * added / records if added is not None and records else None,
+    }
+
+
+def _records_per_iteration(store: MeasurementStore) -> float | None:
+    """The F run's F records (ops and modules) per traced iteration."""
+    _, source_of = level_sources(store)
+    source = source_of.get(schema.LEVEL_FRAMEWORK)
+    if source is None:
+        return None
+    table = store.run_spans(source)
+    level = texts(table.column("level"))
+    kind = texts(table.column("kind"))
+    steps = int(np.count_nonzero(kind == schema.KIND_STEP))
+    framework = int(np.count_nonzero(level == schema.LEVEL_FRAMEWORK))
+    return framework / steps if steps else None

@@ -1,0 +1,79 @@
+"""M timed in several processes: the untraced step is a distribution, not one draw.
+
+On the lent H100 and H200 hosts a host-bound step moved by up to ±25% between processes with
+nothing changed (ResNet-50 b1 inference 3.2-5.3 ms, a transformer LM 10.5-16.6 ms), in
+stretches of tens of seconds, while 8 consecutive processes agreed within ±6%. So a leveled
+measurement times M in ``LeveledSpec.m_processes`` processes: the first is its own M level set;
+the others run once its last level set has ended, when nothing else runs, each a one-level-set
+measurement of its own in ``OUT/m-processes/<n>/`` (its manifest and its ``M/`` run), forked
+from the same server as the rest. They come last rather than between the level sets because a
+level set after M may already be warming up there (``LeveledSpec.overlap``), and M must measure
+alone. ``xsp.analysis.m_interval`` reads every process's steps into a median with a 95%
+interval; the manifest lists them under ``m_processes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from xsp.tracer import store
+from xsp.tracer.levelset import LevelSet
+
+if TYPE_CHECKING:
+    from xsp.tracer.run.runner import LeveledResult, LeveledSpec, ProgressFn
+
+#: Where the further M processes go, under the measurement's directory.
+M_PROCESSES_DIR = "m-processes"
+#: The manifest's list of them.
+MANIFEST_KEY = "m_processes"
+MODEL_ONLY = LevelSet("M")
+
+
+def measure_m_again(
+    spec: LeveledSpec,
+    level_sets: Sequence[LevelSet],
+    manifest: dict[str, Any],
+    progress: ProgressFn | None,
+    run: Callable[..., LeveledResult],
+) -> None:
+    """Time M in ``spec.m_processes - 1`` more processes after the level sets (``run``: the
+    leveled runner), each listed in ``manifest`` as it ends. A process that fails is listed
+    with its failure and the next still runs: M's interval is read from those that were ok."""
+    if spec.m_processes <= 1 or MODEL_ONLY not in level_sets or spec.profile.continuous:
+        return
+    entries: list[dict[str, Any]] = manifest.setdefault(MANIFEST_KEY, [])
+    for n in range(2, spec.m_processes + 1):
+        out = spec.out / M_PROCESSES_DIR / str(n)
+        shutil.rmtree(out, ignore_errors=True)  # a reused --out: never an earlier one's steps
+        again = dataclasses.replace(
+            spec, out=out, level_sets=(MODEL_ONLY,), m_processes=1, overlap=False
+        )
+        began = time.monotonic()
+        result = run(again, _labelled(progress, f"M#{n}"))
+        entries.append(
+            {
+                "process": n,
+                "path": f"{M_PROCESSES_DIR}/{n}",
+                "status": result.status,
+                "failure": result.failure,
+                "seconds": round(time.monotonic() - began, 3),
+            }
+        )
+        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+        if result.interrupted:
+            raise KeyboardInterrupt
+
+
+def _labelled(progress: ProgressFn | None, label: str) -> ProgressFn | None:
+    """Progress of a further M process under its own label (``M#2``): the first M's bar stays."""
+    if progress is None:
+        return None
+
+    def report(levels: str, phase: str, done: int, total: int) -> None:
+        progress(label, phase, done, total)
+
+    return report
