@@ -18,6 +18,8 @@ set -u
 PRESETS=(
   "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first (CASES=a,b to pick cases, GPU_TESTS=0 to skip the tests)"
+  "trusted|4-9 min|trusted_baseline.py: each workload alone, then xsp run --levels M,MF,MFLG with M in K processes and interleaved untraced iterations, each store's two replay checks, into trusted.jsonl and trusted-stores.tgz (CASES=r50-b64-train,r50-b1-infer,amp-accum,item-loop,gpt-lm-train,hf-generate,b1-infer K=3 WALL_ROUNDS=0: K=1 against K rounds of ResNet-50 b64 training)"
+  "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step, into m-spread.jsonl"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
@@ -136,11 +138,45 @@ for root in sorted(p for p in Path("/tmp/replay").iterdir() if p.is_dir()):
     found = replay(store).summary()
     print(root.name, "replayed", round(found["step_ms"], 3), "M", round(found["measured_step_ms"], 3),
           "error %", round(found["error_pct"], 2), found["calibration"], found["checks"],
-          "baseline", found["baseline"])
+          "in-process", found["in_process"], "M interval", found["m_interval"],
+          "unchecked", found["unchecked"])
     print("  ", critical_path.verdict(store))
 PY
   tar -C "$R" -czf "$OUT/replay-stores.tgz" .
   ls -la "$OUT"
+}
+
+# The trusted-baseline issue's workloads and figures (benchmarks/trusted_baseline.py).
+p_trusted() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+  timeout 560 python3 benchmarks/trusted_baseline.py --stores /tmp/trusted --out "$OUT/trusted.jsonl" \
+    --cases "${CASES:-r50-b64-train,r50-b1-infer,amp-accum,item-loop,gpt-lm-train,hf-generate,b1-infer}" \
+    --m-processes "${K:-3}" --wall-rounds "${WALL_ROUNDS:-0}" 2>&1 | cut -c1-1500
+  rm -rf /tmp/trusted/wall-*
+  tar -C /tmp/trusted -czf "$OUT/trusted-stores.tgz" .
+  ls -la "$OUT"
+}
+
+# Where M's spread between processes comes from: M alone in several processes, unpinned and
+# pinned to four cores, with the GPU's clocks around them.
+p_m_spread() {
+  local pinned
+  for pinned in no yes; do
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+    local run=(python3 -m xsp run --model torchvision:resnet50 --batch-size 1 --levels M \
+      --iterations 30 --warmup 5 --device cuda --m-processes "${PROCESSES:-8}" --out "/tmp/spread-$pinned")
+    [ "$pinned" = yes ] && run=(taskset -c 0-3 "${run[@]}")
+    timeout 280 "${run[@]}" 2>&1 | grep -E "^M over|error" | tee -a "$OUT/m-spread.txt"
+    python3 - "/tmp/spread-$pinned" "$pinned" >>"$OUT/m-spread.jsonl" <<'PY'
+import json, sys
+from xsp.analysis.m_interval import m_interval
+from xsp.analysis.store import MeasurementStore
+found = m_interval(MeasurementStore(sys.argv[1]))
+print(json.dumps({"pinned": sys.argv[2], **(found.as_dict() if found else {})}))
+PY
+  done
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+  cat "$OUT/m-spread.jsonl"
 }
 
 # xsp verify on the replay preset's host-bound store: each fix re-run in paired rounds against

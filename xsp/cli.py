@@ -183,6 +183,14 @@ def main() -> None:
     "reported as a median with a 95% interval. 1: one process, no interval.",
 )
 @click.option(
+    "--interleave/--no-interleave",
+    default=True,
+    show_default=True,
+    help="In the level set that prices F's cost, run an untraced iteration before each traced "
+    "one, so that the replay is checked against untraced steps of the same process (a "
+    "script then needs --warmup + 2 x --iterations steps).",
+)
+@click.option(
     "--fix",
     "fixes",
     multiple=True,
@@ -214,6 +222,7 @@ def run(
     channels_last: bool,
     counter_iterations: int,
     m_processes: int,
+    interleave: bool,
     fixes: tuple[str, ...],
     iteration_fn: str | None,
     command: tuple[str, ...],
@@ -296,6 +305,7 @@ def run(
         overlap=config.switch("XSP_OVERLAP", True),
         share_process=config.switch("XSP_SHARE_PROCESS", True),
         m_processes=m_processes,
+        interleave=interleave,
     )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
     _import_in_background(_SUMMARY_MODULES)

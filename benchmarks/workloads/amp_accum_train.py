@@ -9,12 +9,15 @@ of gradient accumulation per optimizer step, activation checkpointing of every b
         python benchmarks/workloads/amp_accum_train.py --steps 40
 
 On CUDA it autocasts to fp16 with ``torch.amp.GradScaler("cuda")`` at its default initial scale
-(65536), so the first optimizer steps usually see inf/nan gradients and the scaler skips their
-``optimizer.step()`` (and lowers the scale): xsp's optimizer-step boundary then has no call to
-find for those steps, and one iteration spans two or more of the script's steps. On CPU it
-autocasts to bf16 with a disabled scaler (no step is skipped). It prints how many optimizer
-steps the scaler skipped and its own median step time over the steps after the first 5 (CUDA
-events around each optimizer step on CUDA, ``time.perf_counter`` on CPU).
+(65536). The token losses are summed (``--reduction sum``, as fairseq-style criteria do; the
+clipping bounds the update), so the first steps' scaled gradients overflow fp16 and the scaler
+skips their ``optimizer.step()``, halving the scale each time (two steps at these sizes, as a
+CPU run with fp16 autocast and an enabled scaler shows): xsp's optimizer-step boundary has no call
+to find for those steps, and an iteration spans two or more of the script's steps. With
+``--reduction mean`` the gradients stay some 200 times below fp16's overflow and no step is
+skipped. On CPU it autocasts to bf16 with a disabled scaler (no step is skipped). It prints how
+many optimizer steps the scaler skipped and its own median step time over the steps after the
+first 5 (CUDA events around each optimizer step on CUDA, ``time.perf_counter`` on CPU).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=768 if cuda else 64)
     parser.add_argument("--vocab", type=int, default=16384 if cuda else 512)
     parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--reduction", choices=("sum", "mean"), default="sum")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TinyLM(args.vocab, args.tokens, args.width, args.layers, heads=8).to(device)
@@ -106,7 +110,9 @@ def main() -> None:
         for ids in micro:
             with torch.autocast(device, dtype=dtype):
                 logits = model(ids[:, :-1])
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+                loss = F.cross_entropy(
+                    logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction=args.reduction
+                )
             scaler.scale(loss / args.micro_batches).backward()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -210,7 +210,10 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
             strict=True,
         )
     ]
-    return f"time: {whole}{count}: {', '.join(parts)}"
+    again = [e.get("seconds") for e in manifest.get("m_processes") or [] if isinstance(e, Mapping)]
+    again = [s for s in again if isinstance(s, (int, float))]
+    more = f"; M again in {_count(len(again), 'process')} {sum(again):.1f} s" if again else ""
+    return f"time: {whole}{count}: {', '.join(parts)}{more}"
 
 
 def _count(n: int, noun: str) -> str:

@@ -1061,7 +1061,14 @@ class Session:
         if measured == 0 and not interrupted and error is None:
             losses.fatal.append(f"0 of {asked} iterations measured: {self._why_none()}")
         elif self._stopped_at is None and self.iterations and measured < self.iterations:
-            losses.missing.append(f"{measured} of {self.iterations} iterations measured")
+            why = ""
+            if self._interleave is not None:  # the program ran out of steps for both kinds
+                why = (
+                    f" (this process ran an untraced iteration before each traced one: the "
+                    f"program needs {self.warmup + 2 * self.iterations} steps, --warmup plus "
+                    "twice --iterations, or give --no-interleave)"
+                )
+            losses.missing.append(f"{measured} of {self.iterations} iterations measured{why}")
         elif stored is not None and measured < ended - len(self._failures):
             losses.missing.append(f"{measured} of {ended} iterations stored")
         error = error or self._level_failure or (losses.fatal[0] if losses.fatal else None)
