@@ -19,7 +19,7 @@ PRESETS=(
   "gpu-tests|5-8 min|the GPU tests: tests/test_gpu.py, test_gpu_checks.py (kernel counts and parents, torch.compile), test_native.py, test_compiled.py; full log in gpu-tests.log (GPU_TESTS_S=500)"
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first (CASES=a,b to pick cases, GPU_TESTS=0 to skip the tests)"
   "trusted|4-9 min|trusted_baseline.py: each workload alone, then xsp run --levels M,MF,MFLG with M in K processes and interleaved untraced iterations, each store's two replay checks, into trusted.jsonl and trusted-stores.tgz (CASES=r50-b64-train,r50-b1-infer,amp-accum,item-loop,gpt-lm-train,hf-generate,b1-infer K=3 WALL_ROUNDS=0: K=1 against K rounds of ResNet-50 b64 training)"
-  "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step, into m-spread.jsonl"
+  "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step beside its core, clock, load and context switches (m_spread.py), into m-spread.jsonl"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
@@ -167,13 +167,7 @@ p_m_spread() {
       --iterations 30 --warmup 5 --device cuda --m-processes "${PROCESSES:-8}" --out "/tmp/spread-$pinned")
     [ "$pinned" = yes ] && run=(taskset -c 0-3 "${run[@]}")
     timeout 280 "${run[@]}" 2>&1 | grep -E "^M over|error" | tee -a "$OUT/m-spread.txt"
-    python3 - "/tmp/spread-$pinned" "$pinned" >>"$OUT/m-spread.jsonl" <<'PY'
-import json, sys
-from xsp.analysis.m_interval import m_interval
-from xsp.analysis.store import MeasurementStore
-found = m_interval(MeasurementStore(sys.argv[1]))
-print(json.dumps({"pinned": sys.argv[2], **(found.as_dict() if found else {})}))
-PY
+    python3 benchmarks/m_spread.py "/tmp/spread-$pinned" --label "pinned-$pinned" >>"$OUT/m-spread.jsonl"
   done
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
   cat "$OUT/m-spread.jsonl"

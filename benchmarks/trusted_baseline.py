@@ -32,16 +32,16 @@ CASES: dict[str, tuple[list[str], list[str] | None]] = {
         None,
     ),
     "r50-b1-infer": (["--model", "torchvision:resnet50", "--batch-size", "1"], None),
-    "amp-accum": ([], [f"{WORKLOADS}/amp_accum_train.py", "--steps", "40"]),
-    "item-loop": ([], [f"{WORKLOADS}/item_loop_train.py", "--steps", "40"]),
-    "gpt-lm-train": ([], [f"{WORKLOADS}/gpt_lm_train.py", "--steps", "40"]),
+    "amp-accum": ([], [f"{WORKLOADS}/amp_accum_train.py", "--steps", "60"]),
+    "item-loop": ([], [f"{WORKLOADS}/item_loop_train.py", "--steps", "60"]),
+    "gpt-lm-train": ([], [f"{WORKLOADS}/gpt_lm_train.py", "--steps", "60"]),
     "hf-generate": ([], [f"{WORKLOADS}/hf_generate.py", "--steps", "4"]),
     "b1-infer": ([], [f"{WORKLOADS}/b1_infer.py", "--steps", "60"]),
 }
-#: measured iterations and warm-up per case (the F process runs twice the iterations: one
-#: untraced before each traced one)
-ITERATIONS = {"r50-b64-train": 20, "r50-b1-infer": 20, "hf-generate": 20, "b1-infer": 20}
-WARMUP = {"hf-generate": 8}
+#: measured iterations and warm-up (the F process runs twice the iterations: one untraced
+#: before each traced one; a script's steps cover both)
+ITERATIONS = 20
+WARMUP = {"hf-generate": 8, "amp-accum": 8}
 
 
 def xsp_run(name: str, out: Path, m_processes: int, device: str) -> tuple[float, str]:
@@ -56,7 +56,7 @@ def xsp_run(name: str, out: Path, m_processes: int, device: str) -> tuple[float,
         "--levels",
         LEVELS,
         "--iterations",
-        str(ITERATIONS.get(name, 10)),
+        str(ITERATIONS),
         "--warmup",
         str(WARMUP.get(name, 5)),
         "--device",

@@ -5,19 +5,24 @@ of gradient accumulation per optimizer step, activation checkpointing of every b
 ``scaler.unscale_`` and a warm-up ``LambdaLR`` schedule.
 
     python benchmarks/workloads/amp_accum_train.py --steps 40
-    xsp run --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out runs/amp -- \
+    xsp run --levels M,MF,MFLG --iterations 10 --warmup 8 --device cuda --out runs/amp -- \
         python benchmarks/workloads/amp_accum_train.py --steps 40
 
 On CUDA it autocasts to fp16 with ``torch.amp.GradScaler("cuda")`` at its default initial scale
 (65536). The token losses are summed (``--reduction sum``, as fairseq-style criteria do; the
 clipping bounds the update), so the first steps' scaled gradients overflow fp16 and the scaler
-skips their ``optimizer.step()``, halving the scale each time (two steps at these sizes, as a
-CPU run with fp16 autocast and an enabled scaler shows): xsp's optimizer-step boundary has no call
-to find for those steps, and an iteration spans two or more of the script's steps. With
+skips their ``optimizer.step()`` (and halves the scale), and PyTorch warns once that
+``lr_scheduler.step()`` came before ``optimizer.step()``. At the CUDA sizes the largest summed
+gradient (the LM head's, about 3.9) puts 2 skipped steps, perhaps 3, before the scale settles at
+16384 (8192); a CPU run with fp16 autocast and the scaler enabled skips 2 at smaller sizes. With
 ``--reduction mean`` the gradients stay some 200 times below fp16's overflow and no step is
-skipped. On CPU it autocasts to bf16 with a disabled scaler (no step is skipped). It prints how
-many optimizer steps the scaler skipped and its own median step time over the steps after the
-first 5 (CUDA events around each optimizer step on CUDA, ``time.perf_counter`` on CPU).
+skipped. Skipped steps leave xsp's optimizer-step boundary nothing to find: until the first
+``optimizer.step()`` (after 6 forward passes, 8 if 3 are skipped) xsp sees only forward passes,
+so a ``--warmup`` of fewer forward passes takes the iterations as root-module calls (one forward
+pass each; MF's run.json ``errors`` says so). On CPU it autocasts to bf16 with a disabled scaler
+(no step is skipped). It prints how many optimizer steps the scaler skipped and its own median
+step time over the steps after the first 5 (CUDA events around each optimizer step on CUDA,
+``time.perf_counter`` on CPU).
 """
 
 from __future__ import annotations

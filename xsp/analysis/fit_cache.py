@@ -77,13 +77,31 @@ def read(store: MeasurementStore, kept_as: str | None) -> Fit | None:
     if kept_as is None:
         return None
     try:
-        kept = read_json(store.root / FIT_FILE)
-        if kept.get("key") != kept_as:
+        found = _kept(store).get(kept_as)
+        if not isinstance(found, dict):
             return None
-        factor = kept["factor"]
-        return Fit(None if factor is None else float(factor), kept.get("why"))
+        factor = found["factor"]
+        return Fit(None if factor is None else float(factor), found.get("why"))
     except (StoreError, ValueError, KeyError, TypeError):
         return None
+
+
+#: Fits kept at most: the replay's, and one per fold of its in-process check, for a few keys.
+KEPT = 6
+
+
+def _kept(store: MeasurementStore) -> dict[str, object]:
+    """The fits kept in the store by key (an older file's single fit, or nothing)."""
+    try:
+        kept = read_json(store.root / FIT_FILE)
+    except StoreError:
+        return {}
+    fits = kept.get("fits")
+    if isinstance(fits, dict):
+        return fits
+    if isinstance(kept.get("key"), str):  # the single fit an earlier xsp kept
+        return {kept["key"]: {"factor": kept.get("factor"), "why": kept.get("why")}}
+    return {}
 
 
 def write(store: MeasurementStore, kept_as: str | None, fit: Fit) -> None:
@@ -91,9 +109,10 @@ def write(store: MeasurementStore, kept_as: str | None, fit: Fit) -> None:
     left as it is."""
     if kept_as is None:
         return
+    fits = {k: v for k, v in _kept(store).items() if isinstance(v, dict)}
+    fits[kept_as] = {"factor": fit.factor, "why": fit.why}
     try:
-        write_json_atomic(
-            store.root / FIT_FILE, {"key": kept_as, "factor": fit.factor, "why": fit.why}
-        )
+        # the fit of every pair and of each fold (the in-process check's): the last few kept
+        write_json_atomic(store.root / FIT_FILE, {"fits": dict(list(fits.items())[-KEPT:])})
     except OSError as exc:
         log.debug("replay: the fit is not kept in %s: %s", store.root, exc)

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.analysis.untraced import untraced_steps
+from xsp.analysis.untraced import INTERLEAVED, untraced_steps
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import numbers
 from xsp.tracer.convert.intervals import find_rows, order_by
@@ -137,14 +137,12 @@ def checked_against_own_steps(
         return calib
     run = store.runs[source]
     own = untraced_steps(store)
-    fit_on, _ = own.split() if own is not None else (None, None)
-    untraced = own.ms(fit_on) if own is not None else None
+    if own is None or own.source == INTERLEAVED:
+        return calib  # the pairs' own fit lowers the cost where it must (replay._fit)
+    untraced = own.ms()
     level = texts(table.column("level"))
     kind = texts(table.column("kind"))
     ok = (kind == schema.KIND_STEP) & numbers(table.column("status_message").is_null())
-    if fit_on is not None:  # the pairs held out for the replay's check are not read here
-        iteration = numbers(table.column("iteration"), null=-1)
-        ok &= np.isin(iteration, sorted(fit_on))
     steps = numbers(table.column("dur_ns"))[ok] / 1e6
     if untraced is None or not len(steps):
         return calib

@@ -355,27 +355,67 @@ def _fitted_graph(store: MeasurementStore) -> _Graph:
     side is then off, and ``baseline`` says so) or where only more than ``FIT_MAX_FACTOR`` would
     do (the process drifted). M is not read, so the check against M stays free of it. The
     outcome is kept in the store for the next reader (``xsp.analysis.fit_cache``)."""
-    graph = _build_graph(store)
+    graph = _base_graph(store)
+    fit = _kept_fit(store, graph, None)
+    if fit is None or fit.factor is None:
+        return graph
+    return replace(
+        _with_cost(store, graph, fit.factor),
+        calibration=graph.calibration.scaled(fit.factor, fit.why or ""),
+    )
+
+
+def _base_graph(store: MeasurementStore) -> _Graph:
+    """The graph with the probe's cost (as checked), once per store: the fits start from it."""
+    if "replay_base_graph" not in store.memo:
+        store.memo["replay_base_graph"] = _build_graph(store)
+    found: _Graph = store.memo["replay_base_graph"]
+    return found
+
+
+def _kept_fit(
+    store: MeasurementStore, graph: _Graph, iterations: frozenset[int] | None
+) -> fit_cache.Fit | None:
+    """The fit of F's cost to the F process's own untraced steps before ``iterations`` (None:
+    every one), read from the store's cache or fitted and kept; None where there is nothing to
+    fit to (no untraced steps, no probe)."""
     own = untraced_steps(store)
     probe = graph.calibration
     if own is None or not probe.op_ns:
-        return graph
-    fit_on, _ = own.split()  # the pairs held out for the check are not fitted to
-    untraced = own.ms(fit_on)
+        return None
+    untraced = own.ms(iterations)
     if untraced is None:
-        return graph
+        return None
     # what the fit starts from besides the runs: its settings and the probe's cost as checked
-    settings = (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe, sorted(fit_on or ()))
+    settings = (FIT_TOLERANCE_PCT, FIT_ROUNDS, FIT_MAX_FACTOR, probe, sorted(iterations or ()))
     kept_as = fit_cache.key(store, settings)
     fit = fit_cache.read(store, kept_as)
     if fit is None:
-        fit = _fit(store, graph, untraced, fit_on)
+        fit = _fit(store, graph, untraced, iterations)
         fit_cache.write(store, kept_as, fit)
-    if fit.factor is None:
-        return graph
-    return replace(
-        _with_cost(store, graph, fit.factor), calibration=probe.scaled(fit.factor, fit.why or "")
-    )
+    return fit
+
+
+def held_out_steps(store: MeasurementStore) -> dict[int, float] | None:
+    """Each paired iteration's replayed step (ms, steady ones only) with F's cost fitted to the
+    pairs of the other fold (``Untraced.folds``): what the in-process check compares with the
+    untraced steps. None with fewer than two pairs."""
+    own = untraced_steps(store)
+    folds = own.folds() if own is not None else None
+    if folds is None:
+        return None
+    graph = _base_graph(store)
+    found: dict[int, float] = {}
+    for fit_on, check_on in (folds, folds[::-1]):
+        fit = _kept_fit(store, graph, fit_on)
+        factor = fit.factor if fit is not None and fit.factor is not None else 1.0
+        rows = _replay(store, _STEPS_ONLY, _with_cost(store, graph, factor)).steps.to_pylist()
+        found.update(
+            (r["iteration"], r["replayed_ms"])
+            for r in rows
+            if r["steady"] and r["iteration"] in check_on
+        )
+    return found
 
 
 def _with_cost(store: MeasurementStore, graph: _Graph, factor: float) -> _Graph:
@@ -657,7 +697,7 @@ def _replay(
         ),
         path,
         checks,
-        check_replay(store, step_rows, interval) if edit is None else None,
+        check_replay(store, step_rows, interval, held_out_steps(store)) if edit is None else None,
         waits,
     )
 

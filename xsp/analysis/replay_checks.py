@@ -1,9 +1,11 @@
 """The replayed step checked twice, or marked unchecked with the reason.
 
-1. **In-process.** The replayed step against the F process's own untraced iterations that the
-   fit did not read (``xsp.analysis.untraced``: the odd pairs). The host ran at the same speed
-   there, so this check holds for every workload, host- or GPU-bound: within
-   ``IN_PROCESS_TOLERANCE_PCT``.
+1. **In-process.** The replayed step against the F process's own untraced iterations, each
+   pair's traced iteration replayed with F's cost fitted to the pairs of the other fold
+   (``xsp.analysis.replay.held_out_steps``), so that the fit is never read back. The host ran
+   at the same speed there, so this check holds for every workload, host- or GPU-bound: within
+   ``IN_PROCESS_TOLERANCE_PCT``. Its own 95% interval (the pairs bootstrapped) says how much
+   the host's iteration-to-iteration spread alone moves it.
 2. **Across processes.** The replayed step against M's 95% interval over its processes
    (``xsp.analysis.m_interval``): inside it, the replay agrees with M as far as the host's
    variance between processes lets anything agree.
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from xsp.analysis.m_interval import MInterval
+from xsp.analysis.m_interval import COVERAGE, RESAMPLES, SEED, MInterval
 from xsp.analysis.matching import level_sources
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.analysis.untraced import INTERLEAVED, Untraced, untraced_steps
@@ -51,23 +53,23 @@ class ReplayChecks:
         }
 
 
-def _median_steady(rows: list[dict[str, Any]], iterations: frozenset[int] | None) -> float | None:
-    kept = [
-        r["replayed_ms"]
-        for r in rows
-        if r["steady"] and (iterations is None or r["iteration"] in iterations)
-    ]
+def _median_steady(rows: list[dict[str, Any]]) -> float | None:
+    kept = [r["replayed_ms"] for r in rows if r["steady"]]
     return float(np.median(kept)) if kept else None
 
 
 def check_replay(
-    store: MeasurementStore, rows: list[dict[str, Any]], interval: MInterval | None
+    store: MeasurementStore,
+    rows: list[dict[str, Any]],
+    interval: MInterval | None,
+    held_out: dict[int, float] | None,
 ) -> ReplayChecks:
-    """Both checks of the replayed steps ``rows`` (the replay's per-iteration rows)."""
+    """Both checks of the replayed steps ``rows`` (the replay's per-iteration rows);
+    ``held_out``: each pair's step replayed with the cost fitted to the other fold."""
     unchecked: list[str] = []
     own = untraced_steps(store)
-    in_process = _in_process(store, own, rows, unchecked)
-    replayed = _median_steady(rows, None)
+    in_process = _in_process(store, own, held_out, unchecked)
+    replayed = _median_steady(rows)
     across: dict[str, Any] | None = None
     if interval is None:
         unchecked.append(
@@ -91,7 +93,7 @@ def check_replay(
 def _in_process(
     store: MeasurementStore,
     own: Untraced | None,
-    rows: list[dict[str, Any]],
+    held_out: dict[int, float] | None,
     unchecked: list[str],
 ) -> dict[str, Any] | None:
     if own is None:
@@ -108,21 +110,21 @@ def _in_process(
             "held out to check the replay against"
         )
         return None
-    fit_on, check_on = own.split()
-    if check_on is None:
+    if held_out is None:
         unchecked.append(
             f"in-process: the {own.run} process kept {own.pairs} untraced/traced pair; the fit "
             "read it, so nothing is held out (measure 2 iterations or more)"
         )
         return None
-    untraced = own.ms(check_on)
-    replayed = _median_steady(rows, check_on)
-    if untraced is None or replayed is None:
-        unchecked.append(
-            f"in-process: none of the {own.run} process's held-out iterations replayed steady"
-        )
+    checked = sorted(i for i in held_out if i in own.before)
+    if not checked:
+        unchecked.append(f"in-process: none of the {own.run} process's pairs replayed steady")
         return None
+    replayed_each = np.array([held_out[i] for i in checked])
+    untraced_each = np.array([own.before[i] for i in checked])
+    untraced, replayed = float(np.median(untraced_each)), float(np.median(replayed_each))
     error = 100.0 * (replayed - untraced) / untraced
+    low, high = _error_interval(replayed_each, untraced_each)
     added = own.added_ms()
     records = _records_per_iteration(store)
     return {
@@ -130,17 +132,29 @@ def _in_process(
         "untraced_ms": untraced,
         "replayed_ms": replayed,
         "error_pct": error,
+        "error_low_pct": low,
+        "error_high_pct": high,
         "holds": abs(error) <= IN_PROCESS_TOLERANCE_PCT,
         "tolerance_pct": IN_PROCESS_TOLERANCE_PCT,
         "pairs": own.pairs,
-        "fitted_iterations": sorted(fit_on or ()),
-        "checked_iterations": sorted(check_on),
+        "checked_iterations": checked,
         # each pair's traced less untraced step, per F record: the workload's own cost of a
         # record where the host bounds the step (a floor where the GPU hides part of it)
         "added_ms": added,
         "records_per_iteration": records,
         "added_ns_per_record": 1e6 * added / records if added is not None and records else None,
     }
+
+
+def _error_interval(replayed: np.ndarray, untraced: np.ndarray) -> tuple[float, float]:
+    """The 95% interval (%) of the median replayed step against the median untraced one, the
+    pairs resampled together (seeded): how far the host's own spread moves the check."""
+    rng = np.random.default_rng(SEED)
+    drawn = rng.integers(0, len(replayed), (RESAMPLES, len(replayed)))
+    ratios = np.median(replayed[drawn], axis=1) / np.median(untraced[drawn], axis=1)
+    tail = (1 - COVERAGE) / 2 * 100
+    low, high = np.percentile(100.0 * (ratios - 1.0), [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def _records_per_iteration(store: MeasurementStore) -> float | None:

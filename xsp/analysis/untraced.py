@@ -2,9 +2,10 @@
 
 The process that prices F's cost (the shallowest level set with F) runs an untraced iteration
 before each traced one (``xsp.tracer.capture.interleave``; ``run.json``'s ``interleaved``), at
-the same host speed as its traced ones. The pairs are split by position: the even ones fit the
-tracer's cost per record (``xsp.analysis.replay._fit``), the odd ones are held out to check the
-replay (``xsp.analysis.replay_checks``), so the check is not the fit read back.
+the same host speed as its traced ones. The replay's cost per F record is fitted to all of them
+(``xsp.analysis.replay._fit``); its check (``xsp.analysis.replay_checks``) replays each pair's
+traced iteration with the cost fitted to the pairs of the other fold (even and odd positions),
+so that the check is never the fit read back.
 
 Stores recorded before interleaving, and level sets that cannot interleave (F with CUPTI's
 levels), have only their warm-up's last steps (levels off, before the traced ones): the fit uses
@@ -56,11 +57,11 @@ class Untraced:
     def pairs(self) -> int:
         return len(self.before)
 
-    def split(self) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-        """(the iterations the fit reads, those held out for the check); (None, None): the fit
-        reads every iteration and nothing is held out (fewer than two pairs)."""
+    def folds(self) -> tuple[frozenset[int], frozenset[int]] | None:
+        """The paired iterations at even and at odd positions: each fold's replay is checked
+        with the cost fitted to the other. None with fewer than two pairs."""
         if self.source != INTERLEAVED or self.pairs < 2:
-            return None, None
+            return None
         paired = sorted(self.before)
         return frozenset(paired[0::2]), frozenset(paired[1::2])
 

@@ -43,6 +43,7 @@ from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
 from xsp.tracer.capture.context import OTEL_TRACE
+from xsp.tracer.capture.host_state import host_state
 from xsp.tracer.capture.levels import (
     Level,
     LevelContext,
@@ -289,6 +290,8 @@ class Session:
         self.started_ns = time.time_ns()
         self._phase_ns: dict[str, int] = {}  # when levels came on and measuring ended
         self._switch_on_ms: dict[str, float] = {}
+        #: where the process ran as it began and ended measuring (``host_state``)
+        self._host: dict[str, dict[str, Any]] = {}
         self._before_levels = before_levels
         self._calibration: Calibration | None = None
         self._calibrates = profile.calibrate
@@ -884,6 +887,7 @@ class Session:
                 )
             took(schema.CALIBRATION_PARTS[1])
         self._phase_ns["enabled"] = time.time_ns()
+        self._host["measuring"] = host_state()
 
     def _finish(self, error: str | None, interrupted: bool = False) -> None:
         """Switch levels off, convert what they recorded, export it, write run.json.
@@ -898,6 +902,7 @@ class Session:
         if self.result is not None:
             return
         self._phase_ns["measured"] = time.time_ns()
+        self._host["measured"] = host_state()
         losses = Losses()
         if self.continuous:
             self._finish_continuous(error, interrupted, losses)
@@ -1167,6 +1172,7 @@ class Session:
             "started_ns": self.started_ns,
             "phases_ns": dict(self._phase_ns),
             "switch_on_ms": dict(self._switch_on_ms),
+            **({"host": dict(self._host)} if self._host else {}),
             "finished_ns": time.time_ns() if status != "running" else None,
             "files": [p.name for p in self._store_sink.files] if self._store_sink else [],
             **({"program": dict(self.program)} if self.program is not None else {}),
