@@ -1,7 +1,13 @@
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
+
+# M in one process unless a test asks for more (``--m-processes``): each further M process of a
+# script's measurement runs the script again, seconds a test on the 2-core CI machine
+os.environ.setdefault("XSP_M_PROCESSES", "1")
 
 
 def reachable_from_root(table: pa.Table) -> bool:

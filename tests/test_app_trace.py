@@ -114,7 +114,7 @@ SERVICE = """
     tracer = trace.get_tracer("service")
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     with torch.no_grad():
-        for _ in range(5):
+        for _ in range(7):
             with tracer.start_as_current_span("request"):
                 model(torch.randn(1, 8))
 """
@@ -125,7 +125,7 @@ PLAIN = """
 
     model = torch.nn.Linear(8, 4)
     with torch.no_grad():
-        for _ in range(5):
+        for _ in range(7):
             model(torch.randn(1, 8))
     print("otel imported:", "opentelemetry.trace" in sys.modules)
 """
@@ -194,7 +194,7 @@ LOGGING = """
     logging.getLogger("opentelemetry.exporter").warning("export failed")
     model = torch.nn.Linear(8, 4)
     with torch.no_grad():
-        for _ in range(5):
+        for _ in range(7):
             model(torch.randn(1, 8))
 """
 

@@ -83,7 +83,8 @@ def test_the_users_own_malloc_settings_win() -> None:
 
 def test_the_run_says_which_heap_it_measured_with(tmp_path: Path) -> None:
     script = tmp_path / "loop.py"
-    script.write_text("import xsp\nfor _ in range(3):\n    xsp.step()\n")
+    # 2 traced iterations, each after an untraced one in the MF process: 5 steps
+    script.write_text("import xsp\nfor _ in range(5):\n    xsp.step()\n")
     spec = LeveledSpec(
         out=tmp_path / "R",
         profile=ProfileSpec(iterations=2, warmup=0, device="cpu", command=("python", str(script))),

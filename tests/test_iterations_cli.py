@@ -40,7 +40,7 @@ SERVE_SCRIPT = """
     from serve_lib import answer
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    for _ in range(5):
+    for _ in range(7):  # 1 warm-up, then 3 untraced and 3 traced requests in the MF process
         answer(model, torch.randn(1, 8))
 """
 
@@ -58,7 +58,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 
 
 def test_an_unmodified_inference_script_gets_one_model_span_per_forward(tmp_path: Path) -> None:
-    done, out = _run(tmp_path, "--", "python", str(_write(tmp_path, "infer.py", INFER_SCRIPT)), "6")
+    # the MF process runs an untraced forward pass before each traced one: 1 + 2 x 3 = 7
+    done, out = _run(tmp_path, "--", "python", str(_write(tmp_path, "infer.py", INFER_SCRIPT)), "7")
     assert done.returncode == 0, done.stderr
     for run in open_measurement(out):
         assert run.meta["status"] == "ok" and run.meta["iteration_boundary"] == "root-module-call"
@@ -66,6 +67,7 @@ def test_an_unmodified_inference_script_gets_one_model_span_per_forward(tmp_path
         steps = {r["span_id"] for r in rows if r["kind"] == "step"}
         assert len(steps) == 3, run.levels
         if run.levels == "MF":
+            assert run.meta["interleaved"]["pairs"] == 3  # each traced pass after an untraced
             roots = [r for r in rows if r["kind"] == "module" and r["module_path"] == ""]
             assert sorted(r["parent_span_id"] in steps for r in roots) == [True] * 3
             root_ids = {r["span_id"] for r in roots}
@@ -84,6 +86,7 @@ def test_each_call_of_the_iteration_function_is_one_iteration(tmp_path: Path) ->
         steps = {r["span_id"] for r in rows if r["kind"] == "step"}
         assert len(steps) == 3
         if run.levels == "MF":  # three forward passes a request
+            assert run.meta["interleaved"]["pairs"] == 3
             roots = [r for r in rows if r["kind"] == "module" and r["module_path"] == ""]
             assert len(roots) == 3 * 3 and all(r["parent_span_id"] in steps for r in roots)
 

@@ -271,6 +271,7 @@ def test_iterations_finished_before_the_program_died_are_stored(
     script.write_text(textwrap.dedent(DYING_SCRIPT))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "xsp", "run", "--levels", "MF", "--iterations", "8"]
+    command.append("--no-interleave")  # every step a traced iteration: four before the death
     done = subprocess.run(
         [*command, "--warmup", "0", "--out", str(out), "--", "python", str(script), how],
         capture_output=True,

@@ -491,7 +491,7 @@ DDP_SCRIPT = """
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batch = torch.randn(8, 32)
-    for _ in range(5):
+    for _ in range(8):  # the MF process: 1 warm-up step, then 3 untraced and 3 traced ones
         model(batch).sum().backward()
         optimizer.step()
         optimizer.zero_grad()

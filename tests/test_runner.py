@@ -139,7 +139,10 @@ def _spec(
     **kw: object,
 ) -> LeveledSpec:
     """A 2-iteration CPU measurement of the script ``body`` (formatted with ``root`` and
-    ``fields``)."""
+    ``fields``). The scripts run exactly their warm-up and iterations, so the MF process runs
+    no untraced iterations between its traced ones unless ``interleave`` is given
+    (tests/test_interleave.py covers those)."""
+    kw.setdefault("interleave", False)
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body.format(root=str(ROOT), **(fields or {}))))
     return LeveledSpec(

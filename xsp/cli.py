@@ -81,8 +81,6 @@ def _bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
 
 #: Ctrl-C: 128 + SIGINT, as a shell reports it.
 EXIT_INTERRUPTED = 130
-#: ``xsp run`` times M in this many processes by default (``xsp.tracer.run.m_processes``).
-DEFAULT_M_PROCESSES = 3
 
 
 class _Group(click.Group):
@@ -177,10 +175,10 @@ def main() -> None:
 @click.option(
     "--m-processes",
     type=int,
-    default=DEFAULT_M_PROCESSES,
-    show_default=True,
+    default=None,
     help="Time M in this many processes (the host's speed varies between processes): M is "
-    "reported as a median with a 95% interval. 1: one process, no interval.",
+    "reported as a median with a 95% interval. 1: one process, no interval. [default: 3, "
+    "or XSP_M_PROCESSES]",
 )
 @click.option(
     "--interleave/--no-interleave",
@@ -221,7 +219,7 @@ def run(
     op_shapes: bool,
     channels_last: bool,
     counter_iterations: int,
-    m_processes: int,
+    m_processes: int | None,
     interleave: bool,
     fixes: tuple[str, ...],
     iteration_fn: str | None,
@@ -304,7 +302,7 @@ def run(
         fork_server=config.switch("XSP_FORK_SERVER", True),
         overlap=config.switch("XSP_OVERLAP", True),
         share_process=config.switch("XSP_SHARE_PROCESS", True),
-        m_processes=m_processes,
+        m_processes=config.m_processes() if m_processes is None else m_processes,
         interleave=interleave,
     )
     check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink

@@ -91,7 +91,9 @@ def cause_share_range(store: MeasurementStore, cause: str) -> tuple[float, float
     code, names = text_codes(path.column("cause"))
     dur = numbers(path.column("dur_ns")).astype(np.float64, copy=False)
     iteration = numbers(path.column("iteration")).astype(np.int64, copy=False)
-    _, at = np.unique(iteration, return_inverse=True)
+    seen, at = np.unique(iteration, return_inverse=True)
+    if len(seen) < 2:  # the ranks of one iteration: nothing moves across iterations
+        return None
     total = np.bincount(at, weights=dur)
     mine = (
         np.bincount(

@@ -210,8 +210,12 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
             strict=True,
         )
     ]
-    again = [e.get("seconds") for e in manifest.get("m_processes") or [] if isinstance(e, Mapping)]
-    again = [s for s in again if isinstance(s, (int, float))]
+    listed = manifest.get("m_processes") or []
+    again = [
+        float(e["seconds"])
+        for e in listed
+        if isinstance(e, Mapping) and isinstance(e.get("seconds"), (int, float))
+    ]
     more = f"; M again in {_count(len(again), 'process')} {sum(again):.1f} s" if again else ""
     return f"time: {whole}{count}: {', '.join(parts)}{more}"
 

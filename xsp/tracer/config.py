@@ -124,6 +124,26 @@ def counter_set(env: Mapping[str, str] | None = None) -> str:
     return value
 
 
+#: ``xsp run`` times M in this many processes unless ``--m-processes`` says otherwise
+#: (``xsp.tracer.run.m_processes``); XSP_M_PROCESSES changes the default.
+DEFAULT_M_PROCESSES = 3
+MAX_M_PROCESSES = 64
+
+
+def m_processes(env: Mapping[str, str] | None = None) -> int:
+    """How many processes ``xsp run`` times M in by default (XSP_M_PROCESSES)."""
+    value = _get("XSP_M_PROCESSES", env)
+    if value is None:
+        return DEFAULT_M_PROCESSES
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_M_PROCESSES:
+        raise ConfigError(f"bad XSP_M_PROCESSES={value!r}: give 1 to {MAX_M_PROCESSES}")
+    return count
+
+
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
@@ -133,6 +153,7 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_OVERLAP", True, env)
     switch("XSP_SHARE_PROCESS", True, env)
     switch("XSP_STEADY_HEAP", True, env)
+    m_processes(env)
     ncu_path(env)
     native_dir(env)
     counter_set(env)

@@ -14,20 +14,15 @@ interval; the manifest lists them under ``m_processes``.
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from xsp.tracer import store
 from xsp.tracer.levelset import LevelSet
 
-if TYPE_CHECKING:
-    from xsp.tracer.run.runner import LeveledResult, LeveledSpec, ProgressFn
+#: (level set, phase, done, total) -> None: the runner's progress callback.
+ProgressFn = Callable[[str, str, int, int], None]
 
 #: Where the further M processes go, under the measurement's directory.
-M_PROCESSES_DIR = "m-processes"
+DIRECTORY = "m-processes"
 #: The manifest's list of them.
 MANIFEST_KEY = "m_processes"
 MODEL_ONLY = LevelSet("M")
@@ -37,49 +32,7 @@ MODEL_ONLY = LevelSet("M")
 ITERATIONS = 10
 
 
-def measure_m_again(
-    spec: LeveledSpec,
-    level_sets: Sequence[LevelSet],
-    manifest: dict[str, Any],
-    progress: ProgressFn | None,
-    run: Callable[..., LeveledResult],
-) -> None:
-    """Time M in ``spec.m_processes - 1`` more processes after the level sets (``run``: the
-    leveled runner), each listed in ``manifest`` as it ends. A process that fails is listed
-    with its failure and the next still runs: M's interval is read from those that were ok."""
-    if spec.m_processes <= 1 or MODEL_ONLY not in level_sets or spec.profile.continuous:
-        return
-    entries: list[dict[str, Any]] = manifest.setdefault(MANIFEST_KEY, [])
-    for n in range(2, spec.m_processes + 1):
-        out = spec.out / M_PROCESSES_DIR / str(n)
-        shutil.rmtree(out, ignore_errors=True)  # a reused --out: never an earlier one's steps
-        again = dataclasses.replace(
-            spec,
-            out=out,
-            level_sets=(MODEL_ONLY,),
-            m_processes=1,
-            overlap=False,
-            profile=dataclasses.replace(
-                spec.profile, iterations=min(spec.profile.iterations, ITERATIONS)
-            ),
-        )
-        began = time.monotonic()
-        result = run(again, _labelled(progress, f"M#{n}"))
-        entries.append(
-            {
-                "process": n,
-                "path": f"{M_PROCESSES_DIR}/{n}",
-                "status": result.status,
-                "failure": result.failure,
-                "seconds": round(time.monotonic() - began, 3),
-            }
-        )
-        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
-        if result.interrupted:
-            raise KeyboardInterrupt
-
-
-def _labelled(progress: ProgressFn | None, label: str) -> ProgressFn | None:
+def labelled(progress: ProgressFn | None, label: str) -> ProgressFn | None:
     """Progress of a further M process under its own label (``M#2``): the first M's bar stays."""
     if progress is None:
         return None

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from xsp.tracer import schema, store
 from xsp.tracer.errors import ConfigError, StoreError
 from xsp.tracer.levelset import LevelSet, level_sets
+from xsp.tracer.run import m_processes
 from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program, describe_end
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
@@ -446,9 +447,7 @@ def run_leveled(
                 else:
                     process = open_in_turn(following, i + 1)
         if result.ok and len(result.runs) == len(level_sets):
-            from xsp.tracer.run.m_processes import measure_m_again
-
-            measure_m_again(spec, level_sets, manifest, progress, run_leveled)
+            _measure_m_again(spec, level_sets, manifest, progress)
     except KeyboardInterrupt:
         result.interrupted = True
         with _sigint_ignored():
@@ -472,6 +471,48 @@ def run_leveled(
     else:  # a campaign's stderr logs stay, with the manifest that says why
         store.write_json_atomic(spec.out / store.MANIFEST, manifest)
     return result
+
+
+def _measure_m_again(
+    spec: LeveledSpec,
+    level_sets: Sequence[LevelSet],
+    manifest: dict[str, Any],
+    progress: ProgressFn | None,
+) -> None:
+    """Time M in ``spec.m_processes - 1`` more processes after the level sets
+    (``xsp.tracer.run.m_processes``), each a measurement of its own, listed in ``manifest`` as
+    it ends. A process that fails is listed with its failure and the next still runs: M's
+    interval is read from those that were ok."""
+    if spec.m_processes <= 1 or m_processes.MODEL_ONLY not in level_sets or spec.profile.continuous:
+        return
+    entries: list[dict[str, Any]] = manifest.setdefault(m_processes.MANIFEST_KEY, [])
+    for n in range(2, spec.m_processes + 1):
+        out = spec.out / m_processes.DIRECTORY / str(n)
+        shutil.rmtree(out, ignore_errors=True)  # a reused --out: never an earlier one's steps
+        again = dataclasses.replace(
+            spec,
+            out=out,
+            level_sets=(m_processes.MODEL_ONLY,),
+            m_processes=1,
+            overlap=False,
+            profile=dataclasses.replace(
+                spec.profile, iterations=min(spec.profile.iterations, m_processes.ITERATIONS)
+            ),
+        )
+        began = time.monotonic()
+        result = run_leveled(again, m_processes.labelled(progress, f"M#{n}"))
+        entries.append(
+            {
+                "process": n,
+                "path": f"{m_processes.DIRECTORY}/{n}",
+                "status": result.status,
+                "failure": result.failure,
+                "seconds": round(time.monotonic() - began, 3),
+            }
+        )
+        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
+        if result.interrupted:
+            raise KeyboardInterrupt
 
 
 def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) -> list[int]:

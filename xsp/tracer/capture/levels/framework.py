@@ -265,8 +265,8 @@ class _ModuleCalls:
     it calls through to it. Cheaper than global module hooks, which put every call on
     ``_call_impl``'s slow path (2.1 µs per call for two empty hooks on the dev machine,
     against 0.3 µs for this wrapper's frame), and which cannot see keyword arguments before
-    the call. While dynamo traces a call the wrapper only calls through, so it breaks no
-    graph."""
+    the call. While dynamo traces a call the wrapper only calls through, before it reads its
+    switch, so it breaks no graph and switching it recompiles none."""
 
     def __init__(self, level: FrameworkLevel) -> None:
         original = torch.nn.Module.__call__
@@ -281,14 +281,17 @@ class _ModuleCalls:
         on = False
 
         def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # first, before the switch is read: dynamo guards on what its trace reads, and a
+            # guard on the switch recompiled every compiled graph when F came on or off
+            # between an untraced and a traced iteration (70 ns a call on the dev machine)
+            if _compiling():
+                return original(module, *args, **kwargs)
             if not on:  # a service's unsampled request passes here: torch's own, inline
                 if not inline:
                     return original(module, *args, **kwargs)
                 if module._compiled_call_impl is not None:
                     return module._compiled_call_impl(*args, **kwargs)
                 return module._call_impl(*args, **kwargs)
-            if _compiling():
-                return original(module, *args, **kwargs)
             try:
                 index = indices.get(id(module))  # inline: a method call per module call costs
                 enter(register(module) if index is None else index, args, kwargs)
