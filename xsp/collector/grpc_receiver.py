@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy
+from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy, Unavailable
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.export import otlp
 
@@ -93,6 +93,10 @@ class GrpcReceiver:
         except Busy as exc:
             context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
             context.abort(grpc.StatusCode.UNAVAILABLE, f"collector busy, retry later: {exc}")
+        except Unavailable as exc:
+            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+            message = f"collector cannot spool, retry later: {exc}"
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
         except Exception as exc:
             log.exception("xsp collector: spooling a request failed")
             context.abort(grpc.StatusCode.INTERNAL, f"collector cannot spool the request: {exc}")

@@ -1,0 +1,131 @@
+"""The collector at the hard limits (issue 51): a full disk under the spool."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+from tests.fixtures import make_collector
+from tests.test_collector import _post
+from tests.test_collector_faults import _small, _stored
+from xsp.collector import spool as spool_module
+from xsp.collector.quarantine import Quarantine
+from xsp.collector.spool import Spool, SpoolFull, read_frames
+
+#: A frame is its 12-byte header and its payload.
+HEADER = 12
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a filesystem that really fills up."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 1 MiB tmpfs needs root")
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]
+    done = subprocess.run(mount, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def _unflushed(store: Path, **options: Any) -> Any:
+    """A started collector whose spool is stored only when it stops (its flusher just waits)."""
+    c = make_collector(store, spool_reserve_bytes=0, **options)
+    c._flusher = threading.Thread(target=c._stop.wait, daemon=True)
+    return c.start()
+
+
+def _segment(store: Path) -> Path:
+    (segment,) = (store / ".spool").glob("seg-*.log")
+    return segment
+
+
+def test_a_full_disk_acknowledges_only_whole_frames(small_disk: Path) -> None:
+    # requests of 300 spans, 115 KB each: about 9 fit in 1 MiB, and one is cut short by the disk
+    c = _unflushed(small_disk)
+    acknowledged: list[bytes] = []
+    try:
+        for k in range(20):
+            body = _small(f"r{k}", 300).SerializeToString()
+            code, _, headers = _post(c.http_port, body)
+            if code != 200:
+                break
+            acknowledged.append(body)
+        assert (code, headers["Retry-After"]) == (503, "1")
+        assert 5 <= len(acknowledged) < 10
+        data = _segment(small_disk / "store").read_bytes()
+        # the spool holds the acknowledged requests and not a byte of the refused one
+        assert read_frames(data) == (acknowledged, [])
+        assert len(data) == sum(HEADER + len(body) for body in acknowledged)
+        assert c.spool_refusals == 1
+    finally:
+        c.stop()  # storing fails on the full disk: the segment stays, logged
+
+
+def test_a_short_write_is_not_acknowledged(tmp_path: Path, monkeypatch: Any) -> None:
+    c = _unflushed(tmp_path)
+    try:
+        first = _small("a", 4).SerializeToString()
+        assert _post(c.http_port, first)[0] == 200
+        real_write = os.write
+        room = [100]  # the disk takes 100 more bytes of the spool's file, then none
+
+        def short(fd: int, data: Any) -> int:
+            if fd != c.spool._file.fileno():
+                return real_write(fd, data)
+            if room[0] == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            count = real_write(fd, bytes(data[: room[0]]))
+            room[0] -= count
+            return count
+
+        monkeypatch.setattr(spool_module.os, "write", short)
+        refused = _small("b", 3)
+        code, reply, headers = _post(c.http_port, refused.SerializeToString())
+        assert (code, headers["Retry-After"]) == (503, "1")
+        assert b"No space left on device" in reply
+        room[0] = 100
+        channel = grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}")
+        with channel, pytest.raises(grpc.RpcError) as failed:
+            trace_service_pb2_grpc.TraceServiceStub(channel).Export(refused, timeout=10)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        data = _segment(tmp_path / "store").read_bytes()
+        assert read_frames(data) == ([first], [])  # both partial frames were cut off again
+        assert len(data) == HEADER + len(first)
+        monkeypatch.undo()
+        assert _post(c.http_port, refused.SerializeToString())[0] == 200  # the retry
+    finally:
+        c.stop()
+    assert (c.accepted_spans, c.spool_refusals) == (4 + 3, 2)
+    assert _stored(tmp_path / "store", "m-a") == 4 and _stored(tmp_path / "store", "m-b") == 3
+    assert c.quarantine.items == 0
+
+
+def test_the_spool_keeps_room_for_the_store(tmp_path: Path) -> None:
+    # no disk here has 2**62 bytes free: every request would eat into the reserve
+    spool = Spool(tmp_path / "spool", Quarantine(tmp_path / "q"), reserve_bytes=2**62)
+    with pytest.raises(SpoolFull, match="kept for the store"):
+        spool.append(b"x" * 10)
+    assert spool._path.stat().st_size == 0 and spool.pending_bytes == 0
+    assert spool_module.DEFAULT_RESERVE_BYTES == 64 * 1024 * 1024
+    c = make_collector(tmp_path / "c", spool_reserve_bytes=2**62).start()
+    try:
+        code, reply, _ = _post(c.http_port, _small("a", 4).SerializeToString())
+        assert code == 503 and b"kept for the store" in reply
+    finally:
+        c.stop()
+    assert _stored(tmp_path / "c" / "store", "m-a") == 0
