@@ -1,11 +1,15 @@
-"""The collector at the hard limits (issue 51): a full disk under the spool."""
+"""The collector at the hard limits (issue 51): a full disk under the spool, a restart while
+the last one's connections are in TIME_WAIT, a health check before every receiver listens."""
 
 from __future__ import annotations
 
 import errno
+import http.client
 import os
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +22,10 @@ from tests.fixtures import make_collector
 from tests.test_collector import _post
 from tests.test_collector_faults import _small, _stored
 from xsp.collector import spool as spool_module
+from xsp.collector.grpc_receiver import GrpcReceiver, _probe
 from xsp.collector.quarantine import Quarantine
 from xsp.collector.spool import Spool, SpoolFull, read_frames
+from xsp.tracer.errors import ConfigError
 
 #: A frame is its 12-byte header and its payload.
 HEADER = 12
@@ -129,3 +135,79 @@ def test_the_spool_keeps_room_for_the_store(tmp_path: Path) -> None:
     finally:
         c.stop()
     assert _stored(tmp_path / "c" / "store", "m-a") == 0
+
+
+# -- a restart while the stopped collector's connections are in TIME_WAIT ----------------------
+def test_the_grpc_probe_binds_beside_connections_in_time_wait() -> None:
+    listener = socket.socket()
+    # as gRPC listens (Linux lets a bind beside a TIME_WAIT connection only where both say so)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server's side closes first: its end of the connection sits in TIME_WAIT
+    client.close()
+    listener.close()
+    assert _time_wait(port)
+    plain = socket.socket()  # what the probe did: a bind without SO_REUSEADDR is refused
+    with plain, pytest.raises(OSError, match="Address already in use"):
+        plain.bind(("127.0.0.1", port))
+    started = time.monotonic()
+    _probe(f"127.0.0.1:{port}")  # at once, as gRPC's own bind
+    receiver = GrpcReceiver(
+        f"127.0.0.1:{port}", ingest=len, authorized=lambda _: True, max_request_bytes=1 << 20
+    )
+    receiver.start()
+    receiver.stop(grace_s=0)
+    assert time.monotonic() - started < 5
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    with busy, pytest.raises(ConfigError, match="Address already in use"):
+        _probe(f"127.0.0.1:{busy.getsockname()[1]}")  # a listener still holds its port
+
+
+def _time_wait(port: int) -> bool:
+    """Whether a TCP connection of local port ``port`` is in TIME_WAIT (state 06 of
+    /proc/net/tcp)."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return any(
+        int(row.split()[1].split(":")[1], 16) == port and row.split()[3] == "06" for row in rows
+    )
+
+
+def test_healthz_answers_once_every_receiver_listens(tmp_path: Path, monkeypatch: Any) -> None:
+    opened = threading.Event()
+    start_grpc = GrpcReceiver.start
+
+    def slow_start(receiver: GrpcReceiver) -> None:
+        opened.wait(10)
+        start_grpc(receiver)
+
+    monkeypatch.setattr(GrpcReceiver, "start", slow_start)
+    c = make_collector(tmp_path)
+    starting = threading.Thread(target=c.start)
+    starting.start()
+    try:
+        while c.http_port is None:  # HTTP listens; gRPC waits for ``opened``
+            time.sleep(0.01)
+        assert _health(c.http_port) == (503, "1")
+        opened.set()
+        starting.join(10)
+        assert _health(c.http_port) == (200, None)
+    finally:
+        opened.set()
+        starting.join(10)
+        c.stop()
+
+
+def _health(port: int) -> tuple[int, str | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        return response.status, response.getheader("Retry-After")
+    finally:
+        conn.close()

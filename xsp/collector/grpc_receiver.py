@@ -110,6 +110,9 @@ def _probe(address: str) -> None:
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # as gRPC binds: connections of a stopped collector in TIME_WAIT (up to a minute) do
+        # not hold the port, while another listener still does
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, int(port)))
         except OSError as exc:

@@ -96,7 +96,9 @@ def gunzip(body: bytes, limit: int) -> bytes:
 class HttpReceiver:
     """``start`` binds (raising ConfigError naming the address) and serves in a thread;
     ``stop`` closes, waiting for requests in progress. ``ingest(body, as_json, gzip)`` is
-    called in a worker thread and may block; it raises DecodeError, Busy or Unavailable."""
+    called in a worker thread and may block; it raises DecodeError, Busy or Unavailable.
+    ``/healthz`` answers 200 once ``ready()`` (every receiver of the collector listens), 503
+    before."""
 
     def __init__(
         self,
@@ -111,8 +113,10 @@ class HttpReceiver:
         idle_s: float = DEFAULT_IDLE_S,
         ssl_context: ssl.SSLContext | None = None,
         workers: int = 4,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._ingest = ingest
+        self._ready = ready
         self._idle_s = idle_s
         self._check_capacity = check_capacity
         self._authorized = authorized
@@ -168,6 +172,8 @@ class HttpReceiver:
 
     # -- handlers ------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
+        if not self._ready():  # the other receivers are not listening yet
+            return web.Response(status=503, text="starting\n", headers={"Retry-After": "1"})
         return web.Response(text="ok\n")
 
     async def _post(self, request: web.Request) -> web.StreamResponse:

@@ -182,6 +182,8 @@ class Collector:
         self._workers: ProcessPoolExecutor | None = None
         self._http: HttpReceiver | None = None
         self._grpc: GrpcReceiver | None = None
+        #: Every receiver listens: /healthz answers 200 from then on, 503 before.
+        self.listening = threading.Event()
         self.http_port: int | None = None
         self.grpc_port: int | None = None
 
@@ -204,6 +206,7 @@ class Collector:
                 self._start_http(*split_address(self.config.http_address))
             if self.config.grpc_address:
                 self._start_grpc(self.config.grpc_address)
+            self.listening.set()
         except BaseException:
             self._close_receivers()
             self.spool.close()
@@ -220,6 +223,7 @@ class Collector:
         if self._stopped:
             return
         self._stopped = True
+        self.listening.clear()
         self._close_receivers()
         self._stop.set()
         self._wake.set()
@@ -411,6 +415,7 @@ class Collector:
             read_timeout_s=self.config.read_timeout_s,
             idle_s=self.config.idle_s,
             ssl_context=context,
+            ready=self.listening.is_set,
         )
         self._http.start()
         self.http_port = self._http.port
