@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -16,17 +17,22 @@ from typing import Any
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tests.fixtures import make_collector
 from tests.test_collector import _post
 from tests.test_collector_faults import _small, _stored
+from xsp.collector import door, ingest_view, writer
 from xsp.collector import spool as spool_module
 from xsp.collector.grpc_receiver import GrpcReceiver, _probe
 from xsp.collector.quarantine import Quarantine
 from xsp.collector.spool import Spool, SpoolFull, read_frames
 from xsp.tracer.errors import ConfigError
+from xsp.tracer.export import otlp
+from xsp.tracer.store import open_measurement
 
+Request = trace_service_pb2.ExportTraceServiceRequest
 #: A frame is its 12-byte header and its payload.
 HEADER = 12
 
@@ -211,3 +217,40 @@ def _health(port: int) -> tuple[int, str | None]:
         return response.status, response.getheader("Retry-After")
     finally:
         conn.close()
+
+
+# -- a key twice in a span: the last value, at the door and in the store ------------------------
+def _twice(first: AnyValue, last: AnyValue) -> Request:
+    """Three of xsp's spans, the second with xsp.iteration twice: ``first``, then ``last``."""
+    request = _small("twice", 3)
+    span = request.resource_spans[0].scope_spans[0].spans[1]
+    span.attributes.append(KeyValue(key="xsp.iteration", value=first))
+    span.attributes.append(KeyValue(key="xsp.iteration", value=last))
+    return request
+
+
+def test_a_key_twice_in_a_span_keeps_its_last_value(tmp_path: Path) -> None:
+    abc, seven = AnyValue(string_value="abc"), AnyValue(int_value=7)
+    accepted = _twice(abc, seven)
+    assert door.check(accepted.SerializeToString()) == 3 == otlp.validate(accepted)
+    assert ingest_view.check(accepted.SerializeToString()) == 3
+    ((_, _, table),) = writer.convert(accepted)  # the store worker's span-by-span decoder
+    assert table.column("iteration").to_pylist()[1] == 7
+    c = make_collector(tmp_path)
+    c.start()
+    try:
+        assert _post(c.http_port, accepted.SerializeToString())[0] == 200
+        as_json = json.dumps(otlp.request_to_json(_twice(seven, abc))).encode()
+        code, reply, _ = _post(c.http_port, as_json, "application/json")
+        assert code == 400 and "xsp.iteration 'abc'" in json.loads(reply)["message"]
+    finally:
+        c.stop()
+    assert c.quarantine.items == 0 and c.quarantined_requests == 0
+    (run,) = open_measurement(tmp_path / "store" / "m-twice")
+    iterations = run.spans().column("iteration").to_pylist()
+    # the other two spans keep the iteration they were sent with
+    original = _small("twice", 3).resource_spans[0].scope_spans[0].spans
+    sent = [
+        dict((kv.key, kv.value.int_value) for kv in s.attributes)["xsp.iteration"] for s in original
+    ]
+    assert iterations == [sent[0], 7, sent[2]]
