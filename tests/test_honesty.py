@@ -283,6 +283,75 @@ def test_export_and_report_refuse_to_write_into_the_store(
     assert (root / target).read_bytes() == before
 
 
+# -- issue 51: crafted run directories never make xsp write outside where it should -------------
+@pytest.mark.parametrize("target", ["MF/spans-00000.parquet", "MF/run.json"])
+@pytest.mark.parametrize("command", ["export -o", "analyze --report"])
+def test_an_output_linked_into_the_store_is_refused(
+    tmp_path: Path, target: str, command: str
+) -> None:
+    root = tmp_path / "R"
+    _one_run(root)
+    link = tmp_path / "out.json"
+    link.symlink_to(root / target)
+    before = (root / target).read_bytes()
+    name, option = command.split()
+    line = _cli_error([name, str(root), option, str(link)])
+    assert line == (
+        f"xsp: error: refusing to write {link} (a symbolic link to {root / target}): it is inside "
+        f"the run store {root / 'MF'} (its files would be replaced); choose a path outside it"
+    )
+    assert (root / target).read_bytes() == before
+
+
+@pytest.mark.parametrize("into", ["another measurement's run", "its own MF run"])
+def test_save_reconstruction_never_writes_through_a_link(tmp_path: Path, into: str) -> None:
+    root = tmp_path / "R"
+    _one_run(root)
+    victim = _one_run(tmp_path / "other") if into.startswith("another") else root / "MF"
+    files = {p.name: p.read_bytes() for p in victim.iterdir()}
+    (root / "reconstructed").symlink_to(victim, target_is_directory=True)
+    line = _cli_error(["analyze", str(root), "--save-reconstruction"])
+    assert line == (
+        f"xsp: error: refusing to write into {root / 'reconstructed'}: it is a symbolic link "
+        f"(to {victim}), not a directory of {root}; remove it"
+    )
+    assert {p.name: p.read_bytes() for p in victim.iterdir()} == files
+
+
+def test_a_span_part_or_write_probe_is_never_written_through_a_planted_link(tmp_path: Path) -> None:
+    import os
+
+    victim = tmp_path / "victim.parquet"
+    victim.write_bytes(b"another store's part")
+    run_dir = tmp_path / "R" / "MF"
+    run_dir.mkdir(parents=True)
+    (run_dir / f"spans-00000.parquet.{os.getpid()}.tmp").symlink_to(victim)
+    table = fixture_table("resnet18_train_cpu", "MF", "run-s")
+    store.write_span_part(run_dir, table, "00000")
+    assert victim.read_bytes() == b"another store's part"
+    (run_dir / ".xsp-write-test").symlink_to(victim)  # the write check's old probe name
+    store.check_writable(run_dir)
+    assert victim.read_bytes() == b"another store's part"
+    assert store.read_span_file(run_dir / "spans-00000.parquet").num_rows == table.num_rows
+
+
+@pytest.mark.parametrize("levels", ["../other/MF", "/tmp/MF", "MF/..", ".."])
+def test_manifest_levels_outside_the_measurement_are_refused(tmp_path: Path, levels: str) -> None:
+    root = tmp_path / "R"
+    _one_run(root)
+    _one_run(tmp_path / "other")
+    runs = [{"levels": "MF"}, {"levels": levels}]
+    (root / "manifest.json").write_text(json.dumps({"status": "ok", "runs": runs}))
+    expected = (
+        f"{root / 'manifest.json'}: runs[1] has levels {levels!r}, not a directory of the "
+        'measurement (a level set such as "MF")'
+    )
+    with pytest.raises(StoreError) as refused:
+        store.open_measurement(root)
+    assert str(refused.value) == expected
+    assert _cli_error(["summary", str(root)]) == f"xsp: error: {expected}"
+
+
 # -- item 15: configuration read when used ---------------------------------------------------------
 def test_a_bad_cupti_buffer_size_is_a_config_error_when_used_not_at_import(
     monkeypatch: pytest.MonkeyPatch,

@@ -1,10 +1,22 @@
 from __future__ import annotations
 
 import random
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
-from xsp.tracer.convert.intervals import depths, find_rows, inherit, nest, order_by, stab
+from xsp.analysis.matching import roots
+from xsp.tracer.convert.intervals import (
+    break_cycles,
+    depths,
+    find_rows,
+    inherit,
+    nest,
+    order_by,
+    stab,
+)
 
 
 def _stack_nesting(thread, start, end):  # type: ignore[no-untyped-def]
@@ -172,6 +184,37 @@ def test_depths_and_inheritance_match_a_walk_up_each_row() -> None:
         depth = depths(parent)
         assert depth.tolist() == walked_depth
         assert inherit(values, parent, depth).tolist() == walked_value
+
+
+@contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Fail with TimeoutError where the block runs longer (a walk that loops for ever)."""
+
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_parent_cycles_are_read_as_roots() -> None:
+    # 0 <- 1; 2 is its own parent, 3 its child; 4 <-> 5, 6 a child of 5, 7 of 6; 8 -> 9 -> 10 -> 8
+    parent = np.array([-1, 0, 2, 2, 5, 4, 5, 6, 9, 10, 8])
+    with within(1.0):
+        broken, on_cycle = break_cycles(parent)
+        depth = depths(parent)
+        root = roots(parent)
+    assert on_cycle.tolist() == [2, 4, 5, 8, 9, 10]
+    assert broken.tolist() == [-1, 0, -1, 2, -1, -1, 5, 6, -1, -1, -1]
+    assert depth.tolist() == [0, 1, 0, 1, 0, 0, 1, 2, 0, 0, 0]
+    assert root.tolist() == [0, 0, 2, 2, 4, 5, 5, 5, 8, 9, 10]
+    forest = np.array([-1, 0, 1, -1, 3])
+    assert break_cycles(forest)[0] is forest and not len(break_cycles(forest)[1])
 
 
 def test_find_rows_gives_the_first_row_of_a_repeated_key() -> None:

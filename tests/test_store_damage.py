@@ -4,6 +4,8 @@ on read. Every command that reads spans says so in one line naming the file, wit
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, write_run
+from tests.test_intervals import within
+from xsp.analysis.matching import tree_depths
 from xsp.analysis.store import MeasurementStore
 from xsp.campaign.files import from_dict
 from xsp.campaign.store import CampaignStore
@@ -182,3 +186,61 @@ def test_intact_files_of_a_writer_without_checksums_still_read(tmp_path: Path) -
     table = pq.read_table(run_dir / PART)
     pq.write_table(table, run_dir / PART, write_page_checksum=False)
     assert store.open_run(run_dir).spans().num_rows == table.num_rows
+
+
+def _cyclic(table: pa.Table, rows: dict[int, int]) -> pa.Table:
+    """``table`` with the parent ids of ``rows`` set to the span ids of the rows they name."""
+    ids = table.column("span_id").to_pylist()
+    parents = table.column("parent_span_id").to_pylist()
+    for row, up in rows.items():
+        parents[row] = ids[up]
+    return _with_column(table, "parent_span_id", pa.array(parents, pa.uint64()))
+
+
+def test_a_cycle_of_parent_ids_is_read_as_roots(tmp_path: Path) -> None:
+    # spans 1..7: 1 <- 2; 3 is its own parent, 4 its child; 5 <-> 6, 7 a child of 6
+    tiny = pa.table(
+        {
+            "trace_id": pa.array([b"t" * 16] * 7, pa.binary(16)),
+            "span_id": pa.array([1, 2, 3, 4, 5, 6, 7], pa.uint64()),
+            "parent_span_id": pa.array([0, 1, 3, 3, 6, 5, 6], pa.uint64()),
+            "name": ["a", "b", "c", "d", "e", "f", "g"],
+            "start_ns": pa.array([0, 1, 2, 3, 4, 5, 6], pa.int64()),
+            "dur_ns": pa.array([10] * 7, pa.int64()),
+            "level": ["framework", "framework", "library", "library", "gpu", "gpu", "gpu"],
+        }
+    )
+    run_dir = write_run(tmp_path, LEVELS, store.conform(tiny))
+    with within(1.0):
+        measurement = MeasurementStore(run_dir)
+        depth = tree_depths(measurement, 0)
+    assert depth.tolist() == [0, 1, 0, 1, 0, 0, 1]
+    assert measurement.parents(0).tolist() == [-1, 0, -1, 2, -1, -1, 5]
+    parents = measurement.run_spans(0).column("parent_span_id").to_pylist()
+    assert parents == [0, 1, 0, 3, 0, 0, 6]  # SQL's joins see the same forest
+    assert measurement.warnings == [
+        f"{run_dir}: 3 spans are their own ancestors (a cycle of parent ids); each is read as a "
+        "root"
+    ]
+    # the Chrome export climbs to a framework span for each external id: 3..7 have none above
+    with within(10.0):
+        result = CliRunner().invoke(cli_main, COMMANDS["export chrome"](run_dir, tmp_path))
+    assert result.exit_code == 0, result.output
+    with gzip.open(tmp_path / "out.json.gz", "rt") as handle:
+        events = [e for e in json.load(handle)["traceEvents"] if e.get("ph") == "X"]
+    external = {e["name"]: e["args"].get("External id") for e in events}
+    assert external == {"a": 1, "b": 2, "c": None, "d": None, "e": None, "f": None, "g": None}
+
+
+@pytest.mark.parametrize("command", ["summary", "analyze"])
+def test_commands_end_on_a_store_with_parent_cycles(tmp_path: Path, command: str) -> None:
+    table = _table()
+    ops = pc.indices_nonzero(pc.equal(table.column("kind"), "op")).to_pylist()
+    # an op its own parent, two more each other's: the analyses looped for ever before
+    run_dir = _stored(
+        tmp_path, _cyclic(table, {ops[3]: ops[3], ops[10]: ops[20], ops[20]: ops[10]})
+    )
+    with within(120.0):
+        result = CliRunner().invoke(cli_main, COMMANDS[command](run_dir, tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "3 spans are their own ancestors" in result.output

@@ -638,11 +638,12 @@ def analyze(
 
     from xsp.analysis.catalog import sections
     from xsp.analysis.reconstruct import reconstruct
+    from xsp.tracer.store import RECONSTRUCTED, check_output, check_run_destination
 
     if report is not None:
-        from xsp.tracer.store import check_output
-
         check_output(report)  # before the work: never over the store's own files
+    if save_reconstruction:  # nor through a link into another run's
+        check_run_destination(run_dir / RECONSTRUCTED, run_dir)
     store = _open_store(run_dir)
     store.require_spans()
     spans, mismatches = reconstruct(store)

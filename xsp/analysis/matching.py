@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.store import MeasurementStore, parent_rows
 from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import depths, find_rows
+from xsp.tracer.convert.intervals import break_cycles, depths
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
@@ -32,17 +32,17 @@ def _name_hashes(names: pa.Array) -> np.ndarray:
     return table[numbers(encoded.indices, null=0).astype(np.int64, copy=False)]
 
 
-def structural_keys(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def structural_keys(
+    table: pa.Table, parent: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(key, parent row) per span: the key hashes the span's iteration and its path of
     (name, ordinal among same-named siblings by start time) from the root, so repeated
-    identical kernels keep distinct keys. Vectorized: one pass per tree depth."""
-    span_id = numbers(table.column("span_id")).astype(np.uint64, copy=False).astype(np.int64)
-    parent_id = (
-        numbers(table.column("parent_span_id")).astype(np.uint64, copy=False).astype(np.int64)
-    )
+    identical kernels keep distinct keys. Vectorized: one pass per tree depth. ``parent``:
+    ``parent_rows(table)``, where the caller has them (the store finds them at open)."""
     start = numbers(table.column("start_ns")).astype(np.int64, copy=False)
     names = _name_hashes(table.column("name").combine_chunks())
-    parent = find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
+    if parent is None:
+        parent = parent_rows(table)
     # ordinal among siblings of the same name, by start time
     order = np.lexsort((start, names, parent))
     same = np.zeros(len(order), dtype=bool)
@@ -72,7 +72,7 @@ def keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np
     memo = ("structural_keys", index)
     if memo not in store.memo:
         spans = store.run_spans(index)
-        store.memo[memo] = (spans, *structural_keys(spans))
+        store.memo[memo] = (spans, *structural_keys(spans, store.parents(index)))
     return store.memo[memo]
 
 
@@ -98,8 +98,13 @@ def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[
 
 def roots(parent: np.ndarray) -> np.ndarray:
     """Each row's root: follow parents up until none is left, by pointer jumping (a row takes
-    the row its ancestor points at: log2(depth) rounds)."""
+    the row its ancestor points at: log2(depth) rounds). A row on a cycle of parents is a
+    root (``break_cycles``)."""
     root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    rounds = len(parent).bit_length()  # past the root of any chain: more is a cycle
     while len(alive := np.nonzero(root[root] != root)[0]):
+        if rounds == 0:
+            return roots(break_cycles(parent)[0])
+        rounds -= 1
         root[alive] = root[root[alive]]
     return root

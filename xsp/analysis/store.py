@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from xsp.tracer import schema
 from xsp.tracer.convert.columns import arrow, numbers, scalar
+from xsp.tracer.convert.intervals import break_cycles, find_rows
 from xsp.tracer.errors import StoreError
 from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
 
@@ -52,6 +53,7 @@ class MeasurementStore:
         self._run_tables: list[pa.Table] = []
         for index, run in enumerate(self.runs):
             spans = run.spans()  # raises StoreError naming a corrupt or truncated file
+            spans = self._without_cycles(index, run, spans)
             self._run_tables.append(spans)
             n = spans.num_rows
             spans = spans.append_column("run_index", arrow(np.full(n, index, np.int32)))
@@ -64,6 +66,28 @@ class MeasurementStore:
         self.table = pa.concat_tables(tables) if tables else _EMPTY
         self.con = duckdb.connect()
         self.con.register("spans", self.table)
+
+    def _without_cycles(self, index: int, run: Run, spans: pa.Table) -> pa.Table:
+        """The run's spans with each span on a cycle of parent ids (its own parent, or its
+        parent's ancestor) read as a root, said in ``warnings``: every walk up the tree, in
+        numpy or by the spans' ids, then ends at a root. Its parent rows are kept (``parents``)."""
+        parent, on_cycle = break_cycles(parent_rows(spans))
+        self.memo[("parents", index)] = parent
+        if not len(on_cycle):
+            return spans
+        self.warnings.append(
+            f"{run.path}: {len(on_cycle)} spans are their own ancestors (a cycle of parent "
+            f"ids); each is read as a root"
+        )
+        ids = numbers(spans.column("parent_span_id")).astype(np.uint64)
+        ids[on_cycle] = 0
+        at = spans.schema.get_field_index("parent_span_id")
+        return spans.set_column(at, spans.field(at), arrow(ids, pa.uint64()))
+
+    def parents(self, index: int) -> np.ndarray:
+        """Each span's parent row in run ``index``'s spans (-1: a root), found once at open."""
+        found: np.ndarray = self.memo[("parents", index)]
+        return found
 
     def require_spans(self) -> None:
         """Raise StoreError naming the first level-set run without spans (no span files, or
@@ -102,6 +126,15 @@ class MeasurementStore:
 
     def bytes_on_disk(self) -> int:
         return sum(p.stat().st_size for run in self.runs for p in run.span_files)
+
+
+def parent_rows(table: pa.Table) -> np.ndarray:
+    """Each span's parent row in ``table`` (-1: a root, or a parent not in it)."""
+    span_id = numbers(table.column("span_id")).astype(np.uint64, copy=False).astype(np.int64)
+    parent_id = (
+        numbers(table.column("parent_span_id")).astype(np.uint64, copy=False).astype(np.int64)
+    )
+    return find_rows(span_id, parent_id)  # span ids start at 1: roots (0) find none
 
 
 def texts(column: pa.ChunkedArray | pa.Array, null: str | None = "") -> np.ndarray:

@@ -5,7 +5,9 @@
 format once, in C and without the GIL, and answers either the span count of a request it is
 certain the Python check accepts or "not sure"; then the Python check decides, and its message
 is the one a sender sees. Its rules are stricter than the Python check's, never looser (see the
-C file), so the native path changes which requests are accepted in no case, only how fast.
+C file), so the native path changes which requests are accepted in no case, only how fast. A
+key that comes twice in a span: the C check is sure only where every value passes, the Python
+check reads the last (a map), and the store worker stores the last (``otlp._any_columns``).
 
 The extension is a plain CPython module (no torch), built once per source and Python into
 ``XSP_NATIVE_DIR`` with the C compiler Python was built with. Where none is found, the

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy
+from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy, Unavailable
 from xsp.tracer.errors import ConfigError
 from xsp.tracer.export import otlp
 
@@ -93,6 +93,10 @@ class GrpcReceiver:
         except Busy as exc:
             context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
             context.abort(grpc.StatusCode.UNAVAILABLE, f"collector busy, retry later: {exc}")
+        except Unavailable as exc:
+            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+            message = f"collector cannot spool, retry later: {exc}"
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
         except Exception as exc:
             log.exception("xsp collector: spooling a request failed")
             context.abort(grpc.StatusCode.INTERNAL, f"collector cannot spool the request: {exc}")
@@ -106,6 +110,9 @@ def _probe(address: str) -> None:
     host = host.strip("[]") or "127.0.0.1"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # as gRPC binds: connections of a stopped collector in TIME_WAIT (up to a minute) do
+        # not hold the port, while another listener still does
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, int(port)))
         except OSError as exc:

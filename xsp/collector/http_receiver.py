@@ -45,11 +45,16 @@ LINGER_S = 5.0
 READ_BUFFER_BYTES = 1 << 20
 
 # HTTP status -> google.rpc code, for the Status message OTLP/HTTP error bodies carry.
-_GRPC_CODE = {400: 3, 401: 16, 404: 5, 408: 4, 411: 3, 413: 8, 415: 3, 429: 14, 500: 13}
+_GRPC_CODE = {400: 3, 401: 16, 404: 5, 408: 4, 411: 3, 413: 8, 415: 3, 429: 14, 500: 13, 503: 14}
 
 
 class Busy(Exception):
     """The spool is full: the sender should retry later."""
+
+
+class Unavailable(Exception):
+    """The spool's disk cannot take the request (full, or short of the store's reserve):
+    nothing was kept, and the sender should retry later."""
 
 
 def rpc_status(code: int, message: str) -> bytes:
@@ -91,7 +96,9 @@ def gunzip(body: bytes, limit: int) -> bytes:
 class HttpReceiver:
     """``start`` binds (raising ConfigError naming the address) and serves in a thread;
     ``stop`` closes, waiting for requests in progress. ``ingest(body, as_json, gzip)`` is
-    called in a worker thread and may block; it raises DecodeError or Busy."""
+    called in a worker thread and may block; it raises DecodeError, Busy or Unavailable.
+    ``/healthz`` answers 200 once ``ready()`` (every receiver of the collector listens), 503
+    before."""
 
     def __init__(
         self,
@@ -106,8 +113,10 @@ class HttpReceiver:
         idle_s: float = DEFAULT_IDLE_S,
         ssl_context: ssl.SSLContext | None = None,
         workers: int = 4,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._ingest = ingest
+        self._ready = ready
         self._idle_s = idle_s
         self._check_capacity = check_capacity
         self._authorized = authorized
@@ -163,6 +172,8 @@ class HttpReceiver:
 
     # -- handlers ------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
+        if not self._ready():  # the other receivers are not listening yet
+            return web.Response(status=503, text="starting\n", headers={"Retry-After": "1"})
         return web.Response(text="ok\n")
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
@@ -209,6 +220,8 @@ class HttpReceiver:
                 return self._error(400, str(exc), as_json)
             except Busy as exc:
                 return self._error(429, f"collector busy, retry later: {exc}", as_json)
+            except Unavailable as exc:  # 503, not 507: OTLP senders retry 503 only
+                return self._error(503, f"collector cannot spool, retry later: {exc}", as_json)
             except Exception as exc:  # the spool's disk failed: not acknowledged, say so
                 log.exception("xsp collector: spooling a request failed")
                 return self._error(500, f"collector cannot spool the request: {exc}", as_json)

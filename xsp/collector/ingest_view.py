@@ -83,7 +83,7 @@ def check(body: bytes) -> int:
                     or any(len(k.trace_id) != 16 or len(k.span_id) != 8 for k in span.links)
                 ):
                     otlp.validate_span(span)  # raises with the message
-                attributes = span.attributes
+                attributes = span.attributes  # a map: of a key twice, the last value, as stored
                 for key in _NUMERIC_KEYS.intersection(attributes):
                     value = attributes[key]
                     kind = numeric[key]

@@ -8,7 +8,9 @@ hold the transports):
    AnyValue: ``ingest_view``) and validate every span against the columns it will fill (HTTP
    400 / gRPC INVALID_ARGUMENT naming the field and value): a request is acknowledged only when
    every span of it will be stored. ``door`` does it natively for the requests it is sure of;
-3. append to the write-ahead spool and fsync; only then acknowledge.
+3. append to the write-ahead spool and fsync; only then acknowledge. A spool whose disk is full
+   or short of ``spool_reserve_bytes`` keeps nothing of the request and answers HTTP 503 with
+   Retry-After / gRPC UNAVAILABLE, so the sender retries.
 
 A flusher thread turns spool segments into store files every ``flush_interval_s`` (at once when
 the spool closes a full segment), oldest first
@@ -56,11 +58,12 @@ from xsp.collector.http_receiver import (
     TRACES_PATH,
     Busy,
     HttpReceiver,
+    Unavailable,
     gunzip,
     rpc_status,
 )
 from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
-from xsp.collector.spool import DEFAULT_SEGMENT_BYTES, Spool
+from xsp.collector.spool import DEFAULT_RESERVE_BYTES, DEFAULT_SEGMENT_BYTES, Spool
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter, note_quarantined
 from xsp.tracer.errors import ConfigError, StoreError, XspError
@@ -111,6 +114,8 @@ class CollectorConfig:
     idle_s: float = DEFAULT_IDLE_S
     #: The spool closes a segment for the flusher once it holds this many bytes.
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    #: Free bytes on the spool's filesystem kept for the store: requests past it get 503.
+    spool_reserve_bytes: int = DEFAULT_RESERVE_BYTES
     #: Worker processes that convert segments into store files (0: the flusher thread does).
     store_workers: int = 0
     #: How long stopping waits for requests not yet forwarded (they are stored either way).
@@ -146,6 +151,7 @@ class Collector:
                 self.quarantine,
                 segment_bytes=config.segment_bytes,
                 on_closed=self._wake_flusher,
+                reserve_bytes=config.spool_reserve_bytes,
             )
         except OSError as exc:
             raise StoreError(f"cannot open the spool in {config.store}: {exc}") from exc
@@ -159,6 +165,8 @@ class Collector:
         self.flush_failures = 0  # attempts to store a segment that failed (each retried)
         self.quarantined_requests = 0  # spooled requests that could not be converted
         self.duplicate_spans = 0  # spans not stored again: their run already held them
+        self.spool_refusals = 0  # requests not acknowledged: the spool's disk could not take them
+        self._refusing = False  # the last append failed (its log line is not repeated)
         self._count_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flusher at a time: the loop, flush(), stop()
         self._queue: list[Path] = []  # closed segments not yet stored, oldest first
@@ -174,6 +182,8 @@ class Collector:
         self._workers: ProcessPoolExecutor | None = None
         self._http: HttpReceiver | None = None
         self._grpc: GrpcReceiver | None = None
+        #: Every receiver listens: /healthz answers 200 from then on, 503 before.
+        self.listening = threading.Event()
         self.http_port: int | None = None
         self.grpc_port: int | None = None
 
@@ -196,6 +206,7 @@ class Collector:
                 self._start_http(*split_address(self.config.http_address))
             if self.config.grpc_address:
                 self._start_grpc(self.config.grpc_address)
+            self.listening.set()
         except BaseException:
             self._close_receivers()
             self.spool.close()
@@ -212,6 +223,7 @@ class Collector:
         if self._stopped:
             return
         self._stopped = True
+        self.listening.clear()
         self._close_receivers()
         self._stop.set()
         self._wake.set()
@@ -266,9 +278,18 @@ class Collector:
 
     def _append(self, spans: int, payload: bytes) -> int:
         self.check_capacity()
-        self.spool.append(payload)  # False for a retry already durable: acknowledge it again
+        try:
+            self.spool.append(payload)  # False for a retry already durable: acknowledge it again
+        except OSError as exc:  # nothing of it was kept: the sender must retry, not move on
+            with self._count_lock:
+                self.spool_refusals += 1
+                first, self._refusing = not self._refusing, True
+            if first:  # once a spell: a full disk refuses every request until some is freed
+                log.error("xsp collector: the spool refuses requests (503) until it can: %s", exc)
+            raise Unavailable(str(exc)) from exc
         with self._count_lock:
             self.accepted_spans += spans
+            self._refusing = False
         return spans
 
     def authorized(self, header: str | None) -> bool:
@@ -394,6 +415,7 @@ class Collector:
             read_timeout_s=self.config.read_timeout_s,
             idle_s=self.config.idle_s,
             ssl_context=context,
+            ready=self.listening.is_set,
         )
         self._http.start()
         self.http_port = self._http.port

@@ -21,6 +21,7 @@ Segments of the older ``seg-<n>.log`` form (frames without the magic) are still 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -48,6 +49,14 @@ _LEGACY_SEGMENT = re.compile(r"seg-(?P<n>[0-9]{8})\.log")
 DEFAULT_DEDUP_WINDOW = 32768
 #: A segment is closed for the flusher once it holds this much (about 45k of xsp's spans).
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
+#: Free space on the spool's filesystem kept for the store: a request that would leave less is
+#: refused (the sender retries), since the flusher needs room to turn the spool into store parts
+#: and only then frees the spool's segments (four parts of a full segment, with room to spare).
+DEFAULT_RESERVE_BYTES = 64 * 1024 * 1024
+
+
+class SpoolFull(OSError):
+    """The spool's filesystem cannot take a request now: nothing of it was kept."""
 
 
 class Spool:
@@ -62,6 +71,7 @@ class Spool:
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         on_closed: Callable[[], None] | None = None,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -74,6 +84,7 @@ class Spool:
         self._digests: OrderedDict[bytes, None] = OrderedDict()
         self._dedup_window = dedup_window
         self._segment_bytes = segment_bytes
+        self._reserve_bytes = reserve_bytes
         self._on_closed = on_closed
         self._closed: list[Path] = []  # closed segments not yet handed to the flusher
         self._file = self._open_segment()
@@ -123,15 +134,17 @@ class Spool:
 
     def append(self, payload: bytes) -> bool:
         """Write one frame and fsync it; returns once it is durable. Returns False (and writes
-        nothing) when a byte-identical payload is already durable here or in the store."""
+        nothing) when a byte-identical payload is already durable here or in the store. Raises
+        OSError (``SpoolFull`` for a full disk, or one short of the reserve) having kept
+        nothing of the frame: the request must not be acknowledged."""
         digest = hashlib.blake2b(payload, digest_size=16).digest()
         frame = _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
         with self._lock:
             if digest in self._digests:
                 self.duplicates += 1
                 return False
-            self._file.write(frame)
-            os.fsync(self._file.fileno())
+            self._check_room(len(frame))
+            self._write_frame(frame)
             self._written += len(frame)
             self.pending_bytes += len(frame)
             self._remember(digest)
@@ -141,6 +154,45 @@ class Spool:
         if full and self._on_closed is not None:
             self._on_closed()
         return True
+
+    def _check_room(self, size: int) -> None:
+        stat = os.fstatvfs(self._file.fileno())
+        free = stat.f_bavail * stat.f_frsize
+        if free - size < self._reserve_bytes:
+            raise SpoolFull(
+                errno.ENOSPC,
+                f"{free} bytes free in {self.directory}, and {self._reserve_bytes} are kept for "
+                f"the store: a request of {size} bytes is refused",
+            )
+
+    def _write_frame(self, frame: bytes) -> None:
+        # os.write, not the file's write: on a nearly full disk a write is short without raising,
+        # and only the count it returns tells. A frame is whole and fsync'ed or not there at all:
+        # a partial one would pass for a sender's acknowledged request until the replay.
+        fd = self._file.fileno()
+        view = memoryview(frame)
+        done = 0
+        try:
+            while done < len(frame):
+                count = os.write(fd, view[done:])
+                if count <= 0:
+                    raise SpoolFull(errno.ENOSPC, f"{self._path} took no more bytes")
+                done += count
+            os.fsync(fd)
+        except OSError as exc:
+            self._truncate(exc)
+            if exc.errno == errno.ENOSPC and not isinstance(exc, SpoolFull):
+                raise SpoolFull(errno.ENOSPC, f"{self._path}: {exc.strerror}") from exc
+            raise
+
+    def _truncate(self, exc: OSError) -> None:
+        try:
+            os.ftruncate(self._file.fileno(), self._written)
+            os.fsync(self._file.fileno())
+        except OSError as again:  # its bytes go to the quarantine on replay, never acknowledged
+            log.error(
+                "xsp collector: cannot cut a failed frame (%s) from %s: %s", exc, self._path, again
+            )
 
     def _remember(self, digest: bytes) -> None:
         self._digests[digest] = None

@@ -170,9 +170,10 @@ def check_writable(directory: Path) -> None:
     """Fail early, with the path in the message, if spans could not be written there."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".xsp-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a new file of its own (O_EXCL): a fixed name planted as a link would be written through
+        fd, probe = tempfile.mkstemp(prefix=".xsp-write-test-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise StoreError(f"cannot write to {directory}: {exc.strerror or exc}") from exc
 
@@ -218,6 +219,9 @@ def _write_parquet(path: Path, table: pa.Table, **options: Any) -> None:
     collector replays it), synced, then renamed over ``path``."""
     tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")
     try:
+        tmp.unlink(
+            missing_ok=True
+        )  # a leftover (or a planted symbolic link): never written through
         pq.write_table(table, tmp, **_CHECKSUMS, **options)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
@@ -417,6 +421,11 @@ def _listed_levels(path: Path, manifest: dict[str, Any]) -> list[tuple[str, str 
         levels = entry.get("levels") if isinstance(entry, dict) else None
         if not isinstance(levels, str) or not levels:
             raise StoreError(f"{path}: runs[{index}] has no 'levels' (a level set such as \"MF\")")
+        if Path(levels).name != levels or levels in (".", ".."):  # "../x", "/x", "a/b"
+            raise StoreError(
+                f"{path}: runs[{index}] has levels {levels[:80]!r}, not a directory of the "
+                f'measurement (a level set such as "MF")'
+            )
         if entry.get("stored") is False:
             continue  # it measured nothing and its directory was removed; the entry says why
         status = entry.get("status")
@@ -510,18 +519,38 @@ def open_output(path: Path) -> TextIO:
 
 def check_output(path: Path) -> None:
     """Refuse an output file that would replace a run store's own files (a level-set run's
-    directory, or a store file's name beside a manifest), a directory, or one in a directory
-    that does not exist; the message names the path."""
+    directory, or a store file's name beside a manifest), as named or where its symbolic links
+    lead, a directory, or one in a directory that does not exist; the message names the path."""
     target = Path(os.path.abspath(path))
     parent = target.parent
     if target.is_dir():
         raise StoreError(f"cannot write {path}: it is a directory")
     if not parent.is_dir():
         raise StoreError(f"cannot write {path}: no such directory {parent}")
-    in_run = (parent / RUN_META).exists()
-    store_name = any(fnmatch.fnmatch(target.name, pattern) for pattern in _STORE_NAMES)
-    if in_run or (store_name and (parent / MANIFEST).exists()):
+    resolved = target.resolve()  # where the bytes would go: open() follows the links
+    for place in dict.fromkeys((target, resolved)):
+        if _is_store_file(place):
+            leads = f" (a symbolic link to {place})" if place != target else ""
+            raise StoreError(
+                f"refusing to write {path}{leads}: it is inside the run store {place.parent} "
+                "(its files would be replaced); choose a path outside it"
+            )
+
+
+def _is_store_file(path: Path) -> bool:
+    in_run = (path.parent / RUN_META).exists()
+    store_name = any(fnmatch.fnmatch(path.name, pattern) for pattern in _STORE_NAMES)
+    return in_run or (store_name and (path.parent / MANIFEST).exists())
+
+
+def check_run_destination(run_dir: Path, root: Path) -> None:
+    """Refuse to write a run into ``run_dir`` (a directory of the measurement ``root``) where it
+    is a symbolic link, or not a directory: the run's files would be deleted and written
+    wherever the link leads (another run's, another store's); the message names the path."""
+    if run_dir.is_symlink():
         raise StoreError(
-            f"refusing to write {path}: it is inside the run store {parent} "
-            "(its files would be replaced); choose a path outside it"
+            f"refusing to write into {run_dir}: it is a symbolic link (to "
+            f"{os.readlink(run_dir)}), not a directory of {root}; remove it"
         )
+    if run_dir.exists() and not run_dir.is_dir():
+        raise StoreError(f"refusing to write into {run_dir}: it is not a directory; remove it")

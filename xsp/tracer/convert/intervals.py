@@ -113,16 +113,43 @@ def _nearest_open_ancestor(
 def depths(parent: np.ndarray) -> np.ndarray:
     """Depth of each node in a forest given by parent indices (-1 for roots). By pointer
     jumping: each round, a node adds the depth its ancestor has reached and jumps to that
-    ancestor's ancestor, so a tree of depth d takes log2(d) rounds, not d passes over it."""
+    ancestor's ancestor, so a tree of depth d takes log2(d) rounds, not d passes over it.
+    Parents that form a cycle (stored data the checks let through) are read as roots, as
+    ``break_cycles`` says, rather than climbed for ever."""
     depth = (parent >= 0).astype(np.int32)  # edges counted up to ``jump``
     jump = parent.astype(np.int64, copy=True)
     alive = np.nonzero(jump >= 0)[0]
+    rounds = len(parent).bit_length()  # 2**rounds ancestors up is past the root of any chain
     while len(alive):
+        if rounds == 0:  # still climbing: some parents form a cycle
+            return depths(break_cycles(parent)[0])
+        rounds -= 1
         up = jump[alive]
         depth[alive] += depth[up]  # both read before either is written: one round
         jump[alive] = jump[up]
         alive = alive[jump[alive] >= 0]
     return depth
+
+
+def break_cycles(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``parent`` with each node on a cycle made a root, those nodes in ascending order): a
+    node that is its own parent, or its parent's ancestor, has no root to reach. Their
+    descendants keep their parents. By pointer jumping: after log2(n) + 1 rounds a node that
+    still has an ancestor is on a cycle or below one, and the ancestor it reached is on the
+    cycle; the reached ancestors of a cycle's nodes are the cycle's nodes, shifted along it."""
+    jump = parent.astype(np.int64, copy=True)
+    alive = np.nonzero(jump >= 0)[0]
+    for _ in range(len(parent).bit_length()):
+        if not len(alive):
+            return parent, np.zeros(0, dtype=np.int64)
+        jump[alive] = jump[jump[alive]]
+        alive = alive[jump[alive] >= 0]
+    on_cycle = np.unique(jump[alive])
+    if not len(on_cycle):
+        return parent, on_cycle
+    broken = parent.copy()
+    broken[on_cycle] = -1
+    return broken, on_cycle
 
 
 def inherit(

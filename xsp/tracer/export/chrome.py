@@ -309,6 +309,8 @@ class _RunExport:
                 at = by_span.get(parent) if parent else None
                 if at is not None and c["level"][at] == schema.LEVEL_MODEL:
                     at = None
+                if len(path) > self.rows:  # a cycle of parent ids: no framework span above
+                    at = None
             found = ext[at] if at is not None else None
             for p in path:
                 ext[p] = found

@@ -647,20 +647,22 @@ def _hex_to_b64(value: Any, key: str) -> str:
 def validate(request: ExportTraceServiceRequest) -> int:
     """Check every span's ids, times and typed attributes against the columns they will fill;
     return the span count. The message of a DecodeError names the span, the field and the value,
-    so one bad span is refused at the door instead of failing its whole spool segment later."""
+    so one bad span is refused at the door instead of failing its whole spool segment later. Of
+    a key that comes twice in a span, the last value is checked: the one the store keeps."""
     count = 0
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 validate_span(span)
-                for kv in span.attributes:
-                    slot = _NUMERIC.get(kv.key)
-                    if slot is not None or kv.key == schema.ATTR_VIEW_STORED_PARENT:
+                last = {kv.key: kv.value for kv in span.attributes}  # a key twice: the last
+                for key, value in last.items():
+                    slot = _NUMERIC.get(key)
+                    if slot is not None or key == schema.ATTR_VIEW_STORED_PARENT:
                         try:
                             if slot is None:
-                                _stored_parent(kv.value)
+                                _stored_parent(value)
                             else:
-                                _typed(kv.value, slot, kv.value.WhichOneof("value"))
+                                _typed(value, slot, value.WhichOneof("value"))
                         except DecodeError as exc:
                             raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
@@ -882,6 +884,7 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
     rest = _Rest(n)
     error_code, unset_code = Status.STATUS_CODE_ERROR, Status.STATUS_CODE_UNSET
     internal = Span.SPAN_KIND_INTERNAL
+    taken_in: dict[str, int] = {}  # each column's (or view's) key: the last row that set it
     for row, span in enumerate(spans):
         trace_ids.append(span.trace_id)
         span_ids.append(int.from_bytes(span.span_id, "big"))
@@ -920,8 +923,15 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
             if count:
                 rest.set(field_, row, count)
         others = None
-        for kv in span.attributes:
-            slot = slots.get(kv.key)
+        # From the last: a column's (or the view's) key that came again later is skipped, so the
+        # last value wins, as in a dict, in OTLP/JSON parsers and in the door's check (a map)
+        for kv in reversed(span.attributes):
+            key = kv.key
+            slot = slots.get(key)
+            if slot is not None or key in _VIEW_KEYS:
+                if taken_in.get(key) == row:
+                    continue
+                taken_in[key] = row
             if slot is not None:
                 value, kind = kv.value, slot[1]
                 which = value.WhichOneof("value")
@@ -932,13 +942,14 @@ def _any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
                     if others is None:
                         others = []
                     others.append(kv)
-            elif kv.key in _VIEW_KEYS:
+            elif key in _VIEW_KEYS:
                 _undo_view(kv, row, names, parents, added)
             else:
                 if others is None:
                     others = []
                 others.append(kv)
         if others:
+            others.reverse()  # in the order they came
             rest.set("attributes", row, otlp_values.attributes_text(others))
     # after the view's stored parents are back: an application's span above a model span
     kinds = slots[schema.ATTR_KIND][0]
