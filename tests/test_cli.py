@@ -171,10 +171,10 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
         "--",
         "python",
         str(_script(tmp_path)),
-        "4",
+        "8",  # the MF process: an untraced step before each of its 4 traced ones
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("trained 4") == 2  # the script ran once per level set
+    assert done.stdout.count("trained 8") == 2  # the script ran once per level set
     # where the time went: the manifest's phases, and the whole from its start to its end
     from xsp.analysis.summary import own_time_line, time_line
 
@@ -202,6 +202,8 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
         assert run.meta["status"] == "ok"
         if run.levels == "MF":
             assert kinds.count("module") == 4 * 4
+            paired = run.meta["interleaved"]
+            assert paired["pairs"] == 4 and len(paired["untraced_ms"]) == 4
 
 
 def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Path) -> None:
@@ -214,6 +216,7 @@ def test_a_script_that_raises_keeps_its_spans_and_fails_in_one_line(tmp_path: Pa
         "10",
         "--warmup",
         "0",
+        "--no-interleave",  # every step a traced one: the failing step is the fourth
         "--out",
         str(out),
         "--",
@@ -289,7 +292,8 @@ def test_summary_says_where_the_measurements_time_went() -> None:
 def test_summary_says_why_its_verdict_may_be_off() -> None:
     """The committed ResNet-50 store predates the probe of F's cost: it replays to 47.06 ms
     against M's 32.76 ms and reads host-bound, so the summary says why under its verdict; a
-    store whose replay holds (+1.3% on a steady baseline) gets no such line."""
+    store whose replay holds (+1.3% on a steady baseline) gets no such line, only the two that
+    say why its replay is unchecked (recorded before interleaving, with M in one process)."""
     old = xsp("summary", "benchmarks/data/r50-b64-train")
     assert old.returncode == 0, old.stderr
     assert "host-bound" in old.stdout
@@ -300,19 +304,27 @@ def test_summary_says_why_its_verdict_may_be_off() -> None:
         "host work; record it again to read them"
     ]
     held = xsp("summary", "benchmarks/data/replay-h200/r50-b64-train")
-    assert "GPU-bound" in held.stdout and "warning" not in held.stderr, held.stderr
+    assert "unchecked: GPU-bound" in held.stdout, held.stdout
+    said = [line.split(":")[2].strip() for line in held.stderr.splitlines() if "warning" in line]
+    assert said == ["unchecked in-process", "unchecked across processes"], held.stderr
 
 
 def test_analyze_sets_the_replay_against_the_f_processs_own_untraced_steps_too() -> None:
     """M's process can run at another speed than the F process's; the replay's line also gives
-    the check within one process: 32.923 ms against that process's 33.243 ms untraced."""
-    done = xsp("analyze", "benchmarks/data/replay-h200/r50-b64-train")
+    the check within one process, 3.470 ms against the MF process's 3.476 ms untraced (-0.4%:
+    each pair's traced iteration replayed with F's cost fitted to the other pairs; 19 steady of
+    20), and M's interval over its three processes (ResNet-50 b1 inference on an H100,
+    ``benchmarks/trusted_baseline.py``)."""
+    done = xsp("analyze", "benchmarks/data/trusted-h100/b1-infer")
     assert done.returncode == 0, done.stderr
     line = " ".join(done.stderr.split())  # beside the progress and warnings
     assert (
-        "replayed step 32.923 ms against M's 33.877 ms (-2.8%) and the MF process's own "
-        "untraced 33.243 ms (-1.0%); iterations [11, 12] not steady, left out"
-    ) in line
+        "replayed step 3.470 ms against M's 3.634 ms (-4.5%); iterations [0] not steady, left "
+        "out in-process check: -0.4% against the MF process's untraced 3.476 ms (19 held-out of "
+        "20 untraced/traced pairs; within 2%: yes) across processes: inside M's 95% interval "
+        "3.244-5.370 ms over 3 processes (their medians 5.182, 3.631, 3.247 ms)"
+    ) in line, line
+    assert "warning" not in line
 
 
 def test_models_lists_the_zoo_and_export_reports_a_missing_run(tmp_path: Path) -> None:
@@ -360,7 +372,7 @@ def test_live_otlp_export_from_a_run(tmp_path: Path) -> None:
             "--",
             "python",
             str(_script(tmp_path)),
-            "3",
+            "6",  # the MF process: an untraced step before each of its 3 traced ones
         )
     finally:
         server.shutdown()

@@ -144,7 +144,7 @@ def test_the_replay_matches_cuda_event_truth_on_known_layers(cuda_device: str, t
     subprocess.run(
         [sys.executable, "-m", "xsp", "run", "--levels", "M,MF,MFLG", "--iterations", "20",
          "--warmup", "5", "--device", cuda_device, "--out", str(out), "--", sys.executable,
-         str(script), "--steps", "40"],
+         str(script), "--steps", "50"],  # the MF process: 5 + 2 x 20 steps
         check=True, env=env, timeout=600,
     )  # fmt: skip
     store = MeasurementStore(out)

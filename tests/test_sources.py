@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent(
     model = Net().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 8, device=device)
-    for _ in range(6):
+    for _ in range(8):  # 2 warm-up, then 3 untraced and 3 traced in the F process
         loss = model(x).square().mean()
         loss.backward()
         opt.step()

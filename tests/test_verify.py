@@ -41,7 +41,7 @@ SCRIPT = f"""
 
     class Slow(Dataset):
         def __len__(self):
-            return 64
+            return 80  # 20 batches: 2 warm-up, then 8 untraced and 8 traced in the MF process
         def __getitem__(self, i):
             time.sleep({SAMPLE_S})  # to read and decode one sample
             return torch.randn(16), torch.randn(1)

@@ -1211,7 +1211,9 @@ def _print_summary(run_dir: Path, store: Any = None, replay_warnings: bool = Tru
 
 
 def _print_m_interval(store: Any) -> None:
-    """M's median and interval over its processes, or why there is no interval (one process)."""
+    """M's median and interval over its processes, or why there is no interval (one process;
+    with a G run the replay's "unchecked across processes" warning says it instead)."""
+    from xsp.analysis.critical_path import has_gpu
     from xsp.analysis.m_interval import m_interval
 
     if not store.runs or store.runs[0].levels != "M":
@@ -1220,6 +1222,8 @@ def _print_m_interval(store: Any) -> None:
     if interval is None:
         return
     if interval.single:
+        if has_gpu(store):
+            return
         out_console.print(
             "M ran in one process: the host's variance between processes cannot be told apart "
             "from overhead (--m-processes 3 gives M an interval)",
