@@ -211,13 +211,19 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
         )
     ]
     listed = manifest.get("m_processes") or []
-    again = [
-        float(e["seconds"])
-        for e in listed
-        if isinstance(e, Mapping) and isinstance(e.get("seconds"), (int, float))
-    ]
+    found = [_process_seconds(e) for e in listed if isinstance(e, Mapping)]
+    again = [seconds for seconds in found if seconds is not None]
     more = f"; M again in {_count(len(again), 'process')} {sum(again):.1f} s" if again else ""
     return f"time: {whole}{count}: {', '.join(parts)}{more}"
+
+
+def _process_seconds(entry: Mapping[str, Any]) -> float | None:
+    """A further M process's seconds: its phases' total (a store of the first design: the
+    seconds its own measurement took)."""
+    seconds = entry.get("seconds")
+    if isinstance(seconds, Mapping):
+        seconds = seconds.get("total")
+    return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
 def _count(n: int, noun: str) -> str:

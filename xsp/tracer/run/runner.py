@@ -362,33 +362,43 @@ def run_leveled(
         spec = dataclasses.replace(spec, env={**spec.env, COMPILE_CACHE_ENV: compile_cache})
     result = LeveledResult(spec.out, measurement_id, manifest["runs"])
     result.skipped = list(skipped.values())
-    handoffs = [_Handoff() for _ in level_sets]
-    hosts = process_hosts(spec, level_sets)
+    # the level sets, then M again in further processes: each slot its levels, its spec (where
+    # it writes) and its progress label (``xsp.tracer.run.m_processes``)
+    again = _further_m_processes(spec, level_sets)
+    slots = [*level_sets, *(m_processes.MODEL_ONLY for _ in again)]
+    slot_spec = [spec] * len(level_sets) + again
+    slot_progress = [progress] * len(level_sets) + [
+        m_processes.labelled(progress, m_processes.label(n)) for n in range(2, len(again) + 2)
+    ]
+    handoffs = [_Handoff() for _ in slots]
+    hosts = process_hosts(spec, level_sets) + [(m_processes.MODEL_ONLY,) for _ in again]
     processes: dict[int, _Process] = {}
 
     def measured_after(i: int) -> Callable[[], None] | None:
-        if i + 1 == len(level_sets):
+        if i + 1 == len(slots):
             return on_measured  # the caller's: the next job may start
-        if spec.overlap and not level_sets[i + 1].counters:
+        if spec.overlap and not slots[i + 1].counters:
             return lambda: handoffs[i].offer(lambda: launch(i + 1, gated=True))
         return None
 
     def launch(i: int, gated: bool) -> _Process:
         if not hosts[i]:  # it runs next in the process of the level set before it
-            process = processes[i - 1].next_stage(level_sets[i])
+            process = processes[i - 1].next_stage(slots[i])
             if progress:
-                progress(level_sets[i], "start", 0, spec.profile.iterations)
+                progress(slots[i], "start", 0, spec.profile.iterations)
         else:
             last = i + len(hosts[i]) - 1
             measured = [None] * (len(hosts[i]) - 1) + [measured_after(last)]
-            process = _launch(_later(spec, i), hosts[i], measurement_id, progress, gated, measured)
+            process = _launch(
+                _later(slot_spec[i], i), hosts[i], measurement_id, slot_progress[i], gated, measured
+            )
         processes[i] = process
         return process
 
     def open_in_turn(process: _Process, i: int) -> _Process:
         """Let level set ``i``'s process measure once the processes started ahead for the level
         sets after it have warmed up: none warms up while it measures."""
-        for handoff in handoffs[i:]:  # handoffs[k] holds level set k + 1's process
+        for handoff in handoffs[i:]:  # handoffs[k] holds slot k + 1's process
             later = handoff.peek()
             if later is None or later is process or later.stages.ready.wait(READY_LIMIT_S):
                 continue
@@ -396,7 +406,7 @@ def run_leveled(
                 "xsp: %s did not warm up within %.0f s beside %s; it starts in its turn instead",
                 later.levels,
                 READY_LIMIT_S,
-                level_sets[i],
+                slots[i],
             )
             _stop_ahead(spec, handoff)
         return process.open()
@@ -413,41 +423,40 @@ def run_leveled(
             after()
         if process.gate is not None:
             process = open_in_turn(process, 0)
-        for i in range(len(level_sets)):
+        for i in range(len(slots)):
             if process is None:  # never: each turn starts the next or breaks
                 break
-            entry = _drop_empty(spec, _complete(spec, process, progress))
+            entry = _drop_empty(slot_spec[i], _complete(slot_spec[i], process, slot_progress[i]))
             if _failed_while_ahead(process, entry):
                 log.warning(
                     "xsp: %s failed while it shared the machine with the level set before it "
                     "(%s); running it again on its own",
-                    level_sets[i],
+                    slots[i],
                     entry.get("error"),
                 )
                 first_error = entry.get("error")
-                shutil.rmtree(spec.out / level_sets[i], ignore_errors=True)
+                shutil.rmtree(slot_spec[i].out / slots[i], ignore_errors=True)
                 for handoff in handoffs[i:]:  # on its own: those warmed up beside it start later
                     _stop_ahead(spec, handoff)
                 process = launch(i, gated=False)
-                entry = _drop_empty(spec, _complete(spec, process, progress))
+                entry = _complete(slot_spec[i], process, slot_progress[i])
+                entry = _drop_empty(slot_spec[i], entry)
                 entry["failed_ahead"] = first_error  # the first attempt's error
             process = None
-            manifest["runs"].append(_in_process_of(entry, hosts, level_sets, i))
+            _list(manifest, entry, hosts, slots, i, len(level_sets))
             store.write_json_atomic(spec.out / store.MANIFEST, manifest)
             following = handoffs[i].take()
-            if entry["status"] != "ok":
+            if entry["status"] != "ok" and i < len(level_sets):
                 for ahead in [following, *(h.take() for h in handoffs[i + 1 :])]:
                     if ahead is not None:
                         _cancel(spec, ahead)
                 _end_later_stages(spec, processes[i])
                 break
-            if i + 1 < len(level_sets):
+            if i + 1 < len(slots):  # a further M process that failed: the next still runs
                 if following is None:
                     process = launch(i + 1, False)
                 else:
                     process = open_in_turn(following, i + 1)
-        if result.ok and len(result.runs) == len(level_sets):
-            _measure_m_again(spec, level_sets, manifest, progress)
     except KeyboardInterrupt:
         result.interrupted = True
         with _sigint_ignored():
@@ -456,8 +465,8 @@ def run_leveled(
                     ahead.signal(signal.SIGINT)
                     _cancel(spec, ahead)
             if process is not None:
-                entry = _interrupt(spec, process, progress)
-                manifest["runs"].append(_in_process_of(entry, hosts, level_sets, i))
+                entry = _interrupt(slot_spec[i], process, slot_progress[i])
+                _list(manifest, entry, hosts, slots, i, len(level_sets))
         manifest["interrupted_ns"] = time.time_ns()
     finally:
         if restore is not None:
@@ -473,46 +482,42 @@ def run_leveled(
     return result
 
 
-def _measure_m_again(
-    spec: LeveledSpec,
-    level_sets: Sequence[LevelSet],
-    manifest: dict[str, Any],
-    progress: ProgressFn | None,
-) -> None:
-    """Time M in ``spec.m_processes - 1`` more processes after the level sets
-    (``xsp.tracer.run.m_processes``), each a measurement of its own, listed in ``manifest`` as
-    it ends. A process that fails is listed with its failure and the next still runs: M's
-    interval is read from those that were ok."""
-    if spec.m_processes <= 1 or m_processes.MODEL_ONLY not in level_sets or spec.profile.continuous:
-        return
-    entries: list[dict[str, Any]] = manifest.setdefault(m_processes.MANIFEST_KEY, [])
+def _further_m_processes(spec: LeveledSpec, level_sets: Sequence[LevelSet]) -> list[LeveledSpec]:
+    """The specs of the processes that time M again after the level sets
+    (``xsp.tracer.run.m_processes``): ``spec.m_processes`` - 1 of them where M is measured and
+    the measurement is not a service's, each into ``OUT/m-processes/<n>``, measuring at most
+    ``m_processes.ITERATIONS`` iterations. A reused ``--out``'s earlier ones are removed."""
+    if spec.m_processes <= 1 or m_processes.MODEL_ONLY not in level_sets:
+        return []
+    if spec.profile.continuous:
+        return []
+    again = []
     for n in range(2, spec.m_processes + 1):
         out = spec.out / m_processes.DIRECTORY / str(n)
-        shutil.rmtree(out, ignore_errors=True)  # a reused --out: never an earlier one's steps
-        again = dataclasses.replace(
-            spec,
-            out=out,
-            level_sets=(m_processes.MODEL_ONLY,),
-            m_processes=1,
-            overlap=False,
-            profile=dataclasses.replace(
-                spec.profile, iterations=min(spec.profile.iterations, m_processes.ITERATIONS)
-            ),
+        shutil.rmtree(out, ignore_errors=True)  # never an earlier measurement's steps
+        profile = dataclasses.replace(
+            spec.profile, iterations=min(spec.profile.iterations, m_processes.ITERATIONS)
         )
-        began = time.monotonic()
-        result = run_leveled(again, m_processes.labelled(progress, f"M#{n}"))
-        entries.append(
-            {
-                "process": n,
-                "path": f"{m_processes.DIRECTORY}/{n}",
-                "status": result.status,
-                "failure": result.failure,
-                "seconds": round(time.monotonic() - began, 3),
-            }
-        )
-        store.write_json_atomic(spec.out / store.MANIFEST, manifest)
-        if result.interrupted:
-            raise KeyboardInterrupt
+        again.append(dataclasses.replace(spec, out=out, profile=profile))
+    return again
+
+
+def _list(
+    manifest: dict[str, Any],
+    entry: dict[str, Any],
+    hosts: list[tuple[LevelSet, ...]],
+    slots: list[LevelSet],
+    i: int,
+    level_sets: int,
+) -> None:
+    """Put slot ``i``'s entry in the manifest: a level set's under ``runs``, a further M
+    process's under ``m_processes`` with its number and its directory."""
+    if i < level_sets:
+        manifest["runs"].append(_in_process_of(entry, hosts, slots, i))
+        return
+    n = i - level_sets + 2
+    listed = {"process": n, "path": f"{m_processes.DIRECTORY}/{n}", **entry}
+    manifest.setdefault(m_processes.MANIFEST_KEY, []).append(listed)
 
 
 def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) -> list[int]:
@@ -542,10 +547,11 @@ def _stop_ahead(spec: LeveledSpec, handoff: _Handoff) -> None:
         return
     process.whole_wait(0, True)
     process.reader.join(timeout=5)
+    out = process.out or spec.out  # a further M process writes under m-processes/<n>
     for levels in process.stages.levels:
-        shutil.rmtree(spec.out / levels, ignore_errors=True)
+        shutil.rmtree(out / levels, ignore_errors=True)
     if spec.log_stderr:
-        (spec.out / f"{process.levels}.stderr.log").unlink(missing_ok=True)
+        (out / f"{process.levels}.stderr.log").unlink(missing_ok=True)
 
 
 def _in_process_of(
@@ -847,6 +853,7 @@ class _Process:
     ahead: bool = False  # started ahead of its turn: it overlapped the one before's end
     stages: _Stages = field(default_factory=lambda: _Stages(()))
     stage: int = 0  # which of the process's level sets this one is
+    out: Path | None = None  # the measurement directory it writes under (its spec's out)
     process_wait: Wait | None = None  # the process's own wait (``wait`` is the level set's)
 
     @property
@@ -972,6 +979,7 @@ def _launch(
         ahead=gated,
         stages=reports,
         process_wait=wait,
+        out=spec.out,
     )
     if counted:
         from xsp.tracer.run import ncu
@@ -1136,9 +1144,10 @@ def _cancel(spec: LeveledSpec, process: _Process) -> None:
     process.open_cancelled()
     process.wait(CANCEL_GRACE_S)
     process.reader.join(timeout=5)
-    shutil.rmtree(spec.out / process.levels, ignore_errors=True)
+    out = process.out or spec.out  # a further M process writes under m-processes/<n>
+    shutil.rmtree(out / process.levels, ignore_errors=True)
     if spec.log_stderr:
-        (spec.out / f"{process.levels}.stderr.log").unlink(missing_ok=True)
+        (out / f"{process.levels}.stderr.log").unlink(missing_ok=True)
 
 
 def _spawn(

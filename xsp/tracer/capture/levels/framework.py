@@ -27,11 +27,14 @@ callback.
 
 from __future__ import annotations
 
+import importlib.abc
 import inspect
 import json
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,6 +60,8 @@ log = logging.getLogger(__name__)
 OPEN_RANGE_WAIT_S = 0.2
 
 _compiling = torch.compiler.is_compiling
+#: Imported once a program compiles: until then no module call can be inside dynamo's trace.
+_DYNAMO = "torch._dynamo"
 
 
 class FrameworkLevel:
@@ -266,7 +271,8 @@ class _ModuleCalls:
     ``_call_impl``'s slow path (2.1 µs per call for two empty hooks on the dev machine,
     against 0.3 µs for this wrapper's frame), and which cannot see keyword arguments before
     the call. While dynamo traces a call the wrapper only calls through, before it reads its
-    switch, so it breaks no graph and switching it recompiles none."""
+    switch once the program has imported dynamo, so it breaks no graph and switching it
+    recompiles none."""
 
     def __init__(self, level: FrameworkLevel) -> None:
         original = torch.nn.Module.__call__
@@ -279,12 +285,15 @@ class _ModuleCalls:
         enter, leave = level._native.module_enter, level._native.module_exit
         failed = level._call_failed
         on = False
+        dynamo = _DYNAMO in sys.modules
 
         def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            # first, before the switch is read: dynamo guards on what its trace reads, and a
-            # guard on the switch recompiled every compiled graph when F came on or off
-            # between an untraced and a traced iteration (70 ns a call on the dev machine)
-            if _compiling():
+            # dynamo guards on what its trace reads: a guard on the switch made every compiled
+            # graph compile (or load) again, with its kernels' provenance twice, whenever F came
+            # on or off (a sampled request, an untraced iteration). So where the program may
+            # compile (dynamo imported), a trace passes through before the switch is read; an
+            # unsampled request of a program that never compiles makes no call for it
+            if dynamo and _compiling():
                 return original(module, *args, **kwargs)
             if not on:  # a service's unsampled request passes here: torch's own, inline
                 if not inline:
@@ -292,6 +301,8 @@ class _ModuleCalls:
                 if module._compiled_call_impl is not None:
                     return module._compiled_call_impl(*args, **kwargs)
                 return module._call_impl(*args, **kwargs)
+            if _compiling():
+                return original(module, *args, **kwargs)
             try:
                 index = indices.get(id(module))  # inline: a method call per module call costs
                 enter(register(module) if index is None else index, args, kwargs)
@@ -313,15 +324,37 @@ class _ModuleCalls:
             nonlocal on
             on = value
 
+        def dynamo_imported() -> None:  # before dynamo can trace a call of it
+            nonlocal dynamo
+            dynamo = True
+
         self.recording = recording
         self._original, self._wrapper = original, module_call
+        self._watch: _OnImport | None = None
+        if not dynamo:
+            self._watch = _OnImport(_DYNAMO, dynamo_imported)
+            sys.meta_path.insert(0, self._watch)
         torch.nn.Module.__call__ = module_call  # type: ignore[method-assign]
 
     def remove(self) -> None:
         """Put torch's back; a wrapper put over ours since keeps calling ours, switched off."""
         self.recording(False)
+        if self._watch is not None and self._watch in sys.meta_path:
+            sys.meta_path.remove(self._watch)
         if torch.nn.Module.__call__ is self._wrapper:
             torch.nn.Module.__call__ = self._original  # type: ignore[method-assign]
+
+
+class _OnImport(importlib.abc.MetaPathFinder):
+    """Calls ``then`` when the module ``name`` is first imported (it finds nothing itself)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self._name, self._then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == self._name:
+            self._then()
+        return None
 
 
 def _name_loader_batches() -> Any:
