@@ -103,9 +103,17 @@ def checks(root: Path) -> dict[str, object]:
         "calibration": found["calibration"],
         "activity_checks": found["checks"],
         "verdict": critical_path.verdict(store),
-        "m_process_seconds": [e.get("seconds") for e in manifest.get("m_processes", [])],
+        "m_process_seconds": [_seconds(e) for e in manifest.get("m_processes", [])],
         "run_seconds": (manifest["finished_ns"] - manifest["created_ns"]) / 1e9,
     }
+
+
+def _seconds(entry: dict[str, object]) -> float:
+    """A further M process's seconds: its phases' total (a number in the first design)."""
+    seconds = entry.get("seconds")
+    if isinstance(seconds, dict):
+        seconds = seconds.get("total")
+    return float(seconds) if isinstance(seconds, (int, float)) else 0.0
 
 
 def main() -> None:
@@ -135,7 +143,7 @@ def main() -> None:
                 out = args.stores / f"wall-k{k}-{round_}"
                 wall, _ = xsp_run("r50-b64-train", out, k, args.device)
                 manifest = json.loads((out / "manifest.json").read_text())
-                extra = sum(e.get("seconds") or 0 for e in manifest.get("m_processes", []))
+                extra = sum(_seconds(e) for e in manifest.get("m_processes", []))
                 row = {
                     "case": "wall",
                     "m_processes": k,
