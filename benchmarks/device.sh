@@ -81,6 +81,8 @@ known() {
 }
 
 # --- the presets ------------------------------------------------------------------------------
+# A script's F process runs an untraced iteration before each traced one: its --steps cover
+# --warmup plus twice --iterations.
 
 p_gpu_tests() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -112,7 +114,7 @@ p_replay() {
   if want known-layers; then
     python3 benchmarks/workloads/known_layers.py --truth "$R/known-truth.json" --steps 60
     xrun 150 --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out "$R/known-layers" \
-      -- python3 benchmarks/workloads/known_layers.py --steps 40
+      -- python3 benchmarks/workloads/known_layers.py --steps 50
     cp "$R/known-truth.json" "$R/known-layers/truth.json"
   fi
   common=(--model torchvision:resnet50 --batch-size 64 --mode train --levels "M,MF,MFLG" --iterations 20 --warmup 3 --device cuda)
@@ -561,7 +563,7 @@ p_llama_1b() {
 p_llama_accum() {
   python3 benchmarks/workloads/llama_accum_train.py --steps 6 2>&1 | tail -1 | tee "$OUT/llama-accum-untraced.txt"
   large_step llama-accum --levels M,MF,MFLG --iterations 2 --warmup 9 --device cuda -- \
-    python benchmarks/workloads/llama_accum_train.py --steps 12
+    python benchmarks/workloads/llama_accum_train.py --steps 14
 }
 
 # A large step's measurement (NAME, then xsp run's arguments): spans per iteration, finish µs per
@@ -630,7 +632,7 @@ p_two_streams() {
   local store="$OUT/two-streams"
   rm -rf "$store"
   timeout 200 python3 -m xsp run --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda \
-    --out "$store" -- python3 benchmarks/workloads/two_streams.py --steps 40 2>&1 | tail -8
+    --out "$store" -- python3 benchmarks/workloads/two_streams.py --steps 50 2>&1 | tail -8
   timeout 100 python3 -m xsp analyze "$store" --json > "$OUT/two-streams-analyze.json" 2>&1
   python3 - "$OUT/two-streams-analyze.json" <<'PY'
 import json, sys
@@ -646,7 +648,7 @@ p_ddp_gloo() {
     rm -rf "$store"
     timeout 150 python3 -m xsp run --levels M,MF --iterations 40 --warmup 15 --device cpu \
       --out "$store" -- python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-      benchmarks/workloads/ddp_gloo_straggler.py --steps 60 2>&1 | grep -E "│ (M|MF) "
+      benchmarks/workloads/ddp_gloo_straggler.py --steps 100 2>&1 | grep -E "│ (M|MF) "
     timeout 100 python3 -m xsp analyze "$store" --json > "$store-analyze.json" 2>&1
     python3 - "$store-analyze.json" <<'PY'
 import json, sys

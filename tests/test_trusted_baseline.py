@@ -198,3 +198,15 @@ def test_a_gpu_bound_step_keeps_its_replay_and_bn1_leads() -> None:
     assert found["checks"]["activities_before_launch"] == 0
     assert critical_path.layers(store, 1).column("layer")[0].as_py() == "bn1"
     assert critical_path.verdict(store).startswith("GPU-bound: 95% gpu compute (62-98% across")
+
+
+@pytest.mark.parametrize("value", ["0", "many", "65"])
+def test_a_bad_m_process_count_is_one_line(value: str, tmp_path: Path) -> None:
+    from xsp.tracer import config
+    from xsp.tracer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"bad XSP_M_PROCESSES='.+': give 1 to 64"):
+        config.m_processes({"XSP_M_PROCESSES": value})
+    assert config.m_processes({}) == 3
+    with pytest.raises(ConfigError, match="bad --m-processes 0: must be at least 1"):
+        LeveledSpec(out=tmp_path, m_processes=0)

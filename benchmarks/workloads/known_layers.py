@@ -4,7 +4,7 @@ them (small ops), as an inference loop marked with ``xsp.step()``.
 
     python benchmarks/workloads/known_layers.py --truth truth.json      # CUDA-event truth
     xsp run --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out runs/known -- \
-        python benchmarks/workloads/known_layers.py --steps 40
+        python benchmarks/workloads/known_layers.py --steps 50
 
 ``--truth`` times every layer and the step with CUDA events, untraced, and writes their medians:
 the figures the replay's layer GPU times and step are checked against.

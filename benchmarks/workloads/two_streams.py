@@ -9,7 +9,7 @@ and works ``TAIL_MS`` more. Untraced, a step's GPU work takes about max(SIDE, MA
 max(SIDE, MAIN + TAIL) = 2.0 ms.
 
     xsp run --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out runs/two -- \
-        python benchmarks/workloads/two_streams.py --steps 40
+        python benchmarks/workloads/two_streams.py --steps 50
 """
 
 from __future__ import annotations

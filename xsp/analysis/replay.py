@@ -341,20 +341,23 @@ FIT_MAX_FACTOR = 8.0
 
 
 def _fitted_graph(store: MeasurementStore) -> _Graph:
-    """The graph, with F's cost per record fitted to the F process's own untraced steps where
-    the probe's figure replays them too slowly (step 2).
+    """The graph, with F's cost per record fitted to the F process's own untraced steps
+    (``xsp.analysis.untraced``: the iterations interleaved with its traced ones, else its
+    warm-up's) where the probe's figure replays them off by more than ``FIT_TOLERANCE_PCT``
+    (step 2).
 
     The probe is a small network's step; a large workload's records can cost more each (on the
     H200, ResNet-50 b64 channels_last training replayed 12% above the MF process's untraced
     warm-up steps with the probe's 2.6 µs a record, its forward ops 35% slower in two of three
-    traced steps). Where the replay of the F run's steps exceeds that process's own untraced
-    steps by more than ``FIT_TOLERANCE_PCT``, the cost is raised, by bisection, to the least at
-    which it does so no more, up to ``FIT_MAX_FACTOR`` times the probe's: never lowered (a
-    GPU-bound step's replay cannot fall below its GPU work, whatever the host's speed), and left
-    as the probe measured it where even a host that takes no time replays too slowly (the GPU
-    side is then off, and ``baseline`` says so) or where only more than ``FIT_MAX_FACTOR`` would
-    do (the process drifted). M is not read, so the check against M stays free of it. The
-    outcome is kept in the store for the next reader (``xsp.analysis.fit_cache``)."""
+    traced steps), or less (the GPT LM's, 0.7 of the probe's). Where the replay of the F run's
+    steps exceeds that process's own untraced steps, the cost is raised, by bisection, to the
+    least at which it does so no more, up to ``FIT_MAX_FACTOR`` times the probe's; where it
+    falls short of them, lowered to the most at which it reaches them (``_lowered``). It is left
+    as the probe measured it where even a host that takes no time replays too slowly, or one
+    that keeps all of F's cost too fast (the GPU side is then off), or where only more than
+    ``FIT_MAX_FACTOR`` would do (the process drifted): the in-process check says so. M is not
+    read, so the check against M stays free of it. The outcome is kept in the store for the
+    next reader (``xsp.analysis.fit_cache``)."""
     graph = _base_graph(store)
     fit = _kept_fit(store, graph, None)
     if fit is None or fit.factor is None:

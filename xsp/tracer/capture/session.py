@@ -304,6 +304,10 @@ class Session:
             reason = interleave.unavailable(self.levels, self.device, self.continuous)
             if reason is None:
                 self._interleave = interleave.Interleave(self.device)
+                for level in self._levels:  # before they come on: their wrappers know it
+                    per_iteration = getattr(level, "switched_per_iteration", None)
+                    if per_iteration is not None:
+                        per_iteration()
             else:
                 self._interleave_skipped = reason
         # a continuous session (a service): its sampling policy, its batches, when it stops

@@ -109,7 +109,7 @@ class LeveledSpec:
     # (``xsp.tracer.capture.interleave``), where its levels allow it.
     interleave: bool = True
     # M is timed in this many processes (``xsp.tracer.run.m_processes``): the first is the
-    # measurement's own M level set, the others run after the last level set.
+    # measurement's own M level set, the others measure after the last level set.
     m_processes: int = 1
 
     def __post_init__(self) -> None:

@@ -92,6 +92,15 @@ class FrameworkLevel:
         # levels may come on later
         self._loader_iter: Any = _name_loader_batches()
         self._provenance = provenance  # installed by the session, for its whole life
+        #: switched off and on between the measured iterations (``switched_per_iteration``)
+        self._per_iteration = False
+
+    def switched_per_iteration(self) -> None:
+        """This level will be switched off and on between measured iterations (an untraced
+        iteration before each traced one, ``xsp.tracer.capture.interleave``): before it
+        comes on, so that its module wrapper lets a torch.compile trace through before it
+        reads its switch, and switching it compiles nothing again."""
+        self._per_iteration = True
 
     @property
     def shapes_in_first_iteration_only(self) -> bool:
@@ -270,9 +279,9 @@ class _ModuleCalls:
     it calls through to it. Cheaper than global module hooks, which put every call on
     ``_call_impl``'s slow path (2.1 µs per call for two empty hooks on the dev machine,
     against 0.3 µs for this wrapper's frame), and which cannot see keyword arguments before
-    the call. While dynamo traces a call the wrapper only calls through, before it reads its
-    switch once the program has imported dynamo, so it breaks no graph and switching it
-    recompiles none."""
+    the call. While dynamo traces a call the wrapper only calls through, so it breaks no graph;
+    in a level switched between measured iterations it does so before it reads its switch
+    (once the program has imported dynamo), so that switching it recompiles nothing."""
 
     def __init__(self, level: FrameworkLevel) -> None:
         original = torch.nn.Module.__call__
@@ -285,14 +294,16 @@ class _ModuleCalls:
         enter, leave = level._native.module_enter, level._native.module_exit
         failed = level._call_failed
         on = False
-        dynamo = _DYNAMO in sys.modules
+        # a level switched between measured iterations, in a program that may compile
+        watched = level._per_iteration
+        dynamo = watched and _DYNAMO in sys.modules
 
         def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             # dynamo guards on what its trace reads: a guard on the switch made every compiled
-            # graph compile (or load) again, with its kernels' provenance twice, whenever F came
-            # on or off (a sampled request, an untraced iteration). So where the program may
-            # compile (dynamo imported), a trace passes through before the switch is read; an
-            # unsampled request of a program that never compiles makes no call for it
+            # graph compile (or load) again, with its kernels' provenance twice, when F came on
+            # or off between an untraced and a traced iteration. So there, once the program may
+            # compile (dynamo imported), a trace passes through before the switch is read. A
+            # service's unsampled request makes no call for it (two Python calls a module)
             if dynamo and _compiling():
                 return original(module, *args, **kwargs)
             if not on:  # a service's unsampled request passes here: torch's own, inline
@@ -331,7 +342,7 @@ class _ModuleCalls:
         self.recording = recording
         self._original, self._wrapper = original, module_call
         self._watch: _OnImport | None = None
-        if not dynamo:
+        if watched and not dynamo:
             self._watch = _OnImport(_DYNAMO, dynamo_imported)
             sys.meta_path.insert(0, self._watch)
         torch.nn.Module.__call__ = module_call  # type: ignore[method-assign]
