@@ -128,7 +128,8 @@ def replayed(out: Path) -> dict[str, Any]:
 
     store = MeasurementStore(out)
     found = replay(store).summary()
-    baseline = found.get("baseline") or {}
+    own = found.get("in_process") or {}
+    across = found.get("m_interval") or {}
     steps = {row["levels"]: row["step_median_ms"] for row in level_sets(store).to_pylist()}
     probe = calibration(store, level_sources(store)[1].get(schema.LEVEL_FRAMEWORK))
     return {
@@ -141,9 +142,10 @@ def replayed(out: Path) -> dict[str, Any]:
         "m_step_ms": round(found["measured_step_ms"], 3),
         "replayed_ms": round(found["step_ms"], 3),
         "error_pct": round(found["error_pct"], 2),
-        "mf_untraced_ms": baseline.get("untraced_ms"),
-        "m_vs_mf_untraced_pct": round(baseline["difference_pct"], 2) if baseline else None,
-        "baseline_stable": baseline.get("stable"),
+        "mf_untraced_ms": own.get("untraced_ms"),
+        "replay_vs_mf_untraced_pct": own.get("error_pct"),
+        "m_interval_ms": [across.get("low_ms"), across.get("high_ms")] if across else None,
+        "checked": found.get("checked"),
     }
 
 

@@ -30,13 +30,13 @@ def figures(path: str) -> str:
     free = replay_module._replay(
         store, replay_module._STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
     ).summary()
-    base = found["baseline"] or {}
+    own = found["in_process"] or {}
     calib = found["calibration"]
     return (
         f"{path}: M {found['measured_step_ms']:.3f} ms, MF's own untraced "
-        f"{base.get('untraced_ms') or float('nan'):.3f} ms (baseline "
-        f"{'stable' if base.get('stable') else 'unstable'}); replayed {found['step_ms']:.3f} ms "
-        f"({found['error_pct']:+.1f}% vs M, {base.get('replay_vs_untraced_pct') or 0:+.1f}% vs "
+        f"{own.get('untraced_ms') or float('nan'):.3f} ms ("
+        f"{'checked' if found['checked'] else 'unchecked'}); replayed {found['step_ms']:.3f} ms "
+        f"({found['error_pct']:+.1f}% vs M, {own.get('error_pct') or 0:+.1f}% vs "
         f"untraced); ranks alone {alone['step_ms']:.3f} ms; F's cost left on {free['step_ms']:.3f} ms; "
         f"F {calib['framework_ns_per_record']} ns a record (x{calib['scaled_to_own_steps']}); "
         "median wait a step: "
