@@ -210,3 +210,35 @@ def test_a_bad_m_process_count_is_one_line(value: str, tmp_path: Path) -> None:
     assert config.m_processes({}) == 3
     with pytest.raises(ConfigError, match="bad --m-processes 0: must be at least 1"):
         LeveledSpec(out=tmp_path, m_processes=0)
+
+
+def test_a_layers_share_gives_its_range_across_iterations() -> None:
+    """The known-duration workload's layer 2 (a 2 ms kernel) holds 34.97% of the replayed step
+    on the median, 34.53-35.15% from one steady iteration to the next: worked out here from the
+    replayed spans, each iteration's kernels of layer 2 against its replayed step."""
+    from xsp.analysis import critical_path
+    from xsp.analysis.critical_path import _steady_iterations
+
+    store = MeasurementStore(ROOT / "benchmarks" / "data" / "replay-h200" / "known-layers")
+    row = critical_path.layers(store, 1).to_pylist()[0]
+    assert row["layer"] == "2"
+    result = replay(store)
+    spans = result.spans
+    kept = set(_steady_iterations(result).tolist())
+    iteration = spans.column("iteration").to_pylist()
+    level = spans.column("level").to_pylist()
+    kind = spans.column("kind").to_pylist()
+    layer = spans.column("module_path").to_pylist()
+    gpu: dict[int, int] = {}
+    step: dict[int, int] = {}
+    for at, it in enumerate(iteration):
+        if it not in kept:
+            continue
+        if kind[at] == "step":
+            step[it] = int(result.dur_ns[at])
+        elif level[at] == "gpu" and layer[at] == "2":
+            gpu[it] = gpu.get(it, 0) + int(result.dur_ns[at])
+    shares = [100.0 * gpu.get(it, 0) / step[it] for it in step]
+    assert (row["share_min_pct"], row["share_max_pct"]) == pytest.approx((min(shares), max(shares)))
+    assert (row["share_min_pct"], row["share_max_pct"]) == pytest.approx((34.53, 35.15), abs=0.01)
+    assert row["share_min_pct"] <= row["share_pct"] <= row["share_max_pct"]

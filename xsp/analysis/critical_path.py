@@ -110,7 +110,10 @@ def layer_times(store: MeasurementStore) -> pa.Table:
     """Every layer's times per steady iteration, largest GPU time first: layer, layer_type,
     forward_gpu_ms, backward_gpu_ms, other_gpu_ms, gpu_ms, critical_path_ms (of which
     path_gpu_ms on its kernels and path_host_ms on its host work, launches and syncs), share_pct
-    (its GPU time against the replayed step). Computed once per store."""
+    (its GPU time against the replayed step), and share_min_pct and share_max_pct: the least and
+    the greatest share it took of one steady iteration's replayed step (0 where an iteration ran
+    none of its kernels), how much the share moves across iterations. Computed once per
+    store."""
     if "layer_times" in store.memo:
         return store.memo["layer_times"]
     result = replay(store)
@@ -160,6 +163,20 @@ def layer_times(store: MeasurementStore) -> pa.Table:
             FROM replay_path
             WHERE layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
             GROUP BY layer
+        ),
+        -- each iteration's share (a multi-rank iteration: of its longest rank's step)
+        step_each AS (SELECT iteration, max(dur_ns) AS step_ns FROM replay_spans
+                      WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)
+                      GROUP BY iteration),
+        gpu_each AS (
+            SELECT layer, iteration, sum(dur_ns) AS ns FROM replay_spans
+            WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+            GROUP BY layer, iteration
+        ),
+        shares AS (
+            SELECT layer, min(100.0 * ns / step_ns) AS low, max(100.0 * ns / step_ns) AS high,
+                   count(*) AS seen
+            FROM gpu_each JOIN step_each USING (iteration) WHERE step_ns > 0 GROUP BY layer
         )
         SELECT gpu.layer, types.layer_type,
                coalesce(fwd, 0) / n.it / 1e6 AS forward_gpu_ms,
@@ -170,8 +187,11 @@ def layer_times(store: MeasurementStore) -> pa.Table:
                coalesce(on_gpu, 0) / n.it / 1e6 AS path_gpu_ms,
                (coalesce(total, 0) - coalesce(on_gpu, 0)) / n.it / 1e6 AS path_host_ms,
                100.0 * (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6
-                   / nullif(step.ms, 0) AS share_pct
-        FROM gpu LEFT JOIN on_path USING (layer) LEFT JOIN types USING (layer), n, step
+                   / nullif(step.ms, 0) AS share_pct,
+               CASE WHEN coalesce(seen, 0) < n.it THEN 0.0 ELSE low END AS share_min_pct,
+               high AS share_max_pct
+        FROM gpu LEFT JOIN on_path USING (layer) LEFT JOIN types USING (layer)
+             LEFT JOIN shares USING (layer), n, step
         ORDER BY gpu_ms DESC, gpu.layer
         """
     )
@@ -182,7 +202,8 @@ def layer_times(store: MeasurementStore) -> pa.Table:
 
 def layers(store: MeasurementStore, limit: int = 20) -> pa.Table:
     """Layers by GPU time (``layer_times``): layer, forward_gpu_ms, backward_gpu_ms, gpu_ms
-    (every phase's), critical_path_ms, share_pct."""
+    (every phase's), critical_path_ms, share_pct, and its range across the steady iterations,
+    share_min_pct and share_max_pct."""
     return (
         layer_times(store)
         .select(
@@ -193,6 +214,8 @@ def layers(store: MeasurementStore, limit: int = 20) -> pa.Table:
                 "gpu_ms",
                 "critical_path_ms",
                 "share_pct",
+                "share_min_pct",
+                "share_max_pct",
             ]
         )
         .slice(0, limit)
