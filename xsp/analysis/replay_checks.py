@@ -76,7 +76,9 @@ def check_replay(
             "across processes: no M level set, so nothing measured the untraced step across "
             "processes (run with --levels M,...)"
         )
-    elif replayed is not None:
+    elif replayed is None:
+        unchecked.append("across processes: no replayed step was steady")
+    else:
         across = {
             **interval.as_dict(),
             "replayed_ms": replayed,
