@@ -184,9 +184,9 @@ def main() -> None:
     "--interleave/--no-interleave",
     default=True,
     show_default=True,
-    help="In the level set that prices F's cost, run an untraced iteration before each traced "
-    "one, so that the replay is checked against untraced steps of the same process (a "
-    "script then needs --warmup + 2 x --iterations steps).",
+    help="With two level sets or more, the one that prices F's cost runs an untraced iteration "
+    "before each traced one, so that the replay is checked against untraced steps of the same "
+    "process (a script then needs --warmup + 2 x --iterations steps).",
 )
 @click.option(
     "--fix",

@@ -743,6 +743,19 @@ def calibrates(spec: LeveledSpec, levels: LevelSet) -> bool:
     return levels.framework and levels == min(_with_framework(spec), key=len, default=levels)
 
 
+def interleaves(spec: LeveledSpec, levels: LevelSet) -> bool:
+    """Whether the level set ``levels`` runs an untraced iteration before each traced one
+    (``xsp.tracer.capture.interleave``): the one that calibrates, in a leveled measurement of two
+    level sets or more, whose replay joins runs. A single level set (a service's traces, the
+    serving demo's 30 requests) keeps every iteration traced."""
+    return (
+        spec.interleave
+        and len(spec.level_sets) > 1
+        and spec.profile.calibrate
+        and calibrates(spec, levels)
+    )
+
+
 def _with_framework(spec: LeveledSpec) -> list[LevelSet]:
     return [s for s in spec.level_sets if s.framework]
 
@@ -774,7 +787,7 @@ def _run_spec(spec: LeveledSpec, levels: LevelSet, measurement_id: str) -> RunSp
             iterations=iterations,
             op_shapes=profile.op_shapes and records_shapes(spec, levels),
             calibrate=profile.calibrate and calibrates(spec, levels),
-            interleave=spec.interleave and profile.calibrate and calibrates(spec, levels),
+            interleave=interleaves(spec, levels),
             command=command,
         ),
         out=str(spec.out / levels),
