@@ -302,7 +302,7 @@ def test_a_store_without_pairs_or_m_processes_is_unchecked_and_says_why(
         "in-process",
         "across processes",
     ]
-    assert "recorded before xsp interleaved" in infer["unchecked"][0]
+    assert "a store recorded before xsp did" in infer["unchecked"][0]
     assert "M ran in one process" in infer["unchecked"][1]
     across = infer["m_interval"]
     assert across["processes"] == 1 and across["position"] == "below"

@@ -105,7 +105,10 @@ def _in_process(
         )
         return None
     if own.source != INTERLEAVED:
-        why = own.skipped or "recorded before xsp interleaved untraced iterations"
+        why = own.skipped or (
+            "it did not interleave: a store recorded before xsp did, a single level set, or "
+            "--no-interleave"
+        )
         unchecked.append(
             f"in-process: the {own.run} process kept no untraced iterations between its traced "
             f"ones ({why}); F's cost was fitted to its warm-up's untraced steps, so nothing is "
