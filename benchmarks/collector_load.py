@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fixtures import free_ports, load_raw, start_collector  # noqa: E402
+from xsp.core.store import open_measurement  # noqa: E402
 from xsp.tracer.convert.spans import build_table  # noqa: E402
 from xsp.tracer.export import otlp  # noqa: E402
-from xsp.tracer.store import open_measurement  # noqa: E402
 
 RESOURCE = {
     "service.name": "xsp",

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.fixtures import from_json, load_json
-from xsp.tracer import store
-from xsp.tracer.convert.records import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX
+from xsp.core import store
+from xsp.core.records import MODULE_RANGE_PREFIX, STEP_RANGE_PREFIX
 from xsp.tracer.convert.spans import build_table
 
 

@@ -53,8 +53,8 @@ def worker(timing_path: Path) -> None:
     """Under ncu: time the peaks (unprofiled), then run each case once inside its range."""
     import torch
 
+    from xsp.core.records import STEP_RANGE_PREFIX
     from xsp.tracer.capture.levels.counters import measure_peaks
-    from xsp.tracer.convert.records import STEP_RANGE_PREFIX
 
     device = "cuda"
     started = time.perf_counter()
@@ -115,7 +115,7 @@ def unmeasurable(precision: str, missing: list[str]) -> str | None:
     """Why a GEMM of ``precision`` cannot be counted on this device, or None: the tensor-core
     quantity that counts its work has no metric there (the H200 under ncu 2025.3 offers no
     ``sm__ops_path_tensor_src_fp16_*``, so fp16 GEMMs count zero)."""
-    from xsp.tracer.convert.ncu import PRECISIONS
+    from xsp.core.counter_names import PRECISIONS
 
     tensor = PRECISIONS.get(precision, (None, None))[1]
     if tensor and tensor in {str(q).split("[", 1)[0] for q in missing}:
@@ -187,7 +187,7 @@ def main() -> int:
         worker(args.timing)
         return 0
 
-    from xsp.tracer import store
+    from xsp.core import store
     from xsp.tracer.convert import ncu as counters
     from xsp.tracer.run import ncu
 

@@ -124,7 +124,7 @@ def replayed(out: Path) -> dict[str, Any]:
     from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
     from xsp.analysis.summary import level_sets
-    from xsp.tracer import schema
+    from xsp.core import schema
 
     store = MeasurementStore(out)
     found = replay(store).summary()

@@ -15,7 +15,7 @@ import numpy as np
 
 from xsp.analysis.m_interval import m_interval, steady_steps_ms
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer.store import open_run
+from xsp.core.store import open_run
 
 
 def main() -> None:

@@ -238,7 +238,7 @@ def _xsp(
     """Run ``levels`` over the loop; return its steps, spans, finish figures and when
     ``close()`` returned (the end of the end-to-end figure: what follows is this benchmark's
     own reading back)."""
-    from xsp.tracer import store
+    from xsp.core import store
     from xsp.tracer.capture.session import Session
 
     session = Session(

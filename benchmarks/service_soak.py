@@ -32,9 +32,9 @@ import torch
 
 import xsp
 from tests.fixtures import free_ports, start_collector
+from xsp.core.store import open_run
 from xsp.tracer.export.sinks import OtlpSink
 from xsp.tracer.export.transport import OtlpConfig, make_transport
-from xsp.tracer.store import open_run
 
 
 def rss_mb() -> float:

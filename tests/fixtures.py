@@ -14,7 +14,8 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer.convert.records import (
+from xsp.core.levelset import LevelSet
+from xsp.core.records import (
     ApiRecords,
     ExternGraph,
     FrameworkRecords,
@@ -24,7 +25,6 @@ from xsp.tracer.convert.records import (
     ModuleInfo,
     StepRecords,
 )
-from xsp.tracer.levelset import LevelSet
 
 DATA = Path(__file__).parent / "data"
 SECTIONS = {"M": "steps", "F": "framework", "L": "api", "G": "gpu"}
@@ -265,7 +265,7 @@ def fixture_table(scenario: str, levels: str, run_id: str = "run-f") -> Any:
 
 def write_run(root: Path, levels: str, table: Any, resource: dict[str, Any] | None = None) -> Path:
     """Store ``table`` as the run ``root/levels`` (span part and run.json); returns its path."""
-    from xsp.tracer import store
+    from xsp.core import store
 
     return store.write_run(root / levels, table, levels, resource or {})
 

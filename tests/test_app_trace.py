@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 import xsp
 from tests.conftest import reachable_from_root
 from tests.test_cli import xsp as xsp_cli
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export.otlp import (
     encode_request,
     encode_request_json,

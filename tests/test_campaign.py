@@ -22,7 +22,7 @@ from xsp.campaign.executor import run_local
 from xsp.campaign.files import from_dict, load
 from xsp.campaign.spec import CampaignSpec
 from xsp.campaign.store import CampaignStore
-from xsp.tracer.errors import ConfigError, DeviceError, WorkloadError
+from xsp.core.errors import ConfigError, DeviceError, WorkloadError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5", "torchvision:mnasnet0_5"]
@@ -190,7 +190,7 @@ def test_an_error_is_classified_by_its_type_and_a_level_sets_output_by_its_text(
     assert classify_error(DeviceError("--device cuda: no CUDA GPU is visible")) == "device"
     assert classify_error(ConfigError("bad --iterations 0: must be at least 1")) == "failed"
     assert classify_output("torch.OutOfMemoryError: CUDA out of memory.") == "out-of-memory"
-    assert classify_output("xsp.tracer.errors.WorkloadError: cannot build x") == "unsupported"
+    assert classify_output("xsp.core.errors.WorkloadError: cannot build x") == "unsupported"
     assert classify_output("level set MF: exit -11") == "failed"
 
 

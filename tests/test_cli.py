@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xsp.tracer.store import open_measurement
+from xsp.core.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,10 +20,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from tests.fixtures import free_ports, http_collector, load_raw, start_collector
 from xsp.collector.server import Collector, CollectorConfig, rpc_status
-from xsp.tracer import schema
+from xsp.core import schema
+from xsp.core.store import open_measurement
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export import otlp
-from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +254,7 @@ def test_a_forward_endpoint_that_never_answers_holds_up_neither_the_store_nor_th
 def test_another_senders_spans_are_stored_and_said_to_be_not_xsps(collector) -> None:  # type: ignore[no-untyped-def]
     import pyarrow.parquet as pq
 
-    from xsp.tracer.errors import StoreError
+    from xsp.core.errors import StoreError
 
     request = trace_service_pb2.ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()

@@ -23,8 +23,8 @@ from xsp.collector import writer
 from xsp.collector.spool import Spool
 from xsp.collector.store_worker import store_requests
 from xsp.collector.writer import StoreWriter
+from xsp.core.store import RUN_META, read_json
 from xsp.tracer.export import otlp
-from xsp.tracer.store import RUN_META, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SPANS = 1791  # spans in one resnet18_train_cpu MF run

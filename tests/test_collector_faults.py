@@ -28,9 +28,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from tests.fixtures import free_ports, make_collector, start_collector
 from tests.test_collector import _post, _resource, _table
 from xsp.collector.spool import Spool
-from xsp.tracer.errors import StoreError
+from xsp.core.errors import StoreError
+from xsp.core.store import open_measurement, read_json
 from xsp.tracer.export import otlp
-from xsp.tracer.store import open_measurement, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest

@@ -19,8 +19,8 @@ from tests.test_collector import _post, _resource, _table
 from xsp.collector import server
 from xsp.collector.quarantine import Quarantine
 from xsp.collector.spool import Spool
+from xsp.core.store import open_measurement
 from xsp.tracer.export import otlp
-from xsp.tracer.store import open_measurement
 
 SPANS = _table("x").num_rows  # 1,791 spans a request (~0.6 MB of OTLP)
 

@@ -15,7 +15,7 @@ from tests.test_collector import _post, _resource, _table
 from tests.test_collector_faults import _quarantine, _stored
 from xsp.collector import writer
 from xsp.collector.spool import Spool
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export import otlp, otlp_columns
 
 

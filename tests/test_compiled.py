@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from tests.fixtures import train
-from xsp.tracer import store
+from xsp.core import store
+from xsp.core.records import ExternGraph
+from xsp.core.store import open_measurement
 from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
-from xsp.tracer.convert.records import ExternGraph
 from xsp.tracer.run.runner import COMPILE_CACHE_ENV, LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
-from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 

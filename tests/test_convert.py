@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ancestors, reachable_from_root
 from tests.fixtures import load_raw
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.convert.spans import build_table
 
 SCENARIOS = ["resnet18_train_cpu", "resnet18_train_cuda", "resnet18_train_mflg_cuda"]
@@ -123,7 +123,7 @@ def test_failed_iteration_carries_its_error_and_ids_are_stable() -> None:
 
 
 def test_model_level_alone_gives_one_span_per_iteration() -> None:
-    from xsp.tracer.convert.records import StepRecords
+    from xsp.core.records import StepRecords
 
     steps = StepRecords(iteration=[0, 1], start_ns=[100, 300], end_ns=[250, 420])
     table, report = build_table("run-2", "M", {"M": steps})
@@ -144,7 +144,7 @@ def test_every_span_level_has_one_registered_conversion_in_stack_order() -> None
 
 
 def test_a_level_without_spans_or_records_is_skipped_and_level_m_is_required() -> None:
-    from xsp.tracer.convert.records import StepRecords
+    from xsp.core.records import StepRecords
 
     steps = StepRecords(iteration=[0], start_ns=[100], end_ns=[250])
     table, report = build_table("run-h", "MH", {"M": steps, "H": None, "F": None})
@@ -262,8 +262,8 @@ def test_onednn_verbose_lines_become_timed_library_calls() -> None:
 
 
 def test_backward_nodes_get_their_sequence_number_and_forward_thread() -> None:
-    from xsp.tracer.convert.arena import link_backward_nodes
-    from xsp.tracer.convert.records import FrameworkRecords
+    from xsp.core.arena import link_backward_nodes
+    from xsp.core.records import FrameworkRecords
 
     records = FrameworkRecords()
     for name, start, end, thread, seq in (
@@ -287,7 +287,7 @@ def test_arrow_columns_round_trip_numbers_strings_and_nulls() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from xsp.tracer.convert.columns import arrow, numbers, scalar
+    from xsp.core.columns import arrow, numbers, scalar
 
     ints = arrow(np.array([5, 6, 7, 8]), pa.int32(), mask=np.array([False, True, False, False]))
     assert ints.type == pa.int32() and ints.to_pylist() == [5, None, 7, 8]
@@ -307,7 +307,7 @@ def test_string_columns_from_codes_equal_those_spelled_out_row_by_row() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from xsp.tracer.convert.columns import arrow, dictionary, repeated
+    from xsp.core.columns import arrow, dictionary, repeated
 
     names = ["model", "conv", None, "model", "relu", "conv"] * 20
     mask = np.zeros(len(names), dtype=bool)
@@ -327,7 +327,7 @@ def test_string_columns_from_codes_equal_those_spelled_out_row_by_row() -> None:
 def test_equals_finds_a_value_in_dictionary_and_plain_string_columns() -> None:
     import pyarrow as pa
 
-    from xsp.tracer.convert.columns import equals
+    from xsp.core.columns import equals
 
     # two chunks with their own dictionaries (as a table read back from parts has), a null, and
     # a sliced chunk whose indices start at an offset
@@ -344,8 +344,8 @@ def test_empty_columns_share_one_buffer_and_store_as_nulls_of_their_types(tmp_pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from xsp.tracer import store
-    from xsp.tracer.convert.columns import NullColumns
+    from xsp.core import store
+    from xsp.core.columns import NullColumns
 
     empty = NullColumns(1000)
     columns = [empty(f.type) for f in schema.SPAN_SCHEMA]

@@ -18,8 +18,9 @@ from xsp.analysis import counters
 from xsp.analysis.catalog import COUNTER_KEYS, sections
 from xsp.analysis.peaks import datasheet, resolve
 from xsp.analysis.store import MeasurementStore
+from xsp.core import counter_names
+from xsp.core.levelset import LevelSet, parse_level_sets
 from xsp.tracer.convert import ncu
-from xsp.tracer.levelset import LevelSet, parse_level_sets
 from xsp.tracer.run import ncu as ncu_run
 from xsp.tracer.run.runner import LeveledSpec, child_spec, run_leveled
 from xsp.tracer.spec import ProfileSpec
@@ -107,8 +108,8 @@ def test_metrics_are_chosen_from_what_the_device_offers() -> None:
 
 
 def test_the_lean_set_leaves_the_throughput_breakdowns_out() -> None:
-    from xsp.tracer import config
-    from xsp.tracer.errors import ConfigError
+    from xsp.core import config
+    from xsp.core.errors import ConfigError
 
     lean, _ = ncu.requested_metrics(lean=True)
     full, _ = ncu.requested_metrics()
@@ -155,7 +156,7 @@ def test_pass_counts_come_from_the_log() -> None:
     ],
 )
 def test_kernel_names_key_alike_from_both_tools(name: str, key: str) -> None:
-    assert ncu.kernel_key(name) == key
+    assert counter_names.kernel_key(name) == key
 
 
 # (CUPTI's name in the G run, ncu's in the counter run) of kernels of the committed measurement
@@ -207,8 +208,10 @@ SPELLINGS = [
 def test_both_tools_spellings_of_a_kernel_share_its_own_function_name(
     cupti: str, nsight: str
 ) -> None:
-    assert ncu.kernel_base(cupti) == ncu.kernel_base(nsight)
-    assert "::" not in ncu.kernel_base(cupti) and "<" not in ncu.kernel_base(cupti)
+    assert counter_names.kernel_base(cupti) == counter_names.kernel_base(nsight)
+    assert "::" not in counter_names.kernel_base(cupti) and "<" not in counter_names.kernel_base(
+        cupti
+    )
 
 
 def test_counter_kernels_pair_in_launch_order_and_say_what_differs() -> None:
@@ -488,7 +491,7 @@ def test_the_calibration_marks_a_precision_without_a_metric_not_measurable() -> 
 
 def test_a_campaign_adds_the_counter_run_to_the_jobs_it_names(tmp_path: Path) -> None:
     from xsp.campaign.files import from_dict, load
-    from xsp.tracer.errors import ConfigError
+    from xsp.core.errors import ConfigError
 
     spec = load(ROOT / "campaigns" / "counters.toml")
     assert all(spec.counted(job) for job in spec.jobs()) and len(spec.jobs()) == 8

@@ -142,8 +142,8 @@ def test_nodes_made_by_a_compiled_graphs_library_calls_take_those_calls_modules(
     compiled root's module (0) or none. In capture 1 the calls run in the compiled graph's
     order and take its modules by position; node 14 (made by aten::zero_, no extern call) is
     left to its own attribution."""
+    from xsp.core.records import ExternGraph, GraphNodes
     from xsp.tracer.convert.graphs import extern_modules
-    from xsp.tracer.convert.records import ExternGraph, GraphNodes
 
     capture = 1 << 32
     nodes = GraphNodes()

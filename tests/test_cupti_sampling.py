@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from xsp.core.arena import ArenaContents
 from xsp.tracer.capture import cupti
 from xsp.tracer.capture.levels.cuda import GpuLevel, LibraryLevel
-from xsp.tracer.convert.arena import ArenaContents
 
 #: Unix-epoch ns minus the recorder's CUPTI clock
 OFFSET = 1_000_000

@@ -1,4 +1,4 @@
-"""The device a run gets, decided by the runner without importing torch (xsp.tracer.run.devices):
+"""The device a run gets, decided by the runner without importing torch (xsp.core.devices):
 the same answer torch gives, and no torch import in the runner's process."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ PROBE = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from xsp.tracer.run import devices
+from xsp.core import devices
 from xsp.tracer.run.runner import LeveledSpec, validate
 from xsp.tracer.spec import ProfileSpec
 
@@ -47,7 +47,7 @@ def test_the_runner_decides_the_device_as_torch_would_without_importing_it(
 
 
 def test_a_bad_device_is_named() -> None:
-    from xsp.tracer.run.devices import resolve_device
+    from xsp.core.devices import resolve_device
 
     with pytest.raises(ConfigError, match="bad device 'tpu': use cpu or cuda"):
         resolve_device("tpu")

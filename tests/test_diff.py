@@ -18,7 +18,7 @@ from xsp.analysis.diff_report import cause_bars, waterfall_steps, write_diff_rep
 from xsp.analysis.kernels import kernels_by_layer
 from xsp.analysis.store import MeasurementStore
 from xsp.cli import main as cli_main
-from xsp.tracer.errors import StoreError
+from xsp.core.errors import StoreError
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 NCHW, CHANNELS_LAST = DATA / "r50-b64-train", DATA / "r50-b64-train-cl"

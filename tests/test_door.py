@@ -12,7 +12,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tests.fixtures import damaged, load_raw
 from xsp.collector import door, ingest_view
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export import otlp
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from xsp.cli import export, main
-from xsp.tracer.errors import ConfigError, XspError
+from xsp.core.errors import ConfigError, XspError
+from xsp.core.store import open_measurement, open_run
 from xsp.tracer.export import formats
 from xsp.tracer.export.formats import FORMATS, ExportSource
-from xsp.tracer.store import open_measurement, open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 R50 = ROOT / "benchmarks/data/r50-b64-train"

@@ -42,7 +42,7 @@ def _xsp_run(levels: str, device: str, out) -> pa.Table:  # type: ignore[no-unty
     import sys
     from pathlib import Path
 
-    from xsp.tracer.store import open_measurement
+    from xsp.core.store import open_measurement
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
@@ -187,7 +187,7 @@ def test_a_service_samples_levels_l_and_g_on_cuda_across_batches(
     import sys
     from pathlib import Path
 
-    from xsp.tracer.store import open_run
+    from xsp.core.store import open_run
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(

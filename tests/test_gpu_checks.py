@@ -131,7 +131,7 @@ def compile_check(model: str, batch_size: int, iterations: int, backend: str) ->
     import torch
 
     from tests.fixtures import dynamo_counts
-    from xsp.tracer import store
+    from xsp.core import store
     from xsp.tracer.capture.session import Session
     from xsp.tracer.workloads import zoo
 
@@ -176,7 +176,7 @@ def compiled_attribution(
 
     import torch
 
-    from xsp.tracer import store
+    from xsp.core import store
     from xsp.tracer.capture.session import Session
     from xsp.tracer.workloads import zoo
 

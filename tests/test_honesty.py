@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
 from xsp.cli import main
-from xsp.tracer import config, store
+from xsp.core import config, store
+from xsp.core.errors import ConfigError, StoreError
 from xsp.tracer.capture.session import Session
-from xsp.tracer.errors import ConfigError, StoreError
 from xsp.tracer.export.sinks import InMemorySink
 
 
@@ -132,8 +132,8 @@ def test_the_finish_names_each_kind_of_capture_loss_in_one_line() -> None:
 
 
 def test_cupti_without_a_gpu_is_one_line_not_a_crash() -> None:
+    from xsp.core.errors import DeviceError
     from xsp.tracer.capture.cupti import _CuptiSession
-    from xsp.tracer.errors import DeviceError
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: CUPTI starts here")

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from xsp.analysis.matching import roots
-from xsp.tracer.convert.intervals import (
+from xsp.core.intervals import (
     break_cycles,
     depths,
     find_rows,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import reachable_from_root
+from xsp.core.errors import ConfigError
 from xsp.tracer.capture.session import Session
-from xsp.tracer.errors import ConfigError
 from xsp.tracer.export.sinks import InMemorySink
 
 

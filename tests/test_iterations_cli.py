@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from tests.test_cli import xsp
-from xsp.tracer.store import open_measurement
+from xsp.core.store import open_measurement
 
 #: An inference loop as people write it: no optimizer, no xsp marker. argv: forward passes.
 INFER_SCRIPT = """

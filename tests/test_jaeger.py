@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures import fixture_table, free_ports, http_collector, write_run
-from xsp.tracer import schema, store
+from xsp.core import schema, store
 
 ROOT = Path(__file__).resolve().parents[1]
 JAEGER_BIN = Path(

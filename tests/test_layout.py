@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "xsp"
-STAGE_FOLDERS = ("tracer", "collector", "analysis", "campaign")
+STAGE_FOLDERS = ("core", "tracer", "collector", "analysis", "campaign")
 #: Code that may load torch or the capture machinery: never reached from the store readers.
 CAPTURE = ("xsp.tracer.capture", "xsp.tracer.run", "xsp.tracer.workloads", "torch")
 
@@ -85,6 +85,36 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
+def _direct(name: str) -> set[str]:
+    """The xsp modules and third-party top-level names ``name`` imports itself."""
+    return {t if t.startswith("xsp") else t.split(".")[0] for t in _imports(name)}
+
+
+def _package(prefix: str) -> list[str]:
+    return sorted(n for n in MODULES if n == prefix or n.startswith(prefix + "."))
+
+
+@pytest.mark.parametrize("name", _package("xsp.core"))
+def test_core_imports_nothing_else_of_xsp_and_no_torch(name: str) -> None:
+    """Every stage builds on the core, so the core may lean on none of them, nor load torch."""
+    reached = _reach(_graph(), name)
+    assert not {r for r in reached if r.startswith("xsp.") and not r.startswith("xsp.core")}
+    assert not {r for r in reached if r.split(".")[0] == "torch"}
+
+
+@pytest.mark.parametrize(
+    ("stage", "allowed"),
+    [
+        ("xsp.tracer.convert", ("xsp.core", "xsp.tracer.convert")),
+        ("xsp.analysis", ("xsp.core", "xsp.analysis")),
+    ],
+)
+def test_a_stage_imports_only_the_core_and_itself(stage: str, allowed: tuple[str, ...]) -> None:
+    for name in _package(stage):
+        others = {t for t in _direct(name) if t.startswith("xsp") and not t.startswith(allowed)}
+        assert not others, f"{name} imports {sorted(others)}"
+
+
 def test_capture_never_imports_the_analyses_or_the_collector() -> None:
     graph = _graph()
     for name in MODULES:
@@ -146,7 +176,7 @@ def test_the_stage_folders_are_not_installed_as_top_level_packages() -> None:
     probe = "; ".join(
         [
             "import importlib.util as u",
-            "import xsp.tracer.schema",
+            "import xsp.core.schema",
             f"print([n for n in {STAGE_FOLDERS!r} if u.find_spec(n) is not None])",
         ]
     )

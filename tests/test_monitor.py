@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from xsp.core.records import FIELDS, MonitorSamples
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.convert.monitor import summarize
-from xsp.tracer.convert.records import FIELDS, MonitorSamples
 
 
 def _samples(times: list[int], power: list[float | None]) -> MonitorSamples:

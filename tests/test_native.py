@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tests.fixtures import fixture_table, load_records, train
-from xsp.tracer import store
+from xsp.core import store
+from xsp.core.arena import read_arena
+from xsp.core.errors import StoreError
 from xsp.tracer.capture.session import Session
-from xsp.tracer.convert.arena import read_arena
-from xsp.tracer.errors import StoreError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -223,7 +223,7 @@ def test_trace_ids_hashed_natively_are_the_stored_ones() -> None:
     """A continuous session's exporter hashes one trace id a request in the native core, without
     the interpreter lock: the same BLAKE2b-128 ids as ``trace_id_for``, for run ids and levels
     whose text crosses BLAKE2b's 128-byte blocks."""
-    from xsp.tracer import schema
+    from xsp.core import schema
     from xsp.tracer.native.build import load
 
     iterations = [0, 7, 10, 99_999, 2**40]

@@ -17,8 +17,8 @@ from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.fixtures import load_raw
+from xsp.core.errors import ConfigError, ExportError
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.errors import ConfigError, ExportError
 from xsp.tracer.export import otlp
 from xsp.tracer.export.sinks import OtlpJsonFileSink, OtlpSink, SpanBatch
 from xsp.tracer.export.transport import GrpcTransport, HttpTransport, OtlpConfig, make_transport

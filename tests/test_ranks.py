@@ -16,13 +16,12 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import reachable_from_root
-from xsp.tracer import schema, store
-from xsp.tracer.convert import collectives
+from xsp.core import collectives, schema, store
+from xsp.core.errors import ConfigError
+from xsp.core.levelset import LevelSet
+from xsp.core.records import FrameworkRecords, ModuleInfo, StepRecords
 from xsp.tracer.convert.ranks import join_ranks
-from xsp.tracer.convert.records import FrameworkRecords, ModuleInfo, StepRecords
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.errors import ConfigError
-from xsp.tracer.levelset import LevelSet
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ import pytest
 from tests.fixtures import write_run
 from xsp.analysis.reconstruct import level_overhead, reconstruct
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
+from xsp.core import schema
 
 MS = 1_000_000
 

@@ -420,7 +420,7 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
     import shutil
 
     import xsp.analysis.replay as replay_module
-    import xsp.tracer.store as store_module
+    import xsp.core.store as store_module
     from xsp.analysis.fit_cache import FIT_FILE
 
     store_dir = tmp_path / "gpt"

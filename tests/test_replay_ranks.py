@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tests.test_ranks import framework_ranks, write_two_ranks
-from xsp.tracer import schema
+from xsp.core import schema
 
 # Rank 0: mm, then the all-reduce call at 3,000 ns; gloo's work starts at 3,050 and waits for
 # rank 1 (arrives 5,000 ns): a 1,950 ns wait, then a 1,000 ns transfer ending at 6,000; the add

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from xsp.tracer.errors import XspError
-from xsp.tracer.levelset import LevelSet
+from xsp.core.errors import XspError
+from xsp.core.levelset import LevelSet
+from xsp.core.store import open_measurement
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
-from xsp.tracer.store import open_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -489,7 +489,7 @@ def test_level_sets_after_a_compiling_first_one_start_no_inductor_compile_worker
 def test_a_python_command_that_cannot_run_is_refused_before_anything_starts(
     tmp_path: Path, command: list[str], message: str
 ) -> None:
-    from xsp.tracer.errors import ConfigError
+    from xsp.core.errors import ConfigError
     from xsp.tracer.run.runner import validate
 
     spec = LeveledSpec(out=tmp_path / "R", profile=ProfileSpec(device="cpu", command=command))

@@ -21,12 +21,12 @@ import torch
 import xsp
 from tests.test_cli import ROOT, _env
 from tests.test_cli import xsp as xsp_cli
+from xsp.core.errors import ConfigError
+from xsp.core.store import open_run
 from xsp.tracer.capture.context import OTEL_TRACE
 from xsp.tracer.capture.sampling import SamplingPolicy
-from xsp.tracer.errors import ConfigError
 from xsp.tracer.export.batches import BatchExporter
 from xsp.tracer.run.recover import recover_run
-from xsp.tracer.store import open_run
 
 #: A service as people write one: it answers requests (one forward pass of a tiny model each)
 #: until a flag file appears or it is stopped, and keeps how many it answered.
@@ -512,7 +512,7 @@ def test_the_requests_thread_hands_batches_over_and_the_exporter_reads_them(
     """A batch's hand-over on the request's thread is cheap: reading the batch's arena and
     draining it (3-4 ms a batch on the dev machine, inside a request) happen on the exporter's
     thread. Every batch is still stored whole and in order."""
-    import xsp.tracer.convert.arena as arena_module
+    import xsp.core.arena as arena_module
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     session = xsp.session(

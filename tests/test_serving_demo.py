@@ -25,7 +25,7 @@ import pytest
 
 from tests.fixtures import free_ports
 from tests.test_jaeger import JAEGER_BIN, JAEGER_UI, Jaeger
-from xsp.tracer import store
+from xsp.core import store
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER = ROOT / "examples/serving/server.py"

@@ -11,10 +11,10 @@ import torch
 
 import xsp
 from tests.conftest import reachable_from_root
+from xsp.core.errors import ConfigError, DeviceError
+from xsp.core.store import open_run
 from xsp.tracer.capture.session import Session
-from xsp.tracer.errors import ConfigError, DeviceError
 from xsp.tracer.export.sinks import InMemorySink
-from xsp.tracer.store import open_run
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
@@ -222,7 +222,7 @@ def test_a_script_without_modules_gets_its_ops(tmp_path: Path) -> None:
 def test_a_conversion_that_fails_keeps_the_raw_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from xsp.tracer.convert.arena import read_arena, step_records
+    from xsp.core.arena import read_arena, step_records
     from xsp.tracer.export import finish
 
     def broken(*args: object, **kwargs: object) -> None:

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from xsp.tracer.store import open_run
+from xsp.core.store import open_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xsp.tracer.levelset import LevelSet, parse_level_sets
+from xsp.core.levelset import LevelSet, parse_level_sets
 from xsp.tracer.spec import ProfileSpec, RunSpec
 
 

@@ -8,9 +8,9 @@ import pytest
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.summary import level_sets
-from xsp.tracer import store
+from xsp.core import store
+from xsp.core.errors import StoreError
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.errors import StoreError
 
 
 def _write_run(root: Path, levels: str = "MF") -> Path:

@@ -22,8 +22,8 @@ from xsp.analysis.store import MeasurementStore
 from xsp.campaign.files import from_dict
 from xsp.campaign.store import CampaignStore
 from xsp.cli import main as cli_main
-from xsp.tracer import store
-from xsp.tracer.errors import DamagedFileError
+from xsp.core import store
+from xsp.core.errors import DamagedFileError
 
 LEVELS = "MF"
 PART = "spans-00000.parquet"

@@ -18,7 +18,7 @@ from xsp.analysis.suggestions import (
     layout_transposes,
     suggest,
 )
-from xsp.tracer import schema
+from xsp.core import schema
 
 TRACE = b"\x01" * 16
 

@@ -1,6 +1,6 @@
 """``xsp summary`` imports no pandas (issue 31): pyarrow imports it, 0.3-0.7 s of a summary
 that should answer within 1 s, wherever Python values become arrow values or arrow columns numpy
-arrays; the summary's path builds its columns with ``xsp.tracer.convert.columns`` instead."""
+arrays; the summary's path builds its columns with ``xsp.core.columns`` instead."""
 
 from __future__ import annotations
 

@@ -18,12 +18,12 @@ from xsp.analysis.m_interval import interval, m_interval, process_steps
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.summary import level_sets
+from xsp.core.levelset import LevelSet
+from xsp.core.store import open_run
 from xsp.tracer.capture import interleave
 from xsp.tracer.capture.session import Session
-from xsp.tracer.levelset import LevelSet
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec, RunSpec
-from xsp.tracer.store import open_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUSTED = ROOT / "benchmarks" / "data" / "trusted-h100"
@@ -202,8 +202,8 @@ def test_a_gpu_bound_step_keeps_its_replay_and_bn1_leads() -> None:
 
 @pytest.mark.parametrize("value", ["0", "many", "65"])
 def test_a_bad_m_process_count_is_one_line(value: str, tmp_path: Path) -> None:
-    from xsp.tracer import config
-    from xsp.tracer.errors import ConfigError
+    from xsp.core import config
+    from xsp.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"bad XSP_M_PROCESSES='.+': give 1 to 64"):
         config.m_processes({"XSP_M_PROCESSES": value})

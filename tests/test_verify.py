@@ -22,8 +22,8 @@ from click.testing import CliRunner, Result
 from xsp.campaign import verify as verifying
 from xsp.campaign.paired import paired_gain
 from xsp.cli import main as cli_main
+from xsp.core.errors import ConfigError
 from xsp.tracer.capture.iterations import RootFinder
-from xsp.tracer.errors import ConfigError
 from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.workloads import numerics
 from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, loader_workers
@@ -121,7 +121,7 @@ def test_the_input_bound_fix_takes_the_loader_time_off_the_step(verified: tuple)
 
 
 def _spans(run_dir: Path) -> list[dict]:
-    from xsp.tracer.store import open_run
+    from xsp.core.store import open_run
 
     return open_run(run_dir).spans().to_pylist()
 
@@ -334,7 +334,7 @@ def test_fixes_are_named_in_the_spec_and_on_the_command_line() -> None:
 
 
 def test_the_measurement_spec_round_trips_its_fixes() -> None:
-    from xsp.tracer.levelset import LevelSet
+    from xsp.core.levelset import LevelSet
     from xsp.tracer.spec import RunSpec
 
     spec = RunSpec(LevelSet("M"), ProfileSpec(model="torchvision:resnet18", fixes=("tf32",)))

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, http_collector, write_run
 from xsp.collector import writer
-from xsp.tracer import schema, store
+from xsp.core import schema, store
 from xsp.tracer.export import otlp
 from xsp.tracer.export.kernel_names import short_kernel_name
 from xsp.tracer.export.sinks import OtlpSink, SpanBatch

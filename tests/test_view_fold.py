@@ -21,7 +21,7 @@ import pytest
 from benchmarks.large_trace import first_iteration, tiled_iteration
 from tests.test_chrome import _no_overlap_on_gpu_tracks
 from xsp.collector import writer
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export import otlp
 from xsp.tracer.export.chrome import write_chrome_trace
 from xsp.tracer.export.sinks import OtlpSink, SpanBatch

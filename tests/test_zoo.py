@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.core.errors import ConfigError, WorkloadError
 from xsp.tracer.workloads import names, zoo
 
 

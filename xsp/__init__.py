@@ -36,7 +36,7 @@ Algorithm notes:
     3. After the last measured iteration the levels switch off and their records become spans,
        nested by recorded ranges and autograd sequence numbers, then stored and exported.
 
-Errors: every exception xsp raises is an ``XspError`` (see ``xsp.tracer.errors``); the traced program
+Errors: every exception xsp raises is an ``XspError`` (see ``xsp.core.errors``); the traced program
 never sees one from the hot path.
 """
 
@@ -47,7 +47,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from xsp.tracer.errors import (
+from xsp.core.errors import (
     ConfigError,
     DeviceError,
     ExportError,

@@ -28,13 +28,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from xsp.tracer.errors import XspError
+from xsp.core.errors import XspError
 from xsp.tracer.export.formats import FORMATS
 
 if TYPE_CHECKING:
+    from xsp.core.store import Run
     from xsp.tracer.export.formats import ExportSource, RunSpans
     from xsp.tracer.export.sinks import SpanBatch
-    from xsp.tracer.store import Run
 
 console = Console(stderr=True)
 out_console = Console()
@@ -266,8 +266,8 @@ def run(
     from xsp.tracer.run.procfs import process_age_ns
 
     started_ns = time.time_ns() - (process_age_ns() or 0)
-    from xsp.tracer import config
-    from xsp.tracer.levelset import parse_level_sets
+    from xsp.core import config
+    from xsp.core.levelset import parse_level_sets
     from xsp.tracer.run.runner import LeveledSpec, check_arguments, run_leveled
     from xsp.tracer.spec import ProfileSpec
 
@@ -359,7 +359,7 @@ def run(
 def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) -> None:
     """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
     Chrome/Perfetto trace."""
-    from xsp.tracer.store import check_output, open_measurement
+    from xsp.core.store import check_output, open_measurement
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
@@ -439,9 +439,9 @@ def push(
     A trace of more than --max-spans-per-trace spans keeps its model and framework spans and
     folds its API calls and kernels into per-op summary spans (not stored by a collector).
     """
+    from xsp.core.store import open_measurement
     from xsp.tracer.export.sinks import OtlpSink
     from xsp.tracer.export.transport import OtlpConfig, make_transport
-    from xsp.tracer.store import open_measurement
 
     runs = open_measurement(run_dir, _warn, foreign=True)  # another sender's: as it came in
     config = OtlpConfig.from_env(endpoint)
@@ -498,7 +498,7 @@ def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | No
 
     import pyarrow.compute as pc
 
-    from xsp.tracer import schema
+    from xsp.core import schema
 
     tables = [b.table for b in batches if b.table.num_rows]
     if not tables:
@@ -638,7 +638,7 @@ def analyze(
 
     from xsp.analysis.catalog import sections
     from xsp.analysis.reconstruct import reconstruct
-    from xsp.tracer.store import RECONSTRUCTED, check_output, check_run_destination
+    from xsp.core.store import RECONSTRUCTED, check_output, check_run_destination
 
     if report is not None:
         check_output(report)  # before the work: never over the store's own files
@@ -817,7 +817,7 @@ def _replay_warnings(found: dict[str, Any]) -> list[str]:
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
     from xsp.analysis.reconstruct import reconstructed_resource
-    from xsp.tracer import store as run_store
+    from xsp.core import store as run_store
 
     deepest = max(store.runs, key=lambda r: len(r.levels))
     out = run_dir / run_store.RECONSTRUCTED
@@ -939,7 +939,7 @@ def diff_command(before: Path, after: Path, rows: int, as_json: bool, report: Pa
     from xsp.analysis.diff import diff, rows_json
 
     if report is not None:
-        from xsp.tracer.store import check_output
+        from xsp.core.store import check_output
 
         check_output(report)
     result = diff(_open_store(before), _open_store(after))
@@ -1147,7 +1147,7 @@ def _print_summary(run_dir: Path, store: Any = None, replay_warnings: bool = Tru
     its reader's warnings. ``replay_warnings``: say why the replay may be off M (analyze says it
     after its replay line instead)."""
     from xsp.analysis.summary import level_sets, own_time_line, time_line, top_layers
-    from xsp.tracer.store import MANIFEST, read_json
+    from xsp.core.store import MANIFEST, read_json
 
     store = store or _open_store(run_dir)
     rows = level_sets(store).to_pylist()
@@ -1267,7 +1267,7 @@ def _note_own_time(out: Path, started_ns: int) -> str | None:
     import time
 
     from xsp.analysis.summary import own_time_line
-    from xsp.tracer.store import MANIFEST, read_json, write_json_atomic
+    from xsp.core.store import MANIFEST, read_json, write_json_atomic
 
     path = out / MANIFEST
     try:

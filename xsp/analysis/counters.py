@@ -8,7 +8,7 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 1. The counter run launches the G run's kernel sequence (same program, same shapes), so within
    each iteration its kernels pair with the G run's in launch order (CUPTI correlation ids in
    the G run, ncu's result order in the counter run), provided they agree on the kernel's own
-   function name (``xsp.tracer.convert.ncu.kernel_base``: the two tools demangle scopes,
+   function name (``xsp.core.counter_names.kernel_base``: the two tools demangle scopes,
    template values and parameters differently, and CUPTI leaves some names mangled) and on the
    launch shape (grid, block) where both sides recorded one. The sequences are aligned as a
    diff (``difflib``: the longest run that agrees, then recursively either side of it, after
@@ -41,8 +41,8 @@ from xsp.analysis.flops import counted as counted_ops
 from xsp.analysis.flops import gpu_run, per_iteration, split, total_per_iteration
 from xsp.analysis.peaks import Peaks, peaks_table, resolve
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
-from xsp.tracer.convert.ncu import DERIVED, PRECISIONS, kernel_base, kernel_key
+from xsp.core import schema
+from xsp.core.counter_names import DERIVED, PRECISIONS, kernel_base, kernel_key
 
 #: Counter columns averaged per kernel and carried into the analyses: the counter table's
 #: derived columns but ncu's own duration (replay times are not the G run's).

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
 from xsp.analysis.store import MeasurementStore, text_codes
-from xsp.tracer.convert.columns import arrow, numbers, rows_table
+from xsp.core.columns import arrow, numbers, rows_table
 
 
 def has_gpu(store: MeasurementStore) -> bool:

@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.tracer import schema
-from xsp.tracer.errors import StoreError
+from xsp.core import schema
+from xsp.core.errors import StoreError
 
 #: Bootstrap resamples per row, their seed, and the interval's confidence.
 RESAMPLES = 1000

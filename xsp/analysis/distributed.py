@@ -33,8 +33,8 @@ import pyarrow.compute as pc
 from xsp.analysis.kernels import union_length
 from xsp.analysis.reconstruct import reconstruct
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
-from xsp.tracer.convert.intervals import find_rows
+from xsp.core import schema
+from xsp.core.intervals import find_rows
 
 #: The run with the fewest levels that recorded collectives (the least overhead on their times).
 _COLLECTIVE_RUN = """(SELECT arg_min(run_index, length(levels)) FROM spans

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xsp.tracer.errors import StoreError
-from xsp.tracer.store import read_json, write_json_atomic
+from xsp.core.errors import StoreError
+from xsp.core.store import read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from xsp.analysis.store import MeasurementStore

@@ -53,9 +53,9 @@ from xsp.analysis.store import (
     text_matches,
     texts,
 )
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import numbers, scalar
-from xsp.tracer.convert.intervals import inherit
+from xsp.core import schema
+from xsp.core.columns import numbers, scalar
+from xsp.core.intervals import inherit
 
 _COLUMNS = (
     "span_id",

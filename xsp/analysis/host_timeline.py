@@ -25,9 +25,9 @@ import pyarrow as pa
 from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.analysis.untraced import INTERLEAVED, untraced_steps
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import find_rows, order_by
+from xsp.core import schema
+from xsp.core.columns import numbers
+from xsp.core.intervals import find_rows, order_by
 
 #: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
 #: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after

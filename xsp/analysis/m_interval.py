@@ -21,10 +21,10 @@ import pyarrow as pa
 
 from xsp.analysis.host_timeline import steady
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import numbers
-from xsp.tracer.errors import StoreError
-from xsp.tracer.store import MANIFEST, open_run, read_json
+from xsp.core import schema
+from xsp.core.columns import numbers
+from xsp.core.errors import StoreError
+from xsp.core.store import MANIFEST, open_run, read_json
 
 #: Bootstrap resamples, the interval's coverage, and the generator's seed.
 RESAMPLES = 2000

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore, parent_rows
-from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import break_cycles, depths
+from xsp.core.columns import numbers
+from xsp.core.intervals import break_cycles, depths
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 

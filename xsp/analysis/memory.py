@@ -12,7 +12,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer.convert.columns import arrow
+from xsp.core.columns import arrow
 
 # made with ``arrow``: pa.table of Python values imports pandas (0.15 s of every analyze)
 _EMPTY = pa.Table.from_arrays([arrow([], pa.string())], names=["layer"])

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.memory import memory_run
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
+from xsp.core import schema
 
 #: Layers the chart draws as bands of their own (by bytes held at the peak); the rest are one.
 CHART_LAYERS = 12

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer.schema import MONITOR_SUMMARIES
+from xsp.core.schema import MONITOR_SUMMARIES
 
 
 def monitor_summary(store: MeasurementStore) -> pa.Table:

@@ -34,10 +34,10 @@ from xsp.analysis.counters import counter_columns
 from xsp.analysis.matching import keyed, level_sources
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers, scalar
-from xsp.tracer.convert.intervals import find_rows
-from xsp.tracer.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
+from xsp.core import schema
+from xsp.core.columns import arrow, numbers, scalar
+from xsp.core.intervals import find_rows
+from xsp.core.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:

@@ -72,9 +72,9 @@ from xsp.analysis.replay_checks import ReplayChecks, check_replay
 from xsp.analysis.replay_collectives import Collectives, find_collectives, nccl_kernels
 from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.analysis.untraced import untraced_steps
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers, rows_table
-from xsp.tracer.convert.intervals import find_rows, inherit, order_by, stab
+from xsp.core import schema
+from xsp.core.columns import arrow, numbers, rows_table
+from xsp.core.intervals import find_rows, inherit, order_by, stab
 
 #: CUDA calls that block the host until GPU work has ended (a blocking copy waits for its own copy
 #: and the work queued before it; a stream or event sync for the work of the stream or event it

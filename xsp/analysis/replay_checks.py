@@ -26,7 +26,7 @@ from xsp.analysis.m_interval import COVERAGE, RESAMPLES, SEED, MInterval
 from xsp.analysis.matching import level_sources
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.analysis.untraced import INTERLEAVED, Untraced, untraced_steps
-from xsp.tracer import schema
+from xsp.core import schema
 
 #: The in-process check holds when the replay is within this share of the untraced steps.
 IN_PROCESS_TOLERANCE_PCT = 2.0

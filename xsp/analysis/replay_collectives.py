@@ -30,10 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.store import text_matches, texts
-from xsp.tracer import schema
-from xsp.tracer.convert import collectives
-from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import inherit
+from xsp.core import collectives, schema
+from xsp.core.columns import numbers
+from xsp.core.intervals import inherit
 
 #: The backends whose work range is the transfer itself, on the host.
 HOST_WORK_PREFIXES = ("gloo:",)

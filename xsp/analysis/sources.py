@@ -17,8 +17,8 @@ import pyarrow as pa
 from xsp.analysis.kernels import union_length
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.tracer import schema
-from xsp.tracer.convert.intervals import depths, inherit
+from xsp.core import schema
+from xsp.core.intervals import depths, inherit
 
 
 def row_sources(store: MeasurementStore) -> tuple[np.ndarray, list[str]]:

@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, numbers, scalar
-from xsp.tracer.convert.intervals import break_cycles, find_rows
-from xsp.tracer.errors import StoreError
-from xsp.tracer.store import SPAN_FILE_PATTERN, Run, open_measurement
+from xsp.core import schema
+from xsp.core.columns import arrow, numbers, scalar
+from xsp.core.errors import StoreError
+from xsp.core.intervals import break_cycles, find_rows
+from xsp.core.store import SPAN_FILE_PATTERN, Run, open_measurement
 
 # from_batches: Schema.empty_table() imports pandas (0.25 s), which opening a store needs not
 _EMPTY = pa.Table.from_batches(

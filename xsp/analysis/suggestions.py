@@ -34,8 +34,8 @@ from xsp.analysis.store import (
     text_matches,
     texts,
 )
-from xsp.tracer.convert.columns import numbers
-from xsp.tracer.convert.intervals import depths, find_rows, inherit
+from xsp.core.columns import numbers
+from xsp.core.intervals import depths, find_rows, inherit
 
 #: Kernels shorter than this are launch-bound candidates (launch overhead is a few µs).
 SHORT_KERNEL_US = 10.0

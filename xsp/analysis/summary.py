@@ -12,7 +12,7 @@ import pyarrow as pa
 from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.m_interval import MInterval, m_interval, process_steps
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer.convert.columns import arrow, rows_table
+from xsp.core.columns import arrow, rows_table
 
 #: The phases of a level-set process as the manifest's runs record them (``seconds``: the
 #: runner's ``_phase_seconds``), grouped under the names the time line gives them.

@@ -21,7 +21,7 @@ import numpy as np
 
 from xsp.analysis.matching import level_sources
 from xsp.analysis.store import MeasurementStore
-from xsp.tracer import schema
+from xsp.core import schema
 
 INTERLEAVED = "interleaved"
 WARMUP = "warm-up"

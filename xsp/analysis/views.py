@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.analysis.present import short_label
-from xsp.tracer import schema
+from xsp.core import schema
 
 #: Boxes beyond this many in the flame view are left out, shortest first (plotly stays fluid).
 FLAME_MAX_BOXES = 6000
@@ -320,7 +320,7 @@ def timeline_figure(spans: pa.Table) -> Any:
 
 
 def _depths(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
-    from xsp.tracer.convert.intervals import depths, find_rows
+    from xsp.core.intervals import depths, find_rows
 
     return depths(find_rows(span_id.astype(np.int64), parent_id.astype(np.int64)))
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from xsp.campaign.spec import DEFAULT_TIMEOUT_S, CampaignSpec
-from xsp.tracer.errors import ConfigError
-from xsp.tracer.levelset import LevelSet
+from xsp.core.errors import ConfigError
+from xsp.core.levelset import LevelSet
 from xsp.tracer.workloads import names as zoo_names
 
 

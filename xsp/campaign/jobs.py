@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.campaign.spec import CampaignSpec, Job
-from xsp.tracer.errors import DeviceError, WorkloadError, XspError
+from xsp.core.errors import DeviceError, WorkloadError, XspError
 
 #: Reason classes of the errors xsp raises before a job runs anything (first match wins).
 _REASON_BY_ERROR: tuple[tuple[type[XspError], str], ...] = (
@@ -34,7 +34,7 @@ def switched_on(variable: str) -> bool:
     fresh interpreter per level set), ``XSP_OVERLAP`` (0: each process and job starts only
     once the one before has ended; while they overlap, two processes hold GPU memory at once)
     and ``XSP_SHARE_PROCESS`` (0: MF in a process of its own, not after M in M's)."""
-    from xsp.tracer import config
+    from xsp.core import config
 
     return config.switch(variable, True)
 
@@ -48,8 +48,8 @@ def stop_stale_processes(out: Path, wait_s: float = 10.0) -> list[int]:
     import os
     import signal
 
+    from xsp.core.store import read_json
     from xsp.tracer.run.procfs import process_age_ns
-    from xsp.tracer.store import read_json
 
     killed = []
     for meta_path in out.glob("*/run.json"):

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from xsp.tracer.levelset import LevelSet
+from xsp.core.levelset import LevelSet
 
 DEFAULT_TIMEOUT_S = 900
 
@@ -58,7 +58,7 @@ class CampaignSpec:
     def level_sets_of(self, job: Job) -> list[LevelSet]:
         """The level sets ``job`` runs: the campaign's, plus MH when it is counted (the
         campaign file's were checked when it was read)."""
-        from xsp.tracer.schema import COUNTER_LEVEL_SET
+        from xsp.core.schema import COUNTER_LEVEL_SET
 
         extra = [LevelSet(COUNTER_LEVEL_SET)] if self.counted(job) else []
         return [s for s in map(LevelSet, self.level_sets) if not s.counters] + extra

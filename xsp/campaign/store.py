@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from xsp.campaign.spec import CampaignSpec, Job, from_record
 from xsp.campaign.summary import shares_text
-from xsp.tracer import schema
-from xsp.tracer import store as run_store
-from xsp.tracer.errors import ConfigError, StoreError
+from xsp.core import schema
+from xsp.core import store as run_store
+from xsp.core.errors import ConfigError, StoreError
 
 SPEC_FILE = "campaign.json"
 

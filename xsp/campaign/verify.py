@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from xsp.campaign.paired import paired_gain
-from xsp.tracer import store
-from xsp.tracer.errors import StoreError, XspError
-from xsp.tracer.levelset import LevelSet
+from xsp.core import store
+from xsp.core.errors import StoreError, XspError
+from xsp.core.levelset import LevelSet
 from xsp.tracer.spec import ProfileSpec
 
 DEFAULT_ROUNDS = 3
@@ -442,7 +442,7 @@ def _measure(
 ) -> _Run:
     """One measurement of the original's workload at ``levels`` with ``fixes``, into ``out``;
     its complete steps' times (ms) from the run of ``levels``."""
-    from xsp.tracer import config
+    from xsp.core import config
     from xsp.tracer.run.runner import LeveledSpec, run_leveled
 
     profile = dataclasses.replace(

@@ -17,8 +17,8 @@ from typing import Any
 
 from xsp.campaign import verify as verifying
 from xsp.campaign.store import CampaignStore
-from xsp.tracer import store as run_store
-from xsp.tracer.errors import XspError
+from xsp.core import store as run_store
+from xsp.core.errors import XspError
 
 RESULT_FILE = "verify.json"
 

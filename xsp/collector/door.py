@@ -21,9 +21,9 @@ from pathlib import Path
 from types import ModuleType
 
 from xsp.collector import ingest_view
-from xsp.tracer import schema
+from xsp.core import schema
+from xsp.core.native import load_c_module, optional_c_module
 from xsp.tracer.export import otlp
-from xsp.tracer.native.extension import load_c_module, optional_c_module
 
 SOURCE = Path(__file__).with_name("native") / "door.c"
 WHAT = "the collector's native check"

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from xsp.tracer.errors import ExportError
+from xsp.core.errors import ExportError
 from xsp.tracer.export.transport import Transport
 
 log = logging.getLogger(__name__)

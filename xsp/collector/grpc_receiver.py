@@ -19,7 +19,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy, Unavailable
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.export import otlp
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.export import otlp
 
 log = logging.getLogger(__name__)

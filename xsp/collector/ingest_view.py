@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export import otlp, otlp_mirror
 
 _PACKAGE = "xsp.ingest_view"

@@ -66,7 +66,7 @@ from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
 from xsp.collector.spool import DEFAULT_RESERVE_BYTES, DEFAULT_SEGMENT_BYTES, Spool
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter, note_quarantined
-from xsp.tracer.errors import ConfigError, StoreError, XspError
+from xsp.core.errors import ConfigError, StoreError, XspError
 from xsp.tracer.export import otlp
 from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
 

@@ -8,7 +8,7 @@ outside xsp's common case; ``common_columns`` then decides (and protobuf's own p
 span by span). Its rules are that decoder's or stricter, and its columns the same, so the native
 path changes what is stored in no case, only how fast.
 
-Built like the door's check (``xsp.tracer.native.extension.load_c_module``); where no C compiler
+Built like the door's check (``xsp.core.native.load_c_module``); where no C compiler
 is found the collector says so once and decodes with numpy. ``XSP_NATIVE_COLUMNS=0`` turns it off.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
+from xsp.core import schema
+from xsp.core.native import load_c_module, optional_c_module
 from xsp.tracer.export import otlp, otlp_columns
-from xsp.tracer.native.extension import load_c_module, optional_c_module
 
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
 WHAT = "the collector's native span decoder"

@@ -42,8 +42,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 from xsp.collector import span_columns
-from xsp.tracer import schema, store
-from xsp.tracer.errors import StoreError
+from xsp.core import schema, store
+from xsp.core.errors import StoreError
 from xsp.tracer.export import otlp, otlp_columns
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from xsp.tracer.levelset import LevelSet
+from xsp.core.levelset import LevelSet
 
 DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 2
@@ -102,7 +102,7 @@ class ProfileSpec:
 
 def _check_service(profile: ProfileSpec) -> None:
     """ConfigError, one line, for a measurement length or sampling policy that cannot be."""
-    from xsp.tracer.errors import ConfigError
+    from xsp.core.errors import ConfigError
 
     if profile.iterations < 0:
         raise ConfigError(

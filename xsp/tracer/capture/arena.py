@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from xsp.tracer import config
-from xsp.tracer.convert.arena import ARENA_FILE, ArenaContents, read_arena
+from xsp.core import config
+from xsp.core.arena import ARENA_FILE, ArenaContents, read_arena
 
 
 class CaptureArena:

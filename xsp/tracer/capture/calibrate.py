@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from xsp.tracer.convert.arena import KIND_MODULE, KIND_OP, KIND_RANGE
+from xsp.core.arena import KIND_MODULE, KIND_OP, KIND_RANGE
 
 log = logging.getLogger(__name__)
 

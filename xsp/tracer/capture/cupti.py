@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from xsp.tracer import config
-from xsp.tracer.convert.records import (
+from xsp.core import config
+from xsp.core.errors import DeviceError, XspError
+from xsp.core.records import (
     DEFAULT_DOMAIN,
     ApiRecords,
     GpuRecords,
     Interned,
     RangeRecords,
 )
-from xsp.tracer.errors import DeviceError, XspError
 
 log = logging.getLogger(__name__)
 

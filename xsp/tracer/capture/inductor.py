@@ -47,7 +47,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from xsp.tracer.convert.records import ExternGraph
+from xsp.core.records import ExternGraph
 
 log = logging.getLogger(__name__)
 

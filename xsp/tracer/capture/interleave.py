@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from xsp.tracer.levelset import LevelSet
+from xsp.core.levelset import LevelSet
 
 #: How ``run.json`` names the record of the pairs.
 RUN_KEY = "interleaved"

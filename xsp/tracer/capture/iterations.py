@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

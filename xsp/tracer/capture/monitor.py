@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from xsp.tracer.convert.records import FIELDS, GPM_METRICS, MonitorSamples
+from xsp.core.records import FIELDS, GPM_METRICS, MonitorSamples
 
 log = logging.getLogger(__name__)
 

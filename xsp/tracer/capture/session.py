@@ -38,7 +38,12 @@ from typing import Any
 
 import torch
 
-from xsp.tracer import schema, store
+from xsp.core import schema, store
+from xsp.core.arena import pending_arena_name
+from xsp.core.devices import resolve_device
+from xsp.core.errors import ConfigError, XspError
+from xsp.core.levelset import LevelSet
+from xsp.core.records import MonitorSamples
 from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.calibrate import Calibration
@@ -55,15 +60,10 @@ from xsp.tracer.capture.levels.model import ModelLevel
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.capture.warmup import WarmupClock
-from xsp.tracer.convert.arena import pending_arena_name
-from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.spans import ROOT_LEVEL
-from xsp.tracer.errors import ConfigError, XspError
 from xsp.tracer.export.batches import Batch, BatchDrain, BatchExporter, Totals
 from xsp.tracer.export.finish import Losses, capture_losses, sink_losses, store_spans
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
-from xsp.tracer.levelset import LevelSet
-from xsp.tracer.run.devices import resolve_device
 from xsp.tracer.spec import (
     DEFAULT_EXPORT_EVERY_S,
     DEFAULT_ITERATIONS,
@@ -1135,7 +1135,7 @@ class Session:
             return
         import pyarrow as pa
 
-        from xsp.tracer.convert.columns import arrow
+        from xsp.core.columns import arrow
 
         columns = {"time_ns": arrow(samples.time_ns, pa.int64())}
         columns.update({k: arrow(v, pa.float64()) for k, v in samples.values.items()})

@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer.convert.columns import arrow, dictionary_column
-from xsp.tracer.convert.intervals import depths
-from xsp.tracer.convert.records import ExternGraph
+from xsp.core.columns import arrow, dictionary_column
+from xsp.core.intervals import depths
+from xsp.core.records import ExternGraph
 
 #: On CPU a generated kernel's profiler range is ``graph_<id>_<kernel name>``.
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, dictionary_column
-from xsp.tracer.convert.intervals import find_rows, nest
-from xsp.tracer.convert.records import (
+from xsp.core import schema
+from xsp.core.columns import arrow, dictionary_column
+from xsp.core.intervals import find_rows, nest
+from xsp.core.records import (
     API_RUNTIME,
     GPU_KERNEL,
     GPU_MEMCPY,

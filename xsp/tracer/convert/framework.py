@@ -15,11 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
-from xsp.tracer.convert import collectives, compiled
-from xsp.tracer.convert.columns import arrow, dictionary_column, numbers
-from xsp.tracer.convert.intervals import depths, inherit, nest
-from xsp.tracer.convert.records import (
+from xsp.core import collectives, schema
+from xsp.core.columns import arrow, dictionary_column, numbers
+from xsp.core.intervals import depths, inherit, nest
+from xsp.core.records import (
     BACKWARD_PREFIX,
     LOADER_SETTINGS,
     LOADER_SETTINGS_MARK,
@@ -27,6 +26,7 @@ from xsp.tracer.convert.records import (
     STEP_RANGE_PREFIX,
     FrameworkRecords,
 )
+from xsp.tracer.convert import compiled
 from xsp.tracer.convert.shapes import copy_first_iterations_shapes
 from xsp.tracer.convert.table import Block, Placed, SpanTable
 
@@ -384,7 +384,7 @@ def _source_column(
 
 
 def _collective_columns(rec: FrameworkRecords, ev: _Events) -> dict[str, pa.Array]:
-    """The operation and the bytes of each collective row (``xsp.tracer.convert.collectives``);
+    """The operation and the bytes of each collective row (``xsp.core.collectives``);
     null on every other row."""
     m = len(ev.rows)
     rows = np.nonzero(ev.is_collective)[0]

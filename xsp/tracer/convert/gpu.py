@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
+from xsp.core import schema
+from xsp.core.records import GpuRecords, GraphNodes, StepRecords
 from xsp.tracer.convert import compiled, graphs
 from xsp.tracer.convert.cuda import gpu_columns
-from xsp.tracer.convert.records import GpuRecords, GraphNodes, StepRecords
 from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, ids_of, take
 
 

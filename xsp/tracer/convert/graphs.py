@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer.convert.columns import arrow, dictionary_column
+from xsp.core.columns import arrow, dictionary_column
+from xsp.core.records import ExternGraph, GraphNodes, ModuleInfo
 from xsp.tracer.convert.compiled import common_module, match_calls
-from xsp.tracer.convert.records import ExternGraph, GraphNodes, ModuleInfo
 from xsp.tracer.convert.table import codes_of
 
 

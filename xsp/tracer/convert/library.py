@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, dictionary_column
+from xsp.core import schema
+from xsp.core.columns import arrow, dictionary_column
+from xsp.core.intervals import depths, inherit
+from xsp.core.records import ApiRecords, StepRecords
 from xsp.tracer.convert.cuda import api_columns, library_columns
-from xsp.tracer.convert.intervals import depths, inherit
-from xsp.tracer.convert.records import ApiRecords, StepRecords
 from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, codes_of, ids_of, take
 
 

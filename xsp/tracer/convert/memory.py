@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, equals, numbers
-from xsp.tracer.convert.intervals import stab
-from xsp.tracer.convert.records import MemoryRecords
+from xsp.core import schema
+from xsp.core.columns import arrow, equals, numbers
+from xsp.core.intervals import stab
+from xsp.core.records import MemoryRecords
 
 #: c10::DeviceType values of the devices xsp runs on.
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}

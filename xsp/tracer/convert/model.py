@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import arrow, repeated
+from xsp.core import schema
+from xsp.core.columns import arrow, repeated
+from xsp.core.records import StepRecords
 from xsp.tracer.convert.monitor import summarize
-from xsp.tracer.convert.records import StepRecords
 from xsp.tracer.convert.table import Block, SpanTable
 
 STEP_SPAN_NAME = schema.STEP_SPAN_NAME

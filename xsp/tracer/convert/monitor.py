@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xsp.tracer.convert.records import FIELDS, MonitorSamples
+from xsp.core.records import FIELDS, MonitorSamples
 
 
 def summarize(

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema, store
+from xsp.core import schema, store
 
 ROOT_SPAN_NAME = schema.ITERATION_SPAN_NAME
 

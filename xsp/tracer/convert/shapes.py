@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from xsp.tracer.convert.records import FrameworkRecords, Interned
+from xsp.core.records import FrameworkRecords, Interned
 
 _COUNTER = re.compile(r"#\d+$")
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.tracer.convert.arena import ArenaContents, framework_records, step_records
+from xsp.core.arena import ArenaContents, framework_records, step_records
+from xsp.core.records import MonitorSamples
 from xsp.tracer.convert.framework import convert_framework
 from xsp.tracer.convert.gpu import convert_gpu
 from xsp.tracer.convert.library import convert_library
 from xsp.tracer.convert.model import convert_model
-from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.table import ConversionReport, SpanTable
 
 

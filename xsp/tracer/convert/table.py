@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.tracer import schema
-from xsp.tracer.convert.columns import NullColumns, arrow, dictionary, numbers
-from xsp.tracer.convert.records import FrameworkRecords, MonitorSamples, StepRecords
-from xsp.tracer.native.build import loaded
+from xsp.core import schema
+from xsp.core.columns import NullColumns, arrow, dictionary, numbers
+from xsp.core.native import loaded_capture
+from xsp.core.records import FrameworkRecords, MonitorSamples, StepRecords
 
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
@@ -146,7 +146,7 @@ class SpanTable:
     def _trace_ids(self, iterations: list[int]) -> pa.Array:
         """``trace_id`` of each iteration, as an arrow column (one hash each: a service's
         exporter has one iteration a span at level M)."""
-        native = loaded()
+        native = loaded_capture()
         if native is None:
             data = b"".join(schema.trace_ids_for(self.run_id, self.levels, iterations))
         else:  # the same ids, hashed without the interpreter lock

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer.convert.arena import ArenaContents, read_arena
+from xsp.core.arena import ArenaContents, read_arena
+from xsp.core.errors import StoreError
 from xsp.tracer.convert.spans import ROOT_LEVEL
-from xsp.tracer.errors import StoreError
 from xsp.tracer.export.finish import capture_losses, store_spans
 from xsp.tracer.export.sinks import Sink
 

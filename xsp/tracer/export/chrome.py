@@ -39,7 +39,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema, store
+from xsp.core import schema, store
 
 #: ``cat`` of each span kind (torch.profiler's names where it has the kind).
 CATEGORY_BY_KIND: Final = {

@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.tracer import store
+from xsp.core import store
+from xsp.core.records import MonitorSamples
 from xsp.tracer.convert.memory import memory_table
-from xsp.tracer.convert.records import MonitorSamples
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.convert.table import ConversionReport
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch

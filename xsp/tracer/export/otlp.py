@@ -35,7 +35,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export import otlp_values
 from xsp.tracer.export.kernel_names import short_kernel_name
 from xsp.tracer.export.view import WIRE_COLUMNS, level_resource

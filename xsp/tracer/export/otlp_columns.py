@@ -27,7 +27,7 @@ from google.protobuf import descriptor_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from xsp.tracer import schema
+from xsp.core import schema
 from xsp.tracer.export import otlp, otlp_mirror
 from xsp.tracer.export import protobuf_fields as pf
 from xsp.tracer.export.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT

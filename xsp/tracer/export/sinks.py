@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import store
-from xsp.tracer.errors import XspError
+from xsp.core import store
+from xsp.core.errors import XspError
 
 if TYPE_CHECKING:
     from xsp.tracer.export.transport import Transport

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from xsp.tracer.errors import ConfigError, ExportError
+from xsp.core.errors import ConfigError, ExportError
 
 if TYPE_CHECKING:  # protobuf's import is paid by the processes that send OTLP only
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

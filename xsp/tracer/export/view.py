@@ -59,7 +59,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.tracer import schema
+from xsp.core import schema
 
 #: Columns that exist only on the way to a viewer: the encoder turns them into the attributes
 #: ``schema.ATTR_VIEW_ADDED`` and ``schema.ATTR_VIEW_STORED_PARENT``.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from xsp.tracer import config
-from xsp.tracer.native.extension import NativeBuildError, import_extension, locked
+from xsp.core import config
+from xsp.core.native import NativeBuildError, import_extension, locked, register_capture
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,12 @@ def _compiler() -> str:
 @functools.lru_cache(maxsize=1)
 def load() -> ModuleType:
     """The native capture module, built first if this torch has none yet."""
+    module = _load()
+    register_capture(module)
+    return module
+
+
+def _load() -> ModuleType:
     import torch  # the extension links against the loaded libtorch
 
     cupti = find_cupti() if torch.version.cuda else None
@@ -109,12 +115,6 @@ def load() -> ModuleType:
         return import_extension(name, built)
     except ImportError as exc:
         raise NativeBuildError(f"xsp's native capture ({built}) cannot be loaded: {exc}") from exc
-
-
-def loaded() -> ModuleType | None:
-    """The native module if this process has loaded it already (a traced process), else None:
-    conversion elsewhere (the runner, a recovery) neither imports torch nor builds it."""
-    return load() if load.cache_info().currsize else None
 
 
 def _build(name: str, directory: Path, cupti: Cupti | None) -> ModuleType:

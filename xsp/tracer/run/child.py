@@ -35,11 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from xsp.tracer import schema
+from xsp.core import schema
+from xsp.core.errors import XspError
 from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.capture.session import Session, fail_message
-from xsp.tracer.errors import XspError
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.run import heap
 from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program

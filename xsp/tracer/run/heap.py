@@ -22,7 +22,7 @@ import ctypes.util
 import os
 from collections.abc import Mapping
 
-from xsp.tracer import config
+from xsp.core import config
 
 #: mallopt's parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.run.protocol import check_program
 
 #: The launcher modules xsp traces the workers of (``torchrun`` is the first one's script).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from xsp.tracer.levelset import LevelSet
+from xsp.core.levelset import LevelSet
 
 #: (level set, phase, done, total) -> None: the runner's progress callback.
 ProgressFn = Callable[[str, str, int, int], None]

@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer import config, store
+from xsp.core import config, store
+from xsp.core.errors import StoreError
 from xsp.tracer.convert import ncu as counters
-from xsp.tracer.errors import StoreError
 
 PROFILE_FLAGS = (
     "--target-processes",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.spec import RunSpec
 
 SPEC_FLAG = "--spec"

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.run import child
 from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
 

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer import schema, store
+from xsp.core import schema, store
+from xsp.core.errors import StoreError
 from xsp.tracer.convert.ranks import join_ranks
-from xsp.tracer.errors import StoreError
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
 from xsp.tracer.run.launcher import JobEnd
 from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec, describe_end

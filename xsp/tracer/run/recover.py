@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer import store
-from xsp.tracer.convert.arena import ARENA_FILE, PENDING_ARENA_PATTERN, read_arena
+from xsp.core import store
+from xsp.core.arena import ARENA_FILE, PENDING_ARENA_PATTERN, read_arena
+from xsp.core.errors import XspError
+from xsp.core.levelset import LevelSet
 from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
-from xsp.tracer.errors import XspError
 from xsp.tracer.export.finish import capture_losses, store_spans
 from xsp.tracer.export.sinks import StoreSink
-from xsp.tracer.levelset import LevelSet
 
 log = logging.getLogger(__name__)
 

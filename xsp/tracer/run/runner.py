@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from xsp.tracer import schema, store
-from xsp.tracer.errors import ConfigError, StoreError
-from xsp.tracer.levelset import LevelSet, level_sets
+from xsp.core import schema, store
+from xsp.core.errors import ConfigError, StoreError
+from xsp.core.levelset import LevelSet, level_sets
 from xsp.tracer.run import m_processes
 from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program, describe_end
 from xsp.tracer.spec import ProfileSpec, RunSpec
@@ -258,7 +258,7 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
                 )
         else:
             check_program(command)
-    from xsp.tracer import config
+    from xsp.core import config
     from xsp.tracer.capture.levels import check_levels
 
     config.check({**os.environ, **spec.env})  # bad XSP_* values: refused before anything runs
@@ -281,8 +281,8 @@ def check_arguments(spec: LeveledSpec) -> list[LevelSet]:
 
 def validate(spec: LeveledSpec) -> list[LevelSet]:
     """Check the spec before anything runs; return the level sets that will run."""
+    from xsp.core.devices import resolve_device
     from xsp.tracer.capture.levels import check_levels
-    from xsp.tracer.run.devices import resolve_device
 
     level_sets = check_arguments(spec)
     device = resolve_device(spec.profile.device)  # a missing GPU is named
@@ -528,7 +528,7 @@ def warms_up_side_by_side(spec: LeveledSpec, hosts: list[tuple[LevelSet, ...]]) 
     no measurement overlaps another process's work, and no process's start-up and first
     iteration wait for the measurement before it. A script's processes start one at a time (it
     may compile what the next loads from the inductor cache, or touch files)."""
-    from xsp.tracer.run.devices import resolve_device
+    from xsp.core.devices import resolve_device
 
     if not (spec.overlap and spec.profile.model):
         return []
@@ -1329,8 +1329,8 @@ def _level_environment(
 ) -> dict[str, str]:
     """What the levels need in the environment before the child's libraries start; the user's
     own settings win."""
+    from xsp.core.devices import resolve_device
     from xsp.tracer.capture.levels import LevelContext, level_environment
-    from xsp.tracer.run.devices import resolve_device
 
     device = resolve_device(spec.profile.device)
     needed = level_environment(LevelContext(device, levels))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.core.errors import ConfigError, WorkloadError
 
 SOURCES = ("torchvision", "timm", "transformers")
 MODES = ("train", "infer")

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from xsp.tracer.errors import ConfigError, WorkloadError
+from xsp.core.errors import ConfigError, WorkloadError
 from xsp.tracer.workloads import names
 from xsp.tracer.workloads.names import MODES, ZooEntry, find
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from xsp.tracer.levelset import LevelSet
+from xsp.core.levelset import LevelSet
 
 if TYPE_CHECKING:
     from xsp.tracer.capture.arena import CaptureArena
@@ -142,7 +142,7 @@ def _model(ctx: LevelContext) -> Level:
 
 
 def _framework(ctx: LevelContext) -> Level:
-    from xsp.tracer import config
+    from xsp.core import config
     from xsp.tracer.capture.levels.framework import FrameworkLevel
 
     # a multi-rank job's collective sizes come from each iteration's own shapes
@@ -164,7 +164,7 @@ def _library(ctx: LevelContext) -> Level:
 
 def _gpu(ctx: LevelContext) -> Level:
     if not ctx.on_cuda:
-        from xsp.tracer.errors import ConfigError
+        from xsp.core.errors import ConfigError
 
         raise ConfigError("level G records GPU work: it needs --device cuda")
     from xsp.tracer.capture.levels.cuda import GpuLevel
@@ -174,7 +174,7 @@ def _gpu(ctx: LevelContext) -> Level:
 
 def _counters(ctx: LevelContext) -> Level:
     if not ctx.on_cuda:
-        from xsp.tracer.errors import ConfigError
+        from xsp.core.errors import ConfigError
 
         raise ConfigError("level H reads GPU hardware counters: it needs --device cuda")
     from xsp.tracer.capture.levels.counters import CounterLevel
@@ -195,14 +195,14 @@ REGISTRY: dict[str, LevelFactory] = {
 def check_levels(levels: LevelSet, device: str) -> None:
     """Raise ConfigError when a level of ``levels`` cannot run on ``device``."""
     if levels.gpu and not device.startswith("cuda"):
-        from xsp.tracer.errors import ConfigError
+        from xsp.core.errors import ConfigError
 
         raise ConfigError(
             f"level set {levels}: level G records GPU work and needs --device cuda "
             "(on CPU, use M, MF or MFL)"
         )
     if levels.counters and not device.startswith("cuda"):
-        from xsp.tracer.errors import ConfigError
+        from xsp.core.errors import ConfigError
 
         raise ConfigError(
             f"level set {levels}: level H reads GPU hardware counters and needs --device cuda"

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-from xsp.tracer.convert.records import STEP_RANGE_PREFIX
+from xsp.core.records import STEP_RANGE_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from xsp.tracer.capture.cupti import cupti_session
 
 if TYPE_CHECKING:
-    from xsp.tracer.convert.arena import ArenaContents
+    from xsp.core.arena import ArenaContents
     from xsp.tracer.export.batches import BatchDrain
 
 log = logging.getLogger(__name__)

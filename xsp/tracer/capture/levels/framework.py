@@ -40,16 +40,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from xsp.tracer.capture.arena import CaptureArena
-from xsp.tracer.capture.inductor import KernelProvenance
-from xsp.tracer.convert.arena import ArenaContents, framework_records, open_threads
-from xsp.tracer.convert.records import (
+from xsp.core.arena import ArenaContents, framework_records, open_threads
+from xsp.core.errors import StoreError
+from xsp.core.records import (
     LOADER_SETTINGS_MARK,
     STEP_RANGE_PREFIX,
     FrameworkRecords,
     loader_range_name,
 )
-from xsp.tracer.errors import StoreError
+from xsp.tracer.capture.arena import CaptureArena
+from xsp.tracer.capture.inductor import KernelProvenance
 
 if TYPE_CHECKING:
     from xsp.tracer.export.batches import BatchDrain

@@ -16,10 +16,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from xsp.core.arena import ArenaContents, step_records
+from xsp.core.records import StepRecords
 from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.context import OTEL_TRACE, SpanRef, application_span
-from xsp.tracer.convert.arena import ArenaContents, step_records
-from xsp.tracer.convert.records import StepRecords
 
 if TYPE_CHECKING:
     from xsp.tracer.export.batches import BatchDrain

@@ -25,8 +25,8 @@ import tempfile
 import threading
 from typing import Any
 
-from xsp.tracer.convert.records import ApiRecords, RangeRecords
-from xsp.tracer.errors import XspError
+from xsp.core.errors import XspError
+from xsp.core.records import ApiRecords, RangeRecords
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ format is one module here plus its entry below.
 
 from __future__ import annotations
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 from xsp.tracer.export.formats import chrome, otlp_json, otlp_metrics_json
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource, RunSpans
 

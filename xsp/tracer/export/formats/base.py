@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of pyarrow
     import pyarrow as pa
 
+    from xsp.core.store import Run
     from xsp.tracer.export.sinks import SpanBatch
-    from xsp.tracer.store import Run
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xsp.tracer.errors import XspError
+from xsp.core.errors import XspError
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource
 
 

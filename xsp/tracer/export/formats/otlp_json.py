@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from xsp.tracer.errors import XspError
+from xsp.core.errors import XspError
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource
 
 
 def write(source: ExportSource, output: Path | None) -> str | None:
+    from xsp.core.store import open_output
     from xsp.tracer.export.sinks import OtlpJsonFileSink
-    from xsp.tracer.store import open_output
 
     batches = source.spans()
     try:

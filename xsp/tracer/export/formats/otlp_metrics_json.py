@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from xsp.tracer.errors import XspError
+from xsp.core.errors import XspError
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource
 
 
 def write(source: ExportSource, output: Path | None) -> str | None:
-    from xsp.tracer.convert.records import MonitorSamples
+    from xsp.core.records import MonitorSamples
     from xsp.tracer.export.metrics import encode_metrics, metrics_to_json
 
     lines = []

@@ -24,7 +24,7 @@ STORE_FORMAT: Final = "xsp-run/1"
 CALIBRATION_PARTS: Final = ("calibration, levels off", "calibration, levels on")
 
 # Level names, in stack order, and the letters used in level sets ("MF", "MFLG"; a level set is
-# parsed into an ``xsp.tracer.levelset.LevelSet``).
+# parsed into an ``xsp.core.levelset.LevelSet``).
 LEVEL_MODEL: Final = "model"
 LEVEL_FRAMEWORK: Final = "framework"
 LEVEL_LIBRARY: Final = "library"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from xsp.tracer.schema import COUNTER_LETTER, COUNTER_LEVEL_SET, LEVEL_BY_LETTER, LEVEL_ORDER
+from xsp.core.schema import COUNTER_LETTER, COUNTER_LEVEL_SET, LEVEL_BY_LETTER, LEVEL_ORDER
 
 
 def _canonical(text: str) -> str:

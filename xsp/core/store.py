@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from xsp.tracer import schema
-from xsp.tracer.convert.arena import PENDING_ARENA_PATTERN
-from xsp.tracer.convert.columns import NullColumns
-from xsp.tracer.errors import DamagedFileError, StoreError
-from xsp.tracer.levelset import LevelSet
+from xsp.core import schema
+from xsp.core.arena import PENDING_ARENA_PATTERN
+from xsp.core.columns import NullColumns
+from xsp.core.errors import DamagedFileError, StoreError
+from xsp.core.levelset import LevelSet
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from xsp.tracer.errors import ConfigError
+from xsp.core.errors import ConfigError
 
 #: CUPTI activity buffer size in MB. CUPTI touches every buffer it is given, so the size is
 #: resident memory: on the H200 (ResNet-50 b64 training, MFLG) 256 MB buffers took peak RSS to

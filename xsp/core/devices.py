@@ -17,7 +17,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from xsp.tracer.errors import ConfigError, DeviceError
+from xsp.core.errors import ConfigError, DeviceError
 
 _VERSION_LINE = re.compile(r"^cuda\b[^=]*=\s*(?:None|['\"]([^'\"]*)['\"])", re.MULTILINE)
 

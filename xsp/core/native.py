@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from xsp.tracer import config
-from xsp.tracer.errors import XspError
+from xsp.core import config
+from xsp.core.errors import XspError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,21 @@ def locked(directory: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_capture: ModuleType | None = None
+
+
+def register_capture(module: ModuleType) -> None:
+    """Record the native capture module once the capture stage has loaded it."""
+    global _capture
+    _capture = module
+
+
+def loaded_capture() -> ModuleType | None:
+    """The native capture module if this process has loaded it already (a traced process), else
+    None: conversion elsewhere (the runner, a recovery) neither imports torch nor builds it."""
+    return _capture
 
 
 def import_extension(name: str, path: Path) -> ModuleType:

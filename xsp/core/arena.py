@@ -16,9 +16,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from xsp.tracer import schema
-from xsp.tracer.convert.intervals import find_rows
-from xsp.tracer.convert.records import (
+from xsp.core import schema
+from xsp.core.errors import StoreError
+from xsp.core.intervals import find_rows
+from xsp.core.records import (
     BACKWARD_PREFIX,
     MODULE_RANGE_PREFIX,
     FrameworkRecords,
@@ -28,7 +29,6 @@ from xsp.tracer.convert.records import (
     ModuleInfo,
     StepRecords,
 )
-from xsp.tracer.errors import StoreError
 
 MAGIC = b"XSPARENA"
 VERSION = 1
