@@ -99,7 +99,7 @@ class _Level:
 def test_a_failed_drain_and_cupti_losses_make_the_run_partial_with_counts(tmp_path: Path) -> None:
     session = Session("M", iterations=1, warmup=0, out=tmp_path / "M", device="cpu")
     cupti = {"dropped_records": 7, "undecodable_records": 2, "undecodable_by_kind": {"X": 2}}
-    session._levels += [_Level("F", drain_fails=True), _Level("G", counts={"cupti": cupti})]
+    session._stack.levels += [_Level("F", drain_fails=True), _Level("G", counts={"cupti": cupti})]
     session.start()
     with session.iteration():
         pass

@@ -557,7 +557,7 @@ def test_the_request_after_a_batch_boundary_follows_the_sampling_policy(
         for request in range(2 + 9):
             model(torch.ones(1, 4))
             if request == 2 + 2:  # measured 2 ended (nothing lent: 3 is sampled)
-                session._batch_started, session._due = -1e9, 0.0
+                session._batches.started, session._due = -1e9, 0.0
     meta = session.close()
     assert meta is not None and meta["status"] == "ok", meta
     assert meta["batches_stored"] == 2

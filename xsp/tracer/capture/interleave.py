@@ -60,7 +60,6 @@ class Interleave:
             import torch
 
             self._sync = torch.cuda.synchronize
-        self.untraced_due = True  # the next measured slot begins with an untraced iteration
         self._began = 0
         self._switched_ns: list[int] = []
         self.untraced_ms: list[float | None] = []
@@ -81,17 +80,15 @@ class Interleave:
         """The untraced iteration is over (``failed``: it raised; its time is not kept)."""
         took = self._took_ms()
         self.untraced_ms.append(None if failed else took)
-        self.untraced_due = False
 
-    def end_traced(self, index: int, failed: bool, more: bool) -> None:
-        """Traced iteration ``index`` is over; ``more``: another traced one follows."""
+    def end_traced(self, index: int, failed: bool) -> None:
+        """Traced iteration ``index`` is over."""
         took = self._took_ms()
         while len(self.traced_ms) < index:  # a traced iteration without its untraced one
             self.traced_ms.append(None)
         self.traced_ms.append(None if failed else took)
         while len(self.untraced_ms) < len(self.traced_ms):
             self.untraced_ms.append(None)
-        self.untraced_due = more
 
     def switched(self, began_ns: int) -> None:
         """A switch of the levels, off or on, that began at ``began_ns`` (perf_counter)."""

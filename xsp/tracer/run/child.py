@@ -245,7 +245,7 @@ def _run_zoo(args: ChildSpec, model: str) -> int:
     """Build the zoo workload once and measure it for ``args.run``, then for each of
     ``args.then`` in turn (``xsp.tracer.run.runner.shares_process``), saying ``stored`` on the
     progress pipe after each but the last; stop at the first that fails."""
-    from xsp.tracer.capture.session import resolve_device
+    from xsp.core.devices import resolve_device
     from xsp.tracer.workloads import zoo
 
     profile = args.run.profile

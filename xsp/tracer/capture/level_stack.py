@@ -1,0 +1,194 @@
+"""A session's levels in stack order through their life: on, off, drained, handed over, sampled.
+
+Every step goes level by level: one level that fails is reported (``RunErrors``, and the run's
+``Losses`` where it costs records) and the others carry on. Which optional parts of the
+interface a level has (``xsp.tracer.capture.levels.protocols``) is decided once per change of
+the stack, not on a service's per-request path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xsp.tracer.capture.levels import Level
+from xsp.tracer.capture.levels.protocols import (
+    CountsLosses,
+    HandsOver,
+    Priced,
+    Sampled,
+    StepTimer,
+    SwitchedPerIteration,
+)
+from xsp.tracer.capture.run_errors import RunErrors
+from xsp.tracer.export.batches import BatchDrain
+from xsp.tracer.export.finish import Losses
+
+__all__ = ["LevelStack"]
+
+log = logging.getLogger(__name__)
+
+
+class LevelStack:
+    """The levels that record, M first; a level that fails to start leaves the stack."""
+
+    def __init__(self, levels: list[Level], errors: RunErrors) -> None:
+        self._errors = errors
+        self.levels = levels
+
+    @property
+    def levels(self) -> list[Level]:
+        return self._levels
+
+    @levels.setter
+    def levels(self, levels: list[Level]) -> None:
+        self._levels = levels
+        self._unsampled = [level for level in levels if not isinstance(level, Sampled)]
+        self.has_sampled = len(self._unsampled) < len(levels)
+
+    def marker_levels(self, sampled_on: bool | None) -> list[Level]:
+        """The levels that get the iteration markers: all of them while the levels below M
+        record (or may: undecided); else those without a sampling switch (level M): a level
+        sampled off records nothing at its markers."""
+        return list(self._levels) if sampled_on is not False else list(self._unsampled)
+
+    def step_timer(self, marker_levels: Sequence[Level]) -> StepTimer | None:
+        """Level M, when it is the only level at the markers: what a lease times with."""
+        if len(marker_levels) != 1 or not isinstance(marker_levels[0], StepTimer):
+            return None
+        return marker_levels[0]
+
+    def priced(self) -> Priced | None:
+        """The level whose cost the calibration prices (F), if it records."""
+        return next((level for level in self._levels if isinstance(level, Priced)), None)
+
+    def switched_per_iteration(self) -> None:
+        """Tell the levels, before they come on, that they will be switched per iteration."""
+        for level in self._levels:
+            if isinstance(level, SwitchedPerIteration):
+                level.switched_per_iteration()
+
+    def enable(self, took: Callable[[str], None]) -> str | None:
+        """Switch each level on, in stack order (``took`` timing each); those that fail leave
+        the stack. Returns the first failure, if any."""
+        enabled, failure = [], None
+        for level in self._levels:
+            try:
+                level.enable()
+                took(f"level {level.letter}")
+                enabled.append(level)
+            except Exception as exc:  # reported; the other levels still record
+                message = f"level {level.letter} could not start: {exc}"
+                log.error("xsp: %s", message)
+                self._errors.add(message)
+                failure = failure or message
+        self.levels = enabled
+        return failure
+
+    def restart(self, stopped: list[Level]) -> list[str]:
+        """Switch the levels a batch's end stopped on again, in stack order; those that fail
+        leave the stack. Returns what failed, one line each."""
+        enabled, failed = [], []
+        for level in reversed(stopped):  # stack order again
+            try:
+                level.enable()
+                enabled.append(level)
+            except Exception as exc:
+                message = f"level {level.letter} could not start again: {exc}"
+                log.error("xsp: %s", message)
+                self._errors.add(message)
+                failed.append(message)
+        self.levels = enabled
+        return failed
+
+    def sample(self, on: bool) -> None:
+        """Switch the sampled levels (those below M) on or off for the next iterations."""
+        for level in self._levels:
+            if isinstance(level, Sampled):
+                try:
+                    level.sample(on)
+                except Exception as exc:
+                    self._errors.misuse(
+                        f"level {level.letter} could not switch its sampling: {exc}"
+                    )
+
+    def stop(self, losses: Losses, levels: Sequence[Level] | None = None) -> list[Level]:
+        """Switch the levels (``levels``, else all) off, deepest first; returns those that
+        stopped."""
+        stopped = []
+        for level in reversed(self._levels if levels is None else levels):
+            try:
+                level.disable()
+                stopped.append(level)
+            except Exception as exc:
+                self._failed_to_stop(level, exc, losses)
+        return stopped
+
+    def stop_handed_over(self, losses: Losses, handed_over: Sequence[Level]) -> None:
+        """The levels a continuous session's last batch handed over are still installed: now
+        they go."""
+        self.stop(
+            losses,
+            [lv for lv in self._levels if lv in handed_over and isinstance(lv, HandsOver)],
+        )
+
+    def drain(self, stopped: list[Level], counts: dict[str, Any], losses: Losses) -> dict[str, Any]:
+        """Each stopped level's records, by letter, and its loss counts into ``counts``. Drains
+        run once every level has stopped (see ``xsp.tracer.capture.levels``)."""
+        raw: dict[str, Any] = {}
+        for level in stopped:
+            try:
+                raw[level.letter] = level.drain()
+            except Exception as exc:
+                message = f"level {level.letter} failed to drain: {exc}"
+                self._errors.add(message)
+                losses.missing.append(message)
+                log.exception("xsp: level %s failed to drain", level.letter)
+            counts.update(self._loss_counts(level))
+        return raw
+
+    def hand_over(self, losses: Losses) -> tuple[list[Level], dict[str, BatchDrain]]:
+        """A batch's end, between iterations: each level stops writing it, deepest first, and
+        hands over the drain of its records, which the exporter runs on its own thread
+        (``HandsOver``); returns the levels that stopped and their drains. A level that cannot
+        hand over (its records are not in the arena: level L on CPU) is disabled and drained
+        here."""
+        stopped: list[Level] = []
+        drains: dict[str, BatchDrain] = {}
+        for level in reversed(self._levels):
+            if not isinstance(level, HandsOver):
+                if self.stop(losses, [level]):
+                    stopped.append(level)
+                    counts: dict[str, Any] = {}
+                    raw = self.drain([level], counts, losses)
+                    if level.letter in raw:
+                        drains[level.letter] = _drained(raw[level.letter], counts)
+                continue
+            try:
+                drains[level.letter] = level.handover()
+                stopped.append(level)
+            except Exception as exc:
+                self._failed_to_stop(level, exc, losses)
+        return stopped, drains
+
+    def _failed_to_stop(self, level: Level, exc: Exception, losses: Losses) -> None:
+        message = f"level {level.letter} failed to stop: {exc}"
+        self._errors.add(message)
+        losses.missing.append(message)
+        log.exception("xsp: level %s failed to stop", level.letter)
+
+    def _loss_counts(self, level: Level) -> dict[str, Any]:
+        """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""
+        if not isinstance(level, CountsLosses):
+            return {}
+        try:
+            return dict(level.counts())
+        except Exception as exc:
+            self._errors.add(f"level {level.letter} could not count its losses: {exc}")
+            return {}
+
+
+def _drained(records: Any, counts: dict[str, Any]) -> BatchDrain:
+    """The drain of a level drained already."""
+    return lambda contents: (records, counts)

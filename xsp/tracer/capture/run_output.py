@@ -1,0 +1,241 @@
+"""Where a session's run goes: its identity, its sinks, its run.json and its monitor samples.
+
+``RunIdentity`` is what every finish of this run is told (the live one here, a continuous
+session's batches in ``xsp.tracer.export.batches``); ``RunOutput`` converts and exports the
+records, shuts the sinks down and writes ``run.json`` (under a lock: a continuous session's
+exporter thread rewrites it while the program runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xsp.core import schema, store
+from xsp.core.levelset import LevelSet
+from xsp.core.records import MonitorSamples
+from xsp.tracer.capture.levels import LevelContext
+from xsp.tracer.capture.run_errors import RunErrors
+from xsp.tracer.convert.spans import ROOT_LEVEL
+from xsp.tracer.export.batches import BatchExporter, Totals
+from xsp.tracer.export.finish import Losses, sink_losses, store_spans
+from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
+
+__all__ = ["RunIdentity", "RunOutput", "RunStatus", "run_resource", "run_status"]
+
+log = logging.getLogger(__name__)
+
+
+class RunStatus(Enum):
+    """run.json's ``status``."""
+
+    RUNNING = "running"
+    OK = "ok"
+    PARTIAL = "partial"  # something is missing (fewer iterations, a level's losses, a sink)
+    ERROR = "error"  # the workload failed or nothing usable was stored
+    INTERRUPTED = "interrupted"  # Ctrl-C
+
+
+def run_status(error: str | None, interrupted: bool, losses: Losses) -> RunStatus:
+    """The status a finished run's ``error`` and ``losses`` earn it."""
+    if interrupted:
+        return RunStatus.INTERRUPTED
+    if error is not None:
+        return RunStatus.ERROR
+    if losses.missing:
+        return RunStatus.PARTIAL
+    return RunStatus.OK
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run the spans belong to, as every finish of it stores them."""
+
+    run_id: str
+    measurement_id: str
+    levels: LevelSet
+    workload: str
+    resource: Mapping[str, Any]
+    run_dir: Path | None
+    rank: int | None
+    world_size: int | None
+
+
+def _xsp_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("xsp")
+    except Exception:
+        return "0+unknown"
+
+
+def run_resource(
+    device: str,
+    run_id: str,
+    measurement_id: str,
+    workload: str,
+    levels: LevelSet,
+    rank: int | None,
+    world_size: int | None,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The OpenTelemetry resource of the run's spans: host, device, versions, ``extra``."""
+    if device.startswith("cuda"):
+        device_name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        device_name = platform.processor() or platform.machine()
+    resource: dict[str, Any] = {
+        schema.RES_SERVICE_NAME: schema.SERVICE_NAME,
+        schema.RES_HOST_NAME: socket.gethostname(),
+        schema.RES_RUN_ID: run_id,
+        schema.RES_MEASUREMENT_ID: measurement_id,
+        schema.RES_WORKLOAD: workload,
+        schema.RES_LEVELS: levels,
+        schema.RES_DEVICE: device,
+        schema.RES_DEVICE_NAME: device_name,
+        schema.RES_TORCH_VERSION: torch.__version__,
+        schema.RES_CUDA_VERSION: torch.version.cuda or "none",
+        schema.RES_PYTHON_VERSION: platform.python_version(),
+        schema.RES_XSP_VERSION: _xsp_version(),
+        "process.pid": os.getpid(),
+        "process.command_line": " ".join(sys.argv)[:500],
+    }
+    if rank is not None:
+        resource.update({schema.RES_RANK: rank, schema.RES_WORLD_SIZE: world_size})
+    resource.update(extra)
+    return resource
+
+
+class RunOutput:
+    """The run's sinks (the store first, when there is a run directory) and its run.json."""
+
+    def __init__(self, identity: RunIdentity, sinks: Sequence[Sink], errors: RunErrors) -> None:
+        self.identity = identity
+        self._errors = errors
+        run_dir = identity.run_dir
+        self.store_sink = StoreSink(run_dir) if run_dir is not None else None
+        self.sink = CompositeSink(([self.store_sink] if self.store_sink else []) + list(sinks))
+        self._meta_lock = threading.Lock()
+
+    def files(self) -> list[str]:
+        """The store's files so far."""
+        return [p.name for p in self.store_sink.files] if self.store_sink else []
+
+    def exporter(self, on_stored: Callable[[Totals], None]) -> BatchExporter:
+        """A continuous session's background exporter of its batches."""
+        run = self.identity
+        return BatchExporter(
+            self.sink,
+            run_id=run.run_id,
+            levels=run.levels,
+            resource=run.resource,
+            run_dir=run.run_dir,
+            rank=run.rank,
+            world_size=run.world_size,
+            on_stored=on_stored,
+        )
+
+    def store(
+        self,
+        raw: dict[str, Any],
+        samples: MonitorSamples | None,
+        failures: dict[int, str],
+        context: LevelContext,
+        counts: dict[str, Any],
+        losses: Losses,
+    ) -> tuple[int | None, Path | None]:
+        """Convert the records and export them (``xsp.tracer.export.finish``). Returns when
+        conversion ended, and where it failed, the path of the capture arena it keeps."""
+        if raw.get(ROOT_LEVEL) is None:
+            losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
+            return None, None
+        run = self.identity
+        try:
+            stored = store_spans(
+                raw,
+                self.sink,
+                run_id=run.run_id,
+                levels=run.levels,
+                resource=run.resource,
+                run_dir=run.run_dir,
+                failures=failures,
+                monitor=samples,
+                rank=run.rank,
+                world_size=run.world_size,
+            )
+        except Exception as exc:
+            message = f"conversion failed: {type(exc).__name__}: {exc}"
+            kept = context.keep_arena()
+            if kept is not None:
+                message += f" (levels M and F's raw records are kept in {kept})"
+            self._errors.add(message)
+            losses.fatal.append(message)
+            counts["spans"] = 0
+            log.exception("xsp: converting the recorded spans failed")
+            return None, kept
+        counts.update(stored.counts())
+        self._errors.extend(stored.errors)
+        return stored.converted_ns, None
+
+    def shut_down(self, counts: dict[str, Any], losses: Losses) -> None:
+        """Flush and close the sinks; a failed store leaves no spans stored."""
+        self.sink.shutdown()
+        self._errors.extend(self.sink.errors)
+        if sink_losses(self.sink, self.store_sink, losses):
+            counts["spans"] = 0
+
+    def otlp_sent(self) -> dict[str, Any]:
+        sent = [getattr(s, "spans_sent", None) for s in self.sink.sinks]
+        sent = [n for n in sent if n is not None]
+        return {"otlp_spans_sent": sum(sent)} if sent else {}
+
+    def monitor_counts(self, samples: MonitorSamples, counts: dict[str, Any]) -> None:
+        """Count the NVML samples into ``counts`` and keep them beside the spans."""
+        counts["monitor"] = {
+            "samples": len(samples.time_ns),
+            "unavailable": samples.unavailable,
+            "gpm_unavailable": samples.gpm_unavailable,
+        }
+        self._write_monitor(samples)
+
+    def _write_monitor(self, samples: MonitorSamples) -> None:
+        """Keep the raw samples beside the spans: RUN_DIR/<levels>/monitor.parquet."""
+        run_dir = self.identity.run_dir
+        if run_dir is None or not samples.time_ns:
+            return
+        import pyarrow as pa
+
+        from xsp.core.columns import arrow
+
+        columns = {"time_ns": arrow(samples.time_ns, pa.int64())}
+        columns.update({k: arrow(v, pa.float64()) for k, v in samples.values.items()})
+        try:
+            # from_arrays: pa.table(dict) would import pandas (0.4 s) to ask if it is a frame
+            table = pa.Table.from_arrays(list(columns.values()), names=list(columns))
+            store.write_monitor_samples(run_dir, table)
+        except OSError as exc:
+            self._errors.add(f"cannot write {run_dir / store.MONITOR}: {exc}")
+
+    def write_meta(self, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Write run.json as ``build`` makes it, one writer at a time; returns it."""
+        with self._meta_lock:  # a continuous session's exporter writes it too
+            meta = build()
+            run_dir = self.identity.run_dir
+            if run_dir is not None:
+                try:
+                    store.write_json_atomic(run_dir / store.RUN_META, meta)
+                except OSError as exc:
+                    log.error("xsp: cannot write %s: %s", run_dir / store.RUN_META, exc)
+            return meta
