@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.tracer import schema
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.tracer.export.otlp.attributes import KINDS
 from xsp.tracer.native.extension import load_c_module, optional_c_module
 
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
@@ -58,7 +59,7 @@ def column_specs() -> list[tuple[str, int, int, int]]:
     (key, kind, low, high), an int column's bounds clamped to int64's (an int_value's)."""
     specs = []
     for column in schema.ATTRIBUTE_COLUMNS:
-        kind = otlp._KINDS[str(column.attribute)]
+        kind = KINDS[str(column.attribute)]
         if kind.is_float:
             specs.append((kind.key, _DOUBLE, 0, 0))
         elif kind.high is None:
