@@ -16,7 +16,8 @@ from tests.test_collector_faults import _quarantine, _stored
 from xsp.collector import writer
 from xsp.collector.spool import Spool
 from xsp.core import schema
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp import columns as otlp_columns
 
 
 def test_a_full_segment_is_closed_and_handed_over_oldest_first(tmp_path: Path) -> None:

@@ -136,6 +136,29 @@ def test_store_readers_never_reach_torch_or_capture(start: str) -> None:
     assert not {r for r in reached if r.startswith(CAPTURE)}, start
 
 
+#: The OTLP codec's modules: what the collector imports, bound for a torch-free core.
+OTLP_CODEC = sorted(
+    n
+    for n in MODULES
+    if n.startswith("xsp.tracer.export.otlp.") and n != "xsp.tracer.export.otlp.layout"
+)
+#: The viewer's layout on the wire, which only the encoders' callers choose.
+VIEWER_LAYOUT = (
+    "xsp.tracer.export.otlp.layout",
+    "xsp.tracer.export.view",
+    "xsp.tracer.export.kernel_names",
+)
+
+
+@pytest.mark.parametrize("start", OTLP_CODEC)
+def test_the_otlp_codec_knows_no_viewer_layout(start: str) -> None:
+    """The codec reaches neither the layout nor capture, run or the analyses (nor the package's
+    facade, which loads the layout)."""
+    reached = _reach(_graph(), start)
+    assert not {r for r in reached if r.startswith((*VIEWER_LAYOUT, *CAPTURE, "xsp.analysis"))}
+    assert "xsp.tracer.export.otlp" not in reached
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import json
 import threading
@@ -269,3 +270,13 @@ def test_a_link_with_ids_of_the_wrong_size_is_refused_at_the_door() -> None:
         otlp.validate_span(span)
     with pytest.raises(otlp.DecodeError, match="link's trace_id must be 16 bytes"):
         ingest_view.check(request.SerializeToString())
+
+
+def test_the_facade_gives_every_public_name_from_its_module() -> None:
+    """``xsp.tracer.export.otlp`` loads each name on first use from the module that holds it."""
+    for name in otlp.__all__:
+        value = getattr(otlp, name)
+        if isinstance(value, type) or inspect.isfunction(value):  # not a constant or an alias
+            assert value.__module__.startswith("xsp.tracer.export.otlp."), name
+    with pytest.raises(AttributeError):
+        otlp.no_such_name  # noqa: B018

@@ -10,7 +10,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.fixtures import varied_xsp_table
 from xsp.collector import writer
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp import columns as otlp_columns
 
 RESOURCE = {"service.name": "xsp", "xsp.measurement.id": "m1", "xsp.levels": "MF"}
 

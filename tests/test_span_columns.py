@@ -15,7 +15,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from tests.fixtures import damaged, fixture_table, varied_xsp_table
 from xsp.collector import span_columns, writer
 from xsp.core.native import NativeBuildError
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp import columns as otlp_columns
 
 native: Any = span_columns._native()
 pytestmark = pytest.mark.skipif(native is None, reason="no C compiler: spans decode with numpy")

@@ -24,6 +24,7 @@ from xsp.collector import writer
 from xsp.core import schema
 from xsp.tracer.export import otlp
 from xsp.tracer.export.chrome import write_chrome_trace
+from xsp.tracer.export.otlp.attributes import plain_value
 from xsp.tracer.export.sinks import OtlpSink, SpanBatch
 from xsp.tracer.export.view import (
     ADDED_COLUMN,
@@ -76,7 +77,7 @@ def _sent(resource: dict[str, Any], table: pa.Table, **options: Any) -> list[dic
                             "span_id": int.from_bytes(span.span_id, "big"),
                             "parent": int.from_bytes(span.parent_span_id, "big"),
                             "name": span.name,
-                            "attributes": {kv.key: otlp._plain(kv.value) for kv in span.attributes},
+                            "attributes": {kv.key: plain_value(kv.value) for kv in span.attributes},
                         }
                     )
     return spans

@@ -47,6 +47,26 @@ def roofline_figure(
         and (p.get("achieved_gflop_per_s") or 0) > 0
     ]
     figure = go.Figure()
+    _add_roofs(figure, usable, peaks)
+    _add_points(figure, usable, label, size)
+    dram = peaks.dram
+    slope = f"; DRAM slope {dram / 1e12:,.2f} TB/s" if dram else ""
+    figure.update_layout(
+        title={"text": f"{title}<br><sup>{peaks.summary}{slope}</sup>"},
+        xaxis={"type": "log", "title": "Arithmetic intensity (FLOP/byte, DRAM)"},
+        yaxis={"type": "log", "title": "Achieved (GFLOP/s)"},
+        margin={"t": 70, "l": 5, "r": 5, "b": 5},
+        height=520,
+        legend={"font": {"size": 11}},
+    )
+    return figure
+
+
+def _add_roofs(figure: Any, usable: Sequence[Mapping[str, Any]], peaks: Peaks) -> None:
+    """The roofs of the precisions the points use, each DRAM slope up to its ceiling, over the
+    points' intensities and ridges with room either side; the DRAM slope alone when none is."""
+    import plotly.graph_objects as go
+
     intensities = [float(p["arithmetic_intensity_flop_per_byte"]) for p in usable] or [1.0]
     roofs = sorted({str(p.get("roof")) for p in usable if p.get("roof") in peaks.values})
     ridges = [r for r in (peaks.ridge(roof) for roof in roofs) if r]
@@ -81,6 +101,14 @@ def roofline_figure(
                 name=f"DRAM {dram / 1e12:,.2f} TB/s",
             )
         )
+
+
+def _add_points(
+    figure: Any, usable: Sequence[Mapping[str, Any]], label: str, size: str | None
+) -> None:
+    """The points, one trace per roof, marker area following ``size`` where given."""
+    import plotly.graph_objects as go
+
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for p in usable:
         groups.setdefault(str(p.get("roof")), []).append(p)
@@ -104,16 +132,6 @@ def roofline_figure(
                 hovertemplate="%{text}<br>%{x:.3g} FLOP/byte<br>%{y:,.1f} GFLOP/s<extra></extra>",
             )
         )
-    slope = f"; DRAM slope {dram / 1e12:,.2f} TB/s" if dram else ""
-    figure.update_layout(
-        title={"text": f"{title}<br><sup>{peaks.summary}{slope}</sup>"},
-        xaxis={"type": "log", "title": "Arithmetic intensity (FLOP/byte, DRAM)"},
-        yaxis={"type": "log", "title": "Achieved (GFLOP/s)"},
-        margin={"t": 70, "l": 5, "r": 5, "b": 5},
-        height=520,
-        legend={"font": {"size": 11}},
-    )
-    return figure
 
 
 def plot_roofline(table: pa.Table, peaks: Peaks, title: str) -> Any:

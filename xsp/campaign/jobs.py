@@ -11,10 +11,13 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.campaign.spec import CampaignSpec, Job
 from xsp.core.errors import DeviceError, WorkloadError, XspError
+
+if TYPE_CHECKING:
+    from xsp.tracer.run.runner import LeveledResult
 
 #: Reason classes of the errors xsp raises before a job runs anything (first match wins).
 _REASON_BY_ERROR: tuple[tuple[type[XspError], str], ...] = (
@@ -154,31 +157,9 @@ def run_job(
         record.update(status="failed", reason=classify_error(exc), error=str(exc), wall_s=0.0)
         return record
     record["wall_s"] = time.time() - started
-    record["seconds_by_level_set"] = {run["levels"]: run.get("seconds") for run in result.runs}
-    record["runs"] = [
-        {
-            k: run.get(k)
-            for k in ("levels", "status", "status_reasons", "program", "cupti", "counters")
-            if k in run or k != "counters"
-        }
-        for run in result.runs
-    ]
-    if result.skipped:
-        record["skipped"] = list(result.skipped)
+    record.update(_runs_record(result))
     if not result.ok:
-        error = result.failure or "failed"
-        logs = "\n".join(
-            p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("*.stderr.log"))
-        )
-        if result.interrupted:  # Ctrl-C: a rerun runs it again
-            status, reason = "interrupted", "interrupted"
-        elif any(run.get("timed_out") for run in result.runs):
-            status, reason = "timeout", "timeout"
-        elif result.status == "partial":  # it measured, but something is missing
-            status, reason = "partial", "partial"
-        else:
-            status, reason = "failed", classify_output(f"{error}\n{logs}")
-        record.update(status=status, reason=reason, error=error[-500:])
+        record.update(_failure_record(result, out))
         return record
     try:
         from xsp.campaign.summary import summarize
@@ -187,3 +168,39 @@ def run_job(
     except Exception as exc:  # a run we cannot read is a failed job, not a crashed campaign
         record.update(status="failed", reason="unreadable", error=f"{type(exc).__name__}: {exc}")
     return record
+
+
+def _runs_record(result: LeveledResult) -> dict[str, Any]:
+    """What a job's record says of each level set's run: its seconds, status and reasons."""
+    record: dict[str, Any] = {
+        "seconds_by_level_set": {run["levels"]: run.get("seconds") for run in result.runs},
+        "runs": [
+            {
+                k: run.get(k)
+                for k in ("levels", "status", "status_reasons", "program", "cupti", "counters")
+                if k in run or k != "counters"
+            }
+            for run in result.runs
+        ],
+    }
+    if result.skipped:
+        record["skipped"] = list(result.skipped)
+    return record
+
+
+def _failure_record(result: LeveledResult, out: Path) -> dict[str, str]:
+    """The status, reason and error of a job that did not run through, read from its result
+    and, for a plain failure, its stderr logs."""
+    error = result.failure or "failed"
+    logs = "\n".join(
+        p.read_text(errors="replace")[-4000:] for p in sorted(out.glob("*.stderr.log"))
+    )
+    if result.interrupted:  # Ctrl-C: a rerun runs it again
+        status, reason = "interrupted", "interrupted"
+    elif any(run.get("timed_out") for run in result.runs):
+        status, reason = "timeout", "timeout"
+    elif result.status == "partial":  # it measured, but something is missing
+        status, reason = "partial", "partial"
+    else:
+        status, reason = "failed", classify_output(f"{error}\n{logs}")
+    return {"status": status, "reason": reason, "error": error[-500:]}

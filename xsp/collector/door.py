@@ -7,7 +7,7 @@ certain the Python check accepts or "not sure"; then the Python check decides, a
 is the one a sender sees. Its rules are stricter than the Python check's, never looser (see the
 C file), so the native path changes which requests are accepted in no case, only how fast. A
 key that comes twice in a span: the C check is sure only where every value passes, the Python
-check reads the last (a map), and the store worker stores the last (``otlp._any_columns``).
+check reads the last (a map), and the store worker stores the last (``decode_spans.any_columns``).
 
 The extension is a plain CPython module (no torch), built once per source and Python into
 ``XSP_NATIVE_DIR`` with the C compiler Python was built with. Where none is found, the
@@ -23,7 +23,7 @@ from types import ModuleType
 from xsp.collector import ingest_view
 from xsp.core import schema
 from xsp.core.native import load_c_module, optional_c_module
-from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp.attributes import NUMERIC
 
 SOURCE = Path(__file__).with_name("native") / "door.c"
 WHAT = "the collector's native check"
@@ -46,7 +46,7 @@ def check(body: bytes) -> int:
 def checked_keys() -> list[tuple[str, int, int, int]]:
     """The span attributes whose values the native check inspects: (key, kind, low, high)."""
     keys = []
-    for key, kind in otlp._NUMERIC.items():
+    for key, kind in NUMERIC.items():
         if kind.is_float:
             keys.append((key, _FLOAT, 0, 0))
         elif kind.wide:

@@ -77,7 +77,7 @@ class Forwarder:
         self._transport.close()
 
     def _run(self) -> None:
-        from xsp.tracer.export import otlp
+        from xsp.tracer.export.otlp.decode import parse_protobuf
 
         while True:
             with self._ready:
@@ -88,7 +88,7 @@ class Forwarder:
                 payload = self._pending.popleft()
                 self._sending = True
             try:
-                self._transport.send(otlp.parse_protobuf(payload))
+                self._transport.send(parse_protobuf(payload))
             except ExportError as exc:
                 self.errors += 1
                 log.error("xsp collector: forward failed: %s", exc)

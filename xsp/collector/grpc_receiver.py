@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from xsp.collector.http_receiver import DEFAULT_IDLE_S, RETRY_AFTER_S, Busy, Unavailable
 from xsp.core.errors import ConfigError
-from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class GrpcReceiver:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
             self._ingest(body)
-        except otlp.DecodeError as exc:
+        except DecodeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Busy as exc:
             context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))

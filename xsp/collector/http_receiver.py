@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from xsp.core.errors import ConfigError
-from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-class TooLarge(otlp.DecodeError):
+class TooLarge(DecodeError):
     """A body over the request limit once inflated (413, as from Content-Length)."""
 
 
@@ -87,9 +87,9 @@ def gunzip(body: bytes, limit: int) -> bytes:
         if len(data) > limit:
             raise TooLarge(f"gzip body inflates past the limit of {limit} bytes")
         if not inflater.eof:
-            raise otlp.DecodeError("bad gzip body: truncated")
+            raise DecodeError("bad gzip body: truncated")
     except zlib.error as exc:
-        raise otlp.DecodeError(f"bad gzip body: {exc}") from exc
+        raise DecodeError(f"bad gzip body: {exc}") from exc
     return data
 
 
@@ -216,7 +216,7 @@ class HttpReceiver:
                 await loop.run_in_executor(self._pool, self._ingest, body, as_json, gzipped)
             except TooLarge as exc:
                 return self._error(413, str(exc), as_json)
-            except otlp.DecodeError as exc:
+            except DecodeError as exc:
                 return self._error(400, str(exc), as_json)
             except Busy as exc:
                 return self._error(429, f"collector busy, retry later: {exc}", as_json)

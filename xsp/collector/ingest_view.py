@@ -1,6 +1,6 @@
 """A fast, read-only view of an OTLP trace request for checking it at ingest.
 
-``check`` does what ``xsp.tracer.export.otlp.validate`` does (same rules, same messages) on a mirror of the
+``check`` does what ``xsp.tracer.export.otlp.decode.validate`` does (same rules, same messages) on a mirror of the
 OTLP messages that declares span attributes as a map (wire-compatible with ``repeated KeyValue``:
 a map entry is a message of key = 1, value = 2, one level deep as a KeyValue is). The map lets the
 check look up the few numeric attributes of a span in C instead of walking all of them in Python:
@@ -8,7 +8,7 @@ about 3 ms per 1000 xsp spans instead of 6.
 
 Every other field is the real OTLP one (the mirror is copied from OTLP's own descriptors: the
 resource, scope, events, links and status, every AnyValue), so the door's parse fails exactly
-where the store worker's (``otlp.parse_protobuf``) would: a string that is not UTF-8 or a value
+where the store worker's (``decode.parse_protobuf``) would: a string that is not UTF-8 or a value
 nested past protobuf's 100 levels anywhere in the request is refused before it is acknowledged,
 never quarantined after. ``diagnose`` then walks the wire format to name the field.
 """
@@ -25,7 +25,10 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from xsp.core import schema
-from xsp.tracer.export import otlp, otlp_mirror
+from xsp.tracer.export.otlp import mirror as otlp_mirror
+from xsp.tracer.export.otlp.attributes import NUMERIC, stored_parent, typed_value
+from xsp.tracer.export.otlp.decode import validate_span
+from xsp.tracer.export.otlp.wire import INT64_MAX, DecodeError
 
 _PACKAGE = "xsp.ingest_view"
 _F = descriptor_pb2.FieldDescriptorProto
@@ -55,20 +58,20 @@ def _build() -> Any:
 
 
 _Request = _build()
-_NUMERIC_KEYS = frozenset(otlp._NUMERIC)
+_NUMERIC_KEYS = frozenset(NUMERIC)
 _STORED_PARENT = schema.ATTR_VIEW_STORED_PARENT
 
 
 def check(body: bytes) -> int:
     """Parse and validate a protobuf request body; return its span count or raise
-    ``otlp.DecodeError`` naming the span, field and value."""
+    ``DecodeError`` naming the span, field and value."""
     request = _Request()
     try:
         request.ParseFromString(body)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
         reason = diagnose(body) or str(exc)
-        raise otlp.DecodeError(f"not an OTLP protobuf trace request: {reason}") from exc
-    numeric, int64_max, typed = otlp._NUMERIC, otlp._INT64_MAX, otlp._typed
+        raise DecodeError(f"not an OTLP protobuf trace request: {reason}") from exc
+    numeric, int64_max, typed = NUMERIC, INT64_MAX, typed_value
     count = 0
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
@@ -82,7 +85,7 @@ def check(body: bytes) -> int:
                     or span.end_time_unix_nano < span.start_time_unix_nano
                     or any(len(k.trace_id) != 16 or len(k.span_id) != 8 for k in span.links)
                 ):
-                    otlp.validate_span(span)  # raises with the message
+                    validate_span(span)  # raises with the message
                 attributes = span.attributes  # a map: of a key twice, the last value, as stored
                 for key in _NUMERIC_KEYS.intersection(attributes):
                     value = attributes[key]
@@ -92,13 +95,13 @@ def check(body: bytes) -> int:
                         continue  # any int64 fits an int64 column
                     try:
                         typed(value, kind, which)
-                    except otlp.DecodeError as exc:
-                        raise otlp.DecodeError(f"span {span.name[:60]!r}: {exc}") from None
+                    except DecodeError as exc:
+                        raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 if _STORED_PARENT in attributes:  # a viewer layout's (xsp.tracer.export.view)
                     try:
-                        otlp._stored_parent(attributes[_STORED_PARENT])
-                    except otlp.DecodeError as exc:
-                        raise otlp.DecodeError(f"span {span.name[:60]!r}: {exc}") from None
+                        stored_parent(attributes[_STORED_PARENT])
+                    except DecodeError as exc:
+                        raise DecodeError(f"span {span.name[:60]!r}: {exc}") from None
                 count += 1
     return count
 

@@ -67,7 +67,7 @@ from xsp.collector.spool import DEFAULT_RESERVE_BYTES, DEFAULT_SEGMENT_BYTES, Sp
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter, note_quarantined
 from xsp.core.errors import ConfigError, StoreError, XspError
-from xsp.tracer.export import otlp
+from xsp.tracer.export.otlp.decode import parse_json
 from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class Collector:
         if gzipped:
             body = gunzip(body, self.config.max_request_bytes)
         if as_json:
-            return self.ingest(otlp.parse_json(body))
+            return self.ingest(parse_json(body))
         return self.ingest_protobuf(body)
 
     def _append(self, spans: int, payload: bytes) -> int:

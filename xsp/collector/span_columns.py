@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from xsp.core import schema
 from xsp.core.native import load_c_module, optional_c_module
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.tracer.export.otlp.attributes import KINDS
 
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
 WHAT = "the collector's native span decoder"
@@ -58,7 +59,7 @@ def column_specs() -> list[tuple[str, int, int, int]]:
     (key, kind, low, high), an int column's bounds clamped to int64's (an int_value's)."""
     specs = []
     for column in schema.ATTRIBUTE_COLUMNS:
-        kind = otlp._KINDS[str(column.attribute)]
+        kind = KINDS[str(column.attribute)]
         if kind.is_float:
             specs.append((kind.key, _DOUBLE, 0, 0))
         elif kind.high is None:

@@ -44,7 +44,15 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from xsp.collector import span_columns
 from xsp.core import schema, store
 from xsp.core.errors import StoreError
-from xsp.tracer.export import otlp, otlp_columns
+from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.tracer.export.otlp.decode import (
+    parse_protobuf,
+    plain_resource,
+    resource_attributes,
+    resource_id,
+    resource_json,
+    table_from_resource_spans,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +102,7 @@ def run_key(resource: dict[str, Any]) -> tuple[str, str]:
 
 
 class Sender(NamedTuple):
-    """A resource as stored: its id (``otlp.resource_id``, the spans' ``resource_id``), its
+    """A resource as stored: its id (``resource_id``, the spans' ``resource_id``), its
     attributes as plain values (run.json's "resource") and typed (run.json's "resources")."""
 
     id: str
@@ -114,7 +122,7 @@ def convert(request: ExportTraceServiceRequest | Any) -> Converted:
     for resource_spans in request.resource_spans:
         sender = _sender(resource_spans)
         decode = (
-            otlp.table_from_resource_spans
+            table_from_resource_spans
             if isinstance(resource_spans, ResourceSpans)
             else otlp_columns.table_from_resource_spans
         )
@@ -169,8 +177,8 @@ def _convert_together(requests: list[Any]) -> list[Converted] | None:
 
 
 def _sender(resource_spans: Any) -> Sender:
-    typed = otlp.resource_json(resource_spans)
-    return Sender(otlp.resource_id(typed), otlp.plain_resource(typed), typed)
+    typed = resource_json(resource_spans)
+    return Sender(resource_id(typed), plain_resource(typed), typed)
 
 
 # -- span keys -------------------------------------------------------------------------------------
@@ -426,8 +434,8 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> None:
     """Count a request set aside in the quarantine (``item``, its file name there) in the
     run.json of each run it would have been stored in, where its resources can be read."""
     try:
-        request = otlp.parse_protobuf(payload)
-        keys = {run_key(otlp.resource_attributes(rs)) for rs in request.resource_spans}
+        request = parse_protobuf(payload)
+        keys = {run_key(resource_attributes(rs)) for rs in request.resource_spans}
     except Exception:  # unreadable: the collector's own count and log line still say it
         return
     for measurement, levels in sorted(keys):

@@ -190,7 +190,7 @@ class Column:
 
 _STR = pa.string()
 _DICT = pa.dictionary(pa.int32(), pa.string())
-#: An OTLP span event and link (attributes as OTLP/JSON text: xsp.tracer.export.otlp_values).
+#: An OTLP span event and link (attributes as OTLP/JSON text: xsp.tracer.export.otlp.json_values).
 EVENT_TYPE: Final = pa.struct(
     [
         ("time_ns", pa.int64()),

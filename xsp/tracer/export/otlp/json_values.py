@@ -23,6 +23,19 @@ from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+__all__ = [
+    "JsonValue",
+    "attributes_text",
+    "double_json",
+    "json_from_text",
+    "key_values_from_json",
+    "key_values_from_text",
+    "key_values_json",
+    "plain",
+    "value_from_json",
+    "value_json",
+]
+
 #: A value as OTLP/JSON writes it: a one-key object ``{"stringValue": "x"}``.
 JsonValue = dict[str, Any]
 

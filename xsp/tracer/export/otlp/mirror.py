@@ -16,6 +16,11 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+__all__ = [
+    "copy_message",
+    "request_class",
+]
+
 
 def copy_message(
     descriptor: Any, package: str, retarget: dict[str, str] | None = None

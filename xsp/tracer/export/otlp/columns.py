@@ -1,6 +1,6 @@
 """OTLP requests of xsp's own spans -> span columns without a Python object per span.
 
-``otlp.table_from_resource_spans`` reads each span and attribute through protobuf's Python
+``decode.table_from_resource_spans`` reads each span and attribute through protobuf's Python
 objects (a Span, a KeyValue, its AnyValue, a ``WhichOneof``): about 0.7 µs an attribute, nine a
 span, most of the collector's store worker's time. Here the request is parsed with a mirror of
 OTLP's messages whose spans are ``repeated bytes`` (wire-compatible with ``repeated Span``), and
@@ -12,7 +12,7 @@ Only the common case is decoded so: spans of kind INTERNAL with status ERROR or 
 message), no events, trace state, flags or dropped counts, links with ids only, and every
 attribute one that a column holds, with its column's own value type (string, int or double) and
 once per span. Any other request (another sender's, a viewer layout's) is parsed as OTLP and
-decoded span by span (``otlp._any_columns``), into the same table.
+decoded span by span (``decode_spans.any_columns``), into the same table.
 """
 
 from __future__ import annotations
@@ -28,21 +28,42 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from xsp.core import schema
-from xsp.tracer.export import otlp, otlp_mirror
-from xsp.tracer.export import protobuf_fields as pf
-from xsp.tracer.export.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT
+from xsp.tracer.export.otlp import mirror
+from xsp.tracer.export.otlp import protobuf_fields as pf
+from xsp.tracer.export.otlp.attributes import KINDS
+from xsp.tracer.export.otlp.decode import Scopes, spans_and_scopes, table_from_columns
+from xsp.tracer.export.otlp.decode_spans import any_columns
+from xsp.tracer.export.otlp.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT
+from xsp.tracer.export.otlp.wire import (
+    INT64_MAX,
+    ITERATION_ROOT_IDS,
+    ROOT_KINDS,
+    ROOT_NAMES,
+    DecodeError,
+)
+
+__all__ = [
+    "Block",
+    "Decoder",
+    "block",
+    "common_columns",
+    "finish_columns",
+    "parse_request",
+    "table_from_resource_spans",
+    "tables_of_blocks",
+]
 
 _PACKAGE = "xsp.otlp_columns"
 _F = descriptor_pb2.FieldDescriptorProto
 
 
 def _build() -> Any:
-    span = otlp_mirror.copy_message(trace_pb2.Span.DESCRIPTOR, _PACKAGE)
+    span = mirror.copy_message(trace_pb2.Span.DESCRIPTOR, _PACKAGE)
     for field_ in span.field:
         if field_.name == "attributes":  # each KeyValue as its encoded bytes
             field_.type = _F.TYPE_BYTES
             field_.ClearField("type_name")
-    return otlp_mirror.request_class(_PACKAGE, span, raw_spans=True)
+    return mirror.request_class(_PACKAGE, span, raw_spans=True)
 
 
 _Request = _build()
@@ -54,30 +75,30 @@ def parse_request(body: bytes) -> Any:
     try:
         request.ParseFromString(body)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeError variants
-        raise otlp.DecodeError(f"not an OTLP protobuf trace request: {exc}") from exc
+        raise DecodeError(f"not an OTLP protobuf trace request: {exc}") from exc
     return request
 
 
 def table_from_resource_spans(resource_spans: Any, sender: str | None = None) -> pa.Table:
-    """``otlp.table_from_resource_spans`` of a mirror's ResourceSpans: the same table."""
-    spans, scopes = otlp.spans_and_scopes(resource_spans)
+    """``decode.table_from_resource_spans`` of a mirror's ResourceSpans: the same table."""
+    spans, scopes = spans_and_scopes(resource_spans)
     columns = common_columns(spans)
     added: list[int] = []
     if columns is None:  # not xsp's common case: OTLP's own messages, span by span
-        columns, added = otlp._any_columns([Span.FromString(s) for s in spans])
-    return otlp.table_from_columns(columns, added, scopes, sender, len(spans))
+        columns, added = any_columns([Span.FromString(s) for s in spans])
+    return table_from_columns(columns, added, scopes, sender, len(spans))
 
 
 class Block(NamedTuple):
     """One ResourceSpans of a mirror's request: its spans' bytes, scopes and sender."""
 
     spans: list[bytes]
-    scopes: otlp.Scopes
+    scopes: Scopes
     sender: str
 
 
 def block(resource_spans: Any, sender: str) -> Block:
-    return Block(*otlp.spans_and_scopes(resource_spans), sender)
+    return Block(*spans_and_scopes(resource_spans), sender)
 
 
 #: A decoder of the common case: ``common_columns``'s arguments and answer.
@@ -108,7 +129,7 @@ def tables_of_blocks(blocks: list[Block], decode: Decoder | None = None) -> list
         for b, at in zip(blocks, firsts.tolist(), strict=True)
         for first, scope in b.scopes
     ]
-    table = otlp.table_from_columns(columns, [], scopes, None, n)
+    table = table_from_columns(columns, [], scopes, None, n)
     return [table.slice(at, length) for at, length in zip(firsts, lengths, strict=True)]
 
 
@@ -238,7 +259,7 @@ def _times(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[np.ndarray, np.n
         values = np.zeros(n, np.uint64)
         present = np.flatnonzero(which >= 0)
         values[present] = pf.gather(buf, fields.at[which[present]], 8).view("<u8").ravel()
-        if len(values) and int(values.max()) > otlp._INT64_MAX:
+        if len(values) and int(values.max()) > INT64_MAX:
             return None
         out.append(values.astype(np.int64))
     return out[0], out[1]
@@ -294,7 +315,7 @@ def _statuses(fields: pf.Fields, buf: np.ndarray, n: int) -> pa.Array | None:
 
 def _links(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[pa.Array, pa.Array] | None:
     """``link_trace_id`` and ``link_span_id``; None where a span's link says more than its
-    ids or it has several (``otlp._link_rows``)."""
+    ids or it has several (``decode_spans.link_rows``)."""
     found = _submessages(fields, buf, n, _LINKS, (_LINK_TRACE_ID, _LINK_SPAN_ID))
     if found is None:
         return None
@@ -332,7 +353,7 @@ def _roots(
     title back to its plain name."""
     n = len(parent_ids)
     kinds = columns["kind"].dictionary_decode() if "kind" in columns else pa.nulls(n, pa.string())
-    roots = np.flatnonzero(pc.fill_null(pc.is_in(kinds, pa.array(otlp._ROOT_KINDS)), False))
+    roots = np.flatnonzero(pc.fill_null(pc.is_in(kinds, pa.array(ROOT_KINDS)), False))
     remote = np.zeros(n, np.uint64)
     is_remote = np.zeros(n, dtype=bool)
     if not len(roots):
@@ -343,7 +364,7 @@ def _roots(
     titles: list[str] = []
     for row, kind in zip(roots.tolist(), root_kinds, strict=True):
         parent = int(parent_ids[row])
-        if parent > otlp._ITERATION_ROOT_IDS:
+        if parent > ITERATION_ROOT_IDS:
             block = int(np.searchsorted(firsts, row, side="right")) - 1
             lo = int(firsts[block])
             hi = int(firsts[block + 1]) if block + 1 < len(firsts) else n
@@ -355,7 +376,7 @@ def _roots(
                 parent_ids[row] = parent = 0
         if not parent:
             renamed[row] = True
-            titles.append(otlp._ROOT_NAMES[kind])
+            titles.append(ROOT_NAMES[kind])
     if renamed.any():
         names = pc.replace_with_mask(names, pa.array(renamed), pa.array(titles, pa.string()))
     return pa.array(remote, mask=~is_remote), names
@@ -366,7 +387,7 @@ def _roots(
 _STRING, _INT, _DOUBLE = 0x0A, 0x18, 0x21
 _TAG_OF = {
     key: _DOUBLE if kind.is_float else _STRING if kind.high is None else _INT
-    for key, kind in otlp._KINDS.items()
+    for key, kind in KINDS.items()
 }
 _COLUMN_OF = {str(c.attribute): c.name for c in schema.ATTRIBUTE_COLUMNS}
 
@@ -426,7 +447,7 @@ def _attribute_columns(
         else:
             numbers = np.zeros(n, values.dtype)
             numbers[at] = values[picked]
-            kind = otlp._KINDS[key]
+            kind = KINDS[key]
             if tag == _INT and not kind.low <= numbers[at].min() <= numbers[at].max() <= kind.high:
                 return None  # the span-by-span decoder names the value that does not fit
             column = pa.array(numbers, mask=mask)

@@ -14,6 +14,20 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+__all__ = [
+    "FIXED32",
+    "FIXED64",
+    "LENGTH",
+    "PADDING",
+    "VARINT",
+    "Fields",
+    "data_buffer",
+    "gather",
+    "scan",
+    "strings",
+    "varints",
+]
+
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 #: Bytes past the end of the data that varint reads may touch (a varint has at most 10).
 PADDING = 16
