@@ -13,22 +13,20 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from xsp.analysis import replay as replay_module
 from xsp.analysis.host_timeline import Calibration, host_timeline
-from xsp.analysis.replay_collectives import no_collectives
+from xsp.analysis.replay import STEPS_ONLY, fitted_graph, replay, replay_with
+from xsp.analysis.replay.collectives import no_collectives
 from xsp.analysis.store import MeasurementStore
 
 
 def figures(path: str) -> str:
     store = MeasurementStore(path)
-    found = replay_module.replay(store).summary()
-    graph = replay_module._graph(store)
-    alone = replay_module._replay(
-        store, replay_module._STEPS_ONLY, replace(graph, collectives=no_collectives())
-    ).summary()
+    found = replay(store).summary()
+    graph = fitted_graph(store)
+    alone = replay_with(store, STEPS_ONLY, replace(graph, collectives=no_collectives())).summary()
     _, start, end, _ = host_timeline(store, Calibration(0.0, 0.0, "no cost"))
-    free = replay_module._replay(
-        store, replay_module._STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
+    free = replay_with(
+        store, STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
     ).summary()
     own = found["in_process"] or {}
     calib = found["calibration"]

@@ -1,6 +1,6 @@
 """The trusted-baseline figures on the GPU machine: each workload alone (its own timing), then
 under ``xsp run --levels M,MF,MFLG`` with M in several processes and interleaved untraced
-iterations, and each store's two replay checks (``xsp.analysis.replay_checks``).
+iterations, and each store's two replay checks (``xsp.analysis.replay.checks``).
 
     python benchmarks/trusted_baseline.py --stores /tmp/trusted --out $OUT/trusted.jsonl \
         --cases r50-b64-train,amp-accum [--m-processes 3]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -46,3 +47,12 @@ def cuda_device() -> str:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
     return "cuda"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What the analyses keep for the next reader (the replay's fits) goes to a folder of the
+    session's, never the real home's ``~/.cache/xsp`` (subprocesses inherit it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XSP_CACHE_DIR", str(tmp_path_factory.mktemp("xsp-cache")))
+        yield

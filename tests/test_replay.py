@@ -17,6 +17,7 @@ from xsp.analysis.host_timeline import _CostClock, calibration, steady
 from xsp.analysis.matching import keyed
 from xsp.analysis.reconstruct import overhead_verdict, reconstruct
 from xsp.analysis.replay import CAUSE_GPU, WhatIf, replay, what_if
+from xsp.analysis.replay.result import Guarantees
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.capture.warmup import settled
 
@@ -97,9 +98,9 @@ def test_a_records_cost_the_probe_put_too_low_is_fitted_to_the_f_processs_own_st
         "spans_outside_their_step": 0,
     }
 
-    import xsp.analysis.replay as replay_module
+    import xsp.analysis.replay.fit as fit_module
 
-    monkeypatch.setattr(replay_module, "FIT_TOLERANCE_PCT", float("inf"))  # the probe alone
+    monkeypatch.setattr(fit_module, "FIT_TOLERANCE_PCT", float("inf"))  # the probe alone
     alone = replay(MeasurementStore(DATA / "r50-b64-train-cl-2")).summary()
     assert alone["step_ms"] == pytest.approx(26.3189, abs=1e-3)
     assert alone["error_pct"] == pytest.approx(12.26, abs=0.01)
@@ -109,7 +110,7 @@ def test_a_records_cost_the_probe_put_too_low_is_fitted_to_the_f_processs_own_st
 def test_queued_kernels_keep_their_dispatch_gap(resnet: MeasurementStore) -> None:
     """The GPU starts a queued kernel about a microsecond after the one before it ends (1120 ns
     median on the H200); ResNet-50's gaps add 0.95 ms a step that a gapless replay missed."""
-    from xsp.analysis.replay import _device_delays
+    from xsp.analysis.replay.graph import _device_delays
 
     deep, _, parent = keyed(resnet, len(resnet.runs) - 1)
     column = {name: np.asarray(deep.column(name).fill_null(-1)) for name in ("start_ns", "dur_ns")}
@@ -139,12 +140,11 @@ def test_the_replay_is_causal_by_construction(
     known: MeasurementStore, resnet: MeasurementStore
 ) -> None:
     for store in (known, resnet):
-        checks = replay(store).checks
-        assert checks == {
-            "activities_before_launch": 0,
-            "activities_overlapping_on_a_stream": 0,
-            "spans_outside_their_step": 0,
-        }
+        assert replay(store).guarantees == Guarantees(
+            activities_before_launch=0,
+            activities_overlapping_on_a_stream=0,
+            spans_outside_their_step=0,
+        )
 
 
 def test_the_critical_path_covers_each_replayed_step_exactly(resnet: MeasurementStore) -> None:
@@ -247,7 +247,7 @@ def test_overhead_verdicts_name_a_faster_deeper_run() -> None:
 def test_cut_time_leaves_the_clock() -> None:
     """Cuts [4, 9), [8, 11) and [12, 20) take 7 + 8 ns out: a time inside one lands on its
     start, later ones move back by the cut time before them."""
-    from xsp.analysis.replay import _without
+    from xsp.analysis.replay.edits import _without
 
     moved = _without(np.array([0, 5, 10, 15, 20, 30]), np.array([4, 8, 12]), np.array([9, 11, 20]))
     assert moved.tolist() == [0, 4, 4, 5, 5, 15]
@@ -394,7 +394,7 @@ def test_a_drift_that_f_cannot_explain_is_not_fitted_and_no_span_ends_before_it_
     M's 817.365 ms), unchecked (M ran in one process, and no untraced pairs). With that
     fit allowed, the replay drew 819 spans ending before they started, which the store refused
     to read back; now none."""
-    import xsp.analysis.replay as replay_module
+    import xsp.analysis.replay.fit as fit_module
 
     found = replay(MeasurementStore(DRIFTED)).summary()
     assert found["calibration"]["scaled_to_own_steps"] is None
@@ -404,43 +404,55 @@ def test_a_drift_that_f_cannot_explain_is_not_fitted_and_no_span_ends_before_it_
     assert found["checked"] is False  # M in one process, and fitted to its warm-up
     spans, _ = reconstruct(MeasurementStore(DRIFTED))
     assert int(np.asarray(spans.column("dur_ns")).min()) >= 0
-    monkeypatch.setattr(replay_module, "FIT_MAX_FACTOR", float("inf"))
+    monkeypatch.setattr(fit_module, "FIT_MAX_FACTOR", float("inf"))
     fitted = replay(MeasurementStore(DRIFTED))
     assert fitted.summary()["calibration"]["scaled_to_own_steps"] == pytest.approx(1292.012)
     assert int(fitted.dur_ns.min()) >= 0
 
 
-def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder``: its size and modification time."""
+    return {
+        str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+def test_the_fit_is_kept_in_the_cache_and_fitted_again_when_a_run_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPT LM's store needs the fit (0.704 of the probe's cost, above). The first replay keeps
-    its outcome in replay-fit.json; the next one reads it, fits nothing and gives the same step
-    (12.958 ms); a file this code did not write, or a run.json written since, is fitted again;
-    a store that cannot be written is fitted every time, with the same answer."""
+    its outcome in xsp's cache folder (``XSP_CACHE_DIR``), not in the store; the next one reads
+    it, fits nothing and gives the same step (12.958 ms); a file this code did not write, or a
+    run.json written since, is fitted again; a cache that cannot be written is fitted every
+    time, with the same answer; the replay-fit.json an earlier xsp kept in the store is read."""
     import shutil
 
-    import xsp.analysis.replay as replay_module
+    import xsp.analysis.replay.fit as fit_module
     import xsp.core.store as store_module
-    from xsp.analysis.fit_cache import FIT_FILE
+    from xsp.analysis.replay.fit_cache import FIT_FILE, cache_file
 
+    monkeypatch.setenv("XSP_CACHE_DIR", str(tmp_path / "cache"))
     store_dir = tmp_path / "gpt"
     shutil.copytree(DATA / "gpt-lm-train-2", store_dir)
     (store_dir / FIT_FILE).unlink(missing_ok=True)
+    before = _listing(store_dir)
     fits: list[float] = []
-    real_fit = replay_module._fit
+    real_fit = fit_module._fit
 
     def counted(*args: object) -> object:
         fits.append(1)
         return real_fit(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(replay_module, "_fit", counted)
+    monkeypatch.setattr(fit_module, "_fit", counted)
 
     def summary() -> dict[str, object]:
-        found: dict[str, object] = replay(MeasurementStore(store_dir)).summary()
-        return found
+        return replay(MeasurementStore(store_dir)).summary()
 
     first = summary()
-    kept = json.loads((store_dir / FIT_FILE).read_text())
+    kept_in = cache_file(MeasurementStore(store_dir))
+    assert kept_in.parent == tmp_path / "cache" / "replay-fits"
+    kept = json.loads(kept_in.read_text())
     (only,) = kept["fits"].values()  # a store without untraced pairs: one fit, no folds
     assert only["factor"] == pytest.approx(0.704 / 0.671, abs=0.01) and len(fits) == 1
     again = summary()
@@ -449,9 +461,15 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
     assert again["calibration"] == first["calibration"]
 
     for damaged in ("[1]", "{", '{"key": null}'):  # not a fit this code wrote: fitted again
-        (store_dir / FIT_FILE).write_text(damaged)
+        kept_in.write_text(damaged)
         assert summary()["step_ms"] == first["step_ms"]
-    assert len(fits) == 4 and json.loads((store_dir / FIT_FILE).read_text()) == kept
+    assert len(fits) == 4 and json.loads(kept_in.read_text()) == kept
+
+    kept_in.unlink()  # an earlier xsp's fit, kept in the store: read, and the store left alone
+    (store_dir / FIT_FILE).write_text(json.dumps(kept))
+    assert summary()["step_ms"] == first["step_ms"] and len(fits) == 4
+    (store_dir / FIT_FILE).unlink()
+    assert _listing(store_dir) == before
 
     run_json = store_dir / "MF" / "run.json"
     stat = run_json.stat()
@@ -459,10 +477,43 @@ def test_the_fit_is_kept_in_the_store_and_fitted_again_when_a_run_changes(
     assert summary()["step_ms"] == first["step_ms"] and len(fits) == 5
 
     def refused(*args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Permission denied", str(store_dir))
+        raise PermissionError(13, "Permission denied", str(kept_in.parent))
 
-    (store_dir / FIT_FILE).unlink()
-    monkeypatch.setattr(store_module.tempfile, "mkstemp", refused)  # a read-only store
+    kept_in.unlink()
+    monkeypatch.setattr(store_module.tempfile, "mkstemp", refused)  # a cache that cannot be written
     assert summary()["step_ms"] == first["step_ms"] and len(fits) == 6
     assert summary()["step_ms"] == first["step_ms"] and len(fits) == 7
-    assert list(store_dir.glob("*fit*")) == []
+    assert not kept_in.exists()
+
+
+def test_analyze_writes_nothing_into_the_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read command never writes into a measurement: ``xsp analyze`` of a read-only copy of a
+    store that needs the fit leaves every file of it as it was, and keeps the fit in the cache."""
+    import shutil
+    import stat
+
+    from click.testing import CliRunner
+
+    from xsp.analysis.replay.fit_cache import FIT_FILE
+    from xsp.cli import main as cli_main
+
+    monkeypatch.setenv("XSP_CACHE_DIR", str(tmp_path / "cache"))
+    store_dir = tmp_path / "gpt"
+    shutil.copytree(DATA / "gpt-lm-train-2", store_dir)
+    (store_dir / FIT_FILE).unlink(missing_ok=True)
+    for path in [store_dir, *store_dir.rglob("*")]:  # (root writes anyway: the listing tells)
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    before = _listing(store_dir)
+    try:
+        done = CliRunner().invoke(cli_main, ["analyze", str(store_dir), "--json"])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output)["reconstruction"]["replay"]["step_ms"] == pytest.approx(
+            12.9577, abs=1e-3
+        )
+        assert _listing(store_dir) == before
+        assert list((tmp_path / "cache" / "replay-fits").glob("*.json"))
+    finally:
+        for path in [store_dir, *store_dir.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)

@@ -1,5 +1,5 @@
 """The replay across ranks (issue 25, "collectives, where ranks exist"): a collective on a rank
-completes once every rank has arrived, plus its own transfer (``xsp.analysis.replay_collectives``).
+completes once every rank has arrived, plus its own transfer (``xsp.analysis.replay.collectives``).
 Worked out by hand on a two-rank gloo store."""
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
 
 
 def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
-    from xsp.analysis.replay import WhatIf, _replay
+    from xsp.analysis.replay import WhatIf, replay_with
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
-    edited = _replay(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
+    edited = replay_with(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
     # rank 1 arrives at 1,600 (its gloo at 1,650); rank 0 arrives last, at 3,000: rank 0
     # completes at max(3,000, 3,050) + 1,000 = 4,050, its add ends 4,550, its step 4,650 - 1,000;
     # rank 1 completes at max(3,000, 1,650) + 1,000 = 4,000, add to 4,500, step 4,600 - 1,500
@@ -85,13 +85,13 @@ def test_a_span_that_keeps_half_its_time_moves_what_follows_by_the_other_half(
     """Rank 1's mm (1,600-5,000) keeping half its time: rank 1 calls at 3,300 and arrives last;
     rank 0 completes at 3,300 + 1,000, its add ends 4,800 and its step 3,900 ns; rank 1's gloo
     starts at 3,350 and completes 4,350, its step 3,450 ns."""
-    from xsp.analysis.replay import WhatIf, _replay
+    from xsp.analysis.replay import WhatIf, replay_with
     from xsp.analysis.store import MeasurementStore
 
     edit = WhatIf(
         "rank 1's mm twice as fast", keep_host=lambda spans: np.where(rank_1_mm(spans), 0.5, 1.0)
     )
-    edited = _replay(MeasurementStore(_measurement(tmp_path)), edit)
+    edited = replay_with(MeasurementStore(_measurement(tmp_path)), edit)
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0039, 0.00345])
 
 
@@ -101,13 +101,13 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
     the same time (cut from every step, it lost 1,400 ns of its 1,900). Rank 1's add then
     starts 2,050 ns earlier, not 3,400: its all-reduce now waits for rank 0, which arrives at
     3,000, and ends 1,000 ns later, at 4,000 (was 6,050)."""
-    from xsp.analysis.replay import WhatIf, _replay
+    from xsp.analysis.replay import WhatIf, replay_with
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
-    plain = _replay(measurement)
-    edited = _replay(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
+    plain = replay_with(measurement)
+    edited = replay_with(measurement, WhatIf("rank 1's mm takes no time", drop_host=rank_1_mm))
     (mm_0,) = np.nonzero(_on_rank(plain.spans, 0, "aten::mm"))[0]
     (add_1,) = np.nonzero(_on_rank(plain.spans, 1, "aten::add"))[0]
     assert (edited.start_ns[mm_0], edited.dur_ns[mm_0]) == (plain.start_ns[mm_0], 1900)
@@ -157,11 +157,11 @@ def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measuremen
     from dataclasses import replace
 
     from xsp.analysis.host_timeline import Calibration, host_timeline
-    from xsp.analysis.replay import _STEPS_ONLY, _graph, _replay
+    from xsp.analysis.replay import STEPS_ONLY, fitted_graph, replay_with
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(GLOO)
-    graph = _graph(measurement)
+    graph = fitted_graph(measurement)
     found = graph.collectives
     assert (len(found.work), len(set(found.group.tolist())), int((found.group < 0).sum())) == (
         80,
@@ -170,8 +170,8 @@ def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measuremen
     )
     assert sum(len(waits) for waits in found.waits.values()) == 64
     _, start, end, _ = host_timeline(measurement, Calibration(0.0, 0.0, "no cost"))
-    steps = _replay(
-        measurement, _STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
+    steps = replay_with(
+        measurement, STEPS_ONLY, replace(graph, warped_start=start, warped_end=end)
     ).steps
     assert steps.num_rows == 40
     assert steps.column("replayed_ms").to_pylist() == steps.column("deep_ms").to_pylist()
@@ -182,7 +182,7 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
     free, rank 0's median step would fall from 5.891 to 5.346 ms (it waits less) and rank 1's
     only from 5.710 to 4.830 ms (it now waits for rank 0): each rank replayed alone, rank 1's
     fell to 4.261 ms."""
-    from xsp.analysis.replay import WhatIf, _replay, replay
+    from xsp.analysis.replay import WhatIf, replay, replay_with
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(GLOO)
@@ -192,7 +192,7 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
     assert waits == pytest.approx({0: 1.483037, 1: 0.0}, abs=2e-6)
 
     rank_1_backward = partial(_on_rank, rank=1, value="backward", column="kind")
-    edited = _replay(
+    edited = replay_with(
         measurement, WhatIf("rank 1's backward takes no time", drop_host=rank_1_backward)
     )
     step_rank = np.asarray(plain.spans.column("rank").fill_null(-1).to_pylist())[
@@ -317,8 +317,8 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
     measured 3,000 ns kernel and its 4,500 ns step."""
     from dataclasses import replace
 
-    from xsp.analysis.replay import WhatIf, _graph, _replay, replay
-    from xsp.analysis.replay_collectives import no_collectives
+    from xsp.analysis.replay import WhatIf, fitted_graph, replay, replay_with
+    from xsp.analysis.replay.collectives import no_collectives
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_nccl_measurement(tmp_path))
@@ -346,10 +346,12 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
 
     rank_1_gemm = partial(_on_rank, rank=1, value="sm90_gemm")
     edit = WhatIf("rank 1's GEMM takes no time", drop_activities=rank_1_gemm)
-    edited = _replay(measurement, edit)
+    edited = replay_with(measurement, edit)
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.00415, 0.00365])
     assert edited.start_ns[nccl_0] + edited.dur_ns[nccl_0] == 5050
-    alone = _replay(measurement, edit, replace(_graph(measurement), collectives=no_collectives()))
+    alone = replay_with(
+        measurement, edit, replace(fitted_graph(measurement), collectives=no_collectives())
+    )
     assert alone.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0045, 0.00365])
 
 

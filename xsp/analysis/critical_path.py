@@ -64,7 +64,7 @@ def verdict(store: MeasurementStore) -> str:
     """One line: what bounds the step, with the causes' shares and how much the leading one
     moves across the steady iterations ("GPU-bound: 94% GPU compute (92-95% across 20
     iterations), ..."); "unchecked" ahead of it where the replay was not checked both ways
-    (``xsp.analysis.replay_checks``)."""
+    (``xsp.analysis.replay.checks``)."""
     causes = [r for r in step_causes(store).to_pylist() if r["share_pct"] >= 0.5]
     if not causes:
         return "no replayed step"
@@ -106,16 +106,66 @@ def cause_share_range(store: MeasurementStore, cause: str) -> tuple[float, float
     return float(shares.min()), float(shares.max()), len(shares)
 
 
-def layer_times(store: MeasurementStore) -> pa.Table:
-    """Every layer's times per steady iteration, largest GPU time first: layer, layer_type,
-    forward_gpu_ms, backward_gpu_ms, other_gpu_ms, gpu_ms, critical_path_ms (of which
-    path_gpu_ms on its kernels and path_host_ms on its host work, launches and syncs), share_pct
-    (its GPU time against the replayed step), and share_min_pct and share_max_pct: the least and
-    the greatest share it took of one steady iteration's replayed step (0 where an iteration ran
-    none of its kernels), how much the share moves across iterations. Computed once per
-    store."""
-    if "layer_times" in store.memo:
-        return store.memo["layer_times"]
+#: Every layer's GPU time a steady iteration by phase, its time on the critical path, and its
+#: share of the replayed step (``layer_times``).
+_LAYER_TIMES_SQL = """
+WITH n AS (SELECT greatest(count(*), 1) AS it FROM replay_kept),
+step AS (SELECT median(dur_ns) / 1e6 AS ms FROM replay_spans
+         WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)),
+types AS (SELECT layer, any_value(layer_type) AS layer_type FROM replay_spans
+          WHERE kind = 'module' GROUP BY layer),
+gpu AS (
+    SELECT layer,
+           sum(dur_ns) FILTER (WHERE phase = 'forward') AS fwd,
+           sum(dur_ns) FILTER (WHERE phase = 'backward') AS bwd,
+           sum(dur_ns) FILTER (WHERE phase IS NULL OR phase NOT IN ('forward', 'backward'))
+               AS other
+    FROM replay_spans
+    WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+    GROUP BY layer
+),
+on_path AS (
+    SELECT layer, sum(dur_ns) AS total,
+           sum(dur_ns) FILTER (WHERE cause = 'gpu compute') AS on_gpu
+    FROM replay_path
+    WHERE layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+    GROUP BY layer
+),
+-- each iteration's share (a multi-rank iteration: of its longest rank's step)
+step_each AS (SELECT iteration, max(dur_ns) AS step_ns FROM replay_spans
+              WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)
+              GROUP BY iteration),
+gpu_each AS (
+    SELECT layer, iteration, sum(dur_ns) AS ns FROM replay_spans
+    WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
+    GROUP BY layer, iteration
+),
+shares AS (
+    SELECT layer, min(100.0 * ns / step_ns) AS low, max(100.0 * ns / step_ns) AS high,
+           count(*) AS seen
+    FROM gpu_each JOIN step_each USING (iteration) WHERE step_ns > 0 GROUP BY layer
+)
+SELECT gpu.layer, types.layer_type,
+       coalesce(fwd, 0) / n.it / 1e6 AS forward_gpu_ms,
+       coalesce(bwd, 0) / n.it / 1e6 AS backward_gpu_ms,
+       coalesce(other, 0) / n.it / 1e6 AS other_gpu_ms,
+       (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6 AS gpu_ms,
+       coalesce(total, 0) / n.it / 1e6 AS critical_path_ms,
+       coalesce(on_gpu, 0) / n.it / 1e6 AS path_gpu_ms,
+       (coalesce(total, 0) - coalesce(on_gpu, 0)) / n.it / 1e6 AS path_host_ms,
+       100.0 * (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6
+           / nullif(step.ms, 0) AS share_pct,
+       CASE WHEN coalesce(seen, 0) < n.it THEN 0.0 ELSE low END AS share_min_pct,
+       high AS share_max_pct
+FROM gpu LEFT JOIN on_path USING (layer) LEFT JOIN types USING (layer)
+     LEFT JOIN shares USING (layer), n, step
+ORDER BY gpu_ms DESC, gpu.layer
+"""
+
+
+def _register_replay(store: MeasurementStore) -> None:
+    """The replay's spans, its critical path and its steady iterations as DuckDB views, for
+    ``_LAYER_TIMES_SQL``."""
     result = replay(store)
     spans = result.spans
     kept = arrow(_steady_iterations(result), pa.int64())
@@ -140,61 +190,20 @@ def layer_times(store: MeasurementStore) -> pa.Table:
     path = result.path
     store.con.register("replay_path", path.append_column("layer", layer.take(path.column("row"))))
     store.con.register("replay_kept", pa.Table.from_arrays([kept], names=["iteration"]))
-    times = store.sql(
-        """
-        WITH n AS (SELECT greatest(count(*), 1) AS it FROM replay_kept),
-        step AS (SELECT median(dur_ns) / 1e6 AS ms FROM replay_spans
-                 WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)),
-        types AS (SELECT layer, any_value(layer_type) AS layer_type FROM replay_spans
-                  WHERE kind = 'module' GROUP BY layer),
-        gpu AS (
-            SELECT layer,
-                   sum(dur_ns) FILTER (WHERE phase = 'forward') AS fwd,
-                   sum(dur_ns) FILTER (WHERE phase = 'backward') AS bwd,
-                   sum(dur_ns) FILTER (WHERE phase IS NULL OR phase NOT IN ('forward', 'backward'))
-                       AS other
-            FROM replay_spans
-            WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
-            GROUP BY layer
-        ),
-        on_path AS (
-            SELECT layer, sum(dur_ns) AS total,
-                   sum(dur_ns) FILTER (WHERE cause = 'gpu compute') AS on_gpu
-            FROM replay_path
-            WHERE layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
-            GROUP BY layer
-        ),
-        -- each iteration's share (a multi-rank iteration: of its longest rank's step)
-        step_each AS (SELECT iteration, max(dur_ns) AS step_ns FROM replay_spans
-                      WHERE kind = 'step' AND iteration IN (SELECT iteration FROM replay_kept)
-                      GROUP BY iteration),
-        gpu_each AS (
-            SELECT layer, iteration, sum(dur_ns) AS ns FROM replay_spans
-            WHERE level = 'gpu' AND layer <> '' AND iteration IN (SELECT iteration FROM replay_kept)
-            GROUP BY layer, iteration
-        ),
-        shares AS (
-            SELECT layer, min(100.0 * ns / step_ns) AS low, max(100.0 * ns / step_ns) AS high,
-                   count(*) AS seen
-            FROM gpu_each JOIN step_each USING (iteration) WHERE step_ns > 0 GROUP BY layer
-        )
-        SELECT gpu.layer, types.layer_type,
-               coalesce(fwd, 0) / n.it / 1e6 AS forward_gpu_ms,
-               coalesce(bwd, 0) / n.it / 1e6 AS backward_gpu_ms,
-               coalesce(other, 0) / n.it / 1e6 AS other_gpu_ms,
-               (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6 AS gpu_ms,
-               coalesce(total, 0) / n.it / 1e6 AS critical_path_ms,
-               coalesce(on_gpu, 0) / n.it / 1e6 AS path_gpu_ms,
-               (coalesce(total, 0) - coalesce(on_gpu, 0)) / n.it / 1e6 AS path_host_ms,
-               100.0 * (coalesce(fwd, 0) + coalesce(bwd, 0) + coalesce(other, 0)) / n.it / 1e6
-                   / nullif(step.ms, 0) AS share_pct,
-               CASE WHEN coalesce(seen, 0) < n.it THEN 0.0 ELSE low END AS share_min_pct,
-               high AS share_max_pct
-        FROM gpu LEFT JOIN on_path USING (layer) LEFT JOIN types USING (layer)
-             LEFT JOIN shares USING (layer), n, step
-        ORDER BY gpu_ms DESC, gpu.layer
-        """
-    )
+
+
+def layer_times(store: MeasurementStore) -> pa.Table:
+    """Every layer's times per steady iteration, largest GPU time first: layer, layer_type,
+    forward_gpu_ms, backward_gpu_ms, other_gpu_ms, gpu_ms, critical_path_ms (of which
+    path_gpu_ms on its kernels and path_host_ms on its host work, launches and syncs), share_pct
+    (its GPU time against the replayed step), and share_min_pct and share_max_pct: the least and
+    the greatest share it took of one steady iteration's replayed step (0 where an iteration ran
+    none of its kernels), how much the share moves across iterations. Computed once per
+    store."""
+    if "layer_times" in store.memo:
+        return store.memo["layer_times"]
+    _register_replay(store)
+    times = store.sql(_LAYER_TIMES_SQL)
     store.con.register("replay_layer_times", times)
     store.memo["layer_times"] = times
     return times

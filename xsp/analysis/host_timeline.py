@@ -138,7 +138,7 @@ def checked_against_own_steps(
     run = store.runs[source]
     own = untraced_steps(store)
     if own is None or own.source == INTERLEAVED:
-        return calib  # the pairs' own fit lowers the cost where it must (replay._fit)
+        return calib  # the pairs' own fit lowers the cost where it must (replay.fit._fit)
     untraced = own.ms()
     level = texts(table.column("level"))
     kind = texts(table.column("kind"))

@@ -114,16 +114,16 @@ def _replay_text(store: MeasurementStore) -> str:
     """The replayed step against M's, in one sentence."""
     from xsp.analysis.replay import replay
 
-    found = replay(store).summary()
-    if found["step_ms"] is None:
+    found = replay(store).result()
+    if found.step_ms is None:
         return ""
     text = (
         f"The timeline is a replay of the untraced step (causal by construction): "
-        f"{found['step_ms']:.3f} ms"
+        f"{found.step_ms:.3f} ms"
     )
-    if found["measured_step_ms"]:
+    if found.measured_step_ms:
         text += (
-            f" against {found['measured_run']}'s measured {found['measured_step_ms']:.3f} ms "
-            f"({found['error_pct']:+.1f}%)"
+            f" against {found.measured_run}'s measured {found.measured_step_ms:.3f} ms "
+            f"({found.error_pct:+.1f}%)"
         )
     return text + "."

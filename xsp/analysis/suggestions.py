@@ -99,7 +99,7 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
     replayed = replay(store)
     if replayed.calibration.op_ns is None:
         return found
-    step_ms = replayed.summary()["step_ms"]
+    step_ms = replayed.result().step_ms
     edited = what_if(store, edit)
     if step_ms is None or edited is None:
         return found

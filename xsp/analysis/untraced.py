@@ -3,7 +3,7 @@
 The process that prices F's cost (the shallowest level set with F) runs an untraced iteration
 before each traced one (``xsp.tracer.capture.interleave``; ``run.json``'s ``interleaved``), at
 the same host speed as its traced ones. The replay's cost per F record is fitted to all of them
-(``xsp.analysis.replay._fit``); its check (``xsp.analysis.replay_checks``) replays each pair's
+(``xsp.analysis.replay.fit``); its check (``xsp.analysis.replay.checks``) replays each pair's
 traced iteration with the cost fitted to the pairs of the other fold (even and odd positions),
 so that the check is never the fit read back.
 

@@ -93,6 +93,14 @@ def native_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(value) if value is not None else Path.home() / ".cache" / "xsp" / "native"
 
 
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``XSP_CACHE_DIR`` (default ``~/.cache/xsp``): where a command that reads a measurement
+    keeps what it computed for the next reader (the replay's fits, ``replay-fits/``), so that
+    no read writes into the measurement."""
+    value = _get("XSP_CACHE_DIR", env)
+    return Path(value) if value is not None else Path.home() / ".cache" / "xsp"
+
+
 #: When level F records op input shapes: in the ``first`` measured iteration, which the others
 #: that ran the same ops take (``xsp.tracer.convert.shapes``), or in ``every`` one (programs
 #: whose shapes change from one iteration to the next).

@@ -32,7 +32,7 @@ callbacks run amid the driver's work, as the workload's do: on the H200 the same
 gave 0.8-1.6 µs a record, on the GPU 1.8-3.3 µs, where host-bound workloads' MF steps paid
 1.7-4.5 µs a record more than their M steps. The result goes into ``run.json`` as
 ``calibration``. The replay raises the cost where its F run's own untraced steps show more
-(``xsp.analysis.replay._fitted_graph``), never lowers it.
+(``xsp.analysis.replay.fit``), never lowers it.
 
 Level F records the ops' shapes (in the deepest level set with F: the runner leaves them to it)
 in the first measured iteration only, since boxing each op's inputs costs; there each round

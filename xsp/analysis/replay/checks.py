@@ -2,7 +2,7 @@
 
 1. **In-process.** The replayed step against the F process's own untraced iterations, each
    pair's traced iteration replayed with F's cost fitted to the pairs of the other fold
-   (``xsp.analysis.replay.held_out_steps``), so that the fit is never read back. The host ran
+   (``xsp.analysis.replay.fit.held_out_steps``), so that the fit is never read back. The host ran
    at the same speed there, so this check holds for every workload, host- or GPU-bound: within
    ``IN_PROCESS_TOLERANCE_PCT``. Its own 95% interval (the pairs bootstrapped) says how much
    the host's iteration-to-iteration spread alone moves it.
@@ -17,7 +17,7 @@ print the verdict as unchecked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,12 +32,64 @@ from xsp.core import schema
 IN_PROCESS_TOLERANCE_PCT = 2.0
 
 
+__all__ = [
+    "IN_PROCESS_TOLERANCE_PCT",
+    "AcrossProcessesCheck",
+    "InProcessCheck",
+    "ReplayChecks",
+    "check_replay",
+]
+
+
+@dataclass(frozen=True)
+class InProcessCheck:
+    """The replayed step against the F process's own held-out untraced steps."""
+
+    run: str
+    untraced_ms: float
+    replayed_ms: float
+    error_pct: float
+    error_low_pct: float
+    error_high_pct: float
+    holds: bool
+    tolerance_pct: float
+    pairs: int
+    checked_iterations: tuple[int, ...]
+    # each pair's traced less untraced step, per F record: the workload's own cost of a
+    # record where the host bounds the step (a floor where the GPU hides part of it)
+    added_ms: float | None
+    records_per_iteration: float | None
+    added_ns_per_record: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        found = asdict(self)
+        found["checked_iterations"] = list(self.checked_iterations)
+        return found
+
+
+@dataclass(frozen=True)
+class AcrossProcessesCheck:
+    """The replayed step against M's interval over its processes."""
+
+    interval: MInterval
+    replayed_ms: float
+    position: str  # "inside", "above" or "below" the interval
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.interval.as_dict(),
+            "replayed_ms": self.replayed_ms,
+            "position": self.position,
+        }
+
+
 @dataclass(frozen=True)
 class ReplayChecks:
-    """``xsp analyze --json``'s ``reconstruction.replay`` check fields."""
+    """Both checks of the replayed step (None: it did not run), and why each that did not run
+    could not (``xsp analyze --json``'s ``reconstruction.replay`` check fields)."""
 
-    in_process: dict[str, Any] | None = None
-    m_interval: dict[str, Any] | None = None
+    in_process: InProcessCheck | None = None
+    m_interval: AcrossProcessesCheck | None = None
     unchecked: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -46,31 +98,25 @@ class ReplayChecks:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "in_process": self.in_process,
-            "m_interval": self.m_interval,
+            "in_process": None if self.in_process is None else self.in_process.as_dict(),
+            "m_interval": None if self.m_interval is None else self.m_interval.as_dict(),
             "checked": self.checked,
             "unchecked": list(self.unchecked),
         }
 
 
-def _median_steady(rows: list[dict[str, Any]]) -> float | None:
-    kept = [r["replayed_ms"] for r in rows if r["steady"]]
-    return float(np.median(kept)) if kept else None
-
-
 def check_replay(
     store: MeasurementStore,
-    rows: list[dict[str, Any]],
+    replayed: float | None,
     interval: MInterval | None,
     held_out: dict[int, float] | None,
 ) -> ReplayChecks:
-    """Both checks of the replayed steps ``rows`` (the replay's per-iteration rows);
+    """Both checks of the replayed step ``replayed`` (the median of the steady iterations);
     ``held_out``: each pair's step replayed with the cost fitted to the other fold."""
     unchecked: list[str] = []
     own = untraced_steps(store)
     in_process = _in_process(store, own, held_out, unchecked)
-    replayed = _median_steady(rows)
-    across: dict[str, Any] | None = None
+    across: AcrossProcessesCheck | None = None
     if interval is None:
         unchecked.append(
             "across processes: no M level set, so nothing measured the untraced step across "
@@ -79,11 +125,7 @@ def check_replay(
     elif replayed is None:
         unchecked.append("across processes: no replayed step was steady")
     else:
-        across = {
-            **interval.as_dict(),
-            "replayed_ms": replayed,
-            "position": interval.position(replayed),
-        }
+        across = AcrossProcessesCheck(interval, replayed, interval.position(replayed))
         if interval.single:
             unchecked.append(
                 "across processes: M ran in one process, so the host's variance between "
@@ -97,7 +139,7 @@ def _in_process(
     own: Untraced | None,
     held_out: dict[int, float] | None,
     unchecked: list[str],
-) -> dict[str, Any] | None:
+) -> InProcessCheck | None:
     if own is None:
         unchecked.append(
             "in-process: no untraced steps of an F process (no level F, or a store without "
@@ -132,23 +174,21 @@ def _in_process(
     low, high = _error_interval(replayed_each, untraced_each)
     added = own.added_ms()
     records = _records_per_iteration(store)
-    return {
-        "run": own.run,
-        "untraced_ms": untraced,
-        "replayed_ms": replayed,
-        "error_pct": error,
-        "error_low_pct": low,
-        "error_high_pct": high,
-        "holds": abs(error) <= IN_PROCESS_TOLERANCE_PCT,
-        "tolerance_pct": IN_PROCESS_TOLERANCE_PCT,
-        "pairs": own.pairs,
-        "checked_iterations": checked,
-        # each pair's traced less untraced step, per F record: the workload's own cost of a
-        # record where the host bounds the step (a floor where the GPU hides part of it)
-        "added_ms": added,
-        "records_per_iteration": records,
-        "added_ns_per_record": 1e6 * added / records if added is not None and records else None,
-    }
+    return InProcessCheck(
+        run=own.run,
+        untraced_ms=untraced,
+        replayed_ms=replayed,
+        error_pct=error,
+        error_low_pct=low,
+        error_high_pct=high,
+        holds=abs(error) <= IN_PROCESS_TOLERANCE_PCT,
+        tolerance_pct=IN_PROCESS_TOLERANCE_PCT,
+        pairs=own.pairs,
+        checked_iterations=tuple(checked),
+        added_ms=added,
+        records_per_iteration=records,
+        added_ns_per_record=1e6 * added / records if added is not None and records else None,
+    )
 
 
 def _error_interval(replayed: np.ndarray, untraced: np.ndarray) -> tuple[float, float]:
