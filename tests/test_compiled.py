@@ -19,7 +19,8 @@ from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
 from xsp.tracer.convert.records import ExternGraph
-from xsp.tracer.run.runner import COMPILE_CACHE_ENV, LeveledSpec, run_leveled
+from xsp.tracer.run.environment import COMPILE_CACHE_ENV
+from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.store import open_measurement
 

@@ -21,7 +21,8 @@ from xsp.analysis.store import MeasurementStore
 from xsp.tracer.convert import ncu
 from xsp.tracer.levelset import LevelSet, parse_level_sets
 from xsp.tracer.run import ncu as ncu_run
-from xsp.tracer.run.runner import LeveledSpec, child_spec, run_leveled
+from xsp.tracer.run.placement import child_spec
+from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parents[1]
