@@ -582,7 +582,7 @@ def test_a_partial_or_failed_run_is_not_a_successful_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from xsp.campaign.jobs import run_job
-    from xsp.tracer.run.runner import LeveledResult
+    from xsp.tracer.run.manifest import LeveledResult
 
     runs: list[dict[str, Any]] = [
         {"levels": "M", "status": "ok"},

@@ -20,7 +20,8 @@ from xsp.core.store import open_measurement
 from xsp.tracer.capture.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
-from xsp.tracer.run.runner import COMPILE_CACHE_ENV, LeveledSpec, run_leveled
+from xsp.tracer.run.environment import COMPILE_CACHE_ENV
+from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parents[1]

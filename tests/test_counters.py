@@ -22,7 +22,8 @@ from xsp.core import counter_names
 from xsp.core.levelset import LevelSet, parse_level_sets
 from xsp.tracer.convert import ncu
 from xsp.tracer.run import ncu as ncu_run
-from xsp.tracer.run.runner import LeveledSpec, child_spec, run_leveled
+from xsp.tracer.run.placement import child_spec
+from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
 
 ROOT = Path(__file__).resolve().parents[1]

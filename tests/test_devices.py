@@ -20,7 +20,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from xsp.core import devices
-from xsp.tracer.run.runner import LeveledSpec, validate
+from xsp.tracer.run.plan import LeveledSpec, validate
 from xsp.tracer.spec import ProfileSpec
 
 answer = {{"cuda": devices.torch_cuda_version(), "available": devices.cuda_available(),

@@ -347,7 +347,7 @@ def test_the_launcher_runs_every_worker_under_the_rank_bootstrap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from xsp.tracer.run.launcher import BOOTSTRAP, is_launcher, worker_arguments
-    from xsp.tracer.run.runner import script_command
+    from xsp.tracer.run.plan import script_command
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("")

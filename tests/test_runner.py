@@ -254,8 +254,9 @@ def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> No
 def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
     """The runner and the level-set process share one serialized object, not two argument
     parsers kept in step: what the runner builds is what the child reads back."""
+    from xsp.tracer.run.placement import child_spec
+    from xsp.tracer.run.plan import LeveledSpec
     from xsp.tracer.run.protocol import ChildSpec
-    from xsp.tracer.run.runner import LeveledSpec, child_spec
 
     spec = LeveledSpec(
         out=tmp_path,
@@ -292,7 +293,7 @@ def test_the_runner_hands_its_child_one_spec_object(tmp_path: Path) -> None:
 
 def _child_profiles(tmp_path: Path, level_sets: list[str]) -> list[ProfileSpec]:
     """What each level-set process of a ResNet-18 measurement at ``level_sets`` is told."""
-    from xsp.tracer.run.runner import child_spec
+    from xsp.tracer.run.placement import child_spec
 
     spec = LeveledSpec(
         out=tmp_path, profile=ProfileSpec(model="torchvision:resnet18"), level_sets=level_sets
@@ -301,7 +302,7 @@ def _child_profiles(tmp_path: Path, level_sets: list[str]) -> list[ProfileSpec]:
 
 
 def test_only_the_deepest_framework_level_set_records_op_shapes(tmp_path: Path) -> None:
-    from xsp.tracer.run.runner import child_spec
+    from xsp.tracer.run.placement import child_spec
 
     levels = ["M", "MF", "MFL", "MFLG"]
     shapes = [profile.op_shapes for profile in _child_profiles(tmp_path, levels)]
@@ -352,7 +353,7 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
 def test_a_process_phases_split_the_calibration_off_its_switch_on() -> None:
     """Switching the levels on took 1.0 s, of which run.json's parts give F's calibration
     0.3 + 0.6 s: the phases say calibration 0.9 s and switch-on 0.1 s, and still add up."""
-    from xsp.tracer.run.runner import _phase_seconds
+    from xsp.tracer.run.manifest import phase_seconds
 
     s = 1_000_000_000
     meta = {
@@ -362,12 +363,12 @@ def test_a_process_phases_split_the_calibration_off_its_switch_on() -> None:
         "switch_on_ms": {"calibration, levels off": 300.0, "level F": 2.0,
                          "calibration, levels on": 600.0},
     }  # fmt: skip
-    seconds = _phase_seconds(meta, spawned_ns=1 * s, ended_ns=7 * s)
+    seconds = phase_seconds(meta, spawned_ns=1 * s, ended_ns=7 * s)
     assert seconds["calibration"] == 0.9 and seconds["switch_on"] == 0.1
     assert sum(v for k, v in seconds.items() if k != "total") == pytest.approx(seconds["total"])
     assert seconds["total"] == 6.0
     del meta["switch_on_ms"]  # a run.json older than the parts: the switch-on whole
-    assert "calibration" not in _phase_seconds(meta, 1 * s, 7 * s)
+    assert "calibration" not in phase_seconds(meta, 1 * s, 7 * s)
 
 
 WRITES_ITS_ENVIRONMENT = """
@@ -392,7 +393,7 @@ def test_every_process_the_runner_starts_has_nvlink_multicast_off(
 ) -> None:
     """NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 reach
     the program even when the caller's environment and the spec's own say otherwise."""
-    from xsp.tracer.run.runner import SHARED_HOST_ENV, child_environment
+    from xsp.tracer.run.environment import SHARED_HOST_ENV, child_environment
 
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "0")
@@ -490,7 +491,7 @@ def test_a_python_command_that_cannot_run_is_refused_before_anything_starts(
     tmp_path: Path, command: list[str], message: str
 ) -> None:
     from xsp.core.errors import ConfigError
-    from xsp.tracer.run.runner import validate
+    from xsp.tracer.run.plan import validate
 
     spec = LeveledSpec(out=tmp_path / "R", profile=ProfileSpec(device="cpu", command=command))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -623,7 +624,7 @@ def test_a_level_set_killed_in_a_shared_process_ends_the_measurement_there(
 
 
 def test_which_level_sets_share_a_process(tmp_path: Path) -> None:
-    from xsp.tracer.run.runner import process_hosts
+    from xsp.tracer.run.placement import process_hosts
 
     def hosts(level_sets: tuple[str, ...], share: bool = True, **profile: object) -> list[str]:
         spec = LeveledSpec(
@@ -646,8 +647,8 @@ def test_which_level_sets_share_a_process(tmp_path: Path) -> None:
 def test_the_child_spec_carries_the_level_sets_run_after_it_in_its_process(
     tmp_path: Path,
 ) -> None:
+    from xsp.tracer.run.placement import child_spec
     from xsp.tracer.run.protocol import ChildSpec
-    from xsp.tracer.run.runner import child_spec
 
     spec = LeveledSpec(
         out=tmp_path,
@@ -710,10 +711,10 @@ def test_a_failed_level_set_cancels_the_processes_warmed_up_beside_it(
 def test_a_process_that_does_not_warm_up_in_time_starts_in_its_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from xsp.tracer.run import runner
+    from xsp.tracer.run import gates
 
     _side_by_side_on_the_cpu(monkeypatch)
-    monkeypatch.setattr(runner, "READY_LIMIT_S", 0.0)  # none is ready that soon
+    monkeypatch.setattr(gates, "READY_LIMIT_S", 0.0)  # none is ready that soon
     spec = _squeezenet(tmp_path, ("M", "MFL"), overlap=True)
     result = run_leveled(spec)
     assert result.ok, result.failure
@@ -726,7 +727,7 @@ def test_a_level_set_in_a_shared_process_ends_when_it_has_stored_or_the_process_
     """The wait of the first of two level sets in one process: (0, not timed out) once it has
     stored its run, the process's own status once the process ended before that, and past its
     time limit the process is killed (both level sets go with it)."""
-    from xsp.tracer.run.runner import _Stages
+    from xsp.tracer.run.process import Stages
 
     calls: list[tuple[float | None, bool]] = []
 
@@ -734,13 +735,13 @@ def test_a_level_set_in_a_shared_process_ends_when_it_has_stored_or_the_process_
         calls.append((timeout, kill))
         return (-9, True) if timeout == 0 and kill else (3, False)
 
-    stored = _Stages((LevelSet("M"), LevelSet("MF")))
+    stored = Stages((LevelSet("M"), LevelSet("MF")))
     assert stored.wait(1, process_wait) is process_wait  # the last one waits for the process
     stored.store(0)
     assert stored.wait(0, process_wait)(0.1) == (0, False) and not calls
-    ended = _Stages((LevelSet("M"), LevelSet("MF")))
+    ended = Stages((LevelSet("M"), LevelSet("MF")))
     ended.end()  # the process ended before M stored its run
     assert ended.wait(0, process_wait)(0.1) == (3, False) and calls == [(None, True)]
-    late = _Stages((LevelSet("M"), LevelSet("MF")))
+    late = Stages((LevelSet("M"), LevelSet("MF")))
     assert late.wait(0, process_wait)(0.01, kill=False) == (None, True)
     assert late.wait(0, process_wait)(0.01) == (-9, True) and calls[-1] == (0, True)

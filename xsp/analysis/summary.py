@@ -14,8 +14,8 @@ from xsp.analysis.m_interval import MInterval, m_interval, process_steps
 from xsp.analysis.store import MeasurementStore
 from xsp.core.columns import arrow, rows_table
 
-#: The phases of a level-set process as the manifest's runs record them (``seconds``: the
-#: runner's ``_phase_seconds``), grouped under the names the time line gives them.
+#: The phases of a level-set process as the manifest's runs record them (``seconds``:
+#: ``xsp.tracer.run.manifest.phase_seconds``), grouped under the names the time line gives them.
 PHASE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("start-up", ("start_up",)),
     ("warm-up", ("untraced_warm_up",)),

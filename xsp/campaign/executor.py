@@ -57,7 +57,7 @@ def run_local(
         pending.put(job)
     results: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
 
-    from xsp.tracer.run.runner import INTERRUPT, INTERRUPT_GRACE_S
+    from xsp.tracer.run.interrupt import INTERRUPT, INTERRUPT_GRACE_S
 
     INTERRUPT.clear()
     chains: list[_Chain] = []

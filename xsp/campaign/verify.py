@@ -208,7 +208,7 @@ def _working_directory(cwd: Path | None) -> Iterator[None]:
 def check_rerun(original: Original, fixes: Sequence[str]) -> None:
     """Refuse, before anything runs, a workload that cannot run here again (a script gone, a
     device missing); XspError, one line."""
-    from xsp.tracer.run.runner import LeveledSpec, validate
+    from xsp.tracer.run.plan import LeveledSpec, validate
 
     out = (original.root / VERIFY_DIR).resolve()
     profile = dataclasses.replace(original.profile, fixes=tuple(fixes))

@@ -13,9 +13,14 @@ Every failure that xsp reports to its user is one of these::
 Errors from third-party code (pyarrow, grpc, urllib, torch) are translated at the boundary with
 ``raise ... from exc``. Misuse on the hot path (``xsp.step()`` with no session, say) never raises:
 it logs once and carries on, so the traced program never sees an xsp exception.
+
+``EXIT_INTERRUPTED`` is the one exit status every xsp process gives for an interrupt.
 """
 
 from __future__ import annotations
+
+#: Ctrl-C (or a service's SIGTERM): 128 + SIGINT, as a shell reports it.
+EXIT_INTERRUPTED = 130
 
 
 class XspError(Exception):

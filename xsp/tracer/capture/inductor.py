@@ -26,7 +26,7 @@ key a traced process computes is salted with the module each node of the graph w
 (the caches' own keys leave node metadata out, so two blocks of the same code share a key) and
 with xsp's provenance version: an entry found under such a key was compiled, by a traced
 process, from the same code and the same modules. A leveled measurement thus compiles once:
-its first level set compiles and saves, the others load (``xsp.tracer.run.runner`` gives it a
+its first level set compiles and saves, the others load (``xsp.tracer.run.environment`` gives it a
 cache directory of its own). Every traced process, level set M included, installs this, so
 that all compile the same code: on CPU each generated kernel gets a profiler range
 (``cpp.enable_kernel_profile``), so that compiled CPU code shows as spans at all. Nothing of

@@ -4,7 +4,7 @@
 The leveled runner starts one of these per level set so that no level's state (hooks, profiler
 buffers, CUPTI subscriptions, allocator caches) leaks into the next; a zoo model's MF runs after
 M in M's process (``ChildSpec.then``), since M leaves it nothing but a warm model
-(``xsp.tracer.run.runner.shares_process``). It runs either a zoo workload
+(``xsp.tracer.run.placement.shares_process``). It runs either a zoo workload
 or a user's Python script under a ``Session``, writes ``RUN_DIR/<levels>/``, reports progress as
 lines on its progress pipe and exits with the workload's status: 0, the script's own exit code
 (``sys.exit(3)`` exits 3), 1 when it raised, 2 for an xsp error, 3 when cancelled before its
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xsp.core import schema
-from xsp.core.errors import XspError
+from xsp.core.errors import EXIT_INTERRUPTED, XspError
 from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.capture.session import Session, fail_message
@@ -50,7 +50,6 @@ log = logging.getLogger("xsp")
 EXIT_WORKLOAD_FAILED = 1
 EXIT_XSP_ERROR = 2
 EXIT_CANCELLED = 3
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 _interrupted_by: list[int] = []  # the signal that interrupted the workload
@@ -243,9 +242,9 @@ def _root_changes(session: Session, device: str) -> Callable[[Any], None] | None
 
 def _run_zoo(args: ChildSpec, model: str) -> int:
     """Build the zoo workload once and measure it for ``args.run``, then for each of
-    ``args.then`` in turn (``xsp.tracer.run.runner.shares_process``), saying ``stored`` on the
+    ``args.then`` in turn (``xsp.tracer.run.placement.shares_process``), saying ``stored`` on the
     progress pipe after each but the last; stop at the first that fails."""
-    from xsp.core.devices import resolve_device
+    from xsp.tracer.capture.session import resolve_device
     from xsp.tracer.workloads import zoo
 
     profile = args.run.profile

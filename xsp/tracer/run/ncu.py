@@ -165,51 +165,13 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
     record what was collected in run.json (``counters``) and the manifest entry, and mark the
     run partial when no counters came back. Returns the amended entry."""
     started = time.perf_counter()
-    metrics, missing, listed = selection(ncu)
     try:
         meta = store.read_json(run_dir / store.RUN_META)
     except StoreError:
         meta = {}
-    info: dict[str, Any] = dict(meta.get("counters") or {})
-    info.update(
-        tool="Nsight Compute",
-        tool_path=ncu,
-        tool_version=version(ncu),
-        flags=list(PROFILE_FLAGS),
-        metric_set=config.counter_set(),
-        metrics_requested=metrics,
-        quantities_without_metric=missing,
-        metrics_checked_against_device=listed,
-    )
-    reasons: list[str] = []
-    report = run_dir / store.NCU_REPORT
+    info = _tool_info(meta, ncu)
     errors = log_errors(run_dir)
-    if not report.exists():
-        reasons.append(
-            "Nsight Compute wrote no report" + (f": {'; '.join(errors)}" if errors else "")
-        )
-    else:
-        try:
-            parsed = counters.read_raw_csv(
-                import_csv(ncu, report), iterations=meta.get("iterations_measured")
-            )
-            store.write_counters(run_dir, parsed.table)
-            table = parsed.table
-            per_iteration: dict[str, int] = {}
-            for it in table.column("iteration").to_pylist():
-                per_iteration[str(it)] = per_iteration.get(str(it), 0) + 1
-            info.update(
-                kernels=table.num_rows,
-                kernels_per_iteration=per_iteration,
-                kernels_outside_iterations=parsed.outside_iterations,
-                unreadable_cells=parsed.unreadable_cells,
-                iterations_from_nvtx=parsed.iterations_from_ranges,
-                metrics_read=parsed.metrics,
-            )
-            if not table.num_rows:
-                reasons.append("Nsight Compute profiled no kernel")
-        except (StoreError, OSError) as exc:
-            reasons.append(f"the counters could not be read: {exc}")
+    reasons = _import_report(run_dir, ncu, meta, info, errors)
     try:
         passes = counters.pass_counts((run_dir / store.NCU_LOG).read_text(errors="replace"))
     except OSError:
@@ -224,14 +186,76 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
         info["tool_errors"] = errors
     info["import_s"] = round(time.perf_counter() - started, 3)
     if meta:
-        meta["counters"] = info
-        if reasons:
-            status_reasons = list(meta.get("status_reasons") or [])
-            status_reasons += [r for r in reasons if r not in status_reasons]
-            meta["status_reasons"] = status_reasons
-            if meta.get("status") == "ok":
-                meta["status"] = "partial"
-        store.write_json_atomic(run_dir / store.RUN_META, meta)
+        _amend_run(run_dir, meta, info, reasons)
+    return _amend_entry(entry, info, reasons, errors)
+
+
+def _tool_info(meta: dict[str, Any], ncu: str) -> dict[str, Any]:
+    """run.json's ``counters`` so far, with the tool, its flags and the metrics asked for."""
+    metrics, missing, listed = selection(ncu)
+    info: dict[str, Any] = dict(meta.get("counters") or {})
+    info.update(
+        tool="Nsight Compute",
+        tool_path=ncu,
+        tool_version=version(ncu),
+        flags=list(PROFILE_FLAGS),
+        metric_set=config.counter_set(),
+        metrics_requested=metrics,
+        quantities_without_metric=missing,
+        metrics_checked_against_device=listed,
+    )
+    return info
+
+
+def _import_report(
+    run_dir: Path, ncu: str, meta: dict[str, Any], info: dict[str, Any], errors: list[str]
+) -> list[str]:
+    """Store ncu's report as the run's counter table and add its figures to ``info``; the
+    reasons the run is partial (no report, no kernel, an unreadable report)."""
+    report = run_dir / store.NCU_REPORT
+    if not report.exists():
+        return ["Nsight Compute wrote no report" + (f": {'; '.join(errors)}" if errors else "")]
+    try:
+        parsed = counters.read_raw_csv(
+            import_csv(ncu, report), iterations=meta.get("iterations_measured")
+        )
+        store.write_counters(run_dir, parsed.table)
+    except (StoreError, OSError) as exc:
+        return [f"the counters could not be read: {exc}"]
+    table = parsed.table
+    per_iteration: dict[str, int] = {}
+    for it in table.column("iteration").to_pylist():
+        per_iteration[str(it)] = per_iteration.get(str(it), 0) + 1
+    info.update(
+        kernels=table.num_rows,
+        kernels_per_iteration=per_iteration,
+        kernels_outside_iterations=parsed.outside_iterations,
+        unreadable_cells=parsed.unreadable_cells,
+        iterations_from_nvtx=parsed.iterations_from_ranges,
+        metrics_read=parsed.metrics,
+    )
+    return [] if table.num_rows else ["Nsight Compute profiled no kernel"]
+
+
+def _amend_run(
+    run_dir: Path, meta: dict[str, Any], info: dict[str, Any], reasons: list[str]
+) -> None:
+    """run.json with its ``counters``, partial where no counters came back."""
+    meta["counters"] = info
+    if reasons:
+        status_reasons = list(meta.get("status_reasons") or [])
+        status_reasons += [r for r in reasons if r not in status_reasons]
+        meta["status_reasons"] = status_reasons
+        if meta.get("status") == "ok":
+            meta["status"] = "partial"
+    store.write_json_atomic(run_dir / store.RUN_META, meta)
+
+
+def _amend_entry(
+    entry: dict[str, Any], info: dict[str, Any], reasons: list[str], errors: list[str]
+) -> dict[str, Any]:
+    """The manifest entry with the counters' figures, partial where none came back, and ncu's
+    first error beside the program's."""
     entry = dict(entry)
     entry["counters"] = {
         k: info.get(k) for k in ("kernels", "passes", "import_s", "tool_version") if k in info
@@ -245,3 +269,17 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
     if errors and entry.get("status") == "error" and entry.get("error"):
         entry["error"] = f"{entry['error']} (ncu: {errors[0]})"
     return entry
+
+
+__all__ = [
+    "PROFILE_FLAGS",
+    "available_metrics",
+    "find",
+    "finish",
+    "import_csv",
+    "log_errors",
+    "profile_command",
+    "selection",
+    "unavailable",
+    "version",
+]

@@ -30,7 +30,7 @@ SPEC_FLAG = "--spec"
 #: its arguments.
 RANK_SPEC_ENV = "XSP_RANK_SPEC"
 #: The progress phase with which a process that runs several level sets in turn says that it
-#: has stored one's run and goes on to the next (``xsp.tracer.run.runner.shares_process``).
+#: has stored one's run and goes on to the next (``xsp.tracer.run.placement.shares_process``).
 STORED = "stored"
 #: The progress phase with which a process started ahead of its turn says that it has warmed up
 #: and waits at its gate: the level sets before it may measure now.

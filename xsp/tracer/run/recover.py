@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,67 +76,51 @@ def _arenas(run_dir: Path) -> list[tuple[Path, str | None]]:
     return found
 
 
+@dataclass
+class _Recovered:
+    """What the arenas gave back so far, on top of what the process had stored itself."""
+
+    next_span_id: int
+    spans: int
+    measured: int  # the iterations the process had stored
+    memory_events: int
+    by_level: dict[str, int]
+    recovered: int = 0  # the iterations read back from the arenas
+    reasons: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # the levels whose records died with it
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def stored_by_process(cls, meta: dict[str, Any]) -> _Recovered:
+        """The totals of the batches a continuous session stored before it died (none else)."""
+        stored = bool(meta.get("files"))
+        return cls(
+            next_span_id=int(meta.get("next_span_id") or 1),
+            spans=int(meta.get("spans") or 0) if stored else 0,
+            measured=int(meta.get("iterations_measured") or 0) if stored else 0,
+            memory_events=int(meta.get("memory_events") or 0) if stored else 0,
+            by_level=dict(meta.get("spans_by_level") or {}) if stored else {},
+        )
+
+
 def _convert(
     run_dir: Path, arenas: list[tuple[Path, str | None]], meta: dict[str, Any], ended: str
 ) -> dict[str, Any]:
-    levels = LevelSet(str(meta["levels"]))
     sink = StoreSink(run_dir)
     stored_files = set(meta.get("files") or [])
-    next_span_id = int(meta.get("next_span_id") or 1)
-    measured = recovered = spans = 0
-    by_level: dict[str, int] = dict(meta.get("spans_by_level") or {}) if stored_files else {}
-    spans = int(meta.get("spans") or 0) if stored_files else 0
-    measured = int(meta.get("iterations_measured") or 0) if stored_files else 0
-    memory_events = int(meta.get("memory_events") or 0) if stored_files else 0
-    reasons: list[str] = []
-    lost: list[str] = []
-    counts: dict[str, int] = {}
+    got = _Recovered.stored_by_process(meta)
     for path, part in arenas:
         if part is not None and f"spans-{part}.parquet" in stored_files:
             continue  # its batch was stored just before the process died
-        contents = read_arena(path)
-        records = {}
-        for letter, conversion in CONVERSIONS.items():
-            if letter in levels.letters:
-                if conversion.from_arena is None:  # CUPTI's buffers died with the process
-                    lost.append(letter)
-                else:
-                    records[letter] = conversion.from_arena(contents)
-        stored = store_spans(
-            records,
-            sink,
-            run_id=str(meta["run_id"]),
-            levels=levels,
-            resource=dict(meta.get("resource") or {}),
-            run_dir=run_dir,
-            # a rank of a multi-rank job numbers its spans as its own process would have
-            rank=meta.get("rank"),
-            world_size=meta.get("world_size"),
-            first_span_id=next_span_id,
-            part=part,
-        )
-        next_span_id = stored.report.next_span_id
-        recovered += len(records[ROOT_LEVEL].iteration)
-        spans += stored.report.spans
-        for level, n in stored.report.counts_by_level.items():
-            by_level[level] = by_level.get(level, 0) + n
-        memory_events += stored.memory_events or 0
-        if contents.counts.get("open_records"):
-            reasons.append(
-                f"{contents.counts['open_records']} records still open when it died were left out"
-            )
-        reasons.extend(capture_losses({"arena": contents.counts}))
-        for key, value in contents.counts.items():
-            counts[key] = counts.get(key, 0) + int(value)
-        if stored.errors:
-            meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
-    measured += recovered
-    reasons[:0] = [
+        _convert_arena(run_dir, path, part, meta, sink, got)
+    measured = got.measured + got.recovered
+    reasons = [
         f"the program {ended} after {measured} measured iterations",
-        f"{recovered} iterations recovered from the capture arena",
+        f"{got.recovered} iterations recovered from the capture arena",
+        *got.reasons,
     ]
-    if lost:
-        letters = list(dict.fromkeys(lost))
+    if got.lost:
+        letters = list(dict.fromkeys(got.lost))
         reasons.append(
             f"level{'s' if len(letters) > 1 else ''} {' and '.join(letters)}: CUPTI never "
             "delivered its records (they are lost)"
@@ -147,12 +132,63 @@ def _convert(
         iterations_measured=measured,
         status_reasons=reasons,
         recovered=True,
-        spans=spans,
-        spans_by_level=by_level,
-        arena=counts,
+        spans=got.spans,
+        spans_by_level=got.by_level,
+        arena=got.counts,
         files=files,
-        memory_events=memory_events,
-        next_span_id=next_span_id,
+        memory_events=got.memory_events,
+        next_span_id=got.next_span_id,
         finished_ns=time.time_ns(),
     )
     return meta
+
+
+def _convert_arena(
+    run_dir: Path,
+    path: Path,
+    part: str | None,
+    meta: dict[str, Any],
+    sink: StoreSink,
+    got: _Recovered,
+) -> None:
+    """Convert and store one arena's records as the spans of ``part``; add them to ``got``."""
+    levels = LevelSet(str(meta["levels"]))
+    contents = read_arena(path)
+    records = {}
+    for letter, conversion in CONVERSIONS.items():
+        if letter in levels.letters:
+            if conversion.from_arena is None:  # CUPTI's buffers died with the process
+                got.lost.append(letter)
+            else:
+                records[letter] = conversion.from_arena(contents)
+    stored = store_spans(
+        records,
+        sink,
+        run_id=str(meta["run_id"]),
+        levels=levels,
+        resource=dict(meta.get("resource") or {}),
+        run_dir=run_dir,
+        # a rank of a multi-rank job numbers its spans as its own process would have
+        rank=meta.get("rank"),
+        world_size=meta.get("world_size"),
+        first_span_id=got.next_span_id,
+        part=part,
+    )
+    got.next_span_id = stored.report.next_span_id
+    got.recovered += len(records[ROOT_LEVEL].iteration)
+    got.spans += stored.report.spans
+    for level, n in stored.report.counts_by_level.items():
+        got.by_level[level] = got.by_level.get(level, 0) + n
+    got.memory_events += stored.memory_events or 0
+    if contents.counts.get("open_records"):
+        got.reasons.append(
+            f"{contents.counts['open_records']} records still open when it died were left out"
+        )
+    got.reasons.extend(capture_losses({"arena": contents.counts}))
+    for key, value in contents.counts.items():
+        got.counts[key] = got.counts.get(key, 0) + int(value)
+    if stored.errors:
+        meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
+
+
+__all__ = ["recover_run"]
