@@ -11,7 +11,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from xsp.cli import export, main
+from xsp.cli import main
+from xsp.cli.export import export
 from xsp.tracer.errors import ConfigError, XspError
 from xsp.tracer.export import formats
 from xsp.tracer.export.formats import FORMATS, ExportSource
