@@ -11,7 +11,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from xsp.cli import export, main
+from xsp.cli import main
+from xsp.cli.export import export
 from xsp.core.errors import ConfigError, XspError
 from xsp.core.store import open_measurement, open_run
 from xsp.tracer.export import formats

@@ -102,7 +102,7 @@ def _folded_into(laid_out: pa.Table, sent: set[int]) -> dict[int, list[dict[str,
 
 
 def test_the_default_budget_is_the_push_option_default() -> None:
-    from xsp.cli import push
+    from xsp.cli.export import push
 
     option = next(p for p in push.params if p.name == "max_spans_per_trace")
     assert option.default == DEFAULT_MAX_SPANS_PER_TRACE == 8192

@@ -1,0 +1,215 @@
+"""``xsp campaign``: run, report, verify, query (SQL) and compare batch characterizations."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from xsp.cli.common import EXIT_INTERRUPTED, bar_per_key, console, fail, out_console
+from xsp.cli.render import print_table
+from xsp.core.errors import XspError
+
+
+@click.group()
+def campaign() -> None:
+    """Batch characterization: a models x batch sizes x modes matrix of leveled runs."""
+
+
+@campaign.command("run")
+@click.argument("campaign_file", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Campaign directory.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
+@click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
+@click.option("--limit", type=int, help="Run at most this many pending jobs (a part).")
+@click.option("--only", help="Run only models matching these comma-separated globs (a part).")
+def campaign_run(
+    campaign_file: Path,
+    out: Path,
+    executor: str,
+    address: str | None,
+    parallel: int | None,
+    limit: int | None,
+    only: str | None,
+) -> None:
+    """Run (or resume) a campaign: finished jobs are skipped, failed ones retried; a failing
+    job is recorded with its reason and the campaign moves on."""
+    import time
+
+    from rich.progress import TimeRemainingColumn
+
+    from xsp.campaign import executor as executors
+    from xsp.campaign.files import load
+    from xsp.campaign.store import CampaignStore
+    from xsp.campaign.summary import job_line
+
+    spec = load(campaign_file)
+    store = CampaignStore(out)
+    store.begin(spec)
+    jobs = spec.jobs()
+    pending = store.pending(jobs)
+    if only:
+        import fnmatch
+
+        globs = [g.strip() for g in only.split(",") if g.strip()]
+        pending = [j for j in pending if any(fnmatch.fnmatch(j.model, g) for g in globs)]
+    if limit is not None:
+        pending = pending[:limit]
+    console.print(
+        f"campaign {spec.name}: {len(jobs)} jobs, {len(jobs) - len(store.pending(jobs))} done, "
+        f"running {len(pending)}",
+        highlight=False,
+    )
+    failed = 0
+    finished = 0
+    began = time.monotonic()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("jobs", total=len(pending))
+
+        def done(record: dict[str, Any]) -> None:
+            nonlocal failed, finished
+            store.save(record)
+            finished += 1
+            if record["status"] != "ok":
+                failed += 1
+                bar.console.print(
+                    f"[red]{record['job']}[/]: {record['reason']}: {record.get('error') or ''}",
+                    highlight=False,
+                )
+            elif not bar.console.is_terminal:  # a log has no bar to watch: a line per job
+                bar.console.print(
+                    job_line(record, finished, len(pending), time.monotonic() - began),
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            bar.update(task, advance=1, description=record["job"])
+
+        if executor == "ray":
+            executors.run_ray(spec, store, pending, done, address)
+        else:
+            executors.run_local(spec, store, pending, done, parallel)
+    console.print(
+        f"{len(pending) - failed} jobs ok, {failed} failed; results in {out}", highlight=False
+    )
+    if failed:
+        fail(f"{failed} of {len(pending)} jobs failed; their reasons are in {out}/jobs", code=1)
+
+
+@campaign.command("report")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: DIR/report.html.")
+@click.option(
+    "--run-reports/--no-run-reports",
+    default=True,
+    show_default=True,
+    help="Also make each run's own report (the drill-down links).",
+)
+def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) -> None:
+    """Write the campaign's comparative HTML report."""
+    from xsp.campaign.report import write_campaign_report
+    from xsp.campaign.store import CampaignStore
+
+    output = output or campaign_dir / "report.html"
+    count = write_campaign_report(CampaignStore(campaign_dir), output, run_reports)
+    console.print(f"wrote the report of {count} jobs to {output}", highlight=False)
+
+
+@campaign.command("verify")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.option("--rounds", type=int, default=3, show_default=True, help="Paired rounds per fix.")
+@click.option("--only", help="Verify only models matching these comma-separated globs.")
+@click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print DIR/verify.json's object.")
+def campaign_verify(
+    campaign_dir: Path, rounds: int, only: str | None, rules: tuple[str, ...], as_json: bool
+) -> None:
+    """Run `xsp verify` on each finished job, one at a time, and print the what-if table: each
+    fix's measured change of the step, job by job. A job that cannot be verified (no
+    suggestions, a workload that cannot run here) is recorded with its reason. Rows go to
+    DIR/verify.json, each job's runs to its own measurement's verify/."""
+    import json
+
+    from xsp.campaign.store import CampaignStore
+    from xsp.campaign.whatif import verify_campaign, what_if, what_if_line
+
+    campaign = CampaignStore(campaign_dir)
+    campaign.spec()  # a directory that is no campaign is named before the bar
+    globs = [g.strip() for g in (only or "").split(",") if g.strip()]
+    with bar_per_key() as progress:
+        document = verify_campaign(campaign, rounds, globs, progress, rules)
+    if as_json:
+        click.echo(json.dumps(document, indent=1))
+    else:
+        for row in what_if(document):
+            out_console.print(what_if_line(row), highlight=False, soft_wrap=True)
+        for job in document["jobs"]:
+            if job["status"] != "verified":
+                console.print(f"{job['job']}: not verified: {job['why']}", highlight=False)
+    if document["interrupted"]:
+        fail("interrupted; the jobs verified so far are in verify.json", EXIT_INTERRUPTED)
+
+
+@campaign.command("sql")
+@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.argument("query")
+@click.option("--csv", "as_csv", is_flag=True, help="Print every row as CSV (wide results).")
+def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
+    """Query a campaign with SQL: tables ``jobs`` (one row per job) and ``spans`` (all spans,
+    with job, model, mode, batch_size and levels)."""
+    import duckdb
+
+    from xsp.campaign.store import CampaignStore
+
+    campaign = CampaignStore(campaign_dir)
+    campaign.spec()  # a directory that is no campaign is named, as report does
+    try:
+        relation = campaign.connect().sql(query)
+        if as_csv:
+            import csv
+
+            writer = csv.writer(sys.stdout)
+            writer.writerow(relation.columns)
+            writer.writerows(relation.fetchall())
+            return
+        table = relation.to_arrow_table()
+    except duckdb.Error as exc:
+        raise XspError(f"query failed: {exc}") from exc
+    print_table("", table, 1000)
+
+
+@campaign.command("diff")
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--rows", type=int, default=20, show_default=True, help="Rows shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print every job's row as JSON.")
+def campaign_diff(before: Path, after: Path, rows: int, as_json: bool) -> None:
+    """Compare two campaigns job by job: each job's untraced step before and after, with a
+    verdict (faster, slower or noise) where both kept the job's measurement (a bootstrap over
+    its M steps), "untested" where only the jobs' median steps remain, "missing" where a side
+    has no successful result. ``xsp diff BEFORE/runs/JOB AFTER/runs/JOB`` compares one job in
+    full."""
+    import json
+
+    from xsp.analysis.diff import TEST
+    from xsp.campaign.diff import campaign_diff as compare_campaigns
+    from xsp.campaign.store import CampaignStore
+
+    table = compare_campaigns(CampaignStore(before), CampaignStore(after))
+    if as_json:
+        click.echo(json.dumps({"test": TEST, "jobs": table.to_pylist()}, indent=1))
+        return
+    print_table(f"campaign diff: {before} -> {after}", table, rows)
+    verdicts = table.column("verdict").to_pylist()
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
+    console.print(f"{table.num_rows} jobs: {counts}; verdicts: {TEST}", highlight=False)

@@ -1,0 +1,175 @@
+"""Terminal renderers shared by the commands: an analysis' table (one block per row where the
+table is too wide), and the replay's line with its checks and warnings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from xsp.cli.common import console, out_console, warn
+
+
+def _fits(view: Any, ellipses: int) -> bool:
+    """True when ``view`` renders at the terminal's width with no cell cut short and no line
+    cropped (rich would otherwise cut cells with "…" or crop the table's right side)."""
+    import io
+
+    from rich.console import Console
+
+    probe = Console(file=io.StringIO(), width=out_console.width, color_system=None)
+    probe.print(view)
+    rendered = probe.file.getvalue()  # type: ignore[attr-defined]
+    # a cropped table loses its right border: its top edge no longer ends in a corner
+    top = next((line for line in rendered.splitlines() if line.startswith("┏")), "┓")
+    return top.endswith("┓") and rendered.count("…") <= ellipses
+
+
+def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "") -> None:
+    """A table that reads at 80 columns: headers as words with units, numbers whole and never
+    wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
+    report keep them whole). A table too wide for the terminal prints one block per row.
+    ``lead`` is a line printed under the title, before the table (a chart in characters)."""
+    from xsp.analysis.present import display, header
+
+    records = table.slice(0, rows).to_pylist()
+    cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
+    if lead:
+        out_console.print(f"[bold]{title}[/]", highlight=False)
+        out_console.print(lead, highlight=False)
+    view = Table(title=None if lead else title, title_justify="left", caption_justify="left")
+    for name in table.column_names:
+        numeric = any(isinstance(r[name], (int, float)) for r in records)
+        longest = max((len(c[name]) for c in cells), default=1)
+        # numbers never wrap; text narrower than 14 columns wraps into too many lines to read
+        width = longest if numeric else min(longest, 14)
+        view.add_column(
+            header(name),
+            justify="right" if numeric else "left",
+            min_width=width,
+            overflow="ellipsis" if numeric else "fold",  # a long name wraps, whole
+        )
+    for row in cells:
+        view.add_row(*row.values())
+    captions = []
+    if table.num_rows > rows:
+        captions.append(f"{rows} of {table.num_rows} rows shown (--rows N for more)")
+    if note:
+        captions.append(note)
+    caption = "; ".join(captions)
+    if _fits(view, sum(c.count("…") for row in cells for c in row.values())):
+        view.caption = caption or None
+        out_console.print(view)
+        return
+    if not lead:
+        out_console.print(f"[bold]{title}[/]", highlight=False)
+    for index, record in enumerate(records, start=1):
+        row = {name: display(name, value, 200) for name, value in record.items()}
+        block = Table(show_header=False, box=None, padding=(0, 1), title=f"{index}.")
+        block.title_justify = "left"
+        block.add_column(style="dim")
+        block.add_column()
+        for name, text in row.items():
+            block.add_row(header(name), text)
+        out_console.print(block)
+    if caption:
+        out_console.print(caption, highlight=False)
+
+
+def replay_summary(store: Any) -> dict[str, Any]:
+    """The replay's check against M (``reconstruction.replay``)."""
+    from xsp.analysis.replay import replay
+
+    return replay(store).summary()
+
+
+def print_replay(store: Any) -> None:
+    """The replayed step against M's, its two checks (the F process's held-out untraced steps,
+    M's interval across processes), then F's cost taken off where a check changed it, the
+    ranks' waits for each other, and what could not be checked or did not hold."""
+    found = replay_summary(store)
+    if found is None or found["step_ms"] is None:
+        return
+    against = (
+        f" against M's {found['measured_step_ms']:.3f} ms ({found['error_pct']:+.1f}%)"
+        if found["measured_step_ms"]
+        else ""
+    )
+    unsteady = found["unsteady_iterations"]
+    console.print(
+        f"replayed step {found['step_ms']:.3f} ms{against}"
+        + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
+        highlight=False,
+    )
+    for line in _replay_check_lines(found):
+        console.print(f"  {line}", highlight=False)
+    calib = found["calibration"]
+    if calib["scaled_to_own_steps"] is not None and calib["framework_ns_per_record"]:
+        checks = calib["source"].split("; ", 1)[-1]
+        console.print(
+            f"F's cost taken off the host's times: {calib['framework_ns_per_record'] / 1e3:.2f} µs "
+            f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
+            highlight=False,
+        )
+    waits = found["median_collective_wait_ms"]
+    if waits:
+        each = ", ".join(f"rank {rank} {ms:.3f} ms" for rank, ms in waits.items())
+        console.print(
+            f"collectives replayed across ranks; each rank's wait for the last to arrive, median "
+            f"a step: {each}",
+            highlight=False,
+        )
+    for line in replay_warnings(found):
+        warn(line)
+
+
+def _replay_check_lines(found: dict[str, Any]) -> list[str]:
+    """The two checks that ran, one line each (``xsp.analysis.replay_checks``)."""
+    lines = []
+    own = found.get("in_process")
+    if own is not None:
+        lines.append(
+            f"in-process check: {own['error_pct']:+.1f}% against the {own['run']} process's "
+            f"untraced {own['untraced_ms']:.3f} ms ({len(own['checked_iterations'])} held-out "
+            f"of {own['pairs']} untraced/traced pairs; within {own['tolerance_pct']:g}%: "
+            f"{'yes' if own['holds'] else 'no'})"
+        )
+    across = found.get("m_interval")
+    if across is not None and across["processes"] > 1:
+        each = ", ".join(f"{ms:.3f}" for ms in across["process_medians_ms"])
+        lines.append(
+            f"across processes: {across['position']} M's {across['coverage']:.0%} interval "
+            f"{across['low_ms']:.3f}-{across['high_ms']:.3f} ms over {across['processes']} "
+            f"processes (their medians {each} ms)"
+        )
+    return lines
+
+
+def replay_warnings(found: dict[str, Any]) -> list[str]:
+    """Why the replayed step may be off: the F run measured no cost of its own to take off the
+    host's times, a check could not run (``unchecked``), or a check did not hold."""
+    from xsp.analysis.host_timeline import NO_CALIBRATION
+
+    lines = []
+    if NO_CALIBRATION in found["calibration"]["source"]:
+        lines.append(
+            f"{found['calibration']['source']} (a store older than the probe): the host's times "
+            "keep the tracer's cost, so the replayed step and its verdict overstate host work; "
+            "record it again to read them"
+        )
+    lines += [f"unchecked {why}" for why in found.get("unchecked") or []]
+    own = found.get("in_process")
+    if own is not None and not own["holds"]:
+        lines.append(
+            f"the replayed step is {own['error_pct']:+.1f}% off the {own['run']} process's own "
+            f"held-out untraced steps ({own['untraced_ms']:.3f} ms): the host changed speed "
+            "within that process, or F's cost per record is not one figure for this workload"
+        )
+    across = found.get("m_interval")
+    if across is not None and across["processes"] > 1 and across["position"] != "inside":
+        lines.append(
+            f"the replayed step {across['replayed_ms']:.3f} ms is {across['position']} M's "
+            f"interval {across['low_ms']:.3f}-{across['high_ms']:.3f} ms: the F process's host "
+            "ran at another speed than M's processes did"
+        )
+    return lines
