@@ -125,7 +125,7 @@ def _print_json(
             "spans": spans,
             "model_latency_median_ms": median_ms,
             "spans_without_counterpart": mismatches,
-            "replay": replay_summary(store),
+            "replay": replay_summary(store).to_json(),
         },
         "analyses": analyses,
     }

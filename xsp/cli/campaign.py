@@ -9,9 +9,9 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from xsp.cli.common import EXIT_INTERRUPTED, bar_per_key, console, fail, out_console
+from xsp.cli.common import bar_per_key, console, fail, out_console
 from xsp.cli.render import print_table
-from xsp.core.errors import XspError
+from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 
 @click.group()

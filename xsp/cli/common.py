@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from xsp.core.errors import XspError
+from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 console = Console(stderr=True)
 out_console = Console()
@@ -60,10 +60,6 @@ def bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
             bar.update(tasks[key], description=what, completed=done, total=total)
 
         yield progress
-
-
-#: Ctrl-C: 128 + SIGINT, as a shell reports it.
-EXIT_INTERRUPTED = 130
 
 
 class XspGroup(click.Group):

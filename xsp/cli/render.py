@@ -3,11 +3,14 @@ table is too wide), and the replay's line with its checks and warnings."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from xsp.cli.common import console, out_console, warn
+
+if TYPE_CHECKING:
+    from xsp.analysis.replay.result import ReplayResult
 
 
 def _fits(view: Any, ellipses: int) -> bool:
@@ -76,11 +79,11 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
         out_console.print(caption, highlight=False)
 
 
-def replay_summary(store: Any) -> dict[str, Any]:
+def replay_summary(store: Any) -> ReplayResult:
     """The replay's check against M (``reconstruction.replay``)."""
     from xsp.analysis.replay import replay
 
-    return replay(store).summary()
+    return replay(store).result()
 
 
 def print_replay(store: Any) -> None:
@@ -88,30 +91,30 @@ def print_replay(store: Any) -> None:
     M's interval across processes), then F's cost taken off where a check changed it, the
     ranks' waits for each other, and what could not be checked or did not hold."""
     found = replay_summary(store)
-    if found is None or found["step_ms"] is None:
+    if found.step_ms is None:
         return
     against = (
-        f" against M's {found['measured_step_ms']:.3f} ms ({found['error_pct']:+.1f}%)"
-        if found["measured_step_ms"]
+        f" against M's {found.measured_step_ms:.3f} ms ({found.error_pct:+.1f}%)"
+        if found.measured_step_ms
         else ""
     )
-    unsteady = found["unsteady_iterations"]
+    unsteady = found.unsteady_iterations
     console.print(
-        f"replayed step {found['step_ms']:.3f} ms{against}"
+        f"replayed step {found.step_ms:.3f} ms{against}"
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
         highlight=False,
     )
     for line in _replay_check_lines(found):
         console.print(f"  {line}", highlight=False)
-    calib = found["calibration"]
-    if calib["scaled_to_own_steps"] is not None and calib["framework_ns_per_record"]:
-        checks = calib["source"].split("; ", 1)[-1]
+    calib = found.calibration
+    if calib.scale is not None and calib.op_ns:
+        checks = calib.source.split("; ", 1)[-1]
         console.print(
-            f"F's cost taken off the host's times: {calib['framework_ns_per_record'] / 1e3:.2f} µs "
-            f"an op record, {calib['scaled_to_own_steps']:g}x the probe's ({checks})",
+            f"F's cost taken off the host's times: {calib.op_ns / 1e3:.2f} µs "
+            f"an op record, {calib.scale:g}x the probe's ({checks})",
             highlight=False,
         )
-    waits = found["median_collective_wait_ms"]
+    waits = found.median_collective_wait_ms
     if waits:
         each = ", ".join(f"rank {rank} {ms:.3f} ms" for rank, ms in waits.items())
         console.print(
@@ -123,53 +126,57 @@ def print_replay(store: Any) -> None:
         warn(line)
 
 
-def _replay_check_lines(found: dict[str, Any]) -> list[str]:
-    """The two checks that ran, one line each (``xsp.analysis.replay_checks``)."""
+def _replay_check_lines(found: ReplayResult) -> list[str]:
+    """The two checks that ran, one line each (``xsp.analysis.replay.checks``)."""
+    from xsp.analysis.m_interval import COVERAGE
+
     lines = []
-    own = found.get("in_process")
+    own = found.in_process
     if own is not None:
         lines.append(
-            f"in-process check: {own['error_pct']:+.1f}% against the {own['run']} process's "
-            f"untraced {own['untraced_ms']:.3f} ms ({len(own['checked_iterations'])} held-out "
-            f"of {own['pairs']} untraced/traced pairs; within {own['tolerance_pct']:g}%: "
-            f"{'yes' if own['holds'] else 'no'})"
+            f"in-process check: {own.error_pct:+.1f}% against the {own.run} process's "
+            f"untraced {own.untraced_ms:.3f} ms ({len(own.checked_iterations)} held-out "
+            f"of {own.pairs} untraced/traced pairs; within {own.tolerance_pct:g}%: "
+            f"{'yes' if own.holds else 'no'})"
         )
-    across = found.get("m_interval")
-    if across is not None and across["processes"] > 1:
-        each = ", ".join(f"{ms:.3f}" for ms in across["process_medians_ms"])
+    across = found.m_interval
+    if across is not None and across.interval.processes > 1:
+        interval = across.interval
+        each = ", ".join(f"{ms:.3f}" for ms in interval.process_medians_ms)
         lines.append(
-            f"across processes: {across['position']} M's {across['coverage']:.0%} interval "
-            f"{across['low_ms']:.3f}-{across['high_ms']:.3f} ms over {across['processes']} "
+            f"across processes: {across.position} M's {COVERAGE:.0%} interval "
+            f"{interval.low_ms:.3f}-{interval.high_ms:.3f} ms over {interval.processes} "
             f"processes (their medians {each} ms)"
         )
     return lines
 
 
-def replay_warnings(found: dict[str, Any]) -> list[str]:
+def replay_warnings(found: ReplayResult) -> list[str]:
     """Why the replayed step may be off: the F run measured no cost of its own to take off the
     host's times, a check could not run (``unchecked``), or a check did not hold."""
     from xsp.analysis.host_timeline import NO_CALIBRATION
 
     lines = []
-    if NO_CALIBRATION in found["calibration"]["source"]:
+    if NO_CALIBRATION in found.calibration.source:
         lines.append(
-            f"{found['calibration']['source']} (a store older than the probe): the host's times "
+            f"{found.calibration.source} (a store older than the probe): the host's times "
             "keep the tracer's cost, so the replayed step and its verdict overstate host work; "
             "record it again to read them"
         )
-    lines += [f"unchecked {why}" for why in found.get("unchecked") or []]
-    own = found.get("in_process")
-    if own is not None and not own["holds"]:
+    lines += [f"unchecked {why}" for why in found.unchecked]
+    own = found.in_process
+    if own is not None and not own.holds:
         lines.append(
-            f"the replayed step is {own['error_pct']:+.1f}% off the {own['run']} process's own "
-            f"held-out untraced steps ({own['untraced_ms']:.3f} ms): the host changed speed "
+            f"the replayed step is {own.error_pct:+.1f}% off the {own.run} process's own "
+            f"held-out untraced steps ({own.untraced_ms:.3f} ms): the host changed speed "
             "within that process, or F's cost per record is not one figure for this workload"
         )
-    across = found.get("m_interval")
-    if across is not None and across["processes"] > 1 and across["position"] != "inside":
+    across = found.m_interval
+    if across is not None and across.interval.processes > 1 and across.position != "inside":
+        interval = across.interval
         lines.append(
-            f"the replayed step {across['replayed_ms']:.3f} ms is {across['position']} M's "
-            f"interval {across['low_ms']:.3f}-{across['high_ms']:.3f} ms: the F process's host "
+            f"the replayed step {across.replayed_ms:.3f} ms is {across.position} M's "
+            f"interval {interval.low_ms:.3f}-{interval.high_ms:.3f} ms: the F process's host "
             "ran at another speed than M's processes did"
         )
     return lines

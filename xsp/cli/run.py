@@ -157,14 +157,15 @@ def run(**options: Any) -> None:
     bad input; 130 when interrupted (Ctrl-C stops the level-set process too; the manifest
     keeps what finished).
     """
-    from xsp.tracer.run.runner import check_arguments, run_leveled
+    from xsp.tracer.run.plan import plan
+    from xsp.tracer.run.runner import run_leveled
 
     started_ns = _process_started_ns()
     spec = _leveled_spec(**options)
-    check_arguments(spec)  # before torch is imported and the bars drawn: bad input in a blink
+    run_plan = plan(spec)  # before torch is imported and the bars drawn: bad input in a blink
     _import_in_background(_SUMMARY_MODULES)
     with _level_set_bars() as progress:
-        result = run_leveled(spec, progress)
+        result = run_leveled(run_plan, progress)
     _report(spec.out, result, started_ns)
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from xsp.cli.common import EXIT_INTERRUPTED, bar_per_key, console, fail, out_console
+from xsp.cli.common import bar_per_key, console, fail, out_console
+from xsp.core.errors import EXIT_INTERRUPTED
 
 
 @click.command()

@@ -100,3 +100,13 @@ def level_sets(texts: Iterable[str], text: str | None = None) -> tuple[LevelSet,
     if len(set(sets)) != len(sets):
         raise ValueError(f"bad level sets {quoted!r}: a level set repeats")
     return sets
+
+
+def continuous_counters(levels: LevelSet) -> str:
+    """Why the hardware-counter level set ``levels`` cannot run in a continuous session: the one
+    wording, wherever the rule is checked."""
+    return (
+        f"level set {levels}: level H cannot run in a continuous session (Nsight Compute "
+        "replays each kernel in a run of its own): leave level H out for a service, or give "
+        "a fixed --iterations"
+    )

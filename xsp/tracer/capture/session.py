@@ -38,7 +38,7 @@ import torch
 from xsp.core import schema, store
 from xsp.core.devices import resolve_device
 from xsp.core.errors import ConfigError, XspError
-from xsp.core.levelset import LevelSet
+from xsp.core.levelset import LevelSet, continuous_counters
 from xsp.core.records import MonitorSamples
 from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture import iterations as boundaries
@@ -234,10 +234,7 @@ class Session:
         check_levels(self.levels, self.device)
         self.continuous = profile.continuous
         if self.continuous and self.levels.counters:
-            raise ConfigError(
-                f"level set {self.levels}: level H cannot run in a continuous session (Nsight "
-                "Compute replays each kernel in a run of its own): use a fixed --iterations"
-            )
+            raise ConfigError(continuous_counters(self.levels))
         self._stack = LevelStack(self._build_levels(spec), self._errors)
         self._set_up_interleave()
         self._schedule = Schedule(

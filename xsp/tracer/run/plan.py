@@ -20,7 +20,7 @@ from typing import Any
 
 from xsp.core import store
 from xsp.core.errors import ConfigError
-from xsp.core.levelset import LevelSet, level_sets
+from xsp.core.levelset import LevelSet, continuous_counters, level_sets
 from xsp.tracer.run.protocol import check_program
 from xsp.tracer.spec import ProfileSpec
 
@@ -201,16 +201,6 @@ def _check_service(profile: ProfileSpec, runs: Sequence[LevelSet]) -> None:
             raise ConfigError(continuous_counters(levels))
 
 
-def continuous_counters(levels: LevelSet) -> str:
-    """Why the hardware-counter level set ``levels`` cannot run in a continuous session: the one
-    wording, wherever the rule is checked."""
-    return (
-        f"level set {levels}: level H cannot run in a continuous session (Nsight Compute "
-        "replays each kernel in a run of its own): leave level H out for a service, or give "
-        "a fixed --iterations"
-    )
-
-
 def counter_skips(level_sets: Sequence[LevelSet]) -> dict[LevelSet, str]:
     """The hardware-counter level sets that cannot run here, with the one-line reason (no
     counter tool): they are left out, and every other level set runs."""
@@ -257,7 +247,6 @@ __all__ = [
     "LeveledSpec",
     "RunPlan",
     "check_arguments",
-    "continuous_counters",
     "counter_skips",
     "plan",
     "script_command",
