@@ -9,7 +9,7 @@ w=benchmarks/workloads/self_profiling_train.py
 args=(--model resnet18 --steps 24 --wait 5 --warmup 2 --active 3)
 rm -f /tmp/alone.jsonl /tmp/under.jsonl
 timeout 90 python3 $w "${args[@]}" --counts /tmp/alone.jsonl 2>&1 | grep -v USDT | tail -2
-timeout 320 python3 -m xsp run --levels M,MF,MFL,MFLG --iterations 5 --warmup 2 --device cuda \
+timeout 320 python3 -m xsp run --levels "${LEVELS:-M,MF,MFL,MFLG}" --iterations 5 --warmup 2 --device cuda \
   --m-processes 1 --out /tmp/coexist-run -- python3 $w "${args[@]}" --counts /tmp/under.jsonl \
   > "$OUT/xsp-run.log" 2>&1
 echo "xsp run exit $?"
