@@ -37,6 +37,7 @@ from xsp.core.records import (
     Interned,
     RangeRecords,
 )
+from xsp.tracer.capture.coexist import CUPTI, program_profiler
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,11 @@ class _CuptiSession:
         self.graph_error: str | None = None  # why CUDA graph nodes went unrecorded
         self._batch: _Batch | None = None  # the records handed over at a batch boundary
         self._batch_dropped: int | None = None  # None: not in batches (``in_batches``)
+        self._kinds: list[str] = []  # what the levels asked CUPTI to record
+        self._aside = False  # stepped aside for the program's torch.profiler
+        self._collected = False  # records collected on their own clock offsets (stepped aside)
+        self._aside_dropped = 0
+        self.resume_error: str | None = None
 
     def _module(self) -> Any:
         if self._native is None:
@@ -151,13 +157,48 @@ class _CuptiSession:
                 self._decoded = None
                 self._offsets = [_clock_offset(native)]
                 self._window = [time.time_ns(), 0]
+                self._collected, self._aside_dropped, self.resume_error = False, 0, None
+            self._kinds = []
+            # the program's torch.profiler may hold CUPTI now: then xsp starts once it stops
+            self._aside = program_profiler().listen(CUPTI, self._step_aside, self._come_back)
+        self._kinds += [k for k in kinds if k not in self._kinds]
+        if not self._aside:
+            self._native_start(kinds)
+        self._users += 1
+
+    def _native_start(self, kinds: Sequence[str]) -> None:
+        native = self._module()
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
         try:
             native.cupti_start(list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet)
         except RuntimeError as exc:
             raise XspError(f"CUPTI refused to start: {exc}") from exc
         native.cupti_measuring(True)
-        self._users += 1
+
+    def _step_aside(self) -> None:
+        """The program's torch.profiler takes CUPTI (``xsp.tracer.capture.coexist``): the
+        records so far are decoded into columns on this run's clock, and CUPTI is left to it."""
+        native = self._module()
+        native.cupti_measuring(False)
+        self._offsets.append(_clock_offset(native))
+        self._aside_dropped += int(native.cupti_step_aside())
+        native.cupti_collect(self.offset_ns, True)
+        self._collected, self._aside, self._offsets = True, True, []
+
+    def _come_back(self) -> None:
+        """The program's profiler stopped: CUPTI records xsp's kinds again."""
+        self._aside = False
+        if self._users == 0 or self._stopped:
+            return
+        native = self._module()
+        try:
+            self._native_start(self._kinds)
+        except XspError as exc:
+            self._aside = True  # the rest of the run has no L and G records: counted as held
+            self.resume_error = str(exc)
+            log.warning("xsp: CUPTI would not start again after the program's profiler: %s", exc)
+            return
+        self._offsets = [_clock_offset(native)]
 
     def stop(self) -> None:
         """Flush once, then disable every kind, once no level uses them."""
@@ -165,12 +206,17 @@ class _CuptiSession:
         self._users -= 1
         if self._users > 0 or self._stopped:
             return
-        native.cupti_measuring(False)
+        program_profiler().forget(CUPTI)
         self._window[1] = time.time_ns()
+        if self._aside:  # stepped aside for the program's profiler: nothing of xsp's runs
+            self.dropped_records = self._aside_dropped
+            self._stopped = True
+            return
+        native.cupti_measuring(False)
         offset = _clock_offset(native)  # while CUPTI still runs
         self._offsets = [offset] if self._batch_dropped is not None else [*self._offsets, offset]
         try:
-            self.dropped_records = int(native.cupti_stop())
+            self.dropped_records = int(native.cupti_stop()) + self._aside_dropped
         except RuntimeError as exc:
             log.warning("xsp: CUPTI cannot report its dropped records: %s", exc)
             self.dropped_records = None
@@ -228,7 +274,9 @@ class _CuptiSession:
 
     def _decode(self) -> dict[str, Any]:
         if self._decoded is None:
-            self._decoded = self._module().cupti_decode()
+            # after a step aside, each CUPTI run's records go on its own clock offset
+            offset = self.offset_ns if self._collected else 0
+            self._decoded = self._module().cupti_decode(offset)
             counts = self._decoded["counts"]
             self.graph_error, self.bad_records, self.buffer_counts = _decoded_counts(counts)
         return self._decoded
@@ -247,7 +295,8 @@ class _CuptiSession:
         """The decoded columns and the offset that puts their times on the Unix epoch's clock:
         the run's, or a batch's (whose times are there already, each CUPTI run's as it ended)."""
         if batch is None:
-            return self._decode(), self.offset_ns
+            decoded = self._decode()
+            return decoded, 0 if self._collected else self.offset_ns
         return batch.decoded, 0
 
     def take_api(self, batch: _Batch | None = None) -> ApiRecords:
@@ -446,14 +495,8 @@ def _clock_offset(native: Any, samples: int = 7) -> int:
 
 def _check_exclusive() -> None:
     """Fail clearly when another tool holds CUPTI: the last activity registration wins
-    process-wide, so sharing would silently leave one of the two with nothing."""
-    import torch
-
-    if torch.autograd._profiler_enabled():
-        raise XspError(
-            "torch.profiler is running in this process; it and xsp's levels L and G "
-            "cannot share CUPTI: stop the profiler or drop levels L and G"
-        )
+    process-wide, so sharing would silently leave one of the two with nothing. (The program's
+    own torch.profiler is stepped aside for: ``xsp.tracer.capture.coexist``.)"""
     injected = os.environ.get("CUDA_INJECTION64_PATH")
     if injected:
         raise XspError(

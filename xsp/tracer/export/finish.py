@@ -83,7 +83,7 @@ class Stored:
 
 def capture_losses(counts: Mapping[str, Any]) -> list[str]:
     """One status reason per kind of record the capture lost, from the levels' own counts
-    (``Level.counts()``: ``ranges_left_open``, ``arena``, ``cupti``)."""
+    (``Level.counts()``: ``ranges_left_open``, ``arena``, ``cupti``, ``program_profiler``)."""
     lost = []
     if counts.get("ranges_left_open"):
         lost.append(
@@ -109,6 +109,9 @@ def capture_losses(counts: Mapping[str, Any]) -> list[str]:
         lost.append(f"{cupti['undecodable_records']} CUPTI records could not be decoded")
     if cupti.get("start_failures"):
         lost.append(f"CUPTI would not start for {cupti['start_failures']} sampled iterations")
+    program = counts.get("program_profiler") or {}
+    if program.get("spans_missing"):  # xsp stepped aside for the program's torch.profiler
+        lost.append(str(program["line"]))
     return lost
 
 

@@ -1566,6 +1566,22 @@ uint64_t cupti_stop() {
   return dropped;
 }
 
+// The program's own profiler (torch.profiler with device activities) takes CUPTI: every record so
+// far to the completed queue, xsp's kinds off, its subscriber released (Kineto subscribes once and
+// never retries), the calls xsp quieted recorded again, and xsp's buffer callbacks to be
+// registered anew when it starts again (Kineto registers its own). Returns the records dropped.
+uint64_t cupti_step_aside() {
+  uint64_t dropped = cupti_stop();
+  for (const auto& [domain, cbid] : g_quiet) {
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API)
+      cuptiActivityEnableRuntimeApi(cbid, 1);
+    else
+      cuptiActivityEnableDriverApi(cbid, 1);
+  }
+  g_cupti.registered = false;
+  return dropped;
+}
+
 uint64_t cupti_timestamp() {
   uint64_t t = 0;
   check(cuptiGetTimestamp(&t), "CUPTI timestamp");
@@ -1892,6 +1908,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cupti_start", &cupti_start);
   m.def("cupti_measuring", &cupti_measuring);
   m.def("cupti_stop", &cupti_stop);
+  m.def("cupti_step_aside", &cupti_step_aside);
   m.def("cupti_flush", &cupti_flush);
   m.def("cupti_decode", &cupti_decode, py::arg("offset_ns") = 0);
   m.def("cupti_collect", &cupti_collect, py::arg("offset_ns"), py::arg("run_ended"));

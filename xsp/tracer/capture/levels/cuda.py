@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from xsp.tracer.capture.coexist import CUPTI, program_profiler
 from xsp.tracer.capture.cupti import cupti_session
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class LibraryLevel:
 
     def enable(self) -> None:
         """Come on. After a batch's hand-over CUPTI starts with the next sampled iteration."""
+        program_profiler().run_begins()
+        program_profiler().cupti_letters.add(self.letter)
         self._wanted = True
         if not self._batches:
             self._start()
@@ -64,6 +67,8 @@ class LibraryLevel:
     def begin_iteration(self, index: int) -> None:
         """A sampled iteration right after a batch boundary starts CUPTI here; a CUPTI that
         refuses to start costs this iteration its records, never the program its request."""
+        if self._wanted:
+            program_profiler().begin_iteration(CUPTI, index)
         try:
             self._start()
         except Exception as exc:
@@ -73,7 +78,8 @@ class LibraryLevel:
                 log.warning("xsp: level %s could not start CUPTI: %s", self.letter, exc)
 
     def end_iteration(self, index: int) -> None:
-        pass
+        if self._wanted:  # an iteration the program's torch.profiler held CUPTI in is counted
+            program_profiler().end_iteration(CUPTI, index)
 
     def handover(self) -> BatchDrain:
         """A continuous session's batch boundary: this batch's records, decoded now (CUPTI
@@ -116,8 +122,14 @@ class LibraryLevel:
         return records
 
     def counts(self) -> dict[str, Any]:
-        """CUPTI's losses for run.json (the session asks every level that has ``counts``)."""
-        return {"cupti": self._session.counts()}
+        """CUPTI's losses for run.json (the session asks every level that has ``counts``), and
+        what the program's torch.profiler kept from it (``xsp.tracer.capture.coexist``)."""
+        counts: dict[str, Any] = {"cupti": self._session.counts()}
+        if program := program_profiler().summary():
+            counts["program_profiler"] = program
+        if self._session.resume_error:
+            counts["cupti"]["resume_error"] = self._session.resume_error
+        return counts
 
 
 class GpuLevel(LibraryLevel):

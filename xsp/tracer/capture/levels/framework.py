@@ -17,7 +17,8 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
    updates every module class below it.
 3. The CPU and CUDA allocators report every allocation and free, with the total allocated, to
    a profiler state xsp puts in the thread's debug info (where torch.profiler's would go; it
-   says "disabled", so torch sees no profiler); they become the run's memory events.
+   says "disabled", so torch sees no profiler); they become the run's memory events. While the
+   program's own torch.profiler runs, xsp's state leaves that slot (``xsp.tracer.capture.coexist``).
 
 Nothing is turned into spans during the measured window; ``drain`` reads the arena after it,
 and ``xsp.tracer.convert.framework`` nests the records. Under ``torch.compile`` the wrapper only calls
@@ -49,6 +50,7 @@ from xsp.core.records import (
     loader_range_name,
 )
 from xsp.tracer.capture.arena import CaptureArena
+from xsp.tracer.capture.coexist import MEMORY, program_profiler
 from xsp.tracer.capture.inductor import KernelProvenance
 
 if TYPE_CHECKING:
@@ -115,6 +117,7 @@ class FrameworkLevel:
     def enable(self) -> None:
         """Come on, recording. A continuous session's batches each enable the level anew, into
         a fresh arena: the module table starts again there."""
+        program_profiler().run_begins()
         self._arena.open()
         self._module_index.clear()
         self._module_paths.clear()
@@ -136,21 +139,36 @@ class FrameworkLevel:
             self._native.ops_start(self._record_shapes)
             if self._shapes_after_first and self._iterations:  # this arena has them already
                 self._native.ops_shapes(False)
-            # the allocators report to the thread's profiler state: torch.profiler's, if it runs
-            if not torch.autograd._profiler_enabled():
-                self._native.memory_start()
+            self._memory_on()
             if self._module_calls is None:
                 self._module_calls = _ModuleCalls(self)
             self._module_calls.recording(True)
             return
         if self._module_calls is not None:
             self._module_calls.recording(False)
-        self._native.memory_stop()
+        self._memory_off()
         self._native.ops_stop()
+
+    def _memory_on(self) -> None:
+        """The allocators report to the thread's profiler state: xsp's, unless the program's
+        torch.profiler runs (its state is there then, and xsp's would break it:
+        ``xsp.tracer.capture.coexist``); xsp's leaves while it runs and comes back after."""
+        held = program_profiler().listen(MEMORY, self._native.memory_stop, self._memory_back)
+        if not held and not torch.autograd._profiler_enabled():
+            self._native.memory_start()
+
+    def _memory_back(self) -> None:
+        if self._recording and not torch.autograd._profiler_enabled():
+            self._native.memory_start()
+
+    def _memory_off(self) -> None:
+        program_profiler().forget(MEMORY)
+        self._native.memory_stop()
 
     def begin_iteration(self, index: int) -> None:
         if not self._recording:
             return
+        program_profiler().begin_iteration(MEMORY, index)
         self._iterations += 1
         if self._iterations == 2 and self._shapes_after_first:
             self._native.ops_shapes(False)
@@ -159,6 +177,7 @@ class FrameworkLevel:
     def end_iteration(self, index: int) -> None:
         if self._recording:
             self._native.range_end()
+            program_profiler().end_iteration(MEMORY, index)
 
     def handover(self) -> BatchDrain:
         """A continuous session's batch boundary, between iterations on the program's thread:
@@ -186,7 +205,7 @@ class FrameworkLevel:
         if self._recording:
             self._let_other_threads_close()
         self._recording = False
-        self._native.memory_stop()
+        self._memory_off()
         self._native.ops_stop()
 
     def _batch_drain(self) -> BatchDrain:
@@ -223,7 +242,12 @@ class FrameworkLevel:
         """Ranges other threads still had open when the levels stopped (run.json): their
         records are left out. The stopping thread's own (a range around the whole loop) are not
         counted: they enclose the run's end."""
-        return {"ranges_left_open": _left_open(self._arena.contents(), self._stopped_on)}
+        counts: dict[str, Any] = {
+            "ranges_left_open": _left_open(self._arena.contents(), self._stopped_on)
+        }
+        if program := program_profiler().summary():
+            counts["program_profiler"] = program
+        return counts
 
     def drain(self) -> FrameworkRecords:
         records, _ = self._batch_drain()(self._arena.contents())
