@@ -2,12 +2,69 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from pathlib import Path
 from typing import Any
 
 import click
 
-from xsp.cli.common import console
+from xsp.cli.common import console, fail, warn
+
+#: gRPC's and HTTP's request limit may not be set above this (a GiB).
+MAX_REQUEST_MIB_LIMIT = 1024
+
+
+def _request_mib(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A finite size above 0: nan or inf would pass a range check, and 0 or less would leave
+    HTTP refusing every request while gRPC took any."""
+    if not (math.isfinite(value) and 0 < value <= MAX_REQUEST_MIB_LIMIT):
+        raise click.BadParameter(
+            f"{value:g}: give a size above 0 and at most {MAX_REQUEST_MIB_LIMIT}"
+        )
+    return value
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def _token(token: str | None, token_file: Path | None) -> str | None:
+    """The bearer token: from --token-file (kept out of ps), else --token or
+    XSP_COLLECTOR_TOKEN."""
+    if token_file is None:
+        return token
+    if token is not None:
+        fail("give the token once: --token (or XSP_COLLECTOR_TOKEN) or --token-file")
+    try:
+        text = token_file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read the token file {token_file}: {exc}")
+    if not text:
+        fail(f"the token file {token_file} is empty")
+    return text
+
+
+def _warn_if_open(addresses: list[str], token: str | None, tls: bool) -> None:
+    """One line when a receiver listens beyond this machine without a token, or sends its token
+    in the clear."""
+    exposed = [a for a in addresses if a and not _is_loopback(a)]
+    if not exposed:
+        return
+    where = ", ".join(exposed)
+    if token is None:
+        warn(
+            f"listening on {where} without a token: anyone who reaches it can write spans into "
+            "the store (give --token-file or XSP_COLLECTOR_TOKEN)"
+        )
+    elif not tls:
+        warn(f"listening on {where} without TLS: the token crosses the network in the clear")
 
 
 @click.group()
@@ -39,17 +96,32 @@ def collector() -> None:
 )
 @click.option("--forward", help="Also forward every request to this OTLP endpoint (e.g. Jaeger).")
 @click.option(
-    "--token", envvar="XSP_COLLECTOR_TOKEN", help="Require 'Authorization: Bearer TOKEN'."
+    "--token",
+    envvar="XSP_COLLECTOR_TOKEN",
+    help="Require 'Authorization: Bearer TOKEN' (XSP_COLLECTOR_TOKEN; shows in ps).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(path_type=Path),
+    help="Read the token from this file's first line instead (kept out of ps).",
 )
 @click.option("--tls-cert", type=click.Path(exists=True, path_type=Path))
 @click.option("--tls-key", type=click.Path(exists=True, path_type=Path))
-@click.option("--max-request-mib", type=float, default=32, show_default=True)
+@click.option(
+    "--max-request-mib",
+    type=float,
+    default=32,
+    show_default=True,
+    callback=_request_mib,
+    help=f"Largest request, gRPC and HTTP alike (above 0, at most {MAX_REQUEST_MIB_LIMIT}).",
+)
 def serve(
     store_dir: Path,
     grpc_address: str,
     http_address: str,
     forward: str | None,
     token: str | None,
+    token_file: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     max_request_mib: float,
@@ -61,6 +133,9 @@ def serve(
     """
     from xsp.collector.server import CollectorConfig
     from xsp.collector.server import serve as run_server
+
+    token = _token(token, token_file)
+    _warn_if_open([grpc_address, http_address], token, tls_cert is not None)
 
     config = CollectorConfig(
         store=store_dir,

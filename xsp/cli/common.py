@@ -8,7 +8,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -21,7 +21,7 @@ console = Console(stderr=True)
 out_console = Console()
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``xsp: error: MESSAGE`` and exit with ``code``."""
     # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
     console.print(f"[bold red]xsp: error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -1,0 +1,69 @@
+"""``xsp collector serve``'s arguments: a request limit that cannot be, the token kept out of
+``ps``, and one line when a receiver listens beyond this machine unprotected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from xsp.cli import main
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The configurations ``serve`` would start, without starting a server."""
+    started: list[Any] = []
+    monkeypatch.setattr("xsp.collector.server.serve", lambda config, ready: started.append(config))
+    monkeypatch.delenv("XSP_COLLECTOR_TOKEN", raising=False)
+    return started
+
+
+def _serve(tmp_path: Path, *args: str) -> Any:
+    return CliRunner().invoke(main, ["collector", "serve", "--store", str(tmp_path / "s"), *args])
+
+
+@pytest.mark.parametrize("size", ["nan", "inf", "-1", "0", "2048"])
+def test_a_request_limit_that_cannot_be_is_one_line(
+    size: str, tmp_path: Path, served: list[Any]
+) -> None:
+    done = _serve(tmp_path, "--max-request-mib", size)
+    assert done.exit_code == 2
+    assert "--max-request-mib" in done.output and "Traceback" not in done.output
+    assert served == []
+
+
+def test_the_request_limit_is_the_same_for_both_receivers(
+    tmp_path: Path, served: list[Any]
+) -> None:
+    assert _serve(tmp_path, "--max-request-mib", "0.5").exit_code == 0
+    assert served[0].max_request_bytes == 512 * 1024
+
+
+def test_the_token_comes_from_a_file(tmp_path: Path, served: list[Any]) -> None:
+    (tmp_path / "token").write_text("s3cret\n")
+    done = _serve(tmp_path, "--token-file", str(tmp_path / "token"))
+    assert done.exit_code == 0, done.output
+    assert served[0].token == "s3cret"
+
+
+def test_the_token_is_given_once(tmp_path: Path, served: list[Any]) -> None:
+    (tmp_path / "token").write_text("a")
+    done = _serve(tmp_path, "--token", "b", "--token-file", str(tmp_path / "token"))
+    assert done.exit_code == 2 and "give the token once" in done.output
+    missing = _serve(tmp_path, "--token-file", str(tmp_path / "none"))
+    assert missing.exit_code == 2 and "cannot read the token file" in missing.output
+
+
+def test_listening_beyond_this_machine_unprotected_says_so(
+    tmp_path: Path, served: list[Any]
+) -> None:
+    open_ = _serve(tmp_path, "--http", "0.0.0.0:4318", "--grpc", "")
+    assert open_.exit_code == 0
+    assert "0.0.0.0:4318 without a token" in open_.output
+    in_clear = _serve(tmp_path, "--http", "0.0.0.0:4318", "--grpc", "", "--token", "t")
+    assert "without TLS" in in_clear.output
+    local = _serve(tmp_path)  # the loopback defaults
+    assert "warning" not in local.output
