@@ -67,3 +67,19 @@ def test_listening_beyond_this_machine_unprotected_says_so(
     assert "without TLS" in in_clear.output
     local = _serve(tmp_path)  # the loopback defaults
     assert "warning" not in local.output
+
+
+def test_a_sender_chosen_name_reaches_the_terminal_as_characters() -> None:
+    """An escape sequence in a span name is printed as its escape, and Rich markup as text."""
+    import pyarrow as pa
+
+    from xsp.cli.common import out_console
+    from xsp.cli.render import print_table
+
+    name = "evil\x1b[2J[red]x[/red]\u202e"
+    table = pa.table({"name": [name], "ms": [1.5]})
+    with out_console.capture() as captured:
+        print_table("spans", table, rows=5)
+    shown = captured.get()
+    assert "\x1b[2J" not in shown and "\u202e" not in shown
+    assert "\\x1b[2J[red]x[/red]\\u202e" in shown.replace("\n", "").replace("│", "").replace(" ", "")

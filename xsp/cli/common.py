@@ -5,6 +5,7 @@ command prints), one-line errors and warnings, progress bars, the group that tur
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
@@ -21,16 +23,36 @@ console = Console(stderr=True)
 out_console = Console()
 
 
+#: C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a name holding one
+#: could move the cursor, clear the screen or reorder what the terminal shows.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``), so that a span
+    name a sender chose reaches the terminal as characters, never as commands."""
+    return _UNPRINTABLE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def plain(text: str) -> Text:
+    """A table cell from data: printable, and never read as Rich markup (``[red]`` stays)."""
+    return Text(printable(text))
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``xsp: error: MESSAGE`` and exit with ``code``."""
     # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
-    console.print(f"[bold red]xsp: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold red]xsp: error:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
+    )
     sys.exit(code)
 
 
 def warn(message: str) -> None:
     """Print ``xsp: warning: MESSAGE``."""
-    console.print(f"[yellow]xsp: warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"[yellow]xsp: warning:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
+    )
 
 
 def labelled_bars(label: str) -> Progress:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from xsp.cli.common import console, out_console, warn
+from xsp.cli.common import console, out_console, plain, warn
 
 if TYPE_CHECKING:
     from xsp.analysis.replay.result import ReplayResult
@@ -53,7 +53,7 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
             overflow="ellipsis" if numeric else "fold",  # a long name wraps, whole
         )
     for row in cells:
-        view.add_row(*row.values())
+        view.add_row(*(plain(text) for text in row.values()))
     captions = []
     if table.num_rows > rows:
         captions.append(f"{rows} of {table.num_rows} rows shown (--rows N for more)")
@@ -73,7 +73,7 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
         block.add_column(style="dim")
         block.add_column()
         for name, text in row.items():
-            block.add_row(header(name), text)
+            block.add_row(header(name), plain(text))
         out_console.print(block)
     if caption:
         out_console.print(caption, highlight=False)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from xsp.cli.common import open_store, out_console, warn
+from xsp.cli.common import open_store, out_console, plain, warn
 from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
 
@@ -45,7 +45,7 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
         table.add_column(name, justify="right" if name not in ("levels", "status") else "left")
     for r in rows:
         table.add_row(
-            r["levels"],
+            plain(r["levels"]),
             str(r["status"]),
             _fmt(r["iterations"]),
             _fmt(r["step_median_ms"]),
@@ -67,8 +67,8 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
             lt.add_column(name, justify="left" if name in ("layer", "type") else "right")
         for r in layers:
             lt.add_row(
-                r["module_path"],
-                r["module_type"],
+                plain(r["module_path"]),
+                plain(r["module_type"]),
                 _fmt(r["calls_per_iteration"], 0),
                 _fmt(r["mean_ms"], 3),
                 _fmt(r["share_pct"], 1),
@@ -137,7 +137,7 @@ def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> b
         lt.add_column(name, justify="left" if name == "layer" else "right")
     for r in rows:
         lt.add_row(
-            r["layer"],
+            plain(r["layer"]),
             _fmt(r["forward_gpu_ms"], 3),
             _fmt(r["backward_gpu_ms"], 3),
             _fmt(r["gpu_ms"], 3),
