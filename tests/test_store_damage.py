@@ -244,3 +244,25 @@ def test_commands_end_on_a_store_with_parent_cycles(tmp_path: Path, command: str
         result = CliRunner().invoke(cli_main, COMMANDS[command](run_dir, tmp_path))
     assert result.exit_code == 0, result.output
     assert "3 spans are their own ancestors" in result.output
+
+
+def test_a_part_without_page_checksums_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A span part of an older writer (no CRC32 per page) reads, with one line naming it; every
+    committed fixture has them (rewritten), so none of them says it."""
+    from xsp.core.parquet_pages import has_page_checksums
+
+    source = next(Path("benchmarks/data/trusted-h100/b1-infer/M").glob("spans-*.parquet"))
+    old = tmp_path / "spans-00000.parquet"
+    pq.write_table(pq.read_table(source), old, write_page_checksum=False)
+    with caplog.at_level("WARNING"):
+        store.read_span_file(old)
+        store.read_span_file(old)
+        store.read_span_file(source)
+    lines = [r.getMessage() for r in caplog.records if "page checksums" in r.getMessage()]
+    assert lines == [
+        f"xsp: warning: {old} has no page checksums (written before xsp wrote them): a damaged value in it may go unnoticed"
+    ]
+    committed = [p for p in Path(".").glob("*/data/**/*.parquet")]
+    assert committed and all(has_page_checksums(pq.ParquetFile(p), p) for p in committed)
