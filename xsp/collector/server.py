@@ -463,6 +463,9 @@ def serve(config: CollectorConfig, ready: Any = None) -> None:
     """Run until SIGINT/SIGTERM, then flush and stop."""
     import signal
 
+    from xsp.collector.heap import return_large_blocks
+
+    return_large_blocks()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):  # before the port opens: a SIGTERM that
         signal.signal(signum, lambda *_: stop.set())  # comes at once still stops it cleanly
