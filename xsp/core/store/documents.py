@@ -91,6 +91,7 @@ class CounterInfo(TypedDict, total=False):
     iterations_from_nvtx: bool
     metrics_read: list[str]
     passes: dict[str, float]
+    peaks_measured: dict[str, float]
     tool_errors: list[str]
     import_s: float
 
