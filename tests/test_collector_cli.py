@@ -82,4 +82,6 @@ def test_a_sender_chosen_name_reaches_the_terminal_as_characters() -> None:
         print_table("spans", table, rows=5)
     shown = captured.get()
     assert "\x1b[2J" not in shown and "\u202e" not in shown
-    assert "\\x1b[2J[red]x[/red]\\u202e" in shown.replace("\n", "").replace("│", "").replace(" ", "")
+    assert "\\x1b[2J[red]x[/red]\\u202e" in shown.replace("\n", "").replace("│", "").replace(
+        " ", ""
+    )

@@ -429,7 +429,7 @@ def test_the_fit_is_kept_in_the_cache_and_fitted_again_when_a_run_changes(
     import shutil
 
     import xsp.analysis.replay.fit as fit_module
-    import xsp.core.store as store_module
+    import xsp.core.store.json_io as store_module
     from xsp.analysis.replay.fit_cache import FIT_FILE, cache_file
 
     monkeypatch.setenv("XSP_CACHE_DIR", str(tmp_path / "cache"))

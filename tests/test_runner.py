@@ -353,6 +353,7 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
 def test_a_process_phases_split_the_calibration_off_its_switch_on() -> None:
     """Switching the levels on took 1.0 s, of which run.json's parts give F's calibration
     0.3 + 0.6 s: the phases say calibration 0.9 s and switch-on 0.1 s, and still add up."""
+    from xsp.core.store import RunMeta
     from xsp.tracer.run.manifest import phase_seconds
 
     s = 1_000_000_000
@@ -363,12 +364,12 @@ def test_a_process_phases_split_the_calibration_off_its_switch_on() -> None:
         "switch_on_ms": {"calibration, levels off": 300.0, "level F": 2.0,
                          "calibration, levels on": 600.0},
     }  # fmt: skip
-    seconds = phase_seconds(meta, spawned_ns=1 * s, ended_ns=7 * s)
+    seconds = phase_seconds(RunMeta.from_json(meta), spawned_ns=1 * s, ended_ns=7 * s)
     assert seconds["calibration"] == 0.9 and seconds["switch_on"] == 0.1
     assert sum(v for k, v in seconds.items() if k != "total") == pytest.approx(seconds["total"])
     assert seconds["total"] == 6.0
     del meta["switch_on_ms"]  # a run.json older than the parts: the switch-on whole
-    assert "calibration" not in phase_seconds(meta, 1 * s, 7 * s)
+    assert "calibration" not in phase_seconds(RunMeta.from_json(meta), 1 * s, 7 * s)
 
 
 WRITES_ITS_ENVIRONMENT = """

@@ -8,7 +8,7 @@ import pytest
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.summary import level_sets
-from xsp.core import store
+from xsp.core import schema, store
 from xsp.core.errors import StoreError
 from xsp.tracer.convert.spans import build_table
 
@@ -95,7 +95,7 @@ def test_files_from_an_older_schema_still_query(tmp_path: Path) -> None:
     )
     pq.write_table(old, run_dir / "spans-00000.parquet")
     store.write_json_atomic(
-        run_dir / store.RUN_META, {"format": store.schema.STORE_FORMAT, "levels": "M"}
+        run_dir / store.RUN_META, {"format": schema.STORE_FORMAT, "levels": "M"}
     )
     measurement = MeasurementStore(tmp_path)
     assert level_sets(measurement).to_pylist()[0]["iterations"] == 1

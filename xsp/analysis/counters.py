@@ -122,7 +122,7 @@ def store_peaks(store: MeasurementStore) -> Peaks:
     datasheet's for its device."""
     measured: dict[str, Any] = {}
     for run in store.counter_runs:
-        counters = run.meta.get("counters") or {}
+        counters = run.document.counters or {}
         measured = dict(counters.get("peaks_measured") or {}) or measured
     return resolve(_device(store), measured)
 
@@ -252,7 +252,7 @@ _MATCHING_SCHEMA = pa.schema(
 def _coverage(run: Any) -> str:
     """What the counter run could not count, from its run.json: quantities the device offers
     no metric for, and the lean metric set's omissions."""
-    info = run.meta.get("counters") or {}
+    info = run.document.counters or {}
     parts = []
     missing = sorted({str(q).split("[", 1)[0] for q in info.get("quantities_without_metric") or []})
     for quantity in missing:

@@ -99,7 +99,7 @@ def calibration(store: MeasurementStore, source: int | None) -> Calibration:
             None, None, "no run with level F: the host lasts M's step, so only the GPU is checked"
         )
     run = store.runs[source]
-    found = run.meta.get("calibration") or {}
+    found = run.document.calibration or {}
     op, module = found.get("framework_ns_per_record"), found.get("module_ns_per_call")
     if op is None:
         return Calibration(None, None, f"the {run.levels} run {NO_CALIBRATION}")

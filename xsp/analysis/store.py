@@ -97,14 +97,15 @@ class MeasurementStore:
         )
         for run, count in zip(self.runs, counts, strict=True):
             if not run.span_files:
-                status = run.meta.get("status")
-                why = run.meta.get("error") or ", ".join(run.meta.get("status_reasons") or [])
+                meta = run.document
+                status = meta.status.value if meta.status is not None else None
+                why = meta.error or ", ".join(meta.status_reasons or ())
                 raise StoreError(
                     f"{run.path}: no span files ({SPAN_FILE_PATTERN}); its run.json says "
                     f"status {status!r}" + (f" ({why})" if why else "")
                 )
             if not count:
-                said = run.meta.get("spans")
+                said = run.document.spans
                 raise StoreError(
                     f"{run.path}: its span files hold no spans"
                     + (f" (its run.json says {said})" if said else "")

@@ -73,7 +73,7 @@ def level_sets(store: MeasurementStore) -> pa.Table:
         rows.append(
             {
                 "levels": run.levels,
-                "status": run.meta.get("status"),
+                "status": run.document.status,
                 "iterations": row.get("iterations", 0),
                 "step_median_ms": median,
                 "step_min_ms": row.get("step_min_ms"),

@@ -15,13 +15,13 @@ those, and nothing is held out to check it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from xsp.analysis.matching import level_sources
 from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
+from xsp.core.store import RunMeta
 
 INTERLEAVED = "interleaved"
 WARMUP = "warm-up"
@@ -32,12 +32,12 @@ WARMUP_TAIL = 4
 RUN_KEY = "interleaved"
 
 
-def warmup_tail_ms(meta: dict[str, Any]) -> list[float]:
+def warmup_tail_ms(meta: RunMeta) -> list[float]:
     """The last of a level-set process's warm-up steps (levels off). The first is left out as
     cold: the program's first step, or, where the boundary changed (a training loop's forward
     passes, then its optimizer steps: ``WarmupClock.restart``), the first optimizer step, which
     allocates the optimizer's state."""
-    return list(meta.get("warmup_steps_ms") or [])[1:][-WARMUP_TAIL:]
+    return list(meta.warmup_steps_ms or ())[1:][-WARMUP_TAIL:]
 
 
 @dataclass(frozen=True)
@@ -95,15 +95,14 @@ def _read(store: MeasurementStore) -> Untraced | None:
     if source is None:
         return None
     run = store.runs[source]
-    record = run.meta.get(RUN_KEY)
-    record = record if isinstance(record, dict) else {}
+    record = run.document.interleaved or {}
     untraced, traced = record.get("untraced_ms") or [], record.get("traced_ms") or []
     before = {
         i: float(u)
         for i, (u, t) in enumerate(zip(untraced, traced, strict=False))
         if isinstance(u, int | float) and isinstance(t, int | float)
     }
-    warmup = tuple(float(v) for v in warmup_tail_ms(run.meta))
+    warmup = tuple(float(v) for v in warmup_tail_ms(run.document))
     skipped = record.get("skipped") if isinstance(record.get("skipped"), str) else None
     if before:
         after = {i: float(traced[i]) for i in before}

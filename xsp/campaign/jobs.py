@@ -51,19 +51,19 @@ def stop_stale_processes(out: Path, wait_s: float = 10.0) -> list[int]:
     import os
     import signal
 
-    from xsp.core.store import read_json
+    from xsp.core.store import Status, read_run_meta
     from xsp.tracer.run.procfs import process_age_ns
 
     killed = []
     for meta_path in out.glob("*/run.json"):
         try:
-            meta = read_json(meta_path)
-            pid = int((meta.get("resource") or {})["process.pid"])
-            started_ns = int(meta["started_ns"])
+            meta = read_run_meta(meta_path)
+            pid = int((meta.resource or {})["process.pid"])
+            started_ns = int(meta.started_ns)  # type: ignore[arg-type]  # None: TypeError
         except (XspError, ValueError, KeyError, TypeError):
             continue
         age_ns = process_age_ns(pid)
-        if meta.get("status") != "running" or age_ns is None:
+        if meta.status != Status.RUNNING or age_ns is None:
             continue
         if not -1e9 < started_ns - (time.time_ns() - age_ns) < 60e9:  # clock ticks: 10 ms
             continue

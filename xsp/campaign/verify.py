@@ -36,6 +36,7 @@ from xsp.campaign.paired import paired_gain
 from xsp.core import store
 from xsp.core.errors import StoreError, XspError
 from xsp.core.levelset import LevelSet
+from xsp.core.store import RunMeta
 from xsp.tracer.spec import ProfileSpec
 
 DEFAULT_ROUNDS = 3
@@ -476,16 +477,16 @@ def _measure(
     steps: list[float] = []
     if failure is None:
         run = store.open_run(out / str(levels))
-        failure = _fix_failure(run.meta)
+        failure = _fix_failure(run.document)
         steps = _steps_ms(run)
         if not steps and failure is None:
             failure = "no complete step was measured"
     return _Run(out, steps, failure, finished.interrupted)
 
 
-def _fix_failure(meta: dict[str, Any]) -> str | None:
+def _fix_failure(meta: RunMeta) -> str | None:
     """A fix that could not apply (the level-set process wrote it into run.json)."""
-    return next((e for e in meta.get("errors") or [] if str(e).startswith("fix ")), None)
+    return next((e for e in meta.errors or () if e.startswith("fix ")), None)
 
 
 def _steps_ms(run: store.Run) -> list[float]:

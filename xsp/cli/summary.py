@@ -13,6 +13,7 @@ from rich.table import Table
 from xsp.cli.common import open_store, out_console, plain, warn
 from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
+from xsp.core.store import Status
 
 
 @click.command()
@@ -151,14 +152,13 @@ def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> b
 def run_warnings(run: Any) -> list[str]:
     """Lines on what a level-set run lost: a status other than ok with its reasons, CUPTI's
     dropped and undecodable records (the kernel and API counts are then not exact)."""
-    meta = run.meta
+    meta = run.document
     lines = []
-    status = meta.get("status")
-    if status != "ok":
-        reasons = meta.get("status_reasons") or ([meta["error"]] if meta.get("error") else [])
+    if meta.status != Status.OK:
+        reasons = meta.status_reasons or ([meta.error] if meta.error else [])
         text = "; ".join(str(r) for r in reasons) or "no reason recorded"
-        lines.append(f"level set {run.levels}: {status}: {text}")
-    cupti = meta.get("cupti")
+        lines.append(f"level set {run.levels}: {meta.status}: {text}")
+    cupti = meta.cupti
     if isinstance(cupti, dict):
         dropped, bad = cupti.get("dropped_records"), cupti.get("undecodable_records")
         if dropped is None:
@@ -177,12 +177,13 @@ def run_warnings(run: Any) -> list[str]:
 
 def counter_line(run: Any) -> str:
     """One line on a hardware-counter run: kernels, iterations, replay passes, time."""
-    counters = run.meta.get("counters") or {}
+    meta = run.document
+    counters = meta.counters or {}
     passes = counters.get("passes") or {}
-    seconds = (run.meta.get("finished_ns") or 0) - (run.meta.get("started_ns") or 0)
+    seconds = (meta.finished_ns or 0) - (meta.started_ns or 0)
     parts = [
         f"counter run {run.levels}: {counters.get('kernels', 0):,} kernels",
-        f"{run.meta.get('iterations_measured', 0)} iteration(s) under {counters.get('tool', 'ncu')}",
+        f"{meta.iterations_measured or 0} iteration(s) under {counters.get('tool', 'ncu')}",
     ]
     if passes:
         parts.append(f"{passes.get('median')} replay passes per kernel (median)")

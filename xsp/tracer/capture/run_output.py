@@ -16,7 +16,6 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 from xsp.core import schema, store
 from xsp.core.levelset import LevelSet
 from xsp.core.records import MonitorSamples
+from xsp.core.store import RunMeta, Status
 from xsp.tracer.capture.levels import LevelContext
 from xsp.tracer.capture.run_errors import RunErrors
 from xsp.tracer.convert.spans import ROOT_LEVEL
@@ -32,30 +32,22 @@ from xsp.tracer.export.batches import BatchExporter, Totals
 from xsp.tracer.export.finish import Losses, sink_losses, store_spans
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 
-__all__ = ["RunIdentity", "RunOutput", "RunStatus", "run_resource", "run_status"]
+__all__ = ["RunIdentity", "RunOutput", "run_resource", "run_status"]
 
 log = logging.getLogger(__name__)
 
 
-class RunStatus(Enum):
-    """run.json's ``status``."""
-
-    RUNNING = "running"
-    OK = "ok"
-    PARTIAL = "partial"  # something is missing (fewer iterations, a level's losses, a sink)
-    ERROR = "error"  # the workload failed or nothing usable was stored
-    INTERRUPTED = "interrupted"  # Ctrl-C
-
-
-def run_status(error: str | None, interrupted: bool, losses: Losses) -> RunStatus:
-    """The status a finished run's ``error`` and ``losses`` earn it."""
+def run_status(error: str | None, interrupted: bool, losses: Losses) -> Status:
+    """The status a finished run's ``error`` and ``losses`` earn it: ``partial`` when something
+    is missing (fewer iterations, a level's losses, a sink), ``error`` when the workload failed
+    or nothing usable was stored."""
     if interrupted:
-        return RunStatus.INTERRUPTED
+        return Status.INTERRUPTED
     if error is not None:
-        return RunStatus.ERROR
+        return Status.ERROR
     if losses.missing:
-        return RunStatus.PARTIAL
-    return RunStatus.OK
+        return Status.PARTIAL
+    return Status.OK
 
 
 @dataclass(frozen=True)
@@ -235,7 +227,7 @@ class RunOutput:
             run_dir = self.identity.run_dir
             if run_dir is not None:
                 try:
-                    store.write_json_atomic(run_dir / store.RUN_META, meta)
+                    store.write_run_meta(run_dir / store.RUN_META, RunMeta.from_json(meta))
                 except OSError as exc:
                     log.error("xsp: cannot write %s: %s", run_dir / store.RUN_META, exc)
             return meta

@@ -40,6 +40,7 @@ from xsp.core.devices import resolve_device
 from xsp.core.errors import ConfigError, XspError
 from xsp.core.levelset import LevelSet, continuous_counters
 from xsp.core.records import MonitorSamples
+from xsp.core.store import Status
 from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture import iterations as boundaries
 from xsp.tracer.capture.batch_rotation import BatchRotation, signals_held
@@ -60,7 +61,6 @@ from xsp.tracer.capture.run_errors import RunErrors
 from xsp.tracer.capture.run_output import (
     RunIdentity,
     RunOutput,
-    RunStatus,
     run_resource,
     run_status,
 )
@@ -385,7 +385,7 @@ class Session:
         if self.spec.profile.iteration_fn:  # ConfigError when it cannot be found
             self._watch = boundaries.FunctionCalls(self.spec.profile.iteration_fn, self)
         _current = self
-        self._write_meta(RunStatus.RUNNING)
+        self._write_meta(Status.RUNNING)
         atexit.register(self.close)
         if self.levels.gpu and self.device.startswith("cuda"):
             graphs.turn_levels_on_at_capture(_levels_on_at_capture)
@@ -684,7 +684,7 @@ class Session:
     def _stored_so_far(self, totals: Totals) -> None:
         """run.json while a continuous session runs: what its batches stored so far."""
         self._write_meta(
-            RunStatus.RUNNING,
+            Status.RUNNING,
             measured=totals.iterations,
             **totals.counts(),
             **self._service_meta(),
@@ -934,12 +934,12 @@ class Session:
         return "no iteration was marked"
 
     def _write_meta(
-        self, status: RunStatus, error: str | None = None, measured: int = 0, **extra: Any
+        self, status: Status, error: str | None = None, measured: int = 0, **extra: Any
     ) -> dict[str, Any]:
         return self._output.write_meta(lambda: self._meta(status, error, measured, extra))
 
     def _meta(
-        self, status: RunStatus, error: str | None, measured: int, extra: dict[str, Any]
+        self, status: Status, error: str | None, measured: int, extra: dict[str, Any]
     ) -> dict[str, Any]:
         """run.json as it stands."""
         return {
@@ -964,7 +964,7 @@ class Session:
             "phases_ns": dict(self._phase_ns),
             "switch_on_ms": dict(self._switch_on_ms),
             **({"host": dict(self._host)} if self._host else {}),
-            "finished_ns": time.time_ns() if status is not RunStatus.RUNNING else None,
+            "finished_ns": time.time_ns() if status is not Status.RUNNING else None,
             "files": self._output.files(),
             **({"program": dict(self.program)} if self.program is not None else {}),
             **({"rank": self.rank, "world_size": self.world_size} if self.rank is not None else {}),

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 from xsp.core import schema
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
+from xsp.core.store import RunMeta, Status
 from xsp.tracer.capture import session as sessions
 from xsp.tracer.capture.iterations import RootFinder
 from xsp.tracer.capture.session import Session, fail_message
@@ -301,8 +302,8 @@ def _measure_zoo(
         session.close(error=fail_message(exc))
         print(f"xsp: {model} failed: {fail_message(exc)}", file=sys.stderr)
         return EXIT_WORKLOAD_FAILED, "error"
-    meta = session.close() or {}
-    return 0, meta.get("status")
+    closed = RunMeta.from_json(session.close() or {})
+    return 0, closed.status
 
 
 def _run_launcher(args: ChildSpec, command: list[str]) -> int:
@@ -318,13 +319,13 @@ def _run_launcher(args: ChildSpec, command: list[str]) -> int:
     if wait is not None:
         wait()
     end = launcher.run_workers(arguments, job.rank_environment())
-    meta = job.finish(end, _sinks(args.run.profile.otlp_endpoint))
-    if meta["status"] == "interrupted" or end.program.get("interrupted"):
+    meta = RunMeta.from_json(job.finish(end, _sinks(args.run.profile.otlp_endpoint)))
+    if meta.status == Status.INTERRUPTED or end.program.get("interrupted"):
         return EXIT_INTERRUPTED
-    code = meta["program"].get("exit_code")
+    code = (meta.program or {}).get("exit_code")
     if isinstance(code, int) and code != 0:
         return code
-    return 0 if meta["status"] in ("ok", "partial") else EXIT_WORKLOAD_FAILED
+    return 0 if meta.status in (Status.OK, Status.PARTIAL) else EXIT_WORKLOAD_FAILED
 
 
 def _run_script(args: ChildSpec, command: list[str]) -> int:

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xsp.tracer.run.manifest import Entry, Status, amend_run, process_entry
+from xsp.core.store import Status
+from xsp.tracer.run.manifest import Entry, amend_run, process_entry
 from xsp.tracer.run.plan import LeveledSpec
 from xsp.tracer.run.process import LevelProcess, ProgressFn
 

@@ -12,19 +12,20 @@ usable was stored, or the process ended before xsp could store anything); ``inte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 import signal
 import time
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from xsp.core import schema, store
 from xsp.core.errors import EXIT_INTERRUPTED, StoreError
 from xsp.core.levelset import LevelSet
+from xsp.core.store import RunMeta, Status
 from xsp.tracer.run import m_processes
 from xsp.tracer.run.placement import Hosts
 from xsp.tracer.run.plan import LeveledSpec, RunPlan
@@ -38,21 +39,11 @@ log = logging.getLogger(__name__)
 #: ``iterations_measured``, ``spans``, ``seconds``; where they apply ``cupti``, ``timed_out``,
 #: ``stored``, ``in_process_of``, ``failed_ahead`` and ``counters``.
 Entry = dict[str, Any]
-#: The manifest (``RUN_DIR/manifest.json``) or a run's run.json, as read and written back.
+#: The manifest (``RUN_DIR/manifest.json``) as the runner builds it up, entry by entry.
 Record = dict[str, Any]
 #: How a level-set process's program ended (``exit_code``, ``exception``, ``interrupted``,
 #: ``signal`` and ``signal_name``).
 ProgramEnd = dict[str, Any]
-
-
-class Status(StrEnum):
-    """A measurement's status, as its manifest records it (a run's are the same words)."""
-
-    RUNNING = "running"
-    OK = "ok"
-    PARTIAL = "partial"
-    ERROR = "error"
-    INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -183,26 +174,26 @@ def process_entry(
         process.reader.join(timeout=5)
     ended_ns = time.time_ns()
     entry: Entry = {"levels": levels, "returncode": returncode}
-    meta: Record = {}
+    meta: RunMeta | None = None
     with contextlib.suppress(StoreError):
-        meta = store.open_run(spec.out / levels).meta
-    program = program_end(returncode, meta.get("program"))
+        meta = store.open_run(spec.out / levels).document
+    program = program_end(returncode, meta.program if meta is not None else None)
     entry["program"] = program
-    if meta.get("status") == Status.RUNNING and not timed_out:
+    if meta is not None and meta.status == Status.RUNNING and not timed_out:
         from xsp.tracer.run.recover import recover_run  # conversion: only for a dead process
 
         meta = recover_run(spec.out / levels, describe_end(program)) or meta
-    if meta:
+    if meta is not None:
         entry.update(
-            status=meta.get("status"),
-            error=meta.get("error"),
-            status_reasons=list(meta.get("status_reasons") or []),
-            iterations_measured=meta.get("iterations_measured"),
-            spans=meta.get("spans"),
+            status=meta.status,
+            error=meta.error,
+            status_reasons=list(meta.status_reasons or []),
+            iterations_measured=meta.iterations_measured,
+            spans=meta.spans,
             seconds=phase_seconds(meta, process.spawned_ns, ended_ns),
         )
-        if meta.get("cupti") is not None:
-            entry["cupti"] = meta["cupti"]
+        if meta.cupti is not None:
+            entry["cupti"] = meta.cupti
     _say_how_it_ended(spec, entry, meta, program, timed_out)
     return entry
 
@@ -210,7 +201,7 @@ def process_entry(
 def _say_how_it_ended(
     spec: LeveledSpec,
     entry: Entry,
-    meta: Record,
+    meta: RunMeta | None,
     program: ProgramEnd,
     timed_out: bool,
 ) -> None:
@@ -222,10 +213,10 @@ def _say_how_it_ended(
             timed_out=True,
             error=f"timed out after {spec.timeout_s:.0f} s; killed",
         )
-    elif meta.get("recovered"):
+    elif meta is not None and meta.recovered:
         entry.update(error=f"the program {describe_end(program)}")
-    elif not meta or meta.get("status") == Status.RUNNING:
-        what = "before writing its store" if not meta else "before xsp stored its spans"
+    elif meta is None or meta.status == Status.RUNNING:
+        what = "before writing its store" if meta is None else "before xsp stored its spans"
         entry.update(status=Status.ERROR, error=f"the program {describe_end(program)} {what}")
     elif entry["returncode"] != 0 and entry["status"] == Status.OK:
         entry.update(status=Status.ERROR, error=f"the run process {describe_end(program)}")
@@ -251,31 +242,32 @@ def amend_run(spec: LeveledSpec, levels: str, entry: Entry) -> None:
     (it was killed, timed out, interrupted, or exited before xsp stored its spans)."""
     path = spec.out / levels / store.RUN_META
     try:
-        meta = store.read_json(path)
+        meta = store.read_run_meta(path)
     except StoreError:
         return  # it never wrote one; the manifest says why
-    if meta.get("status") == entry["status"] and meta.get("program") == entry["program"]:
+    if meta.status == entry["status"] and meta.program == entry["program"]:
         return
-    reasons = list(meta.get("status_reasons") or [])
+    reasons = list(meta.status_reasons or [])
     if entry.get("error") and not any(r.startswith(entry["error"]) for r in reasons):
         reasons.insert(0, entry["error"])  # unless a reason says it already, and more
-    meta.update(
-        status=entry["status"],
-        error=entry.get("error") or meta.get("error"),
+    meta = dataclasses.replace(
+        meta,
+        status=Status(entry["status"]) if entry.get("status") is not None else None,
+        error=entry.get("error") or meta.error,
+        nulls=meta.nulls | {"error"},  # said even when there is none, as a session does
         program=entry["program"],
-        status_reasons=reasons,
-        finished_ns=meta.get("finished_ns") or time.time_ns(),
+        status_reasons=tuple(reasons),
+        finished_ns=meta.finished_ns or time.time_ns(),
+        timed_out=True if entry.get("timed_out") else meta.timed_out,
     )
-    if entry.get("timed_out"):
-        meta["timed_out"] = True
     entry["status_reasons"] = reasons
     try:
-        store.write_json_atomic(path, meta)
+        store.write_run_meta(path, meta)
     except OSError as exc:
         log.error("xsp: cannot update %s: %s", path, exc)
 
 
-def phase_seconds(meta: Record, spawned_ns: int, ended_ns: int) -> dict[str, float]:
+def phase_seconds(meta: RunMeta, spawned_ns: int, ended_ns: int) -> dict[str, float]:
     """Where a level-set process spent its time: start-up (interpreter, imports, workload build),
     the warm-up iterations before the levels came on, F's calibration probes and switching the
     levels on (CUPTI's start), the traced iterations (the last warm-up one and the measured
@@ -284,10 +276,10 @@ def phase_seconds(meta: Record, spawned_ns: int, ended_ns: int) -> dict[str, flo
     ahead of its turn also waited for the one before to exit (and one started beside others, for
     them to warm up). A phase whose mark is missing
     folds into the next."""
-    phases = meta.get("phases_ns") or {}
+    phases = meta.phases_ns or {}
     ready = phases.get("ready")  # a process started ahead of its turn waited from here
     marks = [
-        ("start_up", meta.get("started_ns")),
+        ("start_up", meta.started_ns),
         ("untraced_warm_up", ready or phases.get("levels_on")),
         ("waiting_for_previous", phases.get("levels_on") if ready else None),
         ("switch_on", phases.get("enabled")),
@@ -295,7 +287,7 @@ def phase_seconds(meta: Record, spawned_ns: int, ended_ns: int) -> dict[str, flo
         ("stop", phases.get("stopped")),
         ("drain", phases.get("drained")),
         ("convert", phases.get("converted")),
-        ("store", meta.get("finished_ns")),
+        ("store", meta.finished_ns),
         ("exit", ended_ns),
     ]
     seconds: dict[str, float] = {}
@@ -306,7 +298,7 @@ def phase_seconds(meta: Record, spawned_ns: int, ended_ns: int) -> dict[str, flo
             previous = mark
     # F's calibration probes (most of a switch-on: 1.1-1.7 s of an MFLG process's on the H200,
     # where each level's start took 0.1-4 ms) are a phase of their own
-    parts = meta.get("switch_on_ms") or {}
+    parts = meta.switch_on_ms or {}
     calibration = sum(parts.get(name, 0.0) for name in schema.CALIBRATION_PARTS) / 1e3
     if calibration > 0 and "switch_on" in seconds:
         seconds["calibration"] = round(min(calibration, seconds["switch_on"]), 3)
@@ -320,7 +312,6 @@ __all__ = [
     "LeveledResult",
     "ProgramEnd",
     "Record",
-    "Status",
     "amend_run",
     "drop_empty",
     "list_entry",

@@ -18,6 +18,7 @@ level set runs (``unavailable``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 from xsp.core import config, store
 from xsp.core.errors import StoreError
+from xsp.core.store import CounterInfo, RunMeta, Status
 from xsp.tracer.convert import ncu as counters
 
 PROFILE_FLAGS = (
@@ -165,10 +167,11 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
     record what was collected in run.json (``counters``) and the manifest entry, and mark the
     run partial when no counters came back. Returns the amended entry."""
     started = time.perf_counter()
+    meta: RunMeta | None
     try:
-        meta = store.read_json(run_dir / store.RUN_META)
+        meta = store.read_run_meta(run_dir / store.RUN_META)
     except StoreError:
-        meta = {}
+        meta = None
     info = _tool_info(meta, ncu)
     errors = log_errors(run_dir)
     reasons = _import_report(run_dir, ncu, meta, info, errors)
@@ -185,30 +188,32 @@ def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
     if errors:
         info["tool_errors"] = errors
     info["import_s"] = round(time.perf_counter() - started, 3)
-    if meta:
+    if meta is not None:
         _amend_run(run_dir, meta, info, reasons)
     return _amend_entry(entry, info, reasons, errors)
 
 
-def _tool_info(meta: dict[str, Any], ncu: str) -> dict[str, Any]:
+def _tool_info(meta: RunMeta | None, ncu: str) -> CounterInfo:
     """run.json's ``counters`` so far, with the tool, its flags and the metrics asked for."""
     metrics, missing, listed = selection(ncu)
-    info: dict[str, Any] = dict(meta.get("counters") or {})
+    info = CounterInfo(**(meta.counters or {})) if meta is not None else CounterInfo()
     info.update(
-        tool="Nsight Compute",
-        tool_path=ncu,
-        tool_version=version(ncu),
-        flags=list(PROFILE_FLAGS),
-        metric_set=config.counter_set(),
-        metrics_requested=metrics,
-        quantities_without_metric=missing,
-        metrics_checked_against_device=listed,
+        CounterInfo(
+            tool="Nsight Compute",
+            tool_path=ncu,
+            tool_version=version(ncu),
+            flags=list(PROFILE_FLAGS),
+            metric_set=config.counter_set(),
+            metrics_requested=metrics,
+            quantities_without_metric=missing,
+            metrics_checked_against_device=listed,
+        )
     )
     return info
 
 
 def _import_report(
-    run_dir: Path, ncu: str, meta: dict[str, Any], info: dict[str, Any], errors: list[str]
+    run_dir: Path, ncu: str, meta: RunMeta | None, info: CounterInfo, errors: list[str]
 ) -> list[str]:
     """Store ncu's report as the run's counter table and add its figures to ``info``; the
     reasons the run is partial (no report, no kernel, an unreadable report)."""
@@ -217,7 +222,8 @@ def _import_report(
         return ["Nsight Compute wrote no report" + (f": {'; '.join(errors)}" if errors else "")]
     try:
         parsed = counters.read_raw_csv(
-            import_csv(ncu, report), iterations=meta.get("iterations_measured")
+            import_csv(ncu, report),
+            iterations=meta.iterations_measured if meta is not None else None,
         )
         store.write_counters(run_dir, parsed.table)
     except (StoreError, OSError) as exc:
@@ -227,32 +233,26 @@ def _import_report(
     for it in table.column("iteration").to_pylist():
         per_iteration[str(it)] = per_iteration.get(str(it), 0) + 1
     info.update(
-        kernels=table.num_rows,
-        kernels_per_iteration=per_iteration,
-        kernels_outside_iterations=parsed.outside_iterations,
-        unreadable_cells=parsed.unreadable_cells,
-        iterations_from_nvtx=parsed.iterations_from_ranges,
-        metrics_read=parsed.metrics,
+        CounterInfo(
+            kernels=table.num_rows,
+            kernels_per_iteration=per_iteration,
+            kernels_outside_iterations=parsed.outside_iterations,
+            unreadable_cells=parsed.unreadable_cells,
+            iterations_from_nvtx=parsed.iterations_from_ranges,
+            metrics_read=parsed.metrics,
+        )
     )
     return [] if table.num_rows else ["Nsight Compute profiled no kernel"]
 
 
-def _amend_run(
-    run_dir: Path, meta: dict[str, Any], info: dict[str, Any], reasons: list[str]
-) -> None:
+def _amend_run(run_dir: Path, meta: RunMeta, info: CounterInfo, reasons: list[str]) -> None:
     """run.json with its ``counters``, partial where no counters came back."""
-    meta["counters"] = info
-    if reasons:
-        status_reasons = list(meta.get("status_reasons") or [])
-        status_reasons += [r for r in reasons if r not in status_reasons]
-        meta["status_reasons"] = status_reasons
-        if meta.get("status") == "ok":
-            meta["status"] = "partial"
-    store.write_json_atomic(run_dir / store.RUN_META, meta)
+    meta = dataclasses.replace(meta, counters=info).with_reasons(reasons)
+    store.write_run_meta(run_dir / store.RUN_META, meta)
 
 
 def _amend_entry(
-    entry: dict[str, Any], info: dict[str, Any], reasons: list[str], errors: list[str]
+    entry: dict[str, Any], info: CounterInfo, reasons: list[str], errors: list[str]
 ) -> dict[str, Any]:
     """The manifest entry with the counters' figures, partial where none came back, and ncu's
     first error beside the program's."""
@@ -264,8 +264,8 @@ def _amend_entry(
         entry["status_reasons"] = list(
             dict.fromkeys([*(entry.get("status_reasons") or []), *reasons])
         )
-        if entry.get("status") == "ok":
-            entry["status"] = "partial"
+        if entry.get("status") == Status.OK:
+            entry["status"] = Status.OK.with_reason()
     if errors and entry.get("status") == "error" and entry.get("error"):
         entry["error"] = f"{entry['error']} (ncu: {errors[0]})"
     return entry

@@ -232,7 +232,8 @@ def _recovered(
     from xsp.tracer.run.recover import recover_run
 
     ended = describe_end(program) if program else "ended before xsp stored its spans"
-    meta = recover_run(rank_dir, ended) or meta
+    recovered = recover_run(rank_dir, ended)
+    meta = recovered.to_json() if recovered is not None else meta
     if program:
         meta["program"] = program
     return meta

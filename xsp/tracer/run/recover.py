@@ -13,16 +13,17 @@ delivers at its final flush.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from xsp.core import store
 from xsp.core.arena import ARENA_FILE, PENDING_ARENA_PATTERN, read_arena
 from xsp.core.errors import XspError
 from xsp.core.levelset import LevelSet
+from xsp.core.store import RunMeta, Status
 from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
 from xsp.tracer.export.finish import capture_losses, store_spans
 from xsp.tracer.export.sinks import StoreSink
@@ -30,7 +31,7 @@ from xsp.tracer.export.sinks import StoreSink
 log = logging.getLogger(__name__)
 
 
-def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
+def recover_run(run_dir: Path, ended: str) -> RunMeta | None:
     """Store the finished iterations of the dead process whose run directory is ``run_dir``
     (``ended``: how it ended, "was killed by SIGKILL"); returns the updated run.json, or None
     when there is nothing to recover. Never raises: a failure is logged and left in run.json.
@@ -41,21 +42,21 @@ def recover_run(run_dir: Path, ended: str) -> dict[str, Any] | None:
     if not arenas:
         return None
     try:
-        meta = store.read_json(run_dir / store.RUN_META)
+        meta = store.read_run_meta(run_dir / store.RUN_META)
     except XspError:
         return None
-    if meta.get("status") != "running":
+    if meta.status != Status.RUNNING:
         return None
     try:
         meta = _convert(run_dir, arenas, meta, ended)
     except Exception as exc:  # the manifest says the program died; this says why nothing came
         log.error("xsp: recovering %s failed: %s", run_dir, exc)
-        reasons = list(meta.get("status_reasons") or [])
-        meta["status_reasons"] = [*reasons, f"recovering its capture arena failed: {exc}"]
+        reasons = (*(meta.status_reasons or ()), f"recovering its capture arena failed: {exc}")
+        meta = dataclasses.replace(meta, status_reasons=reasons)
     else:
         for path, _ in arenas:
             path.unlink(missing_ok=True)
-    store.write_json_atomic(run_dir / store.RUN_META, meta)
+    store.write_run_meta(run_dir / store.RUN_META, meta)
     return meta
 
 
@@ -89,25 +90,26 @@ class _Recovered:
     reasons: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # the levels whose records died with it
     counts: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # storing the recovered spans
 
     @classmethod
-    def stored_by_process(cls, meta: dict[str, Any]) -> _Recovered:
+    def stored_by_process(cls, meta: RunMeta) -> _Recovered:
         """The totals of the batches a continuous session stored before it died (none else)."""
-        stored = bool(meta.get("files"))
+        stored = bool(meta.files)
         return cls(
-            next_span_id=int(meta.get("next_span_id") or 1),
-            spans=int(meta.get("spans") or 0) if stored else 0,
-            measured=int(meta.get("iterations_measured") or 0) if stored else 0,
-            memory_events=int(meta.get("memory_events") or 0) if stored else 0,
-            by_level=dict(meta.get("spans_by_level") or {}) if stored else {},
+            next_span_id=meta.next_span_id or 1,
+            spans=(meta.spans or 0) if stored else 0,
+            measured=(meta.iterations_measured or 0) if stored else 0,
+            memory_events=(meta.memory_events or 0) if stored else 0,
+            by_level=dict(meta.spans_by_level or {}) if stored else {},
         )
 
 
 def _convert(
-    run_dir: Path, arenas: list[tuple[Path, str | None]], meta: dict[str, Any], ended: str
-) -> dict[str, Any]:
+    run_dir: Path, arenas: list[tuple[Path, str | None]], meta: RunMeta, ended: str
+) -> RunMeta:
     sink = StoreSink(run_dir)
-    stored_files = set(meta.get("files") or [])
+    stored_files = set(meta.files or ())
     got = _Recovered.stored_by_process(meta)
     for path, part in arenas:
         if part is not None and f"spans-{part}.parquet" in stored_files:
@@ -125,12 +127,14 @@ def _convert(
             f"level{'s' if len(letters) > 1 else ''} {' and '.join(letters)}: CUPTI never "
             "delivered its records (they are lost)"
         )
-    files = list(dict.fromkeys([*(meta.get("files") or []), *(p.name for p in sink.files)]))
-    meta.update(
-        status="partial",
+    files = tuple(dict.fromkeys([*(meta.files or ()), *(p.name for p in sink.files)]))
+    return dataclasses.replace(
+        meta,
+        status=Status.PARTIAL,
         error=None,
+        nulls=meta.nulls | {"error"},
         iterations_measured=measured,
-        status_reasons=reasons,
+        status_reasons=tuple(reasons),
         recovered=True,
         spans=got.spans,
         spans_by_level=got.by_level,
@@ -139,20 +143,20 @@ def _convert(
         memory_events=got.memory_events,
         next_span_id=got.next_span_id,
         finished_ns=time.time_ns(),
+        errors=(*(meta.errors or ()), *got.errors) if got.errors else meta.errors,
     )
-    return meta
 
 
 def _convert_arena(
     run_dir: Path,
     path: Path,
     part: str | None,
-    meta: dict[str, Any],
+    meta: RunMeta,
     sink: StoreSink,
     got: _Recovered,
 ) -> None:
     """Convert and store one arena's records as the spans of ``part``; add them to ``got``."""
-    levels = LevelSet(str(meta["levels"]))
+    levels = LevelSet(str(meta.levels))
     contents = read_arena(path)
     records = {}
     for letter, conversion in CONVERSIONS.items():
@@ -164,13 +168,13 @@ def _convert_arena(
     stored = store_spans(
         records,
         sink,
-        run_id=str(meta["run_id"]),
+        run_id=str(meta.run_id),
         levels=levels,
-        resource=dict(meta.get("resource") or {}),
+        resource=dict(meta.resource or {}),
         run_dir=run_dir,
         # a rank of a multi-rank job numbers its spans as its own process would have
-        rank=meta.get("rank"),
-        world_size=meta.get("world_size"),
+        rank=meta.rank,
+        world_size=meta.world_size,
         first_span_id=got.next_span_id,
         part=part,
     )
@@ -187,8 +191,7 @@ def _convert_arena(
     got.reasons.extend(capture_losses({"arena": contents.counts}))
     for key, value in contents.counts.items():
         got.counts[key] = got.counts.get(key, 0) + int(value)
-    if stored.errors:
-        meta["errors"] = [*(meta.get("errors") or []), *stored.errors]
+    got.errors.extend(stored.errors)
 
 
 __all__ = ["recover_run"]

@@ -22,13 +22,13 @@ import uuid
 from collections.abc import Callable
 
 from xsp.core import store
+from xsp.core.store import Status
 from xsp.tracer.run import gates, interrupt, m_processes
 from xsp.tracer.run.environment import COMPILE_CACHE_ENV, later, own_compile_cache
 from xsp.tracer.run.gates import Handoff, cancel, end_later_stages, failed_while_ahead, stop_ahead
 from xsp.tracer.run.manifest import (
     Entry,
     LeveledResult,
-    Status,
     amend_run,
     drop_empty,
     list_entry,

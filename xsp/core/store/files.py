@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import fnmatch
 import gzip
-import json
 import logging
 import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,6 +44,8 @@ from xsp.core.columns import NullColumns
 from xsp.core.errors import DamagedFileError, StoreError
 from xsp.core.levelset import LevelSet
 from xsp.core.parquet_pages import has_page_checksums
+from xsp.core.store.documents import Manifest, RunMeta, Status, read_run_meta, write_run_meta
+from xsp.core.store.json_io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -114,20 +116,6 @@ def read_parquet(path: Path, what: str, columns: list[str] | None = None) -> pa.
         raise DamagedFileError(f"{path}: corrupt or truncated {what} file ({reason})") from exc
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that a reader never sees half a file, even if the writer is killed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_memory_events(run_dir: Path, events: pa.Table, part: str | None = None) -> None:
     """Store a run's allocator events (``memory.parquet``; a continuous session's batch
     ``part``: ``memory-<part>.parquet``), whole or not at all."""
@@ -138,18 +126,6 @@ def write_memory_events(run_dir: Path, events: pa.Table, part: str | None = None
 def write_monitor_samples(run_dir: Path, samples: pa.Table) -> None:
     """Store a run's GPU monitor samples (``monitor.parquet``), whole or not at all."""
     _write_parquet(run_dir / MONITOR, samples)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise StoreError(f"{path}: missing") from exc
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"{path}: not readable JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise StoreError(f"{path}: expected a JSON object")
-    return data
 
 
 def check_creatable(directory: Path) -> None:
@@ -239,29 +215,33 @@ def write_run(
     run.json (status ok unless ``meta`` says otherwise)."""
     reset_run_dir(run_dir)
     write_span_part(run_dir, table)
-    write_json_atomic(
-        run_dir / RUN_META,
-        {
-            "format": schema.STORE_FORMAT,
-            "levels": levels,
-            "status": "ok",
-            "resource": resource,
-            **meta,
-        },
-    )
+    document = {
+        "format": schema.STORE_FORMAT,
+        "levels": levels,
+        "status": Status.OK.value,
+        "resource": resource,
+        **meta,
+    }
+    write_run_meta(run_dir / RUN_META, RunMeta.from_json(document))
     return run_dir
 
 
 @dataclass(frozen=True)
 class Run:
-    """One level-set run read back from the store."""
+    """One level-set run read back from the store: ``meta`` its run.json as stored,
+    ``document`` the same typed."""
 
     path: Path
     meta: dict[str, Any]
 
+    @cached_property
+    def document(self) -> RunMeta:
+        return RunMeta.from_json(self.meta)
+
     @property
     def levels(self) -> str:
-        return str(self.meta.get("levels", self.path.name))
+        levels = self.document.levels
+        return levels if levels is not None else self.path.name
 
     @property
     def level_set(self) -> LevelSet:
@@ -270,7 +250,7 @@ class Run:
 
     @property
     def resource(self) -> dict[str, Any]:
-        return dict(self.meta.get("resource", {}))
+        return dict(self.document.resource or {})
 
     @property
     def span_files(self) -> list[Path]:
@@ -480,11 +460,12 @@ def open_measurement(
     )
     interrupted: list[str] = []
     if (root / MANIFEST).exists():
-        manifest = read_json(root / MANIFEST)
-        listed = _listed_levels(root / MANIFEST, manifest)
+        record = read_json(root / MANIFEST)
+        listed = _listed_levels(root / MANIFEST, record)  # checked here: its messages name it
+        manifest = Manifest.from_json(record)
         names = []
         for levels, status in listed:
-            if status == "interrupted":
+            if status == Status.INTERRUPTED:
                 say(f"level set {levels} was interrupted; left out")
                 interrupted.append(levels)
             else:
@@ -497,10 +478,10 @@ def open_measurement(
         if unlisted:
             say(
                 f"{root / MANIFEST} does not list {', '.join(unlisted)} (its runner stopped "
-                f"early: status {manifest.get('status')!r}); read from their run.json"
+                f"early: status {_status_text(manifest.status)!r}); read from their run.json"
             )
             names += unlisted
-        elif manifest.get("status") == "running":
+        elif manifest.status == Status.RUNNING:
             say(f"{root / MANIFEST} says running: the measurement is unfinished or was killed")
     else:
         names = on_disk
@@ -523,12 +504,16 @@ def open_measurement(
     return runs
 
 
-def _same_measurement(run_dir: Path, manifest: dict[str, Any]) -> bool:
+def _status_text(status: Status | None) -> str | None:
+    return status.value if status is not None else None
+
+
+def _same_measurement(run_dir: Path, manifest: Manifest) -> bool:
     """Whether the run in ``run_dir`` belongs to the measurement of ``manifest`` (runs of
     older stores, without ids, are taken as belonging)."""
-    ours = manifest.get("measurement_id")
+    ours = manifest.measurement_id
     try:
-        theirs = read_json(run_dir / RUN_META).get("measurement_id")
+        theirs = read_run_meta(run_dir / RUN_META).measurement_id
     except StoreError:
         return True  # open_run names the damage
     return ours is None or theirs is None or ours == theirs
