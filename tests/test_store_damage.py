@@ -266,3 +266,46 @@ def test_a_part_without_page_checksums_says_so_once(
     ]
     committed = [p for p in Path(".").glob("*/data/**/*.parquet")]
     assert committed and all(has_page_checksums(pq.ParquetFile(p), p) for p in committed)
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "expected"),
+    [
+        (
+            "M/run.json",
+            "[" * 100_000 + "]" * 100_000,
+            "run.json: not readable JSON (nested too deep)",
+        ),
+        ("manifest.json", '{"runs": ' + "[" * 50_000 + "]" * 50_000 + "}", "nested too deep"),
+        ("M/spans-00000.parquet", None, "corrupt or truncated span file"),
+    ],
+)
+def test_damaged_documents_and_footers_are_one_line(
+    file: str, text: str | None, expected: str, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree("benchmarks/data/trusted-h100/b1-infer", run)
+    path = run / file
+    if text is None:  # the footer's thrift garbled
+        data = bytearray(path.read_bytes())
+        data[-20:-8] = b"\xff" * 12
+        path.write_bytes(bytes(data))
+    else:
+        path.write_text(text)
+    done = CliRunner().invoke(cli_main, ["summary", str(run)])
+    assert done.exit_code != 0 and expected in done.output
+    assert done.exception is None or isinstance(done.exception, SystemExit)
+
+
+def test_a_resource_that_is_not_an_object_reads(tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree("benchmarks/data/trusted-h100/b1-infer", run)
+    meta = json.loads((run / "M/run.json").read_text())
+    meta["resource"] = "x"
+    (run / "M/run.json").write_text(json.dumps(meta))
+    done = CliRunner().invoke(cli_main, ["summary", str(run)])
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.output

@@ -37,6 +37,8 @@ def read_json(path: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: missing") from exc
     except (OSError, ValueError) as exc:
         raise StoreError(f"{path}: not readable JSON ({exc})") from exc
+    except RecursionError as exc:  # no document of xsp's nests deeper than a few levels
+        raise StoreError(f"{path}: not readable JSON (nested too deep)") from exc
     if not isinstance(data, dict):
         raise StoreError(f"{path}: expected a JSON object")
     return data
