@@ -89,3 +89,17 @@ def test_amend_writes_back_whole(tmp_path: Path) -> None:
 @pytest.mark.parametrize("status", list(Status))
 def test_a_status_is_its_json_word(status: Status) -> None:
     assert json.dumps(status) == f'"{status.value}"'
+
+
+def test_partial_only_for_the_programs_profiler_goes_on() -> None:
+    """A level set whose one missing part is what the program's own torch.profiler held does
+    not stop the level sets after it; any other reason beside it does."""
+    line = "the program's torch.profiler held CUPTI in 2 measured iterations (3, 4): ..."
+    held = {"spans_missing": True, "line": line}
+    base = {"status": "partial", "status_reasons": [line], "program_profiler": held}
+    assert RunMeta.from_json(base).partial_for_the_programs_profiler
+    other = {**base, "status_reasons": [line, "CUPTI dropped 3 records (buffers full)"]}
+    assert not RunMeta.from_json(other).partial_for_the_programs_profiler
+    memory_only = {**base, "program_profiler": {**held, "spans_missing": False}}
+    assert not RunMeta.from_json(memory_only).partial_for_the_programs_profiler
+    assert not RunMeta.from_json({**base, "status": "error"}).partial_for_the_programs_profiler

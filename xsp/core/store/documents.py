@@ -268,6 +268,8 @@ class RunMeta:
     rank: int | None = field(default=None, metadata=_COUNT)
     world_size: int | None = field(default=None, metadata=_COUNT)
     ranks: tuple[Mapping[str, Any], ...] | None = field(default=None, metadata=_SECTIONS)
+    #: what xsp stepped aside from while the program's own torch.profiler ran (capture/coexist)
+    program_profiler: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     extra: Mapping[str, Any] = field(default_factory=dict)
     nulls: frozenset[str] = frozenset()
 
@@ -277,6 +279,17 @@ class RunMeta:
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
+
+    @property
+    def partial_for_the_programs_profiler(self) -> bool:
+        """Partial only because the program's own torch.profiler held CUPTI for some
+        iterations: every later level set would meet the same, so the measurement goes on."""
+        held = self.program_profiler or {}
+        return (
+            self.status == Status.PARTIAL
+            and bool(held.get("spans_missing"))
+            and tuple(self.status_reasons or ()) == (held.get("line"),)
+        )
 
     def with_reasons(self, reasons: Iterable[str]) -> RunMeta:
         """This run with ``reasons`` added to its ``status_reasons``: one makes an ok run

@@ -195,6 +195,12 @@ def process_entry(
         if meta.cupti is not None:
             entry["cupti"] = meta.cupti
     _say_how_it_ended(spec, entry, meta, program, timed_out)
+    if (
+        meta is not None
+        and meta.partial_for_the_programs_profiler
+        and entry["status"] == Status.PARTIAL
+    ):
+        entry["goes_on"] = True  # the runner runs the level sets after it all the same
     return entry
 
 

@@ -151,7 +151,7 @@ class _Measurement:
         list_entry(self.manifest, entry, self.hosts, self.slots, i, len(self.level_sets))
         store.write_json_atomic(self.spec.out / store.MANIFEST, self.manifest)
         following = self.handoffs[i].take()
-        if entry["status"] != Status.OK and i < len(self.level_sets):
+        if entry["status"] != Status.OK and not entry.get("goes_on") and i < len(self.level_sets):
             for ahead in [following, *(h.take() for h in self.handoffs[i + 1 :])]:
                 if ahead is not None:
                     cancel(self.spec, ahead)
