@@ -86,6 +86,15 @@ class LevelSet(str):
         return any(level(ch).alone for ch in self)
 
     @property
+    def starts_its_process(self) -> bool:
+        """A level of it needs its environment set before its process's libraries start (L, G:
+        a ``Capture.environment`` in the table of levels) or runs alone (H, under Nsight
+        Compute): it never runs in the process of a level set before it."""
+        rows = [level(ch) for ch in self]
+        captures = [c for info in rows for c in (info.cuda, info.cpu) if c is not None]
+        return any(info.alone for info in rows) or any(c.environment for c in captures)
+
+    @property
     def timed_levels(self) -> tuple[str, ...]:
         """The names of the levels whose spans it times ("model", "framework"); H times none."""
         return tuple(LEVEL_BY_LETTER[ch] for ch in self.letters if ch in LEVEL_BY_LETTER)
