@@ -12,33 +12,39 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from xsp.core.schema import COUNTER_LETTER, COUNTER_LEVEL_SET, LEVEL_BY_LETTER, LEVEL_ORDER
+from xsp.core.levels import LEVEL_BY_LETTER, LEVEL_ORDER, LEVELS, ROOT, alone_level_set, level
+
+#: The levels that run only in a level set of their own with the root (H, as MH).
+_ALONE = tuple((info, info.alone) for info in LEVELS if info.alone is not None)
 
 
 def _canonical(text: str) -> str:
     """Normalise one level set ("mf" -> "MF"); raise ValueError naming the bad value.
 
     A level set is a subset of MFLG in stack order that includes M, because the model span is
-    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level). The
-    hardware-counter level H runs in a level set of its own, MH (see ``schema.COUNTER_LETTER``).
+    every trace's root: M, MF, MFL, MFLG, or MLG (GPU work without the framework level). A
+    level that runs alone (the hardware-counter level H) has a level set of its own, MH
+    (``xsp.core.levels.RunsAlone``).
     """
     letters = text.strip().upper()
-    if COUNTER_LETTER in letters:
-        if "".join(sorted(letters)) != "".join(sorted(COUNTER_LEVEL_SET)):
-            raise ValueError(
-                f"bad level set {text!r}: the hardware-counter level H runs alone with M, as "
-                f"{COUNTER_LEVEL_SET} (its kernel replay would distort every other level's timing)"
-            )
-        return COUNTER_LEVEL_SET
+    for info, alone in _ALONE:
+        if info.letter in letters:
+            only = alone_level_set(info)
+            if "".join(sorted(letters)) != "".join(sorted(only)):
+                raise ValueError(
+                    f"bad level set {text!r}: the {alone.title} level {info.letter} runs "
+                    f"alone with {ROOT.letter}, as {only} ({alone.why})"
+                )
+            return only
     if not letters or any(ch not in LEVEL_BY_LETTER for ch in letters):
+        others = " or ".join(f"{alone_level_set(info)} for {alone.gives}" for info, alone in _ALONE)
         raise ValueError(
-            f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF "
-            f"(or {COUNTER_LEVEL_SET} for hardware counters)"
+            f"bad level set {text!r}: use letters from {LEVEL_ORDER!r}, e.g. M or MF (or {others})"
         )
     if len(set(letters)) != len(letters):
         raise ValueError(f"bad level set {text!r}: a level letter repeats")
     ordered = "".join(ch for ch in LEVEL_ORDER if ch in letters)
-    if not ordered.startswith("M"):
+    if not ordered.startswith(ROOT.letter):
         raise ValueError(f"bad level set {text!r}: every level set includes M (the model span)")
     return ordered
 
@@ -75,8 +81,18 @@ class LevelSet(str):
 
     @property
     def counters(self) -> bool:
-        """The hardware-counter level set (MH, under Nsight Compute)."""
-        return COUNTER_LETTER in self
+        """The hardware-counter level set (MH, under Nsight Compute): that of a level that runs
+        alone."""
+        return any(level(ch).alone for ch in self)
+
+    @property
+    def starts_its_process(self) -> bool:
+        """A level of it needs its environment set before its process's libraries start (L, G:
+        a ``Capture.environment`` in the table of levels) or runs alone (H, under Nsight
+        Compute): it never runs in the process of a level set before it."""
+        rows = [level(ch) for ch in self]
+        captures = [c for info in rows for c in (info.cuda, info.cpu) if c is not None]
+        return any(info.alone for info in rows) or any(c.environment for c in captures)
 
     @property
     def timed_levels(self) -> tuple[str, ...]:

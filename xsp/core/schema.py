@@ -16,6 +16,8 @@ from typing import Final
 
 import pyarrow as pa
 
+from xsp.core import levels as level_table
+
 #: Format tag written into every run's ``run.json``; readers refuse other majors.
 STORE_FORMAT: Final = "xsp-run/1"
 #: run.json's ``switch_on_ms`` parts that are F's calibration probes (built and warmed up with the
@@ -24,24 +26,18 @@ STORE_FORMAT: Final = "xsp-run/1"
 CALIBRATION_PARTS: Final = ("calibration, levels off", "calibration, levels on")
 
 # Level names, in stack order, and the letters used in level sets ("MF", "MFLG"; a level set is
-# parsed into an ``xsp.core.levelset.LevelSet``).
-LEVEL_MODEL: Final = "model"
-LEVEL_FRAMEWORK: Final = "framework"
-LEVEL_LIBRARY: Final = "library"
-LEVEL_GPU: Final = "gpu"
-LEVEL_BY_LETTER: Final = {
-    "M": LEVEL_MODEL,
-    "F": LEVEL_FRAMEWORK,
-    "L": LEVEL_LIBRARY,
-    "G": LEVEL_GPU,
-}
-LEVEL_ORDER: Final = "MFLG"
-#: The hardware-counter level (opt-in): its only level set is ``MH``, run under Nsight Compute,
-#: which replays every kernel of the measured iterations to read its counters. Its durations are
+# parsed into an ``xsp.core.levelset.LevelSet``): read from the table of levels.
+LEVEL_BY_LETTER: Final = level_table.LEVEL_BY_LETTER
+LEVEL_ORDER: Final = level_table.LEVEL_ORDER
+LEVEL_MODEL: Final = level_table.level("M").name
+LEVEL_FRAMEWORK: Final = level_table.level("F").name
+LEVEL_LIBRARY: Final = level_table.level("L").name
+LEVEL_GPU: Final = level_table.level("G").name
+#: The hardware-counter level's set (opt-in): H runs alone with M, under Nsight Compute, which
+#: replays every kernel of the measured iterations to read its counters. Its durations are
 #: discarded; its counter values join the other runs' kernels by structure (iteration, kernel
 #: name, ordinal), so it never mixes with the levels whose timing it would distort.
-COUNTER_LETTER: Final = "H"
-COUNTER_LEVEL_SET: Final = "MH"
+COUNTER_LEVEL_SET: Final = level_table.alone_level_set(level_table.level("H"))
 
 # Span kinds (attribute xsp.kind): what a span stands for inside its level.
 KIND_STEP: Final = "step"  # model level: one iteration (of one rank, in a multi-rank job)

@@ -1,8 +1,8 @@
 """Raw level records -> one span table (pure functions, no torch, no I/O).
 
-``build_table`` asks the level registry, ``CONVERSIONS``: each level that makes spans has one
-module here that turns its records into blocks of rows (``model``, ``framework``, ``library``,
-``gpu``), and the table they are added to (``table``) gives the rows span ids in stack order, so a
+``build_table`` asks the level registry, ``CONVERSIONS`` (read from the table of levels,
+``xsp.core.levels``): each level that makes spans has one module here that turns its records
+into blocks of rows (``model``, ``framework``, ``library``, ``gpu``), and the table they are added to (``table``) gives the rows span ids in stack order, so a
 deeper level can hang under an earlier one's rows.
 """
 
@@ -14,12 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.core.arena import ArenaContents, framework_records, step_records
+from xsp.core.arena import ArenaContents
+from xsp.core.levels import LEVELS, ROOT, LevelInfo, resolve
 from xsp.core.records import MonitorSamples
-from xsp.tracer.convert.framework import convert_framework
-from xsp.tracer.convert.gpu import convert_gpu
-from xsp.tracer.convert.library import convert_library
-from xsp.tracer.convert.model import convert_model
 from xsp.tracer.convert.table import ConversionReport, SpanTable
 
 
@@ -73,14 +70,16 @@ class LevelConversion:
     from_arena: Callable[[ArenaContents], Any] | None = None
 
 
-#: The level every span hangs under: its records are required.
-ROOT_LEVEL = "M"
+def _conversion(info: LevelInfo, convert: str) -> LevelConversion:
+    reader = resolve(info.arena_reader) if info.arena_reader else None
+    return LevelConversion(resolve(convert), from_arena=reader)
 
-#: Level letter -> its conversion, in stack order (the order span ids are given in). Capture's
-#: registry (``xsp.tracer.capture.levels.REGISTRY``) holds the same letters' recording side.
+
+#: The level every span hangs under: its records are required.
+ROOT_LEVEL = ROOT.letter
+
+#: Level letter -> its conversion, in stack order (the order span ids are given in), from the
+#: table of levels (``xsp.core.levels.LEVELS``), which holds the same letters' recording side.
 CONVERSIONS: dict[str, LevelConversion] = {
-    "M": LevelConversion(convert_model, from_arena=step_records),
-    "F": LevelConversion(convert_framework, from_arena=framework_records),
-    "L": LevelConversion(convert_library),
-    "G": LevelConversion(convert_gpu),
+    info.letter: _conversion(info, info.conversion) for info in LEVELS if info.conversion
 }

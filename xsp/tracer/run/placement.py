@@ -37,7 +37,7 @@ def shares_process(spec: LeveledSpec, before: LevelSet, levels: LevelSet) -> boo
         and bool(profile.model)
         and not (profile.fixes or profile.numerics_probe or profile.continuous)
         and set(before) < set(levels)
-        and not (levels.library or levels.gpu or levels.counters)
+        and not levels.starts_its_process
     )
 
 

@@ -26,11 +26,10 @@ All of them but a handover's drain are called from the thread that runs the user
 inference loop; enable, disable and drain may block (they run outside the measured window),
 begin/end_iteration, sample and handover run between a service's requests and must be cheap.
 
-Each level is one capture module here plus one entry in ``REGISTRY``; `check_levels` says which
-combinations can run. Its records become spans through its entry under the same letter in
-``xsp.tracer.convert.spans.CONVERSIONS`` (one conversion module, and for the levels that write the
-capture arena, how a dead process's arena gives their records back). The two registries sit on
-either side of the capture -> convert arrow: conversion loads without torch.
+Each level is one capture module here (with a factory from ``LevelContext``) plus one row of
+the table of levels, ``xsp.core.levels.LEVELS``, which names that factory for each device the
+level runs on, the environment it needs, and its conversion (``xsp.tracer.convert``) by dotted
+path; `check_levels` and `build_levels` read it. Conversion loads without torch.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from xsp.core.levels import LEVELS, Capture, LevelInfo, level, resolve
 from xsp.core.levelset import LevelSet
 
 if TYPE_CHECKING:
@@ -135,96 +135,59 @@ class LevelContext:
         return path
 
 
-def _model(ctx: LevelContext) -> Level:
-    from xsp.tracer.capture.levels.model import ModelLevel
-
-    return ModelLevel(ctx.device, ctx.arena)
-
-
-def _framework(ctx: LevelContext) -> Level:
-    from xsp.core import config
-    from xsp.tracer.capture.levels.framework import FrameworkLevel
-
-    # a multi-rank job's collective sizes come from each iteration's own shapes
-    every = ctx.multi_rank or config.op_shape_iterations() == "every"
-    return FrameworkLevel(
-        ctx.arena, ctx.provenance, record_shapes=ctx.op_shapes, every_iteration=every
-    )
-
-
-def _library(ctx: LevelContext) -> Level:
-    if not ctx.on_cuda:
-        from xsp.tracer.capture.levels.onednn import OneDnnLevel
-
-        return OneDnnLevel()
-    from xsp.tracer.capture.levels.cuda import LibraryLevel
-
-    return LibraryLevel(with_ops=ctx.levels.framework)
-
-
-def _gpu(ctx: LevelContext) -> Level:
-    if not ctx.on_cuda:
-        from xsp.core.errors import ConfigError
-
-        raise ConfigError("level G records GPU work: it needs --device cuda")
-    from xsp.tracer.capture.levels.cuda import GpuLevel
-
-    return GpuLevel(with_ops=ctx.levels.framework)
-
-
-def _counters(ctx: LevelContext) -> Level:
-    if not ctx.on_cuda:
-        from xsp.core.errors import ConfigError
-
-        raise ConfigError("level H reads GPU hardware counters: it needs --device cuda")
-    from xsp.tracer.capture.levels.counters import CounterLevel
-
-    return CounterLevel(ctx.device)
-
-
-#: Level letter -> factory. Imports are deferred so that reading the registry stays cheap.
-REGISTRY: dict[str, LevelFactory] = {
-    "M": _model,
-    "F": _framework,
-    "L": _library,
-    "G": _gpu,
-    "H": _counters,  # level set MH only, under Nsight Compute (xsp.tracer.run.ncu)
-}
-
-
 def check_levels(levels: LevelSet, device: str) -> None:
-    """Raise ConfigError when a level of ``levels`` cannot run on ``device``."""
-    if levels.gpu and not device.startswith("cuda"):
-        from xsp.core.errors import ConfigError
+    """Raise ConfigError when a level of ``levels`` cannot run on ``device`` (its row in
+    ``xsp.core.levels`` has no capture for the device's kind)."""
+    for info in _rows(levels):
+        if info.capture_on(device) is None:
+            from xsp.core.errors import ConfigError
 
-        raise ConfigError(
-            f"level set {levels}: level G records GPU work and needs --device cuda "
-            "(on CPU, use M, MF or MFL)"
-        )
-    if levels.counters and not device.startswith("cuda"):
-        from xsp.core.errors import ConfigError
-
-        raise ConfigError(
-            f"level set {levels}: level H reads GPU hardware counters and needs --device cuda"
-        )
+            # a level set of levels that combine freely has a smaller one that runs anywhere
+            hint = "" if info.alone else f" (on CPU, use {_anywhere_sets()})"
+            raise ConfigError(
+                f"level set {levels}: level {info.letter} {info.summary} and needs "
+                f"--device cuda{hint}"
+            )
 
 
 def level_environment(ctx: LevelContext) -> dict[str, str]:
-    """Environment variables the levels need set before the libraries they watch start: NVTX
-    injection into CUPTI and the libraries' NVTX switches on CUDA (cuBLAS and cuDNN calls are
-    NVTX ranges), oneDNN's verbose timestamps on CPU. Reading it imports nothing heavy."""
-    if ctx.uses_cupti:
-        from xsp.tracer.capture.cupti import nvtx_environment
-
-        return nvtx_environment()
-    if ctx.levels.library and not ctx.on_cuda:
-        from xsp.tracer.capture.levels.onednn import ONEDNN_ENV
-
-        return dict(ONEDNN_ENV)
-    return {}
+    """Environment variables the levels need set before the libraries they watch start (each
+    level's ``Capture.environment`` on the session's device): NVTX injection into CUPTI and the
+    libraries' NVTX switches on CUDA (cuBLAS and cuDNN calls are NVTX ranges), oneDNN's verbose
+    timestamps on CPU. Reading it imports nothing heavy."""
+    paths = [capture.environment for capture in _captures(ctx.levels, ctx.device)]
+    env: dict[str, str] = {}
+    for path in dict.fromkeys(p for p in paths if p):  # levels L and G share CUPTI's
+        env.update(resolve(path)())
+    return env
 
 
 def build_levels(levels: LevelSet, ctx: LevelContext) -> list[Level]:
-    """Instantiate the levels of a level set in stack order (every letter a ``LevelSet``
-    accepts has a registry entry)."""
-    return [REGISTRY[ch](ctx) for ch in levels.letters]
+    """Instantiate the levels of a level set in stack order, each by its row's factory for the
+    session's device (imported only now, so that reading the table stays cheap)."""
+    built = []
+    for info in _rows(levels):
+        capture = info.capture_on(ctx.device)
+        if capture is None:
+            from xsp.core.errors import ConfigError
+
+            raise ConfigError(f"level {info.letter} {info.summary}: it needs --device cuda")
+        factory: LevelFactory = resolve(capture.factory)
+        built.append(factory(ctx))
+    return built
+
+
+def _rows(levels: LevelSet) -> list[LevelInfo]:
+    return [level(letter) for letter in levels.letters]
+
+
+def _captures(levels: LevelSet, device: str) -> list[Capture]:
+    found = (info.capture_on(device) for info in _rows(levels))
+    return [capture for capture in found if capture is not None]
+
+
+def _anywhere_sets() -> str:
+    """The level sets of the levels that run on every device, root first: "M, MF or MFL"."""
+    letters = "".join(i.letter for i in LEVELS if i.cpu and i.cuda and not i.alone)
+    sets = [letters[:n] for n in range(1, len(letters) + 1)]
+    return ", ".join(sets[:-1]) + f" or {sets[-1]}"

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.core.records import STEP_RANGE_PREFIX
+
+if TYPE_CHECKING:
+    from xsp.tracer.capture.levels import LevelContext
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +163,9 @@ def _best_seconds(work: Any) -> float:
         end.synchronize()
         best = min(best, start.elapsed_time(end) / 1e3)
     return best
+
+
+def build(ctx: LevelContext) -> CounterLevel:
+    """Level H of a session, under Nsight Compute (its row in ``xsp.core.levels`` names this
+    factory)."""
+    return CounterLevel(ctx.device)

@@ -20,6 +20,7 @@ from xsp.tracer.capture.cupti import cupti_session
 
 if TYPE_CHECKING:
     from xsp.core.arena import ArenaContents
+    from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
 log = logging.getLogger(__name__)
@@ -140,3 +141,13 @@ class GpuLevel(LibraryLevel):
 
     def _take(self, batch: Any = None) -> Any:
         return self._session.take_gpu(batch)
+
+
+def build_library(ctx: LevelContext) -> LibraryLevel:
+    """Level L of a session on CUDA (its row in ``xsp.core.levels`` names this factory)."""
+    return LibraryLevel(with_ops=ctx.levels.framework)
+
+
+def build_gpu(ctx: LevelContext) -> GpuLevel:
+    """Level G of a session (its row in ``xsp.core.levels`` names this factory)."""
+    return GpuLevel(with_ops=ctx.levels.framework)

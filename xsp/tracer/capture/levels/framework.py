@@ -54,6 +54,7 @@ from xsp.tracer.capture.coexist import MEMORY, program_profiler
 from xsp.tracer.capture.inductor import KernelProvenance
 
 if TYPE_CHECKING:
+    from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
 log = logging.getLogger(__name__)
@@ -424,3 +425,14 @@ def _source_of(cls: type) -> str:
             source = cls.__module__
         _SOURCES[cls] = source
     return _SOURCES[cls]
+
+
+def build(ctx: LevelContext) -> FrameworkLevel:
+    """Level F of a session (its row in ``xsp.core.levels`` names this factory)."""
+    from xsp.core import config
+
+    # a multi-rank job's collective sizes come from each iteration's own shapes
+    every = ctx.multi_rank or config.op_shape_iterations() == "every"
+    return FrameworkLevel(
+        ctx.arena, ctx.provenance, record_shapes=ctx.op_shapes, every_iteration=every
+    )

@@ -22,6 +22,7 @@ from xsp.tracer.capture.arena import CaptureArena
 from xsp.tracer.capture.context import OTEL_TRACE, SpanRef, application_span
 
 if TYPE_CHECKING:
+    from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
 
@@ -97,3 +98,8 @@ def _synchronizer(device: str):  # type: ignore[no-untyped-def]
             return getattr(torch._C, "_cuda_synchronize", torch.cuda.synchronize)
         return torch.cuda.synchronize
     return None  # the CPU's work is done when the call returns
+
+
+def build(ctx: LevelContext) -> ModelLevel:
+    """Level M of a session (its row in ``xsp.core.levels`` names this factory)."""
+    return ModelLevel(ctx.device, ctx.arena)

@@ -23,10 +23,13 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.core.errors import XspError
 from xsp.core.records import ApiRecords, RangeRecords
+
+if TYPE_CHECKING:
+    from xsp.tracer.capture.levels import LevelContext
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +158,13 @@ def _flush_c_stdout() -> None:
     """Flush C's stdio buffer, where oneDNN's printf output waits when stdout is a file."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).fflush(None)
+
+
+def build(ctx: LevelContext) -> OneDnnLevel:
+    """Level L of a session on the CPU (its row in ``xsp.core.levels`` names this factory)."""
+    return OneDnnLevel()
+
+
+def environment() -> dict[str, str]:
+    """What oneDNN must find in the environment when it starts: its verbose timestamps."""
+    return dict(ONEDNN_ENV)
