@@ -356,7 +356,7 @@ def op_samples(store: MeasurementStore) -> Samples:
 def memory_samples(store: MeasurementStore) -> Samples | None:
     """Bytes each layer allocates per iteration (level F's allocator events, every device);
     None without events."""
-    from xsp.analysis.memory import memory_run
+    from xsp.analysis.tables.memory import memory_run
 
     found = memory_run(store)
     if found is None:
@@ -379,7 +379,7 @@ def memory_samples(store: MeasurementStore) -> Samples | None:
 def counter_values(store: MeasurementStore) -> Samples | None:
     """The model's hardware-counter aggregate (A15), one value per numeric metric: a counter
     run counts one pass, so these rows are untested. None without a counter run."""
-    from xsp.analysis.counters import model_metrics
+    from xsp.analysis.tables.counters import model_metrics
 
     if not store.counter_runs:
         return None
@@ -509,7 +509,7 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
 
 def _why_no_replay(store: MeasurementStore) -> str | None:
     """Why the sections from the G run and the replay cannot be filled, or None."""
-    from xsp.analysis.distributed import is_multi_rank
+    from xsp.analysis.tables.distributed import is_multi_rank
 
     if not has_gpu(store):
         return "needs level G in both measurements"

@@ -36,7 +36,7 @@ class MeasurementStore:
 
     ``runs`` are the timing runs (M, MF, MFL, MFLG, ...), whose spans the ``spans`` table holds;
     the hardware-counter run (MH), whose step times are those of kernel replay, is kept apart in
-    ``counter_runs``: only its counter tables join the analyses (``xsp.analysis.counters``)."""
+    ``counter_runs``: only its counter tables join the analyses (``xsp.analysis.tables.counters``)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)

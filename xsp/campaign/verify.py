@@ -2,7 +2,7 @@
 the fix the suggestion names, applied without editing the program (``xsp.tracer.workloads
 .fixes``).
 
-For each suggestion (``xsp.analysis.suggestions``) whose rule maps to a fix (``RULE_FIXES``):
+For each suggestion (``xsp.analysis.suggestions.rules``) whose rule maps to a fix (``RULE_FIXES``):
 
 1. Re-run the measurement's workload, as its manifest's spec says, untraced (level set M),
    without and with the fix, in ``rounds`` paired rounds, each run a process of its own. The order
@@ -221,9 +221,9 @@ def check_rerun(original: Original, fixes: Sequence[str]) -> None:
 
 
 def suggestions(root: Path) -> list[dict[str, Any]]:
-    """The measurement's suggestions (rows of ``xsp.analysis.suggestions.suggest``)."""
+    """The measurement's suggestions (rows of ``xsp.analysis.suggestions.rules.suggest``)."""
     from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.suggestions import suggest
+    from xsp.analysis.suggestions.rules import suggest
 
     measurement = MeasurementStore(root)
     measurement.require_spans()

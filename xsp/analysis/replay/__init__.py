@@ -18,7 +18,7 @@ run that measures it:
    on the GPU). Host threads run in turn: the step's thread hands its work to autograd's thread
    during backward and waits for it, so the threads' spans form one program order (two threads
    working at once would be serialized).
-2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
+2. **Host times without the tracer's cost** (``xsp.analysis.replay.host_timeline``). The host's timeline
    is the shallowest F run's, each time moved back by the calibrated cost of its own rank's F
    records that started and ended before it in its step (the level-set process timed a small
    training step in rounds of F off and on: ``run.json``'s ``calibration``); the deep run's

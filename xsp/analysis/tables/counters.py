@@ -23,7 +23,7 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 4. Rates are counters over G-run durations: achieved GFLOP/s = FLOPs / duration; arithmetic
    intensity = FLOPs / DRAM bytes (read + written); a kernel is compute-bound when its intensity
    reaches the ridge point (peak FLOP/s / DRAM bandwidth) of the roof of its precision, else
-   memory-bound. Roofs come from ``xsp.analysis.peaks`` (measured or datasheet; it says which).
+   memory-bound. Roofs come from ``xsp.analysis.tables.peaks`` (measured or datasheet; it says which).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.flop_formulas import EXACT_FAMILIES
-from xsp.analysis.flops import counted as counted_ops
-from xsp.analysis.flops import gpu_run, per_iteration, split, total_per_iteration
-from xsp.analysis.peaks import Peaks, peaks_table, resolve
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.flop_formulas import EXACT_FAMILIES
+from xsp.analysis.tables.flops import counted as counted_ops
+from xsp.analysis.tables.flops import gpu_run, per_iteration, split, total_per_iteration
+from xsp.analysis.tables.peaks import Peaks, peaks_table, resolve
 from xsp.core import schema
 from xsp.core.counter_names import DERIVED, PRECISIONS, kernel_base, kernel_key
 
@@ -333,7 +333,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
 
 
 def _add_algorithmic(store: MeasurementStore, kernels: list[dict[str, Any]]) -> None:
-    """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.flops``, note 4) as
+    """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.tables.flops``, note 4) as
     ``algorithmic_flops`` (and as ``exact_flops`` where its op's family is counted exactly): 0
     for a kernel under no counted op, None where the G run recorded no shapes or the op's
     shapes do not fit its formula."""
@@ -411,7 +411,7 @@ def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> di
     }
 
 
-#: Executed FLOPs (the counters) against algorithmic ones (the math, ``xsp.analysis.flops``).
+#: Executed FLOPs (the counters) against algorithmic ones (the math, ``xsp.analysis.tables.flops``).
 WASTE_COLUMNS = (
     ("algorithmic_gflop", pa.float64()),
     ("executed_over_algorithmic", pa.float64()),

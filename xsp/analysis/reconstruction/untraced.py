@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from xsp.analysis.matching import level_sources
+from xsp.analysis.reconstruction.matching import level_sources
 from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.host_timeline import steady
+from xsp.analysis.replay.host_timeline import steady
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 from xsp.core.columns import numbers

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.host_timeline import step_ranks
 from xsp.analysis.replay import WhatIf, replay, what_if
+from xsp.analysis.replay.host_timeline import step_ranks
 from xsp.analysis.store import (
     MeasurementStore,
     text_codes,
@@ -92,7 +92,8 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
     untraced one (a calibrated F run: else the tracer's own host time would hide GPU gains) and
     the job's collectives are checked on a recording (one rank, or ranks on the CPU: NCCL's
     kernels are checked on a hand-worked store only); otherwise ``found`` as it is."""
-    from xsp.analysis import critical_path, distributed
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.tables import distributed
 
     if distributed.is_multi_rank(store) and critical_path.has_gpu(store):
         return found
@@ -115,7 +116,7 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
 def _rebuilt(store: MeasurementStore) -> pa.Table:
     """The reconstruction, computed once per store and registered as the SQL table ``rebuilt``."""
     if "rebuilt" not in store.memo:
-        from xsp.analysis.reconstruct import reconstruct
+        from xsp.analysis.reconstruction.reconstruct import reconstruct
 
         spans, _ = reconstruct(store)
         store.con.register("rebuilt", spans)
@@ -150,7 +151,7 @@ def _coverage(
 ) -> tuple[int, float]:
     """(spans, ms per iteration they cover, overlaps once) of the spans given by their
     iteration, start and end."""
-    from xsp.analysis.kernels import union_length
+    from xsp.analysis.tables.kernels import union_length
 
     # one pass over the rows grouped by iteration (a mask per iteration grew with their number)
     order = np.argsort(iteration, kind="stable")
@@ -297,8 +298,8 @@ SYNC_LINES_SHOWN = 3
 
 def _sync_lines(store: MeasurementStore, library: bool) -> list[str]:
     """The program lines (``file:line function``) of the step's synchronizing calls, most
-    frequent first, where level F recorded them (``xsp.analysis.sources``)."""
-    from xsp.analysis.sources import line_of
+    frequent first, where level F recorded them (``xsp.analysis.tables.sources``)."""
+    from xsp.analysis.tables.sources import line_of
 
     result = replay(store)
     spans = result.spans
@@ -336,7 +337,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
     on the H200's host (two gloo ranks, rank 1 with twice the batch), balancing gained 1.28 ms
     a step (0.78-1.60 in 4 pairs) against 0.91 ms replayed, and 0.65 ms when the estimate only
     made rank 1's compute as fast as rank 0's."""
-    from xsp.analysis import distributed
+    from xsp.analysis.tables import distributed
 
     if not distributed.is_multi_rank(store):
         return None
@@ -392,7 +393,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
 def _outer_compute(spans: pa.Table) -> np.ndarray:
     """The framework spans right under a rank's step that compute (ops, modules, autograd
     nodes, optimizer calls): the rank's compute, each nanosecond once."""
-    from xsp.analysis.distributed import COMPUTE_KINDS
+    from xsp.analysis.tables.distributed import COMPUTE_KINDS
 
     parent = _parents(spans)
     kind = texts(spans.column("kind"))

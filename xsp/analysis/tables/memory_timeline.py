@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.memory import memory_run
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.memory import memory_run
 from xsp.core import schema
 
 #: Layers the chart draws as bands of their own (by bytes held at the peak); the rest are one.
