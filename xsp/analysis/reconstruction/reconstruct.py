@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.reconstruction.matching import keyed, level_sources
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
@@ -43,10 +44,7 @@ from xsp.core.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration);
     computed once per store (the report, the multi-rank analyses and ``--json`` all read it)."""
-    if "reconstruction" not in store.memo:
-        store.memo["reconstruction"] = _reconstruct(store)
-    found: tuple[pa.Table, pa.Table] = store.memo["reconstruction"]
-    return found
+    return RECONSTRUCTION.of(store)
 
 
 def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
@@ -273,3 +271,9 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
                 }
             )
     return pa.Table.from_pylist(out)
+
+
+#: The reconstructed spans and their resource (``reconstruct``).
+RECONSTRUCTION = Derived(
+    "reconstruction", _reconstruct, needs=("structural_keys", "replay", "counter_join")
+)

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.replay import WhatIf, replay, what_if
 from xsp.analysis.replay.host_timeline import step_ranks
 from xsp.analysis.store import (
@@ -115,13 +116,20 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
 
 def _rebuilt(store: MeasurementStore) -> pa.Table:
     """The reconstruction, computed once per store and registered as the SQL table ``rebuilt``."""
-    if "rebuilt" not in store.memo:
-        from xsp.analysis.reconstruction.reconstruct import reconstruct
+    return _REBUILT.of(store)
 
-        spans, _ = reconstruct(store)
-        store.con.register("rebuilt", spans)
-        store.memo["rebuilt"] = spans
-    return store.memo["rebuilt"]
+
+def _reconstructed_spans(store: MeasurementStore) -> pa.Table:
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+
+    return reconstruct(store)[0]
+
+
+def _itself(table: pa.Table) -> pa.Table:
+    return table
+
+
+_REBUILT = Derived("rebuilt", _reconstructed_spans, needs=("reconstruction",), view=_itself)
 
 
 def _steps(store: MeasurementStore) -> tuple[int, float]:

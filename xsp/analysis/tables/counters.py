@@ -36,6 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.tables.flop_formulas import EXACT_FAMILIES
 from xsp.analysis.tables.flops import counted as counted_ops
@@ -95,10 +96,7 @@ def unavailable(store: MeasurementStore) -> str | None:
 
 def counter_join(store: MeasurementStore) -> CounterJoin | None:
     """The join, computed once per store; None without a counter table."""
-    if "counter_join" not in store.memo:
-        store.memo["counter_join"] = _join(store)
-    result: CounterJoin | None = store.memo["counter_join"]
-    return result
+    return COUNTER_JOIN.of(store)
 
 
 def _counter_source(store: MeasurementStore) -> tuple[Any, pa.Table] | None:
@@ -465,13 +463,7 @@ _KERNEL_SCHEMA = pa.schema(
 def _kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each counted kernel with its rates against the roofs, computed once per store (A8 and A9
     both read them)."""
-    if "kernel_rates" not in store.memo:
-        join = counter_join(store)
-        store.memo["kernel_rates"] = (
-            [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
-        )
-    rates: list[tuple[dict[str, Any], dict[str, Any]]] = store.memo["kernel_rates"]
-    return rates
+    return KERNEL_RATES.of(store)
 
 
 def kernel_info(store: MeasurementStore) -> pa.Table:
@@ -752,3 +744,14 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
         else:
             out[name] = pa.array([v.get(name) if v else None for v in values], type_)
     return out
+
+
+def _all_kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    join = counter_join(store)
+    return [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
+
+
+#: The counter run's kernels joined to the timing run's (``counter_join``).
+COUNTER_JOIN = Derived("counter_join", _join)
+#: Each joined kernel's rates (``_kernel_rates``).
+KERNEL_RATES = Derived("kernel_rates", _all_kernel_rates, needs=("counter_join",))

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.reconstruction.matching import keyed, tree_depths
 from xsp.analysis.store import (
     MeasurementStore,
@@ -106,10 +107,7 @@ class Counted:
 
 def counted(store: MeasurementStore) -> Counted:
     """The measurement's counted ops (see the module notes), computed once per store."""
-    if "flops" not in store.memo:
-        store.memo["flops"] = _count(store)
-    result: Counted = store.memo["flops"]
-    return result
+    return FLOPS.of(store)
 
 
 def gpu_run(store: MeasurementStore) -> int | None:
@@ -356,3 +354,7 @@ def total_per_iteration(store: MeasurementStore, exact: bool = False) -> float |
     if counted(store).run_index is None:
         return None
     return float(sum(per_iteration(store, "family", exact).values()))
+
+
+#: The FLOPs of each op of the run with shapes (``counted``).
+FLOPS = Derived("flops", _count, needs=("structural_keys", "tree_depths"))
