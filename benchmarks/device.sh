@@ -132,7 +132,7 @@ for p in sorted(glob.glob("/tmp/replay/*/*/run.json")):
 PY
   python3 - <<'PY'
 from pathlib import Path
-from xsp.analysis import critical_path
+from xsp.analysis.replay import critical_path
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore
 for root in sorted(p for p in Path("/tmp/replay").iterdir() if p.is_dir()):
@@ -516,7 +516,7 @@ p_memory() {
   python3 - /tmp/r50m "$OUT/memory-r50-b64-train.json" <<'PY'
 import json, sys
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis import memory
+from xsp.analysis.tables import memory
 store = MeasurementStore(sys.argv[1])
 runs = {r.levels: r.meta for r in store.runs}
 layers = memory.layer_memory(store).to_pylist()

@@ -119,11 +119,11 @@ def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
 
 
 def replayed(out: Path) -> dict[str, Any]:
-    from xsp.analysis.host_timeline import calibration
-    from xsp.analysis.matching import level_sources
+    from xsp.analysis.reconstruction.matching import level_sources
     from xsp.analysis.replay import replay
+    from xsp.analysis.replay.host_timeline import calibration
     from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.summary import level_sets
+    from xsp.analysis.tables.summary import level_sets
     from xsp.core import schema
 
     store = MeasurementStore(out)

@@ -1,6 +1,6 @@
 """Each M process of a measurement beside where it ran: its median step, the core it ended on,
 that core's clock, the load average and its involuntary context switches (``run.json``'s
-``host``), one JSON line each, then M's interval (``xsp.analysis.m_interval``).
+``host``), one JSON line each, then M's interval (``xsp.analysis.replay.m_interval``).
 
     python benchmarks/m_spread.py RUN_DIR [--label pinned]
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xsp.analysis.m_interval import m_interval, steady_steps_ms
+from xsp.analysis.replay.m_interval import m_interval, steady_steps_ms
 from xsp.analysis.store import MeasurementStore
 from xsp.core.store import open_run
 

@@ -85,8 +85,7 @@ def alone(name: str) -> float | None:
 
 def checks(root: Path) -> dict[str, object]:
     """The store's replay with its checks, the verdict, and its M processes' seconds."""
-    from xsp.analysis import critical_path
-    from xsp.analysis.replay import replay
+    from xsp.analysis.replay import critical_path, replay
     from xsp.analysis.store import MeasurementStore
 
     store = MeasurementStore(root)

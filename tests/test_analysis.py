@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.fixtures import fixture_table, write_run
-from xsp.analysis.kernels import kernels_by_name, temporal_breakdown, union_length
-from xsp.analysis.layers import layer_info, layer_latency, layer_types
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, text_in
+from xsp.analysis.tables.kernels import kernels_by_name, temporal_breakdown, union_length
+from xsp.analysis.tables.layers import layer_info, layer_latency, layer_types
 
 
 def _store(root: Path, scenario: str, levels: str) -> MeasurementStore:
@@ -64,7 +64,7 @@ H200_STORE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "r50-
 
 
 def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Path) -> None:
-    from xsp.analysis import kernels
+    from xsp.analysis.tables import kernels
 
     measurement = _store(tmp_path, "resnet18_train_mflg_cuda", "MFLG")
     by_layer = {r["layer"]: r for r in kernels.kernels_by_layer(measurement, 100).to_pylist()}
@@ -83,7 +83,7 @@ def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Pat
     assert abs(idle["host_wait_ms"] + idle["kernel_wait_ms"] - idle["idle_ms"]) < 1e-9
     busy = kernels.temporal_breakdown(measurement).to_pylist()[0]
     assert idle["idle_ms"] <= busy["step_ms"]
-    from xsp.analysis.library import library_calls
+    from xsp.analysis.tables.library import library_calls
 
     calls = {(r["library"], r["call"]): r for r in library_calls(measurement, 50).to_pylist()}
     conv = calls[("cuDNN", "cudnnBackendExecute")]
@@ -95,7 +95,7 @@ def test_h200_resnet50_reconstruction_takes_model_latency_from_the_m_run() -> No
     """Acceptance data from the H200 (ResNet-50 b64 training, 20 iterations per level set):
     every span of the MFLG run finds its counterpart, the reconstructed steps are the replay's,
     and the replay is checked against the M run's median step (32.762 ms over its 19 steady steps)."""
-    from xsp.analysis.reconstruct import level_overhead, reconstruct
+    from xsp.analysis.reconstruction.reconstruct import level_overhead, reconstruct
 
     measurement = MeasurementStore(H200_STORE)
     spans, mismatches = reconstruct(measurement)
@@ -148,7 +148,7 @@ def test_the_notes_name_which_step_the_gains_are_shares_of_and_why_memory_is_emp
 def test_gpu_time_per_layer_takes_latency_from_the_shallowest_framework_run() -> None:
     """A13 on the H200 ResNet-50 measurement: a layer's latency is MF's (the least overhead
     with F), its GPU time the G run's."""
-    from xsp.analysis.kernels import gpu_time_per_layer
+    from xsp.analysis.tables.kernels import gpu_time_per_layer
 
     measurement = MeasurementStore(H200_STORE)
     conv1 = {r["layer"]: r for r in gpu_time_per_layer(measurement, limit=100).to_pylist()}["conv1"]
@@ -162,7 +162,7 @@ def test_gpu_time_per_layer_takes_latency_from_the_shallowest_framework_run() ->
 def test_the_summarys_slowest_layers_come_from_the_shallowest_framework_run() -> None:
     """The summary's layers and A3's latency are MF's, the least overhead with F (conv1's
     forward median: MF 0.361 ms, MFL 0.390, MFLG 0.314 in this capture of the NVTX era)."""
-    from xsp.analysis.summary import top_layers
+    from xsp.analysis.tables.summary import top_layers
 
     measurement = MeasurementStore(H200_STORE)
     (conv1,) = [r for r in layer_latency(measurement).to_pylist() if r["module_path"] == "conv1"]
@@ -190,7 +190,7 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     0.696 s; exit 0.094 + 0.141 + 0.111 = 0.346 s."""
     import json
 
-    from xsp.analysis.summary import time_by_phase, time_line
+    from xsp.analysis.tables.summary import time_by_phase, time_line
 
     manifest = json.loads((REPLAY_R50 / "manifest.json").read_text())
     rows = time_by_phase(manifest).to_pylist()

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.fixtures import load_raw, load_records
-from xsp.analysis.kernels import temporal_breakdown, union_length
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.kernels import temporal_breakdown, union_length
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export.chrome import OVERLAP_TID_STRIDE, write_chrome_trace
 
@@ -262,7 +262,7 @@ def test_holistic_trace_analysis_reads_the_export_as_xsp_measures_it(
     1. HTA counts one rank's GPU time over a window from the first GPU activity's start to the
        last one's end (``kernel_time``); idle is that window less the union of all activities,
        compute the union of the kernels, non-compute the rest of the busy time (the memsets).
-       ``xsp.analysis.kernels.temporal_breakdown`` counts per iteration, inside each step.
+       ``xsp.analysis.tables.kernels.temporal_breakdown`` counts per iteration, inside each step.
     2. Summed over the 20 iterations, xsp's busy time is the same union (every activity of the
        run lies inside its step), so it must equal HTA's compute + non-compute time.
     3. xsp's summed step time differs from HTA's window by the time before the first activity

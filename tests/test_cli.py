@@ -176,7 +176,7 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("trained 8") == 2  # the script ran once per level set
     # where the time went: the manifest's phases, and the whole from its start to its end
-    from xsp.analysis.summary import own_time_line, time_line
+    from xsp.analysis.tables.summary import own_time_line, time_line
 
     manifest = json.loads((out / "manifest.json").read_text())
     whole = (manifest["finished_ns"] - manifest["created_ns"]) / 1e9

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from xsp.analysis import counters
 from xsp.analysis.catalog import COUNTER_KEYS, sections
-from xsp.analysis.peaks import datasheet, resolve
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables import counters
+from xsp.analysis.tables.peaks import datasheet, resolve
 from xsp.core import counter_names
 from xsp.core.levelset import LevelSet, parse_level_sets
 from xsp.tracer.convert import ncu
@@ -412,7 +412,7 @@ def test_a_kernel_one_run_lacks_shifts_no_other_pair() -> None:
 def test_the_reconstruction_carries_the_counters_on_its_kernels() -> None:
     import pyarrow.compute as pc
 
-    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
 
     spans, _ = reconstruct(MeasurementStore(COUNTED))
     kernels = spans.filter(pc.equal(spans.column("kind"), "kernel"))

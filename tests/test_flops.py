@@ -1,4 +1,4 @@
-"""Algorithmic FLOPs (``xsp.analysis.flops``): the formulas against torch.utils.flop_counter's on
+"""Algorithmic FLOPs (``xsp.analysis.tables.flops``): the formulas against torch.utils.flop_counter's on
 the same shapes, the counts of the committed H200 measurements worked out by hand, executed
 FLOPs against them in A8, A12 and A15, and achieved TFLOP/s and MFU from G's durations."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from xsp.analysis import counters, flops, utilization
 from xsp.analysis.catalog import FLOP_KEYS, sections
-from xsp.analysis.flop_formulas import FORMULAS, Context
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables import counters, flops, utilization
+from xsp.analysis.tables.flop_formulas import FORMULAS, Context
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ResNet-50 b64 fp32 training on the H200 with a counter run (M, MF, MFLG, MH).

@@ -125,8 +125,7 @@ def test_the_replay_matches_cuda_event_truth_on_known_layers(cuda_device: str, t
     import sys
     from pathlib import Path
 
-    from xsp.analysis import critical_path
-    from xsp.analysis.replay import replay
+    from xsp.analysis.replay import critical_path, replay
     from xsp.analysis.store import MeasurementStore
 
     root = Path(__file__).resolve().parents[1]

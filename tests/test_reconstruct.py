@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tests.fixtures import write_run
-from xsp.analysis.reconstruct import level_overhead, reconstruct
+from xsp.analysis.reconstruction.reconstruct import level_overhead, reconstruct
 from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 

@@ -12,11 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from xsp.analysis import critical_path
-from xsp.analysis.host_timeline import _CostClock, calibration, steady
-from xsp.analysis.matching import keyed
-from xsp.analysis.reconstruct import overhead_verdict, reconstruct
-from xsp.analysis.replay import CAUSE_GPU, WhatIf, replay, what_if
+from xsp.analysis.reconstruction.matching import keyed
+from xsp.analysis.reconstruction.reconstruct import overhead_verdict, reconstruct
+from xsp.analysis.replay import CAUSE_GPU, WhatIf, critical_path, replay, what_if
+from xsp.analysis.replay.host_timeline import _CostClock, calibration, steady
 from xsp.analysis.replay.result import Guarantees
 from xsp.analysis.store import MeasurementStore
 from xsp.tracer.capture.warmup import settled
@@ -260,7 +259,7 @@ def test_a_fixs_gain_is_the_replay_of_the_edited_graph(resnet: MeasurementStore)
     transposes, and the host, then close behind the GPU, holds the rest back); as one CUDA
     graph, 32.108 ms (the GPU's own work and dispatch gaps: no host in the way)."""
     from xsp.analysis.replay import what_if
-    from xsp.analysis.suggestions import CHANNELS_LAST, CUDA_GRAPH, suggest
+    from xsp.analysis.suggestions.rules import CHANNELS_LAST, CUDA_GRAPH, suggest
 
     assert what_if(resnet, CHANNELS_LAST) == pytest.approx(31.0819, abs=0.0005)
     assert what_if(resnet, CUDA_GRAPH) == pytest.approx(32.1079, abs=0.0005)
@@ -368,7 +367,7 @@ def test_a_host_bound_steps_f_cost_is_checked_against_its_own_steps(
     assert found["error_pct"] == pytest.approx(-0.62, abs=0.01)
     assert replay(resnet).summary()["calibration"]["scaled_to_own_steps"] is None
 
-    import xsp.analysis.host_timeline as host_timeline
+    import xsp.analysis.replay.host_timeline as host_timeline
 
     monkeypatch.setattr(host_timeline, "HOST_BOUND_EXCESS", float("inf"))  # the probe alone
     alone = replay(MeasurementStore(DATA / "gpt-lm-train-2")).summary()

@@ -119,8 +119,8 @@ def test_each_rank_takes_only_its_own_records_cost_off_its_times(tmp_path: Path)
     half at its end), rank 1's add ends at 6,200 ns, 350 ns earlier (its mm, its call, its gloo
     range and its own start before it), not at 5,800 (with rank 0's four records too, which ran
     over the same time on the shared clock)."""
-    from xsp.analysis.host_timeline import Calibration, host_timeline
-    from xsp.analysis.matching import keyed
+    from xsp.analysis.reconstruction.matching import keyed
+    from xsp.analysis.replay.host_timeline import Calibration, host_timeline
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
@@ -156,8 +156,8 @@ def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measuremen
     30-460 µs long by what the optimizer's range, and in one step a gloo range, outlasted it.)"""
     from dataclasses import replace
 
-    from xsp.analysis.host_timeline import Calibration, host_timeline
     from xsp.analysis.replay import STEPS_ONLY, fitted_graph, replay_with
+    from xsp.analysis.replay.host_timeline import Calibration, host_timeline
     from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(GLOO)
@@ -212,7 +212,7 @@ def test_a_gloo_jobs_critical_path_charges_communication_where_a_thread_waited()
     its time communication: 61% of the dev machine's critical path, the rest the host's (with
     the ranges covering every piece they spanned, 69%); 32-79% in one iteration or another. It
     was recorded before interleaving, with M in one process: unchecked."""
-    from xsp.analysis import critical_path
+    from xsp.analysis.replay import critical_path
     from xsp.analysis.store import MeasurementStore
 
     assert critical_path.verdict(MeasurementStore(GLOO)) == (
@@ -338,7 +338,7 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
     assert (plain.start_ns[nccl_0], plain.dur_ns[nccl_0]) == (2400, 3000)
     # NCCL's kernels are communication: rank 0's 3,000 ns and rank 1's 1,000, a mean 2,000 ns of
     # the 4,250 a step
-    from xsp.analysis import critical_path
+    from xsp.analysis.replay import critical_path
 
     assert critical_path.verdict(measurement).startswith(
         "unchecked: communication-bound: 47% communication, 41% gpu compute"
@@ -364,7 +364,7 @@ def test_the_straggler_is_named_and_its_fix_replayed() -> None:
     0.824 ms shorter."""
     from xsp.analysis.replay import replay
     from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.suggestions import suggest
+    from xsp.analysis.suggestions.rules import suggest
 
     store = MeasurementStore(GLOO)
     assert replay(store).own_steps_ms() == pytest.approx({0: 3.794, 1: 5.393}, abs=5e-4)
@@ -387,9 +387,9 @@ def test_the_flame_of_a_gloo_job_is_one_ranks_step_without_the_ranges_beside_it(
     the other rank's step ran beside it (the timeline shows both), and so did gloo's two
     all-reduce ranges, on their own threads beside backward's autograd nodes; drawn as siblings
     the ranks made the iteration box 20.8 ms wide."""
-    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+    from xsp.analysis.report.views import flame
     from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.views import flame
 
     spans, _ = reconstruct(MeasurementStore(GLOO))
     boxes = flame(spans)

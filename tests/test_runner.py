@@ -322,8 +322,8 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
     """The replay reads host times from the shallowest run with F, so only its process times
     F's cost (0.5-1.3 s of a switch-on on the H200); the deeper ones skip the probes, and the
     replay still finds its calibration."""
-    from xsp.analysis.host_timeline import calibration
-    from xsp.analysis.matching import level_sources
+    from xsp.analysis.reconstruction.matching import level_sources
+    from xsp.analysis.replay.host_timeline import calibration
     from xsp.analysis.store import MeasurementStore
 
     levels = ["M", "MF", "MFL", "MFLG"]
@@ -590,7 +590,7 @@ def test_a_fork_server_imports_its_models_zoo_and_a_campaigns_imports_every_zoo(
 def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: Path) -> None:
     """M and MF share a process (one CUDA start-up and first iteration, not two); MFL, whose
     level L needs its environment before the process starts, gets one of its own."""
-    from xsp.analysis.summary import time_line
+    from xsp.analysis.tables.summary import time_line
 
     spec = _squeezenet(tmp_path, ("M", "MF", "MFL"), overlap=True, share_process=True)
     events: list[tuple[str, str]] = []

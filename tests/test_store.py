@@ -7,7 +7,7 @@ import pytest
 
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.summary import level_sets
+from xsp.analysis.tables.summary import level_sets
 from xsp.core import schema, store
 from xsp.core.errors import StoreError
 from xsp.tracer.convert.spans import build_table
@@ -78,7 +78,7 @@ def test_files_from_an_older_schema_still_query(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from xsp.analysis.monitor import monitor_summary
+    from xsp.analysis.tables.monitor import monitor_summary
 
     run_dir = tmp_path / "M"
     run_dir.mkdir()

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, write_run
 from tests.test_intervals import within
-from xsp.analysis.matching import tree_depths
+from xsp.analysis.reconstruction.matching import tree_depths
 from xsp.analysis.store import MeasurementStore
 from xsp.campaign.files import from_dict
 from xsp.campaign.store import CampaignStore

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fixtures import fixture_table, write_run
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.suggestions import (
+from xsp.analysis.suggestions.rules import (
     fp32_matmuls_on_gpu,
     host_syncs,
     index_select,

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from xsp.analysis.m_interval import interval, m_interval, process_steps
 from xsp.analysis.replay import replay
+from xsp.analysis.replay.m_interval import interval, m_interval, process_steps
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.summary import level_sets
+from xsp.analysis.tables.summary import level_sets
 from xsp.core.levelset import LevelSet
 from xsp.core.store import open_run
 from xsp.tracer.capture import interleave
@@ -188,7 +188,7 @@ def test_a_gpu_bound_step_keeps_its_replay_and_bn1_leads() -> None:
     """ResNet-50 b64 training on the H100: the three M processes agree within 0.2 ms, so M's
     interval is narrow (37.57-37.79 ms) and the replayed 38.00 ms (+1.04%) lies just above it;
     the in-process check is +0.60%. bn1 still leads the layers by GPU time."""
-    from xsp.analysis import critical_path
+    from xsp.analysis.replay import critical_path
 
     store = MeasurementStore(TRUSTED / "r50-b64-train")
     found = replay(store).summary()
@@ -216,8 +216,8 @@ def test_a_layers_share_gives_its_range_across_iterations() -> None:
     """The known-duration workload's layer 2 (a 2 ms kernel) holds 34.97% of the replayed step
     on the median, 34.53-35.15% from one steady iteration to the next: worked out here from the
     replayed spans, each iteration's kernels of layer 2 against its replayed step."""
-    from xsp.analysis import critical_path
-    from xsp.analysis.critical_path import _steady_iterations
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.replay.critical_path import _steady_iterations
 
     store = MeasurementStore(ROOT / "benchmarks" / "data" / "replay-h200" / "known-layers")
     row = critical_path.layers(store, 1).to_pylist()[0]

@@ -19,6 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+from xsp.analysis.suggestions.rules import RULES
 from xsp.campaign import verify as verifying
 from xsp.campaign.paired import paired_gain
 from xsp.cli import main as cli_main
@@ -258,7 +259,7 @@ def test_fixes_say_whether_they_change_numerics() -> None:
     assert FIXES["tf32"].changes_numerics and FIXES["bf16"].changes_numerics
     assert not FIXES["channels_last"].changes_numerics
     assert not FIXES["dataloader"].changes_numerics
-    assert {verifying.RULE_FIXES[r] for r in verifying.RULE_FIXES} <= set(FIXES)
+    assert {r.fix for r in RULES if r.fix is not None} <= set(FIXES)
 
 
 def test_bf16_autocasts_the_root_forward_only() -> None:
@@ -273,7 +274,7 @@ def test_the_launch_bound_rule_is_verified_with_cuda_graphs() -> None:
     """Its estimate replays the step as one CUDA graph: the fix that matches is compile's
     reduce-overhead mode, applied to the root module in place (the call that found it runs
     compiled already)."""
-    assert verifying.RULE_FIXES["launch-bound"] == "cuda_graphs"
+    assert verifying.fix_for("launch-bound") == "cuda_graphs"
     model = torch.nn.Linear(4, 4)
     fixes = AppliedFixes(["cuda_graphs"], "cpu")
     fixes.attach(model)

@@ -51,8 +51,8 @@ def sections(store: MeasurementStore) -> list[Section]:
 
 
 def _memory(store: MeasurementStore) -> list[Section]:
-    from xsp.analysis import memory
-    from xsp.analysis.charts import bar
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import memory
 
     found = memory.memory_run(store)
     if found is None:
@@ -94,8 +94,8 @@ def _memory(store: MeasurementStore) -> list[Section]:
 
 def _source_lines(store: MeasurementStore) -> Section:
     """The program's lines by the GPU and host time of the ops they called."""
-    from xsp.analysis import sources
-    from xsp.analysis.charts import bar
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import sources
 
     table = sources.lines(store, limit=TOP_LAYERS)
     if not table.num_rows:
@@ -124,9 +124,9 @@ def _source_lines(store: MeasurementStore) -> Section:
 
 
 def _memory_timeline(store: MeasurementStore) -> Section:
-    from xsp.analysis import memory_timeline as mt
-    from xsp.analysis.charts import memory_over_step
-    from xsp.analysis.present import human_bytes
+    from xsp.analysis.report.charts import memory_over_step
+    from xsp.analysis.report.present import human_bytes
+    from xsp.analysis.tables import memory_timeline as mt
 
     timeline = mt.memory_timeline(store)
     assert timeline is not None  # the measurement has allocator events (the caller's check)
@@ -165,15 +165,17 @@ def _step_source(store: MeasurementStore) -> str:
 
 def _replayed(store: MeasurementStore) -> bool:
     """True where the layer views read the replay: a run with G, one rank."""
-    from xsp.analysis import critical_path, distributed
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.tables import distributed
 
     return critical_path.has_gpu(store) and not distributed.is_multi_rank(store)
 
 
 def _layer_types(store: MeasurementStore) -> Section:
     """A5: by GPU time (forward + backward) on the replay; without G, by forward host time."""
-    from xsp.analysis import critical_path, layers
-    from xsp.analysis.charts import bar
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import layers
 
     if _replayed(store):
         return Section(
@@ -194,7 +196,8 @@ def _layer_types(store: MeasurementStore) -> Section:
 
 def _gpu_time_per_layer(store: MeasurementStore) -> Section:
     """A13: on the replay, each layer's critical-path time split into GPU and non-GPU."""
-    from xsp.analysis import critical_path, kernels
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.tables import kernels
 
     if _replayed(store):
         return Section(
@@ -215,8 +218,8 @@ def _gpu_time_per_layer(store: MeasurementStore) -> Section:
 
 def _replay_sections(store: MeasurementStore) -> list[Section]:
     """Where the replayed step goes, and layers by GPU time: with level G, single-rank."""
-    from xsp.analysis import critical_path
-    from xsp.analysis.charts import bar
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.report.charts import bar
 
     if not _replayed(store):
         return []
@@ -241,10 +244,10 @@ def _replay_sections(store: MeasurementStore) -> list[Section]:
 
 def _overview(store: MeasurementStore) -> list[Section]:
     """What to change, where the step goes, and what the measurement itself cost and saw."""
-    from xsp.analysis import summary
-    from xsp.analysis.monitor import monitor_summary
-    from xsp.analysis.reconstruct import level_overhead
-    from xsp.analysis.suggestions import suggest
+    from xsp.analysis.reconstruction.reconstruct import level_overhead
+    from xsp.analysis.suggestions.rules import suggest
+    from xsp.analysis.tables import summary
+    from xsp.analysis.tables.monitor import monitor_summary
 
     return [
         Section(
@@ -272,8 +275,8 @@ def _overview(store: MeasurementStore) -> list[Section]:
 
 def _layers(store: MeasurementStore) -> list[Section]:
     """The layers (A2, A3, A5) and the library calls they make."""
-    from xsp.analysis import layers, library
-    from xsp.analysis.charts import bar
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import layers, library
 
     return [
         _layer_types(store),
@@ -295,8 +298,8 @@ def _layers(store: MeasurementStore) -> list[Section]:
 
 def _kernels(store: MeasurementStore) -> list[Section]:
     """The kernels (A10, A11), GPU time per layer (A13) and HTA's GPU time breakdowns."""
-    from xsp.analysis import kernels
-    from xsp.analysis.charts import bar
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import kernels
 
     gpu_run = "from the deepest run with level G (traced)"
     return [
@@ -352,8 +355,8 @@ FLOP_KEYS = ("model_flops", "layer_flops", "op_flops")
 def flop_sections(store: MeasurementStore) -> list[Section]:
     """Algorithmic FLOPs from the recorded op shapes, with achieved TFLOP/s and MFU over G's
     kernel durations and M's step; without shapes, one empty ``flops`` section saying so."""
-    from xsp.analysis import utilization
-    from xsp.analysis.charts import bar
+    from xsp.analysis.report.charts import bar
+    from xsp.analysis.tables import utilization
 
     reason = utilization.unavailable(store)
     if reason is not None:
@@ -401,8 +404,8 @@ COUNTER_KEYS = (
 def counter_sections(store: MeasurementStore) -> list[Section]:
     """A8, A9, A12, A14 and A15 with the join and the roofs they rest on; without a counter run
     (or a G run to join it onto), one empty ``hardware_counters`` section whose note says so."""
-    from xsp.analysis import counters
-    from xsp.analysis.roofline import plot_roofline
+    from xsp.analysis.tables import counters
+    from xsp.analysis.tables.roofline import plot_roofline
 
     reason = counters.unavailable(store)
     if reason is not None:
@@ -461,8 +464,8 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
 
 def _multi_rank(store: MeasurementStore) -> list[Section]:
     """The analyses of a multi-rank job; none for a single-rank measurement."""
-    from xsp.analysis import distributed
-    from xsp.analysis.charts import bar, stacked_bars
+    from xsp.analysis.report.charts import bar, stacked_bars
+    from xsp.analysis.tables import distributed
 
     if not distributed.is_multi_rank(store):
         return []

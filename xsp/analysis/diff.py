@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 from xsp.core.errors import StoreError
@@ -244,25 +245,30 @@ class _Replayed:
 
 def _replayed(store: MeasurementStore) -> _Replayed:
     """The replay's timings in arrays, once per store."""
-    if "diff_replayed" not in store.memo:
-        from xsp.analysis.replay import replay
+    return _REPLAYED.of(store)
 
-        result = replay(store)
-        steps = result.steps
-        steady = np.asarray(steps.column("steady"), dtype=bool)
-        spans = result.spans
-        store.memo["diff_replayed"] = _Replayed(
-            spans,
-            result.parent,
-            result.dur_ns,
-            np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64),
-            texts(spans.column("kind")),
-            texts(spans.column("module_path")),
-            np.asarray(steps.column("iteration"), dtype=np.int64)[steady],
-            result.path,
-            np.asarray(steps.column("replayed_ms"), dtype=np.float64)[steady] * 1e6,
-        )
-    return store.memo["diff_replayed"]
+
+def _replayed_arrays(store: MeasurementStore) -> _Replayed:
+    from xsp.analysis.replay import replay
+
+    result = replay(store)
+    steps = result.steps
+    steady = np.asarray(steps.column("steady"), dtype=bool)
+    spans = result.spans
+    return _Replayed(
+        spans,
+        result.parent,
+        result.dur_ns,
+        np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64),
+        texts(spans.column("kind")),
+        texts(spans.column("module_path")),
+        np.asarray(steps.column("iteration"), dtype=np.int64)[steady],
+        result.path,
+        np.asarray(steps.column("replayed_ms"), dtype=np.float64)[steady] * 1e6,
+    )
+
+
+_REPLAYED = Derived("diff_replayed", _replayed_arrays, needs=("replay",))
 
 
 def replayed_step_samples(store: MeasurementStore) -> Samples:
@@ -356,7 +362,7 @@ def op_samples(store: MeasurementStore) -> Samples:
 def memory_samples(store: MeasurementStore) -> Samples | None:
     """Bytes each layer allocates per iteration (level F's allocator events, every device);
     None without events."""
-    from xsp.analysis.memory import memory_run
+    from xsp.analysis.tables.memory import memory_run
 
     found = memory_run(store)
     if found is None:
@@ -379,7 +385,7 @@ def memory_samples(store: MeasurementStore) -> Samples | None:
 def counter_values(store: MeasurementStore) -> Samples | None:
     """The model's hardware-counter aggregate (A15), one value per numeric metric: a counter
     run counts one pass, so these rows are untested. None without a counter run."""
-    from xsp.analysis.counters import model_metrics
+    from xsp.analysis.tables.counters import model_metrics
 
     if not store.counter_runs:
         return None
@@ -509,7 +515,7 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
 
 def _why_no_replay(store: MeasurementStore) -> str | None:
     """Why the sections from the G run and the replay cannot be filled, or None."""
-    from xsp.analysis.distributed import is_multi_rank
+    from xsp.analysis.tables.distributed import is_multi_rank
 
     if not has_gpu(store):
         return "needs level G in both measurements"

@@ -7,7 +7,7 @@ is reported by name, and kept in memory as Arrow, which DuckDB scans in place.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ class MeasurementStore:
 
     ``runs`` are the timing runs (M, MF, MFL, MFLG, ...), whose spans the ``spans`` table holds;
     the hardware-counter run (MH), whose step times are those of kernel replay, is kept apart in
-    ``counter_runs``: only its counter tables join the analyses (``xsp.analysis.counters``)."""
+    ``counter_runs``: only its counter tables join the analyses (``xsp.analysis.tables.counters``)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -46,7 +46,9 @@ class MeasurementStore:
         self.counter_runs: list[Run] = [r for r in every if r.is_counter_run]
         # a measurement of counters alone keeps its counter run as the timing run too
         self.runs: list[Run] = [r for r in every if not r.is_counter_run] or every
-        self.memo: dict[Any, Any] = {}  # results analyses share (structural keys per run)
+        #: Values derived from the spans, kept by their declarations (``xsp.analysis.derived``).
+        self.derived_values: dict[tuple[str, Hashable], object] = {}
+        self._parents: list[np.ndarray] = []  # each run's parent rows, found at open
         tables = []
         # each run's own table: the combined table's chunks are these columns, shared, so a
         # run's spans cost nothing more (filtering them out of 1.5M rows took 0.7 s a run)
@@ -72,7 +74,7 @@ class MeasurementStore:
         parent's ancestor) read as a root, said in ``warnings``: every walk up the tree, in
         numpy or by the spans' ids, then ends at a root. Its parent rows are kept (``parents``)."""
         parent, on_cycle = break_cycles(parent_rows(spans))
-        self.memo[("parents", index)] = parent
+        self._parents.append(parent)
         if not len(on_cycle):
             return spans
         self.warnings.append(
@@ -86,8 +88,7 @@ class MeasurementStore:
 
     def parents(self, index: int) -> np.ndarray:
         """Each span's parent row in run ``index``'s spans (-1: a root), found once at open."""
-        found: np.ndarray = self.memo[("parents", index)]
-        return found
+        return self._parents[index]
 
     def require_spans(self) -> None:
         """Raise StoreError naming the first level-set run without spans (no span files, or

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.suggestions import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
+from xsp.analysis.suggestions.rules import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
 
 #: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the
 #: launch-bound rule's share, with short kernels, it waits on launches (analysis.suggestions).
@@ -15,10 +15,10 @@ COMPUTE_BOUND_BUSY_PCT = 80.0
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
-    from xsp.analysis import kernels, layers
-    from xsp.analysis.monitor import monitor_summary
-    from xsp.analysis.suggestions import suggest
-    from xsp.analysis.summary import level_sets
+    from xsp.analysis.suggestions.rules import suggest
+    from xsp.analysis.tables import kernels, layers
+    from xsp.analysis.tables.monitor import monitor_summary
+    from xsp.analysis.tables.summary import level_sets
 
     store = MeasurementStore(run_dir)
     step_ms = {
@@ -109,7 +109,7 @@ COUNTER_FIELDS = (
 def _counters(store: MeasurementStore) -> dict[str, Any] | None:
     """A15 of a job with a counter run, and the roofs it was set against (for the campaign's
     cross-model roofline)."""
-    from xsp.analysis import counters
+    from xsp.analysis.tables import counters
 
     rows = counters.model_metrics(store).to_pylist()
     if not rows:

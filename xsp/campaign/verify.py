@@ -2,7 +2,7 @@
 the fix the suggestion names, applied without editing the program (``xsp.tracer.workloads
 .fixes``).
 
-For each suggestion (``xsp.analysis.suggestions``) whose rule maps to a fix (``RULE_FIXES``):
+For each suggestion (``xsp.analysis.suggestions.rules``) whose rule names a fix (its ``Rule.fix``):
 
 1. Re-run the measurement's workload, as its manifest's spec says, untraced (level set M),
    without and with the fix, in ``rounds`` paired rounds, each run a process of its own. The order
@@ -45,28 +45,6 @@ RESULT_FILE = "verify.json"
 MECHANISM_DIR = "mechanism"
 UNTRACED = LevelSet("M")
 
-#: The fix that answers each rule (``xsp.tracer.workloads.fixes``); a rule not here needs a
-#: change to the program's code.
-RULE_FIXES = {
-    "layout-transposes": "channels_last",
-    "fp32-on-tensor-cores": "tf32",
-    "launch-bound": "cuda_graphs",
-    "input-bound": "dataloader",
-}
-#: Why a rule's estimate and its fix's measurement can differ: the closing note of a row whose
-#: estimate lies outside the measured interval.
-ESTIMATE_NOTES = {
-    "layout-transposes": "the estimate drops the transpose kernels only; channels_last also "
-    "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
-    "fp32-on-tensor-cores": "the estimate is the fp32 kernels' whole time; TF32 makes them "
-    "faster, not free",
-    "launch-bound": "the estimate replays the whole step as one CUDA graph with no host work; "
-    "reduce-overhead graphs the compiled model only (the optimizer, the loss and the loop's "
-    "own host work stay), and falls back to launching each kernel where a graph cannot be "
-    "captured",
-    "input-bound": "the estimate takes all loading off the step; W workers take off about "
-    "(1 - 1/W) of it while loading outweighs the step's own work",
-}
 MEASURED = "measured"
 CODE_CHANGE = "needs a code change"
 
@@ -222,9 +200,9 @@ def check_rerun(original: Original, fixes: Sequence[str]) -> None:
 
 
 def suggestions(root: Path) -> list[dict[str, Any]]:
-    """The measurement's suggestions (rows of ``xsp.analysis.suggestions.suggest``)."""
+    """The measurement's suggestions (rows of ``xsp.analysis.suggestions.rules.suggest``)."""
     from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.suggestions import suggest
+    from xsp.analysis.suggestions.rules import suggest
 
     measurement = MeasurementStore(root)
     measurement.require_spans()
@@ -257,7 +235,7 @@ def plan(root: Path, rounds: int = DEFAULT_ROUNDS, rules: Sequence[str] = ()) ->
         found = [s for s in found if s["rule"] in rules]
     if not found:
         raise XspError(f"{root}: no suggestions to verify (xsp analyze {root} lists them)")
-    fixes = {RULE_FIXES[s["rule"]] for s in found if s["rule"] in RULE_FIXES}
+    fixes = {fix for s in found if (fix := fix_for(s["rule"])) is not None}
     if fixes:
         check_rerun(original, sorted({*original.profile.fixes, *fixes}))
     return Plan(original, found, rounds)
@@ -279,7 +257,7 @@ def run_plan(planned: Plan, progress: VerifyProgress | None = None) -> Verificat
     result = Verification(original.root, rounds)
     for suggestion in planned.suggestions:
         rule = suggestion["rule"]
-        fix = RULE_FIXES.get(rule)
+        fix = fix_for(rule)
         if result.interrupted:
             result.results.append(_unrun(suggestion, "not run: interrupted", fix))
             continue
@@ -306,6 +284,23 @@ def _already_applied(profile: ProfileSpec, fix: str) -> str | None:
     if fix == "channels_last" and profile.channels_last:
         return "the measurement ran the zoo model channels_last already"
     return None
+
+
+def fix_for(rule: str) -> str | None:
+    """The fix (``xsp.tracer.workloads.fixes``) that answers the suggestion rule named ``rule``,
+    as the rule declares it (None: it needs a change to the program's code)."""
+    from xsp.analysis.suggestions.rules import RULES_BY_NAME
+
+    found = RULES_BY_NAME.get(rule)
+    return found.fix if found is not None else None
+
+
+def _estimate_note(rule: str) -> str | None:
+    """Why the rule's estimate and its fix's measurement can differ, as the rule declares it."""
+    from xsp.analysis.suggestions.rules import RULES_BY_NAME
+
+    found = RULES_BY_NAME.get(rule)
+    return found.estimate_note if found is not None else None
 
 
 def _row(suggestion: dict[str, Any], status: str, fix: str | None, **measured: Any) -> dict:
@@ -536,17 +531,18 @@ def summary_line(result: RuleResult) -> str:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
-        if row["rule"] in ESTIMATE_NOTES:
-            line += f": {ESTIMATE_NOTES[row['rule']]}"
+        note = _estimate_note(row["rule"])
+        if note is not None:
+            line += f": {note}"
     return line
 
 
 __all__ = [
     "DEFAULT_ROUNDS",
     "ROW_KEYS",
-    "RULE_FIXES",
     "Plan",
     "Verification",
+    "fix_for",
     "load_original",
     "plan",
     "run_plan",

@@ -82,7 +82,7 @@ def what_if(document: dict[str, Any]) -> list[dict[str, Any]]:
             pct = row["measured_gain_pct"]
             rows.append(
                 {
-                    "fix": verifying.RULE_FIXES[row["rule"]],
+                    "fix": verifying.fix_for(row["rule"]),
                     "rule": row["rule"],
                     "job": f"{job['model']} b{job['batch_size']} {job['mode']}",
                     "estimated_ms": row["predicted_gain_ms_per_iteration"],

@@ -53,7 +53,7 @@ def analyze(
     import pyarrow.compute as pc
 
     from xsp.analysis.catalog import sections
-    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
     from xsp.core.store import RECONSTRUCTED, check_output, check_run_destination
 
     if report is not None:
@@ -86,7 +86,7 @@ def analyze(
             elif section.absent:
                 console.print(f"{section.title}: {section.note}", highlight=False)
     if report is not None:
-        from xsp.analysis.report import write_report
+        from xsp.analysis.report.html import write_report
 
         try:
             count = write_report(store, report, f"xsp: {run_dir}")
@@ -133,7 +133,7 @@ def _print_json(
 
 
 def _save_reconstruction(run_dir: Path, store: Any, spans: Any) -> None:
-    from xsp.analysis.reconstruct import reconstructed_resource
+    from xsp.analysis.reconstruction.reconstruct import reconstructed_resource
     from xsp.core import store as run_store
 
     deepest = max(store.runs, key=lambda r: len(r.levels))

@@ -33,7 +33,7 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
     wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
     report keep them whole). A table too wide for the terminal prints one block per row.
     ``lead`` is a line printed under the title, before the table (a chart in characters)."""
-    from xsp.analysis.present import display, header
+    from xsp.analysis.report.present import display, header
 
     records = table.slice(0, rows).to_pylist()
     cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
@@ -128,7 +128,7 @@ def print_replay(store: Any) -> None:
 
 def _replay_check_lines(found: ReplayResult) -> list[str]:
     """The two checks that ran, one line each (``xsp.analysis.replay.checks``)."""
-    from xsp.analysis.m_interval import COVERAGE
+    from xsp.analysis.replay.m_interval import COVERAGE
 
     lines = []
     own = found.in_process
@@ -154,7 +154,7 @@ def _replay_check_lines(found: ReplayResult) -> list[str]:
 def replay_warnings(found: ReplayResult) -> list[str]:
     """Why the replayed step may be off: the F run measured no cost of its own to take off the
     host's times, a check could not run (``unchecked``), or a check did not hold."""
-    from xsp.analysis.host_timeline import NO_CALIBRATION
+    from xsp.analysis.replay.host_timeline import NO_CALIBRATION
 
     lines = []
     if NO_CALIBRATION in found.calibration.source:

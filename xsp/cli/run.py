@@ -291,9 +291,9 @@ def _report(out: Path, result: LeveledResult, started_ns: int) -> None:
 #: What the summary at the end of ``xsp run`` imports (numpy, pyarrow, duckdb under them).
 _SUMMARY_MODULES = (
     "xsp.analysis.store",
-    "xsp.analysis.summary",
-    "xsp.analysis.critical_path",
-    "xsp.analysis.distributed",
+    "xsp.analysis.tables.summary",
+    "xsp.analysis.replay.critical_path",
+    "xsp.analysis.tables.distributed",
 )
 
 
@@ -321,7 +321,7 @@ def _note_own_time(out: Path, started_ns: int) -> str | None:
     return the line that says so; None without a manifest."""
     import time
 
-    from xsp.analysis.summary import own_time_line
+    from xsp.analysis.tables.summary import own_time_line
     from xsp.core.store import MANIFEST, read_json, write_json_atomic
 
     path = out / MANIFEST

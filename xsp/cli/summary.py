@@ -27,7 +27,7 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
     """The measurement's summary; a ``store`` given was opened by ``open_store``, which printed
     its reader's warnings. ``warn_replay``: say why the replay may be off M (analyze says it
     after its replay line instead)."""
-    from xsp.analysis.summary import level_sets, own_time_line, time_line, top_layers
+    from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, read_json
 
     store = store or open_store(run_dir)
@@ -94,8 +94,8 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
 def _print_m_interval(store: Any) -> None:
     """M's median and interval over its processes, or why there is no interval (one process;
     with a G run the replay's "unchecked across processes" warning says it instead)."""
-    from xsp.analysis.critical_path import has_gpu
-    from xsp.analysis.m_interval import m_interval
+    from xsp.analysis.replay.critical_path import has_gpu
+    from xsp.analysis.replay.m_interval import m_interval
 
     if not store.runs or store.runs[0].levels != "M":
         return
@@ -117,7 +117,8 @@ def _print_m_interval(store: Any) -> None:
 def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> bool:
     """With level G (single-rank): the replay's verdict and why it may be off, then the layers
     with the most GPU time (forward + backward); False where there is none to print."""
-    from xsp.analysis import critical_path, distributed
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.tables import distributed
 
     if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
         return False

@@ -1,5 +1,5 @@
 """What the counter level's table calls things, shared by its conversion (``xsp.tracer.convert.ncu``)
-and its analysis (``xsp.analysis.counters``): the precisions and derived columns, and the kernel
+and its analysis (``xsp.analysis.tables.counters``): the precisions and derived columns, and the kernel
 names both CUPTI and Nsight Compute spell alike."""
 
 from __future__ import annotations

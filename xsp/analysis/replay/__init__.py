@@ -18,7 +18,7 @@ run that measures it:
    on the GPU). Host threads run in turn: the step's thread hands its work to autograd's thread
    during backward and waits for it, so the threads' spans form one program order (two threads
    working at once would be serialized).
-2. **Host times without the tracer's cost** (``xsp.analysis.host_timeline``). The host's timeline
+2. **Host times without the tracer's cost** (``xsp.analysis.replay.host_timeline``). The host's timeline
    is the shallowest F run's, each time moved back by the calibrated cost of its own rank's F
    records that started and ended before it in its step (the level-set process timed a small
    training step in rounds of F off and on: ``run.json``'s ``calibration``); the deep run's
@@ -56,6 +56,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from xsp.analysis.derived import Derived, DerivedPer
 from xsp.analysis.replay.causes import (
     CAUSE_COMMUNICATION,
     CAUSE_DATA,
@@ -103,10 +104,7 @@ __all__ = [
 
 def replay(store: MeasurementStore) -> Replay:
     """Replay every iteration of the measurement (see the module's algorithm); once per store."""
-    if "replay" not in store.memo:
-        store.memo["replay"] = replay_with(store)
-    found: Replay = store.memo["replay"]
-    return found
+    return REPLAY.of(store)
 
 
 def replay_with(
@@ -126,13 +124,19 @@ def replay_with(
 def what_if(store: MeasurementStore, edit: WhatIf) -> float | None:
     """The replayed step (median of the steady iterations, ms) with ``edit`` applied; once per
     store and edit. The gain of a fix is ``replay(store).result().step_ms`` minus this."""
-    memo = ("what_if", edit)
-    if memo not in store.memo:
-        steps = replay_with(store, edit).steps
-        kept = numbers(steps.column("steady")).astype(bool, copy=False)
-        replayed = numbers(steps.column("replayed_ms"), null=np.nan).astype(np.float64, copy=False)[
-            kept
-        ]
-        store.memo[memo] = float(np.median(replayed)) if len(replayed) else None
-    found: float | None = store.memo[memo]
-    return found
+    return WHAT_IF.of(store, edit)
+
+
+def _what_if(store: MeasurementStore, edit: WhatIf) -> float | None:
+    steps = replay_with(store, edit).steps
+    kept = numbers(steps.column("steady")).astype(bool, copy=False)
+    replayed = numbers(steps.column("replayed_ms"), null=np.nan).astype(np.float64, copy=False)[
+        kept
+    ]
+    return float(np.median(replayed)) if len(replayed) else None
+
+
+#: The replay of the store's fitted graph, checked (``replay``).
+REPLAY = Derived("replay", replay_with, needs=("replay_graph",))
+#: The replayed step with an edit applied (``what_if``).
+WHAT_IF = DerivedPer("what_if", _what_if, needs=("replay_graph",))

@@ -7,7 +7,7 @@
    ``IN_PROCESS_TOLERANCE_PCT``. Its own 95% interval (the pairs bootstrapped) says how much
    the host's iteration-to-iteration spread alone moves it.
 2. **Across processes.** The replayed step against M's 95% interval over its processes
-   (``xsp.analysis.m_interval``): inside it, the replay agrees with M as far as the host's
+   (``xsp.analysis.replay.m_interval``): inside it, the replay agrees with M as far as the host's
    variance between processes lets anything agree.
 
 ``checked`` is true only when both ran. Where one cannot run (no untraced pairs kept, one M
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from xsp.analysis.m_interval import COVERAGE, RESAMPLES, SEED, MInterval
-from xsp.analysis.matching import level_sources
+from xsp.analysis.reconstruction.matching import level_sources
+from xsp.analysis.reconstruction.untraced import INTERLEAVED, Untraced, untraced_steps
+from xsp.analysis.replay.m_interval import COVERAGE, RESAMPLES, SEED, MInterval
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.analysis.untraced import INTERLEAVED, Untraced, untraced_steps
 from xsp.core import schema
 
 #: The in-process check holds when the replay is within this share of the untraced steps.

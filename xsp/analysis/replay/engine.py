@@ -11,19 +11,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.host_timeline import (
-    Calibration,
-    measured_steps,
-    steady,
-    step_ranks,
-)
-from xsp.analysis.m_interval import MInterval, m_interval
 from xsp.analysis.replay.causes import cause_column
 from xsp.analysis.replay.checks import ReplayChecks
 from xsp.analysis.replay.collectives import Collectives
 from xsp.analysis.replay.edits import Timing, WhatIf, timing
 from xsp.analysis.replay.graph import Graph
+from xsp.analysis.replay.host_timeline import (
+    Calibration,
+    measured_steps,
+    steady,
+    step_ranks,
+)
 from xsp.analysis.replay.iteration import Iteration
+from xsp.analysis.replay.m_interval import MInterval, m_interval
 from xsp.analysis.replay.result import (
     Guarantees,
     IterationResult,

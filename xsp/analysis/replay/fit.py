@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from xsp.analysis.host_timeline import largest_cost_factor
+from xsp.analysis.derived import Derived
+from xsp.analysis.reconstruction.untraced import untraced_steps
 from xsp.analysis.replay import fit_cache
 from xsp.analysis.replay.edits import STEPS_ONLY
 from xsp.analysis.replay.engine import replay_graph
 from xsp.analysis.replay.graph import Graph, build_graph, with_cost
+from xsp.analysis.replay.host_timeline import largest_cost_factor
 from xsp.analysis.replay.result import IterationResult, median_steady_ms
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.untraced import untraced_steps
 
 __all__ = [
     "FIT_MAX_FACTOR",
@@ -40,15 +41,12 @@ FIT_MAX_FACTOR = 8.0
 
 def fitted_graph(store: MeasurementStore) -> Graph:
     """The replay's graph, once per store: the replay and every what-if read the same one."""
-    if "replay_graph" not in store.memo:
-        store.memo["replay_graph"] = _fitted_graph(store)
-    found: Graph = store.memo["replay_graph"]
-    return found
+    return FITTED_GRAPH.of(store)
 
 
 def _fitted_graph(store: MeasurementStore) -> Graph:
     """The graph, with F's cost per record fitted to the F process's own untraced steps
-    (``xsp.analysis.untraced``: the iterations interleaved with its traced ones, else its
+    (``xsp.analysis.reconstruction.untraced``: the iterations interleaved with its traced ones, else its
     warm-up's) where the probe's figure replays them off by more than ``FIT_TOLERANCE_PCT``
     (step 2).
 
@@ -76,10 +74,7 @@ def _fitted_graph(store: MeasurementStore) -> Graph:
 
 def base_graph(store: MeasurementStore) -> Graph:
     """The graph with the probe's cost (as checked), once per store: the fits start from it."""
-    if "replay_base_graph" not in store.memo:
-        store.memo["replay_base_graph"] = build_graph(store)
-    found: Graph = store.memo["replay_base_graph"]
-    return found
+    return BASE_GRAPH.of(store)
 
 
 def _kept_fit(
@@ -193,3 +188,9 @@ def _fitted_why(untraced: float, with_probe: float) -> str:
 def _replayed_steps(store: MeasurementStore, graph: Graph) -> tuple[IterationResult, ...]:
     """The steps alone of ``graph`` replayed (no critical path, no checks)."""
     return replay_graph(store, graph, STEPS_ONLY).iterations()
+
+
+#: The replay's graph as the probe costs it (``base_graph``).
+BASE_GRAPH = Derived("replay_base_graph", build_graph, needs=("structural_keys",))
+#: The replay's graph with F's cost fitted (``fitted_graph``).
+FITTED_GRAPH = Derived("replay_graph", _fitted_graph, needs=("replay_base_graph", "untraced"))

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from xsp.analysis.host_timeline import Calibration
 from xsp.analysis.replay.checks import AcrossProcessesCheck, InProcessCheck, ReplayChecks
+from xsp.analysis.replay.host_timeline import Calibration
 
 __all__ = ["Guarantees", "IterationResult", "RankWait", "ReplayResult", "median_steady_ms"]
 

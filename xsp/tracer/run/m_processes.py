@@ -11,7 +11,7 @@ sets are: a zoo model's on a GPU with the others, warming up side by side and me
 before has measured. They measure last rather than between the level sets because a level set
 after M may already be warming up there, and M must measure alone. The manifest lists them
 under ``m_processes``, each entry as a level set's with its number and path;
-``xsp.analysis.m_interval`` reads every process's steps into a median with a 95% interval.
+``xsp.analysis.replay.m_interval`` reads every process's steps into a median with a 95% interval.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ measured iterations. The level-set process runs under ``ncu --profile-from-start
 2. ``enable()`` first measures attainable peaks on the device (outside the profiled window, so
    at full speed): large GEMMs per precision and a device copy, timed with CUDA events. The
    analyses set kernels against these roofs, or against the datasheet table where one is
-   missing (``xsp.analysis.peaks``), and say which.
+   missing (``xsp.analysis.tables.peaks``), and say which.
 
 The level records no spans: its counter values come from ncu's report after the process exits.
 """

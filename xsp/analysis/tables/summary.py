@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.layers import FRAMEWORK_RUN
-from xsp.analysis.m_interval import MInterval, m_interval, process_steps
+from xsp.analysis.replay.m_interval import MInterval, m_interval, process_steps
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.layers import FRAMEWORK_RUN
 from xsp.core.columns import arrow, rows_table
 
 #: The phases of a level-set process as the manifest's runs record them (``seconds``:
@@ -34,7 +34,7 @@ def level_sets(store: MeasurementStore) -> pa.Table:
     overhead_verdict. The step figures are the complete iterations': one that failed or that
     the session closed inside (its status message says which) is left out of them.
 
-    Where M ran in several processes (``xsp.analysis.m_interval``), M's row is all of them (its
+    Where M ran in several processes (``xsp.analysis.replay.m_interval``), M's row is all of them (its
     median the pooled one, its iterations and extremes every process's), the ratios are against
     that median, and a verdict places a run's median against M's 95% interval: "noise" inside
     it, "added" above it, "below M" under it. Otherwise the verdict is
@@ -153,7 +153,7 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
 
 def _verdict(first: dict, row: dict) -> str | None:
     """ "added", "noise" or "faster" for a run's mean step against the first run's."""
-    from xsp.analysis.reconstruct import overhead_verdict
+    from xsp.analysis.reconstruction.reconstruct import overhead_verdict
 
     if first.get("step_mean_ms") is None or row.get("step_mean_ms") is None:
         return None

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xsp.analysis.matching import level_sources
+from xsp.analysis.derived import Derived
+from xsp.analysis.reconstruction.matching import level_sources
 from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 from xsp.core.store import RunMeta
@@ -82,11 +83,7 @@ class Untraced:
 
 def untraced_steps(store: MeasurementStore) -> Untraced | None:
     """The F run's untraced steps (None without an F run, or without any untraced step)."""
-    if ("untraced",) in store.memo:
-        found: Untraced | None = store.memo[("untraced",)]
-        return found
-    store.memo[("untraced",)] = found = _read(store)
-    return found
+    return UNTRACED.of(store)
 
 
 def _read(store: MeasurementStore) -> Untraced | None:
@@ -110,3 +107,7 @@ def _read(store: MeasurementStore) -> Untraced | None:
     if not warmup:
         return None
     return Untraced(run.levels, WARMUP, {}, {}, warmup, skipped)
+
+
+#: The F process's untraced steps (``untraced_steps``).
+UNTRACED = Derived("untraced", _read)

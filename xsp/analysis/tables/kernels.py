@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.layers import FRAMEWORK_RUN
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.layers import FRAMEWORK_RUN
 
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
 

@@ -163,7 +163,7 @@ _ATTENTION_BACKWARD = Formula(ATTENTION, 1, 4, _attention_backward)
 
 #: Formulas by op name as the framework level records it. Ops nest (``aten::linear`` calls
 #: ``aten::addmm``; ``aten::convolution`` calls ``aten::cudnn_convolution``): only the
-#: outermost op with a formula counts (``xsp.analysis.flops``).
+#: outermost op with a formula counts (``xsp.analysis.tables.flops``).
 FORMULAS: dict[str, Formula] = {
     "aten::mm": _on(_mm, 0, 1),
     "aten::addmm": _on(_mm, 1, 2),
@@ -194,7 +194,7 @@ FORMULAS: dict[str, Formula] = {
     "aten::rms_norm": _norm_of(2),
 }
 
-#: The tensor-core roof (``xsp.analysis.peaks.ROOFS``) each operand dtype's math runs against:
+#: The tensor-core roof (``xsp.analysis.tables.peaks.ROOFS``) each operand dtype's math runs against:
 #: fp32 against TF32's, the fastest fp32 convolutions and matmuls can go (cuDNN allows TF32 by
 #: default); with TF32 off, fp32 math reaches at most the CUDA cores' fp32 roof.
 DTYPE_ROOFS: dict[str, str] = {

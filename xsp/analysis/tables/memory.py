@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
 from xsp.core.columns import arrow
 
@@ -22,10 +23,7 @@ def memory_run(store: MeasurementStore) -> tuple[str, pa.Table] | None:
     """(levels, events) of the run with the fewest levels that recorded allocator events (its
     allocations are those of the least instrumented F run); read once per store (five analyses
     ask, and a 1M-span measurement's events took 0.1 s a read)."""
-    if "memory_run" not in store.memo:
-        store.memo["memory_run"] = _memory_run(store)
-    found: tuple[str, pa.Table] | None = store.memo["memory_run"]
-    return found
+    return MEMORY_EVENTS.of(store)
 
 
 def _memory_run(store: MeasurementStore) -> tuple[str, pa.Table] | None:
@@ -40,8 +38,7 @@ def _query(store: MeasurementStore, group: str, label: str) -> pa.Table:
     found = memory_run(store)
     if found is None:
         return _EMPTY
-    levels, events = found
-    store.con.register("memory_events", events)
+    levels, _ = found  # its events: the SQL table memory_events
     return store.sql(
         f"""WITH per_group AS (
               SELECT {group} AS {label}, device,
@@ -86,3 +83,12 @@ def layer_memory(store: MeasurementStore) -> pa.Table:
 def layer_type_memory(store: MeasurementStore) -> pa.Table:
     """A7: the same per layer type (Conv2d, BatchNorm2d, ...), over every layer of the type."""
     return _query(store, "module_type", "layer_type")
+
+
+def _events(found: tuple[str, pa.Table] | None) -> pa.Table | None:
+    return found[1] if found is not None else None
+
+
+#: The allocator events of the least instrumented run with them, and its levels
+#: (``memory_run``); SQL reads the events as ``memory_events``.
+MEMORY_EVENTS = Derived("memory_events", _memory_run, view=_events)

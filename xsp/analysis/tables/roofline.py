@@ -1,6 +1,6 @@
 """Roofline plots (plotly), in the style of XSP's figures: achieved GFLOP/s against arithmetic
 intensity on log axes, under the DRAM-bandwidth slope and a flat roof per precision. The report
-draws A9 (kernels) and A14 (layers) from ``xsp.analysis.counters``' tables, the campaign report
+draws A9 (kernels) and A14 (layers) from ``xsp.analysis.tables.counters``' tables, the campaign report
 one point per model; tests render them headless."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.peaks import ROOFS, Peaks
-from xsp.analysis.present import short_kernel, short_label
+from xsp.analysis.report.present import short_kernel, short_label
+from xsp.analysis.tables.peaks import ROOFS, Peaks
 
 #: One colour per roof, points and their ceiling alike.
 COLOURS = {

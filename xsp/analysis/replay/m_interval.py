@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.host_timeline import steady
+from xsp.analysis.derived import Derived
+from xsp.analysis.replay.host_timeline import steady
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 from xsp.core.columns import numbers
@@ -95,13 +96,13 @@ def steady_steps_ms(table: pa.Table) -> np.ndarray:
 def process_steps(store: MeasurementStore) -> list[np.ndarray]:
     """Each M process's steady steps (ms): the measurement's own M run first, then the further
     processes its manifest lists that were ok. Empty without an M run."""
+    return M_PROCESS_STEPS.of(store)
+
+
+def _process_steps(store: MeasurementStore) -> list[np.ndarray]:
     first = next((i for i, run in enumerate(store.runs) if run.levels == MODEL_ONLY), None)
     if first is None:
         return []
-    memo = ("m_process_steps",)
-    if memo in store.memo:
-        found: list[np.ndarray] = store.memo[memo]
-        return found
     groups = [steady_steps_ms(store.run_spans(first))]
     manifest_path = store.root / MANIFEST
     listed = read_json(manifest_path).get(MANIFEST_KEY) if manifest_path.exists() else None
@@ -119,9 +120,11 @@ def process_steps(store: MeasurementStore) -> list[np.ndarray]:
             continue
         if len(steps):
             groups.append(steps)
-    groups = [g for g in groups if len(g)]
-    store.memo[memo] = groups
-    return groups
+    return [g for g in groups if len(g)]
+
+
+#: Each M process's steady steps (``process_steps``).
+M_PROCESS_STEPS = Derived("m_process_steps", _process_steps)
 
 
 def m_interval(store: MeasurementStore) -> MInterval | None:

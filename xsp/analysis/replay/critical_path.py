@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.derived import Derived
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
 from xsp.analysis.store import MeasurementStore, text_codes
 from xsp.core.columns import arrow, numbers, rows_table
@@ -200,13 +201,19 @@ def layer_times(store: MeasurementStore) -> pa.Table:
     the greatest share it took of one steady iteration's replayed step (0 where an iteration ran
     none of its kernels), how much the share moves across iterations. Computed once per
     store."""
-    if "layer_times" in store.memo:
-        return store.memo["layer_times"]
+    return _LAYER_TIMES.of(store)
+
+
+def _layer_times(store: MeasurementStore) -> pa.Table:
     _register_replay(store)
-    times = store.sql(_LAYER_TIMES_SQL)
-    store.con.register("replay_layer_times", times)
-    store.memo["layer_times"] = times
-    return times
+    return store.sql(_LAYER_TIMES_SQL)
+
+
+def _itself(table: pa.Table) -> pa.Table:
+    return table
+
+
+_LAYER_TIMES = Derived("replay_layer_times", _layer_times, needs=("replay",), view=_itself)
 
 
 def layers(store: MeasurementStore, limit: int = 20) -> pa.Table:

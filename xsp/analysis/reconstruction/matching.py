@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from xsp.analysis.derived import DerivedPer
 from xsp.analysis.store import MeasurementStore, parent_rows
 from xsp.core.columns import numbers
 from xsp.core.intervals import break_cycles, depths
@@ -69,21 +70,13 @@ def structural_keys(
 
 def keyed(store: MeasurementStore, index: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """(spans, structural keys, parent rows) of run ``index``, computed once per store."""
-    memo = ("structural_keys", index)
-    if memo not in store.memo:
-        spans = store.run_spans(index)
-        store.memo[memo] = (spans, *structural_keys(spans, store.parents(index)))
-    return store.memo[memo]
+    return STRUCTURAL_KEYS.of(store, index)
 
 
 def tree_depths(store: MeasurementStore, index: int) -> np.ndarray:
     """Each row's depth in run ``index``'s span tree (``keyed``'s parents), computed once per
     store: the replay, its host timeline and the FLOP count walk the same tree."""
-    memo = ("depths", index)
-    if memo not in store.memo:
-        store.memo[memo] = depths(keyed(store, index)[2])
-    found: np.ndarray = store.memo[memo]
-    return found
+    return TREE_DEPTHS.of(store, index)
 
 
 def level_sources(store: MeasurementStore) -> tuple[list[tuple[int, Any]], dict[str, int]]:
@@ -108,3 +101,20 @@ def roots(parent: np.ndarray) -> np.ndarray:
         rounds -= 1
         root[alive] = root[root[alive]]
     return root
+
+
+def _structural_keys(
+    store: MeasurementStore, index: int
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    spans = store.run_spans(index)
+    return (spans, *structural_keys(spans, store.parents(index)))
+
+
+def _tree_depths(store: MeasurementStore, index: int) -> np.ndarray:
+    return depths(keyed(store, index)[2])
+
+
+#: Run ``index``'s spans with their structural keys and parent rows (``keyed``).
+STRUCTURAL_KEYS = DerivedPer("structural_keys", _structural_keys)
+#: Each span's depth in run ``index``'s span tree (``tree_depths``).
+TREE_DEPTHS = DerivedPer("tree_depths", _tree_depths, needs=("structural_keys",))

@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.memory import memory_run
+from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.memory import memory_run
 from xsp.core import schema
 
 #: Layers the chart draws as bands of their own (by bytes held at the peak); the rest are one.
@@ -88,10 +89,7 @@ class MemoryTimeline:
 def memory_timeline(store: MeasurementStore) -> MemoryTimeline | None:
     """The timeline of the measurement's peak iteration (module notes); None without allocator
     events. Once per store."""
-    if "memory_timeline" not in store.memo:
-        store.memo["memory_timeline"] = _timeline(store)
-    found: MemoryTimeline | None = store.memo["memory_timeline"]
-    return found
+    return MEMORY_TIMELINE.of(store)
 
 
 def _timeline(store: MeasurementStore) -> MemoryTimeline | None:
@@ -287,3 +285,7 @@ def sparkline(timeline: MemoryTimeline, width: int = 60) -> str:
     marks = "▁▂▃▄▅▆▇█"
     scale = (highs - low) / (high - low) if high > low else np.ones(len(highs))
     return "".join(marks[min(int(s * len(marks)), len(marks) - 1)] for s in scale)
+
+
+#: The memory over the step (``memory_timeline``).
+MEMORY_TIMELINE = Derived("memory_timeline", _timeline, needs=("memory_events",))

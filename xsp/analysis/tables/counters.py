@@ -23,7 +23,7 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 4. Rates are counters over G-run durations: achieved GFLOP/s = FLOPs / duration; arithmetic
    intensity = FLOPs / DRAM bytes (read + written); a kernel is compute-bound when its intensity
    reaches the ridge point (peak FLOP/s / DRAM bandwidth) of the roof of its precision, else
-   memory-bound. Roofs come from ``xsp.analysis.peaks`` (measured or datasheet; it says which).
+   memory-bound. Roofs come from ``xsp.analysis.tables.peaks`` (measured or datasheet; it says which).
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.flop_formulas import EXACT_FAMILIES
-from xsp.analysis.flops import counted as counted_ops
-from xsp.analysis.flops import gpu_run, per_iteration, split, total_per_iteration
-from xsp.analysis.peaks import Peaks, peaks_table, resolve
+from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.flop_formulas import EXACT_FAMILIES
+from xsp.analysis.tables.flops import counted as counted_ops
+from xsp.analysis.tables.flops import gpu_run, per_iteration, split, total_per_iteration
+from xsp.analysis.tables.peaks import Peaks, peaks_table, resolve
 from xsp.core import schema
 from xsp.core.counter_names import DERIVED, PRECISIONS, kernel_base, kernel_key
 
@@ -95,10 +96,7 @@ def unavailable(store: MeasurementStore) -> str | None:
 
 def counter_join(store: MeasurementStore) -> CounterJoin | None:
     """The join, computed once per store; None without a counter table."""
-    if "counter_join" not in store.memo:
-        store.memo["counter_join"] = _join(store)
-    result: CounterJoin | None = store.memo["counter_join"]
-    return result
+    return COUNTER_JOIN.of(store)
 
 
 def _counter_source(store: MeasurementStore) -> tuple[Any, pa.Table] | None:
@@ -333,7 +331,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
 
 
 def _add_algorithmic(store: MeasurementStore, kernels: list[dict[str, Any]]) -> None:
-    """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.flops``, note 4) as
+    """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.tables.flops``, note 4) as
     ``algorithmic_flops`` (and as ``exact_flops`` where its op's family is counted exactly): 0
     for a kernel under no counted op, None where the G run recorded no shapes or the op's
     shapes do not fit its formula."""
@@ -411,7 +409,7 @@ def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> di
     }
 
 
-#: Executed FLOPs (the counters) against algorithmic ones (the math, ``xsp.analysis.flops``).
+#: Executed FLOPs (the counters) against algorithmic ones (the math, ``xsp.analysis.tables.flops``).
 WASTE_COLUMNS = (
     ("algorithmic_gflop", pa.float64()),
     ("executed_over_algorithmic", pa.float64()),
@@ -465,13 +463,7 @@ _KERNEL_SCHEMA = pa.schema(
 def _kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each counted kernel with its rates against the roofs, computed once per store (A8 and A9
     both read them)."""
-    if "kernel_rates" not in store.memo:
-        join = counter_join(store)
-        store.memo["kernel_rates"] = (
-            [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
-        )
-    rates: list[tuple[dict[str, Any], dict[str, Any]]] = store.memo["kernel_rates"]
-    return rates
+    return KERNEL_RATES.of(store)
 
 
 def kernel_info(store: MeasurementStore) -> pa.Table:
@@ -752,3 +744,14 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
         else:
             out[name] = pa.array([v.get(name) if v else None for v in values], type_)
     return out
+
+
+def _all_kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    join = counter_join(store)
+    return [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
+
+
+#: The counter run's kernels joined to the timing run's (``counter_join``).
+COUNTER_JOIN = Derived("counter_join", _join)
+#: Each joined kernel's rates (``_kernel_rates``).
+KERNEL_RATES = Derived("kernel_rates", _all_kernel_rates, needs=("counter_join",))

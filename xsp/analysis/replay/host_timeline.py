@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.matching import keyed, level_sources, roots, tree_depths
+from xsp.analysis.derived import DerivedPer
+from xsp.analysis.reconstruction.matching import keyed, level_sources, roots, tree_depths
+from xsp.analysis.reconstruction.untraced import INTERLEAVED, untraced_steps
 from xsp.analysis.store import MeasurementStore, texts
-from xsp.analysis.untraced import INTERLEAVED, untraced_steps
 from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.intervals import find_rows, order_by
@@ -172,11 +173,7 @@ def host_timeline(
     """The replay's host timeline (``_host_timeline``), once per store and calibration (None:
     the F run's own, checked): the replay and each what-if read the same one (never written
     to)."""
-    memo = ("host_timeline", calib)
-    if memo not in store.memo:
-        store.memo[memo] = _host_timeline(store, calib)
-    found: tuple[int, np.ndarray, np.ndarray, Calibration] = store.memo[memo]
-    return found
+    return HOST_TIMELINE.of(store, calib)
 
 
 def largest_cost_factor(store: MeasurementStore, calib: Calibration) -> float:
@@ -227,9 +224,7 @@ def _host_timeline(
     calib = calibration(store, source)
     if source is None:
         return deep_index, start.copy(), _host_length_from_m(store, deep, deep_index, end), calib
-    if "host_placing" not in store.memo:
-        store.memo["host_placing"] = _Placing(store, deep_index, source)
-    placing: _Placing = store.memo["host_placing"]
+    placing = _HOST_PLACING.of(store, (deep_index, source))
     calib = given or checked_against_own_steps(calib, store, source, placing.source, deep)
     return deep_index, *placing.placed(calib), calib
 
@@ -462,3 +457,13 @@ def measured_steps(
         if k
     }
     return found, run.levels
+
+
+def _placing(store: MeasurementStore, at: tuple[int, int]) -> _Placing:
+    return _Placing(store, *at)
+
+
+#: The host timeline for a calibration (None: the store's own, checked) (``host_timeline``).
+HOST_TIMELINE = DerivedPer("host_timeline", _host_timeline, needs=("structural_keys",))
+#: The deep run's host spans matched to the F run's, per (deep run, F run).
+_HOST_PLACING = DerivedPer("host_placing", _placing, needs=("structural_keys",))

@@ -1,7 +1,7 @@
 """Algorithmic FLOPs: what the math of a measurement's ops takes, counted from the input shapes
-level F recorded (formulas in ``xsp.analysis.flop_formulas``), per op, kernel, layer and model.
-They stand beside the FLOPs the hardware executed (``xsp.analysis.counters``) and, with G's
-kernel durations, give achieved TFLOP/s and model FLOPs utilization (``xsp.analysis.utilization``).
+level F recorded (formulas in ``xsp.analysis.tables.flop_formulas``), per op, kernel, layer and model.
+They stand beside the FLOPs the hardware executed (``xsp.analysis.tables.counters``) and, with G's
+kernel durations, give achieved TFLOP/s and model FLOPs utilization (``xsp.analysis.tables.utilization``).
 
 Algorithm notes:
 
@@ -36,15 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.flop_formulas import (
-    CONVOLUTION,
-    DTYPE_ROOFS,
-    EXACT_FAMILIES,
-    FORMULAS,
-    Context,
-    Shape,
-)
-from xsp.analysis.matching import keyed, tree_depths
+from xsp.analysis.derived import Derived
+from xsp.analysis.reconstruction.matching import keyed, tree_depths
 from xsp.analysis.store import (
     MeasurementStore,
     text_codes,
@@ -52,6 +45,14 @@ from xsp.analysis.store import (
     text_in,
     text_matches,
     texts,
+)
+from xsp.analysis.tables.flop_formulas import (
+    CONVOLUTION,
+    DTYPE_ROOFS,
+    EXACT_FAMILIES,
+    FORMULAS,
+    Context,
+    Shape,
 )
 from xsp.core import schema
 from xsp.core.columns import numbers, scalar
@@ -106,10 +107,7 @@ class Counted:
 
 def counted(store: MeasurementStore) -> Counted:
     """The measurement's counted ops (see the module notes), computed once per store."""
-    if "flops" not in store.memo:
-        store.memo["flops"] = _count(store)
-    result: Counted = store.memo["flops"]
-    return result
+    return FLOPS.of(store)
 
 
 def gpu_run(store: MeasurementStore) -> int | None:
@@ -356,3 +354,7 @@ def total_per_iteration(store: MeasurementStore, exact: bool = False) -> float |
     if counted(store).run_index is None:
         return None
     return float(sum(per_iteration(store, "family", exact).values()))
+
+
+#: The FLOPs of each op of the run with shapes (``counted``).
+FLOPS = Derived("flops", _count, needs=("structural_keys", "tree_depths"))

@@ -1,8 +1,9 @@
 """Suggestions: rules that point at evidence in a measurement and state the expected gain.
 
-Each rule is a function from the store to zero or one ``Suggestion``; ``suggest`` runs them all
-and returns a table (rule, advice, evidence, gain_ms_per_iteration, share_pct, estimate). A gain
-is an estimate, never a measurement (``xsp verify`` is to measure it), and ``estimate`` says its
+Each rule is a ``Rule`` (``rule``): a function from the store to zero or one ``Suggestion``,
+with the fix that answers it and its estimate's note; ``suggest`` runs them all and returns a
+table (rule, advice, evidence, gain_ms_per_iteration, share_pct, estimate). A gain is an
+estimate, never a measurement (``xsp verify`` is to measure it), and ``estimate`` says its
 model:
 
 1. where a fix is an edit of the replay's graph (``xsp.analysis.replay.WhatIf``: drop the layout
@@ -17,15 +18,15 @@ Either way no gain exceeds the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.host_timeline import step_ranks
+from xsp.analysis.derived import Derived
 from xsp.analysis.replay import WhatIf, replay, what_if
+from xsp.analysis.replay.host_timeline import step_ranks
 from xsp.analysis.store import (
     MeasurementStore,
     text_codes,
@@ -34,6 +35,7 @@ from xsp.analysis.store import (
     text_matches,
     texts,
 )
+from xsp.analysis.suggestions.rule import Rule, Suggestion
 from xsp.core.columns import numbers
 from xsp.core.intervals import depths, find_rows, inherit
 
@@ -56,16 +58,6 @@ FP32_MIN_SHARE_PCT = 1.0
 #: ranks or more, and the others wait at least ``STRAGGLER_WAIT_PCT`` of the step for it.
 STRAGGLER_SHARE_PCT = 60.0
 STRAGGLER_WAIT_PCT = 5.0
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    rule: str
-    advice: str
-    evidence: str
-    gain_ms_per_iteration: float | None
-    share_pct: float | None
-    estimate: str = "the time its evidence covers on the replayed step"
 
 
 #: Fixes the replay can try (``_replayed``): the edit, in words, is each estimate's model.
@@ -92,7 +84,8 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
     untraced one (a calibrated F run: else the tracer's own host time would hide GPU gains) and
     the job's collectives are checked on a recording (one rank, or ranks on the CPU: NCCL's
     kernels are checked on a hand-worked store only); otherwise ``found`` as it is."""
-    from xsp.analysis import critical_path, distributed
+    from xsp.analysis.replay import critical_path
+    from xsp.analysis.tables import distributed
 
     if distributed.is_multi_rank(store) and critical_path.has_gpu(store):
         return found
@@ -114,13 +107,20 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
 
 def _rebuilt(store: MeasurementStore) -> pa.Table:
     """The reconstruction, computed once per store and registered as the SQL table ``rebuilt``."""
-    if "rebuilt" not in store.memo:
-        from xsp.analysis.reconstruct import reconstruct
+    return _REBUILT.of(store)
 
-        spans, _ = reconstruct(store)
-        store.con.register("rebuilt", spans)
-        store.memo["rebuilt"] = spans
-    return store.memo["rebuilt"]
+
+def _reconstructed_spans(store: MeasurementStore) -> pa.Table:
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+
+    return reconstruct(store)[0]
+
+
+def _itself(table: pa.Table) -> pa.Table:
+    return table
+
+
+_REBUILT = Derived("rebuilt", _reconstructed_spans, needs=("reconstruction",), view=_itself)
 
 
 def _steps(store: MeasurementStore) -> tuple[int, float]:
@@ -150,7 +150,7 @@ def _coverage(
 ) -> tuple[int, float]:
     """(spans, ms per iteration they cover, overlaps once) of the spans given by their
     iteration, start and end."""
-    from xsp.analysis.kernels import union_length
+    from xsp.analysis.tables.kernels import union_length
 
     # one pass over the rows grouped by iteration (a mask per iteration grew with their number)
     order = np.argsort(iteration, kind="stable")
@@ -297,8 +297,8 @@ SYNC_LINES_SHOWN = 3
 
 def _sync_lines(store: MeasurementStore, library: bool) -> list[str]:
     """The program lines (``file:line function``) of the step's synchronizing calls, most
-    frequent first, where level F recorded them (``xsp.analysis.sources``)."""
-    from xsp.analysis.sources import line_of
+    frequent first, where level F recorded them (``xsp.analysis.tables.sources``)."""
+    from xsp.analysis.tables.sources import line_of
 
     result = replay(store)
     spans = result.spans
@@ -336,7 +336,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
     on the H200's host (two gloo ranks, rank 1 with twice the batch), balancing gained 1.28 ms
     a step (0.78-1.60 in 4 pairs) against 0.91 ms replayed, and 0.65 ms when the estimate only
     made rank 1's compute as fast as rank 0's."""
-    from xsp.analysis import distributed
+    from xsp.analysis.tables import distributed
 
     if not distributed.is_multi_rank(store):
         return None
@@ -392,7 +392,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
 def _outer_compute(spans: pa.Table) -> np.ndarray:
     """The framework spans right under a rank's step that compute (ops, modules, autograd
     nodes, optimizer calls): the rank's compute, each nanosecond once."""
-    from xsp.analysis.distributed import COMPUTE_KINDS
+    from xsp.analysis.tables.distributed import COMPUTE_KINDS
 
     parent = _parents(spans)
     kind = texts(spans.column("kind"))
@@ -443,15 +443,44 @@ def _has(store: MeasurementStore, level: str) -> bool:
     return bool(rows.column("n")[0].as_py())
 
 
-RULES: tuple[Callable[[MeasurementStore], Suggestion | None], ...] = (
-    layout_transposes,
-    fp32_matmuls_on_gpu,
-    launch_bound,
-    host_syncs,
-    input_bound,
-    index_select,
-    straggler,
+#: Every rule, in the order they are asked; the fixes are ``xsp.tracer.workloads.fixes``'.
+RULES = (
+    Rule(
+        "layout-transposes",
+        layout_transposes,
+        fix="channels_last",
+        estimate_note="the estimate drops the transpose kernels only; channels_last also "
+        "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
+    ),
+    Rule(
+        "fp32-on-tensor-cores",
+        fp32_matmuls_on_gpu,
+        fix="tf32",
+        estimate_note="the estimate is the fp32 kernels' whole time; TF32 makes them "
+        "faster, not free",
+    ),
+    Rule(
+        "launch-bound",
+        launch_bound,
+        fix="cuda_graphs",
+        estimate_note="the estimate replays the whole step as one CUDA graph with no host work; "
+        "reduce-overhead graphs the compiled model only (the optimizer, the loss and the loop's "
+        "own host work stay), and falls back to launching each kernel where a graph cannot be "
+        "captured",
+    ),
+    Rule("host-syncs", host_syncs),
+    Rule(
+        "input-bound",
+        input_bound,
+        fix="dataloader",
+        estimate_note="the estimate takes all loading off the step; W workers take off about "
+        "(1 - 1/W) of it while loading outweighs the step's own work",
+    ),
+    Rule("index-select", index_select),
+    Rule("straggler", straggler),
 )
+#: The rules by name.
+RULES_BY_NAME = {rule.name: rule for rule in RULES}
 
 _SCHEMA = pa.schema(
     [
@@ -467,6 +496,34 @@ _SCHEMA = pa.schema(
 
 def suggest(store: MeasurementStore) -> pa.Table:
     """Every rule that fires, largest expected gain first."""
-    found = [s for rule in RULES if (s := rule(store)) is not None]
+    found = [s for rule in RULES if (s := rule.evaluate(store)) is not None]
     found.sort(key=lambda s: -(s.gain_ms_per_iteration or 0.0))
     return pa.Table.from_pylist([asdict(s) for s in found], schema=_SCHEMA)
+
+
+__all__ = [
+    "CHANNELS_LAST",
+    "CUDA_GRAPH",
+    "GEMM_OPS",
+    "INPUT_BOUND_SHARE_PCT",
+    "LAUNCH_BOUND_BUSY_PCT",
+    "LOADER_WORKERS",
+    "MATMUL_OPS",
+    "RULES",
+    "RULES_BY_NAME",
+    "SHORT_KERNEL_US",
+    "STRAGGLER_SHARE_PCT",
+    "STRAGGLER_WAIT_PCT",
+    "SYNC_CALLS",
+    "SYNC_LINES_SHOWN",
+    "Rule",
+    "Suggestion",
+    "fp32_matmuls_on_gpu",
+    "host_syncs",
+    "index_select",
+    "input_bound",
+    "launch_bound",
+    "layout_transposes",
+    "straggler",
+    "suggest",
+]

@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 
 from xsp.analysis.catalog import sections
-from xsp.analysis.present import KERNEL_COLUMNS, cell, header, short_kernel
+from xsp.analysis.report.present import KERNEL_COLUMNS, cell, header, short_kernel
+from xsp.analysis.report.views import flame_figure, legend_html, timeline_figure
 from xsp.analysis.store import MeasurementStore
-from xsp.analysis.views import flame_figure, legend_html, timeline_figure
 
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1500px}
@@ -56,7 +56,7 @@ def html_table(table: pa.Table) -> str:
 
 def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     """Write the report; return how many analysis sections it holds."""
-    from xsp.analysis.reconstruct import reconstruct
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
 
     spans, mismatches = reconstruct(store)
     parts = [

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.kernels import union_length
+from xsp.analysis.derived import Derived
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.tables.kernels import union_length
 from xsp.core import schema
 from xsp.core.intervals import depths, inherit
 
@@ -25,10 +26,7 @@ def row_sources(store: MeasurementStore) -> tuple[np.ndarray, list[str]]:
     """Each replayed row's line as a code into the returned values (-1: none): an op's own, any
     other row's its nearest op ancestor's (a module's class source is not a calling line).
     Computed once per store."""
-    if "row_sources" not in store.memo:
-        result = replay(store)
-        store.memo["row_sources"] = _row_sources(result.spans, result.parent)
-    return store.memo["row_sources"]
+    return ROW_SOURCES.of(store)
 
 
 def _row_sources(spans: pa.Table, parent: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -103,3 +101,12 @@ def line_of(store: MeasurementStore, rows: np.ndarray) -> list[str]:
     lines_, counts = np.unique(found, return_counts=True)
     order = np.lexsort((lines_, -counts))
     return [values[int(c)] for c in lines_[order]]
+
+
+def _replay_row_sources(store: MeasurementStore) -> tuple[np.ndarray, list[str]]:
+    result = replay(store)
+    return _row_sources(result.spans, result.parent)
+
+
+#: Each replayed row's program line (``row_sources``).
+ROW_SOURCES = Derived("row_sources", _replay_row_sources, needs=("replay",))

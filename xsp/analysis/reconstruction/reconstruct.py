@@ -3,7 +3,7 @@ measures its level (model latency from M, layers and ops from MF, library calls 
 from MFLG), plus the overhead each added level put on the levels above it.
 
 Algorithm:
-1. Every span of every run gets a structural key (``xsp.analysis.matching``): its parent's key,
+1. Every span of every run gets a structural key (``xsp.analysis.reconstruction.matching``): its parent's key,
    its name and its ordinal among same-named siblings (by start time), under its iteration.
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
@@ -13,7 +13,7 @@ Algorithm:
    a rank's collective ends once the last rank has arrived, and the step ends when host and GPU
    are done; so no activity starts before its launch.
 4. Hardware counters (the counter run, level set MH) join the kernels by structure too, as
-   ``hw_*`` columns (``xsp.analysis.counters``); the counter run's own times are never used.
+   ``hw_*`` columns (``xsp.analysis.tables.counters``); the counter run's own times are never used.
 5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, each
    replayed from where the deep run measured it (the ranks share a clock there, which their
    collectives' arrivals are compared on); the iteration spans its ranks' replayed steps.
@@ -30,10 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.counters import counter_columns
-from xsp.analysis.matching import keyed, level_sources
+from xsp.analysis.derived import Derived
+from xsp.analysis.reconstruction.matching import keyed, level_sources
 from xsp.analysis.replay import replay
 from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
+from xsp.analysis.tables.counters import counter_columns
 from xsp.core import schema
 from xsp.core.columns import arrow, numbers, scalar
 from xsp.core.intervals import find_rows
@@ -43,10 +44,7 @@ from xsp.core.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration);
     computed once per store (the report, the multi-rank analyses and ``--json`` all read it)."""
-    if "reconstruction" not in store.memo:
-        store.memo["reconstruction"] = _reconstruct(store)
-    found: tuple[pa.Table, pa.Table] = store.memo["reconstruction"]
-    return found
+    return RECONSTRUCTION.of(store)
 
 
 def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
@@ -75,7 +73,7 @@ def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     spans = _replace(spans, "layer_gpu_ns", layer_gpu_ns(deep, kind, gpu))
     spans = _replace(spans, "start_ns", arrow(new_start, pa.int64()))
     spans = _replace(spans, "dur_ns", arrow(new_dur, pa.int64()))
-    # the counter run's values join the kernels by structure (xsp.analysis.counters)
+    # the counter run's values join the kernels by structure (xsp.analysis.tables.counters)
     for name, values in (counter_columns(store, deep) or {}).items():
         spans = _replace(spans, f"hw_{name}", values)
     spans = _own_identity(spans, store, key, parent)
@@ -226,7 +224,7 @@ def overhead_verdict(mean: float, stderr: float) -> str:
     """ "noise" within twice the standard error of zero (run-to-run spread, not overhead);
     "added" above it; "faster" below it: the deeper run was faster beyond its spread, which
     one process each cannot explain (the host's speed differs between processes by up to ±25%
-    on the lent GPU hosts: ``xsp.analysis.m_interval`` measures M across several)."""
+    on the lent GPU hosts: ``xsp.analysis.replay.m_interval`` measures M across several)."""
     if abs(mean) <= 2 * stderr:
         return "noise"
     return "added" if mean > 0 else "faster"
@@ -273,3 +271,9 @@ def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:
                 }
             )
     return pa.Table.from_pylist(out)
+
+
+#: The reconstructed spans and their resource (``reconstruct``).
+RECONSTRUCTION = Derived(
+    "reconstruction", _reconstruct, needs=("structural_keys", "replay", "counter_join")
+)

@@ -1,11 +1,11 @@
-"""Achieved TFLOP/s and model FLOPs utilization from algorithmic FLOPs (``xsp.analysis.flops``)
+"""Achieved TFLOP/s and model FLOPs utilization from algorithmic FLOPs (``xsp.analysis.tables.flops``)
 and G's kernel durations: every measurement whose deepest F run recorded op shapes has them,
 with no counter run.
 
 Rates are algorithmic FLOPs over time: per op and per layer over their kernels' G durations,
 per model over kernel time and over the untraced step (M). Each is set against the peak of the
 tensor-core roof its operands' dtype runs on (``flop_formulas.DTYPE_ROOFS``), measured by a
-counter run where the measurement has one, else the datasheet's (``xsp.analysis.peaks``);
+counter run where the measurement has one, else the datasheet's (``xsp.analysis.tables.peaks``);
 model FLOPs utilization (MFU) is the step's rate against the roof of most of its FLOPs.
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis import flops
-from xsp.analysis.counters import store_peaks, untraced_step_ms
-from xsp.analysis.flop_formulas import ATTENTION, CONVOLUTION, MATMUL, NORM
-from xsp.analysis.peaks import Peaks
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables import flops
+from xsp.analysis.tables.counters import store_peaks, untraced_step_ms
+from xsp.analysis.tables.flop_formulas import ATTENTION, CONVOLUTION, MATMUL, NORM
+from xsp.analysis.tables.peaks import Peaks
 
 NO_SHAPES = (
     "no algorithmic FLOPs: no run recorded op shapes (level F records them in the deepest "
