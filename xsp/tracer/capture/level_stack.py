@@ -8,6 +8,7 @@ the stack, not on a service's per-request path.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from xsp.tracer.capture.levels.protocols import (
 )
 from xsp.tracer.capture.run_errors import RunErrors
 from xsp.tracer.export.batches import BatchDrain
-from xsp.tracer.export.finish import Losses
+from xsp.tracer.export.finish import LevelDrain, Losses, drain_levels
 
 __all__ = ["LevelStack"]
 
@@ -136,17 +137,16 @@ class LevelStack:
     def drain(self, stopped: list[Level], counts: dict[str, Any], losses: Losses) -> dict[str, Any]:
         """Each stopped level's records, by letter, and its loss counts into ``counts``. Drains
         run once every level has stopped (see ``xsp.tracer.capture.levels``)."""
-        raw: dict[str, Any] = {}
-        for level in stopped:
-            try:
-                raw[level.letter] = level.drain()
-            except Exception as exc:
-                message = f"level {level.letter} failed to drain: {exc}"
-                self._errors.add(message)
-                losses.missing.append(message)
-                log.exception("xsp: level %s failed to drain", level.letter)
-            counts.update(self._loss_counts(level))
-        return raw
+
+        def failed(message: str) -> None:
+            self._errors.add(message)
+            losses.missing.append(message)
+
+        drains = [
+            LevelDrain(level.letter, level.drain, functools.partial(self._loss_counts, level))
+            for level in stopped
+        ]
+        return drain_levels(drains, counts, failed)
 
     def hand_over(self, losses: Losses) -> tuple[list[Level], dict[str, BatchDrain]]:
         """A batch's end, between iterations: each level stops writing it, deepest first, and

@@ -57,18 +57,12 @@ from xsp.tracer.capture.levels import (
 from xsp.tracer.capture.levels.protocols import StepTimer
 from xsp.tracer.capture.monitor import GpuMonitor
 from xsp.tracer.capture.run_errors import RunErrors
-from xsp.tracer.capture.run_output import (
-    RunIdentity,
-    RunOutput,
-    RunStatus,
-    run_resource,
-    run_status,
-)
+from xsp.tracer.capture.run_output import RunOutput, RunStatus, run_resource, run_status
 from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.capture.schedule import Boundary, Phase, Schedule
 from xsp.tracer.capture.warmup import WarmupClock
 from xsp.tracer.export.batches import Totals
-from xsp.tracer.export.finish import Losses, capture_losses
+from xsp.tracer.export.finish import Losses, RunIdentity
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.spec import (
     DEFAULT_EXPORT_EVERY_S,
@@ -827,7 +821,6 @@ class Session:
         raw = self._stack.drain(stopped, counts, losses)
         self._remove_watch()  # the run is over: no more iterations to find
         self._end_provenance(counts)
-        losses.missing.extend(capture_losses(counts))
         samples = self._stop_monitor(counts)
         self._phase_ns["drained"] = time.time_ns()
         counts["spans"] = 0
