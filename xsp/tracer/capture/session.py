@@ -24,38 +24,32 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from xsp.core import store
 from xsp.core.devices import resolve_device
 from xsp.core.errors import ConfigError, XspError
 from xsp.core.levelset import LevelSet, continuous_counters
 from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture.continuous import Continuous, Lessee
-from xsp.tracer.capture.level_stack import LevelStack
+from xsp.tracer.capture.level_stack import build_stack
 from xsp.tracer.capture.levels import (
-    Level,
-    LevelContext,
-    build_levels,
     check_levels,
-    level_environment,
 )
 from xsp.tracer.capture.markers import IterationMarkers
 from xsp.tracer.capture.progress import Progress, ProgressCallback
 from xsp.tracer.capture.recorders import Recorders
 from xsp.tracer.capture.run_errors import RunErrors
+from xsp.tracer.capture.run_identity import identify
 from xsp.tracer.capture.run_json import RunJson
-from xsp.tracer.capture.run_output import RunOutput, RunStatus, run_resource
+from xsp.tracer.capture.run_output import RunOutput, RunStatus
 from xsp.tracer.capture.run_record import RunRecord
 from xsp.tracer.capture.schedule import Boundary, Phase, Schedule
 from xsp.tracer.capture.warmup import WarmupClock
 from xsp.tracer.export.batches import Totals
-from xsp.tracer.export.finish import Losses, RunIdentity
+from xsp.tracer.export.finish import Losses
 from xsp.tracer.export.sinks import Sink
 from xsp.tracer.spec import (
     DEFAULT_EXPORT_EVERY_S,
@@ -210,12 +204,20 @@ class Session:
         self.device = resolve_device(profile.device)
         self._errors = RunErrors()
         self._record = RunRecord()
-        self._output = RunOutput(self._identify(spec, resource or {}), sinks, self._errors)
+        run = identify(spec, self.device, resource or {})
+        self.run_id, self.measurement_id, self.workload = (
+            run.run_id,
+            run.measurement_id,
+            run.workload,
+        )
+        self.rank, self.world_size, self.run_dir = run.rank, run.world_size, run.run_dir
+        self.resource = run.resource
+        self._output = RunOutput(run, sinks, self._errors)
         check_levels(self.levels, self.device)
         self.continuous = profile.continuous
         if self.continuous and self.levels.counters:
             raise ConfigError(continuous_counters(self.levels))
-        self._stack = LevelStack(self._build_levels(spec), self._errors)
+        self._context, self._stack = build_stack(spec, self.device, self.run_dir, self._errors)
         self._set_up_interleave()
         self._schedule = Schedule(
             profile.warmup,
@@ -273,57 +275,6 @@ class Session:
     @program.setter
     def program(self, program: dict[str, Any] | None) -> None:
         self._record.program = program
-
-    def _identify(self, spec: RunSpec, resource: Mapping[str, Any]) -> RunIdentity:
-        """The run's ids, rank and run directory (emptied for this run)."""
-        rank, world_size = spec.rank, spec.world_size
-        self.run_id = spec.run_id or uuid.uuid4().hex
-        self.measurement_id = spec.measurement_id or self.run_id
-        self.workload = spec.workload if spec.workload is not None else spec.profile.workload
-        if rank is not None and (world_size is None or not 0 <= rank < world_size):
-            raise ConfigError(f"bad rank {rank} of world size {world_size}")
-        self.rank, self.world_size = rank, world_size
-        self.run_dir = Path(spec.out) if spec.out is not None else None
-        if self.run_dir is not None:
-            store.check_writable(self.run_dir)
-            store.reset_run_dir(self.run_dir)
-        self.resource = run_resource(
-            self.device,
-            self.run_id,
-            self.measurement_id,
-            self.workload,
-            self.levels,
-            rank,
-            world_size,
-            resource,
-        )
-        return RunIdentity(
-            self.run_id,
-            self.measurement_id,
-            self.levels,
-            self.workload,
-            self.resource,
-            self.run_dir,
-            rank,
-            world_size,
-        )
-
-    def _build_levels(self, spec: RunSpec) -> list[Level]:
-        context = LevelContext(
-            self.device,
-            self.levels,
-            op_shapes=spec.profile.op_shapes,
-            run_dir=self.run_dir,
-            multi_rank=(spec.world_size or _distributed_world_size()) > 1,
-        )
-        self._context = context
-        for key, value in level_environment(context).items():  # xsp run sets them earlier
-            os.environ.setdefault(key, value)
-        levels = build_levels(self.levels, context)
-        # whatever the levels: every level set compiles the same code, and the first one's
-        # compile, saved with its provenance in inductor's caches, serves the others
-        context.provenance.install()
-        return levels
 
     def _set_up_interleave(self) -> None:
         """Untraced iterations between the traced ones (the process that prices F's cost)."""
@@ -679,13 +630,3 @@ def fail_message(exc: BaseException) -> str:
         return str(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _distributed_world_size() -> int:
-    """The size of an initialized torch.distributed job this process belongs to, else 1: a DDP
-    script traced without ``rank``/``world_size`` still gets every iteration's collective sizes."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
-    return 1
