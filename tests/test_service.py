@@ -260,7 +260,7 @@ def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
         with xsp.iteration():
             net(torch.ones(1, 4))
         if i in (1, 3):  # batches 0 (iterations 0, 1) and 1 (2, 3); 4 to 6 stay in the arena
-            session._rotate()
+            session._continuous._rotate()
     dead = tmp_path / "dead" / "MF"
     shutil.copytree(live, dead)
     held.set()
@@ -304,7 +304,7 @@ def test_each_batch_is_sent_over_otlp_while_the_service_runs(tmp_path: Path) -> 
             with xsp.iteration():
                 net(torch.ones(1, 4))
             if i == 3:
-                session._rotate()  # batch 0: iterations 0 to 3
+                session._continuous._rotate()  # batch 0: iterations 0 to 3
         deadline = time.monotonic() + 60
         while (
             time.monotonic() < deadline
@@ -343,7 +343,7 @@ def test_onednn_calls_are_recorded_on_the_sampled_iterations_only(
             net(x)
             print("served", i, flush=True)
         if i == 4:
-            session._rotate()
+            session._continuous._rotate()
     meta = session.close()
     assert meta is not None and meta["status"] == "ok" and meta["batches_stored"] == 2
     assert capfd.readouterr().out.count("served") == 8
@@ -557,7 +557,7 @@ def test_the_request_after_a_batch_boundary_follows_the_sampling_policy(
         for request in range(2 + 9):
             model(torch.ones(1, 4))
             if request == 2 + 2:  # measured 2 ended (nothing lent: 3 is sampled)
-                session._batches.started, session._due = -1e9, 0.0
+                session._continuous.batches.started, session._continuous.due = -1e9, 0.0
     meta = session.close()
     assert meta is not None and meta["status"] == "ok", meta
     assert meta["batches_stored"] == 2

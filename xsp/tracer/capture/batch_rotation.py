@@ -16,9 +16,8 @@ from xsp.tracer.capture.level_stack import LevelStack
 from xsp.tracer.capture.levels import Level, LevelContext
 from xsp.tracer.capture.run_errors import RunErrors
 from xsp.tracer.capture.run_output import RunOutput
-from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.export.batches import Batch, BatchDrain, BatchExporter, Totals
-from xsp.tracer.export.finish import Losses
+from xsp.tracer.export.finish import NOTHING_RECORDED, Losses
 
 __all__ = ["BatchRotation", "signals_held"]
 
@@ -69,7 +68,7 @@ class BatchRotation:
         losses.missing.extend(dict.fromkeys([*self.missing, *totals.missing]))
         losses.missing.extend(totals.lost_batches)
         if not totals.batches and not totals.lost_batches:
-            losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
+            losses.fatal.append(NOTHING_RECORDED)
         return totals
 
     def _submit(

@@ -108,3 +108,12 @@ class Interleave:
             "pairs": pairs,
             "switch_us": round(switched[len(switched) // 2] / 1e3, 1) if switched else None,
         }
+
+
+def run_entry(active: Interleave | None, skipped: str | None) -> dict[str, Any]:
+    """run.json's entry: the interleaved iterations' report, or why there were none."""
+    if active is not None:
+        return {RUN_KEY: active.report()}
+    if skipped is not None:
+        return {RUN_KEY: {"skipped": skipped}}
+    return {}

@@ -8,11 +8,14 @@ the stack, not on a service's per-request path.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from xsp.tracer.capture.levels import Level
+from xsp.tracer.capture.levels import Level, LevelContext, build_levels, level_environment
 from xsp.tracer.capture.levels.protocols import (
     CountsLosses,
     HandsOver,
@@ -23,9 +26,10 @@ from xsp.tracer.capture.levels.protocols import (
 )
 from xsp.tracer.capture.run_errors import RunErrors
 from xsp.tracer.export.batches import BatchDrain
-from xsp.tracer.export.finish import Losses
+from xsp.tracer.export.finish import LevelDrain, Losses, drain_levels
+from xsp.tracer.spec import RunSpec
 
-__all__ = ["LevelStack"]
+__all__ = ["LevelStack", "build_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +140,16 @@ class LevelStack:
     def drain(self, stopped: list[Level], counts: dict[str, Any], losses: Losses) -> dict[str, Any]:
         """Each stopped level's records, by letter, and its loss counts into ``counts``. Drains
         run once every level has stopped (see ``xsp.tracer.capture.levels``)."""
-        raw: dict[str, Any] = {}
-        for level in stopped:
-            try:
-                raw[level.letter] = level.drain()
-            except Exception as exc:
-                message = f"level {level.letter} failed to drain: {exc}"
-                self._errors.add(message)
-                losses.missing.append(message)
-                log.exception("xsp: level %s failed to drain", level.letter)
-            counts.update(self._loss_counts(level))
-        return raw
+
+        def failed(message: str) -> None:
+            self._errors.add(message)
+            losses.missing.append(message)
+
+        drains = [
+            LevelDrain(level.letter, level.drain, functools.partial(self._loss_counts, level))
+            for level in stopped
+        ]
+        return drain_levels(drains, counts, failed)
 
     def hand_over(self, losses: Losses) -> tuple[list[Level], dict[str, BatchDrain]]:
         """A batch's end, between iterations: each level stops writing it, deepest first, and
@@ -192,3 +195,33 @@ class LevelStack:
 def _drained(records: Any, counts: dict[str, Any]) -> BatchDrain:
     """The drain of a level drained already."""
     return lambda contents: (records, counts)
+
+
+def build_stack(
+    spec: RunSpec, device: str, run_dir: Path | None, errors: RunErrors
+) -> tuple[LevelContext, LevelStack]:
+    """The levels ``spec`` asks for on ``device``, built with the context they share."""
+    context = LevelContext(
+        device,
+        spec.levels,
+        op_shapes=spec.profile.op_shapes,
+        run_dir=run_dir,
+        multi_rank=(spec.world_size or _distributed_world_size()) > 1,
+    )
+    for key, value in level_environment(context).items():  # xsp run sets them earlier
+        os.environ.setdefault(key, value)
+    levels = build_levels(spec.levels, context)
+    # whatever the levels: every level set compiles the same code, and the first one's
+    # compile, saved with its provenance in inductor's caches, serves the others
+    context.provenance.install()
+    return context, LevelStack(levels, errors)
+
+
+def _distributed_world_size() -> int:
+    """The size of an initialized torch.distributed job this process belongs to, else 1: a DDP
+    script traced without ``rank``/``world_size`` still gets every iteration's collective sizes."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1

@@ -1,9 +1,10 @@
-"""Where a session's run goes: its identity, its sinks, its run.json and its monitor samples.
+"""Where a session's run goes: its sinks, its run.json and its monitor samples.
 
-``RunIdentity`` is what every finish of this run is told (the live one here, a continuous
-session's batches in ``xsp.tracer.export.batches``); ``RunOutput`` converts and exports the
-records, shuts the sinks down and writes ``run.json`` (under a lock: a continuous session's
-exporter thread rewrites it while the program runs).
+``RunOutput`` holds the run's one finish (``xsp.tracer.export.finish.RunFinish``, told the run's
+``RunIdentity``), which stores the live session's records and a continuous session's batches
+(``xsp.tracer.export.batches``) alike; it decides what a failed conversion costs, shuts the sinks
+down and writes ``run.json`` (under a lock: a continuous session's exporter thread rewrites it
+while the program runs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,11 @@ from xsp.core.records import MonitorSamples
 from xsp.core.store import RunMeta, Status
 from xsp.tracer.capture.levels import LevelContext
 from xsp.tracer.capture.run_errors import RunErrors
-from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.export.batches import BatchExporter, Totals
-from xsp.tracer.export.finish import Losses, sink_losses, store_spans
+from xsp.tracer.export.finish import Losses, RunFinish, RunIdentity
 from xsp.tracer.export.sinks import CompositeSink, Sink, StoreSink
 
-__all__ = ["RunIdentity", "RunOutput", "run_resource", "run_status"]
+__all__ = ["RunOutput", "run_resource", "run_status"]
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +47,6 @@ def run_status(error: str | None, interrupted: bool, losses: Losses) -> Status:
     if losses.missing:
         return Status.PARTIAL
     return Status.OK
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """Which run the spans belong to, as every finish of it stores them."""
-
-    run_id: str
-    measurement_id: str
-    levels: LevelSet
-    workload: str
-    resource: Mapping[str, Any]
-    run_dir: Path | None
-    rank: int | None
-    world_size: int | None
 
 
 def _xsp_version() -> str:
@@ -119,6 +104,7 @@ class RunOutput:
         run_dir = identity.run_dir
         self.store_sink = StoreSink(run_dir) if run_dir is not None else None
         self.sink = CompositeSink(([self.store_sink] if self.store_sink else []) + list(sinks))
+        self.finish = RunFinish(identity, self.sink, self.store_sink)
         self._meta_lock = threading.Lock()
 
     def files(self) -> list[str]:
@@ -127,17 +113,7 @@ class RunOutput:
 
     def exporter(self, on_stored: Callable[[Totals], None]) -> BatchExporter:
         """A continuous session's background exporter of its batches."""
-        run = self.identity
-        return BatchExporter(
-            self.sink,
-            run_id=run.run_id,
-            levels=run.levels,
-            resource=run.resource,
-            run_dir=run.run_dir,
-            rank=run.rank,
-            world_size=run.world_size,
-            on_stored=on_stored,
-        )
+        return BatchExporter(self.finish, on_stored=on_stored)
 
     def store(
         self,
@@ -148,25 +124,11 @@ class RunOutput:
         counts: dict[str, Any],
         losses: Losses,
     ) -> tuple[int | None, Path | None]:
-        """Convert the records and export them (``xsp.tracer.export.finish``). Returns when
-        conversion ended, and where it failed, the path of the capture arena it keeps."""
-        if raw.get(ROOT_LEVEL) is None:
-            losses.fatal.append(f"level {ROOT_LEVEL} recorded nothing: no spans were converted")
-            return None, None
-        run = self.identity
+        """Convert the records and export them (``xsp.tracer.export.finish``; ``counts``: the
+        levels' own, to which the conversion's are added). Returns when conversion ended, and
+        where it failed, the path of the capture arena it keeps."""
         try:
-            stored = store_spans(
-                raw,
-                self.sink,
-                run_id=run.run_id,
-                levels=run.levels,
-                resource=run.resource,
-                run_dir=run.run_dir,
-                failures=failures,
-                monitor=samples,
-                rank=run.rank,
-                world_size=run.world_size,
-            )
+            stored = self.finish.store(raw, counts, losses, failures=failures, monitor=samples)
         except Exception as exc:
             message = f"conversion failed: {type(exc).__name__}: {exc}"
             kept = context.keep_arena()
@@ -177,15 +139,17 @@ class RunOutput:
             counts["spans"] = 0
             log.exception("xsp: converting the recorded spans failed")
             return None, kept
+        if stored is None:
+            return None, None
         counts.update(stored.counts())
         self._errors.extend(stored.errors)
         return stored.converted_ns, None
 
     def shut_down(self, counts: dict[str, Any], losses: Losses) -> None:
         """Flush and close the sinks; a failed store leaves no spans stored."""
-        self.sink.shutdown()
-        self._errors.extend(self.sink.errors)
-        if sink_losses(self.sink, self.store_sink, losses):
+        errors, store_failed = self.finish.shut_down(losses)
+        self._errors.extend(errors)
+        if store_failed:
             counts["spans"] = 0
 
     def otlp_sent(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """A continuous session's export while it runs: batches of finished iterations, stored in the
-background through the one finish pipeline (``xsp.tracer.export.finish.store_spans``).
+background through the run's one finish (``xsp.tracer.export.finish.RunFinish``).
 
 The session's thread only hands a batch over, between two iterations: its levels stop writing
 the capture arena, whose file is set aside, and each gives the drain of its records
@@ -18,10 +18,11 @@ until its part is written; the runner recovers such files after a crash
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,7 @@ from typing import Any
 from xsp.core.arena import ArenaContents, read_arena
 from xsp.core.errors import StoreError
 from xsp.tracer.convert.spans import ROOT_LEVEL
-from xsp.tracer.export.finish import capture_losses, store_spans
-from xsp.tracer.export.sinks import Sink
+from xsp.tracer.export.finish import LevelDrain, Losses, RunFinish, drain_levels
 
 log = logging.getLogger(__name__)
 
@@ -91,26 +91,9 @@ class BatchExporter:
     """Stores submitted batches in order on one background thread (module docs)."""
 
     def __init__(
-        self,
-        sink: Sink,
-        *,
-        run_id: str,
-        levels: str,
-        resource: Mapping[str, Any],
-        run_dir: Path | None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        on_stored: Callable[[Totals], None] | None = None,
+        self, finish: RunFinish, on_stored: Callable[[Totals], None] | None = None
     ) -> None:
-        self._sink = sink
-        self._args: dict[str, Any] = dict(
-            run_id=run_id,
-            levels=levels,
-            resource=resource,
-            run_dir=run_dir,
-            rank=rank,
-            world_size=world_size,
-        )
+        self._finish = finish
         self._on_stored = on_stored
         self.totals = Totals()
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=QUEUE_BATCHES)
@@ -138,49 +121,41 @@ class BatchExporter:
                 self.totals.errors.append(f"batch {batch.part}: {type(exc).__name__}: {exc}")
                 log.exception("xsp: storing batch %s failed", batch.part)
 
-    def _drain(self, batch: Batch) -> dict[str, Any]:
-        """Each level's records of ``batch``, read from its arena; what a level lost, or failed
-        to drain, goes into ``missing``."""
+    def _drain(self, batch: Batch) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each level's records of ``batch``, read from its arena, and their loss counts; a
+        level that fails to drain goes into ``missing``."""
         totals = self.totals
         contents = ArenaContents.empty()
         if batch.pending_arena is not None:
             contents = read_arena(batch.pending_arena)
         contents.counts.update(batch.arena_counts)
-        records: dict[str, Any] = {}
+
+        def failed(message: str) -> None:
+            totals.errors.append(message)
+            totals.missing.append(message)
+
         counts: dict[str, Any] = {}
-        for letter, drain in batch.drains.items():
-            try:
-                records[letter], level_counts = drain(contents)
-            except Exception as exc:
-                message = f"level {letter} failed to drain: {exc}"
-                totals.errors.append(message)
-                totals.missing.append(message)
-                log.exception("xsp: level %s failed to drain batch %s", letter, batch.part)
-                continue
-            counts.update(level_counts)
-        totals.missing.extend(capture_losses(counts))
-        return records
+        drains = _level_drains(batch, contents)
+        return drain_levels(drains, counts, failed, f" batch {batch.part}"), counts
 
     def _store(self, batch: Batch) -> None:
         totals = self.totals
         try:
-            records = self._drain(batch)
+            records, counts = self._drain(batch)
         except StoreError as exc:  # its arena cannot be read
             totals.lost_batches.append(f"batch {batch.part} was not read: {exc}")
             log.error("xsp: reading batch %s failed: %s", batch.part, exc)
             return
-        steps = records.get(ROOT_LEVEL)
-        if steps is None or not len(steps.iteration):
-            self._forget(batch)  # a batch without an iteration (the levels came on, then stop)
-            return
+        losses = Losses()  # what the capture lost; a batch without iterations is no loss
         try:
-            stored = store_spans(
+            stored = self._finish.store(
                 records,
-                self._sink,
+                counts,
+                losses,
                 failures=batch.failures,
                 first_span_id=totals.next_span_id,
                 part=batch.part,
-                **self._args,
+                skip_without_iterations=True,
             )
         except Exception as exc:
             where = (
@@ -189,15 +164,20 @@ class BatchExporter:
                 else ""
             )
             message = (
-                f"batch {batch.part} ({len(steps.iteration)} iterations) was not converted: "
-                f"{type(exc).__name__}: {exc}{where}"
+                f"batch {batch.part} ({len(records[ROOT_LEVEL].iteration)} iterations) was not "
+                f"converted: {type(exc).__name__}: {exc}{where}"
             )
             totals.lost_batches.append(message)
             log.exception("xsp: converting batch %s failed", batch.part)
             return
+        finally:
+            totals.missing.extend(losses.missing)
+        if stored is None:
+            self._forget(batch)  # a batch without an iteration (the levels came on, then stop)
+            return
         report = stored.report
         totals.batches += 1
-        totals.iterations += len(steps.iteration)
+        totals.iterations += len(records[ROOT_LEVEL].iteration)
         totals.spans += report.spans
         for level, n in report.counts_by_level.items():
             totals.spans_by_level[level] = totals.spans_by_level.get(level, 0) + n
@@ -220,3 +200,17 @@ class BatchExporter:
         """The batch is stored (and run.json says so): its raw records go."""
         if batch.pending_arena is not None:
             batch.pending_arena.unlink(missing_ok=True)
+
+
+def _level_drains(batch: Batch, contents: ArenaContents) -> Iterator[LevelDrain]:
+    """Each level's drain of ``batch``: its records and loss counts come in one call."""
+    for letter, drain in batch.drains.items():
+        counts: dict[str, Any] = {}  # a level that fails to drain counts nothing
+        yield LevelDrain(letter, functools.partial(_drain, drain, contents, counts), counts.copy)
+
+
+def _drain(drain: BatchDrain, contents: ArenaContents, counts: dict[str, Any]) -> Any:
+    """One level's records of a batch; its loss counts go into ``counts``."""
+    records, level_counts = drain(contents)
+    counts.update(level_counts)
+    return records

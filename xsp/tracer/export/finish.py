@@ -1,23 +1,28 @@
 """The finish of a run: its levels' records -> one span table -> the sinks and the store.
 
-Both ways a run ends come here: a session that closes (``xsp.tracer.capture.session``) and the
-runner recovering the capture arena of a process that died (``xsp.tracer.run.recover``). Each
-step is one function, and each says what it lost in the words ``run.json`` keeps:
+Every way a run ends comes here, through one ``RunFinish`` told the run's ``RunIdentity``: a
+session that closes (``xsp.tracer.capture.session``), a continuous session's batches stored on
+their exporter thread (``xsp.tracer.export.batches``) and the runner recovering the capture arena
+of a process that died (``xsp.tracer.run.recover``, which reads the identity back from
+run.json). Each step says what it lost in the words ``run.json`` keeps:
 
-1. ``capture_losses``: what the capture counted as lost (ranges other threads left open, a full
-   arena, failed op callbacks, records CUPTI dropped or xsp could not decode).
-2. ``store_spans``: convert the records (``build_table``, which asks each level's registered
-   conversion), export the table to the sink, keep level F's allocator events beside the spans,
-   flush. It raises what conversion raises: each caller decides what that costs.
-3. ``sink_losses``: once the sinks are shut down, which of them failed. The store's failure
-   leaves nothing usable; another sink's only loses its own copy.
+1. ``drain_levels``: each level's records, and what a level failed to drain.
+2. ``RunFinish.store``: what the capture counted as lost (``capture_losses``: ranges other
+   threads left open, a full arena, failed op callbacks, records CUPTI dropped or xsp could not
+   decode); nothing stored when level M recorded nothing; else ``store_spans``: convert the
+   records (``build_table``, which asks each level's registered conversion), export the table
+   to the sink, keep level F's allocator events beside the spans, flush. It raises what
+   conversion raises: each caller decides what that costs.
+3. ``RunFinish.shut_down``: once the sinks are shut down, which of them failed
+   (``sink_losses``). The store's failure leaves nothing usable; another sink's only loses its
+   own copy.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +30,47 @@ from typing import Any
 import pyarrow as pa
 
 from xsp.core import store
+from xsp.core.levelset import LevelSet
 from xsp.core.records import MonitorSamples
 from xsp.tracer.convert.memory import memory_table
-from xsp.tracer.convert.spans import build_table
+from xsp.tracer.convert.spans import ROOT_LEVEL, build_table
 from xsp.tracer.convert.table import ConversionReport
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
+
+__all__ = [
+    "NOTHING_RECORDED",
+    "LevelDrain",
+    "Losses",
+    "RunFinish",
+    "RunIdentity",
+    "Stored",
+    "capture_losses",
+    "drain_levels",
+    "sink_losses",
+    "store_spans",
+]
 
 log = logging.getLogger(__name__)
 
 #: The level whose records carry the allocators' events (kept beside the spans).
 MEMORY_LEVEL = "F"
+#: The fatal loss of a run whose root level left no records: there is nothing to convert.
+NOTHING_RECORDED = f"level {ROOT_LEVEL} recorded nothing: no spans were converted"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run the spans belong to, as every finish of it stores them (a live session's, its
+    batches', a recovery's from run.json)."""
+
+    run_id: str
+    measurement_id: str
+    levels: LevelSet
+    workload: str
+    resource: Mapping[str, Any]
+    run_dir: Path | None
+    rank: int | None
+    world_size: int | None
 
 
 @dataclass
@@ -118,32 +154,27 @@ def capture_losses(counts: Mapping[str, Any]) -> list[str]:
 def store_spans(
     records: Mapping[str, Any],
     sink: Sink,
+    run: RunIdentity,
     *,
-    run_id: str,
-    levels: str,
-    resource: Mapping[str, Any],
-    run_dir: Path | None,
     failures: dict[int, str] | None = None,
     monitor: MonitorSamples | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
     first_span_id: int = 1,
     part: str | None = None,
 ) -> Stored:
-    """Convert ``records`` (level letter -> its records) into the run's span table, export it
-    to ``sink`` and keep the memory events in ``run_dir``; raises what conversion raises.
+    """Convert ``records`` (level letter -> its records) into ``run``'s span table, export it
+    to ``sink`` and keep the memory events in its run directory; raises what conversion raises.
 
     A continuous session stores each batch of iterations this way (``xsp.tracer.export.
     batches``): ``part`` names its files (``spans-<part>.parquet``, ``memory-<part>.parquet``)
     and ``first_span_id`` goes on from the batch before (``Stored.report.next_span_id``)."""
     table, report = build_table(
-        run_id,
-        levels,
+        run.run_id,
+        run.levels,
         records,
         failures,
         monitor=monitor,
-        rank=rank,
-        world_size=world_size,
+        rank=run.rank,
+        world_size=run.world_size,
         first_span_id=first_span_id,
     )
     stored = Stored(report, converted_ns=time.time_ns())
@@ -153,10 +184,10 @@ def store_spans(
             "first and have no op shapes (XSP_OP_SHAPES=every records them in each)",
             report.iterations_without_op_shapes,
         )
-    sink.export(SpanBatch.of(resource, table, part))
+    sink.export(SpanBatch.of(run.resource, table, part))
     if records.get(MEMORY_LEVEL) is not None:
         memory = records[MEMORY_LEVEL].memory
-        stored.memory_events = _store_memory(run_dir, memory, table, stored, part)
+        stored.memory_events = _store_memory(run.run_dir, memory, table, stored, part)
     sink.force_flush()
     return stored
 
@@ -191,3 +222,85 @@ def sink_losses(sink: CompositeSink, store_sink: Sink | None, losses: Losses) ->
         else:
             losses.missing.append(f"a sink failed: {reason}")
     return store_failed
+
+
+@dataclass(frozen=True)
+class LevelDrain:
+    """One level's drain: its records, then its loss counts (asked whether the drain worked or
+    not: a level that failed to drain may still have counted what it dropped)."""
+
+    letter: str
+    records: Callable[[], Any]
+    loss_counts: Callable[[], Mapping[str, Any]]
+
+
+def drain_levels(
+    drains: Iterable[LevelDrain],
+    counts: dict[str, Any],
+    failed: Callable[[str], None],
+    where: str = "",
+) -> dict[str, Any]:
+    """Each level's records, by letter, and its loss counts into ``counts``. A level that fails
+    to drain is told to ``failed`` (one line) and the others drain on; ``where`` names the
+    batch in the log."""
+    records: dict[str, Any] = {}
+    for drain in drains:
+        try:
+            records[drain.letter] = drain.records()
+        except Exception as exc:
+            failed(f"level {drain.letter} failed to drain: {exc}")
+            log.exception("xsp: level %s failed to drain%s", drain.letter, where)
+        counts.update(drain.loss_counts())
+    return records
+
+
+class RunFinish:
+    """One run's finish, whoever drives it: its records stored through ``sink`` (one part, or a
+    continuous run's parts in order), then the sinks shut down. ``store_sink``: the run's store
+    among the sinks, whose failure leaves nothing usable."""
+
+    def __init__(self, run: RunIdentity, sink: Sink, store_sink: Sink | None = None) -> None:
+        self.run = run
+        self.sink = sink
+        self.store_sink = store_sink
+
+    def store(
+        self,
+        records: Mapping[str, Any],
+        counts: Mapping[str, Any],
+        losses: Losses,
+        *,
+        failures: dict[int, str] | None = None,
+        monitor: MonitorSamples | None = None,
+        first_span_id: int = 1,
+        part: str | None = None,
+        skip_without_iterations: bool = False,
+    ) -> Stored | None:
+        """Note what the capture lost (``counts``: the levels' own), then convert and export
+        ``records`` (``store_spans``, which raises what conversion raises). None when there is
+        nothing to store: level M recorded nothing (fatal), or, with
+        ``skip_without_iterations`` (a continuous run's batch), no iteration."""
+        losses.missing.extend(capture_losses(counts))
+        steps = records.get(ROOT_LEVEL)
+        if steps is None:
+            losses.fatal.append(NOTHING_RECORDED)
+            return None
+        if skip_without_iterations and not len(steps.iteration):
+            return None
+        return store_spans(
+            records,
+            self.sink,
+            self.run,
+            failures=failures,
+            monitor=monitor,
+            first_span_id=first_span_id,
+            part=part,
+        )
+
+    def shut_down(self, losses: Losses) -> tuple[list[str], bool]:
+        """Flush and close the sinks; returns their errors and whether the store failed (its
+        spans are then not stored)."""
+        self.sink.shutdown()
+        if not isinstance(self.sink, CompositeSink):  # a lone sink raises what fails
+            return [], False
+        return list(self.sink.errors), sink_losses(self.sink, self.store_sink, losses)

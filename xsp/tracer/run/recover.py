@@ -21,11 +21,11 @@ from pathlib import Path
 
 from xsp.core import store
 from xsp.core.arena import ARENA_FILE, PENDING_ARENA_PATTERN, read_arena
-from xsp.core.errors import XspError
+from xsp.core.errors import StoreError, XspError
 from xsp.core.levelset import LevelSet
 from xsp.core.store import RunMeta, Status
 from xsp.tracer.convert.spans import CONVERSIONS, ROOT_LEVEL
-from xsp.tracer.export.finish import capture_losses, store_spans
+from xsp.tracer.export.finish import Losses, RunFinish, RunIdentity
 from xsp.tracer.export.sinks import StoreSink
 
 log = logging.getLogger(__name__)
@@ -109,12 +109,14 @@ def _convert(
     run_dir: Path, arenas: list[tuple[Path, str | None]], meta: RunMeta, ended: str
 ) -> RunMeta:
     sink = StoreSink(run_dir)
+    finish = RunFinish(_identity(run_dir, meta), sink)
     stored_files = set(meta.files or ())
     got = _Recovered.stored_by_process(meta)
     for path, part in arenas:
         if part is not None and f"spans-{part}.parquet" in stored_files:
             continue  # its batch was stored just before the process died
-        _convert_arena(run_dir, path, part, meta, sink, got)
+        _convert_arena(finish, path, part, meta, got)
+    finish.shut_down(Losses())  # a lone store sink: what fails raises
     measured = got.measured + got.recovered
     reasons = [
         f"the program {ended} after {measured} measured iterations",
@@ -147,37 +149,44 @@ def _convert(
     )
 
 
+def _identity(run_dir: Path, meta: RunMeta) -> RunIdentity:
+    """The dead process's run, as its run.json names it; a rank of a multi-rank job numbers
+    its spans as its own process would have."""
+    run_id = str(meta.run_id)
+    return RunIdentity(
+        run_id=run_id,
+        measurement_id=str(meta.measurement_id or run_id),
+        levels=LevelSet(str(meta.levels)),
+        workload=str(meta.workload or ""),
+        resource=dict(meta.resource or {}),
+        run_dir=run_dir,
+        rank=meta.rank,
+        world_size=meta.world_size,
+    )
+
+
 def _convert_arena(
-    run_dir: Path,
-    path: Path,
-    part: str | None,
-    meta: RunMeta,
-    sink: StoreSink,
-    got: _Recovered,
+    finish: RunFinish, path: Path, part: str | None, meta: RunMeta, got: _Recovered
 ) -> None:
     """Convert and store one arena's records as the spans of ``part``; add them to ``got``."""
-    levels = LevelSet(str(meta.levels))
     contents = read_arena(path)
     records = {}
     for letter, conversion in CONVERSIONS.items():
-        if letter in levels.letters:
+        if letter in finish.run.levels.letters:
             if conversion.from_arena is None:  # CUPTI's buffers died with the process
                 got.lost.append(letter)
             else:
                 records[letter] = conversion.from_arena(contents)
-    stored = store_spans(
+    losses = Losses()
+    stored = finish.store(
         records,
-        sink,
-        run_id=str(meta.run_id),
-        levels=levels,
-        resource=dict(meta.resource or {}),
-        run_dir=run_dir,
-        # a rank of a multi-rank job numbers its spans as its own process would have
-        rank=meta.rank,
-        world_size=meta.world_size,
+        {"arena": contents.counts},
+        losses,
         first_span_id=got.next_span_id,
         part=part,
     )
+    if stored is None:  # level M's records are always in the arena: this one is broken
+        raise StoreError(losses.fatal[0])
     got.next_span_id = stored.report.next_span_id
     got.recovered += len(records[ROOT_LEVEL].iteration)
     got.spans += stored.report.spans
@@ -188,7 +197,7 @@ def _convert_arena(
         got.reasons.append(
             f"{contents.counts['open_records']} records still open when it died were left out"
         )
-    got.reasons.extend(capture_losses({"arena": contents.counts}))
+    got.reasons.extend(losses.missing)  # what the capture lost
     for key, value in contents.counts.items():
         got.counts[key] = got.counts.get(key, 0) + int(value)
     got.errors.extend(stored.errors)
