@@ -272,9 +272,9 @@ def test_recovery_stores_the_batches_not_yet_stored_and_the_open_arena(
     ]
     assert json.loads((dead / "run.json").read_text())["status"] == "running"
     meta = recover_run(dead, "was killed by SIGKILL")
-    assert meta is not None and meta["status"] == "partial" and meta["recovered"] is True
-    assert meta["iterations_measured"] == 7
-    assert meta["files"] == ["spans-00000.parquet", "spans-00001.parquet", "spans-00002.parquet"]
+    assert meta is not None and meta.status == "partial" and meta.recovered is True
+    assert meta.iterations_measured == 7
+    assert meta.files == ("spans-00000.parquet", "spans-00001.parquet", "spans-00002.parquet")
     steps, framework = _steps_and_framework(dead)
     assert sorted(steps) == list(range(7)) and framework == {0, 2, 4, 6}
     assert not list(dead.glob("*.arena"))
