@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def compiled_case(mode: str) -> dict[str, Any]:
     """ResNet-18 b8 inference compiled in ``mode``, 5 measured iterations at MFLG."""
-    from xsp.tracer.capture.cupti import nvtx_environment
+    from xsp.tracer.capture.hooks.cupti import nvtx_environment
 
     os.environ.update(nvtx_environment())
     import torch

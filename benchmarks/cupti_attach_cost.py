@@ -1,7 +1,7 @@
 """What CUPTI costs a batch-1 inference request while it stays attached to the process with its
 kinds disabled, against the same request untraced and after CUPTI was finalized; and what a
 sampled request costs when CUPTI is started for it and finalized after it (a continuous
-session's levels L and G: ``xsp.tracer.capture.cupti``'s ``suspend``).
+session's levels L and G: ``xsp.tracer.capture.hooks.cupti``'s ``suspend``).
 
 One process, the states in order (CUPTI cannot be un-initialized except by finalizing it), each
 state ``--requests`` requests (an MLP's forward pass and a device sync, timed around the call);
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from xsp.tracer.capture.cupti import QUIET_API_CALLS
+from xsp.tracer.capture.hooks.cupti import QUIET_API_CALLS
 from xsp.tracer.capture.levels.cuda import GpuLevel, LibraryLevel
 from xsp.tracer.native.build import load
 

@@ -65,7 +65,7 @@ def main() -> None:
     if "none" not in configs:
         configs.insert(0, "none")
     if any("L" in c for c in configs) and args.device.startswith("cuda"):
-        from xsp.tracer.capture.cupti import nvtx_environment
+        from xsp.tracer.capture.hooks.cupti import nvtx_environment
 
         os.environ.update(nvtx_environment())  # before the libraries first use NVTX
     step = build_step(args.case, args.device)

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xsp.tracer.capture.cupti import LIBRARY_NVTX_ENV
+from xsp.tracer.capture.hooks.cupti import LIBRARY_NVTX_ENV
 
 CASES = (
     "torchvision:resnet50/train/64",
@@ -157,7 +157,7 @@ def run_child(config: str, case: str, device: str, warmup: int, iters: int) -> d
     if variant == "shapes every iteration":
         os.environ["XSP_OP_SHAPES"] = "every"
     if "L" in levels and device.startswith("cuda"):
-        from xsp.tracer.capture.cupti import nvtx_environment
+        from xsp.tracer.capture.hooks.cupti import nvtx_environment
 
         os.environ.update(nvtx_environment())  # before the libraries first use NVTX
     import torch

@@ -1,4 +1,4 @@
-"""Spans that join the application's own OpenTelemetry trace (xsp.tracer.capture.context), on
+"""Spans that join the application's own OpenTelemetry trace (xsp.tracer.capture.hooks.context), on
 CPU with a tiny model inside spans of a real OpenTelemetry SDK tracer."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""xsp and the program's own torch.profiler in one process (``xsp.tracer.capture.coexist``): the
+"""xsp and the program's own torch.profiler in one process (``xsp.tracer.capture.hooks.coexist``): the
 decisions on CPU, the steps aside a real CPU profiler causes, and a self-profiling training
 script under ``xsp run`` that keeps its own events."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from xsp.tracer.capture.coexist import CUPTI, MEMORY, ProgramProfiler, plan, reason
+from xsp.tracer.capture.hooks.coexist import CUPTI, MEMORY, ProgramProfiler, plan, reason
 from xsp.tracer.export.finish import capture_losses
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from tests.fixtures import train
 from xsp.core import store
 from xsp.core.records import ExternGraph
 from xsp.core.store import open_measurement
-from xsp.tracer.capture.inductor import module_path, resolve
+from xsp.tracer.capture.hooks.inductor import module_path, resolve
 from xsp.tracer.capture.session import Session
 from xsp.tracer.convert.compiled import attribute, attribute_calls, common_module, pass_down
 from xsp.tracer.run.environment import COMPILE_CACHE_ENV

@@ -86,7 +86,7 @@ def test_eager_kernels_have_no_graph_node() -> None:
 def graph_session_check(graphed: bool) -> dict[str, Any]:
     """The CNN trained in a session (MFLG, 3 warm-up iterations) that is started before the
     program captures its graphs; the kernels per layer and the run's counts."""
-    from xsp.tracer.capture.cupti import nvtx_environment
+    from xsp.tracer.capture.hooks.cupti import nvtx_environment
 
     os.environ.update(nvtx_environment())
     from xsp.tracer.capture.session import Session

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from xsp.core.arena import ArenaContents
-from xsp.tracer.capture import cupti
+from xsp.tracer.capture.hooks import cupti
 from xsp.tracer.capture.levels.cuda import GpuLevel, LibraryLevel
 
 #: Unix-epoch ns minus the recorder's CUPTI clock

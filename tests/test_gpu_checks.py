@@ -43,7 +43,7 @@ def _fresh(check: str, **arguments: Any) -> dict[str, Any]:
 def kernel_check(model: str, batch_size: int, iterations: int, levels: str) -> dict[str, Any]:
     """A training run of ``model`` at ``levels`` (in this process), against CUPTI's own kernel
     count for uninstrumented iterations, with the chain of parents of every kernel."""
-    from xsp.tracer.capture.cupti import nvtx_environment
+    from xsp.tracer.capture.hooks.cupti import nvtx_environment
 
     os.environ.update(nvtx_environment())  # before cuBLAS, cuDNN and PyTorch first use NVTX
     from tests.fixtures import plain_cupti_kernels

@@ -133,7 +133,7 @@ def test_the_finish_names_each_kind_of_capture_loss_in_one_line() -> None:
 
 def test_cupti_without_a_gpu_is_one_line_not_a_crash() -> None:
     from xsp.core.errors import DeviceError
-    from xsp.tracer.capture.cupti import _CuptiSession
+    from xsp.tracer.capture.hooks.cupti import _CuptiSession
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: CUPTI starts here")
@@ -358,7 +358,7 @@ def test_a_bad_cupti_buffer_size_is_a_config_error_when_used_not_at_import(
 ) -> None:
     import importlib
 
-    from xsp.tracer.capture import cupti as cuda
+    from xsp.tracer.capture.hooks import cupti as cuda
 
     monkeypatch.setenv("XSP_CUPTI_BUFFER_MB", "lots")
     importlib.reload(cuda)  # importing reads nothing

@@ -23,7 +23,7 @@ from tests.test_cli import ROOT, _env
 from tests.test_cli import xsp as xsp_cli
 from xsp.core.errors import ConfigError
 from xsp.core.store import open_run
-from xsp.tracer.capture.context import OTEL_TRACE
+from xsp.tracer.capture.hooks.context import OTEL_TRACE
 from xsp.tracer.capture.sampling import SamplingPolicy
 from xsp.tracer.export.batches import BatchExporter
 from xsp.tracer.run.recover import recover_run

@@ -26,7 +26,7 @@ MAX_CUPTI_BUFFER_MB = 16 * 1024
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
-#: The capture arena (``xsp.tracer.capture.arena``): ~10M records by default.
+#: The capture arena (``xsp.tracer.capture.hooks.arena``): ~10M records by default.
 DEFAULT_ARENA_MB = 512
 MAX_ARENA_MB = 64 * 1024
 

@@ -89,7 +89,7 @@ class LevelInfo:
 _LEVELS = "xsp.tracer.capture.levels"
 _CONVERT = "xsp.tracer.convert"
 #: NVTX injection into CUPTI, which levels L and G on CUDA share
-_NVTX = "xsp.tracer.capture.cupti:nvtx_environment"
+_NVTX = "xsp.tracer.capture.hooks.cupti:nvtx_environment"
 
 #: Every level, in stack order: the order of level sets' letters and of span ids.
 LEVELS: Final = (

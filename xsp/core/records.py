@@ -149,7 +149,7 @@ class FrameworkRecords:
     kernel_sources: dict[str, list[list[str]]] = field(default_factory=dict)
     graph_nodes: GraphNodes = field(default_factory=lambda: GraphNodes())
     #: Per compiled graph, its phase and extern-kernel calls (library work the generated code
-    #: calls as aten ops): ``xsp.tracer.capture.inductor``.
+    #: calls as aten ops): ``xsp.tracer.capture.hooks.inductor``.
     extern_calls: list[ExternGraph] = field(default_factory=list)
 
 

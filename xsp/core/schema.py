@@ -218,7 +218,7 @@ COLUMNS: Final[tuple[Column, ...]] = (
     Column("status_message", _STR),  # null when the span ended normally
     # A model span whose iteration began inside a recording OpenTelemetry span of the traced
     # application: that span's id, its parent on the wire (the row's trace id is that span's);
-    # null for xsp's own roots (xsp.tracer.capture.context). parent_span_id stays 0.
+    # null for xsp's own roots (xsp.tracer.capture.hooks.context). parent_span_id stays 0.
     Column("remote_parent_span_id", pa.uint64()),
     # An OpenTelemetry span link: a reconstruction's root links the request's span that the
     # model span it was rebuilt from ran in (the reconstruction keeps its own trace ids).

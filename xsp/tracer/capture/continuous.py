@@ -16,7 +16,7 @@ from typing import Any
 
 from xsp.core.store import Status
 from xsp.tracer.capture.batch_rotation import BatchRotation, signals_held
-from xsp.tracer.capture.context import OTEL_TRACE
+from xsp.tracer.capture.hooks.context import OTEL_TRACE
 from xsp.tracer.capture.level_stack import LevelStack
 from xsp.tracer.capture.levels import Level, LevelContext
 from xsp.tracer.capture.levels.protocols import StepTimer

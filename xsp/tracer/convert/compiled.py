@@ -1,6 +1,6 @@
 """Compiled kernels to the modules they came from, by inductor's provenance.
 
-``xsp.tracer.capture.inductor`` keeps, per (phase, kernel name), the source modules of each
+``xsp.tracer.capture.hooks.inductor`` keeps, per (phase, kernel name), the source modules of each
 definition in the order the compiled code calls them. Here each launched kernel (a GPU kernel,
 or on CPU the profiler range of a generated C++ kernel) gets, instead of the layer that called
 the compiled model, the innermost module holding its nodes. Within one run of a compiled region

@@ -23,7 +23,7 @@ SHARED_HOST_ENV = {
 
 #: Inductor's cache directory. A leveled measurement gets one of its own, unless the caller's
 #: environment names one: its first level set compiles a torch.compile'd program and saves it
-#: there with its kernels' provenance, the others load it (``xsp.tracer.capture.inductor``).
+#: there with its kernels' provenance, the others load it (``xsp.tracer.capture.hooks.inductor``).
 COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: Inductor starts its compile workers (a process per core, each importing torch) whenever a
 #: program compiles or loads a compiled graph, since loading its Triton kernels goes through

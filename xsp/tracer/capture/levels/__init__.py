@@ -43,8 +43,8 @@ from xsp.core.levels import LEVELS, Capture, LevelInfo, level, resolve
 from xsp.core.levelset import LevelSet
 
 if TYPE_CHECKING:
-    from xsp.tracer.capture.arena import CaptureArena
-    from xsp.tracer.capture.inductor import KernelProvenance
+    from xsp.tracer.capture.hooks.arena import CaptureArena
+    from xsp.tracer.capture.hooks.inductor import KernelProvenance
 
 
 class Level(Protocol):
@@ -77,7 +77,7 @@ class LevelContext:
     ``provenance``: where torch.compile's kernels came from (level F reads it); installed on
     first use, which a session makes at its start whatever its levels, so that every level
     set's process compiles the same code and shares inductor's caches
-    (``xsp.tracer.capture.inductor``).
+    (``xsp.tracer.capture.hooks.inductor``).
     """
 
     device: str
@@ -100,7 +100,7 @@ class LevelContext:
     @property
     def arena(self) -> CaptureArena:
         if not self._arena:
-            from xsp.tracer.capture.arena import CaptureArena
+            from xsp.tracer.capture.hooks.arena import CaptureArena
 
             self._arena.append(CaptureArena(self.run_dir))
         arena: CaptureArena = self._arena[0]
@@ -109,7 +109,7 @@ class LevelContext:
     @property
     def provenance(self) -> KernelProvenance:
         if not self._provenance:
-            from xsp.tracer.capture.inductor import KernelProvenance
+            from xsp.tracer.capture.hooks.inductor import KernelProvenance
 
             self._provenance.append(KernelProvenance())
             self._provenance[0].install()

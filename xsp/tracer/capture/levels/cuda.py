@@ -7,7 +7,7 @@
   With level F in the process, EXTERNAL_CORRELATION records name the op of each API call.
 - G (gpu): kernels (CONCURRENT_KERNEL, never KERNEL, which serializes them), memcpy and memset.
 
-Both share the process's one CUPTI activity session, ``xsp.tracer.capture.cupti``.
+Both share the process's one CUPTI activity session, ``xsp.tracer.capture.hooks.cupti``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from xsp.tracer.capture.coexist import CUPTI, program_profiler
-from xsp.tracer.capture.cupti import cupti_session
+from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
+from xsp.tracer.capture.hooks.cupti import cupti_session
 
 if TYPE_CHECKING:
     from xsp.core.arena import ArenaContents
@@ -124,7 +124,7 @@ class LibraryLevel:
 
     def counts(self) -> dict[str, Any]:
         """CUPTI's losses for run.json (the session asks every level that has ``counts``), and
-        what the program's torch.profiler kept from it (``xsp.tracer.capture.coexist``)."""
+        what the program's torch.profiler kept from it (``xsp.tracer.capture.hooks.coexist``)."""
         counts: dict[str, Any] = {"cupti": self._session.counts()}
         if program := program_profiler().summary():
             counts["program_profiler"] = program

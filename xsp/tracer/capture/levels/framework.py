@@ -18,7 +18,7 @@ One mechanism on CPU and CUDA, alone or with L and G: xsp's native capture core
 3. The CPU and CUDA allocators report every allocation and free, with the total allocated, to
    a profiler state xsp puts in the thread's debug info (where torch.profiler's would go; it
    says "disabled", so torch sees no profiler); they become the run's memory events. While the
-   program's own torch.profiler runs, xsp's state leaves that slot (``xsp.tracer.capture.coexist``).
+   program's own torch.profiler runs, xsp's state leaves that slot (``xsp.tracer.capture.hooks.coexist``).
 
 Nothing is turned into spans during the measured window; ``drain`` reads the arena after it,
 and ``xsp.tracer.convert.framework`` nests the records. Under ``torch.compile`` the wrapper only calls
@@ -49,9 +49,9 @@ from xsp.core.records import (
     FrameworkRecords,
     loader_range_name,
 )
-from xsp.tracer.capture.arena import CaptureArena
-from xsp.tracer.capture.coexist import MEMORY, program_profiler
-from xsp.tracer.capture.inductor import KernelProvenance
+from xsp.tracer.capture.hooks.arena import CaptureArena
+from xsp.tracer.capture.hooks.coexist import MEMORY, program_profiler
+from xsp.tracer.capture.hooks.inductor import KernelProvenance
 
 if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
@@ -153,7 +153,7 @@ class FrameworkLevel:
     def _memory_on(self) -> None:
         """The allocators report to the thread's profiler state: xsp's, unless the program's
         torch.profiler runs (its state is there then, and xsp's would break it:
-        ``xsp.tracer.capture.coexist``); xsp's leaves while it runs and comes back after."""
+        ``xsp.tracer.capture.hooks.coexist``); xsp's leaves while it runs and comes back after."""
         held = program_profiler().listen(MEMORY, self._native.memory_stop, self._memory_back)
         if not held and not torch.autograd._profiler_enabled():
             self._native.memory_start()

@@ -7,7 +7,7 @@ iteration. Each finished iteration goes into the capture arena at once, so it su
 that dies later.
 
 An iteration that begins inside a recording OpenTelemetry span of the application joins that
-span's trace (``xsp.tracer.capture.context``): the span is read once, before the clock starts,
+span's trace (``xsp.tracer.capture.hooks.context``): the span is read once, before the clock starts,
 and kept here beside the arena (a dead process's recovered run keeps xsp's own ids).
 """
 
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from xsp.core.arena import ArenaContents, step_records
 from xsp.core.records import StepRecords
-from xsp.tracer.capture.arena import CaptureArena
-from xsp.tracer.capture.context import OTEL_TRACE, SpanRef, application_span
+from xsp.tracer.capture.hooks.arena import CaptureArena
+from xsp.tracer.capture.hooks.context import OTEL_TRACE, SpanRef, application_span
 
 if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext

@@ -37,7 +37,7 @@ from xsp.core.records import (
     Interned,
     RangeRecords,
 )
-from xsp.tracer.capture.coexist import CUPTI, program_profiler
+from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class _CuptiSession:
         native.cupti_measuring(True)
 
     def _step_aside(self) -> None:
-        """The program's torch.profiler takes CUPTI (``xsp.tracer.capture.coexist``): the
+        """The program's torch.profiler takes CUPTI (``xsp.tracer.capture.hooks.coexist``): the
         records so far are decoded into columns on this run's clock, and CUPTI is left to it."""
         native = self._module()
         native.cupti_measuring(False)
@@ -496,7 +496,7 @@ def _clock_offset(native: Any, samples: int = 7) -> int:
 def _check_exclusive() -> None:
     """Fail clearly when another tool holds CUPTI: the last activity registration wins
     process-wide, so sharing would silently leave one of the two with nothing. (The program's
-    own torch.profiler is stepped aside for: ``xsp.tracer.capture.coexist``.)"""
+    own torch.profiler is stepped aside for: ``xsp.tracer.capture.hooks.coexist``.)"""
     injected = os.environ.get("CUDA_INJECTION64_PATH")
     if injected:
         raise XspError(
