@@ -390,15 +390,18 @@ def _numerics(target: Path, rounds: int) -> dict[str, Any] | None:
     None when the runs recorded none."""
     from xsp.tracer.workloads import numerics
 
-    compared = []
+    compared: list[dict[str, object]] = []  # each round's comparison, with its number
+    comparable: list[numerics.Comparison] = []
     for k in range(1, rounds + 1):
         base = numerics.read(target / f"round-{k}" / "base" / str(UNTRACED))
         fixed = numerics.read(target / f"round-{k}" / "fixed" / str(UNTRACED))
         if base is not None and fixed is not None:
-            compared.append({"round": k, **numerics.compare(base, fixed)})
+            comparison = numerics.compare(base, fixed)
+            compared.append({"round": k, **comparison})
+            if comparison["comparable"]:
+                comparable.append(comparison)
     if not compared:
         return None
-    comparable = [c for c in compared if c["comparable"]]
     return {
         "what": "the first forward pass's output, without and with the fix, on the same inputs",
         "relative_l2": max((c["relative_l2"] for c in comparable), default=None),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,25 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 _STRING, _INT, _DOUBLE = 0, 1, 2
 
 
-def decode(spans: list[bytes], firsts: np.ndarray | None = None) -> dict[str, Any] | None:
+class _NativeColumns(TypedDict):
+    """What span_columns.c's ``decode`` returns: each fixed-width column as its bytes, the
+    names as Arrow string buffers, the failed spans' (row, message), the links (null count,
+    validity, trace ids, span ids; None: no span has one) and each used attribute column
+    (index in ``ATTRIBUTE_COLUMNS``, null count, validity, values, string data or None)."""
+
+    trace_id: bytes
+    span_id: bytes
+    parent_span_id: bytes
+    start_ns: bytes
+    dur_ns: bytes
+    name_offsets: bytes
+    names: bytes
+    errors: list[tuple[int, str]]
+    links: tuple[int, bytes, bytes, bytes] | None
+    attributes: list[tuple[int, int, bytes, bytes, bytes | None]]
+
+
+def decode(spans: list[bytes], firsts: np.ndarray | None = None) -> dict[str, pa.Array] | None:
     """``otlp_columns.common_columns``'s columns of ``spans`` (the same arguments and answer)."""
     native = _native()
     if native is not None:
@@ -76,20 +94,20 @@ def _native() -> ModuleType | None:
     )
 
 
-def _columns(raw: dict[str, Any], n: int, firsts: np.ndarray | None) -> dict[str, Any]:
+def _columns(raw: _NativeColumns, n: int, firsts: np.ndarray | None) -> dict[str, pa.Array]:
     """The C decoder's buffers as ``common_columns``' arrays (wrapped, not copied)."""
 
-    def fixed(name: str, type_: pa.DataType) -> pa.Array:
-        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(raw[name])])
+    def fixed(data: bytes, type_: pa.DataType) -> pa.Array:
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(data)])
 
     messages: list[str | None] = [None] * n
     for row, message in raw["errors"]:  # few: the spans that failed
         messages[row] = message
-    columns: dict[str, Any] = {
-        "trace_id": fixed("trace_id", pa.binary(16)),
-        "span_id": fixed("span_id", pa.uint64()),
-        "start_ns": fixed("start_ns", pa.int64()),
-        "dur_ns": fixed("dur_ns", pa.int64()),
+    columns: dict[str, pa.Array] = {
+        "trace_id": fixed(raw["trace_id"], pa.binary(16)),
+        "span_id": fixed(raw["span_id"], pa.uint64()),
+        "start_ns": fixed(raw["start_ns"], pa.int64()),
+        "dur_ns": fixed(raw["dur_ns"], pa.int64()),
         "status_message": pa.array(messages, pa.string()),
         **_links(raw["links"], n),
     }

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -53,6 +53,7 @@ from xsp.tracer.export.otlp.decode import (
     resource_json,
     table_from_resource_spans,
 )
+from xsp.tracer.export.otlp.json_types import AttributeValue, StoredResourceJson
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def _safe(name: str) -> str:
 UNIDENTIFIED = "~unidentified"
 
 
-def run_key(resource: dict[str, Any]) -> tuple[str, str]:
+def run_key(resource: Mapping[str, AttributeValue]) -> tuple[str, str]:
     measurement = (
         resource.get(schema.RES_MEASUREMENT_ID)
         or resource.get(schema.RES_RUN_ID)
@@ -106,8 +107,8 @@ class Sender(NamedTuple):
     attributes as plain values (run.json's "resource") and typed (run.json's "resources")."""
 
     id: str
-    attributes: dict[str, Any]
-    typed: dict[str, Any]
+    attributes: dict[str, AttributeValue]
+    typed: StoredResourceJson
 
 
 #: One converted request: (run key, sender, span rows) per run it touches.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,22 @@ from xsp.core.records import (
     RangeRecords,
     StepRecords,
 )
+from xsp.tracer.convert.table import BlockColumn, BlockColumns
+
+__all__ = ["HostSpans", "api_columns", "demangle", "gpu_columns", "library_columns"]
+
+
+@dataclass(frozen=True)
+class HostSpans:
+    """The host spans that calls hang under (a framework block's ops, or the library calls):
+    each one's start, duration, thread and iteration, and for ops their CUPTI external
+    correlation id (None: recorded without)."""
+
+    start_ns: BlockColumn
+    dur_ns: BlockColumn
+    thread_id: BlockColumn
+    iteration: np.ndarray
+    external_id: np.ndarray | None = None
 
 
 def _step_iteration(steps: StepRecords, start: np.ndarray) -> np.ndarray:
@@ -89,19 +106,19 @@ def match_threads(
 
 
 def _containing_op(
-    thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: dict[str, Any] | None
+    thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: HostSpans | None
 ) -> np.ndarray:
     """Row of the innermost framework op containing each interval, -1 for none."""
-    if ops is None or not len(ops["start_ns"]):
+    if ops is None or not len(ops.start_ns):
         return np.full(len(start), -1, dtype=np.int64)
-    op_start = np.asarray(ops["start_ns"], dtype=np.int64)
-    op_end = op_start + np.asarray(ops["dur_ns"], dtype=np.int64)
-    return match_threads(thread, start, end, np.asarray(ops["thread_id"]), op_start, op_end)
+    op_start = np.asarray(ops.start_ns, dtype=np.int64)
+    op_end = op_start + np.asarray(ops.dur_ns, dtype=np.int64)
+    return match_threads(thread, start, end, np.asarray(ops.thread_id), op_start, op_end)
 
 
 def library_columns(
-    ranges: RangeRecords, steps: StepRecords, ops: dict[str, Any] | None
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
+    ranges: RangeRecords, steps: StepRecords, ops: HostSpans | None
+) -> tuple[np.ndarray, np.ndarray, BlockColumns, np.ndarray, np.ndarray]:
     """(rows kept, iteration, columns, parent among kept rows or -1, op row or -1) for library
     calls. A call inside another on its thread (cuBLAS inside cuDNN) hangs under it; an
     outermost call hangs under the innermost aten op containing it."""
@@ -110,8 +127,8 @@ def library_columns(
     thread = np.frombuffer(ranges.thread, dtype=np.int64)
     op_row = _containing_op(thread, start, end, ops)
     iteration = _step_iteration(steps, start)
-    if ops is not None and len(ops["start_ns"]):
-        iteration = np.where(op_row >= 0, ops["iteration"][np.maximum(op_row, 0)], iteration)
+    if ops is not None and len(ops.start_ns):
+        iteration = np.where(op_row >= 0, ops.iteration[np.maximum(op_row, 0)], iteration)
     keep = np.nonzero(iteration >= 0)[0]
     parent = nest(thread[keep], start[keep], end[keep])
     columns = {
@@ -132,7 +149,7 @@ def library_columns(
 
 
 def _op_of_call(
-    api: ApiRecords, thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: Any
+    api: ApiRecords, thread: np.ndarray, start: np.ndarray, end: np.ndarray, ops: HostSpans | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(op row or -1, reached by id) for each API call: the op whose record id the call's
     external correlation id names, else the innermost op containing it on its thread (records
@@ -140,8 +157,8 @@ def _op_of_call(
     by_id = np.zeros(len(start), dtype=bool)
     op_row = np.full(len(start), -1, dtype=np.int64)
     external = np.frombuffer(api.external_id, dtype=np.int64)
-    if ops is not None and ops.get("external_id") is not None and len(external) == len(start):
-        op_row = find_rows(np.asarray(ops["external_id"]), np.where(external > 0, external, -1))
+    if ops is not None and ops.external_id is not None and len(external) == len(start):
+        op_row = find_rows(np.asarray(ops.external_id), np.where(external > 0, external, -1))
         by_id = op_row >= 0
     rest = np.nonzero(~by_id)[0]
     if len(rest):
@@ -152,9 +169,9 @@ def _op_of_call(
 def api_columns(
     api: ApiRecords,
     steps: StepRecords,
-    ops: dict[str, Any] | None,
-    library: dict[str, Any] | None,
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    ops: HostSpans | None,
+    library: HostSpans | None,
+) -> tuple[np.ndarray, np.ndarray, BlockColumns, np.ndarray, np.ndarray, np.ndarray]:
     """(rows kept, iteration, columns, library row or -1, op row or -1, op reached by id) for
     the API calls: each hangs under the innermost library call containing it on its thread,
     else under its op (both recorded on one clock with OS thread ids)."""
@@ -167,8 +184,8 @@ def api_columns(
     by_id &= lib_row < 0
     iteration = _step_iteration(steps, start)
     for rows, host in ((op_row, ops), (lib_row, library)):
-        if host is not None and len(host["start_ns"]):
-            iteration = np.where(rows >= 0, host["iteration"][np.maximum(rows, 0)], iteration)
+        if host is not None and len(host.start_ns):
+            iteration = np.where(rows >= 0, host.iteration[np.maximum(rows, 0)], iteration)
     keep = np.nonzero(iteration >= 0)[0]
     kind = np.frombuffer(api.kind, dtype=np.int8)[keep]
     names = np.frombuffer(api.name.codes, dtype=np.int32)[keep]
@@ -197,7 +214,7 @@ def _named(values: Any, rows: int, keep: np.ndarray) -> pa.Array:
 
 def gpu_columns(
     gpu: GpuRecords, steps: StepRecords, api_correlation: np.ndarray, api_iteration: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, BlockColumns, np.ndarray]:
     """(rows kept, their iteration, their columns, their API row or -1) for GPU activities."""
     start = np.frombuffer(gpu.start_ns, dtype=np.int64)
     correlation = np.frombuffer(gpu.correlation, dtype=np.int64)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +27,7 @@ from xsp.core.records import (
 )
 from xsp.tracer.convert import compiled
 from xsp.tracer.convert.shapes import copy_first_iterations_shapes
-from xsp.tracer.convert.table import Block, Placed, SpanTable
+from xsp.tracer.convert.table import Block, BlockColumns, Placed, SpanTable, arrow_of
 
 OPTIMIZER_PREFIX = "Optimizer."
 
@@ -96,12 +95,12 @@ def _framework_block(rec: FrameworkRecords) -> tuple[Block, int, int]:
     return block, events.outside, without_shapes
 
 
-def _compiled_sources(rec: FrameworkRecords, ev: _Events, columns: dict[str, Any]) -> pa.Array:
+def _compiled_sources(rec: FrameworkRecords, ev: _Events, columns: BlockColumns) -> pa.Array:
     """The module paths with compiled code's work at its source modules: generated kernels
     (profiler ranges on CPU) and extern ops, with what ran inside them."""
     before = columns["module_path"]
-    names = columns["op_name"].cast(pa.string()).to_pylist()
-    phases = columns["phase"].cast(pa.string()).to_pylist()
+    names = arrow_of(columns["op_name"]).cast(pa.string()).to_pylist()
+    phases = arrow_of(columns["phase"]).cast(pa.string()).to_pylist()
     paths = compiled.attribute(before, names, phases, ev.parent, ev.start, rec.kernel_sources)
     if rec.extern_calls:
         in_region = np.zeros(len(ev.parent), dtype=bool)
@@ -297,7 +296,7 @@ def _attribute_layers(rec: FrameworkRecords, ev: _Events) -> _Layers:
     return _Layers(own_module, module, phase_code, module_rows, call)
 
 
-def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> dict[str, Any]:
+def _framework_columns(rec: FrameworkRecords, ev: _Events, layers: _Layers) -> BlockColumns:
     """The span columns of the framework rows. Module ranges take their per-call facts (path,
     shapes, source, parameters) instead of the profiler's."""
     m = len(ev.rows)

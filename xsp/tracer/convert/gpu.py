@@ -11,7 +11,7 @@ from xsp.core import schema
 from xsp.core.records import GpuRecords, GraphNodes, StepRecords
 from xsp.tracer.convert import compiled, graphs
 from xsp.tracer.convert.cuda import gpu_columns
-from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, ids_of, take
+from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, arrow_of, ids_of, take
 
 
 def convert_gpu(table: SpanTable, gpu: GpuRecords) -> None:
@@ -61,10 +61,10 @@ def _gpu_block(
         regions = ids_of(launch_parents, api_row) if launch_parents is not None else api_row
         columns["module_path"] = compiled.attribute(
             columns["module_path"],
-            columns["name"].cast(pa.string()).to_pylist(),
-            columns["phase"].cast(pa.string()).to_pylist(),
+            arrow_of(columns["name"]).cast(pa.string()).to_pylist(),
+            arrow_of(columns["phase"]).cast(pa.string()).to_pylist(),
             regions,
-            columns["start_ns"],
+            np.asarray(columns["start_ns"]),  # gpu_columns': numpy already (no copy)
             sources,
         )
     block = Block(

@@ -20,7 +20,6 @@ provenance afterwards.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,11 +27,11 @@ import pyarrow as pa
 from xsp.core.columns import arrow, dictionary_column
 from xsp.core.records import ExternGraph, GraphNodes, ModuleInfo
 from xsp.tracer.convert.compiled import common_module, match_calls
-from xsp.tracer.convert.table import codes_of
+from xsp.tracer.convert.table import BlockColumns, codes_of
 
 
 def attribute(
-    columns: dict[str, Any],
+    columns: BlockColumns,
     graph_node: np.ndarray,
     nodes: GraphNodes,
     modules: list[ModuleInfo],

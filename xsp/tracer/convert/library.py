@@ -4,8 +4,6 @@ The columns come from ``xsp.tracer.convert.cuda``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,8 +12,17 @@ from xsp.core import schema
 from xsp.core.columns import arrow, dictionary_column
 from xsp.core.intervals import depths, inherit
 from xsp.core.records import ApiRecords, StepRecords
-from xsp.tracer.convert.cuda import api_columns, library_columns
-from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, codes_of, ids_of, take
+from xsp.tracer.convert.cuda import HostSpans, api_columns, library_columns
+from xsp.tracer.convert.table import (
+    INHERITED,
+    Block,
+    Placed,
+    SpanTable,
+    arrow_of,
+    codes_of,
+    ids_of,
+    take,
+)
 
 
 def convert_library(table: SpanTable, api: ApiRecords) -> None:
@@ -24,13 +31,17 @@ def convert_library(table: SpanTable, api: ApiRecords) -> None:
     table.launches = _api_block(table, api, table.steps, table.framework, calls)
 
 
-def _op_intervals(framework: Placed | None) -> dict[str, Any] | None:
+def _op_intervals(framework: Placed | None) -> HostSpans | None:
     if framework is None:
         return None
-    ops = {k: framework.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
-    ops["iteration"] = framework.block.iteration
-    ops["external_id"] = framework.block.external_id
-    return ops
+    block = framework.block
+    return HostSpans(
+        block.columns["start_ns"],
+        block.columns["dur_ns"],
+        block.columns["thread_id"],
+        block.iteration,
+        block.external_id,
+    )
 
 
 def _library_call_block(
@@ -48,7 +59,8 @@ def _library_call_block(
         depth = depths(parent)
         for name in INHERITED:
             codes = inherit(codes_of(columns[name]), parent, depth)
-            columns[name] = dictionary_column(codes, columns[name].dictionary.to_pylist())
+            values = arrow_of(columns[name]).dictionary.to_pylist()
+            columns[name] = dictionary_column(codes, values)
     fw_ids = framework.ids if framework is not None else np.zeros(0, dtype=np.uint64)
     block = Block(
         schema.LEVEL_LIBRARY, iteration.astype(np.int32), parent, columns, ids_of(fw_ids, op_row)
@@ -64,8 +76,13 @@ def _api_block(
     calls: Placed,
 ) -> Placed:
     """CUDA runtime and driver calls under the library call (else the op) they ran in."""
-    library = {k: calls.block.columns[k] for k in ("start_ns", "dur_ns", "thread_id")}
-    library["iteration"] = calls.block.iteration
+    block = calls.block
+    library = HostSpans(
+        block.columns["start_ns"],
+        block.columns["dur_ns"],
+        block.columns["thread_id"],
+        block.iteration,
+    )
     kept, iteration, columns, lib_row, op_row, by_id = api_columns(
         api, steps, _op_intervals(framework), library
     )

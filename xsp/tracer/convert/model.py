@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
@@ -11,7 +9,7 @@ from xsp.core import schema
 from xsp.core.columns import arrow, repeated
 from xsp.core.records import StepRecords
 from xsp.tracer.convert.monitor import summarize
-from xsp.tracer.convert.table import Block, SpanTable
+from xsp.tracer.convert.table import Block, BlockColumns, SpanTable
 
 STEP_SPAN_NAME = schema.STEP_SPAN_NAME
 
@@ -52,7 +50,7 @@ def _step_block(
     end = np.asarray(steps.end_ns, dtype=np.int64)
     n = len(iteration)
     name = STEP_SPAN_NAME if rank is None else RANK_STEP_NAME.format(rank=rank)
-    columns: dict[str, Any] = {
+    columns: BlockColumns = {
         "name": repeated(name, n),
         "start_ns": start,
         "dur_ns": end - start,

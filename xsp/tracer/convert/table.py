@@ -12,7 +12,7 @@ OpenTelemetry spans (``app_parents``, set by level M's conversion), else xsp's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,13 @@ class ConversionReport:
     next_span_id: int = 1
 
 
+#: A block's column: an Arrow array, a numpy array or a list, one value a row, made Arrow of its
+#: column's type when the table is built.
+BlockColumn: TypeAlias = pa.Array | np.ndarray | list[Any]
+#: A block's columns by span column name (``schema.SPAN_SCHEMA``).
+BlockColumns: TypeAlias = dict[str, BlockColumn]
+
+
 @dataclass
 class Block:
     """Rows of one level; ``parent`` indexes rows of the same block (-1: none there), and
@@ -57,7 +64,7 @@ class Block:
     level: str
     iteration: np.ndarray
     parent: np.ndarray
-    columns: dict[str, Any]
+    columns: BlockColumns
     foreign_parent: np.ndarray | None = None
     external_id: np.ndarray | None = None  # framework ops: their CUPTI external correlation id
 
@@ -164,7 +171,7 @@ class SpanTable:
         n = len(block)
         unique, position = np.unique(block.iteration, return_inverse=True)
         trace_ids = self._trace_ids(unique.tolist())
-        data: dict[str, Any] = {
+        data: BlockColumns = {
             "trace_id": trace_ids.take(arrow(position.astype(np.int64))),
             "span_id": arrow(ids, pa.uint64()),
             "parent_span_id": arrow(parent_ids, pa.uint64()),
@@ -196,6 +203,11 @@ def ids_of(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if len(ids) == 0:
         return np.zeros(len(rows), dtype=np.uint64)
     return np.where(rows >= 0, ids[np.maximum(rows, 0)], 0).astype(np.uint64)
+
+
+def arrow_of(column: BlockColumn) -> pa.Array:
+    """A column that its block made Arrow (a dictionary column: names, kinds, layers), as such."""
+    return cast(pa.Array, column)
 
 
 def codes_of(column: pa.DictionaryArray) -> np.ndarray:

@@ -40,6 +40,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema, store
+from xsp.tracer.export.chrome_events import (
+    ChromeTrace,
+    CompleteEvent,
+    FlowEndEvent,
+    FlowStartEvent,
+    GpuArgs,
+    MetadataEvent,
+    RunEntry,
+    TraceEvent,
+)
 
 #: ``cat`` of each span kind (torch.profiler's names where it has the kind).
 CATEGORY_BY_KIND: Final = {
@@ -78,8 +88,8 @@ RES_PROCESS_PID: Final = "process.pid"  # OpenTelemetry's resource key, set by t
 
 
 def split_ranks(
-    resource: Mapping[str, Any], table: pa.Table, pids: Mapping[int, int] | None = None
-) -> list[tuple[dict[str, Any], pa.Table]]:
+    resource: Mapping[str, object], table: pa.Table, pids: Mapping[int, int] | None = None
+) -> list[tuple[dict[str, object], pa.Table]]:
     """A multi-rank run as one run per rank (its rank and, from ``pids``, its OS pid in the
     resource), the iteration roots left out; a single-rank run as it is."""
     ranks = pc.unique(table.column("rank").drop_null()).to_pylist()
@@ -87,7 +97,7 @@ def split_ranks(
         return [(dict(resource), table)]
     out = []
     for rank in sorted(ranks):
-        part = {**resource, schema.RES_RANK: rank}
+        part: dict[str, object] = {**resource, schema.RES_RANK: rank}
         part.pop(RES_PROCESS_PID, None)
         if pids and rank in pids:
             part[RES_PROCESS_PID] = pids[rank]
@@ -95,15 +105,15 @@ def split_ranks(
     return out
 
 
-def chrome_trace(runs: Iterable[tuple[Mapping[str, Any], pa.Table]]) -> dict[str, Any]:
+def chrome_trace(runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> ChromeTrace:
     """The trace document (metadata and ``traceEvents``) of one or more level-set runs."""
     runs = [(resource, table) for resource, table in runs]
     starts = [pc.min(t.column("start_ns")).as_py() for _, t in runs if t.num_rows]
     base = min(starts) if starts else 0
     pids: set[int] = set()
-    events: list[dict[str, Any]] = []
+    events: list[TraceEvent] = []
     devices: dict[int, str] = {}
-    run_meta = []
+    run_meta: list[RunEntry] = []
     for index, (resource, table) in enumerate(runs):
         run = _RunExport(index, resource, table, base, pids)
         events.extend(run.events())
@@ -121,14 +131,15 @@ def chrome_trace(runs: Iterable[tuple[Mapping[str, Any], pa.Table]]) -> dict[str
     }
 
 
-def write_chrome_trace(path: Path, runs: Iterable[tuple[Mapping[str, Any], pa.Table]]) -> int:
+def write_chrome_trace(path: Path, runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> int:
     """Write every run into one trace file; returns the number of span (``ph: "X"``) events.
 
     The metadata comes first, spaced as Kineto spaces it (HTA finds a file's rank by matching
     ``"rank": N`` line by line), then one event per line."""
     document = chrome_trace(runs)
-    events = document.pop("traceEvents")
-    head = json.dumps(document)[:-1]  # without the closing brace
+    events = document["traceEvents"]
+    metadata = {key: value for key, value in document.items() if key != "traceEvents"}
+    head = json.dumps(metadata)[:-1]  # without the closing brace
     body = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
     text = f'{head},\n"traceEvents": [\n{body}\n]}}\n'
     with store.open_output(Path(path)) as handle:
@@ -142,7 +153,7 @@ class _RunExport:
     def __init__(
         self,
         index: int,
-        resource: Mapping[str, Any],
+        resource: Mapping[str, object],
         table: pa.Table,
         base_ns: int,
         pids: set[int],
@@ -168,18 +179,18 @@ class _RunExport:
         self.gpu_pids = {d: _claim(pids, index * GPU_PID_STRIDE + d) for d in sorted(devices)}
         self.external = self._external_ids()
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[TraceEvent]:
         c = self.cols
         attributes = [(col.name, str(col.attribute)) for col in schema.ATTRIBUTE_COLUMNS]
         host_threads: set[int] = {self.main_tid}
         streams: set[tuple[int, int]] = set()
         launches: dict[int, tuple[int, int]] = {}  # correlation id -> (tid, start_ns)
-        spans: list[dict[str, Any]] = []
+        spans: list[CompleteEvent] = []
         gpu_rows = []
         gpu_tid = self._gpu_tracks()
         for row in range(self.rows):
             level, kind = c["level"][row], c["kind"][row]
-            args: dict[str, Any] = {
+            args: dict[str, object] = {
                 key: c[column][row] for column, key in attributes if c[column][row] is not None
             }
             name = c["name"][row]
@@ -217,18 +228,19 @@ class _RunExport:
                     "args": args,
                 }
             )
-        flows = []
+        flows: list[FlowStartEvent | FlowEndEvent] = []
         for row in gpu_rows:
             correlation = c["correlation_id"][row]
             if correlation not in launches:
                 continue
             launch_tid, launch_ns = launches[correlation]
             flow_id = (self.index << FLOW_ID_RUN_SHIFT) + correlation
-            common = {"cat": FLOW_CATEGORY, "name": FLOW_CATEGORY, "id": flow_id}
             flows.append(
                 {
                     "ph": "s",
-                    **common,
+                    "cat": FLOW_CATEGORY,
+                    "name": FLOW_CATEGORY,
+                    "id": flow_id,
                     "pid": self.host_pid,
                     "tid": launch_tid,
                     "ts": self._us(launch_ns),
@@ -237,7 +249,9 @@ class _RunExport:
             flows.append(
                 {
                     "ph": "f",
-                    **common,
+                    "cat": FLOW_CATEGORY,
+                    "name": FLOW_CATEGORY,
+                    "id": flow_id,
                     "pid": self.gpu_pids[c["gpu_device"][row] or 0],
                     "tid": gpu_tid[row],
                     "ts": self._us(c["start_ns"][row]),
@@ -246,7 +260,7 @@ class _RunExport:
             )
         return [*self._metadata(host_threads, streams), *spans, *flows]
 
-    def _metadata(self, threads: set[int], streams: set[tuple[int, int]]) -> list[dict[str, Any]]:
+    def _metadata(self, threads: set[int], streams: set[tuple[int, int]]) -> list[MetadataEvent]:
         sort_base = self.index * GPU_PID_STRIDE
         out = _process(self.host_pid, self.label, "CPU", sort_base)
         for tid in sorted(threads):
@@ -317,28 +331,35 @@ class _RunExport:
         return ext
 
 
-def _gpu_args(c: dict[str, list[Any]], row: int, device: int, stream: int) -> dict[str, Any]:
+def _gpu_args(c: dict[str, list[Any]], row: int, device: int, stream: int) -> GpuArgs:
     """Kineto's keys for one GPU activity."""
-    args: dict[str, Any] = {"device": device, "stream": stream}
+    args: GpuArgs = {"device": device, "stream": stream}
     if c["correlation_id"][row] is not None:
         args["correlation"] = c["correlation_id"][row]
-    for column, key in (("grid", "grid"), ("block", "block")):
-        if c[column][row]:
-            try:
-                args[key] = json.loads(c[column][row])
-            except ValueError:
-                args[key] = c[column][row]
-    for column, key in (
-        ("registers_per_thread", "registers per thread"),
-        ("shared_memory_bytes", "shared memory"),
-        ("bytes", "bytes"),
-    ):
-        if c[column][row] is not None:
-            args[key] = c[column][row]
+    if c["grid"][row]:
+        args["grid"] = _dimensions(c["grid"][row])
+    if c["block"][row]:
+        args["block"] = _dimensions(c["block"][row])
+    if c["registers_per_thread"][row] is not None:
+        args["registers per thread"] = c["registers_per_thread"][row]
+    if c["shared_memory_bytes"][row] is not None:
+        args["shared memory"] = c["shared_memory_bytes"][row]
+    if c["bytes"][row] is not None:
+        args["bytes"] = c["bytes"][row]
     return args
 
 
-def _process(pid: int, name: str, labels: str, sort_index: int) -> list[dict[str, Any]]:
+def _dimensions(text: str) -> list[int] | str:
+    """A launch's grid or block as Kineto writes it (``[x, y, z]``); the text where it is no
+    JSON."""
+    try:
+        dimensions: list[int] = json.loads(text)
+    except ValueError:
+        return text
+    return dimensions
+
+
+def _process(pid: int, name: str, labels: str, sort_index: int) -> list[MetadataEvent]:
     return [
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": name}},
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_labels", "args": {"labels": labels}},
@@ -352,7 +373,7 @@ def _process(pid: int, name: str, labels: str, sort_index: int) -> list[dict[str
     ]
 
 
-def _thread(pid: int, tid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+def _thread(pid: int, tid: int, name: str, sort_index: int) -> list[MetadataEvent]:
     return [
         {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}},
         {
@@ -373,5 +394,5 @@ def _claim(pids: set[int], want: int) -> int:
     return want
 
 
-def _scalars(resource: Mapping[str, Any]) -> dict[str, Any]:
+def _scalars(resource: Mapping[str, object]) -> RunEntry:
     return {k: v for k, v in resource.items() if isinstance(v, (str, int, float, bool))}

@@ -10,7 +10,7 @@ any OTLP collector's file receiver takes; ``xsp push`` sends traces only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -19,6 +19,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from xsp.core.records import MonitorSamples
+from xsp.tracer.export.metrics_json import MetricsJson
 from xsp.tracer.export.otlp.attributes import key_values
 
 #: monitor field -> (metric name, unit, scale to the unit, attributes, monotonic sum?)
@@ -43,7 +44,7 @@ METRICS: dict[str, tuple[str, str, float, dict[str, str], bool]] = {
 
 
 def encode_metrics(
-    samples: MonitorSamples, resource: Mapping[str, Any], device_index: int = 0
+    samples: MonitorSamples, resource: Mapping[str, object], device_index: int = 0
 ) -> ExportMetricsServiceRequest:
     """One request holding every sampled series that has at least one value."""
     request = ExportMetricsServiceRequest()
@@ -75,6 +76,6 @@ def encode_metrics(
     return request
 
 
-def metrics_to_json(request: ExportMetricsServiceRequest) -> dict[str, Any]:
+def metrics_to_json(request: ExportMetricsServiceRequest) -> MetricsJson:
     """The OTLP/JSON form (the file exporter's line format)."""
-    return dict(json_format.MessageToDict(request))
+    return cast(MetricsJson, json_format.MessageToDict(request))

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from xsp.core import store
 from xsp.core.errors import XspError
+from xsp.tracer.export.otlp.json_types import StoredResourceJson
 
 if TYPE_CHECKING:
     from xsp.tracer.export.transport import Transport
@@ -46,7 +47,7 @@ class SpanBatch:
     part: str | None = None
     #: The rest of a stored sender's resource, which the OTLP encoders give back: run.json's
     #: "resources" entry (its ``droppedAttributesCount``, ``schemaUrl``); empty for xsp's own.
-    resource_extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    resource_extra: StoredResourceJson = field(default_factory=lambda: StoredResourceJson())
 
     @classmethod
     def of(
@@ -54,13 +55,14 @@ class SpanBatch:
         resource: Mapping[str, Any],
         table: pa.Table,
         part: str | None = None,
-        resource_extra: Mapping[str, Any] | None = None,
+        resource_extra: StoredResourceJson | None = None,
     ) -> SpanBatch:
         return cls(
             MappingProxyType(dict(resource)),
             table,
             part,
-            MappingProxyType(dict(resource_extra or {})),
+            # a copy: the caller's later changes do not reach the batch
+            resource_extra.copy() if resource_extra else {},
         )
 
 

@@ -53,18 +53,19 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final, TypedDict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema
+from xsp.tracer.export.otlp.json_types import AttributeValue
 
 #: Columns that exist only on the way to a viewer: the encoder turns them into the attributes
 #: ``schema.ATTR_VIEW_ADDED`` and ``schema.ATTR_VIEW_STORED_PARENT``.
-ADDED_COLUMN = "view_added"
-STORED_PARENT_COLUMN = "view_stored_parent"
+ADDED_COLUMN: Final = "view_added"
+STORED_PARENT_COLUMN: Final = "view_stored_parent"
 #: A trace of more spans goes to a viewer folded (``fold``). Jaeger's UI slows past about 2k
 #: spans per trace and fails at 20-40k; the committed ResNet-50 MFLG iteration (5,126 spans, 5,308
 #: with its backward layer spans) renders whole, and a trace of at most 8,192 spans is one OTLP
@@ -121,7 +122,68 @@ _NODE_COLUMNS = [
 ]
 
 
-def level_resource(resource: Mapping[str, Any], level: str | None) -> dict[str, Any]:
+class _BackwardNode(TypedDict):
+    """A backward node's ``_NODE_COLUMNS``, as ``with_backward_layers`` reads them."""
+
+    trace_id: bytes
+    span_id: int
+    parent_span_id: int
+    start_ns: int
+    dur_ns: int
+    module_path: str | None
+    thread_id: int | None
+    iteration: int | None
+    rank: int | None
+
+
+class _LayerSpan(TypedDict):
+    """A layer's backward span, added (``_layer_span``): a row of the laid-out table."""
+
+    trace_id: bytes
+    span_id: int
+    parent_span_id: int
+    name: str
+    start_ns: int
+    dur_ns: int
+    level: str
+    iteration: int | None
+    rank: int | None
+    kind: str
+    phase: str
+    thread_id: int | None
+    module_path: str
+    module_type: str | None
+    view_added: bool
+
+
+class _FoldSummary(TypedDict):
+    """A folded op's summary span (``_summary``): a row of the folded table."""
+
+    trace_id: bytes
+    span_id: int
+    parent_span_id: int
+    name: str
+    start_ns: int
+    dur_ns: int
+    level: str
+    iteration: int | None
+    rank: int | None
+    thread_id: int | None
+    module_path: str | None
+    phase: str | None
+    view_added: bool
+    view_folded_spans: int
+    view_folded_kernels: int
+    view_folded_kernel_ns: int
+    view_folded_gpu_ns: int
+    view_folded_api_calls: int
+    view_folded_ops: int
+    view_folded_top_kernels: str  # JSON: [{name, ns, count}]
+
+
+def level_resource(
+    resource: Mapping[str, AttributeValue], level: str | None
+) -> dict[str, AttributeValue]:
     """The resource of one level's spans: service ``<service>.<level>``, the run's own service
     name kept in ``schema.RES_SERVICE_BASE``. Spans without a level keep the run's resource."""
     wired = dict(resource)
@@ -143,9 +205,12 @@ def with_backward_layers(table: pa.Table) -> pa.Table:
     rows = np.flatnonzero(pc.fill_null(pc.equal(kind, schema.KIND_BACKWARD), False))
     if not len(rows):
         return table
-    nodes = table.select(_NODE_COLUMNS).take(pa.array(rows, pa.int64())).to_pylist()
+    nodes: list[_BackwardNode] = (
+        table.select(_NODE_COLUMNS).take(pa.array(rows, pa.int64())).to_pylist()
+    )
     backward_ids = {(n["trace_id"], n["span_id"]) for n in nodes}
-    groups: dict[tuple[Any, ...], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    # (trace, parent, thread) -> its nodes with their rows
+    groups: dict[tuple[bytes, int, int | None], list[tuple[int, _BackwardNode]]] = defaultdict(list)
     for row, node in zip(rows, nodes, strict=True):
         if node["module_path"] and (node["trace_id"], node["parent_span_id"]) not in backward_ids:
             key = (node["trace_id"], node["parent_span_id"], node["thread_id"])
@@ -153,7 +218,7 @@ def with_backward_layers(table: pa.Table) -> pa.Table:
     if not groups:
         return table
     types = _module_types(table)
-    added: list[dict[str, Any]] = []
+    added: list[_LayerSpan] = []
     moved: dict[int, int] = {}  # row -> its layer span's id
     for members in groups.values():
         members.sort(key=lambda member: member[1]["start_ns"])
@@ -170,17 +235,17 @@ def with_backward_layers(table: pa.Table) -> pa.Table:
 
 
 def _lay_out(
-    members: list[tuple[int, dict[str, Any]]],
+    members: list[tuple[int, _BackwardNode]],
     types: Mapping[str, str],
-    added: list[dict[str, Any]],
+    added: list[_LayerSpan],
     moved: dict[int, int],
 ) -> None:
     """Steps 2 and 3 of the module notes for one group's nodes, in start order."""
     first = members[0][1]
     trace_id, root_parent = first["trace_id"], first["parent_span_id"]
-    stack: list[dict[str, Any]] = []
+    stack: list[_LayerSpan] = []
     for row, node in members:
-        path = node["module_path"]
+        path = node["module_path"] or ""  # every grouped node has one
         while stack and not _within(path, stack[-1]["module_path"]):
             stack.pop()
         prefixes = _prefixes(path)
@@ -215,8 +280,8 @@ def _layer_span(
     parent: int,
     path: str,
     module_type: str | None,
-    node: Mapping[str, Any],
-) -> dict[str, Any]:
+    node: _BackwardNode,
+) -> _LayerSpan:
     """A layer's backward span, opened at ``node``, its first."""
     seed = b"%s/%d/%s/%d" % (trace_id, parent, path.encode(), node["span_id"])
     span_id = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big") or 1
@@ -358,7 +423,7 @@ def _with_fold_columns(table: pa.Table) -> pa.Table:
     return table
 
 
-def _summary(spans: Mapping[str, list[Any]], kept: int, folded: list[int]) -> dict[str, Any]:
+def _summary(spans: Mapping[str, list[Any]], kept: int, folded: list[int]) -> _FoldSummary:
     """The summary span of the spans ``folded`` into span ``kept`` (step 2 of ``fold``)."""
     owner = {name: values[kept] for name, values in spans.items()}
     stored = [i for i in folded if not spans[ADDED_COLUMN][i]]  # not a backward layer span

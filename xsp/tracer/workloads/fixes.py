@@ -74,7 +74,9 @@ def _channels_last_root(module: Any, context: FixContext) -> None:
             return value.contiguous(memory_format=torch.channels_last)
         return value
 
-    def inputs_nhwc(_: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def inputs_nhwc(
+        _: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> tuple[tuple[object, ...], dict[str, object]]:  # a forward's inputs: any values
         return tuple(convert(a) for a in args), {k: convert(v) for k, v in kwargs.items()}
 
     module.register_forward_pre_hook(inputs_nhwc, with_kwargs=True)

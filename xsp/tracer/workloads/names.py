@@ -17,7 +17,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 from xsp.core.errors import ConfigError, WorkloadError
 
@@ -132,7 +132,18 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def catalogued_version(source: str, version: str | None) -> dict[str, Any] | None:
+class CatalogueEntry(TypedDict):
+    """A source's names as one version of it lists them (``zoo_names.json``)."""
+
+    version: str | None
+    tasks: dict[str, list[str]]  # task -> model names
+
+
+#: ``zoo_names.json``: "about" (a line on what it is), then per source its entries.
+Catalogue: TypeAlias = dict[str, str | list[CatalogueEntry]]
+
+
+def catalogued_version(source: str, version: str | None) -> CatalogueEntry | None:
     """The catalogue's entry of ``source`` read from ``version`` of it, if it has one."""
     listed = _catalogue().get(source)
     for entry in listed if isinstance(listed, list) else []:
@@ -151,7 +162,7 @@ def _catalogued(source: str) -> list[ZooEntry]:
 
 
 @functools.cache
-def _catalogue() -> dict[str, Any]:
+def _catalogue() -> Catalogue:
     try:
         data = json.loads(CATALOGUE.read_text())
     except (OSError, ValueError):  # missing or damaged: the libraries answer, only slower
@@ -159,10 +170,10 @@ def _catalogue() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def catalogue_from_libraries() -> dict[str, Any]:
+def catalogue_from_libraries() -> Catalogue:
     """The catalogue with the installed libraries' entries added (or rewritten): per source,
     per version read, its model names per task. Other versions' entries stay."""
-    data: dict[str, Any] = {
+    data: Catalogue = {
         "about": "the zoo's torchvision and timm names, per version of each; written by "
         "`python -m xsp.tracer.workloads.names`, checked by tests/test_zoo.py",
     }

@@ -16,13 +16,32 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 log = logging.getLogger(__name__)
 
 PROBE_FILE = "numerics.json"
 #: Output values kept: enough for a relative error, small beside a run's spans.
 SAMPLE_VALUES = 4096
+
+
+class OutputRecord(TypedDict):
+    """A first forward pass as recorded (``numerics.json``)."""
+
+    input_checksum: list[float]  # each input tensor's float64 sum
+    input_shapes: list[list[int]]
+    output_values: int  # the floating output values, all of them
+    output_sample: list[float]  # the first SAMPLE_VALUES of them
+
+
+class Comparison(TypedDict, total=False):
+    """Two records measured (``compare``): the distances when comparable, else why not."""
+
+    comparable: Required[bool]
+    why: str
+    values_compared: int
+    relative_l2: float
+    max_abs: float
 
 
 def _tensors(value: Any) -> Iterator[Any]:
@@ -40,7 +59,7 @@ def _tensors(value: Any) -> Iterator[Any]:
             yield from _tensors(item)
 
 
-def summarize(inputs: Any, output: Any) -> dict[str, Any]:
+def summarize(inputs: Any, output: Any) -> OutputRecord:
     """The inputs' checksum (float64 sum and shapes of every tensor) and the first
     ``SAMPLE_VALUES`` values of the output's floating tensors, in float64."""
     import torch
@@ -89,16 +108,17 @@ def record(module: Any, path: Path) -> None:
         log.warning("xsp: cannot record the first forward pass's output: %s", exc)
 
 
-def read(run_dir: Path) -> dict[str, Any] | None:
+def read(run_dir: Path) -> OutputRecord | None:
     """A run's record, or None when it has none (or an unreadable one)."""
     try:
         found = json.loads((run_dir / PROBE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) else None
+    # an object is taken as written by ``record``: ``compare`` reads its keys with defaults
+    return cast(OutputRecord, found) if isinstance(found, dict) else None
 
 
-def compare(base: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:
+def compare(base: OutputRecord, fixed: OutputRecord) -> Comparison:
     """How far ``fixed``'s output lies from ``base``'s: ``relative_l2`` (the norm of the
     difference over the norm of base's values) and ``max_abs`` over the kept values, when both
     ran on the same inputs; else ``comparable`` False with the reason."""
@@ -126,4 +146,4 @@ def _close(a: list[float], b: list[float]) -> bool:
     )
 
 
-__all__ = ["PROBE_FILE", "compare", "read", "record", "summarize"]
+__all__ = ["PROBE_FILE", "Comparison", "OutputRecord", "compare", "read", "record", "summarize"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -27,6 +27,10 @@ TEXT_SEQUENCE_LENGTH = 128
 DEFAULT_LR = 0.01
 
 
+#: A model's synthetic inputs: keyword tensors (transformers' models) or positional ones.
+ModelInputs: TypeAlias = dict[str, torch.Tensor] | tuple[torch.Tensor, ...]
+
+
 class Workload:
     """A model, its synthetic inputs, its loss and (for training) its optimizer."""
 
@@ -34,7 +38,7 @@ class Workload:
         self,
         entry: ZooEntry,
         model: torch.nn.Module,
-        inputs: dict[str, Any] | tuple[Any, ...],
+        inputs: ModelInputs,
         loss: Callable[[Any], torch.Tensor],
         mode: str,
         device: torch.device,
@@ -167,7 +171,7 @@ def _image(batch_size: int, size: int) -> tuple[torch.Tensor]:
 def _torchvision(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
     from torchvision import models
 
-    kwargs: dict[str, Any] = {"weights": None}
+    kwargs: dict[str, bool | None] = {"weights": None}
     if entry.task == "segmentation":
         kwargs["weights_backbone"] = None
     if entry.name in ("googlenet", "inception_v3"):
@@ -188,7 +192,7 @@ def _timm(entry: ZooEntry, batch_size: int) -> tuple[torch.nn.Module, Any]:
     import timm
 
     model = timm.create_model(entry.name, pretrained=False)
-    config: dict[str, Any] = dict(getattr(model, "pretrained_cfg", {}))
+    config = getattr(model, "pretrained_cfg", {})  # timm's settings of the model: a dict
     _, height, width = config.get("input_size", (3, DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE))
     return model, (torch.randn(batch_size, 3, height, width),)
 

@@ -38,6 +38,7 @@ from xsp.core.records import (
     RangeRecords,
 )
 from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
+from xsp.tracer.capture.hooks.cupti_decoded import DecodedCupti, ExternalIds, MarkerColumns
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class _CuptiSession:
     def __init__(self) -> None:
         self.buffer_bytes = config.cupti_buffer_bytes()
         self._native: Any = None
-        self._decoded: dict[str, Any] | None = None
+        self._decoded: DecodedCupti | None = None
         self._users = 0
         self._stopped = False
         self._finalized = False
@@ -272,7 +273,7 @@ class _CuptiSession:
         except RuntimeError as exc:
             log.warning("xsp: CUPTI finalize failed: %s", exc)
 
-    def _decode(self) -> dict[str, Any]:
+    def _decode(self) -> DecodedCupti:
         if self._decoded is None:
             # after a step aside, each CUPTI run's records go on its own clock offset
             offset = self.offset_ns if self._collected else 0
@@ -291,7 +292,7 @@ class _CuptiSession:
         """Unix-epoch ns minus CUPTI ns, averaged over the calibrations at start and stop."""
         return sum(self._offsets) // max(len(self._offsets), 1)
 
-    def _records(self, batch: _Batch | None) -> tuple[dict[str, Any], int]:
+    def _records(self, batch: _Batch | None) -> tuple[DecodedCupti, int]:
         """The decoded columns and the offset that puts their times on the Unix epoch's clock:
         the run's, or a batch's (whose times are there already, each CUPTI run's as it ended)."""
         if batch is None:
@@ -360,7 +361,7 @@ class _CuptiSession:
         out.dropped = (self.dropped_records if batch is None else batch.dropped) or 0
         return out
 
-    def _library_ranges(self, markers: dict[str, Any], offset: int) -> RangeRecords:
+    def _library_ranges(self, markers: MarkerColumns, offset: int) -> RangeRecords:
         """The closed NVTX ranges of the libraries (every domain but the default one)."""
         domains = list(markers["domains"])
         domain = _np(markers["domain"], np.int32)
@@ -395,7 +396,7 @@ class _CuptiSession:
 class _Batch:
     """CUPTI's records of one batch of a continuous session, decoded at its boundary."""
 
-    def __init__(self, decoded: dict[str, Any], dropped: int, window: tuple[int, int]) -> None:
+    def __init__(self, decoded: DecodedCupti, dropped: int, window: tuple[int, int]) -> None:
         self.decoded = decoded
         self.dropped = dropped
         self.window = window  # when the batch began and was handed over (Unix-epoch ns)
@@ -473,7 +474,7 @@ def _by_correlation(
     return _int64s(out)
 
 
-def _external_ids(external: dict[str, Any], correlation: np.ndarray) -> array[int]:
+def _external_ids(external: ExternalIds, correlation: np.ndarray) -> array[int]:
     """For each API call, the id of the op it ran in (0: none recorded)."""
     corr, ids = _np(external["correlation"], np.int64), _np(external["external"], np.int64)
     return _by_correlation(corr, ids, correlation, 0)

@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of pyarrow
     import pyarrow as pa
 
     from xsp.core.store import Run
+    from xsp.tracer.export.otlp.json_types import StoredResourceJson
     from xsp.tracer.export.sinks import SpanBatch
 
 
@@ -93,7 +94,8 @@ def by_sender(
     def sent_by(entry: Any, rows: pa.Table) -> SpanBatch:
         if not isinstance(entry, dict):
             return SpanBatch.of(resource, rows)
-        return SpanBatch.of(otlp.plain_resource(entry), rows, resource_extra=entry)
+        stored = cast("StoredResourceJson", entry)  # decode.resource_json's, kept in run.json
+        return SpanBatch.of(otlp.plain_resource(stored), rows, resource_extra=stored)
 
     senders = meta.get("resources")
     if (

@@ -9,7 +9,8 @@ The codec (no viewer layout, no torch; the collector imports these alone):
   tables and stored resources; ``decode_spans``: any request's spans, span by span;
   ``columns``: xsp's own spans, column-wise with numpy (``protobuf_fields``, ``mirror``);
 - ``attributes``: attribute values between OTLP and the typed columns; ``json_values``: OTLP
-  values as OTLP/JSON; ``wire``: what encoder and decoders agree on;
+  values as OTLP/JSON; ``json_types``: the OTLP/JSON documents as types; ``stored``: the OTLP
+  fields beyond xsp's as a table's rows hold them; ``wire``: what encoder and decoders agree on;
 - ``batching``: a table cut into requests along its traces.
 
 ``layout`` dresses the spans for Jaeger and the viewer (root titles, Jaeger's host key, one

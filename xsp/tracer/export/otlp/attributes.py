@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from google.protobuf.json_format import MessageToDict
@@ -14,6 +14,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from xsp.core import schema
 from xsp.tracer.export.otlp import json_values
+from xsp.tracer.export.otlp.json_types import AnyValueJson
 from xsp.tracer.export.otlp.wire import DecodeError
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
 def any_value(value: Any) -> AnyValue:
     """A plain value as OTLP; a dict is a typed value kept as OTLP/JSON (``json_values``)."""
     if isinstance(value, dict):
-        return json_values.value_from_json(value)
+        return json_values.value_from_json(cast(AnyValueJson, value))
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):

@@ -102,7 +102,7 @@ def block(resource_spans: Any, sender: str) -> Block:
 
 
 #: A decoder of the common case: ``common_columns``'s arguments and answer.
-Decoder = Callable[[list[bytes], np.ndarray | None], dict[str, Any] | None]
+Decoder = Callable[[list[bytes], np.ndarray | None], dict[str, pa.Array] | None]
 
 
 def tables_of_blocks(blocks: list[Block], decode: Decoder | None = None) -> list[pa.Table] | None:
@@ -144,7 +144,9 @@ _STATUS_MESSAGE, _STATUS_CODE = 2, 3
 _LINK_TRACE_ID, _LINK_SPAN_ID = 1, 2
 
 
-def common_columns(spans: list[bytes], firsts: np.ndarray | None = None) -> dict[str, Any] | None:
+def common_columns(
+    spans: list[bytes], firsts: np.ndarray | None = None
+) -> dict[str, pa.Array] | None:
     """The columns of encoded spans in xsp's common case, every span at once; None where a
     span has anything else (or is malformed: protobuf's own parse then says how). ``firsts``:
     where each ResourceSpans' spans begin, when they come from several (a root's parent is
@@ -187,7 +189,7 @@ def common_columns(spans: list[bytes], firsts: np.ndarray | None = None) -> dict
         return None
     trace_ids, span_ids, parent_ids = ids
     start_ns, end_ns = times
-    columns: dict[str, Any] = {
+    columns: dict[str, pa.Array] = {
         "trace_id": trace_ids,
         "span_id": pa.array(span_ids),
         "start_ns": pa.array(start_ns),
@@ -201,12 +203,12 @@ def common_columns(spans: list[bytes], firsts: np.ndarray | None = None) -> dict
 
 
 def finish_columns(
-    columns: dict[str, Any],
+    columns: dict[str, pa.Array],
     names: pa.Array,
     span_ids: np.ndarray,
     parent_ids: np.ndarray,
     firsts: np.ndarray | None,
-) -> dict[str, Any]:
+) -> dict[str, pa.Array]:
     """The common case's columns completed from the decoded ones (any decoder's: this one's, or
     the collector's native one): the names, parents and remote parents, with the steps' and
     iterations' roots as ``_any_columns`` makes them. ``parent_ids`` is changed in place."""
@@ -342,7 +344,7 @@ def _links(fields: pf.Fields, buf: np.ndarray, n: int) -> tuple[pa.Array, pa.Arr
 
 
 def _roots(
-    columns: dict[str, Any],
+    columns: dict[str, pa.Array],
     names: pa.Array,
     span_ids: np.ndarray,
     parent_ids: np.ndarray,

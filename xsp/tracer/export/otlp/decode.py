@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -21,11 +20,17 @@ from xsp.core import schema
 from xsp.tracer.export.otlp import json_values
 from xsp.tracer.export.otlp.attributes import NUMERIC, stored_parent, typed_value
 from xsp.tracer.export.otlp.decode_spans import any_columns
+from xsp.tracer.export.otlp.json_types import (
+    AttributeValue,
+    ScopeExtraJson,
+    StoredResourceJson,
+)
 from xsp.tracer.export.otlp.wire import ID_KEYS, INT64_MAX, DecodeError
 
 __all__ = [
     "DecodeError",
     "Scopes",
+    "SpanColumns",
     "parse_json",
     "parse_protobuf",
     "plain_resource",
@@ -54,6 +59,11 @@ def table_from_resource_spans(resource_spans: ResourceSpans, sender: str | None 
 Scopes = list[tuple[int, tuple[str, str, str | None]]]
 
 
+#: Decoded span columns by name: Python lists (span by span: ``decode_spans``) or Arrow arrays
+#: already typed (column-wise: ``columns``).
+SpanColumns: TypeAlias = dict[str, list[Any] | pa.Array]
+
+
 def spans_and_scopes(resource_spans: Any) -> tuple[list[Any], Scopes]:
     """The spans of a ResourceSpans (OTLP's or ``columns``' mirror) and its scopes."""
     spans: list[Any] = []
@@ -66,7 +76,7 @@ def spans_and_scopes(resource_spans: Any) -> tuple[list[Any], Scopes]:
 
 
 def table_from_columns(
-    columns: dict[str, Any], added: list[int], scopes: Scopes, sender: str | None, n: int
+    columns: SpanColumns, added: list[int], scopes: Scopes, sender: str | None, n: int
 ) -> pa.Table:
     """The table of decoded span columns (lists, or arrays already typed), with the scope and
     sender columns, less the rows a viewer layout ``added``."""
@@ -199,7 +209,7 @@ def validate_span(span: Any) -> None:
         )
 
 
-def resource_json(resource_spans: ResourceSpans) -> dict[str, Any]:
+def resource_json(resource_spans: ResourceSpans) -> StoredResourceJson:
     """The sender's resource as stored (run.json's "resources"): its attributes as OTLP/JSON,
     each value with its type, a level's own service (a viewer layout) back to the run's; its
     dropped count and schema URL where set."""
@@ -210,7 +220,7 @@ def resource_json(resource_spans: ResourceSpans) -> dict[str, Any]:
         for kv in listed:
             if kv["key"] == schema.RES_SERVICE_NAME:
                 kv["value"] = base.get("value", {})
-    entry: dict[str, Any] = {"attributes": listed}
+    entry: StoredResourceJson = {"attributes": listed}
     if resource_spans.resource.dropped_attributes_count:
         entry["droppedAttributesCount"] = resource_spans.resource.dropped_attributes_count
     if resource_spans.schema_url:
@@ -218,7 +228,7 @@ def resource_json(resource_spans: ResourceSpans) -> dict[str, Any]:
     return entry
 
 
-def resource_id(entry: Mapping[str, Any]) -> str:
+def resource_id(entry: StoredResourceJson) -> str:
     """The key of a stored resource: a hash of its attributes (in any order), dropped count and
     schema URL, so two senders that differ in any attribute are stored apart."""
     canonical = dict(
@@ -228,12 +238,12 @@ def resource_id(entry: Mapping[str, Any]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def plain_resource(entry: Mapping[str, Any]) -> dict[str, Any]:
+def plain_resource(entry: StoredResourceJson) -> dict[str, AttributeValue]:
     """A stored resource's attributes as plain values (``json_values.plain``)."""
     return {kv["key"]: json_values.plain(kv.get("value", {})) for kv in entry.get("attributes", [])}
 
 
-def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
+def resource_attributes(resource_spans: ResourceSpans) -> dict[str, AttributeValue]:
     """The resource's attributes as stored: a level's own service (a viewer layout) back to the
     run's, so that the levels of one run are stored as one run."""
     return plain_resource(resource_json(resource_spans))
@@ -242,7 +252,7 @@ def resource_attributes(resource_spans: ResourceSpans) -> dict[str, Any]:
 def _scope_columns(scope_spans: ScopeSpans) -> tuple[str, str, str | None]:
     """A scope's stored name, version and the rest of it as OTLP/JSON text (None when empty)."""
     scope = scope_spans.scope
-    extra: dict[str, Any] = {}
+    extra: ScopeExtraJson = {}
     if scope.attributes:
         extra["attributes"] = json_values.key_values_json(scope.attributes)
     if scope.dropped_attributes_count:

@@ -19,6 +19,7 @@ from xsp.tracer.export.otlp.attributes import (
     stored_parent,
     typed_value,
 )
+from xsp.tracer.export.otlp.stored import StoredEvent, StoredLink
 from xsp.tracer.export.otlp.wire import (
     DROPPED,
     ITERATION_ROOT_IDS,
@@ -45,7 +46,7 @@ class _Undone(NamedTuple):
     added: list[int]
 
 
-def any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
+def any_columns(spans: list[Span]) -> tuple[dict[str, list[Any]], list[int]]:
     """Any request's columns, span by span, and the rows a viewer layout added
     (``xsp.tracer.export.view``: not stored). Tight loop: each protobuf field access costs, so
     touch each once."""
@@ -81,7 +82,7 @@ def any_columns(spans: list[Span]) -> tuple[dict[str, Any], list[int]]:
     # after the view's stored parents are back: an application's span above a model span
     kinds = slots[schema.ATTR_KIND][0]
     remote = _remote_parents(trace_ids, span_ids, parents, kinds)
-    columns: dict[str, Any] = {
+    columns: dict[str, list[Any]] = {
         "trace_id": trace_ids,
         "span_id": span_ids,
         "parent_span_id": parents,
@@ -229,7 +230,7 @@ class _Rest:
         column[row] = value
 
 
-def _event_rows(events: Any) -> list[dict[str, Any]]:
+def _event_rows(events: Any) -> list[StoredEvent]:
     return [
         {
             "time_ns": event.time_unix_nano,
@@ -241,7 +242,7 @@ def _event_rows(events: Any) -> list[dict[str, Any]]:
     ]
 
 
-def link_rows(links: Any) -> list[dict[str, Any]] | None:
+def link_rows(links: Any) -> list[StoredLink] | None:
     """Every link in full, or None when the first link's ids (link_trace_id, link_span_id) say
     all there is (xsp's own: one link, ids only)."""
     if len(links) == 1:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -26,8 +25,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from xsp.tracer.export.otlp import json_values
 from xsp.tracer.export.otlp.attributes import any_value, key_values
+from xsp.tracer.export.otlp.json_types import AttributeValue, ScopeExtraJson, StoredResourceJson
 from xsp.tracer.export.otlp.rows import (
     PLAIN,
+    ScopeKey,
     SpanRow,
     WireLayout,
     given_back,
@@ -37,16 +38,17 @@ from xsp.tracer.export.otlp.rows import (
     span_rows,
     status_of,
 )
+from xsp.tracer.export.otlp.stored import RestRow
 from xsp.tracer.export.otlp.wire import DROPPED
 
 __all__ = ["encode_resource_spans", "encode_resources"]
 
 
 def encode_resources(
-    groups: Iterable[tuple[Mapping[str, Any], pa.Table]],
+    groups: Iterable[tuple[Mapping[str, AttributeValue], pa.Table]],
     scope_version: str = "",
     layout: WireLayout = PLAIN,
-    resource_extra: Mapping[str, Any] | None = None,
+    resource_extra: StoredResourceJson | None = None,
 ) -> ExportTraceServiceRequest:
     """The request of each (resource, rows) of ``groups``, one ResourceSpans each, dressed by
     ``layout``; ``resource_extra`` as ``encode_resource_spans``'."""
@@ -59,18 +61,18 @@ def encode_resources(
 
 
 def encode_resource_spans(
-    resource: Mapping[str, Any],
+    resource: Mapping[str, AttributeValue],
     table: pa.Table,
     scope_version: str = "",
     layout: WireLayout = PLAIN,
-    resource_extra: Mapping[str, Any] | None = None,
+    resource_extra: StoredResourceJson | None = None,
 ) -> ResourceSpans:
     """One ResourceSpans holding every row of ``table`` (rows follow schema.SPAN_SCHEMA), under
     ``resource`` as ``layout`` sends it (xsp's adds Jaeger's host key: ``layout.wire_resource``) with the rest of it a
     stored sender's had (``resource_extra``: run.json's "resources" entry, whose
     ``droppedAttributesCount`` and ``schemaUrl`` are read), one ScopeSpans per instrumentation
     scope."""
-    extra = resource_extra or {}
+    extra: StoredResourceJson = resource_extra or {}
     spans = [
         _span(row, link, rest)
         for row, link, rest in zip(
@@ -94,11 +96,11 @@ def encode_resource_spans(
     )
 
 
-def _scope(key: tuple[Any, ...]) -> InstrumentationScope:
+def _scope(key: ScopeKey) -> InstrumentationScope:
     name, version, extra = key
     scope = InstrumentationScope(name=name, version=version)
     if extra:
-        rest = json.loads(extra)
+        rest: ScopeExtraJson = json.loads(extra)
         scope.attributes.extend(json_values.key_values_from_json(rest.get("attributes")))
         scope.dropped_attributes_count = int(rest.get("droppedAttributesCount", 0))
     return scope
@@ -107,7 +109,7 @@ def _scope(key: tuple[Any, ...]) -> InstrumentationScope:
 def _span(
     row: SpanRow,
     link: tuple[bytes, int] | None,
-    rest: Mapping[str, Any] | None,
+    rest: RestRow | None,
 ) -> Span:
     trace_id, span_id, parent, name, start, end, attributes, message = row
     kept = json_values.json_from_text(rest.get("attributes")) if rest is not None else []
@@ -131,7 +133,7 @@ def _span(
     if rest is None:
         return span
     if "span_kind" in rest:
-        span.kind = rest["span_kind"]
+        span.kind = Span.SpanKind.ValueType(rest["span_kind"])
     span.attributes.extend(json_values.key_values_from_json(kept))
     for event in rest.get("events") or []:
         span.events.add(

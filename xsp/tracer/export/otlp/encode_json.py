@@ -5,10 +5,11 @@ protobuf encoder, ``rows``); ``request_to_json`` renders a protobuf request the 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import cast
 
 import pyarrow as pa
 from google.protobuf.json_format import MessageToDict
@@ -16,8 +17,25 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from xsp.tracer.export.otlp import json_values
+from xsp.tracer.export.otlp.json_types import (
+    AnyValueJson,
+    AttributeValue,
+    EventJson,
+    KeyValueJson,
+    LinkJson,
+    ResourceJson,
+    ResourceSpansJson,
+    ScopeExtraJson,
+    ScopeJson,
+    ScopeSpansJson,
+    SpanJson,
+    StatusJson,
+    StoredResourceJson,
+    TracesJson,
+)
 from xsp.tracer.export.otlp.rows import (
     PLAIN,
+    ScopeKey,
     SpanRow,
     WireLayout,
     given_back,
@@ -27,17 +45,18 @@ from xsp.tracer.export.otlp.rows import (
     span_rows,
     status_of,
 )
+from xsp.tracer.export.otlp.stored import RestRow, StoredEvent, StoredLink
 from xsp.tracer.export.otlp.wire import ID_KEYS
 
 __all__ = ["encode_resources_json", "request_to_json"]
 
 
 def encode_resources_json(
-    groups: Iterable[tuple[Mapping[str, Any], pa.Table]],
+    groups: Iterable[tuple[Mapping[str, AttributeValue], pa.Table]],
     scope_version: str = "",
     layout: WireLayout = PLAIN,
-    resource_extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    resource_extra: StoredResourceJson | None = None,
+) -> TracesJson:
     """``request_to_json(encode.encode_resources(...))``, built straight from the columns: the
     same OTLP/JSON (hex ids, integer enums, 64-bit integers as strings, defaults left out) at a
     fraction of the cost (protobuf's MessageToDict took about 140 µs a span)."""
@@ -50,141 +69,134 @@ def encode_resources_json(
 
 
 def _resource_spans_json(
-    resource: Mapping[str, Any],
+    resource: Mapping[str, AttributeValue],
     table: pa.Table,
     scope_version: str,
     layout: WireLayout,
-    resource_extra: Mapping[str, Any],
-) -> dict[str, Any]:
+    resource_extra: StoredResourceJson,
+) -> ResourceSpansJson:
     spans = [
         _span_json(row, link, rest)
         for row, link, rest in zip(
             span_rows(resource, table, layout), span_links(table), rest_rows(table), strict=True
         )
     ]
-    wired = [
+    wired: list[KeyValueJson] = [
         {"key": key, "value": _json_value(value)}
         for key, value in layout.resource(resource).items()
         if value is not None
     ]
-    wire: dict[str, Any] = {"attributes": wired} if wired else {}
+    wire: ResourceJson = {"attributes": wired} if wired else {}
     if resource_extra.get("droppedAttributesCount"):
         wire["droppedAttributesCount"] = resource_extra["droppedAttributesCount"]
-    resource_spans: dict[str, Any] = {"resource": wire}
+    resource_spans: ResourceSpansJson = {"resource": wire}
     if resource_extra.get("schemaUrl"):
         resource_spans["schemaUrl"] = resource_extra["schemaUrl"]
-    scope_spans = []
-    for (name, version, extra), rows in scope_groups(table, scope_version):
-        scope: dict[str, Any] = {"name": name} if name else {}
-        if version:
-            scope["version"] = version
-        entry: dict[str, Any] = {"scope": scope}
-        if extra:
-            rest = json.loads(extra)
-            if rest.get("attributes"):
-                scope["attributes"] = rest["attributes"]
-            if rest.get("droppedAttributesCount"):
-                scope["droppedAttributesCount"] = rest["droppedAttributesCount"]
-            if rest.get("schemaUrl"):
-                entry["schemaUrl"] = rest["schemaUrl"]
-        if rows:
-            entry["spans"] = [spans[row] for row in rows]
-        scope_spans.append(entry)
-    resource_spans["scopeSpans"] = scope_spans
+    resource_spans["scopeSpans"] = [
+        _scope_spans_json(key, [spans[row] for row in rows])
+        for key, rows in scope_groups(table, scope_version)
+    ]
     return resource_spans
 
 
-def _span_json(
-    row: SpanRow,
-    link: tuple[bytes, int] | None,
-    rest: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+def _scope_spans_json(key: ScopeKey, spans: list[SpanJson]) -> ScopeSpansJson:
+    name, version, extra = key
+    scope: ScopeJson = {"name": name} if name else {}
+    if version:
+        scope["version"] = version
+    entry: ScopeSpansJson = {"scope": scope}
+    if extra:
+        rest: ScopeExtraJson = json.loads(extra)
+        if rest.get("attributes"):
+            scope["attributes"] = rest["attributes"]
+        if rest.get("droppedAttributesCount"):
+            scope["droppedAttributesCount"] = rest["droppedAttributesCount"]
+        if rest.get("schemaUrl"):
+            entry["schemaUrl"] = rest["schemaUrl"]
+    if spans:
+        entry["spans"] = spans
+    return entry
+
+
+def _span_json(row: SpanRow, link: tuple[bytes, int] | None, rest: RestRow | None) -> SpanJson:
+    # keys in the order protobuf's MessageToDict writes them (its field order), so both
+    # renderings give the same text
     trace_id, span_id, parent, name, start, end, attributes, message = row
-    span: dict[str, Any] = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
-    if rest is not None and rest.get("trace_state"):
-        span["traceState"] = rest["trace_state"]
+    stored: RestRow = rest if rest is not None else {}
+    span: SpanJson = {"traceId": trace_id.hex(), "spanId": f"{span_id:016x}"}
+    if stored.get("trace_state"):
+        span["traceState"] = stored["trace_state"]
     if parent:
         span["parentSpanId"] = f"{parent:016x}"
-    if rest is not None and rest.get("flags"):
-        span["flags"] = rest["flags"]
+    if stored.get("flags"):
+        span["flags"] = stored["flags"]
     if name:
         span["name"] = name
-    kind = rest.get("span_kind") if rest is not None else None
+    kind = stored.get("span_kind")
     span["kind"] = Span.SPAN_KIND_INTERNAL if kind is None else kind
     if start:
         span["startTimeUnixNano"] = str(start)
     if end:
         span["endTimeUnixNano"] = str(end)
-    kept = json_values.json_from_text(rest.get("attributes")) if rest is not None else []
+    kept = json_values.json_from_text(stored.get("attributes"))
     if kept:
         attributes = given_back(attributes, kept)
-    listed = [{"key": k, "value": _json_value(v)} for k, v in attributes] + kept
+    listed: list[KeyValueJson] = [{"key": k, "value": _json_value(v)} for k, v in attributes]
+    listed += kept
     if listed:
         span["attributes"] = listed
-    status: dict[str, Any] = {}
+    status: StatusJson = {}
     code, text = status_of(message, rest)
     if text:
         status["message"] = text
     if code:
         status["code"] = code
     span["status"] = status
-    if rest is not None and rest.get("events"):
-        span["events"] = [_event_json(event) for event in rest["events"]]
-    if rest is not None and rest.get("links") is not None:
-        span["links"] = [_link_json(stored) for stored in rest["links"]]
+    if stored.get("events"):
+        span["events"] = [_event_json(event) for event in stored["events"]]
+    if stored.get("links") is not None:
+        span["links"] = [_link_json(each) for each in stored["links"]]
     elif link is not None:
         span["links"] = [{"traceId": link[0].hex(), "spanId": f"{link[1]:016x}"}]
-    if rest is not None:
-        _set_fields(span, rest, _DROPPED_JSON)
+    if stored.get("dropped_attributes_count"):
+        span["droppedAttributesCount"] = stored["dropped_attributes_count"]
+    if stored.get("dropped_events_count"):
+        span["droppedEventsCount"] = stored["dropped_events_count"]
+    if stored.get("dropped_links_count"):
+        span["droppedLinksCount"] = stored["dropped_links_count"]
     return span
 
 
-def _same(value: Any) -> Any:
-    return value
-
-
-#: Stored fields and their OTLP/JSON keys, each with its conversion: written where set.
-_DROPPED_JSON = (
-    ("dropped_attributes_count", "droppedAttributesCount", _same),
-    ("dropped_events_count", "droppedEventsCount", _same),
-    ("dropped_links_count", "droppedLinksCount", _same),
-)
-_EVENT_JSON = (
-    ("time_ns", "timeUnixNano", str),
-    ("name", "name", _same),
-    ("attributes", "attributes", json.loads),
-    ("dropped_attributes_count", "droppedAttributesCount", _same),
-)
-_LINK_JSON = (
-    ("trace_state", "traceState", _same),
-    ("attributes", "attributes", json.loads),
-    ("dropped_attributes_count", "droppedAttributesCount", _same),
-    ("flags", "flags", _same),
-)
-
-
-def _set_fields(
-    out: dict[str, Any],
-    stored: Mapping[str, Any],
-    fields: tuple[tuple[str, str, Callable[[Any], Any]], ...],
-) -> dict[str, Any]:
-    """``out`` with each of ``fields`` that ``stored`` sets, converted, under its JSON key."""
-    for column, key, convert in fields:
-        if stored.get(column):
-            out[key] = convert(stored[column])
+def _event_json(event: StoredEvent) -> EventJson:
+    out: EventJson = {}
+    if event["time_ns"]:
+        out["timeUnixNano"] = str(event["time_ns"])
+    if event["name"]:
+        out["name"] = event["name"]
+    if event["attributes"]:
+        out["attributes"] = json.loads(event["attributes"])
+    if event["dropped_attributes_count"]:
+        out["droppedAttributesCount"] = event["dropped_attributes_count"]
     return out
 
 
-def _event_json(event: Mapping[str, Any]) -> dict[str, Any]:
-    return _set_fields({}, event, _EVENT_JSON)
+def _link_json(stored: StoredLink) -> LinkJson:
+    out: LinkJson = {
+        "traceId": (stored["trace_id"] or b"").hex(),
+        "spanId": f"{stored['span_id'] or 0:016x}",
+    }
+    if stored["trace_state"]:
+        out["traceState"] = stored["trace_state"]
+    if stored["attributes"]:
+        out["attributes"] = json.loads(stored["attributes"])
+    if stored["dropped_attributes_count"]:
+        out["droppedAttributesCount"] = stored["dropped_attributes_count"]
+    if stored["flags"]:
+        out["flags"] = stored["flags"]
+    return out
 
 
-def _link_json(stored: Mapping[str, Any]) -> dict[str, Any]:
-    ids = {"traceId": (stored["trace_id"] or b"").hex(), "spanId": f"{stored['span_id'] or 0:016x}"}
-    return _set_fields(ids, stored, _LINK_JSON)
-
-
-def _json_value(value: Any) -> dict[str, Any]:
+def _json_value(value: AttributeValue) -> AnyValueJson:
     """An attribute value as OTLP/JSON writes ``any_value(value)``."""
     if isinstance(value, dict):  # a typed value kept as OTLP/JSON (an array, bytes)
         return value
@@ -201,8 +213,10 @@ def _json_value(value: Any) -> dict[str, Any]:
     return {"stringValue": str(value)}
 
 
-def request_to_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
+def request_to_json(request: ExportTraceServiceRequest) -> TracesJson:
     """OTLP/JSON form of a request (hex ids, integer enums)."""
+    # MessageToDict writes the OTLP/JSON mapping but for the ids, which it gives in base64 (and
+    # leaves out where empty)
     data = MessageToDict(request, use_integers_for_enums=True)
     for resource_spans in data.get("resourceSpans", []):
         for scope_spans in resource_spans.get("scopeSpans", []):
@@ -214,10 +228,8 @@ def request_to_json(request: ExportTraceServiceRequest) -> dict[str, Any]:
                     for key in ("traceId", "spanId"):
                         if key in link:
                             link[key] = _b64_to_hex(link[key])
-    return data
+    return cast(TracesJson, data)
 
 
 def _b64_to_hex(text: str) -> str:
-    import base64
-
     return base64.b64decode(text).hex()

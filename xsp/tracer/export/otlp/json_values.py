@@ -18,13 +18,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from xsp.tracer.export.otlp.json_types import AnyValueJson, AttributeValue, KeyValueJson
+
 __all__ = [
-    "JsonValue",
     "attributes_text",
     "double_json",
     "json_from_text",
@@ -36,11 +36,8 @@ __all__ = [
     "value_json",
 ]
 
-#: A value as OTLP/JSON writes it: a one-key object ``{"stringValue": "x"}``.
-JsonValue = dict[str, Any]
 
-
-def value_json(value: AnyValue) -> JsonValue:
+def value_json(value: AnyValue) -> AnyValueJson:
     """``value`` as OTLP/JSON (an unset value is ``{}``)."""
     which = value.WhichOneof("value")
     if which == "string_value":
@@ -68,7 +65,7 @@ def double_json(number: float) -> float | str:
     return number
 
 
-def key_values_json(key_values: Iterable[KeyValue]) -> list[dict[str, Any]]:
+def key_values_json(key_values: Iterable[KeyValue]) -> list[KeyValueJson]:
     """As OTLP/JSON; a KeyValue without its value (not even an empty one) has no "value"."""
     return [
         {"key": kv.key, "value": value_json(kv.value)} if kv.HasField("value") else {"key": kv.key}
@@ -83,7 +80,7 @@ def attributes_text(key_values: Iterable[KeyValue]) -> str | None:
     return json.dumps(listed, separators=(",", ":")) if listed else None
 
 
-def value_from_json(data: Mapping[str, Any]) -> AnyValue:
+def value_from_json(data: AnyValueJson) -> AnyValue:
     """An OTLP/JSON value back to an AnyValue (``value_json`` undone)."""
     if "stringValue" in data:
         return AnyValue(string_value=data["stringValue"])
@@ -110,7 +107,7 @@ def value_from_json(data: Mapping[str, Any]) -> AnyValue:
     return AnyValue()
 
 
-def key_values_from_json(listed: Iterable[Mapping[str, Any]] | None) -> list[KeyValue]:
+def key_values_from_json(listed: Iterable[KeyValueJson] | None) -> list[KeyValue]:
     return [
         KeyValue(key=item.get("key", ""), value=value_from_json(item["value"]))
         if "value" in item
@@ -123,11 +120,11 @@ def key_values_from_text(text: str | None) -> list[KeyValue]:
     return key_values_from_json(json.loads(text)) if text else []
 
 
-def json_from_text(text: str | None) -> list[dict[str, Any]]:
+def json_from_text(text: str | None) -> list[KeyValueJson]:
     return json.loads(text) if text else []
 
 
-def plain(data: Mapping[str, Any]) -> Any:
+def plain(data: AnyValueJson) -> AttributeValue:
     """An OTLP/JSON value as a plain Python value where one says it exactly (a string, bool,
     int or float); arrays, key-value lists, bytes and an empty value (``{}``) stay OTLP/JSON
     (``any_value`` and the OTLP/JSON encoder take either)."""
@@ -139,4 +136,4 @@ def plain(data: Mapping[str, Any]) -> Any:
         return int(data["intValue"])
     if "doubleValue" in data:
         return float(data["doubleValue"])
-    return dict(data)
+    return data.copy()

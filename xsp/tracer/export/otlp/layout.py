@@ -8,7 +8,6 @@ encoders (``encode``, ``encode_json``) with this layout; the decoders undo it
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +17,7 @@ from xsp.core import schema
 from xsp.tracer.export.kernel_names import short_kernel_name
 from xsp.tracer.export.otlp.encode import encode_resources
 from xsp.tracer.export.otlp.encode_json import encode_resources_json
+from xsp.tracer.export.otlp.json_types import AttributeValue, StoredResourceJson, TracesJson
 from xsp.tracer.export.otlp.rows import WireLayout
 from xsp.tracer.export.view import WIRE_COLUMNS, level_resource
 
@@ -33,11 +33,11 @@ __all__ = [
 
 
 def encode_request(
-    resource: Mapping[str, Any],
+    resource: Mapping[str, AttributeValue],
     table: pa.Table,
     scope_version: str = "",
     view: bool = False,
-    resource_extra: Mapping[str, Any] | None = None,
+    resource_extra: StoredResourceJson | None = None,
 ) -> ExportTraceServiceRequest:
     """The request of ``table``'s spans; with ``view``, laid out for a trace viewer (one service
     per level, short kernel names: ``xsp.tracer.export.view``); ``resource_extra`` as
@@ -47,19 +47,19 @@ def encode_request(
 
 
 def encode_request_json(
-    resource: Mapping[str, Any],
+    resource: Mapping[str, AttributeValue],
     table: pa.Table,
     scope_version: str = "",
     view: bool = False,
-    resource_extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    resource_extra: StoredResourceJson | None = None,
+) -> TracesJson:
     """``request_to_json(encode_request(...))``, built straight from the columns
     (``encode_json.encode_resources_json``)."""
     groups = by_level(resource, table, view)
     return encode_resources_json(groups, scope_version, VIEWER if view else STORED, resource_extra)
 
 
-def trace_title(resource: Mapping[str, Any], iteration: int | None) -> str:
+def trace_title(resource: Mapping[str, AttributeValue], iteration: int | None) -> str:
     """The root's name on the wire, which Jaeger lists traces by: workload, mode and batch, the
     ranks of a multi-rank job, level set (or "reconstructed") and iteration, e.g.
     "torchvision:resnet50 train b64 · MFLG · iteration 3" or "train.py · 2 ranks · MF ·
@@ -79,7 +79,7 @@ def trace_title(resource: Mapping[str, Any], iteration: int | None) -> str:
     return " · ".join(str(p) for p in parts if p)
 
 
-def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
+def wire_resource(resource: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
     """The resource as sent: Jaeger's host key added where it is missing. Jaeger adjusts (or, with
     adjustment off, flags) clock skew between spans whose host keys differ or are absent; its v1
     API, which the UI reads, looks at ``ip`` alone. All of a run's spans come from one clock, so
@@ -93,8 +93,8 @@ def wire_resource(resource: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def by_level(
-    resource: Mapping[str, Any], table: pa.Table, view: bool
-) -> Iterator[tuple[dict[str, Any], pa.Table]]:
+    resource: Mapping[str, AttributeValue], table: pa.Table, view: bool
+) -> Iterator[tuple[dict[str, AttributeValue], pa.Table]]:
     """The resources and rows of a request: with ``view``, one per level, in stack order, each
     its own service (``view.level_resource``); else the one resource as it is."""
     if not view or "level" not in table.column_names:

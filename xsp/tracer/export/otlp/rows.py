@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeAlias, cast
 
 import pyarrow as pa
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from xsp.core import schema
+from xsp.tracer.export.otlp.json_types import AttributeValue, KeyValueJson
+from xsp.tracer.export.otlp.stored import RestRow
 from xsp.tracer.export.otlp.wire import ROOT_KINDS, SCOPE_NAME
 
 __all__ = [
     "PLAIN",
+    "ScopeKey",
     "SpanRow",
     "WireLayout",
     "given_back",
@@ -35,8 +38,8 @@ class WireLayout:
     the stored one; else the full name goes in ``schema.ATTR_KERNEL_NAME``) and the table
     columns sent as attributes beside ``schema.ATTRIBUTE_COLUMNS`` (column, attribute key)."""
 
-    resource: Callable[[Mapping[str, Any]], dict[str, Any]] = dict
-    root_name: Callable[[Mapping[str, Any], int | None], str] | None = None
+    resource: Callable[[Mapping[str, AttributeValue]], dict[str, AttributeValue]] = dict
+    root_name: Callable[[Mapping[str, AttributeValue], int | None], str] | None = None
     kernel_name: Callable[[str], str] | None = None
     attribute_columns: tuple[tuple[str, str], ...] = ()
 
@@ -54,12 +57,12 @@ class SpanRow(NamedTuple):
     name: str
     start: int
     end: int
-    attributes: list[tuple[str, Any]]
+    attributes: list[tuple[str, AttributeValue]]
     message: str | None
 
 
 def span_rows(
-    resource: Mapping[str, Any], table: pa.Table, layout: WireLayout = PLAIN
+    resource: Mapping[str, AttributeValue], table: pa.Table, layout: WireLayout = PLAIN
 ) -> Iterator[SpanRow]:
     """Each row of ``table`` as the wire has it: trace id, span id, parent id (0: none; an
     application's span above a model span), name (as ``layout`` names roots and kernels), start
@@ -110,11 +113,12 @@ def span_rows(
 _REST = frozenset(schema.OTLP_COLUMNS)
 
 
-def rest_rows(table: pa.Table) -> list[dict[str, Any] | None]:
+def rest_rows(table: pa.Table) -> list[RestRow | None]:
     """Each row's OTLP fields beyond xsp's (``schema.OTLP_COLUMNS``, those set), None where it
     has none (every xsp span): both encoders give them back."""
     n = table.num_rows
-    rows: list[dict[str, Any] | None] = [None] * n
+    # filled by column name, so untyped until returned
+    rows: list[dict[str, object] | None] = [None] * n
     for name in schema.OTLP_COLUMNS:
         if name in _SCOPE_COLUMNS or name not in table.column_names:
             continue
@@ -127,43 +131,48 @@ def rest_rows(table: pa.Table) -> list[dict[str, Any] | None]:
                 if found is None:
                     found = rows[row] = {}
                 found[name] = value
-    return rows
+    return cast(list[RestRow | None], rows)
 
 
 #: The columns that group a resource's spans into scopes (ScopeSpans), not fields of a span.
 _SCOPE_COLUMNS = ("scope_name", "scope_version", "scope_extra", "resource_id")
 
 
-def scope_groups(table: pa.Table, scope_version: str) -> list[tuple[tuple[Any, ...], list[int]]]:
+#: A scope as stored: name, version and the rest as OTLP/JSON text (``ScopeExtraJson``; None
+#: where it has none).
+ScopeKey: TypeAlias = tuple[str, str, str | None]
+
+
+def scope_groups(table: pa.Table, scope_version: str) -> list[tuple[ScopeKey, list[int]]]:
     """The rows of each instrumentation scope, scopes in the order of their first row: a
     stored scope (name, version, the rest as OTLP/JSON text), or xsp's own where none is."""
     n = table.num_rows
-    ours = (SCOPE_NAME, scope_version, None)
+    ours: ScopeKey = (SCOPE_NAME, scope_version, None)
     if "scope_name" not in table.column_names or table.column("scope_name").null_count == n:
         return [(ours, list(range(n)))]
     names = table.column("scope_name").to_pylist()
     versions = table.column("scope_version").to_pylist()
     extras = table.column("scope_extra").to_pylist()
-    groups: dict[tuple[Any, ...], list[int]] = {}
+    groups: dict[ScopeKey, list[int]] = {}
     for row, name in enumerate(names):
         key = ours if name is None else (name, versions[row] or "", extras[row])
         groups.setdefault(key, []).append(row)
     return list(groups.items())
 
 
-def status_of(message: str | None, rest: Mapping[str, Any] | None) -> tuple[Any, str]:
-    """The OTLP status code (an int; Any for protobuf's enum type) and message of a row: an
+def status_of(message: str | None, rest: RestRow | None) -> tuple[Status.StatusCode.ValueType, str]:
+    """The OTLP status code and message of a row: an
     error's message is ``status_message``, another status's ``status_description``."""
-    stored = rest or {}
+    stored: RestRow = rest or {}
     code = stored.get("status_code")
     if code is None:
         code = Status.STATUS_CODE_ERROR if message is not None else Status.STATUS_CODE_UNSET
-    return int(code), message or stored.get("status_description") or ""
+    return Status.StatusCode.ValueType(code), message or stored.get("status_description") or ""
 
 
 def given_back(
-    attributes: list[tuple[str, Any]], kept: Sequence[Mapping[str, Any]]
-) -> list[tuple[str, Any]]:
+    attributes: list[tuple[str, AttributeValue]], kept: Sequence[KeyValueJson]
+) -> list[tuple[str, AttributeValue]]:
     """A row's column attributes less those its kept attributes (OTLP/JSON) give back as they
     came: another sender's value of another type under an xsp key, which its column holds
     converted (``decode_spans.any_columns``)."""
