@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from tests.fixtures import free_ports, load_raw, start_collector  # noqa: E402
 from xsp.core.store import open_measurement  # noqa: E402
 from xsp.tracer.convert.spans import build_table  # noqa: E402
-from xsp.tracer.export import otlp  # noqa: E402
+from xsp.tracer.export import otlp_layout  # noqa: E402
 
 RESOURCE = {
     "service.name": "xsp",
@@ -56,7 +56,9 @@ def requests(count: int, spans: int) -> list[bytes]:
     for i in range(count):
         trace = pa.array([i.to_bytes(16, "big")] * base.num_rows, pa.binary(16))
         out.append(
-            otlp.encode_request(RESOURCE, base.set_column(0, "trace_id", trace)).SerializeToString()
+            otlp_layout.encode_request(
+                RESOURCE, base.set_column(0, "trace_id", trace)
+            ).SerializeToString()
         )
     return out
 

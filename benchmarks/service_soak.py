@@ -32,9 +32,9 @@ import torch
 
 import xsp
 from tests.fixtures import free_ports, start_collector
+from xsp.core.otlp.transport import OtlpConfig, make_transport
 from xsp.core.store import open_run
 from xsp.tracer.export.sinks import OtlpSink
-from xsp.tracer.export.transport import OtlpConfig, make_transport
 
 
 def rss_mb() -> float:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.collector_load import requests  # noqa: E402
 from xsp.collector import span_columns, writer  # noqa: E402
 from xsp.collector.store_worker import store_requests  # noqa: E402
-from xsp.tracer.export.otlp import columns as otlp_columns  # noqa: E402
+from xsp.core.otlp import columns as otlp_columns  # noqa: E402
 
 TEMPLATES = 64
 SPANS_PER_REQUEST = 1000

@@ -19,7 +19,7 @@ import xsp
 from tests.conftest import reachable_from_root
 from tests.test_cli import xsp as xsp_cli
 from xsp.core import schema
-from xsp.tracer.export.otlp import (
+from xsp.core.otlp import (
     encode_request,
     encode_request_json,
     request_to_json,

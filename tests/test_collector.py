@@ -20,10 +20,10 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from tests.fixtures import free_ports, http_collector, load_raw, start_collector
 from xsp.collector.server import Collector, CollectorConfig, rpc_status
-from xsp.core import schema
+from xsp.core import otlp, schema
 from xsp.core.store import open_measurement
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def _resource(run_id: str, levels: str = "MF") -> dict[str, object]:
 
 
 def _request(run_id: str) -> trace_service_pb2.ExportTraceServiceRequest:
-    return otlp.encode_request(_resource(run_id), _table(run_id))
+    return otlp_layout.encode_request(_resource(run_id), _table(run_id))
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_grpc_rejections(tmp_path: Path) -> None:
             assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "span_id must be 8 bytes" in invalid.value.details()
             c.config = CollectorConfig(store=tmp_path / "s", max_pending_bytes=-1)
-            small = otlp.encode_request(_resource("y"), _table("y").slice(0, 10))
+            small = otlp_layout.encode_request(_resource("y"), _table("y").slice(0, 10))
             with pytest.raises(grpc.RpcError) as busy:
                 stub.Export(small, timeout=10)
             assert busy.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -379,7 +379,7 @@ def test_kill_during_load_loses_no_acknowledged_span(tmp_path: Path) -> None:
             table = base.set_column(
                 0, "trace_id", pa.array([trace_id] * base.num_rows, pa.binary(16))
             )
-            body = otlp.encode_request(_resource("k"), table).SerializeToString()
+            body = otlp_layout.encode_request(_resource("k"), table).SerializeToString()
             try:
                 if _post(port, body)[0] == 200:
                     acked.append(trace_id)
@@ -476,7 +476,10 @@ def test_sigterm_stores_everything_acknowledged_through_the_worker_process(tmp_p
     for i in range(40):
         trace_id = (1000 + i).to_bytes(16, "big")
         table = base.set_column(0, "trace_id", pa.array([trace_id] * base.num_rows, pa.binary(16)))
-        assert _post(port, otlp.encode_request(_resource("w"), table).SerializeToString())[0] == 200
+        assert (
+            _post(port, otlp_layout.encode_request(_resource("w"), table).SerializeToString())[0]
+            == 200
+        )
         sent.append(trace_id)
         if i == 20:
             time.sleep(1.0)  # a flush in between: the worker process is running
@@ -521,7 +524,7 @@ def test_the_store_worker_ends_with_a_killed_collector(tmp_path: Path) -> None:
     # keep the worker busy, so that it is orphaned mid-conversion, as under load
     while time.time() < deadline:
         trace = pa.array([i.to_bytes(16, "big")] * base.num_rows, pa.binary(16))
-        body = otlp.encode_request(_resource("o"), base.set_column(0, "trace_id", trace))
+        body = otlp_layout.encode_request(_resource("o"), base.set_column(0, "trace_id", trace))
         assert _post(port, body.SerializeToString())[0] == 200
         i += 1
         workers = _children(proc.pid)

@@ -23,8 +23,9 @@ from xsp.collector import writer
 from xsp.collector.spool import Spool
 from xsp.collector.store_worker import store_requests
 from xsp.collector.writer import StoreWriter
+from xsp.core import otlp
 from xsp.core.store import RUN_META, read_json
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SPANS = 1791  # spans in one resnet18_train_cpu MF run
@@ -55,7 +56,9 @@ def test_http_protobuf_then_grpc_in_other_batches_is_stored_once(tmp_path: Path)
     c = make_collector(tmp_path).start()
     try:
         assert (
-            _post(c.http_port, otlp.encode_request(_resource("a"), table).SerializeToString())[0]
+            _post(
+                c.http_port, otlp_layout.encode_request(_resource("a"), table).SerializeToString()
+            )[0]
             == 200
         )
         c.flush()
@@ -63,9 +66,11 @@ def test_http_protobuf_then_grpc_in_other_batches_is_stored_once(tmp_path: Path)
             stub = trace_service_pb2_grpc.TraceServiceStub(channel)
             for first in range(0, SPANS, 700):  # the same spans, batched otherwise
                 part = table.slice(first, 700)
-                stub.Export(otlp.encode_request(_resource("a"), part), timeout=10)
+                stub.Export(otlp_layout.encode_request(_resource("a"), part), timeout=10)
         backwards = table.take(pa.array(range(SPANS - 1, -1, -1)))  # else the spool's retry
-        as_json = json.dumps(otlp.request_to_json(otlp.encode_request(_resource("a"), backwards)))
+        as_json = json.dumps(
+            otlp.request_to_json(otlp_layout.encode_request(_resource("a"), backwards))
+        )
         assert _post(c.http_port, as_json.encode(), "application/json")[0] == 200
     finally:
         c.stop()
@@ -78,7 +83,7 @@ def test_http_protobuf_then_grpc_in_other_batches_is_stored_once(tmp_path: Path)
 
 def test_a_restart_after_the_first_copy_was_flushed_stores_it_once(tmp_path: Path) -> None:
     table = _table("r")
-    body = otlp.encode_request(_resource("r"), table).SerializeToString()
+    body = otlp_layout.encode_request(_resource("r"), table).SerializeToString()
     counts = []
     for _ in range(3):  # the later starts know the parts only from the disk
         c = make_collector(tmp_path).start()
@@ -98,7 +103,7 @@ def test_replaying_a_segment_already_written_keeps_its_spans(tmp_path: Path) -> 
     # replay rewrites that part, whose own spans must not count as already stored
     table = _table("k")
     c = make_collector(tmp_path, flush_interval_s=60)
-    c.spool.append(otlp.encode_request(_resource("k"), table).SerializeToString())
+    c.spool.append(otlp_layout.encode_request(_resource("k"), table).SerializeToString())
     segment = c.spool.rotate()
     assert segment is not None
     stored = store_requests(c.writer, Spool.part_name(segment), c.spool.read(segment))
@@ -160,7 +165,7 @@ def test_unique_spans_are_stored_whole_even_when_every_hash_collides(
         return table.set_column(0, "trace_id", trace)
 
     def converted(table: pa.Table) -> writer.Converted:
-        return writer.convert(otlp.encode_request(_resource("u"), table))
+        return writer.convert(otlp_layout.encode_request(_resource("u"), table))
 
     store = StoreWriter(tmp_path / "store")
     assert store.write("p1", [converted(with_trace(base, 1))]) == SPANS
@@ -187,7 +192,7 @@ def test_the_index_is_bounded_and_reloaded_after_eviction(tmp_path: Path) -> Non
     store = StoreWriter(tmp_path / "store", max_indexed_runs=2)
 
     def request(run: str) -> writer.Converted:
-        return writer.convert(otlp.encode_request(_resource(run), base))
+        return writer.convert(otlp_layout.encode_request(_resource(run), base))
 
     for part, run in enumerate("abcab"):
         store.write(f"p{part}", [request(run)])

@@ -28,9 +28,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from tests.fixtures import free_ports, make_collector, start_collector
 from tests.test_collector import _post, _resource, _table
 from xsp.collector.spool import Spool
+from xsp.core import otlp
 from xsp.core.errors import StoreError
 from xsp.core.store import open_measurement, read_json
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 Request = trace_service_pb2.ExportTraceServiceRequest
@@ -38,7 +39,7 @@ Request = trace_service_pb2.ExportTraceServiceRequest
 
 def _small(run_id: str, rows: int, first: int = 0) -> Request:
     table = _table(run_id).slice(first, rows)
-    return otlp.encode_request(_resource(run_id), table)
+    return otlp_layout.encode_request(_resource(run_id), table)
 
 
 def _poison(kind: str) -> Request:
@@ -405,7 +406,7 @@ def test_soak_with_kill_9_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             trace_id = (k << 64 | i).to_bytes(16, "big")
             table = base.set_column(0, "trace_id", pa.array([trace_id] * SOAK_SPANS, pa.binary(16)))
-            body = otlp.encode_request(_resource("soak"), table).SerializeToString()
+            body = otlp_layout.encode_request(_resource("soak"), table).SerializeToString()
             bad: list[tuple[bytes, dict[str, str]]] = []
             if i % 7 == 3:
                 bad.append((_poison("iteration").SerializeToString(), {}))

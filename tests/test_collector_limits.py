@@ -28,9 +28,9 @@ from xsp.collector import spool as spool_module
 from xsp.collector.grpc_receiver import GrpcReceiver, _probe
 from xsp.collector.quarantine import Quarantine
 from xsp.collector.spool import Spool, SpoolFull, read_frames
+from xsp.core import otlp
 from xsp.core.errors import ConfigError
 from xsp.core.store import open_measurement
-from xsp.tracer.export import otlp
 
 Request = trace_service_pb2.ExportTraceServiceRequest
 #: A frame is its 12-byte header and its payload.

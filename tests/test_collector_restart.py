@@ -20,13 +20,13 @@ from xsp.collector import server
 from xsp.collector.quarantine import Quarantine
 from xsp.collector.spool import Spool
 from xsp.core.store import open_measurement
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 
 SPANS = _table("x").num_rows  # 1,791 spans a request (~0.6 MB of OTLP)
 
 
 def _body(run_id: str) -> bytes:
-    return otlp.encode_request(_resource(run_id), _table(run_id)).SerializeToString()
+    return otlp_layout.encode_request(_resource(run_id), _table(run_id)).SerializeToString()
 
 
 def _killed_spool(tmp_path: Path, run_ids: list[str]) -> list[bytes]:
@@ -134,7 +134,9 @@ def test_idle_grpc_connections_are_closed_like_http_ones(tmp_path: Path) -> None
         states: list[grpc.ChannelConnectivity] = []
         channel.subscribe(states.append, try_to_connect=False)
         stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-        stub.Export(otlp.encode_request(_resource("idle"), _table("idle").slice(0, 2)), timeout=30)
+        stub.Export(
+            otlp_layout.encode_request(_resource("idle"), _table("idle").slice(0, 2)), timeout=30
+        )
         deadline = time.time() + 10
         while states[-1:] != [grpc.ChannelConnectivity.IDLE] and time.time() < deadline:
             time.sleep(0.05)

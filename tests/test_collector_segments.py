@@ -15,9 +15,9 @@ from tests.test_collector import _post, _resource, _table
 from tests.test_collector_faults import _quarantine, _stored
 from xsp.collector import writer
 from xsp.collector.spool import Spool
-from xsp.core import schema
-from xsp.tracer.export import otlp
-from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.core import otlp, schema
+from xsp.core.otlp import columns as otlp_columns
+from xsp.tracer.export import otlp_layout
 
 
 def test_a_full_segment_is_closed_and_handed_over_oldest_first(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_a_burst_is_stored_while_it_lasts_not_after_the_flush_interval(tmp_path:
         rows = 0
         for first in range(0, 600, 200):
             part = table.slice(first, 200)
-            body = otlp.encode_request(_resource("burst"), part).SerializeToString()
+            body = otlp_layout.encode_request(_resource("burst"), part).SerializeToString()
             assert _post(c.http_port, body)[0] == 200
             rows += part.num_rows
         deadline = time.monotonic() + 20
@@ -76,9 +76,9 @@ def test_requests_decoded_together_give_each_its_own_table() -> None:
     second = _set_row(table.slice(0, 150), "parent_span_id", 0, application)  # row 0: the step
     others = _resource("u") | {schema.RES_LEVELS: "MFLG"}
     bodies = [
-        otlp.encode_request(_resource("t"), first).SerializeToString(),
-        otlp.encode_request(_resource("t"), second).SerializeToString(),
-        otlp.encode_request(others, table.slice(10, 40)).SerializeToString(),
+        otlp_layout.encode_request(_resource("t"), first).SerializeToString(),
+        otlp_layout.encode_request(_resource("t"), second).SerializeToString(),
+        otlp_layout.encode_request(others, table.slice(10, 40)).SerializeToString(),
     ]
     mirrors = [otlp_columns.parse_request(body) for body in bodies]
     together = writer.convert_together(mirrors)

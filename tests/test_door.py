@@ -12,9 +12,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from tests.fixtures import damaged, load_raw
 from xsp.collector import door, ingest_view
-from xsp.core import schema
+from xsp.core import otlp, schema
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 
 native: Any = door._native()
 pytestmark = pytest.mark.skipif(native is None, reason="no C compiler: the door checks in Python")
@@ -26,7 +26,7 @@ def _request(rows: int | None = None) -> ExportTraceServiceRequest:
     if rows is not None:
         table = table.slice(0, rows)
     resource = {"service.name": "xsp", schema.RES_RUN_ID: "r", schema.RES_LEVELS: "MF"}
-    return otlp.encode_request(resource, table)
+    return otlp_layout.encode_request(resource, table)
 
 
 @pytest.fixture(scope="module")

@@ -107,6 +107,7 @@ def test_core_imports_nothing_else_of_xsp_and_no_torch(name: str) -> None:
     [
         ("xsp.tracer.convert", ("xsp.core", "xsp.tracer.convert")),
         ("xsp.analysis", ("xsp.core", "xsp.analysis")),
+        ("xsp.collector", ("xsp.core", "xsp.collector")),
     ],
 )
 def test_a_stage_imports_only_the_core_and_itself(stage: str, allowed: tuple[str, ...]) -> None:
@@ -138,13 +139,11 @@ def test_store_readers_never_reach_torch_or_capture(start: str) -> None:
 
 #: The OTLP codec's modules: what the collector imports, bound for a torch-free core.
 OTLP_CODEC = sorted(
-    n
-    for n in MODULES
-    if n.startswith("xsp.tracer.export.otlp.") and n != "xsp.tracer.export.otlp.layout"
+    n for n in MODULES if n.startswith("xsp.core.otlp.") and n != "xsp.tracer.export.otlp_layout"
 )
 #: The viewer's layout on the wire, which only the encoders' callers choose.
 VIEWER_LAYOUT = (
-    "xsp.tracer.export.otlp.layout",
+    "xsp.tracer.export.otlp_layout",
     "xsp.tracer.export.view",
     "xsp.tracer.export.kernel_names",
 )
@@ -156,7 +155,7 @@ def test_the_otlp_codec_knows_no_viewer_layout(start: str) -> None:
     facade, which loads the layout)."""
     reached = _reach(_graph(), start)
     assert not {r for r in reached if r.startswith((*VIEWER_LAYOUT, *CAPTURE, "xsp.analysis"))}
-    assert "xsp.tracer.export.otlp" not in reached
+    assert "xsp.core.otlp" not in reached
 
 
 @pytest.mark.parametrize(

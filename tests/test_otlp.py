@@ -18,11 +18,12 @@ from google.protobuf.json_format import ParseDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.fixtures import load_raw
+from xsp.core import otlp
 from xsp.core.errors import ConfigError, ExportError
+from xsp.core.otlp.transport import GrpcTransport, HttpTransport, OtlpConfig, make_transport
 from xsp.tracer.convert.spans import build_table
-from xsp.tracer.export import otlp
+from xsp.tracer.export import otlp_layout
 from xsp.tracer.export.sinks import OtlpJsonFileSink, OtlpSink, SpanBatch
-from xsp.tracer.export.transport import GrpcTransport, HttpTransport, OtlpConfig, make_transport
 
 RESOURCE = {
     "service.name": "xsp",
@@ -42,7 +43,7 @@ def table() -> pa.Table:
 
 
 def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, table)
+    request = otlp_layout.encode_request(RESOURCE, table)
     spans = request.resource_spans[0].scope_spans[0].spans
     assert len(spans) == table.num_rows
     root = spans[0]
@@ -63,7 +64,7 @@ def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) ->
 
 
 def test_json_form_follows_the_otlp_json_rules(table: pa.Table) -> None:
-    data = otlp.request_to_json(otlp.encode_request(RESOURCE, table.slice(0, 5)))
+    data = otlp.request_to_json(otlp_layout.encode_request(RESOURCE, table.slice(0, 5)))
     spans = data["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert len(spans[0]["traceId"]) == 32 and len(spans[0]["spanId"]) == 16
     assert int(spans[0]["traceId"], 16) and "parentSpanId" not in spans[0]
@@ -75,7 +76,7 @@ def test_json_form_follows_the_otlp_json_rules(table: pa.Table) -> None:
             if key in span:
                 span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
     again = ParseDict(data, trace_service_pb2.ExportTraceServiceRequest())
-    assert again == otlp.encode_request(RESOURCE, table.slice(0, 5))
+    assert again == otlp_layout.encode_request(RESOURCE, table.slice(0, 5))
 
 
 def test_json_built_from_the_columns_equals_protobufs_own_rendering(table: pa.Table) -> None:
@@ -90,8 +91,8 @@ def test_json_built_from_the_columns_equals_protobufs_own_rendering(table: pa.Ta
     edited = pa.Table.from_pylist(rows, schema=table.schema)
     for resource in ({**RESOURCE, "xsp.flag": False, "xsp.ratio": 1.5}, {}):
         for part, version in ((edited, "1.2.3"), (table, ""), (table.slice(0, 0), "")):
-            built = otlp.encode_request_json(resource, part, version)
-            rendered = otlp.request_to_json(otlp.encode_request(resource, part, version))
+            built = otlp_layout.encode_request_json(resource, part, version)
+            rendered = otlp.request_to_json(otlp_layout.encode_request(resource, part, version))
             assert json.dumps(built) == json.dumps(rendered)
 
 
@@ -175,13 +176,13 @@ def test_http_json_export_and_a_rejection(http_endpoint: str, table: pa.Table) -
     config = OtlpConfig.from_env(env=env)
     assert config is not None and config.protocol == "http/json"
     transport = make_transport(config)
-    transport.send(otlp.encode_request(RESOURCE, table.slice(0, 3)))
+    transport.send(otlp_layout.encode_request(RESOURCE, table.slice(0, 3)))
     content_type, body = _Receiver.received[0]
     assert content_type == "application/json"
     assert len(json.loads(body)["resourceSpans"][0]["scopeSpans"][0]["spans"]) == 3
     _Receiver.answers = [400]
     with pytest.raises(ExportError, match="HTTP 400: bad payload"):
-        transport.send(otlp.encode_request(RESOURCE, table.slice(0, 3)))
+        transport.send(otlp_layout.encode_request(RESOURCE, table.slice(0, 3)))
 
 
 def test_unreachable_endpoint_is_an_export_error(table: pa.Table) -> None:
@@ -189,7 +190,7 @@ def test_unreachable_endpoint_is_an_export_error(table: pa.Table) -> None:
     assert config is not None
     with pytest.raises(ExportError, match="unreachable"):
         HttpTransport(config, sleep=lambda s: None).send(
-            otlp.encode_request(RESOURCE, table.slice(0, 1))
+            otlp_layout.encode_request(RESOURCE, table.slice(0, 1))
         )
 
 
@@ -273,10 +274,10 @@ def test_a_link_with_ids_of_the_wrong_size_is_refused_at_the_door() -> None:
 
 
 def test_the_facade_gives_every_public_name_from_its_module() -> None:
-    """``xsp.tracer.export.otlp`` loads each name on first use from the module that holds it."""
+    """``xsp.core.otlp`` loads each name on first use from the module that holds it."""
     for name in otlp.__all__:
         value = getattr(otlp, name)
         if isinstance(value, type) or inspect.isfunction(value):  # not a constant or an alias
-            assert value.__module__.startswith("xsp.tracer.export.otlp."), name
+            assert value.__module__.startswith("xsp.core.otlp."), name
     with pytest.raises(AttributeError):
         otlp.no_such_name  # noqa: B018

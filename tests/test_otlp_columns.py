@@ -10,8 +10,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.fixtures import varied_xsp_table
 from xsp.collector import writer
-from xsp.tracer.export import otlp
-from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.core import otlp
+from xsp.core.otlp import columns as otlp_columns
+from xsp.tracer.export import otlp_layout
 
 RESOURCE = {"service.name": "xsp", "xsp.measurement.id": "m1", "xsp.levels": "MF"}
 
@@ -40,7 +41,7 @@ def _assert_same(column_wise: writer.Converted, span_by_span: writer.Converted) 
 
 
 def test_xsp_spans_are_decoded_column_wise_into_the_same_table(xsp_table: pa.Table) -> None:
-    body = otlp.encode_request(RESOURCE, xsp_table).SerializeToString()
+    body = otlp_layout.encode_request(RESOURCE, xsp_table).SerializeToString()
     mirror = otlp_columns.parse_request(body)
     spans, _ = otlp.spans_and_scopes(mirror.resource_spans[0])
     assert otlp_columns.common_columns(spans) is not None  # the column-wise path ran
@@ -62,7 +63,7 @@ def test_xsp_spans_are_decoded_column_wise_into_the_same_table(xsp_table: pa.Tab
 
 
 def test_another_senders_spans_fall_back_to_the_same_table(xsp_table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 50))
+    request = otlp_layout.encode_request(RESOURCE, xsp_table.slice(0, 50))
     spans = request.resource_spans[0].scope_spans[0].spans
     spans[3].kind = Span.SPAN_KIND_SERVER
     spans[4].attributes.add(key="http.route", value={"string_value": "/predict"})
@@ -78,7 +79,7 @@ def test_another_senders_spans_fall_back_to_the_same_table(xsp_table: pa.Table) 
 
 
 def test_a_value_that_fits_no_column_is_refused_by_both(xsp_table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    request = otlp_layout.encode_request(RESOURCE, xsp_table.slice(0, 20))
     span = request.resource_spans[0].scope_spans[0].spans[2]
     span.attributes.add(key="xsp.rank", value={"int_value": 1 << 40})
     body = request.SerializeToString()
@@ -92,7 +93,7 @@ def test_a_value_that_fits_no_column_is_refused_by_both(xsp_table: pa.Table) -> 
 
 
 def test_a_repeated_attribute_keeps_its_last_value_as_before(xsp_table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    request = otlp_layout.encode_request(RESOURCE, xsp_table.slice(0, 20))
     span = request.resource_spans[0].scope_spans[0].spans[1]
     span.attributes.add(key="xsp.iteration", value={"int_value": 41})
     column_wise, span_by_span = _both(request.SerializeToString())
@@ -102,7 +103,7 @@ def test_a_repeated_attribute_keeps_its_last_value_as_before(xsp_table: pa.Table
 
 
 def test_a_malformed_span_is_left_to_protobuf_to_name(xsp_table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 3))
+    request = otlp_layout.encode_request(RESOURCE, xsp_table.slice(0, 3))
     good = [s.SerializeToString() for s in request.resource_spans[0].scope_spans[0].spans]
     assert otlp_columns.common_columns(good) is not None
     for bad in (good[1][:-3], good[1] + b"\x0b", good[1] + b"\x9a\x01\x05ab"):  # cut, group, past
@@ -110,7 +111,7 @@ def test_a_malformed_span_is_left_to_protobuf_to_name(xsp_table: pa.Table) -> No
 
 
 def test_span_flags_and_dropped_counts_are_kept(xsp_table: pa.Table) -> None:
-    request = otlp.encode_request(RESOURCE, xsp_table.slice(0, 20))
+    request = otlp_layout.encode_request(RESOURCE, xsp_table.slice(0, 20))
     spans = request.resource_spans[0].scope_spans[0].spans
     spans[2].flags = 0x100
     spans[3].dropped_attributes_count = 4

@@ -36,8 +36,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from tests.fixtures import free_ports, make_collector, start_collector
 from tests.test_collector import _post
+from xsp.core import otlp
 from xsp.core.store import open_measurement, read_json
-from xsp.tracer.export import otlp
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE_SCHEMA = "https://opentelemetry.io/schemas/1.24.0"

@@ -286,8 +286,8 @@ def test_each_batch_is_sent_over_otlp_while_the_service_runs(tmp_path: Path) -> 
     """The collector acknowledges a batch's spans while the session runs, and holds every
     stored span in the end (level M on each of 9 iterations, F on 0, 3 and 6)."""
     from tests.fixtures import http_collector
+    from xsp.core.otlp.transport import OtlpConfig, make_transport
     from xsp.tracer.export.sinks import OtlpSink
-    from xsp.tracer.export.transport import OtlpConfig, make_transport
 
     collector = http_collector(tmp_path / "collector", flush_interval_s=0.05)
     try:

@@ -14,9 +14,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from tests.fixtures import damaged, fixture_table, varied_xsp_table
 from xsp.collector import span_columns, writer
+from xsp.core import otlp
 from xsp.core.native import NativeBuildError
-from xsp.tracer.export import otlp
-from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.core.otlp import columns as otlp_columns
+from xsp.tracer.export import otlp_layout
 
 native: Any = span_columns._native()
 pytestmark = pytest.mark.skipif(native is None, reason="no C compiler: spans decode with numpy")
@@ -25,7 +26,7 @@ RESOURCE = {"service.name": "xsp", "xsp.measurement.id": "m1", "xsp.levels": "MF
 
 
 def _spans(table: pa.Table) -> list[bytes]:
-    request = otlp.encode_request(RESOURCE, table)
+    request = otlp_layout.encode_request(RESOURCE, table)
     mirror = otlp_columns.parse_request(request.SerializeToString())
     return otlp.spans_and_scopes(mirror.resource_spans[0])[0]
 
@@ -85,7 +86,9 @@ def test_errors_links_remote_parents_floats_and_long_strings_decode_the_same() -
 
 
 def _damaged(damage: str) -> list[bytes]:
-    request = otlp.encode_request(RESOURCE, fixture_table("resnet18_train_cpu", "MF").slice(0, 6))
+    request = otlp_layout.encode_request(
+        RESOURCE, fixture_table("resnet18_train_cpu", "MF").slice(0, 6)
+    )
     span = request.resource_spans[0].scope_spans[0].spans[3]
     if damage == "trace_state":
         span.trace_state = "k=v"
@@ -180,7 +183,7 @@ def test_the_store_writer_converts_the_same_with_and_without_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table = varied_xsp_table()
-    body = otlp.encode_request(RESOURCE, table).SerializeToString()
+    body = otlp_layout.encode_request(RESOURCE, table).SerializeToString()
     requests = [otlp_columns.parse_request(body)] * 3
     with_native = writer.convert_together(requests)
     monkeypatch.setattr(span_columns, "_native", lambda: None)

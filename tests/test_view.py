@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, http_collector, write_run
 from xsp.collector import writer
-from xsp.core import schema, store
-from xsp.tracer.export import otlp
+from xsp.core import otlp, schema, store
+from xsp.tracer.export import otlp_layout
 from xsp.tracer.export.kernel_names import short_kernel_name
 from xsp.tracer.export.sinks import OtlpSink, SpanBatch
 from xsp.tracer.export.view import ADDED_COLUMN, with_backward_layers
@@ -224,8 +224,8 @@ def test_a_shortened_kernel_keeps_its_name_as_an_attribute() -> None:
         ],
         schema=schema.SPAN_SCHEMA,
     )  # fmt: skip
-    request = otlp.encode_request(RESOURCE, table, view=True)
-    json_request = otlp.encode_request_json(RESOURCE, table, view=True)
+    request = otlp_layout.encode_request(RESOURCE, table, view=True)
+    json_request = otlp_layout.encode_request_json(RESOURCE, table, view=True)
     assert otlp.request_to_json(request) == json_request
     (gpu,) = [rs for rs in request.resource_spans if rs.resource.attributes[0].value.string_value
               == "xsp.gpu"]  # fmt: skip
@@ -233,7 +233,7 @@ def test_a_shortened_kernel_keeps_its_name_as_an_attribute() -> None:
     assert kernel.name == "bn_fw_tr_1C11_singleread"
     assert {kv.key: kv.value.string_value for kv in kernel.attributes}["xsp.kernel.name"] == full
     assert writer.convert(request)[1][2].column("name")[0].as_py() == full
-    plain = otlp.encode_request(RESOURCE, table)  # as stored: one service, the full name
+    plain = otlp_layout.encode_request(RESOURCE, table)  # as stored: one service, the full name
     assert (
         len(plain.resource_spans) == 1
         and plain.resource_spans[0].scope_spans[0].spans[1].name == full

@@ -21,10 +21,10 @@ import pytest
 from benchmarks.large_trace import first_iteration, tiled_iteration
 from tests.test_chrome import _no_overlap_on_gpu_tracks
 from xsp.collector import writer
-from xsp.core import schema
-from xsp.tracer.export import otlp
+from xsp.core import otlp, schema
+from xsp.core.otlp.attributes import plain_value
+from xsp.tracer.export import otlp_layout
 from xsp.tracer.export.chrome import write_chrome_trace
-from xsp.tracer.export.otlp.attributes import plain_value
 from xsp.tracer.export.sinks import OtlpSink, SpanBatch
 from xsp.tracer.export.view import (
     ADDED_COLUMN,
@@ -188,8 +188,8 @@ def test_ops_keep_their_spans_when_they_fit(
     assert all(s["name"].startswith("folded: ") for s in summaries)
     # the file export (OTLP/JSON) writes what the protobuf requests hold
     laid_out = for_viewer(double)
-    assert otlp.request_to_json(otlp.encode_request(resource, laid_out, view=True)) == (
-        otlp.encode_request_json(resource, laid_out, view=True)
+    assert otlp.request_to_json(otlp_layout.encode_request(resource, laid_out, view=True)) == (
+        otlp_layout.encode_request_json(resource, laid_out, view=True)
     )
     # the xsp collector drops the summaries and stores the spans that were sent, as stored
     transport = _Collecting()

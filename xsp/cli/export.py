@@ -120,9 +120,9 @@ def push(
     A trace of more than --max-spans-per-trace spans keeps its model and framework spans and
     folds its API calls and kernels into per-op summary spans (not stored by a collector).
     """
+    from xsp.core.otlp.transport import OtlpConfig, make_transport
     from xsp.core.store import open_measurement
     from xsp.tracer.export.sinks import OtlpSink
-    from xsp.tracer.export.transport import OtlpConfig, make_transport
 
     runs = open_measurement(run_dir, warn, foreign=True)  # another sender's: as it came in
     config = OtlpConfig.from_env(endpoint)

@@ -23,7 +23,7 @@ from types import ModuleType
 from xsp.collector import ingest_view
 from xsp.core import schema
 from xsp.core.native import load_c_module, optional_c_module
-from xsp.tracer.export.otlp.attributes import NUMERIC
+from xsp.core.otlp.attributes import NUMERIC
 
 SOURCE = Path(__file__).with_name("native") / "door.c"
 WHAT = "the collector's native check"

@@ -15,7 +15,7 @@ import threading
 import time
 
 from xsp.core.errors import ExportError
-from xsp.tracer.export.transport import Transport
+from xsp.core.otlp.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Forwarder:
         self._transport.close()
 
     def _run(self) -> None:
-        from xsp.tracer.export.otlp.decode import parse_protobuf
+        from xsp.core.otlp.decode import parse_protobuf
 
         while True:
             with self._ready:

@@ -26,7 +26,7 @@ from xsp.collector.http_receiver import (
     Unavailable,
 )
 from xsp.core.errors import ConfigError
-from xsp.tracer.export.otlp.wire import DecodeError
+from xsp.core.otlp.wire import DecodeError
 
 log = logging.getLogger(__name__)
 

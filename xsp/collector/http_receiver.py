@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from xsp.core.errors import ConfigError
-from xsp.tracer.export.otlp.wire import DecodeError
+from xsp.core.otlp.wire import DecodeError
 
 log = logging.getLogger(__name__)
 

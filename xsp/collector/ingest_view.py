@@ -1,6 +1,6 @@
 """A fast, read-only view of an OTLP trace request for checking it at ingest.
 
-``check`` does what ``xsp.tracer.export.otlp.decode.validate`` does (same rules, same messages) on a mirror of the
+``check`` does what ``xsp.core.otlp.decode.validate`` does (same rules, same messages) on a mirror of the
 OTLP messages that declares span attributes as a map (wire-compatible with ``repeated KeyValue``:
 a map entry is a message of key = 1, value = 2, one level deep as a KeyValue is). The map lets the
 check look up the few numeric attributes of a span in C instead of walking all of them in Python:
@@ -25,10 +25,10 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from xsp.core import schema
-from xsp.tracer.export.otlp import mirror as otlp_mirror
-from xsp.tracer.export.otlp.attributes import NUMERIC, stored_parent, typed_value
-from xsp.tracer.export.otlp.decode import validate_span
-from xsp.tracer.export.otlp.wire import INT64_MAX, DecodeError
+from xsp.core.otlp import mirror as otlp_mirror
+from xsp.core.otlp.attributes import NUMERIC, stored_parent, typed_value
+from xsp.core.otlp.decode import validate_span
+from xsp.core.otlp.wire import INT64_MAX, DecodeError
 
 _PACKAGE = "xsp.ingest_view"
 _F = descriptor_pb2.FieldDescriptorProto

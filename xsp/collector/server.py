@@ -67,8 +67,8 @@ from xsp.collector.spool import DEFAULT_RESERVE_BYTES, DEFAULT_SEGMENT_BYTES, Sp
 from xsp.collector.store_worker import Stored, store_in_worker, store_requests
 from xsp.collector.writer import StoreWriter, note_quarantined
 from xsp.core.errors import ConfigError, StoreError, XspError
-from xsp.tracer.export.otlp.decode import parse_json
-from xsp.tracer.export.transport import OtlpConfig, Transport, make_transport
+from xsp.core.otlp.decode import parse_json
+from xsp.core.otlp.transport import OtlpConfig, Transport, make_transport
 
 log = logging.getLogger(__name__)
 

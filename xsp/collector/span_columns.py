@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from xsp.core import schema
 from xsp.core.native import load_c_module, optional_c_module
-from xsp.tracer.export.otlp import columns as otlp_columns
-from xsp.tracer.export.otlp.attributes import KINDS
+from xsp.core.otlp import columns as otlp_columns
+from xsp.core.otlp.attributes import KINDS
 
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
 WHAT = "the collector's native span decoder"

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from xsp.collector import writer
 from xsp.collector.writer import StoreWriter
-from xsp.tracer.export.otlp import columns as otlp_columns
+from xsp.core.otlp import columns as otlp_columns
 
 #: (index of the request in its segment, why it could not be converted)
 Poison = tuple[int, str]

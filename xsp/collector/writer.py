@@ -44,8 +44,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from xsp.collector import span_columns
 from xsp.core import schema, store
 from xsp.core.errors import StoreError
-from xsp.tracer.export.otlp import columns as otlp_columns
-from xsp.tracer.export.otlp.decode import (
+from xsp.core.otlp import columns as otlp_columns
+from xsp.core.otlp.decode import (
     parse_protobuf,
     plain_resource,
     resource_attributes,
@@ -53,7 +53,7 @@ from xsp.tracer.export.otlp.decode import (
     resource_json,
     table_from_resource_spans,
 )
-from xsp.tracer.export.otlp.json_types import AttributeValue, StoredResourceJson
+from xsp.core.otlp.json_types import AttributeValue, StoredResourceJson
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Each is read when it is used, never at import, so that a bad value fails as one 
 ``ConfigError`` that names the variable and the value (``XSP_CUPTI_BUFFER_MB='lots': ...``).
 ``check()`` reads them all, so that ``xsp run`` refuses a bad value before any process starts.
 The OpenTelemetry exporter variables (``OTEL_EXPORTER_OTLP_*``) are read by
-``xsp.tracer.export.transport.OtlpConfig``.
+``xsp.core.otlp.transport.OtlpConfig``.
 """
 
 from __future__ import annotations

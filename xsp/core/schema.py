@@ -42,7 +42,7 @@ COUNTER_LEVEL_SET: Final = level_table.alone_level_set(level_table.level("H"))
 # Span kinds (attribute xsp.kind): what a span stands for inside its level.
 KIND_STEP: Final = "step"  # model level: one iteration (of one rank, in a multi-rank job)
 KIND_ITERATION: Final = "iteration"  # model level: a multi-rank iteration, every rank's step
-#: The stored names of a trace's root (on the wire it takes the trace's title: otlp.trace_title)
+#: The stored names of a trace's root (on the wire it takes the trace's title: ``trace_title``)
 STEP_SPAN_NAME: Final = "step"
 ITERATION_SPAN_NAME: Final = "iteration"
 KIND_MODULE: Final = "module"  # framework: an nn.Module forward call
@@ -140,7 +140,7 @@ RES_RANK: Final = "xsp.rank"  # a rank process's own resource
 RES_WORLD_SIZE: Final = "xsp.world_size"  # a multi-rank job's level-set run and its ranks
 RES_RECONSTRUCTED: Final = "xsp.reconstructed"  # true on a leveled reconstruction
 RES_RECONSTRUCTED_FROM: Final = "xsp.reconstructed.from"  # its level sets, "M,MF,MFLG"
-#: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see xsp.tracer.export.otlp.
+#: Jaeger's host key for its clock-skew adjuster (its v1 API reads no other); see xsp.core.otlp.
 RES_JAEGER_HOST_KEY: Final = "ip"
 #: On a level's own resource (service "<service>.<level>", xsp.tracer.export.view): the run's
 #: own service name, which the decoder puts back.
@@ -186,7 +186,7 @@ class Column:
 
 _STR = pa.string()
 _DICT = pa.dictionary(pa.int32(), pa.string())
-#: An OTLP span event and link (attributes as OTLP/JSON text: xsp.tracer.export.otlp.json_values).
+#: An OTLP span event and link (attributes as OTLP/JSON text: xsp.core.otlp.json_values).
 EVENT_TYPE: Final = pa.struct(
     [
         ("time_ns", pa.int64()),

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from xsp.core.otlp.attributes import key_values
 from xsp.core.records import MonitorSamples
 from xsp.tracer.export.metrics_json import MetricsJson
-from xsp.tracer.export.otlp.attributes import key_values
 
 #: monitor field -> (metric name, unit, scale to the unit, attributes, monotonic sum?)
 METRICS: dict[str, tuple[str, str, float, dict[str, str], bool]] = {

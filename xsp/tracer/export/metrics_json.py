@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from xsp.tracer.export.otlp.json_types import KeyValueJson, ResourceJson, ScopeJson
+from xsp.core.otlp.json_types import KeyValueJson, ResourceJson, ScopeJson
 
 __all__ = [
     "GaugeJson",

@@ -24,10 +24,10 @@ import pyarrow.compute as pc
 
 from xsp.core import store
 from xsp.core.errors import XspError
-from xsp.tracer.export.otlp.json_types import StoredResourceJson
+from xsp.core.otlp.json_types import StoredResourceJson
 
 if TYPE_CHECKING:
-    from xsp.tracer.export.transport import Transport
+    from xsp.core.otlp.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class OtlpSink:
         self.requests_sent = 0
 
     def export(self, batch: SpanBatch) -> None:
-        from xsp.tracer.export import otlp  # here: protobuf's import is paid by OTLP users only
+        from xsp.core import otlp  # here: protobuf's import is paid by OTLP users only
 
         table = batch.table
         if self._view:
@@ -164,9 +164,9 @@ class OtlpSink:
             self._send(batch, part)
 
     def _send(self, batch: SpanBatch, part: pa.Table) -> None:
-        from xsp.tracer.export import otlp
+        from xsp.tracer.export import otlp_layout
 
-        request = otlp.encode_request(
+        request = otlp_layout.encode_request(
             batch.resource, part, self._scope_version, self._view, batch.resource_extra
         )
         if request.ByteSize() > self._max_bytes and part.num_rows > 1:
@@ -270,7 +270,8 @@ class OtlpJsonFileSink:
     def export(self, batch: SpanBatch) -> None:
         import json
 
-        from xsp.tracer.export import otlp
+        from xsp.core import otlp
+        from xsp.tracer.export import otlp_layout
 
         table = batch.table
         if self._view:
@@ -278,7 +279,7 @@ class OtlpJsonFileSink:
 
             table = for_viewer(table, self._max_per_trace)
         for trace in otlp.split_traces(table):
-            request = otlp.encode_request_json(
+            request = otlp_layout.encode_request_json(
                 batch.resource, trace, self._scope_version, self._view, batch.resource_extra
             )
             self._handle.write(json.dumps(request, separators=(",", ":")))

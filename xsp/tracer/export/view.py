@@ -2,7 +2,7 @@
 writes, on top of the stored spans, which stay as they are.
 
 - **One service per level** (``<service>.model``, ``.framework``, ``.library``, ``.gpu``, as XSP
-  gave each level its own tracer): ``otlp.encode_request(..., view=True)`` puts each level's spans
+  gave each level its own tracer): ``otlp_layout.encode_request(..., view=True)`` puts each level's spans
   in a ResourceSpans of their own (``level_resource``).
 - **Short kernel names** (``xsp.tracer.export.kernel_names``), the full name kept in
   ``schema.ATTR_KERNEL_NAME``; also done by the encoder.
@@ -60,7 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from xsp.core import schema
-from xsp.tracer.export.otlp.json_types import AttributeValue
+from xsp.core.otlp.json_types import AttributeValue
 
 #: Columns that exist only on the way to a viewer: the encoder turns them into the attributes
 #: ``schema.ATTR_VIEW_ADDED`` and ``schema.ATTR_VIEW_STORED_PARENT``.

@@ -126,8 +126,8 @@ def _gate(fd: int | None, report: Any = None) -> Any:
 
 
 def _sinks(endpoint: str | None) -> list[Sink]:
+    from xsp.core.otlp.transport import OtlpConfig, make_transport
     from xsp.tracer.export.sinks import OtlpSink  # protobuf's import, for OTLP runs only
-    from xsp.tracer.export.transport import OtlpConfig, make_transport
 
     config = OtlpConfig.from_env(endpoint)
     return [OtlpSink(make_transport(config))] if config is not None else []

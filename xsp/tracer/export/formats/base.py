@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of pyarrow
     import pyarrow as pa
 
+    from xsp.core.otlp.json_types import StoredResourceJson
     from xsp.core.store import Run
-    from xsp.tracer.export.otlp.json_types import StoredResourceJson
     from xsp.tracer.export.sinks import SpanBatch
 
 
@@ -88,7 +88,7 @@ def by_sender(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from xsp.tracer.export import otlp
+    from xsp.core import otlp
     from xsp.tracer.export.sinks import SpanBatch
 
     def sent_by(entry: Any, rows: pa.Table) -> SpanBatch:

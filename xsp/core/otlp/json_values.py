@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from xsp.tracer.export.otlp.json_types import AnyValueJson, AttributeValue, KeyValueJson
+from xsp.core.otlp.json_types import AnyValueJson, AttributeValue, KeyValueJson
 
 __all__ = [
     "attributes_text",

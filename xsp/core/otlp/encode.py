@@ -23,10 +23,10 @@ from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from xsp.tracer.export.otlp import json_values
-from xsp.tracer.export.otlp.attributes import any_value, key_values
-from xsp.tracer.export.otlp.json_types import AttributeValue, ScopeExtraJson, StoredResourceJson
-from xsp.tracer.export.otlp.rows import (
+from xsp.core.otlp import json_values
+from xsp.core.otlp.attributes import any_value, key_values
+from xsp.core.otlp.json_types import AttributeValue, ScopeExtraJson, StoredResourceJson
+from xsp.core.otlp.rows import (
     PLAIN,
     ScopeKey,
     SpanRow,
@@ -38,8 +38,8 @@ from xsp.tracer.export.otlp.rows import (
     span_rows,
     status_of,
 )
-from xsp.tracer.export.otlp.stored import RestRow
-from xsp.tracer.export.otlp.wire import DROPPED
+from xsp.core.otlp.stored import RestRow
+from xsp.core.otlp.wire import DROPPED
 
 __all__ = ["encode_resource_spans", "encode_resources"]
 

@@ -11,16 +11,16 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from xsp.core import schema
-from xsp.tracer.export.otlp import json_values
-from xsp.tracer.export.otlp.attributes import (
+from xsp.core.otlp import json_values
+from xsp.core.otlp.attributes import (
     KINDS,
     ColumnKind,
     plain_value,
     stored_parent,
     typed_value,
 )
-from xsp.tracer.export.otlp.stored import StoredEvent, StoredLink
-from xsp.tracer.export.otlp.wire import (
+from xsp.core.otlp.stored import StoredEvent, StoredLink
+from xsp.core.otlp.wire import (
     DROPPED,
     ITERATION_ROOT_IDS,
     ROOT_KINDS,

@@ -13,9 +13,9 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from xsp.core import schema
-from xsp.tracer.export.otlp import json_values
-from xsp.tracer.export.otlp.json_types import AnyValueJson
-from xsp.tracer.export.otlp.wire import DecodeError
+from xsp.core.otlp import json_values
+from xsp.core.otlp.json_types import AnyValueJson
+from xsp.core.otlp.wire import DecodeError
 
 __all__ = [
     "KINDS",

@@ -28,13 +28,13 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from xsp.core import schema
-from xsp.tracer.export.otlp import mirror
-from xsp.tracer.export.otlp import protobuf_fields as pf
-from xsp.tracer.export.otlp.attributes import KINDS
-from xsp.tracer.export.otlp.decode import Scopes, spans_and_scopes, table_from_columns
-from xsp.tracer.export.otlp.decode_spans import any_columns
-from xsp.tracer.export.otlp.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT
-from xsp.tracer.export.otlp.wire import (
+from xsp.core.otlp import mirror
+from xsp.core.otlp import protobuf_fields as pf
+from xsp.core.otlp.attributes import KINDS
+from xsp.core.otlp.decode import Scopes, spans_and_scopes, table_from_columns
+from xsp.core.otlp.decode_spans import any_columns
+from xsp.core.otlp.protobuf_fields import FIXED32, FIXED64, LENGTH, VARINT
+from xsp.core.otlp.wire import (
     INT64_MAX,
     ITERATION_ROOT_IDS,
     ROOT_KINDS,

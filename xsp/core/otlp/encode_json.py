@@ -16,8 +16,8 @@ from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from xsp.tracer.export.otlp import json_values
-from xsp.tracer.export.otlp.json_types import (
+from xsp.core.otlp import json_values
+from xsp.core.otlp.json_types import (
     AnyValueJson,
     AttributeValue,
     EventJson,
@@ -33,7 +33,7 @@ from xsp.tracer.export.otlp.json_types import (
     StoredResourceJson,
     TracesJson,
 )
-from xsp.tracer.export.otlp.rows import (
+from xsp.core.otlp.rows import (
     PLAIN,
     ScopeKey,
     SpanRow,
@@ -45,8 +45,8 @@ from xsp.tracer.export.otlp.rows import (
     span_rows,
     status_of,
 )
-from xsp.tracer.export.otlp.stored import RestRow, StoredEvent, StoredLink
-from xsp.tracer.export.otlp.wire import ID_KEYS
+from xsp.core.otlp.stored import RestRow, StoredEvent, StoredLink
+from xsp.core.otlp.wire import ID_KEYS
 
 __all__ = ["encode_resources_json", "request_to_json"]
 

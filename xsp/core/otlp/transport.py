@@ -133,7 +133,7 @@ class HttpTransport:
         if self._config.protocol == "http/json":
             import json
 
-            from xsp.tracer.export.otlp.encode_json import request_to_json
+            from xsp.core.otlp.encode_json import request_to_json
 
             body = json.dumps(request_to_json(request)).encode()
             content_type = "application/json"

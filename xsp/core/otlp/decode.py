@@ -17,15 +17,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 
 from xsp.core import schema
-from xsp.tracer.export.otlp import json_values
-from xsp.tracer.export.otlp.attributes import NUMERIC, stored_parent, typed_value
-from xsp.tracer.export.otlp.decode_spans import any_columns
-from xsp.tracer.export.otlp.json_types import (
+from xsp.core.otlp import json_values
+from xsp.core.otlp.attributes import NUMERIC, stored_parent, typed_value
+from xsp.core.otlp.decode_spans import any_columns
+from xsp.core.otlp.json_types import (
     AttributeValue,
     ScopeExtraJson,
     StoredResourceJson,
 )
-from xsp.tracer.export.otlp.wire import ID_KEYS, INT64_MAX, DecodeError
+from xsp.core.otlp.wire import ID_KEYS, INT64_MAX, DecodeError
 
 __all__ = [
     "DecodeError",

@@ -13,9 +13,9 @@ import pyarrow as pa
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from xsp.core import schema
-from xsp.tracer.export.otlp.json_types import AttributeValue, KeyValueJson
-from xsp.tracer.export.otlp.stored import RestRow
-from xsp.tracer.export.otlp.wire import ROOT_KINDS, SCOPE_NAME
+from xsp.core.otlp.json_types import AttributeValue, KeyValueJson
+from xsp.core.otlp.stored import RestRow
+from xsp.core.otlp.wire import ROOT_KINDS, SCOPE_NAME
 
 __all__ = [
     "PLAIN",

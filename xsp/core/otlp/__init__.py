@@ -13,12 +13,12 @@ The codec (no viewer layout, no torch; the collector imports these alone):
   fields beyond xsp's as a table's rows hold them; ``wire``: what encoder and decoders agree on;
 - ``batching``: a table cut into requests along its traces.
 
-``layout`` dresses the spans for Jaeger and the viewer (root titles, Jaeger's host key, one
-service per level, short kernel names: ``xsp.tracer.export.view``) and gives the encoders most
-callers use, ``encode_request`` and ``encode_request_json``. The transports that send requests
-are ``xsp.tracer.export.transport``.
+The layout on the wire for Jaeger and the viewer (root titles, Jaeger's host key, one service per
+level, short kernel names), with the encoders most callers use, ``encode_request`` and
+``encode_request_json``, is the export stage's (``xsp.tracer.export.otlp_layout``); the
+transports that send requests are ``transport``.
 
-The names below are loaded on first use, so importing a codec module does not load the layout.
+The names below are loaded on first use, so that importing one codec module loads no other.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from xsp.tracer.export.otlp.attributes import any_value, key_values
-    from xsp.tracer.export.otlp.batching import batches_under, split_traces
-    from xsp.tracer.export.otlp.decode import (
+    from xsp.core.otlp.attributes import any_value, key_values
+    from xsp.core.otlp.batching import batches_under, split_traces
+    from xsp.core.otlp.decode import (
         Scopes,
         parse_json,
         parse_protobuf,
@@ -43,16 +43,9 @@ if TYPE_CHECKING:
         validate,
         validate_span,
     )
-    from xsp.tracer.export.otlp.encode import encode_resource_spans
-    from xsp.tracer.export.otlp.encode_json import request_to_json
-    from xsp.tracer.export.otlp.layout import (
-        by_level,
-        encode_request,
-        encode_request_json,
-        trace_title,
-        wire_resource,
-    )
-    from xsp.tracer.export.otlp.wire import SCOPE_NAME, DecodeError
+    from xsp.core.otlp.encode import encode_resource_spans
+    from xsp.core.otlp.encode_json import request_to_json
+    from xsp.core.otlp.wire import SCOPE_NAME, DecodeError
 
 __all__ = [
     "SCOPE_NAME",
@@ -60,9 +53,6 @@ __all__ = [
     "Scopes",
     "any_value",
     "batches_under",
-    "by_level",
-    "encode_request",
-    "encode_request_json",
     "encode_resource_spans",
     "key_values",
     "parse_json",
@@ -76,10 +66,8 @@ __all__ = [
     "split_traces",
     "table_from_columns",
     "table_from_resource_spans",
-    "trace_title",
     "validate",
     "validate_span",
-    "wire_resource",
 ]
 
 #: Each name's module in this package.
@@ -88,11 +76,6 @@ _HOME = {
     "DecodeError": "wire",
     "any_value": "attributes",
     "key_values": "attributes",
-    "by_level": "layout",
-    "encode_request": "layout",
-    "encode_request_json": "layout",
-    "trace_title": "layout",
-    "wire_resource": "layout",
     "encode_resource_spans": "encode",
     "request_to_json": "encode_json",
     "batches_under": "batching",

@@ -14,11 +14,11 @@ import pyarrow.compute as pc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from xsp.core import schema
+from xsp.core.otlp.encode import encode_resources
+from xsp.core.otlp.encode_json import encode_resources_json
+from xsp.core.otlp.json_types import AttributeValue, StoredResourceJson, TracesJson
+from xsp.core.otlp.rows import WireLayout
 from xsp.tracer.export.kernel_names import short_kernel_name
-from xsp.tracer.export.otlp.encode import encode_resources
-from xsp.tracer.export.otlp.encode_json import encode_resources_json
-from xsp.tracer.export.otlp.json_types import AttributeValue, StoredResourceJson, TracesJson
-from xsp.tracer.export.otlp.rows import WireLayout
 from xsp.tracer.export.view import WIRE_COLUMNS, level_resource
 
 __all__ = [
