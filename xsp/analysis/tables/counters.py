@@ -28,22 +28,30 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 
 from __future__ import annotations
 
-import difflib
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.counter_matching import align_kernels, iteration_of, keyed
+from xsp.analysis.tables.counter_records import (
+    CountedKernel,
+    CounterValues,
+    GpuKernel,
+    Rates,
+    RooflinePoint,
+    Waste,
+)
 from xsp.analysis.tables.flop_formulas import EXACT_FAMILIES
 from xsp.analysis.tables.flops import counted as counted_ops
 from xsp.analysis.tables.flops import gpu_run, per_iteration, split, total_per_iteration
 from xsp.analysis.tables.peaks import Peaks, peaks_table, resolve
 from xsp.core import schema
-from xsp.core.counter_names import DERIVED, PRECISIONS, kernel_base, kernel_key
+from xsp.core.counter_names import DERIVED, PRECISIONS
 
 if TYPE_CHECKING:
     from xsp.core.store import Run
@@ -61,75 +69,6 @@ NO_COUNTERS = (
 )
 
 
-#: One kernel's (or an aggregate's) counter values by ``VALUES`` name; None where not counted.
-CounterValues = dict[str, float | None]
-
-
-@dataclass(frozen=True)
-class CountedKernel:
-    """One kernel of the typical iteration: the G run's latency (median over its iterations),
-    the counter values averaged over the counted iterations (all None where ``counted`` is
-    False), and its share of its op's algorithmic FLOPs (``_with_algorithmic``)."""
-
-    ordinal: int
-    span_id: int
-    kernel: str
-    layer: str | None
-    phase: str | None
-    latency_ns: float
-    counted: bool
-    values: CounterValues
-    algorithmic_flops: float | None = None
-    exact_flops: float | None = None
-
-
-class Rates(TypedDict):
-    """Work, intensity, achieved rate, roof and bound of one kernel or aggregate."""
-
-    work_gflop: float | None
-    achieved_gflop_per_s: float | None
-    arithmetic_intensity_flop_per_byte: float | None
-    attainable_gflop_per_s: float | None
-    precision: str | None
-    roof: str | None
-    bound: str | None
-
-
-class Waste(TypedDict):
-    """Executed against algorithmic FLOPs (``waste``)."""
-
-    algorithmic_gflop: float | None
-    executed_over_algorithmic: float | None
-    tile_waste_pct: float | None
-
-
-class RooflinePoint(TypedDict):
-    """One point of a roofline (a kernel or a layer): ``_ROOFLINE_SCHEMA``'s columns."""
-
-    name: str
-    layer: str | None
-    latency_us: float
-    arithmetic_intensity_flop_per_byte: float | None
-    achieved_gflop_per_s: float | None
-    attainable_gflop_per_s: float | None
-    of_attainable_pct: float | None
-    roof: str | None
-    bound: str | None
-
-
-class GpuKernel(TypedDict):
-    """A kernel row of the deepest run with level G (``_gpu_kernels``)."""
-
-    span_id: int
-    iteration: int
-    name: str
-    dur_ns: int
-    module_path: str | None
-    phase: str | None
-    grid: str | None
-    block: str | None
-
-
 @dataclass
 class CounterJoin:
     """The counter run joined onto the G run (see the module notes)."""
@@ -145,15 +84,6 @@ class CounterJoin:
     note: str = ""
     #: the counter run's gaps: quantities with no metric on the device, the metric set
     coverage: str = ""
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """Counter-run kernels paired with G-run kernels: ``pairs`` maps a G row's index to its
-    counter row's; ``matching`` says per counted iteration what matched and what did not."""
-
-    pairs: dict[int, int]
-    matching: pa.Table
 
 
 def unavailable(store: MeasurementStore) -> str | None:
@@ -208,127 +138,6 @@ def _gpu_kernels(store: MeasurementStore) -> list[GpuKernel]:
     ).to_pylist()
 
 
-def keyed(rows: Iterable[Mapping[str, object]], name: str) -> list[tuple[int, str, int]]:
-    """(iteration, key, ordinal among same-key kernels of the iteration) per row, rows given in
-    launch order within each iteration; the key is ``kernel_key`` of the row's ``name``."""
-    seen: dict[tuple[int, str], int] = {}
-    out = []
-    for row in rows:
-        key = kernel_key(str(row[name]))
-        it = _iteration(row)
-        ordinal = seen.get((it, key), 0)
-        seen[(it, key)] = ordinal + 1
-        out.append((it, key, ordinal))
-    return out
-
-
-def _iteration(row: Mapping[str, object]) -> int:
-    """A row's iteration (the rows are those of two tables: open records)."""
-    value = row["iteration"]
-    if not isinstance(value, (int, float)):
-        raise TypeError(f"iteration {value!r} is not a number")
-    return int(value)
-
-
-def _by_iteration(rows: Sequence[Mapping[str, object]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for index, row in enumerate(rows):
-        out.setdefault(_iteration(row), []).append(index)
-    return out
-
-
-def _tokens(
-    rows: Sequence[Mapping[str, object]], indices: list[int], name: str, shapes: bool
-) -> list[tuple[str, ...]]:
-    if shapes:
-        return [
-            (kernel_base(str(rows[i][name])), str(rows[i]["grid"]), str(rows[i]["block"]))
-            for i in indices
-        ]
-    return [(kernel_base(str(rows[i][name])),) for i in indices]
-
-
-def _pairs(a: list[tuple[str, ...]], b: list[tuple[str, ...]]) -> list[tuple[int, int]]:
-    """Positions of ``a`` and ``b`` that align: the common prefix and suffix, then difflib's
-    matching blocks in between (the usual case, identical sequences, costs one pass)."""
-    head = 0
-    while head < min(len(a), len(b)) and a[head] == b[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
-        tail += 1
-    pairs = [(i, i) for i in range(head)]
-    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
-    if middle_a and middle_b:
-        matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
-        for block in matcher.get_matching_blocks():
-            pairs += [(head + block.a + k, head + block.b + k) for k in range(block.size)]
-    pairs += [(len(a) - tail + k, len(b) - tail + k) for k in range(tail)]
-    return pairs
-
-
-def align_kernels(
-    gpu: Sequence[Mapping[str, object]], counted: Sequence[Mapping[str, object]]
-) -> Alignment:
-    """Pair the counter run's kernels (rows with ``iteration``, ``kernel``, optional ``grid``
-    and ``block``) with the G run's (``name`` instead of ``kernel``), each list in launch order
-    within an iteration, iteration by iteration (see the module notes), and say per counted
-    iteration how many matched, how many of those the tools spell differently, what either
-    side has alone, and the first kernel of each that the other lacks."""
-    g_by, c_by = _by_iteration(gpu), _by_iteration(counted)
-    pairs: dict[int, int] = {}
-    rows = []
-    for it in sorted(c_by):
-        g, c = g_by.get(it, []), c_by[it]
-        shapes = all(gpu[i].get("grid") and gpu[i].get("block") for i in g) and all(
-            counted[i].get("grid") and counted[i].get("block") for i in c
-        )
-        matched = _pairs(_tokens(gpu, g, "name", shapes), _tokens(counted, c, "kernel", shapes))
-        for gi, ci in matched:
-            pairs[g[gi]] = c[ci]
-        got_g, got_c = {gi for gi, _ in matched}, {ci for _, ci in matched}
-        only_g = [g[i] for i in range(len(g)) if i not in got_g]
-        only_c = [c[i] for i in range(len(c)) if i not in got_c]
-        spelled = sum(
-            1
-            for gi, ci in matched
-            if kernel_key(str(gpu[g[gi]]["name"])) != kernel_key(str(counted[c[ci]]["kernel"]))
-        )
-        rows.append(
-            {
-                "iteration": it,
-                "gpu_run_kernels": len(g),
-                "counter_run_kernels": len(c),
-                "matched": len(matched),
-                "spelled_differently": spelled,
-                "only_in_gpu_run": len(only_g),
-                "only_in_counter_run": len(only_c),
-                "first_only_in_gpu_run": kernel_key(str(gpu[only_g[0]]["name"]))
-                if only_g
-                else None,
-                "first_only_in_counter_run": kernel_key(str(counted[only_c[0]]["kernel"]))
-                if only_c
-                else None,
-            }
-        )
-    return Alignment(pairs, pa.Table.from_pylist(rows, schema=_MATCHING_SCHEMA))
-
-
-_MATCHING_SCHEMA = pa.schema(
-    [
-        ("iteration", pa.int64()),
-        ("gpu_run_kernels", pa.int64()),
-        ("counter_run_kernels", pa.int64()),
-        ("matched", pa.int64()),
-        ("spelled_differently", pa.int64()),
-        ("only_in_gpu_run", pa.int64()),
-        ("only_in_counter_run", pa.int64()),
-        ("first_only_in_gpu_run", pa.string()),
-        ("first_only_in_counter_run", pa.string()),
-    ]
-)
-
-
 def _coverage(run: Run) -> str:
     """What the counter run could not count, from its run.json: quantities the device offers
     no metric for, and the lean metric set's omissions."""
@@ -356,7 +165,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         for r in table.sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
         if r["iteration"] is not None and r["iteration"] >= 0
     ]
-    counted = sorted({_iteration(r) for r in counter_rows})
+    counted = sorted({iteration_of(r) for r in counter_rows})
     coverage = _coverage(run)
     gpu_rows = _gpu_kernels(store)
     if not gpu_rows:
