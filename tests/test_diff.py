@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from xsp.analysis import diff as diffs
+from xsp.analysis import samples
 from xsp.analysis.report.diff_html import cause_bars, waterfall_steps, write_diff_report
 from xsp.analysis.store import MeasurementStore
 from xsp.analysis.tables.kernels import kernels_by_layer
@@ -153,7 +154,7 @@ def test_a_measurement_against_itself_is_noise_everywhere() -> None:
 
 
 def test_the_verdict_needs_samples() -> None:
-    steps = diffs.step_samples(MeasurementStore(CHANNELS_LAST)).values["untraced step (M)"]
+    steps = samples.step_samples(MeasurementStore(CHANNELS_LAST)).values["untraced step (M)"]
     assert diffs.bootstrap_interval(steps, steps[:1]) is None
     assert diffs.verdict(None, "ms") == diffs.UNTESTED
     # unpaired: the 27.03 ms step among 23.3 ms ones can be a resample's median, so 1 ms
@@ -234,7 +235,7 @@ def test_different_workloads_are_compared_with_a_warning() -> None:
 
 
 def test_samples_are_zero_where_a_row_is_absent() -> None:
-    found = diffs._pivot(["a", "a", "b"], np.array([1, 2, 2]), np.array([1.0, 2.0, 5.0]),
+    found = samples.pivot(["a", "a", "b"], np.array([1, 2, 2]), np.array([1.0, 2.0, 5.0]),
                          np.array([1, 2]), calls=True)  # fmt: skip
     assert found.values["b"].tolist() == [0.0, 5.0]
     assert found.calls == {"a": 1.0, "b": 0.5}

@@ -1,15 +1,32 @@
 """Every analysis a measurement supports, under a stable key: the one list that ``xsp analyze``
-prints, ``xsp analyze --json`` writes and the HTML report draws."""
+prints, ``xsp analyze --json`` writes and the HTML report draws; and ``COMPARISONS``, the ones
+``xsp diff`` compares between two measurements."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
+from xsp.analysis import samples
+from xsp.analysis.samples import Samples
 from xsp.analysis.store import MeasurementStore
+
+__all__ = [
+    "COMPARISONS",
+    "COUNTER_KEYS",
+    "FLOP_KEYS",
+    "TOP_KERNELS",
+    "TOP_LAYERS",
+    "Comparison",
+    "Section",
+    "Unit",
+    "counter_sections",
+    "flop_sections",
+    "sections",
+]
 
 #: Row limits of the analyses that rank (the rest return every row).
 TOP_KERNELS = 25
@@ -48,6 +65,90 @@ def sections(store: MeasurementStore) -> list[Section]:
         *_memory(store),
         *_multi_rank(store),
     ]
+
+
+#: The unit of a compared row's figures: what its columns end in and its verdict's words.
+Unit = Literal["ms", "bytes", ""]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An analysis ``xsp diff`` compares: ``key`` is its ``--json`` key, ``label`` what its rows
+    are (``layer``, ``kernel``: the rows' first column), ``samples`` reads each row's
+    per-iteration values from one measurement (None where it recorded none); ``needs_replay``
+    where those come from the G run and the replay. Declared, not built: a diff reads only the
+    samples, never the tables of ``sections``."""
+
+    key: str
+    title: str
+    label: str
+    unit: Unit
+    samples: Callable[[MeasurementStore], Samples | None]
+    needs_replay: bool = True
+    note: str = ""
+
+
+#: What ``xsp diff`` compares, in the order it lists them.
+COMPARISONS = (
+    Comparison("step", "Step", "step", "ms", samples.step_samples, needs_replay=False),
+    Comparison("replayed_step", "Replayed step", "step", "ms", samples.replayed_step_samples),
+    Comparison(
+        "layers_gpu",
+        "Layers by GPU time (forward + backward)",
+        "layer",
+        "ms",
+        samples.layer_gpu_samples,
+        note="the activities each layer's ops launched, G run durations",
+    ),
+    Comparison(
+        "layers_critical_path",
+        "Layers by critical-path time (replayed step)",
+        "layer",
+        "ms",
+        samples.layer_path_samples,
+    ),
+    Comparison(
+        "kernels",
+        "GPU kernels and copies by name",
+        "kernel",
+        "ms",
+        samples.activity_samples,
+        note="calls per iteration beside; 'only before'/'only after': a kernel one side lacks",
+    ),
+    Comparison(
+        "ops",
+        "Ops by GPU time",
+        "op",
+        "ms",
+        samples.op_samples,
+        note="each outermost op (or autograd node) by its layer and name",
+    ),
+    Comparison(
+        "memory",
+        "Memory allocated per layer",
+        "layer",
+        "bytes",
+        samples.memory_samples,
+        needs_replay=False,
+        note="bytes per iteration, from the F run's allocator events",
+    ),
+    Comparison(
+        "counters",
+        "Hardware counters (model aggregate)",
+        "metric",
+        "",
+        samples.counter_values,
+        needs_replay=False,
+        note="one counted pass each: no per-iteration samples, so no verdict",
+    ),
+    Comparison(
+        "causes",
+        "Critical path by cause (replayed step)",
+        "cause",
+        "ms",
+        samples.cause_samples,
+    ),
+)
 
 
 def _memory(store: MeasurementStore) -> list[Section]:

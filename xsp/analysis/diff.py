@@ -6,10 +6,13 @@ by cause) and gives each row ``before``, ``after``, ``change``, ``change_pct`` a
 
 Algorithm notes:
 
-1. **Samples.** A row's figure is the median of its per-iteration values: the untraced step from
-   every complete iteration of the M run; everything from the G run (layers, activities, ops,
-   causes) from the replay's steady iterations (``xsp.analysis.replay``), a row absent from an
-   iteration counting 0 there; memory from the F run's allocator events, per iteration.
+0. **Sections.** What is compared is the catalog's ``COMPARISONS`` (``xsp.analysis.catalog``),
+   in its order: each names its rows, its unit and how to read one side's samples.
+1. **Samples.** A row's figure is the median of its per-iteration values
+   (``xsp.analysis.samples``): the untraced step from every complete iteration of the M run;
+   everything from the G run (layers, activities, ops, causes) from the replay's steady
+   iterations (``xsp.analysis.replay``), a row absent from an iteration counting 0 there; memory
+   from the F run's allocator events, per iteration.
 2. **Verdict.** A bootstrap of the difference of medians (``after - before``): each side's
    samples are resampled with replacement (``RESAMPLES`` times, seed ``SEED``); where the 95%
    interval of the differences excludes 0 the row is faster or slower (less or more for bytes),
@@ -23,18 +26,40 @@ Algorithm notes:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.catalog import COMPARISONS, Comparison
+from xsp.analysis.samples import Samples
+from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 from xsp.core.errors import StoreError
+
+__all__ = [
+    "CONFIDENCE",
+    "MIN_SAMPLES",
+    "NOISE",
+    "RESAMPLES",
+    "SEED",
+    "TEST",
+    "UNTESTED",
+    "Diff",
+    "DiffJson",
+    "DiffSection",
+    "SectionJson",
+    "bootstrap_interval",
+    "compare",
+    "configuration_changes",
+    "diff",
+    "pair_warnings",
+    "require_model_run",
+    "rows_json",
+    "verdict",
+]
 
 #: Bootstrap resamples per row, their seed, and the interval's confidence.
 RESAMPLES = 1000
@@ -52,21 +77,6 @@ VERDICT_WORDS = {"ms": ("faster", "slower"), "bytes": ("less", "more"), "": ("lo
 NOISE = "noise"
 UNTESTED = "untested"
 BOTH, ONLY_BEFORE, ONLY_AFTER = "both", "only before", "only after"
-#: Activity kinds a GPU activity row can be (kernels, copies, memsets).
-_ACTIVITY = (schema.KIND_KERNEL, schema.KIND_MEMCPY, schema.KIND_MEMSET)
-_NO_LAYER = "(no layer)"
-#: What autograd's spans put before a backward node's name (``CudnnBatchNormBackward0``).
-_AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Per-iteration values of one measurement's rows: ``values[row]`` has one value per
-    iteration (``iterations`` of them); ``calls[row]`` the row's count per iteration (median)."""
-
-    iterations: int
-    values: dict[str, np.ndarray]
-    calls: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,7 @@ def compare(before: Samples, after: Samples, label: str, unit: str, scale: float
     values are divided by ``scale`` (ns to ms)."""
     suffix = f"_{unit}" if unit else ""
     with_calls = bool(before.calls or after.calls)
-    rows = []
+    ranked: list[tuple[tuple[float, str], dict[str, object]]] = []
     for name in sorted(set(before.values) | set(after.values)):
         b = before.values.get(name, np.zeros(before.iterations)) / scale
         a = after.values.get(name, np.zeros(after.iterations)) / scale
@@ -149,7 +159,8 @@ def compare(before: Samples, after: Samples, label: str, unit: str, scale: float
         a_median = float(np.median(a)) if len(a) else 0.0
         interval = bootstrap_interval(b, a)
         change = a_median - b_median
-        row: dict[str, Any] = {
+        # the columns are named after the section's label and unit: an open record
+        row: dict[str, object] = {
             label: name,
             f"before{suffix}": b_median,
             f"after{suffix}": a_median,
@@ -163,8 +174,8 @@ def compare(before: Samples, after: Samples, label: str, unit: str, scale: float
         if with_calls:
             row["before_calls_per_iteration"] = before.calls.get(name, 0.0)
             row["after_calls_per_iteration"] = after.calls.get(name, 0.0)
-        rows.append(row)
-    rows.sort(key=lambda r: (-abs(r[f"change{suffix}"]), r[label]))
+        ranked.append(((-abs(change), name), row))
+    rows = [row for _, row in sorted(ranked, key=lambda item: item[0])]
     return pa.Table.from_pylist(rows) if rows else pa.table({label: pa.array([], pa.string())})
 
 
@@ -176,28 +187,7 @@ def _match(name: str, before: Samples, after: Samples) -> str:
     return BOTH
 
 
-# -- per-iteration samples of one measurement --------------------------------------------------
-
-
-def _pivot(
-    keys: list[Any], iterations: np.ndarray, values: np.ndarray, kept: np.ndarray, calls: bool
-) -> Samples:
-    """Sum ``values`` per (key, iteration) over the ``kept`` iterations; a key absent from an
-    iteration is 0 there. With ``calls``, each key's median count per iteration too."""
-    kept = np.sort(np.asarray(kept, dtype=np.int64))
-    iterations = np.asarray(iterations, dtype=np.int64)
-    column = np.searchsorted(kept, iterations)
-    inside = (column < len(kept)) & (kept[np.minimum(column, len(kept) - 1)] == iterations)
-    names, row = np.unique(np.asarray([str(k) for k in keys], dtype=object), return_inverse=True)
-    sums = np.zeros((len(names), len(kept)))
-    counts = np.zeros((len(names), len(kept)))
-    np.add.at(sums, (row[inside], column[inside]), np.asarray(values, dtype=np.float64)[inside])
-    np.add.at(counts, (row[inside], column[inside]), 1)
-    present = counts.sum(axis=1) > 0  # keys seen only in left-out iterations are no rows
-    values_by_name = {str(n): sums[i] for i, n in enumerate(names) if present[i]}
-    medians = np.median(counts, axis=1) if len(kept) else np.zeros(len(names))
-    counted = {str(n): float(medians[i]) for i, n in enumerate(names) if present[i]}
-    return Samples(len(kept), values_by_name, counted if calls else {})
+# -- the comparison --------------------------------------------------------------------------
 
 
 def require_model_run(store: MeasurementStore) -> None:
@@ -210,274 +200,12 @@ def require_model_run(store: MeasurementStore) -> None:
         )
 
 
-def step_samples(store: MeasurementStore) -> Samples:
-    """The untraced step (ns): every complete iteration of the M run."""
-    index = next(i for i, run in enumerate(store.runs) if run.levels == "M")
-    spans = store.run_spans(index)
-    steps = spans.filter(
-        pc.and_(
-            pc.equal(spans.column("kind").cast(pa.string()), schema.KIND_STEP),
-            spans.column("status_message").is_null(),
-        )
-    )
-    return Samples(steps.num_rows, {"untraced step (M)": np.asarray(steps.column("dur_ns"), float)})
-
-
 def has_gpu(store: MeasurementStore) -> bool:
     """True when a run of the measurement recorded GPU activities (level G)."""
     return any(run.level_set.gpu for run in store.runs)
 
 
-@dataclass(frozen=True)
-class _Replayed:
-    """The deep run's spans as the replay timed them, and its steady iterations."""
-
-    spans: pa.Table
-    parent: np.ndarray
-    dur_ns: np.ndarray
-    iteration: np.ndarray
-    kind: np.ndarray
-    layer: np.ndarray
-    kept: np.ndarray
-    path: pa.Table
-    step_ns: np.ndarray  # the replayed step of each kept iteration
-
-
-def _replayed(store: MeasurementStore) -> _Replayed:
-    """The replay's timings in arrays, once per store."""
-    return _REPLAYED.of(store)
-
-
-def _replayed_arrays(store: MeasurementStore) -> _Replayed:
-    from xsp.analysis.replay import replay
-
-    result = replay(store)
-    steps = result.steps
-    steady = np.asarray(steps.column("steady"), dtype=bool)
-    spans = result.spans
-    return _Replayed(
-        spans,
-        result.parent,
-        result.dur_ns,
-        np.asarray(spans.column("iteration").fill_null(-1), dtype=np.int64),
-        texts(spans.column("kind")),
-        texts(spans.column("module_path")),
-        np.asarray(steps.column("iteration"), dtype=np.int64)[steady],
-        result.path,
-        np.asarray(steps.column("replayed_ms"), dtype=np.float64)[steady] * 1e6,
-    )
-
-
-_REPLAYED = Derived("diff_replayed", _replayed_arrays, needs=("replay",))
-
-
-def replayed_step_samples(store: MeasurementStore) -> Samples:
-    """The replayed step (ns) of each steady iteration."""
-    found = _replayed(store)
-    return Samples(len(found.kept), {"replayed step": found.step_ns})
-
-
-def _activities(found: _Replayed) -> np.ndarray:
-    return np.nonzero(np.isin(found.kind, _ACTIVITY))[0]
-
-
-def layer_gpu_samples(store: MeasurementStore) -> Samples:
-    """Each layer's GPU time (ns; forward, backward and any other phase): the activities its
-    ops launched, with the G run's durations."""
-    found = _replayed(store)
-    rows = _activities(found)
-    rows = rows[found.layer[rows] != ""]
-    return _pivot(
-        found.layer[rows].tolist(),
-        found.iteration[rows],
-        found.dur_ns[rows],
-        found.kept,
-        calls=False,
-    )
-
-
-def layer_path_samples(store: MeasurementStore) -> Samples:
-    """Each layer's time on the replayed step's critical path (ns)."""
-    found = _replayed(store)
-    row = np.asarray(found.path.column("row"), dtype=np.int64)
-    layer = found.layer[row]
-    keep = layer != ""
-    return _pivot(
-        layer[keep].tolist(),
-        np.asarray(found.path.column("iteration"), dtype=np.int64)[keep],
-        np.asarray(found.path.column("dur_ns"), dtype=np.int64)[keep],
-        found.kept,
-        calls=False,
-    )
-
-
-def cause_samples(store: MeasurementStore) -> Samples:
-    """The replayed step's critical path by cause (ns): GPU compute, host work, ..."""
-    found = _replayed(store)
-    return _pivot(
-        found.path.column("cause").to_pylist(),
-        np.asarray(found.path.column("iteration"), dtype=np.int64),
-        np.asarray(found.path.column("dur_ns"), dtype=np.int64),
-        found.kept,
-        calls=False,
-    )
-
-
-def activity_samples(store: MeasurementStore) -> Samples:
-    """GPU activities by name (ns, with calls per iteration): kernels, copies, memsets."""
-    found = _replayed(store)
-    rows = _activities(found)
-    names = found.spans.column("name").cast(pa.string()).take(pa.array(rows)).to_pylist()
-    return _pivot(names, found.iteration[rows], found.dur_ns[rows], found.kept, calls=True)
-
-
-def _outermost_ops(found: _Replayed, rows: np.ndarray) -> np.ndarray:
-    """Each row's outermost ancestor that is an op or an autograd node (-1 where none): the op
-    a layer called (``aten::conv2d``) or the backward node that ran for it."""
-    is_op = np.isin(found.kind, (schema.KIND_OP, schema.KIND_BACKWARD))
-    best = np.full(len(rows), -1, dtype=np.int64)
-    current = found.parent[rows]
-    while (current >= 0).any():
-        safe = np.maximum(current, 0)
-        best = np.where((current >= 0) & is_op[safe], current, best)
-        current = np.where(current >= 0, found.parent[safe], -1)
-    return best
-
-
-def op_samples(store: MeasurementStore) -> Samples:
-    """Ops by GPU time (ns): the activities each outermost op launched, keyed by the op's
-    layer and name ("conv1 aten::conv2d", "bn1 CudnnBatchNormBackward0"), matched so across the measurements."""
-    found = _replayed(store)
-    rows = _activities(found)
-    ops = _outermost_ops(found, rows)
-    rows, ops = rows[ops >= 0], ops[ops >= 0]
-    names = found.spans.column("name").cast(pa.string()).take(pa.array(ops)).to_pylist()
-    keys = [
-        f"{layer or _NO_LAYER} {name.removeprefix(_AUTOGRAD_NODE)}"
-        for layer, name in zip(found.layer[ops].tolist(), names, strict=True)
-    ]
-    return _pivot(keys, found.iteration[rows], found.dur_ns[rows], found.kept, calls=False)
-
-
-def memory_samples(store: MeasurementStore) -> Samples | None:
-    """Bytes each layer allocates per iteration (level F's allocator events, every device);
-    None without events."""
-    from xsp.analysis.tables.memory import memory_run
-
-    found = memory_run(store)
-    if found is None:
-        return None
-    events = found[1]
-    allocated = np.asarray(events.column("bytes"), dtype=np.int64)
-    keep = allocated > 0
-    layers = events.column("module_path").cast(pa.string()).fill_null("").to_pylist()
-    iteration = np.asarray(events.column("iteration").fill_null(-1), dtype=np.int64)
-    kept = np.unique(iteration[iteration >= 0])
-    return _pivot(
-        [layer or _NO_LAYER for layer, k in zip(layers, keep.tolist(), strict=True) if k],
-        iteration[keep],
-        allocated[keep],
-        kept,
-        calls=False,
-    )
-
-
-def counter_values(store: MeasurementStore) -> Samples | None:
-    """The model's hardware-counter aggregate (A15), one value per numeric metric: a counter
-    run counts one pass, so these rows are untested. None without a counter run."""
-    from xsp.analysis.tables.counters import model_metrics
-
-    if not store.counter_runs:
-        return None
-    table = model_metrics(store)
-    if not table.num_rows:
-        return None
-    row = table.to_pylist()[0]
-    values = {
-        name: np.array([float(value)])
-        for name, value in row.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
-    return Samples(1, values)
-
-
-# -- the comparison --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """One section: what its rows are and how to read each side's samples."""
-
-    key: str
-    title: str
-    label: str
-    unit: str
-    samples: Callable[[MeasurementStore], Samples | None]
-    needs_replay: bool = True
-    note: str = ""
-
-
 NS_PER_MS = 1e6
-SECTIONS = (
-    _Spec("step", "Step", "step", "ms", step_samples, needs_replay=False),
-    _Spec("replayed_step", "Replayed step", "step", "ms", replayed_step_samples),
-    _Spec(
-        "layers_gpu",
-        "Layers by GPU time (forward + backward)",
-        "layer",
-        "ms",
-        layer_gpu_samples,
-        note="the activities each layer's ops launched, G run durations",
-    ),
-    _Spec(
-        "layers_critical_path",
-        "Layers by critical-path time (replayed step)",
-        "layer",
-        "ms",
-        layer_path_samples,
-    ),
-    _Spec(
-        "kernels",
-        "GPU kernels and copies by name",
-        "kernel",
-        "ms",
-        activity_samples,
-        note="calls per iteration beside; 'only before'/'only after': a kernel one side lacks",
-    ),
-    _Spec(
-        "ops",
-        "Ops by GPU time",
-        "op",
-        "ms",
-        op_samples,
-        note="each outermost op (or autograd node) by its layer and name",
-    ),
-    _Spec(
-        "memory",
-        "Memory allocated per layer",
-        "layer",
-        "bytes",
-        memory_samples,
-        needs_replay=False,
-        note="bytes per iteration, from the F run's allocator events",
-    ),
-    _Spec(
-        "counters",
-        "Hardware counters (model aggregate)",
-        "metric",
-        "",
-        counter_values,
-        needs_replay=False,
-        note="one counted pass each: no per-iteration samples, so no verdict",
-    ),
-    _Spec(
-        "causes",
-        "Critical path by cause (replayed step)",
-        "cause",
-        "ms",
-        cause_samples,
-    ),
-)
 
 
 def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
@@ -488,7 +216,7 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
         store.require_spans()
     unreplayed = _why_no_replay(before) or _why_no_replay(after)
     sections = []
-    for spec in SECTIONS:
+    for spec in COMPARISONS:
         if spec.needs_replay and unreplayed:
             sections.append(_absent(spec, unreplayed))
             continue
@@ -524,7 +252,7 @@ def _why_no_replay(store: MeasurementStore) -> str | None:
     return None
 
 
-def _absent(spec: _Spec, why: str) -> DiffSection:
+def _absent(spec: Comparison, why: str) -> DiffSection:
     empty = pa.table({spec.label: pa.array([], pa.string())})
     return DiffSection(spec.key, spec.title, spec.label, spec.unit, empty, spec.note, why)
 
@@ -541,7 +269,8 @@ CONFIGURATION = {
 }
 
 
-def _configuration(store: MeasurementStore) -> dict[str, Any]:
+def _configuration(store: MeasurementStore) -> dict[str, object]:
+    """The measurement's configuration by the names of ``CONFIGURATION`` (None where absent)."""
     resource = (store.runs[0].meta.get("resource") or {}) if store.runs else {}
     return {name: resource.get(key) for key, name in CONFIGURATION.items()}
 
@@ -565,13 +294,34 @@ def pair_warnings(before: MeasurementStore, after: MeasurementStore) -> list[str
     return []
 
 
-def rows_json(result: Diff) -> dict[str, Any]:
+class SectionJson(TypedDict):
+    """One section of ``xsp diff --json``: its rows' columns are those of ``compare``."""
+
+    title: str
+    unit: str
+    note: str
+    absent: str | None
+    rows: list[dict[str, object]]
+
+
+class DiffJson(TypedDict):
+    """``xsp diff --json``'s document."""
+
+    before: str
+    after: str
+    test: str
+    changes: list[str]
+    warnings: list[str]
+    sections: dict[str, SectionJson]
+
+
+def _finite(value: object) -> object:
+    """JSON has no NaN or infinity: None in their place."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def rows_json(result: Diff) -> DiffJson:
     """``xsp diff --json``'s document: the pair, the test, and each section's rows."""
-    import math
-
-    def clean(value: Any) -> Any:
-        return None if isinstance(value, float) and not math.isfinite(value) else value
-
     return {
         "before": result.before,
         "after": result.after,
@@ -584,7 +334,7 @@ def rows_json(result: Diff) -> dict[str, Any]:
                 "unit": s.unit,
                 "note": s.note,
                 "absent": s.absent or None,
-                "rows": [{k: clean(v) for k, v in r.items()} for r in s.table.to_pylist()],
+                "rows": [{k: _finite(v) for k, v in r.items()} for r in s.table.to_pylist()],
             }
             for s in result.sections
         },

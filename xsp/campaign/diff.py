@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis import diff as diffs
+from xsp.analysis.samples import step_samples
 from xsp.campaign.store import CampaignStore
 
 #: What a job row says where one campaign lacks the job or its result is not ok.
@@ -32,7 +33,7 @@ def _step_samples(run_dir: Path) -> np.ndarray | None:
         return None
     try:
         store = MeasurementStore(run_dir)
-        return next(iter(diffs.step_samples(store).values.values()))
+        return next(iter(step_samples(store).values.values()))
     except DamagedFileError:
         raise  # a kept measurement that is damaged is an error, never a fallback to medians
     except (StoreError, StopIteration):

@@ -17,14 +17,14 @@ print the verdict as unchecked.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
 from xsp.analysis.reconstruction.matching import level_sources
 from xsp.analysis.reconstruction.untraced import INTERLEAVED, Untraced, untraced_steps
-from xsp.analysis.replay.m_interval import COVERAGE, RESAMPLES, SEED, MInterval
+from xsp.analysis.replay.m_interval import COVERAGE, RESAMPLES, SEED, MInterval, MIntervalJson
 from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 
@@ -37,8 +37,43 @@ __all__ = [
     "AcrossProcessesCheck",
     "InProcessCheck",
     "ReplayChecks",
+    "ReplayChecksJson",
     "check_replay",
 ]
+
+
+class InProcessJson(TypedDict):
+    """``InProcessCheck`` in ``xsp analyze --json``: its fields, in their order."""
+
+    run: str
+    untraced_ms: float
+    replayed_ms: float
+    error_pct: float
+    error_low_pct: float
+    error_high_pct: float
+    holds: bool
+    tolerance_pct: float
+    pairs: int
+    checked_iterations: list[int]
+    added_ms: float | None
+    records_per_iteration: float | None
+    added_ns_per_record: float | None
+
+
+class AcrossProcessesJson(MIntervalJson):
+    """``AcrossProcessesCheck`` in ``xsp analyze --json``: the interval, and the replay in it."""
+
+    replayed_ms: float
+    position: str
+
+
+class ReplayChecksJson(TypedDict):
+    """``ReplayChecks`` in ``xsp analyze --json``."""
+
+    in_process: InProcessJson | None
+    m_interval: AcrossProcessesJson | None
+    checked: bool
+    unchecked: list[str]
 
 
 @dataclass(frozen=True)
@@ -61,10 +96,22 @@ class InProcessCheck:
     records_per_iteration: float | None
     added_ns_per_record: float | None
 
-    def as_dict(self) -> dict[str, Any]:
-        found = asdict(self)
-        found["checked_iterations"] = list(self.checked_iterations)
-        return found
+    def as_dict(self) -> InProcessJson:
+        return {
+            "run": self.run,
+            "untraced_ms": self.untraced_ms,
+            "replayed_ms": self.replayed_ms,
+            "error_pct": self.error_pct,
+            "error_low_pct": self.error_low_pct,
+            "error_high_pct": self.error_high_pct,
+            "holds": self.holds,
+            "tolerance_pct": self.tolerance_pct,
+            "pairs": self.pairs,
+            "checked_iterations": list(self.checked_iterations),
+            "added_ms": self.added_ms,
+            "records_per_iteration": self.records_per_iteration,
+            "added_ns_per_record": self.added_ns_per_record,
+        }
 
 
 @dataclass(frozen=True)
@@ -75,7 +122,7 @@ class AcrossProcessesCheck:
     replayed_ms: float
     position: str  # "inside", "above" or "below" the interval
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> AcrossProcessesJson:
         return {
             **self.interval.as_dict(),
             "replayed_ms": self.replayed_ms,
@@ -96,7 +143,7 @@ class ReplayChecks:
     def checked(self) -> bool:
         return self.in_process is not None and self.m_interval is not None and not self.unchecked
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ReplayChecksJson:
         return {
             "in_process": None if self.in_process is None else self.in_process.as_dict(),
             "m_interval": None if self.m_interval is None else self.m_interval.as_dict(),

@@ -14,7 +14,7 @@ iterations alone, which cannot tell the host's variance from the tracer's overhe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +34,18 @@ SEED = 0
 #: The manifest's list of the further M processes (``xsp.tracer.run.m_processes``).
 MANIFEST_KEY = "m_processes"
 MODEL_ONLY = "M"
+
+
+class MIntervalJson(TypedDict):
+    """``MInterval`` in ``xsp analyze --json``."""
+
+    median_ms: float
+    low_ms: float
+    high_ms: float
+    processes: int
+    process_medians_ms: list[float]
+    iterations: int
+    coverage: float
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,7 @@ class MInterval:
             return "above"
         return "below" if ms < self.low_ms else "inside"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> MIntervalJson:
         return {
             "median_ms": self.median_ms,
             "low_ms": self.low_ms,

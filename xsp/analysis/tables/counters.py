@@ -28,22 +28,33 @@ kernels of the deepest run with level G by structure, never by time (algorithm n
 
 from __future__ import annotations
 
-import difflib
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from xsp.analysis.derived import Derived
 from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.counter_matching import align_kernels, iteration_of, keyed
+from xsp.analysis.tables.counter_records import (
+    CountedKernel,
+    CounterValues,
+    GpuKernel,
+    Rates,
+    RooflinePoint,
+    Waste,
+)
 from xsp.analysis.tables.flop_formulas import EXACT_FAMILIES
 from xsp.analysis.tables.flops import counted as counted_ops
 from xsp.analysis.tables.flops import gpu_run, per_iteration, split, total_per_iteration
 from xsp.analysis.tables.peaks import Peaks, peaks_table, resolve
 from xsp.core import schema
-from xsp.core.counter_names import DERIVED, PRECISIONS, kernel_base, kernel_key
+from xsp.core.counter_names import DERIVED, PRECISIONS
+
+if TYPE_CHECKING:
+    from xsp.core.store import Run
 
 #: Counter columns averaged per kernel and carried into the analyses: the counter table's
 #: derived columns but ncu's own duration (replay times are not the G run's).
@@ -62,26 +73,17 @@ NO_COUNTERS = (
 class CounterJoin:
     """The counter run joined onto the G run (see the module notes)."""
 
-    kernels: list[dict[str, Any]]  # the typical iteration, in launch order
+    kernels: list[CountedKernel]  # the typical iteration, in launch order
     matching: pa.Table
     peaks: Peaks
     counter_levels: str
     #: counter values per G-run key (kernel_key, ordinal), averaged over the counted iterations
-    values: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    values: dict[tuple[str, int], CounterValues] = field(default_factory=dict)
     counted_iterations: list[int] = field(default_factory=list)
     gpu_iterations: int = 0
     note: str = ""
     #: the counter run's gaps: quantities with no metric on the device, the metric set
     coverage: str = ""
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """Counter-run kernels paired with G-run kernels: ``pairs`` maps a G row's index to its
-    counter row's; ``matching`` says per counted iteration what matched and what did not."""
-
-    pairs: dict[int, int]
-    matching: pa.Table
 
 
 def unavailable(store: MeasurementStore) -> str | None:
@@ -99,7 +101,7 @@ def counter_join(store: MeasurementStore) -> CounterJoin | None:
     return COUNTER_JOIN.of(store)
 
 
-def _counter_source(store: MeasurementStore) -> tuple[Any, pa.Table] | None:
+def _counter_source(store: MeasurementStore) -> tuple[Run, pa.Table] | None:
     for run in store.counter_runs:
         table = run.counters()
         if table is not None and table.num_rows:
@@ -118,14 +120,14 @@ def _device(store: MeasurementStore) -> str:
 def store_peaks(store: MeasurementStore) -> Peaks:
     """The roofs of this measurement: measured by its counter run where it did, else the
     datasheet's for its device."""
-    measured: dict[str, Any] = {}
+    measured: dict[str, float] = {}
     for run in store.counter_runs:
         counters = run.document.counters or {}
         measured = dict(counters.get("peaks_measured") or {}) or measured
     return resolve(_device(store), measured)
 
 
-def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
+def _gpu_kernels(store: MeasurementStore) -> list[GpuKernel]:
     return store.sql(
         """
         SELECT span_id, iteration, name, dur_ns, module_path, phase, grid, block
@@ -136,118 +138,7 @@ def _gpu_kernels(store: MeasurementStore) -> list[dict[str, Any]]:
     ).to_pylist()
 
 
-def keyed(rows: Iterable[dict[str, Any]], name: str) -> list[tuple[int, str, int]]:
-    """(iteration, key, ordinal among same-key kernels of the iteration) per row, rows given in
-    launch order within each iteration; the key is ``kernel_key`` of the row's ``name``."""
-    seen: dict[tuple[int, str], int] = {}
-    out = []
-    for row in rows:
-        key = kernel_key(str(row[name]))
-        it = int(row["iteration"])
-        ordinal = seen.get((it, key), 0)
-        seen[(it, key)] = ordinal + 1
-        out.append((it, key, ordinal))
-    return out
-
-
-def _by_iteration(rows: Sequence[dict[str, Any]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for index, row in enumerate(rows):
-        out.setdefault(int(row["iteration"]), []).append(index)
-    return out
-
-
-def _tokens(
-    rows: Sequence[dict[str, Any]], indices: list[int], name: str, shapes: bool
-) -> list[tuple[str, ...]]:
-    if shapes:
-        return [
-            (kernel_base(str(rows[i][name])), str(rows[i]["grid"]), str(rows[i]["block"]))
-            for i in indices
-        ]
-    return [(kernel_base(str(rows[i][name])),) for i in indices]
-
-
-def _pairs(a: list[tuple[str, ...]], b: list[tuple[str, ...]]) -> list[tuple[int, int]]:
-    """Positions of ``a`` and ``b`` that align: the common prefix and suffix, then difflib's
-    matching blocks in between (the usual case, identical sequences, costs one pass)."""
-    head = 0
-    while head < min(len(a), len(b)) and a[head] == b[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
-        tail += 1
-    pairs = [(i, i) for i in range(head)]
-    middle_a, middle_b = a[head : len(a) - tail], b[head : len(b) - tail]
-    if middle_a and middle_b:
-        matcher = difflib.SequenceMatcher(None, middle_a, middle_b, autojunk=False)
-        for block in matcher.get_matching_blocks():
-            pairs += [(head + block.a + k, head + block.b + k) for k in range(block.size)]
-    pairs += [(len(a) - tail + k, len(b) - tail + k) for k in range(tail)]
-    return pairs
-
-
-def align_kernels(gpu: Sequence[dict[str, Any]], counted: Sequence[dict[str, Any]]) -> Alignment:
-    """Pair the counter run's kernels (rows with ``iteration``, ``kernel``, optional ``grid``
-    and ``block``) with the G run's (``name`` instead of ``kernel``), each list in launch order
-    within an iteration, iteration by iteration (see the module notes), and say per counted
-    iteration how many matched, how many of those the tools spell differently, what either
-    side has alone, and the first kernel of each that the other lacks."""
-    g_by, c_by = _by_iteration(gpu), _by_iteration(counted)
-    pairs: dict[int, int] = {}
-    rows = []
-    for it in sorted(c_by):
-        g, c = g_by.get(it, []), c_by[it]
-        shapes = all(gpu[i].get("grid") and gpu[i].get("block") for i in g) and all(
-            counted[i].get("grid") and counted[i].get("block") for i in c
-        )
-        matched = _pairs(_tokens(gpu, g, "name", shapes), _tokens(counted, c, "kernel", shapes))
-        for gi, ci in matched:
-            pairs[g[gi]] = c[ci]
-        got_g, got_c = {gi for gi, _ in matched}, {ci for _, ci in matched}
-        only_g = [g[i] for i in range(len(g)) if i not in got_g]
-        only_c = [c[i] for i in range(len(c)) if i not in got_c]
-        spelled = sum(
-            1
-            for gi, ci in matched
-            if kernel_key(str(gpu[g[gi]]["name"])) != kernel_key(str(counted[c[ci]]["kernel"]))
-        )
-        rows.append(
-            {
-                "iteration": it,
-                "gpu_run_kernels": len(g),
-                "counter_run_kernels": len(c),
-                "matched": len(matched),
-                "spelled_differently": spelled,
-                "only_in_gpu_run": len(only_g),
-                "only_in_counter_run": len(only_c),
-                "first_only_in_gpu_run": kernel_key(str(gpu[only_g[0]]["name"]))
-                if only_g
-                else None,
-                "first_only_in_counter_run": kernel_key(str(counted[only_c[0]]["kernel"]))
-                if only_c
-                else None,
-            }
-        )
-    return Alignment(pairs, pa.Table.from_pylist(rows, schema=_MATCHING_SCHEMA))
-
-
-_MATCHING_SCHEMA = pa.schema(
-    [
-        ("iteration", pa.int64()),
-        ("gpu_run_kernels", pa.int64()),
-        ("counter_run_kernels", pa.int64()),
-        ("matched", pa.int64()),
-        ("spelled_differently", pa.int64()),
-        ("only_in_gpu_run", pa.int64()),
-        ("only_in_counter_run", pa.int64()),
-        ("first_only_in_gpu_run", pa.string()),
-        ("first_only_in_counter_run", pa.string()),
-    ]
-)
-
-
-def _coverage(run: Any) -> str:
+def _coverage(run: Run) -> str:
     """What the counter run could not count, from its run.json: quantities the device offers
     no metric for, and the lean metric set's omissions."""
     info = run.document.counters or {}
@@ -268,9 +159,13 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         return None
     run, table = source
     peaks = store_peaks(store)
-    counter_rows = table.sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
-    counter_rows = [r for r in counter_rows if r["iteration"] is not None and r["iteration"] >= 0]
-    counted = sorted({int(r["iteration"]) for r in counter_rows})
+    # the counter table's rows: open records (its columns are the metrics counted)
+    counter_rows: list[dict[str, object]] = [
+        r
+        for r in table.sort_by([("iteration", "ascending"), ("ordinal", "ascending")]).to_pylist()
+        if r["iteration"] is not None and r["iteration"] >= 0
+    ]
+    counted = sorted({iteration_of(r) for r in counter_rows})
     coverage = _coverage(run)
     gpu_rows = _gpu_kernels(store)
     if not gpu_rows:
@@ -288,7 +183,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
         )
     alignment = align_kernels(gpu_rows, counter_rows)
     g_keys = keyed(gpu_rows, "name")
-    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    grouped: dict[tuple[str, int], list[dict[str, object]]] = {}
     for index, (_, key, ordinal) in enumerate(g_keys):
         if index in alignment.pairs:
             grouped.setdefault((key, ordinal), []).append(counter_rows[alignment.pairs[index]])
@@ -305,19 +200,19 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
             continue
         values = means.get((key, ordinal))
         kernels.append(
-            {
-                "ordinal": position,
-                "span_id": row["span_id"],
-                "kernel": row["name"],
-                "layer": row["module_path"],
-                "phase": row["phase"],
-                "latency_ns": statistics.median(durations[(key, ordinal)]),
-                "counted": values is not None,
-                **(values or dict.fromkeys(VALUES)),
-            }
+            CountedKernel(
+                ordinal=position,
+                span_id=row["span_id"],
+                kernel=row["name"],
+                layer=row["module_path"],
+                phase=row["phase"],
+                latency_ns=statistics.median(durations[(key, ordinal)]),
+                counted=values is not None,
+                values=values or dict.fromkeys(VALUES),
+            )
         )
         position += 1
-    _add_algorithmic(store, kernels)
+    kernels = _with_algorithmic(store, kernels)
     return CounterJoin(
         kernels,
         alignment.matching,
@@ -330,7 +225,7 @@ def _join(store: MeasurementStore) -> CounterJoin | None:
     )
 
 
-def _add_algorithmic(store: MeasurementStore, kernels: list[dict[str, Any]]) -> None:
+def _with_algorithmic(store: MeasurementStore, kernels: list[CountedKernel]) -> list[CountedKernel]:
     """Each kernel's share of its op's algorithmic FLOPs (``xsp.analysis.tables.flops``, note 4) as
     ``algorithmic_flops`` (and as ``exact_flops`` where its op's family is counted exactly): 0
     for a kernel under no counted op, None where the G run recorded no shapes or the op's
@@ -338,33 +233,49 @@ def _add_algorithmic(store: MeasurementStore, kernels: list[dict[str, Any]]) -> 
     found = counted_ops(store)
     shaped = found.run_index is not None and found.run_index == gpu_run(store)
     ops = found.by_span
-    members: dict[int, list[dict[str, Any]]] = {}
-    for k in kernels:
-        op = found.kernel_op.get(k["span_id"])
-        k["algorithmic_flops"] = k["exact_flops"] = 0.0 if shaped and op is None else None
+    shares: dict[int, tuple[float | None, float | None]] = {}  # by position in ``kernels``
+    members: dict[int, list[int]] = {}
+    for position, k in enumerate(kernels):
+        op = found.kernel_op.get(k.span_id)
+        share = 0.0 if shaped and op is None else None
+        shares[position] = (share, share)
         if op is not None:
-            members.setdefault(op, []).append(k)
+            members.setdefault(op, []).append(position)
     for op, group in members.items():
         total = ops[op].flops
         if total is None:
             continue
-        shares = split(total, [k["flops"] for k in group], [k["latency_ns"] for k in group])
+        split_shares = split(
+            total,
+            [kernels[i].values["flops"] for i in group],
+            [kernels[i].latency_ns for i in group],
+        )
         exact = ops[op].family in EXACT_FAMILIES
-        for k, share in zip(group, shares, strict=True):
-            k["algorithmic_flops"] = share
-            k["exact_flops"] = share if exact else 0.0
+        for i, share in zip(group, split_shares, strict=True):
+            shares[i] = (share, share if exact else 0.0)
+    return [
+        replace(k, algorithmic_flops=shares[i][0], exact_flops=shares[i][1])
+        for i, k in enumerate(kernels)
+    ]
 
 
-def _mean(members: list[dict[str, Any]]) -> dict[str, Any]:
+def _mean(members: list[dict[str, object]]) -> CounterValues:
     """Counter values of one kernel, averaged over the counted iterations."""
-    entry: dict[str, Any] = {}
+    entry: CounterValues = {}
     for name in VALUES:
-        present = [m[name] for m in members if m.get(name) is not None]
+        present = [_number(m[name]) for m in members if m.get(name) is not None]
         entry[name] = statistics.fmean(present) if present else None
     return entry
 
 
-def precision_of(values: dict[str, Any]) -> tuple[str | None, str | None]:
+def _number(value: object) -> float:
+    """A counter value of the counter table (its rows are open records)."""
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"counter value {value!r} is not a number")
+    return value
+
+
+def precision_of(values: Mapping[str, float | None]) -> tuple[str | None, str | None]:
     """(precision of most FLOPs, its roof key) of one kernel's or an aggregate's counters."""
     flops = {p: values.get(f"flops_{p}") or 0.0 for p in PRECISIONS}
     precision = max(flops, key=lambda p: flops[p])
@@ -375,7 +286,7 @@ def precision_of(values: dict[str, Any]) -> tuple[str | None, str | None]:
     return precision, (f"{precision}_tensor" if on_tensor else precision)
 
 
-def _rates(values: dict[str, Any], latency_ns: float | None, peaks: Peaks) -> dict[str, Any]:
+def _rates(values: Mapping[str, float | None], latency_ns: float | None, peaks: Peaks) -> Rates:
     """Work, intensity, achieved rate, roof and bound of one kernel or aggregate."""
     flops = values.get("flops")
     dram = (values.get("dram_read_bytes") or 0.0) + (values.get("dram_write_bytes") or 0.0)
@@ -423,7 +334,7 @@ DRAM_WRITE_NOTE = (
 )
 
 
-def waste(executed: float | None, algorithmic: float | None, exact: float | None) -> dict[str, Any]:
+def waste(executed: float | None, algorithmic: float | None, exact: float | None) -> Waste:
     """Executed against algorithmic FLOPs (``exact``: those of them counted exactly, not the
     norms' estimate): ``executed_over_algorithmic`` above 1 is work the hardware did beyond the
     math (whole tiles, padded channels), as ``tile_waste_pct`` of the math; below 1, it did
@@ -460,7 +371,7 @@ _KERNEL_SCHEMA = pa.schema(
 )
 
 
-def _kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _kernel_rates(store: MeasurementStore) -> list[tuple[CountedKernel, Rates]]:
     """Each counted kernel with its rates against the roofs, computed once per store (A8 and A9
     both read them)."""
     return KERNEL_RATES.of(store)
@@ -475,14 +386,14 @@ def kernel_info(store: MeasurementStore) -> pa.Table:
     for k, rates in _kernel_rates(store):
         rows.append(
             {
-                "ordinal": k["ordinal"],
-                "kernel": k["kernel"],
-                "layer": k["layer"],
-                "phase": k["phase"],
-                "latency_us": k["latency_ns"] / 1e3,
-                **{name: k.get(name) for name in _KERNEL_SCHEMA.names if name in k},
-                **{name: rates[name] for name in _KERNEL_SCHEMA.names if name in rates},
-                **waste(k.get("flops"), k.get("algorithmic_flops"), k.get("exact_flops")),
+                "ordinal": k.ordinal,
+                "kernel": k.kernel,
+                "layer": k.layer,
+                "phase": k.phase,
+                "latency_us": k.latency_ns / 1e3,
+                **{name: k.values[name] for name in _KERNEL_SCHEMA.names if name in k.values},
+                **{name: value for name, value in rates.items() if name in _KERNEL_SCHEMA.names},
+                **waste(k.values.get("flops"), k.algorithmic_flops, k.exact_flops),
             }
         )
     return pa.Table.from_pylist(rows, schema=_KERNEL_SCHEMA)
@@ -511,11 +422,11 @@ def kernel_roofline(store: MeasurementStore) -> pa.Table:
     for k, rates in _kernel_rates(store):
         if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["work_gflop"]:
             continue
-        rows.append(_point(k["kernel"], k["layer"], k["latency_ns"], rates))
+        rows.append(_point(k.kernel, k.layer, k.latency_ns, rates))
     return pa.Table.from_pylist(rows, schema=_ROOFLINE_SCHEMA)
 
 
-def _point(name: str, layer: Any, latency_ns: float, rates: dict[str, Any]) -> dict[str, Any]:
+def _point(name: str, layer: str | None, latency_ns: float, rates: Rates) -> RooflinePoint:
     achieved, attainable = rates["achieved_gflop_per_s"], rates["attainable_gflop_per_s"]
     return {
         "name": name,
@@ -530,20 +441,21 @@ def _point(name: str, layer: Any, latency_ns: float, rates: dict[str, Any]) -> d
     }
 
 
-def _aggregate(kernels: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
+def _aggregate(kernels: list[CountedKernel]) -> tuple[CounterValues, float]:
     """Summed counters (time-weighted rates) of counted kernels, and their summed latency."""
-    counted = [k for k in kernels if k["counted"]]
-    total_ns = float(sum(k["latency_ns"] for k in counted))
-    out: dict[str, Any] = {}
+    counted = [k for k in kernels if k.counted]
+    total_ns = float(sum(k.latency_ns for k in counted))
+    out: CounterValues = {}
     for name in VALUES:
-        present = [k for k in counted if k.get(name) is not None]
+        # (value, latency) of the kernels that counted it
+        present = [(v, k.latency_ns) for k in counted if (v := k.values.get(name)) is not None]
         if not present:
             out[name] = None
         elif name in WEIGHTED:
-            weight = sum(k["latency_ns"] for k in present)
-            out[name] = sum(k[name] * k["latency_ns"] for k in present) / weight if weight else None
+            weight = sum(ns for _, ns in present)
+            out[name] = sum(v * ns for v, ns in present) / weight if weight else None
         else:
-            out[name] = float(sum(k[name] for k in present))
+            out[name] = float(sum(v for v, _ in present))
     return out, total_ns
 
 
@@ -567,11 +479,11 @@ _LAYER_SCHEMA = pa.schema(
 )
 
 
-def _by_layer(join: CounterJoin) -> list[tuple[str, list[dict[str, Any]]]]:
-    layers: dict[str, list[dict[str, Any]]] = {}
+def _by_layer(join: CounterJoin) -> list[tuple[str, list[CountedKernel]]]:
+    layers: dict[str, list[CountedKernel]] = {}
     for k in join.kernels:
-        if k["layer"] is not None:
-            layers.setdefault(str(k["layer"]), []).append(k)
+        if k.layer is not None:
+            layers.setdefault(str(k.layer), []).append(k)
     return list(layers.items())
 
 
@@ -584,35 +496,40 @@ def layer_metrics(store: MeasurementStore) -> pa.Table:
     algorithmic = per_iteration(store, "layer")
     exact = per_iteration(store, "layer", exact=True)
     shaped = counted_ops(store).run_index is not None
-    rows = []
-    for layer, members in _by_layer(join) if join else []:
+    if join is None:
+        return pa.Table.from_pylist([], schema=_LAYER_SCHEMA)
+    # (kernel_ms, row): the table's rows, open records in its schema's columns
+    ranked: list[tuple[float, dict[str, object]]] = []
+    for layer, members in _by_layer(join):
         values, total_ns = _aggregate(members)
-        rates = _rates(values, total_ns, join.peaks) if join else {}
-        rows.append(
-            {
-                "layer": layer,
-                "kernels": len(members),
-                "kernel_ms": sum(k["latency_ns"] for k in members) / 1e6,
-                **{name: values.get(name) for name in _LAYER_SCHEMA.names if name in values},
-                **{name: rates[name] for name in _LAYER_SCHEMA.names if name in rates},
-                **waste(
-                    values.get("flops"),
-                    algorithmic.get(layer, 0.0 if shaped else None),
-                    exact.get(layer),
-                ),
-            }
-        )
-    rows.sort(key=lambda r: -r["kernel_ms"])
+        rates = _rates(values, total_ns, join.peaks)
+        kernel_ms = sum(k.latency_ns for k in members) / 1e6
+        row: dict[str, object] = {
+            "layer": layer,
+            "kernels": len(members),
+            "kernel_ms": kernel_ms,
+            **{name: values.get(name) for name in _LAYER_SCHEMA.names if name in values},
+            **{name: value for name, value in rates.items() if name in _LAYER_SCHEMA.names},
+            **waste(
+                values.get("flops"),
+                algorithmic.get(layer, 0.0 if shaped else None),
+                exact.get(layer),
+            ),
+        }
+        ranked.append((kernel_ms, row))
+    rows = [row for _, row in sorted(ranked, key=lambda item: -item[0])]
     return pa.Table.from_pylist(rows, schema=_LAYER_SCHEMA)
 
 
 def layer_roofline(store: MeasurementStore) -> pa.Table:
     """A14: the layer roofline's points (``kernel_roofline``'s columns, one per layer)."""
     join = counter_join(store)
+    if join is None:
+        return pa.Table.from_pylist([], schema=_ROOFLINE_SCHEMA)
     rows = []
-    for layer, members in _by_layer(join) if join else []:
+    for layer, members in _by_layer(join):
         values, total_ns = _aggregate(members)
-        rates = _rates(values, total_ns, join.peaks) if join else {}
+        rates = _rates(values, total_ns, join.peaks)
         if rates.get("arithmetic_intensity_flop_per_byte") is None or not rates["work_gflop"]:
             continue
         rows.append(_point(layer, layer, total_ns, rates))
@@ -631,15 +548,17 @@ def model_metrics(store: MeasurementStore) -> pa.Table:
     rates = _rates(values, counted_ns, join.peaks)
     step_ms = untraced_step_ms(store)
     flops_executed = values.get("flops")
-    row: dict[str, Any] = {
+    achieved, attainable = rates["achieved_gflop_per_s"], rates["attainable_gflop_per_s"]
+    # one row of open columns (a work column per precision)
+    row: dict[str, object] = {
         "kernels": len(join.kernels),
-        "counted_kernels": sum(1 for k in join.kernels if k["counted"]),
-        "kernel_ms": sum(k["latency_ns"] for k in join.kernels) / 1e6,
+        "counted_kernels": sum(1 for k in join.kernels if k.counted),
+        "kernel_ms": sum(k.latency_ns for k in join.kernels) / 1e6,
         "step_ms": step_ms,
         "work_gflop": rates["work_gflop"],
         **waste(flops_executed, total_per_iteration(store), total_per_iteration(store, exact=True)),
         **{
-            f"{p}_gflop": (values[f"flops_{p}"] / 1e9 if values.get(f"flops_{p}") else 0.0)
+            f"{p}_gflop": (work / 1e9 if (work := values.get(f"flops_{p}")) else 0.0)
             for p in PRECISIONS
         },
         "tensor_share_pct": (
@@ -654,11 +573,7 @@ def model_metrics(store: MeasurementStore) -> pa.Table:
             flops_executed / (step_ms * 1e6) if flops_executed and step_ms else None
         ),
         "attainable_gflop_per_s": rates["attainable_gflop_per_s"],
-        "of_attainable_pct": (
-            100.0 * rates["achieved_gflop_per_s"] / rates["attainable_gflop_per_s"]
-            if rates["achieved_gflop_per_s"] and rates["attainable_gflop_per_s"]
-            else None
-        ),
+        "of_attainable_pct": (100.0 * achieved / attainable if achieved and attainable else None),
         "occupancy_pct": values.get("occupancy_pct"),
         "sm_throughput_pct": values.get("sm_throughput_pct"),
         "memory_throughput_pct": values.get("memory_throughput_pct"),
@@ -733,7 +648,7 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
         key=lambda i: (iteration[i], correlation[i], start[i]),
     )
     picked = [{"name": names[i], "iteration": iteration[i]} for i in order]
-    values: list[dict[str, Any] | None] = [None] * spans.num_rows
+    values: list[CounterValues | None] = [None] * spans.num_rows
     for i, (_, key, ordinal) in zip(order, keyed(picked, "name"), strict=True):
         values[i] = join.values.get((key, ordinal))
     out: dict[str, pa.Array] = {}
@@ -746,9 +661,9 @@ def counter_columns(store: MeasurementStore, spans: pa.Table) -> dict[str, pa.Ar
     return out
 
 
-def _all_kernel_rates(store: MeasurementStore) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _all_kernel_rates(store: MeasurementStore) -> list[tuple[CountedKernel, Rates]]:
     join = counter_join(store)
-    return [(k, _rates(k, k["latency_ns"], join.peaks)) for k in join.kernels] if join else []
+    return [(k, _rates(k.values, k.latency_ns, join.peaks)) for k in join.kernels] if join else []
 
 
 #: The counter run's kernels joined to the timing run's (``counter_join``).
