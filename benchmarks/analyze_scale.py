@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xsp.analysis.store import MeasurementStore  # noqa: E402
+from xsp.analysis.measurement.store import MeasurementStore  # noqa: E402
 from xsp.core import store as run_store  # noqa: E402
 
 DEFAULT_SOURCE = ROOT / "benchmarks" / "data" / "replay-h200" / "r50-b64-train"

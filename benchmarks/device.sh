@@ -134,7 +134,7 @@ PY
 from pathlib import Path
 from xsp.analysis.replay import critical_path
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 for root in sorted(p for p in Path("/tmp/replay").iterdir() if p.is_dir()):
     store = MeasurementStore(root)
     found = replay(store).summary()
@@ -515,7 +515,7 @@ p_memory() {
     --iterations 3 --warmup 2 --device cuda --out /tmp/r50m 2>&1 | tail -4
   python3 - /tmp/r50m "$OUT/memory-r50-b64-train.json" <<'PY'
 import json, sys
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables import memory
 store = MeasurementStore(sys.argv[1])
 runs = {r.levels: r.meta for r in store.runs}
@@ -778,7 +778,7 @@ p_cpu_demo() {
   python3 - "$OUT/cpu-demo.json" "${PAIRS:-3}" <<'PY'
 import json, os, statistics, subprocess, sys
 import pyarrow.compute as pc
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 rows = []
 def medians(out):
     store = MeasurementStore(out)

@@ -119,10 +119,10 @@ def leveled(args: argparse.Namespace, config: str, out: Path) -> dict[str, Any]:
 
 
 def replayed(out: Path) -> dict[str, Any]:
-    from xsp.analysis.reconstruction.matching import level_sources
+    from xsp.analysis.measurement.matching import level_sources
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import replay
     from xsp.analysis.replay.host_timeline import calibration
-    from xsp.analysis.store import MeasurementStore
     from xsp.analysis.tables.summary import level_sets
     from xsp.core import schema
 

@@ -34,7 +34,7 @@ _GAP_NS = 1_000_000  # between copies, so no copy's GPU work overlaps the next o
 def first_iteration(root: Path = R50, run: int = MFLG_RUN) -> tuple[dict[str, Any], pa.Table]:
     """The resource and the spans of one run's first measured iteration (by default the
     committed ResNet-50 measurement's MFLG run; ``run`` -1: the deepest)."""
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
     store = MeasurementStore(root)
     run = run % len(store.runs)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay.m_interval import m_interval, steady_steps_ms
-from xsp.analysis.store import MeasurementStore
 from xsp.core.store import open_run
 
 

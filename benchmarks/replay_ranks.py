@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay import STEPS_ONLY, fitted_graph, replay, replay_with
 from xsp.analysis.replay.collectives import no_collectives
 from xsp.analysis.replay.host_timeline import Calibration, host_timeline
-from xsp.analysis.store import MeasurementStore
 
 
 def figures(path: str) -> str:

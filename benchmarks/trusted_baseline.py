@@ -85,8 +85,8 @@ def alone(name: str) -> float | None:
 
 def checks(root: Path) -> dict[str, object]:
     """The store's replay with its checks, the verdict, and its M processes' seconds."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import critical_path, replay
-    from xsp.analysis.store import MeasurementStore
 
     store = MeasurementStore(root)
     found = replay(store).summary()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures import fixture_table, write_run
-from xsp.analysis.store import MeasurementStore, text_codes, text_equals, text_in
+from xsp.analysis.measurement.store import MeasurementStore, text_codes, text_equals, text_in
 from xsp.analysis.tables.kernels import kernels_by_name, temporal_breakdown, union_length
 from xsp.analysis.tables.layers import layer_info, layer_latency, layer_types
 

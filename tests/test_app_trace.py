@@ -139,8 +139,8 @@ def _measure(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_reconstruction_keeps_its_own_ids_and_links_the_request(tmp_path: Path) -> None:
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct
-    from xsp.analysis.store import MeasurementStore
 
     done = _measure(tmp_path, SERVICE)
     assert done.returncode == 0, done.stderr

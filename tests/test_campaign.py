@@ -488,7 +488,7 @@ def test_the_h200_campaign_report_has_one_row_per_model_and_a_panel_per_family(
 
 
 def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_families() -> None:
-    from xsp.analysis.report.present import short_kernel
+    from xsp.analysis.figures.present import short_kernel
     from xsp.campaign.names import family
     from xsp.campaign.report import number
 

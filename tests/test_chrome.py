@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.fixtures import load_raw, load_records
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.kernels import temporal_breakdown, union_length
 from xsp.tracer.convert.spans import build_table
 from xsp.tracer.export.chrome import OVERLAP_TID_STRIDE, write_chrome_trace

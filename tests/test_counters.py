@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from xsp.analysis.catalog import COUNTER_KEYS, sections
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables import counters
 from xsp.analysis.tables.peaks import datasheet, resolve
 from xsp.core import counter_names

@@ -1,4 +1,4 @@
-"""The derived values of ``xsp.analysis.derived``: each declared once, each need a declaration,
+"""The derived values of ``xsp.analysis.measurement.derived``: each declared once, each need a declaration,
 no cycle among them, and a value computed once per store whatever asks first."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pkgutil
 import pytest
 
 import xsp.analysis
-from xsp.analysis import derived
-from xsp.analysis.derived import Derived
+from xsp.analysis.measurement import derived
+from xsp.analysis.measurement.derived import Derived
 
 
 def _declarations() -> dict[str, tuple[str, ...]]:

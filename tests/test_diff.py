@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from xsp.analysis import diff as diffs
 from xsp.analysis import samples
-from xsp.analysis.report.diff_html import cause_bars, waterfall_steps, write_diff_report
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.diff_report import cause_bars, waterfall_steps, write_diff_report
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.kernels import kernels_by_layer
 from xsp.cli import main as cli_main
 from xsp.core.errors import StoreError

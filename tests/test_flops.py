@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xsp.analysis.catalog import FLOP_KEYS, sections
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables import counters, flops, utilization
 from xsp.analysis.tables.flop_formulas import FORMULAS, Context
 

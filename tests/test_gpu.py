@@ -125,8 +125,8 @@ def test_the_replay_matches_cuda_event_truth_on_known_layers(cuda_device: str, t
     import sys
     from pathlib import Path
 
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import critical_path, replay
-    from xsp.analysis.store import MeasurementStore
 
     root = Path(__file__).resolve().parents[1]
     script = root / "benchmarks" / "workloads" / "known_layers.py"

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, write_run
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.cli import main
 from xsp.core import config, store
 from xsp.core.errors import ConfigError, StoreError

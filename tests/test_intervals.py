@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from xsp.analysis.reconstruction.matching import roots
+from xsp.analysis.measurement.matching import roots
 from xsp.core.intervals import (
     break_cycles,
     depths,

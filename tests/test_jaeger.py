@@ -235,8 +235,8 @@ def test_jaeger_shows_recorded_gpu_times_and_the_reconstruction_apart(pushed: Ja
     """MFLG kernels start after their launch call has ended (async), which Jaeger's clock-skew
     adjuster would 'correct'. It must leave every time as recorded and warn about nothing, and
     the reconstruction, pushed into the same Jaeger, must be traces of its own."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct
-    from xsp.analysis.store import MeasurementStore
 
     jaeger = pushed
     measured = store.open_run(MEASUREMENT / "MFLG").spans()

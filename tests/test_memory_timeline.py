@@ -15,8 +15,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from xsp.analysis.report.charts import memory_over_step
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.figures.charts import memory_over_step
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables import memory_timeline as mt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_a_multi_rank_job_shows_the_rank_that_held_the_most(
 
 
 def test_the_report_draws_the_step_and_lists_the_layers_held(tmp_path: Path) -> None:
-    from xsp.analysis.report.html import write_report
+    from xsp.analysis.report import write_report
 
     out = tmp_path / "report.html"
     write_report(MeasurementStore(STORE), out, "ResNet-50")

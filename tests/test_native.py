@@ -401,7 +401,7 @@ def test_gpu_kernel_counts_equal_cuptis_own(tmp_path: Path) -> None:
 
 
 def test_each_layer_allocations_come_from_the_allocator(tmp_path: Path) -> None:
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.tables import memory
 
     session = Session("MF", iterations=2, warmup=1, out=tmp_path / "MF", device="cpu").start()

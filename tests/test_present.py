@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xsp.analysis.report.charts import bar
-from xsp.analysis.report.present import cell, header, short_kernel
+from xsp.analysis.figures.charts import bar
+from xsp.analysis.figures.present import cell, header, short_kernel
 
 
 def test_headers_are_words_with_units() -> None:

@@ -160,8 +160,8 @@ def test_the_ranks_of_an_iteration_are_one_trace_under_one_root(tmp_path: Path) 
 
 
 def test_collective_skew_names_the_straggler(tmp_path: Path) -> None:
-    from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.tables.distributed import collective_skew
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.reconstruction.distributed import collective_skew
 
     rows = collective_skew(MeasurementStore(_two_rank_measurement(tmp_path))).to_pylist()
     assert rows == [
@@ -181,8 +181,8 @@ def test_collective_skew_names_the_straggler(tmp_path: Path) -> None:
 
 
 def test_communication_overlaps_computation_per_rank(tmp_path: Path) -> None:
-    from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.tables.distributed import communication_overlap
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.reconstruction.distributed import communication_overlap
 
     rows = communication_overlap(MeasurementStore(_two_rank_measurement(tmp_path))).to_pylist()
     # rank 0: compute mm 1,900 + add 500 ns; communication c10d ∪ gloo = [3,000, 6,000];
@@ -213,9 +213,9 @@ def test_each_rank_is_replayed_from_where_the_deep_run_measured_it(tmp_path: Pat
     MF measured it (the ranks share that run's clock, on which their collectives' arrivals are
     compared), the iteration spanning both. No calibration and no collective wait that moves
     (neither rank's thread waits for its all-reduce inside the step): MF's own times."""
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.reconstruction.distributed import rank_summary
     from xsp.analysis.reconstruction.reconstruct import reconstruct
-    from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.tables.distributed import rank_summary
 
     measurement = MeasurementStore(_two_rank_measurement(tmp_path))
     spans, mismatches = reconstruct(measurement)
@@ -279,8 +279,12 @@ def _with_a_failed_second_iteration(root: Path) -> Path:
 def test_the_multi_rank_analyses_leave_out_an_iteration_a_rank_did_not_finish(
     tmp_path: Path,
 ) -> None:
-    from xsp.analysis.store import MeasurementStore
-    from xsp.analysis.tables.distributed import collective_skew, communication_overlap, rank_summary
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.reconstruction.distributed import (
+        collective_skew,
+        communication_overlap,
+        rank_summary,
+    )
 
     alone = MeasurementStore(_two_rank_measurement(tmp_path / "one"))
     measurement = MeasurementStore(
@@ -302,7 +306,7 @@ def test_the_multi_rank_analyses_are_absent_for_a_single_rank_measurement(
     tmp_path: Path,
 ) -> None:
     from xsp.analysis.catalog import sections
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
     multi = {s.key for s in sections(MeasurementStore(_two_rank_measurement(tmp_path)))}
     assert {"ranks", "communication_overlap", "collective_skew"} <= multi

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from tests.fixtures import write_run
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.reconstruction.reconstruct import level_overhead, reconstruct
-from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 
 MS = 1_000_000

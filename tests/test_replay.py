@@ -12,12 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from xsp.analysis.reconstruction.matching import keyed
-from xsp.analysis.reconstruction.reconstruct import overhead_verdict, reconstruct
+from xsp.analysis.measurement.matching import keyed
+from xsp.analysis.measurement.store import MeasurementStore
+from xsp.analysis.reconstruction.reconstruct import reconstruct
 from xsp.analysis.replay import CAUSE_GPU, WhatIf, critical_path, replay, what_if
 from xsp.analysis.replay.host_timeline import _CostClock, calibration, steady
 from xsp.analysis.replay.result import Guarantees
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.tables.summary import overhead_verdict
 from xsp.tracer.capture.warmup import settled
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "replay-h200"

@@ -54,8 +54,8 @@ def _measurement(root: Path) -> Path:
 
 
 def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import replay
-    from xsp.analysis.store import MeasurementStore
 
     summary = replay(MeasurementStore(_measurement(tmp_path))).summary()
     # completion = last arrival 5,000 + 1,000 (rank 0) / rank 1's own start 5,050 + 1,000
@@ -67,8 +67,8 @@ def test_rank_0_waits_for_rank_1_in_the_all_reduce(tmp_path: Path) -> None:
 
 
 def test_dropping_rank_1s_slow_op_shortens_rank_0s_step(tmp_path: Path) -> None:
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import WhatIf, replay_with
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
@@ -85,8 +85,8 @@ def test_a_span_that_keeps_half_its_time_moves_what_follows_by_the_other_half(
     """Rank 1's mm (1,600-5,000) keeping half its time: rank 1 calls at 3,300 and arrives last;
     rank 0 completes at 3,300 + 1,000, its add ends 4,800 and its step 3,900 ns; rank 1's gloo
     starts at 3,350 and completes 4,350, its step 3,450 ns."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import WhatIf, replay_with
-    from xsp.analysis.store import MeasurementStore
 
     edit = WhatIf(
         "rank 1's mm twice as fast", keep_host=lambda spans: np.where(rank_1_mm(spans), 0.5, 1.0)
@@ -101,8 +101,8 @@ def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) 
     the same time (cut from every step, it lost 1,400 ns of its 1,900). Rank 1's add then
     starts 2,050 ns earlier, not 3,400: its all-reduce now waits for rank 0, which arrives at
     3,000, and ends 1,000 ns later, at 4,000 (was 6,050)."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import WhatIf, replay_with
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
 
@@ -119,9 +119,9 @@ def test_each_rank_takes_only_its_own_records_cost_off_its_times(tmp_path: Path)
     half at its end), rank 1's add ends at 6,200 ns, 350 ns earlier (its mm, its call, its gloo
     range and its own start before it), not at 5,800 (with rank 0's four records too, which ran
     over the same time on the shared clock)."""
-    from xsp.analysis.reconstruction.matching import keyed
+    from xsp.analysis.measurement.matching import keyed
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay.host_timeline import Calibration, host_timeline
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_measurement(tmp_path))
     deep_index, _, end, _ = host_timeline(measurement, Calibration(100.0, 100.0, "a test"))
@@ -135,8 +135,8 @@ def test_each_ranks_step_is_set_against_its_own_m_step(tmp_path: Path) -> None:
     """M measured 5,600 ns on rank 0 and 5,150 on rank 1 in iteration 0: each rank's replayed
     step is set against its own, and M's median is over both (5,375 ns). Keyed by iteration
     alone, rank 1's step had overwritten rank 0's (both read 5,150 ns)."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import replay
-    from xsp.analysis.store import MeasurementStore
 
     summary = replay(MeasurementStore(_measurement(tmp_path))).summary()
     rows = summary["iterations"]
@@ -156,9 +156,9 @@ def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measuremen
     30-460 µs long by what the optimizer's range, and in one step a gloo range, outlasted it.)"""
     from dataclasses import replace
 
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import STEPS_ONLY, fitted_graph, replay_with
     from xsp.analysis.replay.host_timeline import Calibration, host_timeline
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(GLOO)
     graph = fitted_graph(measurement)
@@ -182,8 +182,8 @@ def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:
     free, rank 0's median step would fall from 5.891 to 5.346 ms (it waits less) and rank 1's
     only from 5.710 to 4.830 ms (it now waits for rank 0): each rank replayed alone, rank 1's
     fell to 4.261 ms."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import WhatIf, replay, replay_with
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(GLOO)
     plain = replay(measurement)
@@ -212,8 +212,8 @@ def test_a_gloo_jobs_critical_path_charges_communication_where_a_thread_waited()
     its time communication: 61% of the dev machine's critical path, the rest the host's (with
     the ranges covering every piece they spanned, 69%); 32-79% in one iteration or another. It
     was recorded before interleaving, with M in one process: unchecked."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.store import MeasurementStore
 
     assert critical_path.verdict(MeasurementStore(GLOO)) == (
         "unchecked: communication-bound: 61% communication (32-79% across 20 iterations), 39% "
@@ -317,9 +317,9 @@ def test_an_nccl_kernel_ends_once_the_last_ranks_kernel_has_started(tmp_path: Pa
     measured 3,000 ns kernel and its 4,500 ns step."""
     from dataclasses import replace
 
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import WhatIf, fitted_graph, replay, replay_with
     from xsp.analysis.replay.collectives import no_collectives
-    from xsp.analysis.store import MeasurementStore
 
     measurement = MeasurementStore(_nccl_measurement(tmp_path))
     plain = replay(measurement)
@@ -362,8 +362,8 @@ def test_the_straggler_is_named_and_its_fix_replayed() -> None:
     0's own pace: rank 0's replayed step less its waits is 3.794 ms, rank 1's 5.393 ms, and the
     1.599 ms between them come out of rank 1's replayed compute (0.27 of it kept): the step is
     0.824 ms shorter."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay import replay
-    from xsp.analysis.store import MeasurementStore
     from xsp.analysis.suggestions.rules import suggest
 
     store = MeasurementStore(GLOO)
@@ -387,9 +387,9 @@ def test_the_flame_of_a_gloo_job_is_one_ranks_step_without_the_ranges_beside_it(
     the other rank's step ran beside it (the timeline shows both), and so did gloo's two
     all-reduce ranges, on their own threads beside backward's autograd nodes; drawn as siblings
     the ranks made the iteration box 20.8 ms wide."""
+    from xsp.analysis.figures.views import flame
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct
-    from xsp.analysis.report.views import flame
-    from xsp.analysis.store import MeasurementStore
 
     spans, _ = reconstruct(MeasurementStore(GLOO))
     boxes = flame(spans)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xsp.analysis.report.html import write_report
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
+from xsp.analysis.report import write_report
 
 H200_STORE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "r50-b64-train"
 

@@ -322,9 +322,9 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
     """The replay reads host times from the shallowest run with F, so only its process times
     F's cost (0.5-1.3 s of a switch-on on the H200); the deeper ones skip the probes, and the
     replay still finds its calibration."""
-    from xsp.analysis.reconstruction.matching import level_sources
+    from xsp.analysis.measurement.matching import level_sources
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.replay.host_timeline import calibration
-    from xsp.analysis.store import MeasurementStore
 
     levels = ["M", "MF", "MFL", "MFLG"]
     calibrated = [profile.calibrate for profile in _child_profiles(tmp_path, levels)]

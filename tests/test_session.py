@@ -167,7 +167,7 @@ def test_an_exception_marks_the_iteration_failed_and_keeps_what_was_recorded(
 
 
 def test_the_reason_line_counts_only_the_iterations_the_summary_keeps(tmp_path: Path) -> None:
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.tables.summary import level_sets
 
     run_dir = tmp_path / "M"
@@ -247,7 +247,7 @@ def test_a_conversion_that_fails_keeps_the_raw_records(
 
 def test_the_tail_after_the_last_step_is_kept_but_not_measured(tmp_path: Path) -> None:
     # an unmodified script that steps 3 times where 5 iterations were asked, then evaluates
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.tables.summary import level_sets
 
     model, opt, x = _mlp()

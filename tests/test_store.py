@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import fixture_table, write_run
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.summary import level_sets
 from xsp.core import schema, store
 from xsp.core.errors import StoreError

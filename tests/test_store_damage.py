@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from tests.fixtures import fixture_table, write_run
 from tests.test_intervals import within
-from xsp.analysis.reconstruction.matching import tree_depths
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.matching import tree_depths
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.campaign.files import from_dict
 from xsp.campaign.store import CampaignStore
 from xsp.cli import main as cli_main

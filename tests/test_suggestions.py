@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tests.fixtures import fixture_table, write_run
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.suggestions.rules import (
     fp32_matmuls_on_gpu,
     host_syncs,

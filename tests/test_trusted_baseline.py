@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay import replay
 from xsp.analysis.replay.m_interval import interval, m_interval, process_steps
-from xsp.analysis.store import MeasurementStore
 from xsp.analysis.tables.summary import level_sets
 from xsp.core.levelset import LevelSet
 from xsp.core.store import open_run

@@ -96,8 +96,8 @@ def test_kernel_names_are_shortened_to_their_function(name: str, short: str) -> 
 def rebuilt() -> pa.Table:
     """The committed H200 measurement's reconstruction (ResNet-50 training, batch 64, 20
     iterations of 737 kernels each)."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct
-    from xsp.analysis.store import MeasurementStore
 
     return reconstruct(MeasurementStore(MEASUREMENT))[0]
 

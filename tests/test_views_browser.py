@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.browser import dump_dom
+from xsp.analysis.figures.views import median_iteration
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.reconstruction.reconstruct import reconstruct
-from xsp.analysis.report.html import write_report
-from xsp.analysis.report.views import median_iteration
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENT = ROOT / "benchmarks/data/r50-b64-train"

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from xsp.analysis import samples
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.samples import Samples
-from xsp.analysis.store import MeasurementStore
 
 __all__ = [
     "COMPARISONS",
@@ -152,7 +152,7 @@ COMPARISONS = (
 
 
 def _memory(store: MeasurementStore) -> list[Section]:
-    from xsp.analysis.report.charts import bar
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import memory
 
     found = memory.memory_run(store)
@@ -195,7 +195,7 @@ def _memory(store: MeasurementStore) -> list[Section]:
 
 def _source_lines(store: MeasurementStore) -> Section:
     """The program's lines by the GPU and host time of the ops they called."""
-    from xsp.analysis.report.charts import bar
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import sources
 
     table = sources.lines(store, limit=TOP_LAYERS)
@@ -225,8 +225,8 @@ def _source_lines(store: MeasurementStore) -> Section:
 
 
 def _memory_timeline(store: MeasurementStore) -> Section:
-    from xsp.analysis.report.charts import memory_over_step
-    from xsp.analysis.report.present import human_bytes
+    from xsp.analysis.figures.charts import memory_over_step
+    from xsp.analysis.figures.present import human_bytes
     from xsp.analysis.tables import memory_timeline as mt
 
     timeline = mt.memory_timeline(store)
@@ -266,16 +266,16 @@ def _step_source(store: MeasurementStore) -> str:
 
 def _replayed(store: MeasurementStore) -> bool:
     """True where the layer views read the replay: a run with G, one rank."""
+    from xsp.analysis.reconstruction import distributed
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.tables import distributed
 
     return critical_path.has_gpu(store) and not distributed.is_multi_rank(store)
 
 
 def _layer_types(store: MeasurementStore) -> Section:
     """A5: by GPU time (forward + backward) on the replay; without G, by forward host time."""
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.report.charts import bar
     from xsp.analysis.tables import layers
 
     if _replayed(store):
@@ -319,8 +319,8 @@ def _gpu_time_per_layer(store: MeasurementStore) -> Section:
 
 def _replay_sections(store: MeasurementStore) -> list[Section]:
     """Where the replayed step goes, and layers by GPU time: with level G, single-rank."""
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.report.charts import bar
 
     if not _replayed(store):
         return []
@@ -376,7 +376,7 @@ def _overview(store: MeasurementStore) -> list[Section]:
 
 def _layers(store: MeasurementStore) -> list[Section]:
     """The layers (A2, A3, A5) and the library calls they make."""
-    from xsp.analysis.report.charts import bar
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import layers, library
 
     return [
@@ -399,7 +399,7 @@ def _layers(store: MeasurementStore) -> list[Section]:
 
 def _kernels(store: MeasurementStore) -> list[Section]:
     """The kernels (A10, A11), GPU time per layer (A13) and HTA's GPU time breakdowns."""
-    from xsp.analysis.report.charts import bar
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import kernels
 
     gpu_run = "from the deepest run with level G (traced)"
@@ -456,7 +456,7 @@ FLOP_KEYS = ("model_flops", "layer_flops", "op_flops")
 def flop_sections(store: MeasurementStore) -> list[Section]:
     """Algorithmic FLOPs from the recorded op shapes, with achieved TFLOP/s and MFU over G's
     kernel durations and M's step; without shapes, one empty ``flops`` section saying so."""
-    from xsp.analysis.report.charts import bar
+    from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import utilization
 
     reason = utilization.unavailable(store)
@@ -505,8 +505,8 @@ COUNTER_KEYS = (
 def counter_sections(store: MeasurementStore) -> list[Section]:
     """A8, A9, A12, A14 and A15 with the join and the roofs they rest on; without a counter run
     (or a G run to join it onto), one empty ``hardware_counters`` section whose note says so."""
+    from xsp.analysis.figures.roofline import plot_roofline
     from xsp.analysis.tables import counters
-    from xsp.analysis.tables.roofline import plot_roofline
 
     reason = counters.unavailable(store)
     if reason is not None:
@@ -565,8 +565,8 @@ def counter_sections(store: MeasurementStore) -> list[Section]:
 
 def _multi_rank(store: MeasurementStore) -> list[Section]:
     """The analyses of a multi-rank job; none for a single-rank measurement."""
-    from xsp.analysis.report.charts import bar, stacked_bars
-    from xsp.analysis.tables import distributed
+    from xsp.analysis.figures.charts import bar, stacked_bars
+    from xsp.analysis.reconstruction import distributed
 
     if not distributed.is_multi_rank(store):
         return []

@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.catalog import COMPARISONS, Comparison
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.samples import Samples
-from xsp.analysis.store import MeasurementStore
 from xsp.core import schema
 from xsp.core.errors import StoreError
 
@@ -243,7 +243,7 @@ def diff(before: MeasurementStore, after: MeasurementStore) -> Diff:
 
 def _why_no_replay(store: MeasurementStore) -> str | None:
     """Why the sections from the G run and the replay cannot be filled, or None."""
-    from xsp.analysis.tables.distributed import is_multi_rank
+    from xsp.analysis.reconstruction.distributed import is_multi_rank
 
     if not has_gpu(store):
         return "needs level G in both measurements"

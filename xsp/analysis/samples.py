@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore, texts
 from xsp.core import schema
 
 __all__ = [

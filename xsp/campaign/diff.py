@@ -26,7 +26,7 @@ MISSING = "missing"
 
 def _step_samples(run_dir: Path) -> np.ndarray | None:
     """The job's M steps (ns), or None where its measurement was not kept or holds no M."""
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.core.errors import DamagedFileError, StoreError
 
     if not (run_dir / "M").is_dir():

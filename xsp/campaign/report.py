@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xsp.analysis.report.present import short_kernel
+from xsp.analysis.figures.present import short_kernel
 from xsp.campaign import compare
 from xsp.campaign.compare import Record, optimal_batches
 from xsp.campaign.names import family_order
@@ -489,8 +489,8 @@ def plot_models_roofline(counted: list[Record], names: dict[Any, str]) -> go.Fig
     """XSP's cross-model roofline: one point per counted job (A15: the model's FLOPs over its
     DRAM bytes against its achieved GFLOP/s over kernel time), under the roofs of the first
     job's device (measured by its counter run where it did, else the datasheet's)."""
+    from xsp.analysis.figures.roofline import roofline_figure
     from xsp.analysis.tables.peaks import resolve
-    from xsp.analysis.tables.roofline import roofline_figure
 
     first = counted[0]["summary"]["counters"]
     peaks = resolve(str(first.get("device") or ""), first.get("peaks_measured") or {})

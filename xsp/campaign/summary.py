@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.suggestions.rules import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
 
 #: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the

@@ -201,7 +201,7 @@ def check_rerun(original: Original, fixes: Sequence[str]) -> None:
 
 def suggestions(root: Path) -> list[dict[str, Any]]:
     """The measurement's suggestions (rows of ``xsp.analysis.suggestions.rules.suggest``)."""
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.suggestions.rules import suggest
 
     measurement = MeasurementStore(root)

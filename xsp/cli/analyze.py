@@ -86,7 +86,7 @@ def analyze(
             elif section.absent:
                 console.print(f"{section.title}: {section.note}", highlight=False)
     if report is not None:
-        from xsp.analysis.report.html import write_report
+        from xsp.analysis.report import write_report
 
         try:
             count = write_report(store, report, f"xsp: {run_dir}")

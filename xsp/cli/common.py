@@ -113,7 +113,7 @@ def _system_allocator() -> None:
 
 def open_store(run_dir: Path) -> Any:
     """The measurement, its reader's warnings printed (what it left out or guessed)."""
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
     _system_allocator()
     store = MeasurementStore(run_dir)

@@ -55,7 +55,7 @@ def diff_command(before: Path, after: Path, rows: int, as_json: bool, report: Pa
     else:
         _print_diff(result, rows)
     if report is not None:
-        from xsp.analysis.report.diff_html import write_diff_report
+        from xsp.analysis.diff_report import write_diff_report
 
         try:
             write_diff_report(result, report)

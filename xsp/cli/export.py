@@ -62,8 +62,8 @@ def _source(run_dir: Path, runs: list[Run], reconstructed: bool) -> ExportSource
 
 def _reconstructed(run_dir: Path) -> RunSpans:
     """The leveled reconstruction of a measurement, as one batch of spans."""
+    from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct, reconstructed_resource
-    from xsp.analysis.store import MeasurementStore
     from xsp.tracer.export.formats import RunSpans
     from xsp.tracer.export.sinks import SpanBatch
 

@@ -33,7 +33,7 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
     wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
     report keep them whole). A table too wide for the terminal prints one block per row.
     ``lead`` is a line printed under the title, before the table (a chart in characters)."""
-    from xsp.analysis.report.present import display, header
+    from xsp.analysis.figures.present import display, header
 
     records = table.slice(0, rows).to_pylist()
     cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]

@@ -290,10 +290,10 @@ def _report(out: Path, result: LeveledResult, started_ns: int) -> None:
 
 #: What the summary at the end of ``xsp run`` imports (numpy, pyarrow, duckdb under them).
 _SUMMARY_MODULES = (
-    "xsp.analysis.store",
+    "xsp.analysis.measurement.store",
     "xsp.analysis.tables.summary",
     "xsp.analysis.replay.critical_path",
-    "xsp.analysis.tables.distributed",
+    "xsp.analysis.reconstruction.distributed",
 )
 
 

@@ -117,8 +117,8 @@ def _print_m_interval(store: Any) -> None:
 def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> bool:
     """With level G (single-rank): the replay's verdict and why it may be off, then the layers
     with the most GPU time (forward + backward); False where there is none to print."""
+    from xsp.analysis.reconstruction import distributed
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.tables import distributed
 
     if not critical_path.has_gpu(store) or distributed.is_multi_rank(store):
         return False

@@ -1,3 +1,3 @@
-"""The measurement read back as one table: spans of the level runs matched to each other
-(``matching``), M's untraced steps (``untraced``), and the reconstruction that puts every level's
-spans on the replay's timeline (``reconstruct``)."""
+"""The measurement rebuilt as one table: every level's spans on the replay's timeline
+(``reconstruct``), and what it says of a multi-rank job's ranks and collectives
+(``distributed``)."""

@@ -3,7 +3,7 @@ measures its level (model latency from M, layers and ops from MF, library calls 
 from MFLG), plus the overhead each added level put on the levels above it.
 
 Algorithm:
-1. Every span of every run gets a structural key (``xsp.analysis.reconstruction.matching``): its parent's key,
+1. Every span of every run gets a structural key (``xsp.analysis.measurement.matching``): its parent's key,
    its name and its ordinal among same-named siblings (by start time), under its iteration.
 2. The deepest run gives the hierarchy. A span of level L takes the duration of the span with the
    same key in the shallowest run that has level L; a span with no counterpart keeps its own and
@@ -30,11 +30,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.reconstruction.matching import keyed, level_sources
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.matching import keyed, level_sources
+from xsp.analysis.measurement.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore, text_codes, text_equals, texts
 from xsp.analysis.tables.counters import counter_columns
+from xsp.analysis.tables.summary import overhead_verdict
 from xsp.core import schema
 from xsp.core.columns import arrow, numbers, scalar
 from xsp.core.intervals import find_rows
@@ -218,16 +219,6 @@ def _fill_details(
             spans.schema.get_field_index(name), name, pc.coalesce(current, filler)
         )
     return spans
-
-
-def overhead_verdict(mean: float, stderr: float) -> str:
-    """ "noise" within twice the standard error of zero (run-to-run spread, not overhead);
-    "added" above it; "faster" below it: the deeper run was faster beyond its spread, which
-    one process each cannot explain (the host's speed differs between processes by up to ±25%
-    on the lent GPU hosts: ``xsp.analysis.replay.m_interval`` measures M across several)."""
-    if abs(mean) <= 2 * stderr:
-        return "noise"
-    return "added" if mean > 0 else "faster"
 
 
 def level_overhead(store: MeasurementStore, trim: float = 0.1) -> pa.Table:

@@ -56,7 +56,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from xsp.analysis.derived import Derived, DerivedPer
+from xsp.analysis.measurement.derived import Derived, DerivedPer
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay.causes import (
     CAUSE_COMMUNICATION,
     CAUSE_DATA,
@@ -75,7 +76,6 @@ from xsp.analysis.replay.engine import Replay, replay_graph
 from xsp.analysis.replay.fit import fitted_graph, held_out_steps
 from xsp.analysis.replay.graph import Graph
 from xsp.analysis.replay.result import ReplayResult
-from xsp.analysis.store import MeasurementStore
 from xsp.core.columns import numbers
 
 __all__ = [

@@ -22,10 +22,10 @@ from typing import TypedDict
 
 import numpy as np
 
-from xsp.analysis.reconstruction.matching import level_sources
-from xsp.analysis.reconstruction.untraced import INTERLEAVED, Untraced, untraced_steps
+from xsp.analysis.measurement.matching import level_sources
+from xsp.analysis.measurement.store import MeasurementStore, texts
+from xsp.analysis.measurement.untraced import INTERLEAVED, Untraced, untraced_steps
 from xsp.analysis.replay.m_interval import COVERAGE, RESAMPLES, SEED, MInterval, MIntervalJson
-from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 
 #: The in-process check holds when the replay is within this share of the untraced steps.

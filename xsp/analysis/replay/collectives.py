@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.store import text_matches, texts
+from xsp.analysis.measurement.store import text_matches, texts
 from xsp.core import collectives, schema
 from xsp.core.columns import numbers
 from xsp.core.intervals import inherit

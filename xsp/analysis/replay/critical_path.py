@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore, text_codes
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
-from xsp.analysis.store import MeasurementStore, text_codes
 from xsp.core.columns import arrow, numbers, rows_table
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.measurement.store import MeasurementStore, texts
 from xsp.analysis.replay.causes import cause_column
 from xsp.analysis.replay.checks import ReplayChecks
 from xsp.analysis.replay.collectives import Collectives
@@ -31,7 +32,6 @@ from xsp.analysis.replay.result import (
     ReplayResult,
     median_steady_ms,
 )
-from xsp.analysis.store import MeasurementStore, texts
 from xsp.core.columns import arrow, numbers, rows_table
 
 __all__ = ["Replay", "replay_graph"]

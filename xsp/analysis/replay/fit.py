@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.reconstruction.untraced import untraced_steps
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore
+from xsp.analysis.measurement.untraced import untraced_steps
 from xsp.analysis.replay import fit_cache
 from xsp.analysis.replay.edits import STEPS_ONLY
 from xsp.analysis.replay.engine import replay_graph
 from xsp.analysis.replay.graph import Graph, build_graph, with_cost
 from xsp.analysis.replay.host_timeline import largest_cost_factor
 from xsp.analysis.replay.result import IterationResult, median_steady_ms
-from xsp.analysis.store import MeasurementStore
 
 __all__ = [
     "FIT_MAX_FACTOR",
@@ -46,7 +46,7 @@ def fitted_graph(store: MeasurementStore) -> Graph:
 
 def _fitted_graph(store: MeasurementStore) -> Graph:
     """The graph, with F's cost per record fitted to the F process's own untraced steps
-    (``xsp.analysis.reconstruction.untraced``: the iterations interleaved with its traced ones, else its
+    (``xsp.analysis.measurement.untraced``: the iterations interleaved with its traced ones, else its
     warm-up's) where the probe's figure replays them off by more than ``FIT_TOLERANCE_PCT``
     (step 2).
 

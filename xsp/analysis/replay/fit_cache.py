@@ -29,7 +29,7 @@ from xsp.core.errors import StoreError
 from xsp.core.store import read_json, write_json_atomic
 
 if TYPE_CHECKING:
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.reconstruction.matching import keyed, tree_depths
+from xsp.analysis.measurement.matching import keyed, tree_depths
+from xsp.analysis.measurement.store import MeasurementStore, text_in, texts
 from xsp.analysis.replay.causes import span_causes
 from xsp.analysis.replay.collectives import Collectives, find_collectives, nccl_kernels
 from xsp.analysis.replay.host_timeline import Calibration, host_timeline, owning_steps
-from xsp.analysis.store import MeasurementStore, text_in, texts
 from xsp.core import schema
 from xsp.core.columns import numbers
 

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.derived import DerivedPer
-from xsp.analysis.reconstruction.matching import keyed, level_sources, roots, tree_depths
-from xsp.analysis.reconstruction.untraced import INTERLEAVED, untraced_steps
-from xsp.analysis.store import MeasurementStore, texts
+from xsp.analysis.measurement.derived import DerivedPer
+from xsp.analysis.measurement.matching import keyed, level_sources, roots, tree_depths
+from xsp.analysis.measurement.store import MeasurementStore, texts
+from xsp.analysis.measurement.untraced import INTERLEAVED, untraced_steps
 from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.intervals import find_rows, order_by

@@ -19,9 +19,9 @@ from typing import TypedDict
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.derived import Derived
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore, texts
 from xsp.analysis.replay.host_timeline import steady
-from xsp.analysis.store import MeasurementStore, texts
 from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.errors import StoreError

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
 __all__ = ["Rule", "Suggestion"]
 

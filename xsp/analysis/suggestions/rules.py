@@ -24,10 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.replay import WhatIf, replay, what_if
-from xsp.analysis.replay.host_timeline import step_ranks
-from xsp.analysis.store import (
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import (
     MeasurementStore,
     text_codes,
     text_equals,
@@ -35,6 +33,8 @@ from xsp.analysis.store import (
     text_matches,
     texts,
 )
+from xsp.analysis.replay import WhatIf, replay, what_if
+from xsp.analysis.replay.host_timeline import step_ranks
 from xsp.analysis.suggestions.rule import Rule, Suggestion
 from xsp.core.columns import numbers
 from xsp.core.intervals import depths, find_rows, inherit
@@ -84,8 +84,8 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
     untraced one (a calibrated F run: else the tracer's own host time would hide GPU gains) and
     the job's collectives are checked on a recording (one rank, or ranks on the CPU: NCCL's
     kernels are checked on a hand-worked store only); otherwise ``found`` as it is."""
+    from xsp.analysis.reconstruction import distributed
     from xsp.analysis.replay import critical_path
-    from xsp.analysis.tables import distributed
 
     if distributed.is_multi_rank(store) and critical_path.has_gpu(store):
         return found
@@ -336,7 +336,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
     on the H200's host (two gloo ranks, rank 1 with twice the batch), balancing gained 1.28 ms
     a step (0.78-1.60 in 4 pairs) against 0.91 ms replayed, and 0.65 ms when the estimate only
     made rank 1's compute as fast as rank 0's."""
-    from xsp.analysis.tables import distributed
+    from xsp.analysis.reconstruction import distributed
 
     if not distributed.is_multi_rank(store):
         return None
@@ -392,7 +392,7 @@ def straggler(store: MeasurementStore) -> Suggestion | None:
 def _outer_compute(spans: pa.Table) -> np.ndarray:
     """The framework spans right under a rank's step that compute (ops, modules, autograd
     nodes, optimizer calls): the rank's compute, each nanosecond once."""
-    from xsp.analysis.tables.distributed import COMPUTE_KINDS
+    from xsp.analysis.reconstruction.distributed import COMPUTE_KINDS
 
     parent = _parents(spans)
     kind = texts(spans.column("kind"))

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.counter_matching import align_kernels, iteration_of, keyed
 from xsp.analysis.tables.counter_records import (
     CountedKernel,

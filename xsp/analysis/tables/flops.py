@@ -36,9 +36,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.reconstruction.matching import keyed, tree_depths
-from xsp.analysis.store import (
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.matching import keyed, tree_depths
+from xsp.analysis.measurement.store import (
     MeasurementStore,
     text_codes,
     text_equals,

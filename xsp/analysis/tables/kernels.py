@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 
 #: The shallowest run with layers (module spans): the one every layer figure reads (MF).
 FRAMEWORK_RUN = "(SELECT arg_min(run_index, length(levels)) FROM spans WHERE kind = 'module')"

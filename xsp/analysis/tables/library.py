@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 
 _LIB_RUN = "(SELECT max(run_index) FROM spans WHERE kind = 'library_call')"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core.columns import arrow
 
 # made with ``arrow``: pa.table of Python values imports pandas (0.15 s of every analyze)

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.memory import memory_run
 from xsp.core import schema
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core.schema import MONITOR_SUMMARIES
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.derived import Derived
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.store import MeasurementStore, texts
 from xsp.analysis.replay import replay
-from xsp.analysis.store import MeasurementStore, texts
 from xsp.analysis.tables.kernels import union_length
 from xsp.core import schema
 from xsp.core.intervals import depths, inherit

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay.m_interval import MInterval, m_interval, process_steps
-from xsp.analysis.store import MeasurementStore
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 from xsp.core.columns import arrow, rows_table
 
@@ -38,7 +38,7 @@ def level_sets(store: MeasurementStore) -> pa.Table:
     median the pooled one, its iterations and extremes every process's), the ratios are against
     that median, and a verdict places a run's median against M's 95% interval: "noise" inside
     it, "added" above it, "below M" under it. Otherwise the verdict is
-    ``reconstruct.overhead_verdict`` on the mean steps' difference."""
+    ``overhead_verdict`` on the mean steps' difference."""
     stats = store.sql(
         """
         SELECT levels, run_index,
@@ -153,7 +153,6 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
 
 def _verdict(first: dict, row: dict) -> str | None:
     """ "added", "noise" or "faster" for a run's mean step against the first run's."""
-    from xsp.analysis.reconstruction.reconstruct import overhead_verdict
 
     if first.get("step_mean_ms") is None or row.get("step_mean_ms") is None:
         return None
@@ -247,3 +246,13 @@ def own_time_line(manifest: Mapping[str, Any]) -> str | None:
         f"xsp run itself: {before:.1f} s before the level sets (start-up, checks), "
         f"{after:.1f} s after them (summary)"
     )
+
+
+def overhead_verdict(mean: float, stderr: float) -> str:
+    """ "noise" within twice the standard error of zero (run-to-run spread, not overhead);
+    "added" above it; "faster" below it: the deeper run was faster beyond its spread, which
+    one process each cannot explain (the host's speed differs between processes by up to ±25%
+    on the lent GPU hosts: ``xsp.analysis.replay.m_interval`` measures M across several)."""
+    if abs(mean) <= 2 * stderr:
+        return "noise"
+    return "added" if mean > 0 else "faster"

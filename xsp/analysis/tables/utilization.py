@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables import flops
 from xsp.analysis.tables.counters import store_peaks, untraced_step_ms
 from xsp.analysis.tables.flop_formulas import ATTENTION, CONVOLUTION, MATMUL, NORM

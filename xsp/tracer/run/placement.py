@@ -115,7 +115,7 @@ def records_shapes(spec: LeveledSpec, levels: LevelSet) -> bool:
 def calibrates(spec: LeveledSpec, levels: LevelSet) -> bool:
     """Whether the level set ``levels`` times level F's own cost per record: only the
     shallowest one with F does, since the replay reads its host times from that run alone
-    (``xsp.analysis.reconstruction.matching.level_sources``). The calibration takes 0.5-1.3 s of a process's
+    (``xsp.analysis.measurement.matching.level_sources``). The calibration takes 0.5-1.3 s of a process's
     switch-on on the H200, which the deeper level sets no longer pay."""
     return levels.framework and levels == min(_with_framework(spec), key=len, default=levels)
 

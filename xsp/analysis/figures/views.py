@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.report.present import short_label
+from xsp.analysis.figures.present import short_label
 from xsp.core import schema
 
 #: Boxes beyond this many in the flame view are left out, shortest first (plotly stays fluid).

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.reconstruction.reconstruct import reconstruct
-from xsp.analysis.store import MeasurementStore
 from xsp.analysis.tables.kernels import union_length
 from xsp.core import schema
 from xsp.core.intervals import find_rows

@@ -46,7 +46,7 @@ class MeasurementStore:
         self.counter_runs: list[Run] = [r for r in every if r.is_counter_run]
         # a measurement of counters alone keeps its counter run as the timing run too
         self.runs: list[Run] = [r for r in every if not r.is_counter_run] or every
-        #: Values derived from the spans, kept by their declarations (``xsp.analysis.derived``).
+        #: Values derived from the spans, kept by their declarations (``xsp.analysis.measurement.derived``).
         self.derived_values: dict[tuple[str, Hashable], object] = {}
         self._parents: list[np.ndarray] = []  # each run's parent rows, found at open
         tables = []

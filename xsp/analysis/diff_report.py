@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from xsp.analysis.diff import Diff
-from xsp.analysis.report.html import STYLE, html_table
+from xsp.analysis.report import STYLE, html_table
 
 #: Layers the waterfall names one by one; the rest are one bar.
 WATERFALL_LAYERS = 12

@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 
 from xsp.analysis.catalog import sections
-from xsp.analysis.report.present import KERNEL_COLUMNS, cell, header, short_kernel
-from xsp.analysis.report.views import flame_figure, legend_html, timeline_figure
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_kernel
+from xsp.analysis.figures.views import flame_figure, legend_html, timeline_figure
+from xsp.analysis.measurement.store import MeasurementStore
 
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1500px}

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.derived import DerivedPer
-from xsp.analysis.store import MeasurementStore, parent_rows
+from xsp.analysis.measurement.derived import DerivedPer
+from xsp.analysis.measurement.store import MeasurementStore, parent_rows
 from xsp.core.columns import numbers
 from xsp.core.intervals import break_cycles, depths
 

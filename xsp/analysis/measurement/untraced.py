@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xsp.analysis.derived import Derived
-from xsp.analysis.reconstruction.matching import level_sources
-from xsp.analysis.store import MeasurementStore
+from xsp.analysis.measurement.derived import Derived
+from xsp.analysis.measurement.matching import level_sources
+from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core import schema
 from xsp.core.store import RunMeta
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.report.present import KERNEL_COLUMNS, header, short_kernel, short_label
+from xsp.analysis.figures.present import KERNEL_COLUMNS, header, short_kernel, short_label
 
 
 def bar(table: pa.Table, x: str, y: str, title: str, rows: int = 20) -> Any:
@@ -60,7 +60,7 @@ def memory_over_step(timeline: Any) -> Any:
     to the allocator's total, with the peak marked."""
     import plotly.graph_objects as go
 
-    from xsp.analysis.report.present import human_bytes
+    from xsp.analysis.figures.present import human_bytes
     from xsp.analysis.tables.memory_timeline import BEFORE, CHART_POINTS, OTHERS, bands, sample
 
     rows = sample(timeline.total_bytes, CHART_POINTS)

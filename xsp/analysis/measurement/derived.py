@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from xsp.analysis.store import MeasurementStore
+    from xsp.analysis.measurement.store import MeasurementStore
 
 __all__ = ["Derived", "DerivedPer", "declared"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.report.present import short_kernel, short_label
+from xsp.analysis.figures.present import short_kernel, short_label
 from xsp.analysis.tables.peaks import ROOFS, Peaks
 
 #: One colour per roof, points and their ceiling alike.
