@@ -289,6 +289,15 @@ class RunMeta:
     rank: int | None = field(default=None, metadata=_COUNT)
     world_size: int | None = field(default=None, metadata=_COUNT)
     ranks: tuple[RankRun, ...] | None = field(default=None, metadata=_SECTIONS)
+    #: a collected run's: who stored it, the spans it left out as already stored (in all and by
+    #: part file), and the requests of it set aside in the quarantine (their count, their files)
+    source: str | None = field(default=None, metadata=_TEXT)
+    duplicate_spans_skipped: int | None = field(default=None, metadata=_COUNT)
+    duplicate_spans_skipped_by_part: Mapping[str, int] | None = field(
+        default=None, metadata=_SECTION
+    )
+    quarantined_requests: int | None = field(default=None, metadata=_COUNT)
+    quarantined: tuple[str, ...] | None = field(default=None, metadata=_TEXTS)
     #: what xsp stepped aside from while the program's own torch.profiler ran (capture/coexist)
     program_profiler: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     extra: Mapping[str, Any] = field(default_factory=dict)
