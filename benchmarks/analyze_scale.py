@@ -21,6 +21,7 @@ timed. Each timing is a fresh process (``xsp analyze --json``), its peak RSS rea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import statistics
@@ -121,7 +122,7 @@ def _tile_side(
 def generate(source: Path, copies: int, out: Path) -> dict[str, int]:
     """Write ``copies`` tilings of the measurement at ``source`` into ``out``; return the spans
     of each level set."""
-    manifest = run_store.read_json(source / run_store.MANIFEST)
+    manifest = run_store.read_manifest(source / run_store.MANIFEST)
     counts = {}
     for run in run_store.open_measurement(source):
         spans = run.spans()
@@ -135,20 +136,33 @@ def generate(source: Path, copies: int, out: Path) -> dict[str, int]:
             side = run._side_table(name, name)
             if side is not None:
                 write(run_dir, _tile_side(side, copies, period, iterations, span_step))
-        meta = dict(run.meta)
-        meta["spans"] = tiled.num_rows
-        meta["iterations_measured"] = meta["iterations_requested"] = iterations * copies
-        meta["spans_by_level"] = {k: v * copies for k, v in meta.get("spans_by_level", {}).items()}
-        if "memory_events" in meta:
-            meta["memory_events"] *= copies
-        run_store.write_json_atomic(run_dir / run_store.RUN_META, meta)
+        meta = run.document
+        events = meta.memory_events
+        meta = dataclasses.replace(
+            meta,
+            spans=tiled.num_rows,
+            iterations_measured=iterations * copies,
+            iterations_requested=iterations * copies,
+            spans_by_level={k: v * copies for k, v in (meta.spans_by_level or {}).items()},
+            memory_events=events * copies if events is not None else None,
+        )
+        run_store.write_run_meta(run_dir / run_store.RUN_META, meta)
         counts[run.levels] = tiled.num_rows
-    for entry in manifest.get("runs", []):
-        if entry.get("levels") in counts:
-            entry["spans"] = counts[entry["levels"]]
-            entry["iterations_measured"] = entry.get("iterations_measured", 0) * copies
-    manifest.get("spec", {})["iterations"] = manifest.get("spec", {}).get("iterations", 0) * copies
-    run_store.write_json_atomic(out / run_store.MANIFEST, manifest)
+    runs = tuple(
+        dataclasses.replace(
+            entry,
+            spans=counts[entry.levels],
+            iterations_measured=(entry.iterations_measured or 0) * copies,
+        )
+        if entry.levels in counts
+        else entry
+        for entry in manifest.runs or ()
+    )
+    spec = manifest.spec
+    if spec is not None:
+        spec = {**spec, "iterations": spec.get("iterations", 0) * copies}
+    manifest = dataclasses.replace(manifest, runs=runs, spec=spec)
+    run_store.write_manifest(out / run_store.MANIFEST, manifest)
     store = MeasurementStore(out)  # the store's own checks: checksums, schema, span values
     store.require_spans()
     return counts
@@ -210,7 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     deepest = max(run_store.open_measurement(args.source), key=lambda r: len(r.levels))
-    per_copy = int(deepest.meta["spans"])
+    per_copy = int(deepest.document.spans or 0)
     with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
         base = args.keep or Path(tmp)
         figures: list[dict[str, Any]] = []
@@ -221,7 +235,9 @@ def main() -> None:
             counts = generate(args.source, copies, out) if not out.exists() else None
             made = time.perf_counter() - started
             if counts is None:
-                counts = {r.levels: int(r.meta["spans"]) for r in run_store.open_measurement(out)}
+                counts = {
+                    r.levels: int(r.document.spans or 0) for r in run_store.open_measurement(out)
+                }
             if args.profile and size == max(sizes):
                 profile(out)
                 continue

@@ -27,14 +27,14 @@ def main() -> None:
     for number, path in enumerate(dirs, start=1):
         run = open_run(path)
         steps = steady_steps_ms(run.spans())
-        host = run.meta.get("host") or {}
+        host = run.document.host or {}
         print(
             json.dumps(
                 {
                     "label": args.label,
                     "process": number,
                     "median_ms": round(float(np.median(steps)), 4) if len(steps) else None,
-                    "started_ns": run.meta.get("started_ns"),
+                    "started_ns": run.document.started_ns,
                     **{f"{when}_{k}": v for when, state in host.items() for k, v in state.items()},
                 }
             )

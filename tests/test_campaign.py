@@ -3,6 +3,7 @@ executor on a local Ray, the campaign store's SQL and the comparative report."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -582,19 +583,26 @@ def test_a_partial_or_failed_run_is_not_a_successful_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from xsp.campaign.jobs import run_job
+    from xsp.core.store import ManifestRun, Status
     from xsp.tracer.run.manifest import LeveledResult
 
-    runs: list[dict[str, Any]] = [
-        {"levels": "M", "status": "ok"},
-        {"levels": "MF", "status": "partial", "status_reasons": ["a sink failed: refused"]},
-    ]
+    reasons = ("a sink failed: refused",)
+    runs = (
+        ManifestRun(levels="M", status=Status.OK),
+        ManifestRun(levels="MF", status=Status.PARTIAL, status_reasons=reasons),
+    )
     fake = LeveledResult(tmp_path / "R", "m", runs)
     monkeypatch.setattr("xsp.tracer.run.runner.run_leveled", lambda *a, **k: fake)
     spec = from_dict({"campaign": {"device": "cpu"}, "models": {"names": ["torchvision:resnet18"]}})
     record = run_job(spec, spec.jobs()[0], tmp_path / "R")
     assert record["status"] == "partial" and "a sink failed: refused" in record["error"]
     assert [r["status"] for r in record["runs"]] == ["ok", "partial"]
-    runs[1].update(status="error", error="conversion failed: RuntimeError: forced")
+    fake.runs = (
+        runs[0],
+        dataclasses.replace(
+            runs[1], status=Status.ERROR, error="conversion failed: RuntimeError: forced"
+        ),
+    )
     record = run_job(spec, spec.jobs()[0], tmp_path / "R")
     assert record["status"] == "failed" and "conversion failed" in record["error"]
 

@@ -304,7 +304,7 @@ def test_without_a_counter_tool_mh_is_skipped_in_one_line_and_the_rest_runs(
     )
     result = run_leveled(spec)
     assert result.ok, result.failure
-    assert [run["levels"] for run in result.runs] == ["M"]
+    assert [run.levels for run in result.runs] == ["M"]
     assert result.skipped == [
         f"level set MH skipped: XSP_NCU={str(tmp_path / 'no-ncu-here')!r} is not an executable"
     ]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -436,9 +435,9 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     _rank_run(tmp_path / "M", 0)
     sink = InMemorySink()
     meta = job.finish(JobEnd({"exit_code": 0}), [sink])
-    assert meta["status"] == "partial" and meta["spans"] == 2  # rank 0's step and the root
-    assert meta["status_reasons"][0].startswith("rank 1 of 2 stored no run")
-    assert [r["rank"] for r in meta["ranks"]] == [0] and meta["ranks"][0]["pid"] == 100
+    assert meta.status == "partial" and meta.spans == 2  # rank 0's step and the root
+    assert (meta.status_reasons or ("",))[0].startswith("rank 1 of 2 stored no run")
+    assert [r["rank"] for r in meta.ranks or ()] == [0] and (meta.ranks or ())[0]["pid"] == 100
     assert not (tmp_path / "M" / "rank-0").exists()  # joined: the rank's copy went
     assert store.open_run(tmp_path / "M").spans().num_rows == 2
     (batch,) = sink.batches
@@ -451,10 +450,10 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     program = {"exit_code": 1, "exception": "RuntimeError: boom"}
     _rank_run(tmp_path / "M", 1, status="error", error="RuntimeError: boom", program=program)
     meta = job.finish(JobEnd({"exit_code": 1}, 1, {1: {"exit_code": 1}}))
-    assert meta["status"] == "error" and meta["error"] == "rank 1: RuntimeError: boom"
-    assert meta["status_reasons"] == ["rank 1: RuntimeError: boom", f"rank 0: {peer}"]
-    assert meta["program"] == program and meta["iterations_measured"] == 1
-    assert [r["rank"] for r in meta["ranks"]] == [0, 1]
+    assert meta.status == "error" and meta.error == "rank 1: RuntimeError: boom"
+    assert list(meta.status_reasons or ()) == ["rank 1: RuntimeError: boom", f"rank 0: {peer}"]
+    assert meta.program == program and meta.iterations_measured == 1
+    assert [r["rank"] for r in meta.ranks or ()] == [0, 1]
 
     job.begin()  # rank 1 exits with 3; the launcher's SIGTERM stops rank 0 while it stores
     stopped = "interrupted (SIGTERM)"
@@ -462,17 +461,17 @@ def test_joining_the_ranks_takes_the_worst_status_and_sends_whole_traces(tmp_pat
     died = "the program exited with 3 after 1 measured iterations"
     _rank_run(tmp_path / "M", 1, status="partial", status_reasons=[died])
     meta = job.finish(JobEnd({"exit_code": 3}, 1, {1: {"exit_code": 3}}))
-    assert meta["status"] == "error"  # the job failed; nobody interrupted it
-    assert meta["status_reasons"] == [f"rank 1: {died}", f"rank 0: {stopped}"]
+    assert meta.status == "error"  # the job failed; nobody interrupted it
+    assert list(meta.status_reasons or ()) == [f"rank 1: {died}", f"rank 0: {stopped}"]
 
     job.begin()  # both ranks stored every iteration, then rank 0 aborted in its teardown
     _rank_run(tmp_path / "M", 0)
     _rank_run(tmp_path / "M", 1)
     abort = {"signal": 6, "signal_name": "SIGABRT"}
     meta = job.finish(JobEnd(abort, 0, {0: abort}))
-    assert meta["status"] == "error" and meta["error"] == "rank 0 was killed by SIGABRT"
-    assert meta["spans"] == 3  # what was stored is kept: two steps and their root
-    assert [r["program"] for r in meta["ranks"]] == [abort, None]  # the job's end is no 0
+    assert meta.status == "error" and meta.error == "rank 0 was killed by SIGABRT"
+    assert meta.spans == 3  # what was stored is kept: two steps and their root
+    assert [r["program"] for r in meta.ranks or ()] == [abort, None]  # the job's end is no 0
 
 
 # -- a real two-rank job ------------------------------------------------------------------------
@@ -712,28 +711,29 @@ def test_the_joined_run_carries_the_ranks_calibration_and_warm_up_steps() -> Non
     """What the replay reads of a level set's process, for a job: F's cost per record as the
     ranks' median and the untraced warm-up steps step by step (the ranks end theirs together at
     their collectives); each rank keeps its own under ``ranks``."""
+    from xsp.core.store import RunMeta
     from xsp.tracer.run.ranks import _process_figures, _rank_entry
 
-    def meta(op: float, module: float, steps: list[float], settled: bool) -> dict[str, Any]:
+    def meta(op: float, module: float, steps: list[float], settled: bool) -> RunMeta:
         calibration = {"framework_ns_per_record": op, "module_ns_per_call": module}
-        return {
-            "calibration": {**calibration, "device": "cpu"},
-            "warmup_steps_ms": steps,
-            "warmup_settled": settled,
-        }
+        return RunMeta(
+            calibration={**calibration, "device": "cpu"},
+            warmup_steps_ms=tuple(steps),
+            warmup_settled=settled,
+        )
 
     ranks = [
         meta(900.0, 1000.0, [8.0, 4.0, 4.2], True),
         meta(1000.0, 1200.0, [9.0, 4.4, 4.0], False),
     ]
     joined = _process_figures(ranks)
-    assert joined["calibration"] == {
+    assert joined.calibration == {
         "framework_ns_per_record": 950.0,
         "module_ns_per_call": 1100.0,
         "device": "cpu",
         "ranks": 2,
     }
-    assert joined["warmup_steps_ms"] == [8.5, 4.2, 4.1]
-    assert joined["warmup_settled"] is False
-    assert _rank_entry(1, ranks[1])["calibration"]["framework_ns_per_record"] == 1000.0
-    assert "calibration" not in _process_figures([{}, {}])
+    assert joined.warmup_steps_ms == (8.5, 4.2, 4.1)
+    assert joined.warmup_settled is False
+    assert (_rank_entry(1, ranks[1])["calibration"] or {})["framework_ns_per_record"] == 1000.0
+    assert _process_figures([RunMeta(), RunMeta()]).calibration is None

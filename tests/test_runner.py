@@ -48,7 +48,7 @@ def test_an_overlapped_level_set_switches_its_levels_on_after_the_one_before_exi
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}
     assert runs["M"]["finished_ns"] < runs["MF"]["phases_ns"]["levels_on"]
     assert runs["MF"]["phases_ns"]["ready"] <= runs["MF"]["phases_ns"]["levels_on"]
-    seconds = {entry["levels"]: entry["seconds"] for entry in result.runs}
+    seconds = {entry.levels: entry.seconds for entry in result.runs}
     assert "waiting_for_previous" in seconds["MF"] and "waiting_for_previous" not in seconds["M"]
     assert runs["MF"]["spans_by_level"]["framework"] > 0
 
@@ -72,7 +72,7 @@ def test_a_level_set_that_fails_cancels_the_one_started_ahead_of_it(tmp_path: Pa
     result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
     assert ("MF", "start") in events  # started once M had measured, then dropped
     assert not result.ok
-    assert [entry["levels"] for entry in result.runs] == ["M"]
+    assert [entry.levels for entry in result.runs] == ["M"]
     assert "failed after measuring" in (spec.out / "M.stderr.log").read_text()
     assert not (spec.out / "MF").exists() and not (spec.out / "MF.stderr.log").exists()
     manifest = json.loads((spec.out / "manifest.json").read_text())
@@ -120,10 +120,10 @@ def test_a_level_set_that_fails_while_started_ahead_runs_again_on_its_own(tmp_pa
     assert result.ok, result.failure
     assert refused.exists()  # MF did start ahead and fail
     assert events.count(("MF", "start")) == 2
-    entries = {entry["levels"]: entry for entry in result.runs}
-    assert entries["MF"]["status"] == "ok"
-    assert "out of memory: the device is held" in entries["MF"]["failed_ahead"]
-    assert "failed_ahead" not in entries["M"]
+    entries = {entry.levels: entry for entry in result.runs}
+    assert entries["MF"].status == "ok"
+    assert "out of memory: the device is held" in (entries["MF"].failed_ahead or "")
+    assert entries["M"].failed_ahead is None
     assert {run.levels: run.meta["iterations_measured"] for run in open_measurement(spec.out)} == {
         "M": 2,
         "MF": 2,
@@ -177,9 +177,9 @@ def test_a_failed_conversion_is_not_counted_as_a_success(tmp_path: Path) -> None
     result = run_leveled(spec)
     assert not result.ok and result.status == "error" and result.exit_code == 1
     entry = result.runs[0]
-    assert entry["status"] == "error" and entry["spans"] == 0
-    assert "conversion failed: RuntimeError: forced conversion failure" in entry["error"]
-    assert entry["status_reasons"][0] == entry["error"]
+    assert entry.status == "error" and entry.spans == 0
+    assert "conversion failed: RuntimeError: forced conversion failure" in entry.error
+    assert entry.status_reasons is not None and entry.status_reasons[0] == entry.error
     manifest = json.loads((spec.out / "manifest.json").read_text())
     assert manifest["status"] == "error" and manifest["runs"][0]["status"] == "error"
     assert "forced conversion failure" in (result.failure or "")
@@ -221,7 +221,7 @@ def test_the_program_end_is_recorded_and_passed_on(
     entry = result.runs[0]
     # a program that died before xsp's finish: its finished iterations come from the arena
     status = "error" if how == "sys.exit" else "partial"
-    assert entry["program"] == program and entry["status"] == status
+    assert entry.program == program and entry.status == status
     assert result.exit_code == code
     meta = json.loads((spec.out / "M" / "run.json").read_text())
     assert meta["status"] == status and meta["program"] == program  # never left "running"
@@ -229,7 +229,7 @@ def test_the_program_end_is_recorded_and_passed_on(
     assert manifest["runs"][0]["program"] == program and manifest["status"] == status
     if how != "sys.exit":
         ended = "exited with 5" if how == "os._exit" else "was killed by SIGKILL"
-        assert entry["error"] == f"the program {ended}"
+        assert entry.error == f"the program {ended}"
         assert meta["recovered"] is True and meta["iterations_measured"] == 2
         assert f"the program {ended} after 2 measured iterations" in meta["status_reasons"]
 
@@ -241,9 +241,9 @@ def test_a_time_limit_kills_a_forked_level_set_and_says_so(tmp_path: Path) -> No
     started = time.monotonic()
     result = run_leveled(spec)
     entry = result.runs[0]
-    assert entry["status"] == "error" and entry["timed_out"] is True
-    assert entry["program"] == {"signal": 9, "signal_name": "SIGKILL"}
-    assert "timed out after 1 s" in entry["error"]
+    assert entry.status == "error" and entry.timed_out is True
+    assert entry.program == {"signal": 9, "signal_name": "SIGKILL"}
+    assert "timed out after 1 s" in entry.error
     assert time.monotonic() - started < 60
     run_json = spec.out / "M" / "run.json"  # killed while starting up, it has none yet
     if run_json.exists():
@@ -338,7 +338,7 @@ def test_only_the_shallowest_framework_level_set_calibrates(tmp_path: Path) -> N
     result = run_leveled(run)
     assert result.ok
     # the manifest's phases give the calibration its own: in MF's process only
-    phases = {entry["levels"]: entry["seconds"] for entry in result.runs}
+    phases = {entry.levels: entry.seconds for entry in result.runs}
     assert phases["MF"]["calibration"] > 0 and "calibration" not in phases["MFL"]
     metas = {r.levels: r.meta for r in open_measurement(run.out)}
     assert "calibration" in metas["MF"] and "calibration" not in metas["MFL"]
@@ -599,7 +599,7 @@ def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: 
     runs = {run.levels: run.meta for run in open_measurement(spec.out)}
     pids = {levels: meta["resource"]["process.pid"] for levels, meta in runs.items()}
     assert pids["M"] == pids["MF"] != pids["MFL"]
-    assert [entry.get("in_process_of") for entry in result.runs] == [None, "M", None]
+    assert [entry.in_process_of for entry in result.runs] == [None, "M", None]
     assert runs["MF"]["started_ns"] >= runs["M"]["finished_ns"]
     assert runs["MFL"]["phases_ns"]["levels_on"] > runs["MF"]["finished_ns"]
     assert runs["MF"]["spans_by_level"]["framework"] > 0
@@ -618,9 +618,9 @@ def test_a_level_set_killed_in_a_shared_process_ends_the_measurement_there(
         tmp_path, ("M", "MF"), iterations=100_000, warmup=0, share_process=True, timeout_s=1
     )
     result = run_leveled(spec)
-    assert [entry["levels"] for entry in result.runs] == ["M"]
-    assert result.runs[0]["timed_out"] is True
-    assert result.runs[0]["program"] == {"signal": 9, "signal_name": "SIGKILL"}
+    assert [entry.levels for entry in result.runs] == ["M"]
+    assert result.runs[0].timed_out is True
+    assert result.runs[0].program == {"signal": 9, "signal_name": "SIGKILL"}
     assert not (spec.out / "MF").exists()
 
 
@@ -691,7 +691,7 @@ def test_side_by_side_processes_warm_up_together_and_measure_in_turn(
     assert runs["M"]["phases_ns"]["ready"] <= runs["M"]["phases_ns"]["levels_on"]
     # and it measured only once M's process (M, then MF) had ended
     assert runs["MFL"]["phases_ns"]["levels_on"] > runs["MF"]["finished_ns"]
-    assert [entry["status"] for entry in result.runs] == ["ok", "ok", "ok"]
+    assert [entry.status for entry in result.runs] == ["ok", "ok", "ok"]
 
 
 def test_a_failed_level_set_cancels_the_processes_warmed_up_beside_it(
@@ -704,8 +704,8 @@ def test_a_failed_level_set_cancels_the_processes_warmed_up_beside_it(
     events: list[tuple[str, str]] = []
     result = run_leveled(spec, progress=lambda levels, phase, *_: events.append((levels, phase)))
     assert ("MFL", "start") in events and ("M", "ready") not in events
-    assert [entry["levels"] for entry in result.runs] == ["M"]
-    assert result.runs[0]["timed_out"] is True
+    assert [entry.levels for entry in result.runs] == ["M"]
+    assert result.runs[0].timed_out is True
     assert not (spec.out / "MFL").exists() and not (spec.out / "MFL.stderr.log").exists()
 
 

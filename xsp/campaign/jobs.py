@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from xsp.campaign.spec import CampaignSpec, Job
 from xsp.core.errors import DeviceError, WorkloadError, XspError
 
 if TYPE_CHECKING:
+    from xsp.core.store import ManifestRun, ProgramEnd, Status
     from xsp.tracer.run.runner import LeveledResult
 
 #: Reason classes of the errors xsp raises before a job runs anything (first match wins).
@@ -173,18 +174,37 @@ def run_job(
 def _runs_record(result: LeveledResult) -> dict[str, Any]:
     """What a job's record says of each level set's run: its seconds, status and reasons."""
     record: dict[str, Any] = {
-        "seconds_by_level_set": {run["levels"]: run.get("seconds") for run in result.runs},
-        "runs": [
-            {
-                k: run.get(k)
-                for k in ("levels", "status", "status_reasons", "program", "cupti", "counters")
-                if k in run or k != "counters"
-            }
-            for run in result.runs
-        ],
+        "seconds_by_level_set": {run.levels: run.seconds for run in result.runs},
+        "runs": [_run_record(run) for run in result.runs],
     }
     if result.skipped:
         record["skipped"] = list(result.skipped)
+    return record
+
+
+class RunRecord(TypedDict, total=False):
+    """A level set's run as a job's record keeps it: its manifest entry's status and reasons,
+    how its program ended, CUPTI's counts, and ``counters`` only where it has them."""
+
+    levels: str | None
+    status: Status | None
+    status_reasons: list[str] | None
+    program: ProgramEnd | None
+    cupti: Mapping[str, Any] | None
+    counters: Mapping[str, Any]
+
+
+def _run_record(run: ManifestRun) -> RunRecord:
+    reasons = list(run.status_reasons) if run.status_reasons is not None else None
+    record = RunRecord(
+        levels=run.levels,
+        status=run.status,
+        status_reasons=reasons,
+        program=run.program,
+        cupti=run.cupti,
+    )
+    if run.counters is not None:
+        record["counters"] = run.counters
     return record
 
 
@@ -197,7 +217,7 @@ def _failure_record(result: LeveledResult, out: Path) -> dict[str, str]:
     )
     if result.interrupted:  # Ctrl-C: a rerun runs it again
         status, reason = "interrupted", "interrupted"
-    elif any(run.get("timed_out") for run in result.runs):
+    elif any(run.timed_out for run in result.runs):
         status, reason = "timeout", "timeout"
     elif result.status == "partial":  # it measured, but something is missing
         status, reason = "partial", "partial"

@@ -319,19 +319,23 @@ def _note_own_time(out: Path, started_ns: int) -> str | None:
     """Record in the manifest the seconds ``xsp run``'s own process spent before the
     measurement (interpreter, imports, checks) and after it (the summary just printed), and
     return the line that says so; None without a manifest."""
+    import dataclasses
     import time
 
     from xsp.analysis.tables.summary import own_time_line
-    from xsp.core.store import MANIFEST, read_json, write_json_atomic
+    from xsp.core.store import MANIFEST, read_manifest, write_manifest
 
     path = out / MANIFEST
     try:
-        manifest = read_json(path)
-        before = (manifest["created_ns"] - started_ns) / 1e9
-        after = (time.time_ns() - manifest["finished_ns"]) / 1e9
-    except (XspError, KeyError, TypeError):
-        return None  # no manifest (nothing measured) or one without its end
-    manifest["runner_s"] = {"before": round(before, 3), "after": round(after, 3)}
+        manifest = read_manifest(path)
+    except XspError:
+        return None  # no manifest: nothing measured
+    if manifest.created_ns is None or manifest.finished_ns is None:
+        return None  # one without its end
+    before = (manifest.created_ns - started_ns) / 1e9
+    after = (time.time_ns() - manifest.finished_ns) / 1e9
+    runner_s = {"before": round(before, 3), "after": round(after, 3)}
+    manifest = dataclasses.replace(manifest, runner_s=runner_s)
     with contextlib.suppress(OSError, XspError):  # said all the same; the measurement is whole
-        write_json_atomic(path, manifest)
-    return own_time_line(manifest)
+        write_manifest(path, manifest)
+    return own_time_line(manifest.to_json())

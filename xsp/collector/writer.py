@@ -27,6 +27,7 @@ collector restart). Algorithm:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -54,6 +55,7 @@ from xsp.core.otlp.decode import (
     table_from_resource_spans,
 )
 from xsp.core.otlp.json_types import AttributeValue, StoredResourceJson
+from xsp.core.store import RunMeta, Status
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = store.FOREIGN_LEVELS
 #: Run directories whose key index stays in memory (8 bytes a stored span each).
 MAX_INDEXED_RUNS = 64
-#: run.json keys: spans left out because the run already stored them (total, and by part).
-META_DUPLICATES = "duplicate_spans_skipped"
-META_DUPLICATES_BY_PART = "duplicate_spans_skipped_by_part"
-#: run.json keys: requests of the run set aside in the store's .quarantine/, and their files.
-META_QUARANTINED = "quarantined_requests"
-META_QUARANTINED_ITEMS = "quarantined"
+#: run.json's ``source`` of a run the collector stored
+COLLECTOR = "collector"
 _KEY_COLUMNS = ["trace_id", "span_id"]
 #: Spans decoded in one go: enough that numpy's and arrow's cost per call is small, few enough
 #: that the decoder's arrays stay in the CPU's cache (measured: 8-32 requests of 1,000 spans
@@ -398,37 +396,38 @@ class StoreWriter:
     ) -> None:
         """run.json: every sender's resource in "resources" (by id, as the spans'
         ``resource_id`` names them), the first one's attributes in "resource"."""
-        earlier = _read_meta(run_dir)
-        resources = earlier.get("resources")
-        resources = dict(resources) if isinstance(resources, dict) else {}
+        earlier = _read_meta(run_dir) or RunMeta()
+        resources = dict(earlier.resources or {})
         for sender in senders.values():
             resources.setdefault(sender.id, sender.typed)
         first = next(iter(senders.values()))
-        resource = earlier.get("resource")
-        if not isinstance(resource, dict) or "resources" not in earlier:
+        resource = earlier.resource
+        if resource is None or earlier.resources is None:
             resource = first.attributes  # a run.json of an older collector: its first sender's
-        store.write_json_atomic(
-            run_dir / store.RUN_META,
-            {
-                "format": schema.STORE_FORMAT,
-                "run_id": resource.get(schema.RES_RUN_ID, measurement),
-                "measurement_id": measurement,
-                "levels": levels,
-                "workload": resource.get(schema.RES_WORKLOAD),
-                "resource": resource,
-                "resources": resources,
-                "status": "collected",
-                "spans": keys.spans,
-                META_DUPLICATES: sum(keys.skipped.values()),
-                META_DUPLICATES_BY_PART: dict(sorted(keys.skipped.items())),
-                "source": "collector",
-                **{
-                    k: earlier[k]
-                    for k in (META_QUARANTINED, META_QUARANTINED_ITEMS)
-                    if k in earlier
-                },
-            },
+        run_id = str(resource.get(schema.RES_RUN_ID, measurement))
+        workload = resource.get(schema.RES_WORKLOAD)
+        workload = None if workload is None else str(workload)
+        meta = RunMeta(
+            format=schema.STORE_FORMAT,
+            run_id=run_id,
+            measurement_id=measurement,
+            levels=levels,
+            workload=workload,
+            resource=resource,
+            resources=resources,
+            status=Status.COLLECTED,
+            spans=keys.spans,
+            duplicate_spans_skipped=sum(keys.skipped.values()),
+            duplicate_spans_skipped_by_part=dict(sorted(keys.skipped.items())),
+            source=COLLECTOR,
+            quarantined_requests=earlier.quarantined_requests,
+            quarantined=earlier.quarantined,
+            # said even where the sender did not say them
+            nulls=frozenset(
+                k for k, v in (("run_id", run_id), ("workload", workload)) if v is None
+            ),
         )
+        store.write_run_meta(run_dir / store.RUN_META, meta)
 
 
 def note_quarantined(root: Path, payload: bytes, item: str) -> None:
@@ -441,33 +440,34 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> None:
         return
     for measurement, levels in sorted(keys):
         run_dir = root / measurement / levels
-        meta = _read_meta(run_dir) or {
-            "format": schema.STORE_FORMAT,
-            "measurement_id": measurement,
-            "levels": levels,
-            "status": "collected",
-            "spans": 0,
-            "source": "collector",
-        }
-        meta[META_QUARANTINED] = int(meta.get(META_QUARANTINED) or 0) + 1
-        meta[META_QUARANTINED_ITEMS] = [*(meta.get(META_QUARANTINED_ITEMS) or []), item]
+        meta = _read_meta(run_dir) or RunMeta(
+            format=schema.STORE_FORMAT,
+            measurement_id=measurement,
+            levels=levels,
+            status=Status.COLLECTED,
+            spans=0,
+            source=COLLECTOR,
+        )
+        meta = dataclasses.replace(
+            meta,
+            quarantined_requests=(meta.quarantined_requests or 0) + 1,
+            quarantined=(*(meta.quarantined or ()), item),
+        )
         try:
-            store.write_json_atomic(run_dir / store.RUN_META, meta)
+            store.write_run_meta(run_dir / store.RUN_META, meta)
         except OSError as exc:
             log.error("xsp collector: cannot count %s in %s: %s", item, run_dir, exc)
 
 
-def _read_meta(run_dir: Path) -> dict[str, Any]:
+def _read_meta(run_dir: Path) -> RunMeta | None:
     try:
-        return store.read_json(run_dir / store.RUN_META)
+        return store.read_run_meta(run_dir / store.RUN_META)
     except StoreError:
-        return {}
+        return None
 
 
 def _skipped_by_part(run_dir: Path) -> dict[str, int]:
     """The duplicates each part left out, as an earlier process recorded them in run.json."""
     meta = _read_meta(run_dir)
-    by_part = meta.get(META_DUPLICATES_BY_PART)
-    if not isinstance(by_part, dict):
-        return {}
-    return {str(k): int(v) for k, v in by_part.items() if isinstance(v, int)}
+    by_part = meta.duplicate_spans_skipped_by_part if meta is not None else None
+    return {str(k): int(v) for k, v in (by_part or {}).items() if isinstance(v, int)}

@@ -28,6 +28,7 @@ __all__ = [
     "Manifest",
     "ManifestRun",
     "ProgramEnd",
+    "RankRun",
     "RunMeta",
     "SkippedLevels",
     "Status",
@@ -94,6 +95,22 @@ class CounterInfo(TypedDict, total=False):
     peaks_measured: dict[str, float]
     tool_errors: list[str]
     import_s: float
+
+
+class RankRun(TypedDict):
+    """One rank of a multi-rank job's run (run.json's ``ranks``): its process and its own
+    status, reasons, program and counts; each null where the rank's run.json had none."""
+
+    rank: int
+    pid: int | None
+    status: str | None
+    error: str | None
+    status_reasons: list[str] | None
+    program: ProgramEnd | None
+    iterations_measured: int | None
+    spans: int | None
+    calibration: Mapping[str, Any] | None
+    warmup_steps_ms: list[float] | None
 
 
 class SkippedLevels(TypedDict):
@@ -246,6 +263,8 @@ class RunMeta:
     iteration_boundary: str | None = field(default=None, metadata=_TEXT)
     warmup: int | None = field(default=None, metadata=_COUNT)
     warmup_steps_ms: tuple[float, ...] | None = field(default=None, metadata=_NUMBERS)
+    warmup_settled: bool | None = field(default=None, metadata=_FLAG)
+    warmup_steps_dropped: int | None = field(default=None, metadata=_COUNT)
     failed_iterations: Mapping[str, str] | None = field(default=None, metadata=_SECTION)
     errors: tuple[str, ...] | None = field(default=None, metadata=_TEXTS)
     started_ns: int | None = field(default=None, metadata=_COUNT)
@@ -256,6 +275,8 @@ class RunMeta:
     spans_by_level: Mapping[str, int] | None = field(default=None, metadata=_SECTION)
     files: tuple[str, ...] | None = field(default=None, metadata=_TEXTS)
     memory_events: int | None = field(default=None, metadata=_COUNT)
+    events_outside_iterations: int | None = field(default=None, metadata=_COUNT)
+    ranges_left_open: int | None = field(default=None, metadata=_COUNT)
     next_span_id: int | None = field(default=None, metadata=_COUNT)
     calibration: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     interleaved: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
@@ -267,7 +288,16 @@ class RunMeta:
     timed_out: bool | None = field(default=None, metadata=_FLAG)
     rank: int | None = field(default=None, metadata=_COUNT)
     world_size: int | None = field(default=None, metadata=_COUNT)
-    ranks: tuple[Mapping[str, Any], ...] | None = field(default=None, metadata=_SECTIONS)
+    ranks: tuple[RankRun, ...] | None = field(default=None, metadata=_SECTIONS)
+    #: a collected run's: who stored it, the spans it left out as already stored (in all and by
+    #: part file), and the requests of it set aside in the quarantine (their count, their files)
+    source: str | None = field(default=None, metadata=_TEXT)
+    duplicate_spans_skipped: int | None = field(default=None, metadata=_COUNT)
+    duplicate_spans_skipped_by_part: Mapping[str, int] | None = field(
+        default=None, metadata=_SECTION
+    )
+    quarantined_requests: int | None = field(default=None, metadata=_COUNT)
+    quarantined: tuple[str, ...] | None = field(default=None, metadata=_TEXTS)
     #: what xsp stepped aside from while the program's own torch.profiler ran (capture/coexist)
     program_profiler: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -317,6 +347,8 @@ class ManifestRun:
     cupti: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     counters: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     timed_out: bool | None = field(default=None, metadata=_FLAG)
+    #: partial only because the program's profiler held CUPTI: the level sets after it ran
+    goes_on: bool | None = field(default=None, metadata=_FLAG)
     stored: bool | None = field(default=None, metadata=_FLAG)
     in_process_of: str | None = field(default=None, metadata=_TEXT)
     failed_ahead: str | None = field(default=None, metadata=_TEXT)

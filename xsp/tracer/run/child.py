@@ -319,7 +319,7 @@ def _run_launcher(args: ChildSpec, command: list[str]) -> int:
     if wait is not None:
         wait()
     end = launcher.run_workers(arguments, job.rank_environment())
-    meta = RunMeta.from_json(job.finish(end, _sinks(args.run.profile.otlp_endpoint)))
+    meta = job.finish(end, _sinks(args.run.profile.otlp_endpoint))
     if meta.status == Status.INTERRUPTED or end.program.get("interrupted"):
         return EXIT_INTERRUPTED
     code = (meta.program or {}).get("exit_code")

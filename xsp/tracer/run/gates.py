@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from xsp.core.levelset import LevelSet
-from xsp.tracer.run.manifest import Entry
+from xsp.core.store import ManifestRun, Status
 from xsp.tracer.run.plan import LeveledSpec
 from xsp.tracer.run.process import LevelProcess
 
@@ -122,14 +122,14 @@ def end_later_stages(spec: LeveledSpec, process: LevelProcess) -> None:
         shutil.rmtree(spec.out / later, ignore_errors=True)
 
 
-def failed_while_ahead(process: LevelProcess, entry: Entry) -> bool:
+def failed_while_ahead(process: LevelProcess, entry: ManifestRun) -> bool:
     """Whether a level set started ahead of its turn failed before measuring: it shared the GPU
     with the one before (its memory, a model that fills it), so it is worth one run on its own."""
     return (
         process.ahead
-        and entry.get("status") == "error"
-        and not entry.get("iterations_measured")
-        and not entry.get("timed_out")
+        and entry.status == Status.ERROR
+        and not entry.iterations_measured
+        and not entry.timed_out
     )
 
 

@@ -10,14 +10,15 @@ run measurements in threads, are interrupted through ``INTERRUPT``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xsp.core.store import Status
-from xsp.tracer.run.manifest import Entry, amend_run, process_entry
+from xsp.core.store import ManifestRun, Status
+from xsp.tracer.run.manifest import amend_run, process_entry
 from xsp.tracer.run.plan import LeveledSpec
 from xsp.tracer.run.process import LevelProcess, ProgressFn
 
@@ -91,7 +92,7 @@ def _second_interrupt(signum: int, frame: Any) -> None:
     _second_interrupt_seen.set()
 
 
-def interrupt(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | None) -> Entry:
+def interrupt(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | None) -> ManifestRun:
     """Pass the interrupt on to a level-set process, give it ``INTERRUPT_GRACE_S`` (less after a
     second Ctrl-C) to store what it recorded, then kill it; its manifest entry."""
     _second_interrupt_seen.clear()
@@ -107,8 +108,8 @@ def interrupt(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | N
         returncode, _ = process.wait(0, kill=True)
     entry = process_entry(spec, process, returncode, timed_out=False)
     by = "SIGTERM" if _terminated.is_set() else "Ctrl-C"
-    entry.update(status=Status.INTERRUPTED, error=f"interrupted ({by})")
-    amend_run(spec, process.levels, entry)
+    entry = dataclasses.replace(entry, status=Status.INTERRUPTED, error=f"interrupted ({by})")
+    entry = amend_run(spec, process.levels, entry)
     if progress:
         progress(process.levels, "end", returncode, spec.profile.iterations)
     return entry

@@ -14,10 +14,13 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsp.core.errors import ConfigError
 from xsp.tracer.run.protocol import check_program
+
+if TYPE_CHECKING:
+    from xsp.core.store import ProgramEnd
 
 #: The launcher modules xsp traces the workers of (``torchrun`` is the first one's script).
 LAUNCHERS = ("torch.distributed.run",)
@@ -66,9 +69,9 @@ class JobEnd:
     """How a launcher's job ended: its ``program`` as run.json says it (``exit_code``,
     ``signal``, ``interrupted``), the rank that failed first, and how each failed rank ended."""
 
-    program: dict[str, Any]
+    program: ProgramEnd
     first_failure: int | None = None
-    failed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[int, ProgramEnd] = field(default_factory=dict)
 
 
 def run_workers(arguments: Any, environment: Mapping[str, str]) -> JobEnd:
@@ -91,7 +94,7 @@ def run_workers(arguments: Any, environment: Mapping[str, str]) -> JobEnd:
     return JobEnd({"exit_code": 0})
 
 
-def _ended(exitcode: int) -> dict[str, Any]:
+def _ended(exitcode: int) -> ProgramEnd:
     """A process's exit code (negative: the signal that killed it) as run.json's ``program``."""
     code = int(exitcode)
     if code < 0:

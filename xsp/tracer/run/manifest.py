@@ -20,12 +20,11 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from xsp.core import schema, store
 from xsp.core.errors import EXIT_INTERRUPTED, StoreError
 from xsp.core.levelset import LevelSet
-from xsp.core.store import RunMeta, Status
+from xsp.core.store import Manifest, ManifestRun, ProgramEnd, RunMeta, SkippedLevels, Status
 from xsp.tracer.run import m_processes
 from xsp.tracer.run.placement import Hosts
 from xsp.tracer.run.plan import LeveledSpec, RunPlan
@@ -34,16 +33,8 @@ from xsp.tracer.run.protocol import describe_end
 
 log = logging.getLogger(__name__)
 
-#: A level-set run's manifest entry, JSON values as the manifest keeps them: ``levels``,
-#: ``returncode``, ``program``, ``status``, ``error``, ``status_reasons``,
-#: ``iterations_measured``, ``spans``, ``seconds``; where they apply ``cupti``, ``timed_out``,
-#: ``stored``, ``in_process_of``, ``failed_ahead`` and ``counters``.
-Entry = dict[str, Any]
-#: The manifest (``RUN_DIR/manifest.json``) as the runner builds it up, entry by entry.
-Record = dict[str, Any]
-#: How a level-set process's program ended (``exit_code``, ``exception``, ``interrupted``,
-#: ``signal`` and ``signal_name``).
-ProgramEnd = dict[str, Any]
+#: the keys a process's entry takes from its run.json: each said, null where the run has none
+_FROM_RUN = ("status", "error", "iterations_measured", "spans")
 
 
 @dataclass
@@ -53,14 +44,14 @@ class LeveledResult:
 
     out: Path
     measurement_id: str
-    runs: list[Entry]
+    runs: tuple[ManifestRun, ...]
     interrupted: bool = False
     #: level sets left out, one line each (the hardware-counter level without a counter tool)
     skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and all(r["status"] == Status.OK for r in self.runs)
+        return not self.interrupted and all(r.status == Status.OK for r in self.runs)
 
     @property
     def status(self) -> Status:
@@ -69,21 +60,21 @@ class LeveledResult:
             return Status.INTERRUPTED
         if self.ok:
             return Status.OK
-        failed = any(r["status"] == Status.ERROR for r in self.runs)
+        failed = any(r.status == Status.ERROR for r in self.runs)
         return Status.ERROR if failed else Status.PARTIAL
 
     @property
     def stored(self) -> bool:
         """Whether any level set stored a run (one that measured nothing is removed)."""
-        return any(r.get("stored", True) for r in self.runs)
+        return any(r.stored is not False for r in self.runs)
 
     @property
     def failure(self) -> str | None:
         for run in self.runs:
-            if run["status"] != Status.OK:
-                reasons = run.get("status_reasons") or []
-                why = run.get("error") or (reasons[0] if reasons else None) or run["status"]
-                return f"level set {run['levels']}: {run['status']}: {why}"
+            if run.status != Status.OK:
+                reasons = run.status_reasons or ()
+                why = run.error or (reasons[0] if reasons else None) or run.status
+                return f"level set {run.levels}: {run.status}: {why}"
         if self.interrupted:
             return "interrupted"
         return None
@@ -95,13 +86,14 @@ class LeveledResult:
         if self.interrupted:
             return EXIT_INTERRUPTED
         for run in self.runs:
-            if run["status"] == Status.OK:
+            if run.status == Status.OK:
                 continue
-            program = run.get("program") or {}
-            if run["status"] == Status.INTERRUPTED or program.get("interrupted"):
+            program = run.program or ProgramEnd()
+            if run.status == Status.INTERRUPTED or program.get("interrupted"):
                 return EXIT_INTERRUPTED  # the script's own KeyboardInterrupt too
-            if isinstance(program.get("signal"), int):
-                return 128 + int(program["signal"])
+            number = program.get("signal")
+            if isinstance(number, int):
+                return 128 + number
             code = program.get("exit_code")
             if isinstance(code, int) and 0 < code < 256:
                 return code
@@ -109,126 +101,131 @@ class LeveledResult:
         return 0
 
 
-def new_manifest(run_plan: RunPlan, measurement_id: str) -> Record:
+def new_manifest(run_plan: RunPlan, measurement_id: str) -> Manifest:
     """The manifest of a measurement that has just started: its spec, its level sets, no run."""
     spec = run_plan.spec
-    manifest: Record = {
-        "format": schema.STORE_FORMAT,
-        "measurement_id": measurement_id,
-        "created_ns": time.time_ns(),
-        "workload": spec.profile.workload,
-        "spec": spec.record(),
+    workload = spec.profile.workload
+    skipped = [SkippedLevels(levels=k, reason=v) for k, v in run_plan.skipped.items()]
+    return Manifest(
+        format=schema.STORE_FORMAT,
+        measurement_id=measurement_id,
+        created_ns=time.time_ns(),
+        workload=workload,
+        spec=spec.record(),
         # where a command's relative paths resolve: `xsp verify` re-runs the workload from here
-        "cwd": os.getcwd(),
-        "level_sets": list(run_plan.level_sets),
-        "runs": [],
-        "status": Status.RUNNING,
-    }
-    if run_plan.skipped:
-        manifest["skipped"] = [{"levels": k, "reason": v} for k, v in run_plan.skipped.items()]
-    return manifest
+        cwd=os.getcwd(),
+        level_sets=tuple(run_plan.level_sets),
+        runs=(),
+        status=Status.RUNNING,
+        skipped=tuple(skipped) or None,
+        nulls=frozenset() if workload is not None else frozenset({"workload"}),
+    )
 
 
 def list_entry(
-    manifest: Record,
-    entry: Entry,
+    manifest: Manifest,
+    entry: ManifestRun,
     hosts: Hosts,
     slots: list[LevelSet],
     i: int,
     level_sets: int,
-) -> None:
-    """Put slot ``i``'s entry in the manifest: a level set's under ``runs`` (naming the level
+) -> Manifest:
+    """The manifest with slot ``i``'s entry: a level set's under ``runs`` (naming the level
     set in whose process it ran, ``in_process_of``, where it did not run in its own), a further
     M process's under ``m_processes`` with its number and its directory."""
     if i < level_sets:
         if not hosts[i]:
-            entry["in_process_of"] = slots[i - 1]
-        manifest["runs"].append(entry)
-        return
+            entry = dataclasses.replace(entry, in_process_of=str(slots[i - 1]))
+        return dataclasses.replace(manifest, runs=(*(manifest.runs or ()), entry))
     n = i - level_sets + 2
-    listed = {"process": n, "path": f"{m_processes.DIRECTORY}/{n}", **entry}
-    manifest.setdefault(m_processes.MANIFEST_KEY, []).append(listed)
+    listed = dataclasses.replace(entry, process=n, path=f"{m_processes.DIRECTORY}/{n}")
+    return dataclasses.replace(manifest, m_processes=(*(manifest.m_processes or ()), listed))
 
 
 def only_manifest(out: Path) -> bool:
     return all(p.name == store.MANIFEST for p in out.iterdir())
 
 
-def drop_empty(spec: LeveledSpec, entry: Entry) -> Entry:
+def drop_empty(spec: LeveledSpec, entry: ManifestRun) -> ManifestRun:
     """Remove the directory of a level-set run that measured nothing and stored no span: its
     manifest entry keeps why (``stored``: false), and readers skip it."""
-    empty = entry.get("status") == Status.ERROR and not entry.get("iterations_measured")
-    if empty and not entry.get("spans") and not entry.get("timed_out"):
-        shutil.rmtree(spec.out / entry["levels"], ignore_errors=True)
-        entry["stored"] = False
+    empty = entry.status == Status.ERROR and not entry.iterations_measured
+    if empty and not entry.spans and not entry.timed_out:
+        shutil.rmtree(spec.out / str(entry.levels), ignore_errors=True)
+        return dataclasses.replace(entry, stored=False)
     return entry
 
 
 def process_entry(
     spec: LeveledSpec, process: LevelProcess, returncode: int, timed_out: bool
-) -> Entry:
+) -> ManifestRun:
     """A finished level-set process's manifest entry: its run.json's status and counts, and how
     its program ended; a process that ended before storing its run is an error that says how."""
     levels = process.levels
     if process.last_stage:
         process.reader.join(timeout=5)
     ended_ns = time.time_ns()
-    entry: Entry = {"levels": levels, "returncode": returncode}
     meta: RunMeta | None = None
     with contextlib.suppress(StoreError):
         meta = store.open_run(spec.out / levels).document
     program = program_end(returncode, meta.program if meta is not None else None)
-    entry["program"] = program
+    entry = ManifestRun(levels=levels, returncode=returncode, program=program)
     if meta is not None and meta.status == Status.RUNNING and not timed_out:
         from xsp.tracer.run.recover import recover_run  # conversion: only for a dead process
 
         meta = recover_run(spec.out / levels, describe_end(program)) or meta
     if meta is not None:
-        entry.update(
+        entry = dataclasses.replace(
+            entry,
             status=meta.status,
             error=meta.error,
-            status_reasons=list(meta.status_reasons or []),
+            status_reasons=tuple(meta.status_reasons or ()),
             iterations_measured=meta.iterations_measured,
             spans=meta.spans,
             seconds=phase_seconds(meta, process.spawned_ns, ended_ns),
+            cupti=meta.cupti,
+            nulls=frozenset(key for key in _FROM_RUN if getattr(meta, key) is None),
         )
-        if meta.cupti is not None:
-            entry["cupti"] = meta.cupti
-    _say_how_it_ended(spec, entry, meta, program, timed_out)
+    entry = _say_how_it_ended(spec, entry, meta, program, timed_out)
     if (
         meta is not None
         and meta.partial_for_the_programs_profiler
-        and entry["status"] == Status.PARTIAL
+        and entry.status == Status.PARTIAL
     ):
-        entry["goes_on"] = True  # the runner runs the level sets after it all the same
+        # the runner runs the level sets after it all the same
+        entry = dataclasses.replace(entry, goes_on=True)
     return entry
 
 
 def _say_how_it_ended(
     spec: LeveledSpec,
-    entry: Entry,
+    entry: ManifestRun,
     meta: RunMeta | None,
     program: ProgramEnd,
     timed_out: bool,
-) -> None:
+) -> ManifestRun:
     """The entry's status and error where the process's run.json does not tell the whole story:
     killed past its time limit, recovered from its arena, or ended before xsp stored its run."""
     if timed_out:
-        entry.update(
+        return dataclasses.replace(
+            entry,
             status=Status.ERROR,
             timed_out=True,
             error=f"timed out after {spec.timeout_s:.0f} s; killed",
         )
-    elif meta is not None and meta.recovered:
-        entry.update(error=f"the program {describe_end(program)}")
-    elif meta is None or meta.status == Status.RUNNING:
+    if meta is not None and meta.recovered:
+        return dataclasses.replace(entry, error=f"the program {describe_end(program)}")
+    if meta is None or meta.status == Status.RUNNING:
         what = "before writing its store" if meta is None else "before xsp stored its spans"
-        entry.update(status=Status.ERROR, error=f"the program {describe_end(program)} {what}")
-    elif entry["returncode"] != 0 and entry["status"] == Status.OK:
-        entry.update(status=Status.ERROR, error=f"the run process {describe_end(program)}")
+        error = f"the program {describe_end(program)} {what}"
+        return dataclasses.replace(entry, status=Status.ERROR, error=error)
+    if entry.returncode != 0 and entry.status == Status.OK:
+        error = f"the run process {describe_end(program)}"
+        return dataclasses.replace(entry, status=Status.ERROR, error=error)
+    return entry
 
 
-def program_end(returncode: int, recorded: Any = None) -> ProgramEnd:
+def program_end(returncode: int, recorded: ProgramEnd | None = None) -> ProgramEnd:
     """How a level-set process's program ended: what its run.json recorded (``exit_code``,
     ``exception``, ``interrupted``), or the exit code, or the signal that killed it."""
     if returncode < 0:
@@ -237,40 +234,41 @@ def program_end(returncode: int, recorded: Any = None) -> ProgramEnd:
             name = signal.Signals(number).name
         except ValueError:
             name = f"signal {number}"
-        return {"signal": number, "signal_name": name}
+        return ProgramEnd(signal=number, signal_name=name)
     if isinstance(recorded, dict) and recorded:
-        return dict(recorded)
-    return {"exit_code": returncode}
+        return recorded.copy()
+    return ProgramEnd(exit_code=returncode)
 
 
-def amend_run(spec: LeveledSpec, levels: str, entry: Entry) -> None:
+def amend_run(spec: LeveledSpec, levels: str, entry: ManifestRun) -> ManifestRun:
     """Make run.json agree with the manifest entry when the process could not say it itself
-    (it was killed, timed out, interrupted, or exited before xsp stored its spans)."""
+    (it was killed, timed out, interrupted, or exited before xsp stored its spans); the entry
+    with run.json's reasons."""
     path = spec.out / levels / store.RUN_META
     try:
         meta = store.read_run_meta(path)
     except StoreError:
-        return  # it never wrote one; the manifest says why
-    if meta.status == entry["status"] and meta.program == entry["program"]:
-        return
+        return entry  # it never wrote one; the manifest says why
+    if meta.status == entry.status and meta.program == entry.program:
+        return entry
     reasons = list(meta.status_reasons or [])
-    if entry.get("error") and not any(r.startswith(entry["error"]) for r in reasons):
-        reasons.insert(0, entry["error"])  # unless a reason says it already, and more
+    if entry.error and not any(r.startswith(entry.error) for r in reasons):
+        reasons.insert(0, entry.error)  # unless a reason says it already, and more
     meta = dataclasses.replace(
         meta,
-        status=Status(entry["status"]) if entry.get("status") is not None else None,
-        error=entry.get("error") or meta.error,
+        status=entry.status,
+        error=entry.error or meta.error,
         nulls=meta.nulls | {"error"},  # said even when there is none, as a session does
-        program=entry["program"],
+        program=entry.program,
         status_reasons=tuple(reasons),
         finished_ns=meta.finished_ns or time.time_ns(),
-        timed_out=True if entry.get("timed_out") else meta.timed_out,
+        timed_out=True if entry.timed_out else meta.timed_out,
     )
-    entry["status_reasons"] = reasons
     try:
         store.write_run_meta(path, meta)
     except OSError as exc:
         log.error("xsp: cannot update %s: %s", path, exc)
+    return dataclasses.replace(entry, status_reasons=tuple(reasons))
 
 
 def phase_seconds(meta: RunMeta, spawned_ns: int, ended_ns: int) -> dict[str, float]:
@@ -314,10 +312,7 @@ def phase_seconds(meta: RunMeta, spawned_ns: int, ended_ns: int) -> dict[str, fl
 
 
 __all__ = [
-    "Entry",
     "LeveledResult",
-    "ProgramEnd",
-    "Record",
     "amend_run",
     "drop_empty",
     "list_entry",

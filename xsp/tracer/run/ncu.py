@@ -28,11 +28,10 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from xsp.core import config, store
 from xsp.core.errors import StoreError
-from xsp.core.store import CounterInfo, RunMeta, Status
+from xsp.core.store import CounterInfo, ManifestRun, RunMeta, Status
 from xsp.tracer.convert import ncu as counters
 
 PROFILE_FLAGS = (
@@ -162,7 +161,7 @@ def log_errors(run_dir: Path, limit: int = 3) -> list[str]:
     return [line.strip() for line in text.splitlines() if "==ERROR==" in line][:limit]
 
 
-def finish(run_dir: Path, entry: dict[str, Any], ncu: str) -> dict[str, Any]:
+def finish(run_dir: Path, entry: ManifestRun, ncu: str) -> ManifestRun:
     """After the level-set process has exited: import ncu's report into ``counters.parquet``,
     record what was collected in run.json (``counters``) and the manifest entry, and mark the
     run partial when no counters came back. Returns the amended entry."""
@@ -252,22 +251,16 @@ def _amend_run(run_dir: Path, meta: RunMeta, info: CounterInfo, reasons: list[st
 
 
 def _amend_entry(
-    entry: dict[str, Any], info: CounterInfo, reasons: list[str], errors: list[str]
-) -> dict[str, Any]:
+    entry: ManifestRun, info: CounterInfo, reasons: list[str], errors: list[str]
+) -> ManifestRun:
     """The manifest entry with the counters' figures, partial where none came back, and ncu's
     first error beside the program's."""
-    entry = dict(entry)
-    entry["counters"] = {
+    kept: dict[str, object] = {
         k: info.get(k) for k in ("kernels", "passes", "import_s", "tool_version") if k in info
     }
-    if reasons:
-        entry["status_reasons"] = list(
-            dict.fromkeys([*(entry.get("status_reasons") or []), *reasons])
-        )
-        if entry.get("status") == Status.OK:
-            entry["status"] = Status.OK.with_reason()
-    if errors and entry.get("status") == "error" and entry.get("error"):
-        entry["error"] = f"{entry['error']} (ncu: {errors[0]})"
+    entry = dataclasses.replace(entry, counters=kept).with_reasons(reasons)
+    if errors and entry.status == Status.ERROR and entry.error:
+        entry = dataclasses.replace(entry, error=f"{entry.error} (ncu: {errors[0]})")
     return entry
 
 

@@ -19,10 +19,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xsp.core.errors import ConfigError
 from xsp.tracer.spec import RunSpec
+
+if TYPE_CHECKING:
+    from xsp.core.store import ProgramEnd
 
 SPEC_FLAG = "--spec"
 #: The environment variable through which a multi-rank job's level-set process hands its spec
@@ -81,14 +84,14 @@ class ChildSpec:
         return cls.from_json(argv[1])
 
 
-def describe_end(program: dict[str, Any]) -> str:
+def describe_end(program: ProgramEnd) -> str:
     """``was killed by SIGKILL``, ``exited with 5``, ``raised ValueError: ...``."""
     if "signal" in program:
-        return f"was killed by {program.get('signal_name') or program['signal']}"
+        return f"was killed by {program.get('signal_name') or program.get('signal')}"
     if program.get("interrupted"):
         return "was interrupted"
     if program.get("exception"):
-        return f"raised {program['exception']}"
+        return f"raised {program.get('exception')}"
     return f"exited with {program.get('exit_code')}"
 
 

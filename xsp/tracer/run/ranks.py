@@ -21,12 +21,14 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from xsp.core import schema, store
 from xsp.core.errors import StoreError
+from xsp.core.store import ProgramEnd, RankRun, RunMeta, Status
 from xsp.tracer.convert.ranks import join_ranks
 from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
 from xsp.tracer.run.launcher import JobEnd
@@ -35,8 +37,22 @@ from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec, describe_end
 log = logging.getLogger(__name__)
 
 #: Statuses from best to worst: the level set's is the worst of its ranks'.
-STATUS_ORDER = ("ok", "partial", "interrupted", "error")
+STATUS_ORDER = (Status.OK, Status.PARTIAL, Status.INTERRUPTED, Status.ERROR)
 RANK_GLOB = "rank-*"
+
+#: (rank, its run.json), by rank
+Ranks = list[tuple[int, RunMeta]]
+
+
+@dataclass(frozen=True)
+class ProcessFigures:
+    """What the replay reads of a level set's process, joined over its ranks (each absent where
+    no rank has it): F's calibration and the untraced warm-up steps."""
+
+    calibration: Mapping[str, Any] | None = None
+    warmup_steps_ms: tuple[float, ...] | None = None
+    warmup_settled: bool | None = None
+    warmup_steps_dropped: int | None = None
 
 
 class RankedRun:
@@ -55,9 +71,13 @@ class RankedRun:
         store.reset_run_dir(self.run_dir)
         for old in self.run_dir.glob(RANK_GLOB):
             shutil.rmtree(old, ignore_errors=True)
-        self._write(
-            {"status": "running", "resource": {}, "iterations_measured": 0, "finished_ns": None}
+        running = RunMeta(
+            status=Status.RUNNING,
+            resource={},
+            iterations_measured=0,
+            nulls=frozenset({"finished_ns"}),  # said: it has not finished
         )
+        self._write(running)
 
     def rank_environment(self) -> dict[str, str]:
         """What the launcher's workers need in their environment: the spec of their sessions.
@@ -69,25 +89,25 @@ class RankedRun:
         )
         return {RANK_SPEC_ENV: ranks.to_json()}
 
-    def finish(self, end: JobEnd, sinks: Sequence[Sink] = ()) -> dict[str, Any]:
+    def finish(self, end: JobEnd, sinks: Sequence[Sink] = ()) -> RunMeta:
         """Join the ranks' runs into the level set's run; return its run.json. The error and
         program it reports are those of the rank that failed first (the launcher says which),
         else of the lowest failing rank: the others' failures follow from it. A rank that died
         before storing its spans has its finished iterations recovered from its capture arena,
         as the runner does for a level-set process."""
         program, failed_first = end.program, end.first_failure
-        ranks = [
-            (rank, _recovered(self.run_dir / _rank_dir(rank), meta, end.failed.get(rank)))
-            for rank, meta in _rank_runs(self.run_dir)
-        ]
-        for rank, meta in ranks:  # how each rank ended: the launcher's word, or the job's 0
-            if not meta.get("program"):
-                meta["program"] = end.failed.get(rank) or (
-                    {"exit_code": 0} if program.get("exit_code") == 0 else None
+        ranks: Ranks = []
+        for rank, meta in _rank_runs(self.run_dir):
+            meta = _recovered(self.run_dir / _rank_dir(rank), meta, end.failed.get(rank))
+            if not meta.program:  # how it ended: the launcher's word, or the job's 0
+                ended = end.failed.get(rank) or (
+                    ProgramEnd(exit_code=0) if program.get("exit_code") == 0 else None
                 )
+                meta = dataclasses.replace(meta, program=ended)
+            ranks.append((rank, meta))
         reasons: list[str] = []
         fatal: str | None = None
-        world_size = max((int(m.get("world_size") or 0) for _, m in ranks), default=0)
+        world_size = max((m.world_size or 0 for _, m in ranks), default=0)
         missing = sorted(set(range(world_size)) - {r for r, _ in ranks})
         if not ranks:
             fatal = "no rank stored a run (the workers ended before xsp started in them)"
@@ -96,26 +116,27 @@ class RankedRun:
                 f"rank {', '.join(map(str, missing))} of {world_size} stored no run (it ended "
                 "before xsp started in it, or ran on another node)"
             )
-        for rank, meta in ranks:
-            if meta.get("status") == "running":
-                meta["status"], meta["error"] = "error", "it ended before xsp stored its spans"
-            if meta.get("status") != "ok":
-                why = meta.get("status_reasons") or [meta.get("error") or meta.get("status")]
+        for k, (rank, meta) in enumerate(ranks):
+            if meta.status == Status.RUNNING:
+                error = "it ended before xsp stored its spans"
+                meta = dataclasses.replace(meta, status=Status.ERROR, error=error)
+                ranks[k] = (rank, meta)
+            if meta.status != Status.OK:
+                why = meta.status_reasons or (meta.error or meta.status,)
                 reasons.extend(f"rank {rank}: {r}" for r in why)
-        statuses = [str(m.get("status")) for _, m in ranks]
-        status = max(statuses, key=_badness, default="error")
+        status = max((m.status for _, m in ranks), key=_badness, default=Status.ERROR)
         code = program.get("exit_code")
         job_failed = (isinstance(code, int) and code != 0) or "signal" in program
-        if job_failed and status != "error":
+        if job_failed and status != Status.ERROR:
             # the job failed (a rank exited nonzero, or a signal killed it, after its spans were
             # stored too): a rank the launcher stopped for it says "interrupted", which is not
             # what happened to the job (an interrupt ends it with no exit code)
-            if status == "ok" or not reasons:
+            if status == Status.OK or not reasons:
                 who = f"rank {failed_first}" if failed_first is not None else "the job"
                 fatal = f"{who} {describe_end(program)}"
-            status = "error"
-        if missing and status == "ok":
-            status = "partial"
+            status = Status.ERROR
+        if missing and status == Status.OK:
+            status = Status.PARTIAL
         files: list[str] = []
         spans = 0
         resource = _resource(ranks, self.spec.run.profile.command, world_size)
@@ -128,13 +149,14 @@ class RankedRun:
                     files = [store.write_span_part(self.run_dir, table).name]
                 _join_side_tables(self.run_dir, ranks)
                 failed = _send(sinks, resource, table)
-                if failed and status == "ok":
-                    status = "partial"
+                if failed and status == Status.OK:
+                    status = Status.PARTIAL
                 reasons.extend(failed)
             except (StoreError, OSError) as exc:
-                fatal, status, spans, files = f"cannot join the ranks' runs: {exc}", "error", 0, []
+                fatal, status = f"cannot join the ranks' runs: {exc}", Status.ERROR
+                spans, files = 0, []
         if fatal is not None:
-            status = "error" if status != "interrupted" else status
+            status = Status.ERROR if status != Status.INTERRUPTED else status
             reasons.insert(0, fatal)
         # the rank that failed first leads the reasons: the others' failures follow from it
         first = sorted(ranks, key=lambda item: item[0] != failed_first)
@@ -148,65 +170,65 @@ class RankedRun:
 
     def _meta(
         self,
-        ranks: list[tuple[int, dict[str, Any]]],
-        status: str,
+        ranks: Ranks,
+        status: Status | None,
         error: str | None,
         reasons: list[str],
-        program: dict[str, Any],
+        program: ProgramEnd,
         resource: dict[str, Any],
         spans: int,
         files: list[str],
-    ) -> dict[str, Any]:
+    ) -> RunMeta:
         metas = [m for _, m in ranks]
         # the ranks come failed-first: the first one not ok leads
-        failing = next((m for m in metas if m.get("status") != "ok"), None)
+        failing = next((m for m in metas if m.status != Status.OK), None)
         phases: dict[str, int] = {}
         for meta in metas:  # each mark when the last rank reached it
-            for name, mark in (meta.get("phases_ns") or {}).items():
+            for name, mark in (meta.phases_ns or {}).items():
                 if isinstance(mark, int):
                     phases[name] = max(phases.get(name, mark), mark)
         failed_iterations: dict[str, str] = {}
         for rank, meta in ranks:
-            for it, why in (meta.get("failed_iterations") or {}).items():
+            for it, why in (meta.failed_iterations or {}).items():
                 failed_iterations.setdefault(it, f"rank {rank}: {why}")
-        return {
-            "status": status,
-            "error": error
-            or (reasons[0] if reasons and status in ("error", "interrupted") else None),
-            "status_reasons": list(dict.fromkeys(reasons)),
-            "resource": resource,
-            "program": (failing or {}).get("program") or program,
-            "iterations_measured": min(
-                (int(m.get("iterations_measured") or 0) for m in metas), default=0
+        if error is None and reasons and status in (Status.ERROR, Status.INTERRUPTED):
+            error = reasons[0]
+        figures = _process_figures(metas)
+        return RunMeta(
+            status=status,
+            error=error,
+            status_reasons=tuple(dict.fromkeys(reasons)),
+            resource=resource,
+            program=(failing.program if failing is not None else None) or program,
+            iterations_measured=min((m.iterations_measured or 0 for m in metas), default=0),
+            world_size=max((m.world_size or 0 for m in metas), default=0),
+            spans=spans,
+            spans_by_level=_summed([m.spans_by_level for m in metas]),
+            events_outside_iterations=sum(m.events_outside_iterations or 0 for m in metas),
+            ranges_left_open=sum(m.ranges_left_open or 0 for m in metas),
+            failed_iterations=dict(sorted(failed_iterations.items())),
+            errors=tuple(f"rank {r}: {e}" for r, m in ranks for e in m.errors or ()),
+            phases_ns=phases,
+            files=tuple(files),
+            finished_ns=time.time_ns(),
+            cupti=_summed([m.cupti for m in metas]) if any(m.cupti for m in metas) else None,
+            arena=_summed([m.arena for m in metas]) if any(m.arena for m in metas) else None,
+            memory_events=(
+                sum(m.memory_events or 0 for m in metas)
+                if any(m.memory_events is not None for m in metas)
+                else None
             ),
-            "world_size": max((int(m.get("world_size") or 0) for m in metas), default=0),
-            "spans": spans,
-            "spans_by_level": _summed(metas, "spans_by_level"),
-            "events_outside_iterations": sum(
-                int(m.get("events_outside_iterations") or 0) for m in metas
-            ),
-            "ranges_left_open": sum(int(m.get("ranges_left_open") or 0) for m in metas),
-            "failed_iterations": dict(sorted(failed_iterations.items())),
-            "errors": [f"rank {r}: {e}" for r, m in ranks for e in m.get("errors") or []],
-            "phases_ns": phases,
-            "files": files,
-            "finished_ns": time.time_ns(),
-            **{
-                key: _summed(metas, key)
-                for key in ("cupti", "arena")
-                if any(m.get(key) for m in metas)
-            },
-            **(
-                {"memory_events": sum(int(m.get("memory_events") or 0) for m in metas)}
-                if any("memory_events" in m for m in metas)
-                else {}
-            ),
-            **_process_figures(metas),
-            "ranks": [_rank_entry(rank, meta) for rank, meta in sorted(ranks)],
-        }
+            calibration=figures.calibration,
+            warmup_steps_ms=figures.warmup_steps_ms,
+            warmup_settled=figures.warmup_settled,
+            warmup_steps_dropped=figures.warmup_steps_dropped,
+            ranks=tuple(_rank_entry(rank, meta) for rank, meta in sorted(ranks)),
+            nulls=frozenset() if error is not None else frozenset({"error"}),
+        )
 
-    def _write(self, fields: dict[str, Any]) -> None:
-        meta = {
+    def _write(self, meta: RunMeta) -> None:
+        """Write run.json: the level set's identity, then ``meta``."""
+        identity = {
             "format": schema.STORE_FORMAT,
             "run_id": self.run_id,
             "measurement_id": self.spec.run.measurement_id,
@@ -215,31 +237,26 @@ class RankedRun:
             "iterations_requested": self.spec.run.profile.iterations,
             "warmup": self.spec.run.profile.warmup,
             "started_ns": self.started_ns,
-            **fields,
         }
+        path = self.run_dir / store.RUN_META
         try:
-            store.write_json_atomic(self.run_dir / store.RUN_META, meta)
+            store.write_run_meta(path, RunMeta.from_json({**identity, **meta.to_json()}))
         except OSError as exc:
-            log.error("xsp: cannot write %s: %s", self.run_dir / store.RUN_META, exc)
+            log.error("xsp: cannot write %s: %s", path, exc)
 
 
-def _recovered(
-    rank_dir: Path, meta: dict[str, Any], program: dict[str, Any] | None
-) -> dict[str, Any]:
+def _recovered(rank_dir: Path, meta: RunMeta, program: ProgramEnd | None) -> RunMeta:
     """A rank's run.json, its spans recovered first when it died before storing them."""
-    if meta.get("status") != "running":
+    if meta.status != Status.RUNNING:
         return meta
     from xsp.tracer.run.recover import recover_run
 
     ended = describe_end(program) if program else "ended before xsp stored its spans"
-    recovered = recover_run(rank_dir, ended)
-    meta = recovered.to_json() if recovered is not None else meta
-    if program:
-        meta["program"] = program
-    return meta
+    meta = recover_run(rank_dir, ended) or meta
+    return dataclasses.replace(meta, program=program) if program else meta
 
 
-def _badness(status: str) -> int:
+def _badness(status: Status | None) -> int:
     return STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER)
 
 
@@ -247,7 +264,7 @@ def _rank_dir(rank: int) -> str:
     return f"rank-{rank}"
 
 
-def _rank_runs(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
+def _rank_runs(run_dir: Path) -> Ranks:
     """(rank, run.json) of every rank that wrote one, by rank."""
     found = []
     for path in run_dir.glob(f"{RANK_GLOB}/{store.RUN_META}"):
@@ -255,17 +272,15 @@ def _rank_runs(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
         if not suffix.isdigit():
             continue
         try:
-            found.append((int(suffix), store.read_json(path)))
+            found.append((int(suffix), store.read_run_meta(path)))
         except StoreError as exc:
             log.error("xsp: %s", exc)
     return sorted(found, key=lambda item: item[0])
 
 
-def _resource(
-    ranks: list[tuple[int, dict[str, Any]]], command: Sequence[str], world_size: int
-) -> dict[str, Any]:
+def _resource(ranks: Ranks, command: Sequence[str], world_size: int) -> dict[str, Any]:
     """The lowest rank's resource, made the job's: no rank of its own, the launcher's process."""
-    resource = dict(ranks[0][1].get("resource") or {}) if ranks else {}
+    resource = dict(ranks[0][1].resource or {}) if ranks else {}
     resource.pop(schema.RES_RANK, None)
     resource.update(
         {
@@ -277,11 +292,11 @@ def _resource(
     return resource
 
 
-def _summed(metas: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The ranks' counts under ``key`` (a dict of numbers), added up."""
+def _summed(counts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """The ranks' counts (each a mapping of numbers), added up."""
     total: dict[str, Any] = {}
-    for meta in metas:
-        for name, value in (meta.get(key) or {}).items():
+    for each in counts:
+        for name, value in (each or {}).items():
             if _is_number(value):
                 total[name] = total.get(name, 0) + value
             elif value is None and name not in total:
@@ -289,20 +304,20 @@ def _summed(metas: list[dict[str, Any]], key: str) -> dict[str, Any]:
     return total
 
 
-def _process_figures(metas: list[dict[str, Any]]) -> dict[str, Any]:
+def _process_figures(metas: Sequence[RunMeta]) -> ProcessFigures:
     """What the replay reads of a level set's process, for the job: F's cost per record (each
     figure the ranks' median) and the warm-up steps timed with the levels off (each step the
     ranks' median: the ranks' steps end together at their collectives); absent where no rank
     has them."""
-    out: dict[str, Any] = {}
-    calibrations = [m["calibration"] for m in metas if isinstance(m.get("calibration"), dict)]
+    calibration: dict[str, Any] | None = None
+    calibrations = [m.calibration for m in metas if m.calibration is not None]
     if calibrations:  # its figures the ranks' medians, the rest (probes, device) the first's
         figures = (
             "framework_ns_per_record",
             "module_ns_per_call",
             "framework_ns_per_record_first_iteration",
         )
-        out["calibration"] = {
+        calibration = {
             **calibrations[0],
             **{
                 key: statistics.median(found)
@@ -311,36 +326,38 @@ def _process_figures(metas: list[dict[str, Any]]) -> dict[str, Any]:
             },
             "ranks": len(calibrations),
         }
-    steps = [m["warmup_steps_ms"] for m in metas if m.get("warmup_steps_ms")]
-    if steps and len(steps) == len(metas):
-        out["warmup_steps_ms"] = [
-            round(statistics.median(each), 3) for each in zip(*steps, strict=False)
-        ]
-        out["warmup_settled"] = all(bool(m.get("warmup_settled")) for m in metas)
-        out["warmup_steps_dropped"] = max(int(m.get("warmup_steps_dropped") or 0) for m in metas)
-    return out
+    steps = [m.warmup_steps_ms for m in metas if m.warmup_steps_ms]
+    if not steps or len(steps) != len(metas):
+        return ProcessFigures(calibration)
+    return ProcessFigures(
+        calibration,
+        tuple(round(statistics.median(each), 3) for each in zip(*steps, strict=False)),
+        all(bool(m.warmup_settled) for m in metas),
+        max(m.warmup_steps_dropped or 0 for m in metas),
+    )
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _rank_entry(rank: int, meta: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "status",
-        "error",
-        "status_reasons",
-        "program",
-        "iterations_measured",
-        "spans",
-        "calibration",
-        "warmup_steps_ms",
+def _rank_entry(rank: int, meta: RunMeta) -> RankRun:
+    steps = meta.warmup_steps_ms
+    return RankRun(
+        rank=rank,
+        pid=(meta.resource or {}).get("process.pid"),
+        status=meta.status,
+        error=meta.error,
+        status_reasons=list(meta.status_reasons) if meta.status_reasons is not None else None,
+        program=meta.program,
+        iterations_measured=meta.iterations_measured,
+        spans=meta.spans,
+        calibration=meta.calibration,
+        warmup_steps_ms=list(steps) if steps is not None else None,
     )
-    pid = (meta.get("resource") or {}).get("process.pid")
-    return {"rank": rank, "pid": pid, **{k: meta.get(k) for k in keys}}
 
 
-def _join_side_tables(run_dir: Path, ranks: list[tuple[int, dict[str, Any]]]) -> None:
+def _join_side_tables(run_dir: Path, ranks: Ranks) -> None:
     """The ranks' GPU monitor samples and allocator events, each as one file whose rows carry
     their rank (a rank's span ids are its own, so an event still finds its span)."""
     import pyarrow as pa

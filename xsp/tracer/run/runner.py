@@ -22,12 +22,11 @@ import uuid
 from collections.abc import Callable
 
 from xsp.core import store
-from xsp.core.store import Status
+from xsp.core.store import ManifestRun, Status
 from xsp.tracer.run import gates, interrupt, m_processes
 from xsp.tracer.run.environment import COMPILE_CACHE_ENV, later, own_compile_cache
 from xsp.tracer.run.gates import Handoff, cancel, end_later_stages, failed_while_ahead, stop_ahead
 from xsp.tracer.run.manifest import (
-    Entry,
     LeveledResult,
     amend_run,
     drop_empty,
@@ -80,10 +79,7 @@ class _Measurement:
         self.measurement_id = uuid.uuid4().hex
         self.manifest = new_manifest(run_plan, self.measurement_id)
         self.result = LeveledResult(
-            self.spec.out,
-            self.measurement_id,
-            self.manifest["runs"],
-            skipped=list(run_plan.skipped.values()),
+            self.spec.out, self.measurement_id, (), skipped=list(run_plan.skipped.values())
         )
         self.fresh = False  # whether ``out`` held nothing before
         self.compile_cache: str | None = None
@@ -111,7 +107,7 @@ class _Measurement:
         slots."""
         spec = self.spec
         self.fresh = not spec.out.exists() or not any(spec.out.iterdir())
-        store.write_json_atomic(spec.out / store.MANIFEST, self.manifest)
+        self._write_manifest()
         self.compile_cache = own_compile_cache(spec)
         if self.compile_cache is not None:  # after the manifest's spec: a re-run makes its own
             env = {**spec.env, COMPILE_CACHE_ENV: self.compile_cache}
@@ -148,10 +144,10 @@ class _Measurement:
         slot's. False when the measurement stops here (a level set failed)."""
         entry = self._complete_slot(i, process)
         self.running = None
-        list_entry(self.manifest, entry, self.hosts, self.slots, i, len(self.level_sets))
-        store.write_json_atomic(self.spec.out / store.MANIFEST, self.manifest)
+        self._list(entry, i)
+        self._write_manifest()
         following = self.handoffs[i].take()
-        if entry["status"] != Status.OK and not entry.get("goes_on") and i < len(self.level_sets):
+        if entry.status != Status.OK and not entry.goes_on and i < len(self.level_sets):
             for ahead in [following, *(h.take() for h in self.handoffs[i + 1 :])]:
                 if ahead is not None:
                     cancel(self.spec, ahead)
@@ -164,7 +160,16 @@ class _Measurement:
                 self.running = self._open_in_turn(following, i + 1)
         return True
 
-    def _complete_slot(self, i: int, process: LevelProcess) -> Entry:
+    def _list(self, entry: ManifestRun, i: int) -> None:
+        """List slot ``i``'s entry in the manifest; the result's runs are the manifest's."""
+        listed = list_entry(self.manifest, entry, self.hosts, self.slots, i, len(self.level_sets))
+        self.manifest = listed
+        self.result.runs = listed.runs or ()
+
+    def _write_manifest(self) -> None:
+        store.write_manifest(self.spec.out / store.MANIFEST, self.manifest)
+
+    def _complete_slot(self, i: int, process: LevelProcess) -> ManifestRun:
         """Slot ``i``'s manifest entry, once its process has ended; a level set that failed
         beside the one before it runs once more on its own."""
         spec, progress = self.slot_spec[i], self.slot_progress[i]
@@ -175,16 +180,15 @@ class _Measurement:
             "xsp: %s failed while it shared the machine with the level set before it "
             "(%s); running it again on its own",
             self.slots[i],
-            entry.get("error"),
+            entry.error,
         )
-        first_error = entry.get("error")
+        first_error = entry.error
         shutil.rmtree(spec.out / self.slots[i], ignore_errors=True)
         for handoff in self.handoffs[i:]:  # on its own: those warmed up beside it start later
             stop_ahead(self.spec, handoff)
         self.running = process = self._launch(i, gated=False)
         entry = drop_empty(spec, _complete(spec, process, progress))
-        entry["failed_ahead"] = first_error  # the first attempt's error
-        return entry
+        return dataclasses.replace(entry, failed_ahead=first_error)  # the first attempt's error
 
     def _launch(self, i: int, gated: bool) -> LevelProcess:
         """Start slot ``i``'s process, or its stage in the process of the slot before it."""
@@ -227,23 +231,23 @@ class _Measurement:
                     cancel(self.spec, ahead)
             if process is not None:
                 entry = interrupt.interrupt(self.slot_spec[i], process, self.slot_progress[i])
-                list_entry(self.manifest, entry, self.hosts, self.slots, i, len(self.level_sets))
-        self.manifest["interrupted_ns"] = time.time_ns()
+                self._list(entry, i)
+        self.manifest = dataclasses.replace(self.manifest, interrupted_ns=time.time_ns())
 
     def _finish(self) -> LeveledResult:
         spec, result = self.spec, self.result
-        self.manifest["status"] = result.status
-        self.manifest["finished_ns"] = (
-            time.time_ns()
-        )  # with created_ns: the whole, as `xsp summary` says
+        # finished_ns with created_ns: the whole, as `xsp summary` says
+        self.manifest = dataclasses.replace(
+            self.manifest, status=result.status, finished_ns=time.time_ns()
+        )
         if self.fresh and result.runs and not result.stored and only_manifest(spec.out):
             shutil.rmtree(spec.out, ignore_errors=True)  # nothing measured: no empty measurement
         else:  # a campaign's stderr logs stay, with the manifest that says why
-            store.write_json_atomic(spec.out / store.MANIFEST, self.manifest)
+            self._write_manifest()
         return result
 
 
-def _complete(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | None) -> Entry:
+def _complete(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | None) -> ManifestRun:
     """Wait for a level-set process (within the time limit, counted from when it could start
     measuring) and make its manifest entry."""
     limit = None
@@ -252,7 +256,7 @@ def _complete(spec: LeveledSpec, process: LevelProcess, progress: ProgressFn | N
         limit = max(0.0, spec.timeout_s - waited)
     returncode, timed_out = interrupt.wait(process, limit)
     entry = process_entry(spec, process, returncode, timed_out)
-    amend_run(spec, process.levels, entry)
+    entry = amend_run(spec, process.levels, entry)
     if process.ncu is not None:
         from xsp.tracer.run import ncu
 

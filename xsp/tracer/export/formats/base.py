@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of p
     import pyarrow as pa
 
     from xsp.core.otlp.json_types import StoredResourceJson
-    from xsp.core.store import Run
+    from xsp.core.store import Run, RunMeta
     from xsp.tracer.export.sinks import SpanBatch
 
 
@@ -52,9 +52,9 @@ class ExportSource:
 
         def spans() -> list[RunSpans]:
             return [
-                RunSpans(batch, rank_pids(r.meta))
+                RunSpans(batch, rank_pids(r.document))
                 for r in runs
-                for batch in by_sender(r.meta, r.resource, r.spans())
+                for batch in by_sender(r.document, r.resource, r.spans())
             ]
 
         return cls(runs, spans)
@@ -69,18 +69,16 @@ class ExportFormat:
     write: Callable[[ExportSource, Path | None], str | None]
 
 
-def rank_pids(meta: Mapping[str, Any]) -> dict[int, int]:
+def rank_pids(meta: RunMeta) -> dict[int, int]:
     """Rank -> OS pid of a multi-rank run (its run.json's ``ranks``)."""
     return {
-        int(rank["rank"]): int(rank["pid"])
-        for rank in meta.get("ranks") or []
-        if isinstance(rank, dict) and isinstance(rank.get("pid"), int)
+        int(rank["rank"]): pid
+        for rank in meta.ranks or ()
+        if isinstance(pid := rank.get("pid"), int)
     }
 
 
-def by_sender(
-    meta: Mapping[str, Any], resource: Mapping[str, Any], table: pa.Table
-) -> list[SpanBatch]:
+def by_sender(meta: RunMeta, resource: Mapping[str, Any], table: pa.Table) -> list[SpanBatch]:
     """A run's spans by the resource that sent them (the collector stores each sender's in
     run.json's "resources", named by the spans' ``resource_id``), each value with its type and
     the rest of the resource (its dropped count, schema URL) beside; spans that name none keep
@@ -97,9 +95,9 @@ def by_sender(
         stored = cast("StoredResourceJson", entry)  # decode.resource_json's, kept in run.json
         return SpanBatch.of(otlp.plain_resource(stored), rows, resource_extra=stored)
 
-    senders = meta.get("resources")
+    senders = meta.resources
     if (
-        not isinstance(senders, dict)
+        senders is None
         or "resource_id" not in table.column_names
         or table.column("resource_id").null_count == table.num_rows
     ):
