@@ -191,9 +191,10 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     import json
 
     from xsp.analysis.tables.summary import time_by_phase, time_line
+    from xsp.core.store import Manifest
 
     manifest = json.loads((REPLAY_R50 / "manifest.json").read_text())
-    rows = time_by_phase(manifest).to_pylist()
+    rows = time_by_phase(Manifest.from_json(manifest)).to_pylist()
     assert [r["phase"] for r in rows] == [
         "start-up",
         "warm-up",
@@ -205,35 +206,46 @@ def test_the_time_line_sums_the_manifests_phases_over_its_level_sets() -> None:
     expected = [25.022, 2.168, 2.037, 2.417, 0.696, 0.346]
     assert [r["seconds"] for r in rows] == pytest.approx(expected)
     assert [r["share_pct"] for r in rows] == pytest.approx([100 * s / 32.686 for s in expected])
-    assert time_line(manifest) == (
+    assert time_line(Manifest.from_json(manifest)) == (
         "time: 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), "
         "levels on 2.0 s (6%), traced 2.4 s (7%), finish 0.7 s (2%), exit 0.3 s (1%)"
     )
     # a manifest that records the measurement's end says the whole too (processes overlapped)
     ended = {**manifest, "finished_ns": manifest["created_ns"] + 30_040_000_000}
-    said = time_line(ended) or ""
+    said = time_line(Manifest.from_json(ended)) or ""
     assert said.startswith("time: 30.0 s in all; 3 level-set processes 32.7 s: start-up 25.0 s")
     # a level set started ahead of its turn (overlap) waited for the one before: its own phase
     waited = json.loads(json.dumps(manifest))
     waited["runs"][1]["seconds"]["waiting_for_previous"] = 1.5
     waited["runs"][1]["seconds"]["total"] += 1.5
-    assert [r["phase"] for r in time_by_phase(waited).to_pylist()][2] == "waiting"
+    assert [r["phase"] for r in time_by_phase(Manifest.from_json(waited)).to_pylist()][
+        2
+    ] == "waiting"
     # F's calibration, split off a switch-on whose parts run.json has: a phase of its own
     calibrated = json.loads(json.dumps(manifest))
     calibrated["runs"][1]["seconds"].update(calibration=0.8, switch_on=0.042)
-    found = {r["phase"]: r["seconds"] for r in time_by_phase(calibrated).to_pylist()}
+    found = {
+        r["phase"]: r["seconds"] for r in time_by_phase(Manifest.from_json(calibrated)).to_pylist()
+    }
     assert list(found)[2:4] == ["F's calibration", "levels on"]
     assert found["F's calibration"] == pytest.approx(0.8)
     assert found["levels on"] == pytest.approx(0.004 + 0.042 + 1.191)
     # MF run after M in M's process: the processes are counted as many as there are
     shared = json.loads(json.dumps(manifest))
     shared["runs"][1]["in_process_of"] = "M"
-    assert (time_line(shared) or "").startswith("time: 3 level sets in 2 processes 32.7 s: ")
+    assert (time_line(Manifest.from_json(shared)) or "").startswith(
+        "time: 3 level sets in 2 processes 32.7 s: "
+    )
     two = {**shared, "runs": shared["runs"][:2]}  # M and MF alone: one process
-    assert (time_line(two) or "").startswith("time: 2 level sets in 1 process 18.9 s: ")
+    assert (time_line(Manifest.from_json(two)) or "").startswith(
+        "time: 2 level sets in 1 process 18.9 s: "
+    )
     # runs without phase seconds (a manifest older than them): no line
     older = json.loads((REPLAY_R50.parent.parent / "r50-b64-train/manifest.json").read_text())
-    assert time_by_phase(older).num_rows == 0 and time_line(older) is None
+    assert (
+        time_by_phase(Manifest.from_json(older)).num_rows == 0
+        and time_line(Manifest.from_json(older)) is None
+    )
 
 
 def test_text_tests_and_codes_read_each_chunks_dictionary_and_leave_nulls_out() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from xsp.core.errors import XspError
 from xsp.core.levelset import LevelSet
-from xsp.core.store import open_measurement
+from xsp.core.store import Manifest, open_measurement
 from xsp.tracer.run.runner import LeveledSpec, run_leveled
 from xsp.tracer.spec import ProfileSpec
 
@@ -607,7 +607,7 @@ def test_a_zoo_models_mf_runs_in_ms_process_once_m_has_stored_its_run(tmp_path: 
     order = [events.index(e) for e in [("M", "end"), ("MF", "start"), ("MF", "end")]]
     assert order == sorted(order)
     manifest = json.loads((spec.out / "manifest.json").read_text())
-    line = time_line(manifest)
+    line = time_line(Manifest.from_json(manifest))
     assert line is not None and "3 level sets in 2 processes" in line
 
 

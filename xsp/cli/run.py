@@ -338,4 +338,4 @@ def _note_own_time(out: Path, started_ns: int) -> str | None:
     manifest = dataclasses.replace(manifest, runner_s=runner_s)
     with contextlib.suppress(OSError, XspError):  # said all the same; the measurement is whole
         write_manifest(path, manifest)
-    return own_time_line(manifest.to_json())
+    return own_time_line(manifest)

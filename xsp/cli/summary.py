@@ -28,7 +28,7 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
     its reader's warnings. ``warn_replay``: say why the replay may be off M (analyze says it
     after its replay line instead)."""
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
-    from xsp.core.store import MANIFEST, read_json
+    from xsp.core.store import MANIFEST, Manifest, read_manifest
 
     store = store or open_store(run_dir)
     rows = level_sets(store).to_pylist()
@@ -82,7 +82,9 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
         )
     for run_ in store.counter_runs:
         out_console.print(counter_line(run_), highlight=False)
-    manifest = read_json(store.root / MANIFEST) if (store.root / MANIFEST).exists() else {}
+    manifest = (
+        read_manifest(store.root / MANIFEST) if (store.root / MANIFEST).exists() else Manifest()
+    )
     for said in (time_line(manifest), own_time_line(manifest)):
         if said:
             out_console.print(said, highlight=False, soft_wrap=True)

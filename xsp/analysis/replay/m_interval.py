@@ -25,7 +25,7 @@ from xsp.analysis.replay.host_timeline import steady
 from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.errors import StoreError
-from xsp.core.store import MANIFEST, open_run, read_json
+from xsp.core.store import MANIFEST, Status, open_run, read_manifest
 
 #: Bootstrap resamples, the interval's coverage, and the generator's seed.
 RESAMPLES = 2000
@@ -117,18 +117,18 @@ def _process_steps(store: MeasurementStore) -> list[np.ndarray]:
         return []
     groups = [steady_steps_ms(store.run_spans(first))]
     manifest_path = store.root / MANIFEST
-    listed = read_json(manifest_path).get(MANIFEST_KEY) if manifest_path.exists() else None
-    for entry in listed if isinstance(listed, list) else []:
-        if not isinstance(entry, dict) or entry.get("status") != "ok":
+    listed = read_manifest(manifest_path).m_processes if manifest_path.exists() else None
+    for entry in listed or ():
+        if entry.status != Status.OK:
             continue
-        path = entry.get("path")
+        path = entry.path
         if not isinstance(path, str) or path.startswith("/") or ".." in path.split("/"):
             store.warnings.append(f"{manifest_path}: {MANIFEST_KEY} lists a bad path {path!r}")
             continue
         try:
             steps = steady_steps_ms(open_run(store.root / path / MODEL_ONLY).spans())
         except StoreError as exc:
-            store.warnings.append(f"M process {entry.get('process')}: {exc}; left out")
+            store.warnings.append(f"M process {entry.process}: {exc}; left out")
             continue
         if len(steps):
             groups.append(steps)

@@ -3,7 +3,6 @@ run, spans per iteration, the slowest layers, and where the measurement's time w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay.m_interval import MInterval, m_interval, process_steps
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 from xsp.core.columns import arrow, rows_table
+from xsp.core.store import Manifest, ManifestRun
 
 #: The phases of a level-set process as the manifest's runs record them (``seconds``:
 #: ``xsp.tracer.run.manifest.phase_seconds``), grouped under the names the time line gives them.
@@ -160,12 +160,12 @@ def _verdict(first: dict, row: dict) -> str | None:
     return overhead_verdict(row["step_mean_ms"] - first["step_mean_ms"], spread**0.5)
 
 
-def time_by_phase(manifest: Mapping[str, Any]) -> pa.Table:
+def time_by_phase(manifest: Manifest) -> pa.Table:
     """Where a leveled measurement's processes spent their time, summed over its level sets:
     one row per phase group of ``PHASE_GROUPS`` that some run recorded, in the order they come,
     with columns phase, seconds and share_pct (of all the processes' seconds). Runs without
     phase seconds (a manifest older than them) add nothing."""
-    runs = [r.get("seconds") or {} for r in manifest.get("runs") or [] if isinstance(r, dict)]
+    runs = [r.seconds or {} for r in manifest.runs or ()]
     total = sum(float(r.get("total") or 0.0) for r in runs)
     phases, seconds = [], []
     for group, names in PHASE_GROUPS:
@@ -180,7 +180,7 @@ def time_by_phase(manifest: Mapping[str, Any]) -> pa.Table:
     )
 
 
-def time_line(manifest: Mapping[str, Any]) -> str | None:
+def time_line(manifest: Manifest) -> str | None:
     """The one line on where a leveled measurement's time went, for example ``time: 33.4 s in
     all; 3 level-set processes 32.7 s: start-up 25.0 s (77%), warm-up 2.2 s (7%), ...`` (``3
     level sets in 2 processes`` where one ran after another in its process); the whole is
@@ -189,14 +189,14 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
     table = time_by_phase(manifest)
     if not table.num_rows:
         return None
-    runs = [r for r in manifest.get("runs") or [] if isinstance(r, dict) and r.get("seconds")]
-    processes = sum(float(r["seconds"].get("total") or 0.0) for r in runs)
+    runs = [r for r in manifest.runs or () if r.seconds]
+    processes = sum(float((r.seconds or {}).get("total") or 0.0) for r in runs)
     count = f"{_count(len(runs), 'level-set process')} {processes:.1f} s"
-    shared = sum(1 for r in runs if r.get("in_process_of"))
+    shared = sum(1 for r in runs if r.in_process_of)
     if shared:  # a level set run after another in its process (xsp.tracer.run.runner)
         held = _count(len(runs) - shared, "process")
         count = f"{len(runs)} level sets in {held} {processes:.1f} s"
-    start, end = manifest.get("created_ns"), manifest.get("finished_ns")
+    start, end = manifest.created_ns, manifest.finished_ns
     whole = ""
     if isinstance(start, int) and isinstance(end, int) and end > start:
         whole = f"{(end - start) / 1e9:.1f} s in all; "
@@ -209,19 +209,16 @@ def time_line(manifest: Mapping[str, Any]) -> str | None:
             strict=True,
         )
     ]
-    listed = manifest.get("m_processes") or []
-    found = [_process_seconds(e) for e in listed if isinstance(e, Mapping)]
+    found = [_process_seconds(e) for e in manifest.m_processes or ()]
     again = [seconds for seconds in found if seconds is not None]
     more = f"; M again in {_count(len(again), 'process')} {sum(again):.1f} s" if again else ""
     return f"time: {whole}{count}: {', '.join(parts)}{more}"
 
 
-def _process_seconds(entry: Mapping[str, Any]) -> float | None:
+def _process_seconds(entry: ManifestRun) -> float | None:
     """A further M process's seconds: its phases' total (a store of the first design: the
-    seconds its own measurement took)."""
-    seconds = entry.get("seconds")
-    if isinstance(seconds, Mapping):
-        seconds = seconds.get("total")
+    seconds its own measurement took, a number the typed entry keeps aside)."""
+    seconds = entry.seconds.get("total") if entry.seconds else entry.extra.get("seconds")
     return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
@@ -232,12 +229,12 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
 
 
-def own_time_line(manifest: Mapping[str, Any]) -> str | None:
+def own_time_line(manifest: Manifest) -> str | None:
     """The seconds ``xsp run``'s own process spent outside the measurement, for example
     ``xsp run itself: 0.3 s before the level sets (start-up, checks), 0.5 s after (summary)``;
     None where the manifest has no record of them (a campaign's job, an older store)."""
-    own = manifest.get("runner_s")
-    if not isinstance(own, Mapping):
+    own = manifest.runner_s
+    if own is None:
         return None
     before, after = own.get("before"), own.get("after")
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
