@@ -9,12 +9,16 @@ pushes its record id as CUPTI external correlation id, and CUPTI's EXTERNAL_CORR
 join every API call to its op by id. At the end of the run CUPTI is finalized so that nothing
 stays attached to the process.
 
-A continuous session (a service) runs CUPTI for its sampled iterations only: when its sampling
-policy turns the levels off, the records so far are decoded into native columns and CUPTI is
-finalized (``suspend``; with its kinds only disabled it would stay attached, and every CUDA call
-would pay), and the next sampled iteration starts it again. Each batch boundary hands the
-batch's columns over (``hand_over``); each run of CUPTI's records is put on the Unix epoch's clock
-with the offset measured as that run ended.
+A continuous session (a service) runs CUPTI for its sampled iterations only. Starting CUPTI and
+finalizing it cost about 11 ms, and CUPTI left initialized with its RUNTIME and DRIVER kinds
+disabled costs every CUDA call until it is finalized; so once the session is known to be
+continuous, CUPTI is started with the API calls recorded from its callbacks rather than as
+RUNTIME and DRIVER records (``api_callbacks``), and between sampled iterations it is paused
+(``suspend``): its kinds disabled and the callbacks' domains switched off, a flush, the records
+decoded into native columns, CUPTI left initialized. The next sampled iteration resumes it
+(``XSP_CUPTI_SAMPLING=finalize``: start and finalize each time instead). Each batch boundary
+hands the batch's columns over (``hand_over``); each sampled run of CUPTI's records is put on
+the Unix epoch's clock with the offset measured as that run ended.
 """
 
 from __future__ import annotations
@@ -127,6 +131,8 @@ class _CuptiSession:
         self._collected = False  # records collected on their own clock offsets (stepped aside)
         self._aside_dropped = 0
         self.resume_error: str | None = None
+        self._pausable = False  # this CUPTI run pauses between sampled iterations (``suspend``)
+        self._paused = False  # CUPTI initialized and paused: the next start resumes it
 
     def _module(self) -> Any:
         if self._native is None:
@@ -148,9 +154,12 @@ class _CuptiSession:
             self._native = native
         return self._native
 
-    def start(self, kinds: tuple[str, ...]) -> None:
+    def start(self, kinds: tuple[str, ...], pausable: bool = False) -> None:
+        """Record ``kinds``. ``pausable``: a continuous session's sampled iterations, between
+        which CUPTI pauses (``suspend``) unless ``XSP_CUPTI_SAMPLING=finalize``."""
         native = self._module()
         if self._users == 0:
+            self._pausable = pausable and config.cupti_sampling() == "pause"
             _check_exclusive()
             self._stopped = self._finalized = False
             if self._batch_dropped is None:  # a run: its records from here
@@ -163,14 +172,28 @@ class _CuptiSession:
             self._aside = program_profiler().listen(CUPTI, self._step_aside, self._come_back)
         self._kinds += [k for k in kinds if k not in self._kinds]
         if not self._aside:
+            if self._users == 0 and self._paused:
+                self._resume()
             self._native_start(kinds)
         self._users += 1
+
+    def _resume(self) -> None:
+        """A sampled iteration of a continuous session whose CUPTI is paused: on again."""
+        self._paused = False
+        try:
+            self._module().cupti_resume()
+        except RuntimeError as exc:
+            raise XspError(f"CUPTI refused to resume: {exc}") from exc
 
     def _native_start(self, kinds: Sequence[str]) -> None:
         native = self._module()
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
+        # a CUPTI that pauses between sampled iterations records the API calls from callbacks,
+        # whose domains switch off at no cost to the CUDA calls made meanwhile
         try:
-            native.cupti_start(list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet)
+            native.cupti_start(
+                list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet, api_callbacks=self._pausable
+            )
         except RuntimeError as exc:
             raise XspError(f"CUPTI refused to start: {exc}") from exc
         native.cupti_measuring(True)
@@ -181,6 +204,7 @@ class _CuptiSession:
         native = self._module()
         native.cupti_measuring(False)
         self._offsets.append(_clock_offset(native))
+        self._paused = False
         self._aside_dropped += int(native.cupti_step_aside())
         native.cupti_collect(self.offset_ns, True)
         self._collected, self._aside, self._offsets = True, True, []
@@ -216,7 +240,13 @@ class _CuptiSession:
         offset = _clock_offset(native)  # while CUPTI still runs
         self._offsets = [offset] if self._batch_dropped is not None else [*self._offsets, offset]
         try:
-            self.dropped_records = int(native.cupti_stop()) + self._aside_dropped
+            if self._pausable and self._batch_dropped is not None:
+                # kinds and callbacks off, CUPTI initialized: the next start resumes it
+                stopped = int(native.cupti_pause())
+                self._paused = True
+            else:
+                stopped = int(native.cupti_stop())
+            self.dropped_records = stopped + self._aside_dropped
         except RuntimeError as exc:
             log.warning("xsp: CUPTI cannot report its dropped records: %s", exc)
             self.dropped_records = None
@@ -232,12 +262,19 @@ class _CuptiSession:
 
     def suspend(self) -> None:
         """After ``stop``, in a continuous session's unsampled iterations: decode what CUPTI
-        buffered into the native columns, on the clock offset measured as it stopped, with
-        correlation ids that the next run's (numbered from 1 again) will not meet, then
-        finalize CUPTI. Kinds merely disabled would leave CUPTI attached, and every CUDA call
-        would pay for it (40-120 µs a batch-1 MLP request on the H200,
-        ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it again."""
+        buffered (and the API callbacks recorded) into the native columns, on the clock offset
+        measured as it stopped, and leave CUPTI paused: its kinds and callbacks off, still
+        initialized, so that the next sampled iteration resumes it rather than paying CUPTI's
+        start and finalize again (about 11 ms on the H200). A CUPTI run that recorded API calls
+        as RUNTIME and DRIVER records (started before the session was known to be continuous,
+        or ``XSP_CUPTI_SAMPLING=finalize``) is finalized instead, with its correlation ids
+        numbered on for the next run's (numbered from 1 again): kinds merely disabled would
+        leave CUPTI attached, and every CUDA call would pay for it (40-120 µs a batch-1 MLP
+        request on the H200, ``benchmarks/cupti_attach_cost.py``)."""
         if self._users > 0 or self._finalized or self._native is None:
+            return
+        if self._paused:
+            self._native.cupti_collect(self._offsets[-1], False)
             return
         self._native.cupti_collect(self._offsets[-1], True)
         self.release()
@@ -268,6 +305,9 @@ class _CuptiSession:
             return
         self._finalized = True
         try:
+            if self._paused:  # its subscriber released, nothing left to record
+                self._paused = False
+                self._native.cupti_stop()
             self._native.cupti_finalize()
         except RuntimeError as exc:
             log.warning("xsp: CUPTI finalize failed: %s", exc)
