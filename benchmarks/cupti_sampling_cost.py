@@ -1,28 +1,33 @@
 """What each way of sampling levels L and G in a service costs: the unsampled requests (CUPTI
-left as it is between sampled requests) and one sampled request's cycle (CUPTI switched on, the
-request, switched off, its records collected).
+left as the way leaves it between sampled requests) and one sampled request's cycle (CUPTI
+switched on, the request, switched off, its records collected).
 
-Each way runs in a fresh process (CUPTI cannot be un-initialized except by finalizing it), with
-the environment ``xsp run`` gives a level-set process with L (the libraries' NVTX ranges routed
-into CUPTI). A request is a batch-1 MLP's forward pass and a device sync, timed around both.
-In each process: ``--requests`` requests untraced; recording; with CUPTI switched off as the
-way leaves it (the unsampled requests); ``--cycles`` sampled cycles, each after 20 unsampled
-requests; the unsampled requests again; finalized. The ways:
+One process, with the environment ``xsp run`` gives a level-set process with L (the
+libraries' NVTX ranges routed into CUPTI). A request is a batch-1 MLP's forward pass and a
+device sync, timed around both. CUPTI finalized is as good as never started (the first
+version of this benchmark measured that in fresh processes: ``benchmarks/results/
+gpu-sampling-h100/cupti-sampling-cost-fresh-processes.log``), so each round runs ``--block``
+requests untraced, then each way in shuffled order: CUPTI started with its kinds and switched
+off as the way leaves it, ``--block`` requests (the unsampled requests), ``--cycles`` sampled
+cycles, then CUPTI finalized; and ``--block`` untraced requests again. A way's cost to the
+unsampled requests is the median over rounds of its block's median minus the mean of the
+round's two untraced medians: the host's drift (tens of µs over tens of seconds) cancels.
 
     finalize          today's: CUPTI started (L and G's kinds) for each sampled request and
                       finalized after it
     pause-activity    Kineto's: CUPTI kept, L and G's kinds enabled around each sampled request,
                       flushed and disabled after it
-    pause-callbacks   xsp's continuous sessions: CUPTI kept, G's and L's other kinds enabled
-                      around each sampled request, the API calls recorded from the
-                      subscriber's callbacks, whose runtime and driver domains are switched off
-                      between
+    pause-callbacks   CUPTI kept, G's and L's other kinds enabled around each sampled request,
+                      the API calls recorded from the subscriber's callbacks, whose runtime and
+                      driver domains are switched off between
+    ...-nocapture     the same with the stream captures' callbacks off too between
+    ...-1mb, -256k    the same with 1 MB or 256 KB activity buffers (else 16 MB)
     g, runtime, driver, marker, synchronization, cuda-event, external, callbacks
                       one kind (or the API callbacks alone) paused the same way: which of them
                       costs the unsampled requests
 
     python benchmarks/cupti_sampling_cost.py [--ways finalize,pause-activity,...]
-        [--requests 2000] [--cycles 30] [--out FILE.json]
+        [--rounds 15] [--block 300] [--cycles 3] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,29 +46,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LIBRARY = ["RUNTIME", "DRIVER", "MARKER", "SYNCHRONIZATION", "CUDA_EVENT", "EXTERNAL_CORRELATION"]
 GPU = ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET"]
-#: way -> (kinds, API calls from callbacks)
-WAYS: dict[str, tuple[list[str], bool]] = {
-    "finalize": (LIBRARY + GPU, False),
-    "pause-activity": (LIBRARY + GPU, False),
-    "pause-callbacks": (LIBRARY + GPU, True),
-    "g": (GPU, False),
-    "runtime": (["RUNTIME"], False),
-    "driver": (["DRIVER"], False),
-    "marker": (["MARKER"], False),
-    "synchronization": (["SYNCHRONIZATION"], False),
-    "cuda-event": (["CUDA_EVENT"], False),
-    "external": (["RUNTIME", "EXTERNAL_CORRELATION"], False),
-    "callbacks": (["RUNTIME", "DRIVER"], True),
+MB = 1 << 20
+#: way -> (kinds, API calls from callbacks, stream captures' callbacks kept, buffer bytes)
+WAYS: dict[str, tuple[list[str], bool, bool, int]] = {
+    "finalize": (LIBRARY + GPU, False, True, 16 * MB),
+    "pause-activity": (LIBRARY + GPU, False, True, 16 * MB),
+    "pause-callbacks": (LIBRARY + GPU, True, True, 16 * MB),
+    "pause-callbacks-nocapture": (LIBRARY + GPU, True, False, 16 * MB),
+    "pause-callbacks-1mb": (LIBRARY + GPU, True, True, MB),
+    "pause-callbacks-256k": (LIBRARY + GPU, True, True, MB // 4),
+    "g": (GPU, False, True, 16 * MB),
+    "g-nocapture": (GPU, False, False, 16 * MB),
+    "runtime": (["RUNTIME"], False, True, 16 * MB),
+    "driver": (["DRIVER"], False, True, 16 * MB),
+    "marker": (["MARKER"], False, True, 16 * MB),
+    "synchronization": (["SYNCHRONIZATION"], False, True, 16 * MB),
+    "cuda-event": (["CUDA_EVENT"], False, True, 16 * MB),
+    "external": (["RUNTIME", "EXTERNAL_CORRELATION"], False, True, 16 * MB),
+    "callbacks": (["RUNTIME", "DRIVER"], True, True, 16 * MB),
 }
 
 
-def one_way(way: str, requests: int, cycles: int, width: int) -> dict[str, Any]:
+def run(ways: list[str], rounds: int, block: int, cycles: int, width: int) -> dict[str, Any]:
     import torch
 
     from xsp.tracer.capture.cupti import QUIET_API_CALLS
     from xsp.tracer.native.build import load
 
-    kinds, callbacks = WAYS[way]
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(4):
@@ -72,7 +81,6 @@ def one_way(way: str, requests: int, cycles: int, width: int) -> dict[str, Any]:
     x = torch.randn(1, width, device="cuda")
     native = load()
     quiet = sorted(QUIET_API_CALLS)
-    out: dict[str, Any] = {"way": way}
 
     def request() -> int:
         begin = time.perf_counter_ns()
@@ -80,114 +88,102 @@ def one_way(way: str, requests: int, cycles: int, width: int) -> dict[str, Any]:
         torch.cuda.synchronize()
         return time.perf_counter_ns() - begin
 
-    def measure(state: str) -> None:
+    def median_us(n: int) -> float:
+        return statistics.median(request() for _ in range(n)) / 1e3
+
+    added: dict[str, list[float]] = {w: [] for w in ways}
+    phases: dict[str, dict[str, list[float]]] = {
+        w: {p: [] for p in ("on", "request", "off", "cycle")} for w in ways
+    }
+    untraced: list[float] = []
+    rng = random.Random(0)
+    with torch.inference_mode():
         for _ in range(200):
             request()
-        times = [request() for _ in range(requests)]
-        out[state] = {
-            "p50_us": statistics.median(times) / 1e3,
-            "mean_us": statistics.fmean(times) / 1e3,
-        }
-
-    def start() -> None:
-        native.cupti_start(kinds, 16 << 20, 4, quiet, api_callbacks=callbacks)
-
-    def off() -> None:
-        if way == "finalize":
-            native.cupti_stop()
-            native.cupti_collect(0, True)
-            native.cupti_finalize()
-        else:
-            native.cupti_pause()
-            native.cupti_collect(0, False)
-
-    with torch.inference_mode():
-        measure("untraced")
-        start()
-        measure("recording")
-        off()
-        measure("off")
-        phases: dict[str, list[float]] = {p: [] for p in ("on", "request", "off", "cycle")}
-        between: list[int] = []
-        for _ in range(cycles):
-            between += [request() for _ in range(20)]
-            stamps = [time.perf_counter_ns()]
-            if way == "finalize":
-                start()
-            else:
-                native.cupti_resume()
-            stamps.append(time.perf_counter_ns())
-            request()
-            stamps.append(time.perf_counter_ns())
-            off()
-            stamps.append(time.perf_counter_ns())
-            for phase, begin, end in zip(phases, stamps, stamps[1:], strict=False):
-                phases[phase].append((end - begin) / 1e3)
-            phases["cycle"].append((stamps[-1] - stamps[0]) / 1e3)
-        for phase, times in phases.items():
-            out[f"cycle {phase}"] = {"p50_us": statistics.median(times), "max_us": max(times)}
-        out["between cycles"] = {
-            "p50_us": statistics.median(between) / 1e3,
-            "mean_us": statistics.fmean(between) / 1e3,
-        }
-        decoded = native.cupti_decode(0)
-        gpu_corr = set(memoryview(decoded["gpu"]["correlation"]).cast("q").tolist())
-        api_corr = set(memoryview(decoded["api"]["correlation"]).cast("q").tolist())
-        out["kernels"] = len(gpu_corr)
-        out["api_calls"] = len(api_corr)
-        out["kernels_with_launch"] = len(gpu_corr & api_corr)
-        out["external_ids"] = len(decoded["external"]["correlation"]) // 8
-        out["markers"] = len(decoded["markers"]["start_ns"]) // 8
-        measure("off after cycles")
+        native.cupti_start(GPU, 16 * MB, 4, quiet)  # the pool's buffers: 16 MB, the largest
         native.cupti_stop()
         native.cupti_finalize()
-        measure("finalized")
-    base = (out["untraced"]["p50_us"] + out["finalized"]["p50_us"]) / 2
-    out["unsampled_added_p50_us"] = out["off"]["p50_us"] - base
-    out["unsampled_added_after_cycles_p50_us"] = out["off after cycles"]["p50_us"] - base
+        for _ in range(rounds):
+            order = ways[:]
+            rng.shuffle(order)
+            before = median_us(block)
+            medians = {}
+            for way in order:
+                kinds, callbacks, captures, size = WAYS[way]
+                native.cupti_start(kinds, size, 4, quiet, api_callbacks=callbacks)
+                request()
+                native.cupti_stop() if way == "finalize" else native.cupti_pause(captures)
+                if way == "finalize":
+                    native.cupti_finalize()
+                for _ in range(20):
+                    request()
+                medians[way] = median_us(block)
+                for _ in range(cycles):
+                    stamps = [time.perf_counter_ns()]
+                    if way == "finalize":
+                        native.cupti_start(kinds, size, 4, quiet)
+                    else:
+                        native.cupti_resume()
+                    stamps.append(time.perf_counter_ns())
+                    request()
+                    stamps.append(time.perf_counter_ns())
+                    if way == "finalize":
+                        native.cupti_stop()
+                        native.cupti_collect(0, True)
+                        native.cupti_finalize()
+                    else:
+                        native.cupti_pause(captures)
+                        native.cupti_collect(0, False)
+                    stamps.append(time.perf_counter_ns())
+                    for phase, begin, end in zip(phases[way], stamps, stamps[1:], strict=False):
+                        phases[way][phase].append((end - begin) / 1e3)
+                    phases[way]["cycle"].append((stamps[-1] - stamps[0]) / 1e3)
+                native.cupti_stop()
+                native.cupti_finalize()
+                native.cupti_decode(0)
+            after = median_us(block)
+            base = (before + after) / 2
+            untraced.append(base)
+            for way, median in medians.items():
+                added[way].append(median - base)
+    out: dict[str, Any] = {"untraced_p50_us": statistics.median(untraced), "ways": {}}
+    for way in ways:
+        row = {
+            "unsampled_added_p50_us": statistics.median(added[way]),
+            "unsampled_added_min_max_us": [min(added[way]), max(added[way])],
+        }
+        for phase, times in phases[way].items():
+            row[f"cycle_{phase}_p50_us"] = statistics.median(times)
+        out["ways"][way] = row
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ways", default=",".join(WAYS))
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--block", type=int, default=300)
+    parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(one_way(args.one, args.requests, args.cycles, args.width)))
-        return
     from xsp.tracer.capture.cupti import nvtx_environment
 
-    env = {**os.environ, **nvtx_environment()}
-    results = []
-    for way in args.ways.split(","):
-        command = [sys.executable, __file__, "--one", way, "--requests", str(args.requests)]
-        command += ["--cycles", str(args.cycles), "--width", str(args.width)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            print(f"{way}: failed: {done.stderr[-600:]}", flush=True)
-            results.append({"way": way, "error": done.stderr[-600:]})
-            continue
-        row = json.loads(done.stdout.strip().splitlines()[-1])
-        results.append(row)
+    for key, value in nvtx_environment().items():  # before cuBLAS first calls NVTX
+        os.environ.setdefault(key, value)
+    out = run(args.ways.split(","), args.rounds, args.block, args.cycles, args.width)
+    print(f"untraced p50 {out['untraced_p50_us']:.1f} µs (median over rounds)")
+    for way, row in out["ways"].items():
+        low, high = row["unsampled_added_min_max_us"]
         print(
-            f"{way:<16} untraced {row['untraced']['p50_us']:6.1f} recording "
-            f"{row['recording']['p50_us']:6.1f} off {row['off']['p50_us']:6.1f} "
-            f"(+{row['unsampled_added_p50_us']:5.1f}; after cycles "
-            f"+{row['unsampled_added_after_cycles_p50_us']:5.1f}) finalized "
-            f"{row['finalized']['p50_us']:6.1f} | cycle {row['cycle cycle']['p50_us']:8.1f} "
-            f"(on {row['cycle on']['p50_us']:.1f}, request {row['cycle request']['p50_us']:.1f}, "
-            f"off {row['cycle off']['p50_us']:.1f}) | kernels {row['kernels']} with launch "
-            f"{row['kernels_with_launch']}, api {row['api_calls']}, external "
-            f"{row['external_ids']}, markers {row['markers']}",
+            f"{way:<26} unsampled +{row['unsampled_added_p50_us']:6.1f} µs "
+            f"[{low:6.1f}, {high:6.1f}] | cycle {row['cycle_cycle_p50_us']:8.1f} µs (on "
+            f"{row['cycle_on_p50_us']:.1f}, request {row['cycle_request_p50_us']:.1f}, off "
+            f"{row['cycle_off_p50_us']:.1f})",
             flush=True,
         )
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,12 @@ QUIET_API_CALLS = frozenset(
 #: Buffers allocated before the window; more are allocated if CUPTI asks for them.
 POOL_BUFFERS = 4
 
+#: The activity buffers' size in a continuous session's sampled iterations: each pause flushes
+#: CUPTI's buffer, and the first record after the next resume costs CUPTI a fresh buffer, about
+#: 1 ms for 16 MB on the H100 (``benchmarks/cupti_sampling_cost.py``); a sampled request's
+#: records take far less, and a full buffer only makes CUPTI ask for the next.
+SAMPLED_BUFFER_BYTES = 1 << 20
+
 #: What makes cuBLAS, cuBLASLt and cuDNN emit NVTX ranges named after their API calls.
 LIBRARY_NVTX_ENV = {"CUBLAS_NVTX_LEVEL": "1", "CUBLASLT_NVTX_LEVEL": "1", "CUDNN_NVTX_LEVEL": "1"}
 
@@ -190,10 +196,9 @@ class _CuptiSession:
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
         # a CUPTI that pauses between sampled iterations records the API calls from callbacks,
         # whose domains switch off at no cost to the CUDA calls made meanwhile
+        size = min(self.buffer_bytes, SAMPLED_BUFFER_BYTES) if self._pausable else self.buffer_bytes
         try:
-            native.cupti_start(
-                list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet, api_callbacks=self._pausable
-            )
+            native.cupti_start(list(kinds), size, POOL_BUFFERS, quiet, api_callbacks=self._pausable)
         except RuntimeError as exc:
             raise XspError(f"CUPTI refused to start: {exc}") from exc
         native.cupti_measuring(True)

@@ -1302,6 +1302,7 @@ struct Cupti {
   std::mutex mutex;
   std::vector<uint8_t*> pool;  // free buffers
   std::vector<uint8_t*> owned;
+  std::unordered_map<uint8_t*, size_t> capacity;  // each owned buffer's size
   std::vector<Completed> completed;
   size_t buffer_bytes = 64 << 20;
   uint64_t requested = 0, grown = 0, completed_while_measuring = 0;
@@ -1333,18 +1334,21 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   std::lock_guard<std::mutex> lock(g_cupti.mutex);
   g_cupti.requested++;
   uint8_t* b = nullptr;
+  size_t size_of = g_cupti.buffer_bytes;
   if (!g_cupti.pool.empty()) {
     b = g_cupti.pool.back();
     g_cupti.pool.pop_back();
+    size_of = std::min(size_of, g_cupti.capacity[b]);  // the pool's buffers may be larger
   } else {
     b = static_cast<uint8_t*>(aligned_alloc(8, g_cupti.buffer_bytes));
     if (b != nullptr) {
       g_cupti.owned.push_back(b);
+      g_cupti.capacity[b] = g_cupti.buffer_bytes;
       g_cupti.grown++;
     }
   }
   *buffer = b;
-  *size = b ? g_cupti.buffer_bytes : 0;
+  *size = b ? size_of : 0;
   *max_records = 0;
 }
 
@@ -1557,12 +1561,12 @@ void subscribe_graphs() {
 // L's API calls from the subscriber's callbacks on (every runtime and driver call but the
 // bookkeeping ones, skipped in the callback) or off (the two domains switched off whole, then
 // the stream captures' calls on again if G records graphs).
-void api_callbacks_on(bool on) {
+void api_callbacks_on(bool on, bool captures = true) {
   if (g_cupti.subscriber == nullptr) return;
-  g_api_recording.store(on);
+  g_api_recording.store(on && g_cupti.api_callbacks);
   for (auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API})
     check(cuptiEnableDomain(on ? 1 : 0, g_cupti.subscriber, domain), "CUPTI API callbacks");
-  if (!on && g_cupti.graphs) enable_capture_calls();
+  if (g_cupti.graphs && (on ? !g_cupti.api_callbacks : captures)) enable_capture_calls();
 }
 
 void unsubscribe_graphs() {
@@ -1611,6 +1615,7 @@ int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, in
         auto* b = static_cast<uint8_t*>(aligned_alloc(8, buffer_bytes));
         if (b == nullptr) break;
         g_cupti.owned.push_back(b);
+        g_cupti.capacity[b] = buffer_bytes;
         g_cupti.pool.push_back(b);
       }
     }
@@ -1656,9 +1661,9 @@ uint64_t cupti_flush();
 // finalize cost about 11 ms; kinds merely disabled cost every CUDA call of the RUNTIME and
 // DRIVER kinds' until finalize, which is why ``api_callbacks`` records those from callbacks).
 // Returns the records CUPTI dropped.
-uint64_t cupti_pause() {
+uint64_t cupti_pause(bool captures = true) {
   g_push_correlation.store(false);
-  if (g_cupti.api_callbacks) api_callbacks_on(false);
+  if (g_cupti.api_callbacks || !captures) api_callbacks_on(false, captures);
   uint64_t dropped = cupti_flush();
   for (auto kind : g_cupti.enabled) {
     cuptiActivityDisable(kind);
@@ -1676,7 +1681,11 @@ void cupti_resume() {
     g_cupti.enabled.push_back(kind);
   }
   g_cupti.paused.clear();
-  if (g_cupti.api_callbacks) api_callbacks_on(true);
+  if (g_cupti.api_callbacks) {
+    api_callbacks_on(true);
+  } else if (g_cupti.graphs) {  // paused without the stream captures' callbacks
+    enable_capture_calls();
+  }
   g_push_correlation.store(pushes_correlation() || g_cupti.correlate);
 }
 
@@ -2063,7 +2072,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("pool_buffers"), py::arg("quiet"), py::arg("api_callbacks") = false);
   m.def("cupti_measuring", &cupti_measuring);
   m.def("cupti_stop", &cupti_stop);
-  m.def("cupti_pause", &cupti_pause);
+  m.def("cupti_pause", &cupti_pause, py::arg("captures") = true);
   m.def("cupti_resume", &cupti_resume);
   m.def("cupti_step_aside", &cupti_step_aside);
   m.def("cupti_flush", &cupti_flush);
