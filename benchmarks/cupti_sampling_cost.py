@@ -22,6 +22,8 @@ round's two untraced medians: the host's drift (tens of µs over tens of seconds
                       driver domains are switched off between
     ...-nocapture     the same with the stream captures' callbacks off too between
     ...-1mb, -256k    the same with 1 MB or 256 KB activity buffers (else 16 MB)
+    pause-lean        xsp's continuous sessions: pause-callbacks-1mb without SYNCHRONIZATION
+                      and CUDA_EVENT, and no flush between sampled requests
     g, runtime, driver, marker, synchronization, cuda-event, external, callbacks
                       one kind (or the API callbacks alone) paused the same way: which of them
                       costs the unsampled requests
@@ -64,7 +66,12 @@ WAYS: dict[str, tuple[list[str], bool, bool, int]] = {
     "cuda-event": (["CUDA_EVENT"], False, True, 16 * MB),
     "external": (["RUNTIME", "EXTERNAL_CORRELATION"], False, True, 16 * MB),
     "callbacks": (["RUNTIME", "DRIVER"], True, True, 16 * MB),
+    # xsp's continuous sessions: no SYNCHRONIZATION or CUDA_EVENT, 1 MB buffers, and no flush
+    # between sampled requests (the records wait in CUPTI's buffer for the batch boundary)
+    "pause-lean": (["RUNTIME", "DRIVER", "MARKER", "EXTERNAL_CORRELATION", *GPU], True, True, MB),
 }
+#: the ways that leave their records in CUPTI's buffer between sampled requests
+UNFLUSHED = {"pause-lean"}
 
 
 def run(ways: list[str], rounds: int, block: int, cycles: int, width: int) -> dict[str, Any]:
@@ -131,6 +138,8 @@ def run(ways: list[str], rounds: int, block: int, cycles: int, width: int) -> di
                         native.cupti_stop()
                         native.cupti_collect(0, True)
                         native.cupti_finalize()
+                    elif way in UNFLUSHED:
+                        native.cupti_pause(captures, flush=False)
                     else:
                         native.cupti_pause(captures)
                         native.cupti_collect(0, False)

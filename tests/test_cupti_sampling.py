@@ -42,10 +42,11 @@ class NativeCalls:
 
     def cupti_start(self, kinds: list[str], *_: Any, api_callbacks: bool = False) -> int:
         self.log.append(("start", "CONCURRENT_KERNEL" in kinds, api_callbacks))
+        self.kinds = list(kinds)
         return 0
 
-    def cupti_pause(self) -> int:
-        self.log.append(("pause",))
+    def cupti_pause(self, captures: bool = True, flush: bool = True) -> int:
+        self.log.append(("pause", flush))
         return 0
 
     def cupti_resume(self) -> None:
@@ -133,9 +134,11 @@ def test_cupti_pauses_between_the_sampled_iterations_and_is_finalized_at_the_end
     native.log.clear()
     _sample(levels, True)  # iteration 2: started once more, its API calls from callbacks
     assert native.log == [("start", False, True), ("start", True, True)]
+    # without the kinds that cost every CUDA call once enabled, disabled or not
+    assert not {"SYNCHRONIZATION", "CUDA_EVENT"} & set(native.kinds)
     native.log.clear()
-    _sample(levels, False)  # iteration 3: paused, its records collected; ids go on
-    assert native.log == [("pause",), ("collect", 1, False)]
+    _sample(levels, False)  # iteration 3: paused, its records left in CUPTI's buffer
+    assert native.log == [("pause", False)]
     native.log.clear()
     _sample(levels, False)  # iteration 4: nothing more to do
     assert native.log == []
@@ -143,7 +146,9 @@ def test_cupti_pauses_between_the_sampled_iterations_and_is_finalized_at_the_end
     assert native.log == [("resume",), ("start", False, True), ("start", True, True)]
     native.log.clear()
     _sample(levels, False)
-    _hand_over(levels)  # the boundary: nothing runs, nothing to flush
+    native.log.clear()
+    _hand_over(levels)  # the boundary: paused CUPTI's records flushed, decoded on the offset now
+    assert native.log == [("flush",), ("decode", 1)]
     native.log.clear()
     for level in reversed(levels):
         level.disable()  # the end: CUPTI paused is stopped and finalized
@@ -161,10 +166,12 @@ def test_a_batch_boundary_flushes_a_paused_cupti_only_while_it_runs(native: Nati
     assert native.log == [("flush",), ("decode", 1)]
     native.log.clear()
     _sample(levels, False)
-    assert native.log == [("pause",), ("collect", 1, False)]
+    assert native.log == [("pause", False)]
     native.log.clear()
-    _hand_over(levels)
-    assert native.log == [("decode", 0)]
+    _hand_over(levels)  # paused: flushed too
+    assert native.log == [("flush",), ("decode", 1)]
+    native.log.clear()
+    _hand_over(levels)  # paused with nothing recorded since: flushed again, cheaply
     native.log.clear()
     for level in levels:  # a sampled iteration right after a boundary resumes CUPTI
         level.begin_iteration(6)
@@ -172,7 +179,7 @@ def test_a_batch_boundary_flushes_a_paused_cupti_only_while_it_runs(native: Nati
     native.log.clear()
     for level in reversed(levels):
         level.disable()  # stopped while it runs: paused, then stopped and finalized
-    assert native.log == [("pause",), ("stop",), ("finalize",)]
+    assert native.log == [("pause", False), ("stop",), ("finalize",)]
 
 
 def test_a_run_of_fixed_iterations_never_pauses_cupti(native: NativeCalls) -> None:

@@ -91,6 +91,12 @@ POOL_BUFFERS = 4
 #: records take far less, and a full buffer only makes CUPTI ask for the next.
 SAMPLED_BUFFER_BYTES = 1 << 20
 
+#: Kinds a continuous session's sampled iterations leave out: once enabled, CUPTI's
+#: SYNCHRONIZATION kind costs every later CUDA call until CUPTI is finalized, disabled or not
+#: (76 µs a batch-1 MLP request on the H100), and CUDA_EVENT's records serve only with it (the
+#: replay's cross-stream edges); enabling CUDA_EVENT costs 0.14 ms a sampled iteration.
+UNSAMPLED_KINDS = frozenset({"SYNCHRONIZATION", "CUDA_EVENT"})
+
 #: What makes cuBLAS, cuBLASLt and cuDNN emit NVTX ranges named after their API calls.
 LIBRARY_NVTX_ENV = {"CUBLAS_NVTX_LEVEL": "1", "CUBLASLT_NVTX_LEVEL": "1", "CUDNN_NVTX_LEVEL": "1"}
 
@@ -196,7 +202,10 @@ class _CuptiSession:
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
         # a CUPTI that pauses between sampled iterations records the API calls from callbacks,
         # whose domains switch off at no cost to the CUDA calls made meanwhile
-        size = min(self.buffer_bytes, SAMPLED_BUFFER_BYTES) if self._pausable else self.buffer_bytes
+        size = self.buffer_bytes
+        if self._pausable:
+            size = min(size, SAMPLED_BUFFER_BYTES)
+            kinds = [k for k in kinds if k not in UNSAMPLED_KINDS]
         try:
             native.cupti_start(list(kinds), size, POOL_BUFFERS, quiet, api_callbacks=self._pausable)
         except RuntimeError as exc:
@@ -246,8 +255,9 @@ class _CuptiSession:
         self._offsets = [offset] if self._batch_dropped is not None else [*self._offsets, offset]
         try:
             if self._pausable and self._batch_dropped is not None:
-                # kinds and callbacks off, CUPTI initialized: the next start resumes it
-                stopped = int(native.cupti_pause())
+                # kinds and callbacks off, CUPTI initialized: the next start resumes it; its
+                # records wait in CUPTI's buffer for the batch boundary's flush
+                stopped = int(native.cupti_pause(flush=False))
                 self._paused = True
             else:
                 stopped = int(native.cupti_stop())
@@ -278,8 +288,7 @@ class _CuptiSession:
         request on the H200, ``benchmarks/cupti_attach_cost.py``)."""
         if self._users > 0 or self._finalized or self._native is None:
             return
-        if self._paused:
-            self._native.cupti_collect(self._offsets[-1], False)
+        if self._paused:  # its records wait for the batch boundary (``hand_over``)
             return
         self._native.cupti_collect(self._offsets[-1], True)
         self.release()
@@ -287,13 +296,14 @@ class _CuptiSession:
     def hand_over(self, letter: str) -> _Batch:
         """A continuous session's batch boundary, between iterations: CUPTI's records of the
         batch, decoded into columns on the Unix-epoch clock (flushed here, on the clock offset
-        measured now, if CUPTI runs, which it goes on doing). Levels L and G share one batch:
+        measured now, if CUPTI runs, which it goes on doing, or is paused). Levels L and G
+        share one batch:
         the first of them to hand over (or one handing over again) takes the next."""
         native = self._module()
         batch = self._batch
         if batch is None or letter in batch.taken:
-            offset = 0  # the suspended runs' records are on the epoch's clock already
-            if self._users > 0:
+            offset = 0  # the finalized runs' records are on the epoch's clock already
+            if self._users > 0 or self._paused:  # running, or paused with records unflushed
                 offset = _clock_offset(native)
                 self._batch_dropped = (self._batch_dropped or 0) + int(native.cupti_flush())
             window = (self._window[0], time.time_ns())

@@ -1656,15 +1656,17 @@ void cupti_measuring(bool on) { g_cupti.measuring.store(on); }
 
 uint64_t cupti_flush();
 
-// A continuous session between its sampled iterations: every record so far to the completed
-// queue, the kinds and the API callbacks switched off, CUPTI left initialized (its start and
-// finalize cost about 11 ms; kinds merely disabled cost every CUDA call of the RUNTIME and
-// DRIVER kinds' until finalize, which is why ``api_callbacks`` records those from callbacks).
-// Returns the records CUPTI dropped.
-uint64_t cupti_pause(bool captures = true) {
+// A continuous session between its sampled iterations: the kinds and the API callbacks switched
+// off, CUPTI left initialized (its start and finalize cost about 11 ms; kinds merely disabled
+// cost every later CUDA call for some kinds, RUNTIME, DRIVER and SYNCHRONIZATION among them,
+// until finalize, which is why ``api_callbacks`` records the API calls from callbacks);
+// ``flush``: every record so far to the completed queue. Returns the records CUPTI dropped.
+uint64_t cupti_pause(bool captures = true, bool flush = true) {
   g_push_correlation.store(false);
   if (g_cupti.api_callbacks || !captures) api_callbacks_on(false, captures);
-  uint64_t dropped = cupti_flush();
+  // unflushed, the records wait in CUPTI's buffer for the next flush (a batch boundary): the
+  // next sampled iteration writes on into it rather than paying for a fresh buffer
+  uint64_t dropped = flush ? cupti_flush() : 0;
   for (auto kind : g_cupti.enabled) {
     cuptiActivityDisable(kind);
     if (std::find(g_cupti.paused.begin(), g_cupti.paused.end(), kind) == g_cupti.paused.end())
@@ -2072,7 +2074,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("pool_buffers"), py::arg("quiet"), py::arg("api_callbacks") = false);
   m.def("cupti_measuring", &cupti_measuring);
   m.def("cupti_stop", &cupti_stop);
-  m.def("cupti_pause", &cupti_pause, py::arg("captures") = true);
+  m.def("cupti_pause", &cupti_pause, py::arg("captures") = true, py::arg("flush") = true);
   m.def("cupti_resume", &cupti_resume);
   m.def("cupti_step_aside", &cupti_step_aside);
   m.def("cupti_flush", &cupti_flush);
