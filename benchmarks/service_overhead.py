@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -59,13 +60,16 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
     if config != "none":
         # "MF": F on every request, what keeping the level on and dropping the unsampled
         # iterations' records at conversion would cost each request
-        levels = config.split()[0]
+        levels, _, way = config.split()[0].partition(":")
         every = int(config.split("/")[1]) if "/" in config else 1
+        # MFLG:finalize: L and G's CUPTI switched off between sampled requests that way
+        # (XSP_CUPTI_SAMPLING), for the two ways side by side in one process
+        os.environ["XSP_CUPTI_SAMPLING"] = way or "pause"
         session = xsp.session(
             levels,
             iterations=0,
             warmup=args.warmup,
-            out=tmp / f"{config}-{time.monotonic_ns()}" / levels,
+            out=tmp / f"{levels}-{way or 'pause'}-{time.monotonic_ns()}" / levels,
             device=args.device,
             auto_iterations=True,
             sample_every=every,
@@ -104,7 +108,8 @@ def main() -> None:
     parser.add_argument(
         "--sampled",
         default="MF",
-        help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFL on the CPU; MF,MFLG on CUDA)",
+        help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFL on the "
+        "CPU; MF,MFLG on CUDA; MFLG:finalize for CUPTI finalized between sampled requests)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")

@@ -1,12 +1,17 @@
 """Levels L and G in a continuous session, without a GPU: the order in which they drive CUPTI.
 
-What a service relies on: an unsampled request pays nothing for CUPTI, so CUPTI runs only from a
-sampled iteration to the next unsampled one and is finalized in between (with its kinds merely
-disabled it stays attached, and every CUDA call pays: ``benchmarks/cupti_attach_cost.py``);
-each run's records are collected before CUPTI is finalized, with its own clock offset and with
+What a service relies on: an unsampled request pays nothing for CUPTI, and a sampled one does
+not pay CUPTI's start and finalize (about 11 ms). So CUPTI runs only from a sampled iteration to
+the next unsampled one and is paused in between: its kinds disabled and the API callbacks'
+domains switched off (the API calls are recorded from callbacks, since CUPTI's RUNTIME and
+DRIVER kinds, once enabled, cost every CUDA call until CUPTI is finalized:
+``benchmarks/cupti_attach_cost.py``, ``benchmarks/cupti_sampling_cost.py``). The first CUPTI
+run, started before the session knew it was continuous, records them as activity and is
+finalized; so is every run with ``XSP_CUPTI_SAMPLING=finalize``. Each run's records are
+collected as it stops, with its own clock offset and, when CUPTI was finalized, with
 correlation ids that the next run's will not meet; a batch boundary hands the batch over,
 flushing CUPTI only if it runs. CUPTI itself is stood in for by a recorder of the native core's
-calls (on the H200, ``tests/test_gpu.py``'s sampled service test runs them on CUPTI).
+calls (on the GPU, ``tests/test_gpu.py``'s sampled service test runs them on CUPTI).
 """
 
 from __future__ import annotations
@@ -35,9 +40,17 @@ class NativeCalls:
 
         return time.time_ns() - OFFSET
 
-    def cupti_start(self, kinds: list[str], *_: Any) -> int:
-        self.log.append(("start", "CONCURRENT_KERNEL" in kinds))
+    def cupti_start(self, kinds: list[str], *_: Any, api_callbacks: bool = False) -> int:
+        self.log.append(("start", "CONCURRENT_KERNEL" in kinds, api_callbacks))
+        self.kinds = list(kinds)
         return 0
+
+    def cupti_pause(self, captures: bool = True, flush: bool = True) -> int:
+        self.log.append(("pause", flush))
+        return 0
+
+    def cupti_resume(self) -> None:
+        self.log.append(("resume",))
 
     def cupti_measuring(self, on: bool) -> None:
         pass
@@ -83,6 +96,7 @@ def _empty_columns() -> dict[str, Any]:
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> NativeCalls:
+    monkeypatch.delenv("XSP_CUPTI_SAMPLING", raising=False)
     calls = NativeCalls()
     session = cupti._CuptiSession()
     session._native = calls
@@ -106,13 +120,85 @@ def _hand_over(levels: list[Any]) -> list[Any]:
     return [drain(ArenaContents.empty()) for drain in drains]
 
 
-def test_cupti_runs_for_the_sampled_iterations_only_and_is_finalized_between(
+def test_cupti_pauses_between_the_sampled_iterations_and_is_finalized_at_the_end(
     native: NativeCalls,
 ) -> None:
     levels = _levels()
     for level in levels:
         level.enable()  # the session's levels come on: iteration 0 is sampled
-    assert native.log == [("start", False), ("start", True)]
+    # not yet known to be continuous: API calls as CUPTI's activity records
+    assert native.log == [("start", False, False), ("start", True, False)]
+    native.log.clear()
+    _sample(levels, False)  # iteration 1: that run (RUNTIME and DRIVER kinds) is finalized
+    assert native.log == [("stop",), ("collect", 1, True), ("finalize",)]
+    native.log.clear()
+    _sample(levels, True)  # iteration 2: started once more, its API calls from callbacks
+    assert native.log == [("start", False, True), ("start", True, True)]
+    # without the kinds that cost every CUDA call once enabled, disabled or not
+    assert not {"SYNCHRONIZATION", "CUDA_EVENT"} & set(native.kinds)
+    native.log.clear()
+    _sample(levels, False)  # iteration 3: paused, its records left in CUPTI's buffer
+    assert native.log == [("pause", False)]
+    native.log.clear()
+    _sample(levels, False)  # iteration 4: nothing more to do
+    assert native.log == []
+    _sample(levels, True)  # iteration 5: resumed, not started
+    assert native.log == [("resume",), ("start", False, True), ("start", True, True)]
+    native.log.clear()
+    _sample(levels, False)
+    native.log.clear()
+    _hand_over(levels)  # the boundary: paused CUPTI's records flushed, decoded on the offset now
+    assert native.log == [("flush",), ("decode", 1)]
+    native.log.clear()
+    for level in reversed(levels):
+        level.disable()  # the end: CUPTI paused is stopped and finalized
+    assert native.log == [("stop",), ("finalize",)]
+
+
+def test_a_batch_boundary_flushes_a_paused_cupti_only_while_it_runs(native: NativeCalls) -> None:
+    levels = _levels()
+    for level in levels:
+        level.enable()
+    _sample(levels, False)
+    _sample(levels, True)
+    native.log.clear()
+    _hand_over(levels)  # CUPTI runs: flushed, decoded on the offset now; it goes on
+    assert native.log == [("flush",), ("decode", 1)]
+    native.log.clear()
+    _sample(levels, False)
+    assert native.log == [("pause", False)]
+    native.log.clear()
+    _hand_over(levels)  # paused: flushed too
+    assert native.log == [("flush",), ("decode", 1)]
+    native.log.clear()
+    _hand_over(levels)  # paused with nothing recorded since: flushed again, cheaply
+    native.log.clear()
+    for level in levels:  # a sampled iteration right after a boundary resumes CUPTI
+        level.begin_iteration(6)
+    assert native.log == [("resume",), ("start", False, True), ("start", True, True)]
+    native.log.clear()
+    for level in reversed(levels):
+        level.disable()  # stopped while it runs: paused, then stopped and finalized
+    assert native.log == [("pause", False), ("stop",), ("finalize",)]
+
+
+def test_a_run_of_fixed_iterations_never_pauses_cupti(native: NativeCalls) -> None:
+    levels = _levels()
+    for level in levels:
+        level.enable()
+    for level in reversed(levels):
+        level.disable()
+    assert native.log == [("start", False, False), ("start", True, False), ("stop",)]
+
+
+def test_cupti_runs_for_the_sampled_iterations_only_and_is_finalized_between(
+    native: NativeCalls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XSP_CUPTI_SAMPLING", "finalize")
+    levels = _levels()
+    for level in levels:
+        level.enable()  # the session's levels come on: iteration 0 is sampled
+    assert native.log == [("start", False, False), ("start", True, False)]
     native.log.clear()
     _sample(levels, False)  # iteration 1: the last level to stop collects, then finalizes
     assert native.log == [("stop",), ("collect", 1, True), ("finalize",)]
@@ -120,10 +206,13 @@ def test_cupti_runs_for_the_sampled_iterations_only_and_is_finalized_between(
     _sample(levels, False)  # iteration 2: nothing more to do
     assert native.log == []
     _sample(levels, True)  # iteration 3: started again
-    assert native.log == [("start", False), ("start", True)]
+    assert native.log == [("start", False, False), ("start", True, False)]
 
 
-def test_a_batch_boundary_flushes_cupti_only_while_it_runs(native: NativeCalls) -> None:
+def test_a_batch_boundary_flushes_cupti_only_while_it_runs(
+    native: NativeCalls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XSP_CUPTI_SAMPLING", "finalize")
     levels = _levels()
     for level in levels:
         level.enable()
@@ -145,7 +234,7 @@ def test_a_batch_boundary_flushes_cupti_only_while_it_runs(native: NativeCalls) 
     # a sampled iteration right after a boundary: CUPTI starts as it begins, before its markers
     for level in levels:
         level.begin_iteration(6)
-    assert native.log == [("start", False), ("start", True)]
+    assert native.log == [("start", False, False), ("start", True, False)]
     native.log.clear()
     for level in reversed(levels):
         level.disable()

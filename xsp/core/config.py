@@ -79,6 +79,18 @@ def cupti_all_api(env: Mapping[str, str] | None = None) -> bool:
     return switch("XSP_CUPTI_ALL_API", False, env)
 
 
+def cupti_sampling(env: Mapping[str, str] | None = None) -> str:
+    """``XSP_CUPTI_SAMPLING`` (default ``pause``): how a continuous session's levels L and G on
+    CUDA switch CUPTI off between sampled iterations. ``pause``: CUPTI stays initialized with
+    its kinds off and the API calls recorded from callbacks whose domains are off;
+    ``finalize``: CUPTI started for each sampled iteration and finalized after it (11 ms a
+    sampled iteration on the H200)."""
+    value = (_get("XSP_CUPTI_SAMPLING", env) or "pause").strip().lower()
+    if value not in ("pause", "finalize"):
+        raise ConfigError(f"bad XSP_CUPTI_SAMPLING={value!r}: pause or finalize")
+    return value
+
+
 def ncu_path(env: Mapping[str, str] | None = None) -> str | None:
     """``XSP_NCU``: the Nsight Compute command line (``ncu``) for the hardware-counter level set
     MH (None: unset; xsp looks on PATH and in CUDA's and Nsight Compute's install folders)."""
@@ -157,6 +169,7 @@ def check(env: Mapping[str, str] | None = None) -> None:
     cupti_buffer_bytes(env)
     arena_bytes(env)
     cupti_all_api(env)
+    cupti_sampling(env)
     switch("XSP_FORK_SERVER", True, env)
     switch("XSP_OVERLAP", True, env)
     switch("XSP_SHARE_PROCESS", True, env)

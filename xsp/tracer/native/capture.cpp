@@ -463,10 +463,19 @@ void callback_failed(const char* what) {
 }
 
 #ifdef XSP_WITH_CUPTI
+// A continuous session whose API calls come from CUPTI's callbacks (``cupti_start``'s
+// ``api_callbacks``) reads each call's op from this thread's stack of open op ids; otherwise
+// CUPTI's EXTERNAL_CORRELATION records join them.
+std::atomic<bool> g_push_cupti{true};
+thread_local std::vector<uint64_t> t_external;
 void push_correlation(uint64_t id) {
-  cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id);
+  t_external.push_back(id);
+  if (g_push_cupti.load(std::memory_order_relaxed))
+    cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, id);
 }
 void pop_correlation() {
+  if (!t_external.empty()) t_external.pop_back();
+  if (!g_push_cupti.load(std::memory_order_relaxed)) return;
   uint64_t last = 0;
   cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &last);
 }
@@ -1293,32 +1302,53 @@ struct Cupti {
   std::mutex mutex;
   std::vector<uint8_t*> pool;  // free buffers
   std::vector<uint8_t*> owned;
+  std::unordered_map<uint8_t*, size_t> capacity;  // each owned buffer's size
   std::vector<Completed> completed;
   size_t buffer_bytes = 64 << 20;
   uint64_t requested = 0, grown = 0, completed_while_measuring = 0;
   std::atomic<bool> measuring{false};
   bool registered = false;
   std::vector<CUpti_ActivityKind> enabled;
+  std::vector<CUpti_ActivityKind> paused;  // enabled, switched off between sampled iterations
   CUpti_SubscriberHandle subscriber = nullptr;  // graph nodes and stream captures, with G
+  bool graphs = false;                          // the subscriber's graph callbacks are on
+  bool api_callbacks = false;                   // L's API calls from the subscriber's callbacks
+  bool correlate = false;  // with api_callbacks: each call's op taken from the thread's open op
   std::string subscribe_error;
 } g_cupti;
+
+// L's API calls as the subscriber's callbacks see them (a continuous session: their domains are
+// switched off between sampled iterations, where CUPTI's RUNTIME and DRIVER kinds, once
+// enabled, cost every CUDA call until CUPTI is finalized).
+struct ApiCall {
+  int64_t start, end, thread, external;
+  uint32_t cbid, correlation;
+  int8_t runtime;
+};
+std::atomic<bool> g_api_recording{false};
+std::mutex g_calls_mutex;
+std::vector<ApiCall> g_calls;
+std::vector<uint8_t> g_quiet_bits[2];  // [driver, runtime]: cbid -> a bookkeeping call
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   std::lock_guard<std::mutex> lock(g_cupti.mutex);
   g_cupti.requested++;
   uint8_t* b = nullptr;
+  size_t size_of = g_cupti.buffer_bytes;
   if (!g_cupti.pool.empty()) {
     b = g_cupti.pool.back();
     g_cupti.pool.pop_back();
+    size_of = std::min(size_of, g_cupti.capacity[b]);  // the pool's buffers may be larger
   } else {
     b = static_cast<uint8_t*>(aligned_alloc(8, g_cupti.buffer_bytes));
     if (b != nullptr) {
       g_cupti.owned.push_back(b);
+      g_cupti.capacity[b] = g_cupti.buffer_bytes;
       g_cupti.grown++;
     }
   }
   *buffer = b;
-  *size = b ? g_cupti.buffer_bytes : 0;
+  *size = b ? size_of : 0;
   *max_records = 0;
 }
 
@@ -1448,11 +1478,32 @@ void record_graph_node(CUpti_CallbackId cbid, const CUpti_GraphData* graph) {
   publish(r, kind);
 }
 
+void record_api_call(CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                     const CUpti_CallbackData* call) {
+  int runtime = domain == CUPTI_CB_DOMAIN_RUNTIME_API;
+  const auto& quiet = g_quiet_bits[runtime];
+  if (cbid < quiet.size() && quiet[cbid]) return;
+  uint64_t now = 0;
+  cuptiGetTimestamp(&now);
+  if (call->callbackSite == CUPTI_API_ENTER) {
+    *call->correlationData = now;
+    return;
+  }
+  thread_local int64_t os_thread = int64_t(syscall(SYS_gettid));
+  ApiCall a{int64_t(*call->correlationData), int64_t(now), os_thread,
+            t_external.empty() ? 0 : int64_t(t_external.back()), cbid, call->correlationId,
+            int8_t(runtime)};
+  std::lock_guard<std::mutex> lock(g_calls_mutex);
+  g_calls.push_back(a);
+}
+
 void CUPTIAPI on_cupti_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
                                 const void* data) {
   try {
     if (domain == CUPTI_CB_DOMAIN_DRIVER_API || domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-      auto site = static_cast<const CUpti_CallbackData*>(data)->callbackSite;
+      auto* call = static_cast<const CUpti_CallbackData*>(data);
+      auto site = call->callbackSite;
+      if (g_api_recording.load(std::memory_order_relaxed)) record_api_call(domain, cbid, call);
       if (capture_call(domain, cbid, true) && site == CUPTI_API_EXIT) {
         g_captures.fetch_add(1);
         g_capturing.fetch_add(1);
@@ -1474,19 +1525,22 @@ void CUPTIAPI on_cupti_callback(void*, CUpti_CallbackDomain domain, CUpti_Callba
 
 // Subscribes to graph node creation and stream capture; another CUPTI subscriber in the process
 // (torch.profiler's) refuses it, which costs only the graph attribution.
-void subscribe_graphs() {
-  if (g_cupti.subscriber != nullptr) return;
+bool subscribe() {
+  if (g_cupti.subscriber != nullptr) return true;
   CUptiResult status = cuptiSubscribe(&g_cupti.subscriber, on_cupti_callback, nullptr);
   if (status != CUPTI_SUCCESS) {
     const char* text = nullptr;
     cuptiGetResultString(status, &text);
     g_cupti.subscribe_error = text ? text : "CUPTI error";
     g_cupti.subscriber = nullptr;
-    return;
+    return false;
   }
   g_cupti.subscribe_error.clear();
-  for (auto cbid : {CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED})
-    cuptiEnableCallback(1, g_cupti.subscriber, CUPTI_CB_DOMAIN_RESOURCE, cbid);
+  return true;
+}
+
+// The stream captures' begin and end calls (also after a domain was switched off whole).
+void enable_capture_calls() {
   for (auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API}) {
     uint32_t count = domain == CUPTI_CB_DOMAIN_RUNTIME_API ? CUPTI_RUNTIME_TRACE_CBID_SIZE
                                                            : CUPTI_DRIVER_TRACE_CBID_SIZE;
@@ -1496,10 +1550,31 @@ void subscribe_graphs() {
   }
 }
 
+void subscribe_graphs() {
+  if (g_cupti.graphs || !subscribe()) return;
+  g_cupti.graphs = true;
+  for (auto cbid : {CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED, CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED})
+    cuptiEnableCallback(1, g_cupti.subscriber, CUPTI_CB_DOMAIN_RESOURCE, cbid);
+  enable_capture_calls();
+}
+
+// L's API calls from the subscriber's callbacks on (every runtime and driver call but the
+// bookkeeping ones, skipped in the callback) or off (the two domains switched off whole, then
+// the stream captures' calls on again if G records graphs).
+void api_callbacks_on(bool on, bool captures = true) {
+  if (g_cupti.subscriber == nullptr) return;
+  g_api_recording.store(on && g_cupti.api_callbacks);
+  for (auto domain : {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API})
+    check(cuptiEnableDomain(on ? 1 : 0, g_cupti.subscriber, domain), "CUPTI API callbacks");
+  if (g_cupti.graphs && (on ? !g_cupti.api_callbacks : captures)) enable_capture_calls();
+}
+
 void unsubscribe_graphs() {
   if (g_cupti.subscriber == nullptr) return;
+  g_api_recording.store(false);
   cuptiUnsubscribe(g_cupti.subscriber);
   g_cupti.subscriber = nullptr;
+  g_cupti.graphs = g_cupti.api_callbacks = false;
   g_capturing.store(0);
   std::lock_guard<std::mutex> lock(g_capture_mutex);
   g_capture_modules.clear();
@@ -1510,8 +1585,25 @@ bool pushes_correlation() {
                    CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) != g_cupti.enabled.end();
 }
 
+// The bookkeeping calls named in ``quiet`` as bits by cbid, for the API callbacks to skip.
+void quiet_bits(const std::vector<std::string>& quiet) {
+  for (int runtime = 0; runtime < 2; ++runtime) {
+    auto domain = runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API;
+    uint32_t count = runtime ? CUPTI_RUNTIME_TRACE_CBID_SIZE : CUPTI_DRIVER_TRACE_CBID_SIZE;
+    auto& bits = g_quiet_bits[runtime];
+    if (!bits.empty()) continue;
+    bits.assign(count, 0);
+    for (uint32_t cbid = 1; cbid < count; ++cbid)
+      bits[cbid] = std::find(quiet.begin(), quiet.end(), api_name(domain, cbid)) != quiet.end();
+  }
+}
+
+// ``api_callbacks``: the RUNTIME and DRIVER kinds come from the subscriber's callbacks instead
+// of CUPTI's activity records, and each call's op from the thread's open op (no
+// EXTERNAL_CORRELATION records): what a continuous session can switch off between sampled
+// iterations (``cupti_pause``) at no cost to the CUDA calls made meanwhile.
 int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, int64_t pool_buffers,
-                const std::vector<std::string>& quiet) {
+                const std::vector<std::string>& quiet, bool api_callbacks = false) {
   int quieted = 0;
   if (!g_cupti.registered) {
     check(cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM), "CUPTI thread ids");
@@ -1523,14 +1615,27 @@ int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, in
         auto* b = static_cast<uint8_t*>(aligned_alloc(8, buffer_bytes));
         if (b == nullptr) break;
         g_cupti.owned.push_back(b);
+        g_cupti.capacity[b] = buffer_bytes;
         g_cupti.pool.push_back(b);
       }
     }
     check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "CUPTI callbacks");
     g_cupti.registered = true;
   }
+  bool correlate = false;
   for (const auto& name : kinds) {
     CUpti_ActivityKind kind = kind_of(name);
+    if (api_callbacks && (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER ||
+                          kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION)) {
+      correlate = correlate || kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
+      if (kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION || g_cupti.api_callbacks) continue;
+      if (!subscribe())
+        throw std::runtime_error("CUPTI's callback subscriber: " + g_cupti.subscribe_error);
+      quiet_bits(quiet);
+      g_cupti.api_callbacks = true;
+      api_callbacks_on(true);
+      continue;
+    }
     if (std::find(g_cupti.enabled.begin(), g_cupti.enabled.end(), kind) != g_cupti.enabled.end())
       continue;
     check(cuptiActivityEnable(kind), ("CUPTI cannot record " + name).c_str());
@@ -1541,11 +1646,50 @@ int cupti_start(const std::vector<std::string>& kinds, uint64_t buffer_bytes, in
     if (!quiet.empty() && kind == CUPTI_ACTIVITY_KIND_DRIVER)
       quieted += quiet_calls(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_SIZE, quiet);
   }
-  g_push_correlation.store(pushes_correlation());
+  if (correlate) g_cupti.correlate = true;
+  g_push_cupti.store(!g_cupti.api_callbacks);
+  g_push_correlation.store(pushes_correlation() || g_cupti.correlate);
   return quieted;
 }
 
 void cupti_measuring(bool on) { g_cupti.measuring.store(on); }
+
+uint64_t cupti_flush();
+
+// A continuous session between its sampled iterations: the kinds and the API callbacks switched
+// off, CUPTI left initialized (its start and finalize cost about 11 ms; kinds merely disabled
+// cost every later CUDA call for some kinds, RUNTIME, DRIVER and SYNCHRONIZATION among them,
+// until finalize, which is why ``api_callbacks`` records the API calls from callbacks);
+// ``flush``: every record so far to the completed queue. Returns the records CUPTI dropped.
+uint64_t cupti_pause(bool captures = true, bool flush = true) {
+  g_push_correlation.store(false);
+  if (g_cupti.api_callbacks || !captures) api_callbacks_on(false, captures);
+  // unflushed, the records wait in CUPTI's buffer for the next flush (a batch boundary): the
+  // next sampled iteration writes on into it rather than paying for a fresh buffer
+  uint64_t dropped = flush ? cupti_flush() : 0;
+  for (auto kind : g_cupti.enabled) {
+    cuptiActivityDisable(kind);
+    if (std::find(g_cupti.paused.begin(), g_cupti.paused.end(), kind) == g_cupti.paused.end())
+      g_cupti.paused.push_back(kind);
+  }
+  g_cupti.enabled.clear();
+  return dropped;
+}
+
+// The next sampled iteration: what ``cupti_pause`` switched off, on again.
+void cupti_resume() {
+  for (auto kind : g_cupti.paused) {
+    check(cuptiActivityEnable(kind), "CUPTI cannot record again");
+    g_cupti.enabled.push_back(kind);
+  }
+  g_cupti.paused.clear();
+  if (g_cupti.api_callbacks) {
+    api_callbacks_on(true);
+  } else if (g_cupti.graphs) {  // paused without the stream captures' callbacks
+    enable_capture_calls();
+  }
+  g_push_correlation.store(pushes_correlation() || g_cupti.correlate);
+}
 
 // A continuous session's batch boundary, between iterations, with CUPTI running: every record
 // so far to the completed queue (cupti_decode takes them); returns the records CUPTI dropped
@@ -1559,9 +1703,13 @@ uint64_t cupti_flush() {
 
 uint64_t cupti_stop() {
   g_push_correlation.store(false);
+  if (g_cupti.api_callbacks) api_callbacks_on(false);
   uint64_t dropped = cupti_flush();
   for (auto kind : g_cupti.enabled) cuptiActivityDisable(kind);
   g_cupti.enabled.clear();
+  g_cupti.paused.clear();
+  g_cupti.correlate = false;
+  g_push_cupti.store(true);
   unsubscribe_graphs();
   return dropped;
 }
@@ -1651,6 +1799,11 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
     std::lock_guard<std::mutex> lock(g_cupti.mutex);
     buffers.swap(g_cupti.completed);
   }
+  std::vector<ApiCall> calls;
+  {
+    std::lock_guard<std::mutex> lock(g_calls_mutex);
+    calls.swap(g_calls);
+  }
   Decoded& d = g_decoded;
   d.buffers += buffers.size();
   auto correlation = [&d](uint32_t id) {
@@ -1658,6 +1811,29 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
     d.correlation_max = std::max(d.correlation_max, unique);
     return unique;
   };
+  auto api_name_code = [&d](bool runtime, uint32_t cbid) {
+    uint64_t key = (uint64_t(runtime) << 32) | cbid;
+    auto found = d.api_names.find(key);
+    if (found != d.api_names.end()) return found->second;
+    std::string text =
+        api_name(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+    int32_t name = d.api_strings(text.c_str());
+    d.api_names.emplace(key, name);
+    return name;
+  };
+  for (const auto& a : calls) {  // recorded by the API callbacks (``api_callbacks``)
+    d.a_kind.push_back(a.runtime ? 0 : 1);
+    d.a_name.push_back(api_name_code(a.runtime, a.cbid));
+    d.a_start.push_back(a.start + offset_ns);
+    d.a_end.push_back(a.end + offset_ns);
+    int64_t unique = correlation(a.correlation);
+    d.a_corr.push_back(unique);
+    d.a_thread.push_back(a.thread);
+    if (a.external != 0) {
+      d.x_corr.push_back(unique);
+      d.x_external.push_back(a.external);
+    }
+  }
   for (auto& done : buffers) {
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(done.buffer, done.valid, &record) == CUPTI_SUCCESS) {
@@ -1725,19 +1901,8 @@ uint64_t cupti_collect(int64_t offset_ns, bool run_ended) {
         case CUPTI_ACTIVITY_KIND_DRIVER: {
           auto* a = reinterpret_cast<CUpti_ActivityAPI*>(record);
           bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
-          uint64_t key = (uint64_t(runtime) << 32) | a->cbid;
-          auto found = d.api_names.find(key);
-          int32_t name;
-          if (found == d.api_names.end()) {
-            std::string text = api_name(
-                runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid);
-            name = d.api_strings(text.c_str());
-            d.api_names.emplace(key, name);
-          } else {
-            name = found->second;
-          }
           d.a_kind.push_back(runtime ? 0 : 1);
-          d.a_name.push_back(name);
+          d.a_name.push_back(api_name_code(runtime, a->cbid));
           d.a_start.push_back(int64_t(a->start) + offset_ns);
           d.a_end.push_back(int64_t(a->end) + offset_ns);
           d.a_corr.push_back(correlation(a->correlationId));
@@ -1905,9 +2070,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     throw py::error_already_set();
   m.attr("RootCall") = py::reinterpret_steal<py::object>(root_call_type);
 #ifdef XSP_WITH_CUPTI
-  m.def("cupti_start", &cupti_start);
+  m.def("cupti_start", &cupti_start, py::arg("kinds"), py::arg("buffer_bytes"),
+        py::arg("pool_buffers"), py::arg("quiet"), py::arg("api_callbacks") = false);
   m.def("cupti_measuring", &cupti_measuring);
   m.def("cupti_stop", &cupti_stop);
+  m.def("cupti_pause", &cupti_pause, py::arg("captures") = true, py::arg("flush") = true);
+  m.def("cupti_resume", &cupti_resume);
   m.def("cupti_step_aside", &cupti_step_aside);
   m.def("cupti_flush", &cupti_flush);
   m.def("cupti_decode", &cupti_decode, py::arg("offset_ns") = 0);

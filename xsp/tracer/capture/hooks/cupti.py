@@ -9,12 +9,16 @@ pushes its record id as CUPTI external correlation id, and CUPTI's EXTERNAL_CORR
 join every API call to its op by id. At the end of the run CUPTI is finalized so that nothing
 stays attached to the process.
 
-A continuous session (a service) runs CUPTI for its sampled iterations only: when its sampling
-policy turns the levels off, the records so far are decoded into native columns and CUPTI is
-finalized (``suspend``; with its kinds only disabled it would stay attached, and every CUDA call
-would pay), and the next sampled iteration starts it again. Each batch boundary hands the
-batch's columns over (``hand_over``); each run of CUPTI's records is put on the Unix epoch's clock
-with the offset measured as that run ended.
+A continuous session (a service) runs CUPTI for its sampled iterations only. Starting CUPTI and
+finalizing it cost about 11 ms, and CUPTI left initialized with its RUNTIME and DRIVER kinds
+disabled costs every CUDA call until it is finalized; so once the session is known to be
+continuous, CUPTI is started with the API calls recorded from its callbacks rather than as
+RUNTIME and DRIVER records (``api_callbacks``), and between sampled iterations it is paused
+(``suspend``): its kinds disabled and the callbacks' domains switched off, a flush, the records
+decoded into native columns, CUPTI left initialized. The next sampled iteration resumes it
+(``XSP_CUPTI_SAMPLING=finalize``: start and finalize each time instead). Each batch boundary
+hands the batch's columns over (``hand_over``); each sampled run of CUPTI's records is put on
+the Unix epoch's clock with the offset measured as that run ended.
 """
 
 from __future__ import annotations
@@ -82,6 +86,18 @@ QUIET_API_CALLS = frozenset(
 #: Buffers allocated before the window; more are allocated if CUPTI asks for them.
 POOL_BUFFERS = 4
 
+#: The activity buffers' size in a continuous session's sampled iterations: each pause flushes
+#: CUPTI's buffer, and the first record after the next resume costs CUPTI a fresh buffer, about
+#: 1 ms for 16 MB on the H100 (``benchmarks/cupti_sampling_cost.py``); a sampled request's
+#: records take far less, and a full buffer only makes CUPTI ask for the next.
+SAMPLED_BUFFER_BYTES = 1 << 20
+
+#: Kinds a continuous session's sampled iterations leave out: once enabled, CUPTI's
+#: SYNCHRONIZATION kind costs every later CUDA call until CUPTI is finalized, disabled or not
+#: (76 µs a batch-1 MLP request on the H100), and CUDA_EVENT's records serve only with it (the
+#: replay's cross-stream edges); enabling CUDA_EVENT costs 0.14 ms a sampled iteration.
+UNSAMPLED_KINDS = frozenset({"SYNCHRONIZATION", "CUDA_EVENT"})
+
 #: What makes cuBLAS, cuBLASLt and cuDNN emit NVTX ranges named after their API calls.
 LIBRARY_NVTX_ENV = {"CUBLAS_NVTX_LEVEL": "1", "CUBLASLT_NVTX_LEVEL": "1", "CUDNN_NVTX_LEVEL": "1"}
 
@@ -128,6 +144,8 @@ class _CuptiSession:
         self._collected = False  # records collected on their own clock offsets (stepped aside)
         self._aside_dropped = 0
         self.resume_error: str | None = None
+        self._pausable = False  # this CUPTI run pauses between sampled iterations (``suspend``)
+        self._paused = False  # CUPTI initialized and paused: the next start resumes it
 
     def _module(self) -> Any:
         if self._native is None:
@@ -149,9 +167,12 @@ class _CuptiSession:
             self._native = native
         return self._native
 
-    def start(self, kinds: tuple[str, ...]) -> None:
+    def start(self, kinds: tuple[str, ...], pausable: bool = False) -> None:
+        """Record ``kinds``. ``pausable``: a continuous session's sampled iterations, between
+        which CUPTI pauses (``suspend``) unless ``XSP_CUPTI_SAMPLING=finalize``."""
         native = self._module()
         if self._users == 0:
+            self._pausable = pausable and config.cupti_sampling() == "pause"
             _check_exclusive()
             self._stopped = self._finalized = False
             if self._batch_dropped is None:  # a run: its records from here
@@ -164,14 +185,30 @@ class _CuptiSession:
             self._aside = program_profiler().listen(CUPTI, self._step_aside, self._come_back)
         self._kinds += [k for k in kinds if k not in self._kinds]
         if not self._aside:
+            if self._users == 0 and self._paused:
+                self._resume()
             self._native_start(kinds)
         self._users += 1
+
+    def _resume(self) -> None:
+        """A sampled iteration of a continuous session whose CUPTI is paused: on again."""
+        self._paused = False
+        try:
+            self._module().cupti_resume()
+        except RuntimeError as exc:
+            raise XspError(f"CUPTI refused to resume: {exc}") from exc
 
     def _native_start(self, kinds: Sequence[str]) -> None:
         native = self._module()
         quiet = [] if config.cupti_all_api() else sorted(QUIET_API_CALLS)
+        # a CUPTI that pauses between sampled iterations records the API calls from callbacks,
+        # whose domains switch off at no cost to the CUDA calls made meanwhile
+        size = self.buffer_bytes
+        if self._pausable:
+            size = min(size, SAMPLED_BUFFER_BYTES)
+            kinds = [k for k in kinds if k not in UNSAMPLED_KINDS]
         try:
-            native.cupti_start(list(kinds), self.buffer_bytes, POOL_BUFFERS, quiet)
+            native.cupti_start(list(kinds), size, POOL_BUFFERS, quiet, api_callbacks=self._pausable)
         except RuntimeError as exc:
             raise XspError(f"CUPTI refused to start: {exc}") from exc
         native.cupti_measuring(True)
@@ -182,6 +219,7 @@ class _CuptiSession:
         native = self._module()
         native.cupti_measuring(False)
         self._offsets.append(_clock_offset(native))
+        self._paused = False
         self._aside_dropped += int(native.cupti_step_aside())
         native.cupti_collect(self.offset_ns, True)
         self._collected, self._aside, self._offsets = True, True, []
@@ -217,7 +255,14 @@ class _CuptiSession:
         offset = _clock_offset(native)  # while CUPTI still runs
         self._offsets = [offset] if self._batch_dropped is not None else [*self._offsets, offset]
         try:
-            self.dropped_records = int(native.cupti_stop()) + self._aside_dropped
+            if self._pausable and self._batch_dropped is not None:
+                # kinds and callbacks off, CUPTI initialized: the next start resumes it; its
+                # records wait in CUPTI's buffer for the batch boundary's flush
+                stopped = int(native.cupti_pause(flush=False))
+                self._paused = True
+            else:
+                stopped = int(native.cupti_stop())
+            self.dropped_records = stopped + self._aside_dropped
         except RuntimeError as exc:
             log.warning("xsp: CUPTI cannot report its dropped records: %s", exc)
             self.dropped_records = None
@@ -233,12 +278,18 @@ class _CuptiSession:
 
     def suspend(self) -> None:
         """After ``stop``, in a continuous session's unsampled iterations: decode what CUPTI
-        buffered into the native columns, on the clock offset measured as it stopped, with
-        correlation ids that the next run's (numbered from 1 again) will not meet, then
-        finalize CUPTI. Kinds merely disabled would leave CUPTI attached, and every CUDA call
-        would pay for it (40-120 µs a batch-1 MLP request on the H200,
-        ``benchmarks/cupti_attach_cost.py``); the next sampled iteration starts it again."""
+        buffered (and the API callbacks recorded) into the native columns, on the clock offset
+        measured as it stopped, and leave CUPTI paused: its kinds and callbacks off, still
+        initialized, so that the next sampled iteration resumes it rather than paying CUPTI's
+        start and finalize again (about 11 ms on the H200). A CUPTI run that recorded API calls
+        as RUNTIME and DRIVER records (started before the session was known to be continuous,
+        or ``XSP_CUPTI_SAMPLING=finalize``) is finalized instead, with its correlation ids
+        numbered on for the next run's (numbered from 1 again): kinds merely disabled would
+        leave CUPTI attached, and every CUDA call would pay for it (40-120 µs a batch-1 MLP
+        request on the H200, ``benchmarks/cupti_attach_cost.py``)."""
         if self._users > 0 or self._finalized or self._native is None:
+            return
+        if self._paused:  # its records wait for the batch boundary (``hand_over``)
             return
         self._native.cupti_collect(self._offsets[-1], True)
         self.release()
@@ -246,13 +297,14 @@ class _CuptiSession:
     def hand_over(self, letter: str) -> _Batch:
         """A continuous session's batch boundary, between iterations: CUPTI's records of the
         batch, decoded into columns on the Unix-epoch clock (flushed here, on the clock offset
-        measured now, if CUPTI runs, which it goes on doing). Levels L and G share one batch:
+        measured now, if CUPTI runs, which it goes on doing, or is paused). Levels L and G
+        share one batch:
         the first of them to hand over (or one handing over again) takes the next."""
         native = self._module()
         batch = self._batch
         if batch is None or letter in batch.taken:
-            offset = 0  # the suspended runs' records are on the epoch's clock already
-            if self._users > 0:
+            offset = 0  # the finalized runs' records are on the epoch's clock already
+            if self._users > 0 or self._paused:  # running, or paused with records unflushed
                 offset = _clock_offset(native)
                 self._batch_dropped = (self._batch_dropped or 0) + int(native.cupti_flush())
             window = (self._window[0], time.time_ns())
@@ -269,6 +321,9 @@ class _CuptiSession:
             return
         self._finalized = True
         try:
+            if self._paused:  # its subscriber released, nothing left to record
+                self._paused = False
+                self._native.cupti_stop()
             self._native.cupti_finalize()
         except RuntimeError as exc:
             log.warning("xsp: CUPTI finalize failed: %s", exc)

@@ -30,9 +30,9 @@ class LibraryLevel:
     """Level L on CUDA: runtime and driver API calls, and cuBLAS/cuDNN calls (NVTX ranges).
 
     In a continuous session CUPTI runs for the sampled iterations only: sampled off, the level
-    stops it (the last level to stop finalizes it, ``suspend``); sampled on, it starts again,
-    as the policy switches it on, or else as the sampled iteration begins (the first one after
-    a batch boundary)."""
+    stops it (the last level to stop pauses it, ``suspend``: kinds and API callbacks off, CUPTI
+    still initialized); sampled on, it resumes, as the policy switches it on, or else as the
+    sampled iteration begins (the first one after a batch boundary)."""
 
     letter = "L"
     kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER", "SYNCHRONIZATION", "CUDA_EVENT")
@@ -111,7 +111,8 @@ class LibraryLevel:
 
     def _start(self) -> None:
         if self._wanted and not self._running:
-            self._session.start(self._kinds)
+            # a continuous session's sampled iterations: CUPTI pauses between them
+            self._session.start(self._kinds, pausable=self._batches)
             self._running = True
 
     def _take(self, batch: Any = None) -> Any:
