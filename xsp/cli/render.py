@@ -155,6 +155,7 @@ def replay_warnings(found: ReplayResult) -> list[str]:
     """Why the replayed step may be off: the F run measured no cost of its own to take off the
     host's times, a check could not run (``unchecked``), or a check did not hold."""
     from xsp.analysis.replay.host_timeline import NO_CALIBRATION
+    from xsp.analysis.replay.m_interval import Position
 
     lines = []
     if NO_CALIBRATION in found.calibration.source:
@@ -172,7 +173,7 @@ def replay_warnings(found: ReplayResult) -> list[str]:
             "within that process, or F's cost per record is not one figure for this workload"
         )
     across = found.m_interval
-    if across is not None and across.interval.processes > 1 and across.position != "inside":
+    if across is not None and across.interval.processes > 1 and across.position != Position.INSIDE:
         interval = across.interval
         lines.append(
             f"the replayed step {across.replayed_ms:.3f} ms is {across.position} M's "

@@ -25,7 +25,14 @@ import numpy as np
 from xsp.analysis.measurement.matching import level_sources
 from xsp.analysis.measurement.store import MeasurementStore, texts
 from xsp.analysis.measurement.untraced import INTERLEAVED, Untraced, untraced_steps
-from xsp.analysis.replay.m_interval import COVERAGE, RESAMPLES, SEED, MInterval, MIntervalJson
+from xsp.analysis.replay.m_interval import (
+    COVERAGE,
+    RESAMPLES,
+    SEED,
+    MInterval,
+    MIntervalJson,
+    Position,
+)
 from xsp.core import schema
 
 #: The in-process check holds when the replay is within this share of the untraced steps.
@@ -120,7 +127,7 @@ class AcrossProcessesCheck:
 
     interval: MInterval
     replayed_ms: float
-    position: str  # "inside", "above" or "below" the interval
+    position: Position
 
     def as_dict(self) -> AcrossProcessesJson:
         return {

@@ -14,6 +14,7 @@ iterations alone, which cannot tell the host's variance from the tracer's overhe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TypedDict
 
 import numpy as np
@@ -48,6 +49,14 @@ class MIntervalJson(TypedDict):
     coverage: float
 
 
+class Position(StrEnum):
+    """Where a step lies against M's interval (a ``str``: JSON and the lines hold the word)."""
+
+    INSIDE = "inside"
+    ABOVE = "above"
+    BELOW = "below"
+
+
 @dataclass(frozen=True)
 class MInterval:
     """M's median step over its processes' steady steps and the interval of that median."""
@@ -70,11 +79,11 @@ class MInterval:
     def contains(self, ms: float) -> bool:
         return self.low_ms <= ms <= self.high_ms
 
-    def position(self, ms: float) -> str:
-        """Where ``ms`` lies: "inside", "above" or "below" the interval."""
+    def position(self, ms: float) -> Position:
+        """Where ``ms`` lies against the interval."""
         if ms > self.high_ms:
-            return "above"
-        return "below" if ms < self.low_ms else "inside"
+            return Position.ABOVE
+        return Position.BELOW if ms < self.low_ms else Position.INSIDE
 
     def as_dict(self) -> MIntervalJson:
         return {

@@ -3,13 +3,14 @@ run, spans per iteration, the slowest layers, and where the measurement's time w
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from xsp.analysis.measurement.store import MeasurementStore
-from xsp.analysis.replay.m_interval import MInterval, m_interval, process_steps
+from xsp.analysis.replay.m_interval import MInterval, Position, m_interval, process_steps
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 from xsp.core.columns import arrow, rows_table
 from xsp.core.store import Manifest, ManifestRun
@@ -97,11 +98,28 @@ def _over_processes(store: MeasurementStore, interval: MInterval) -> dict[str, A
     }
 
 
-def _placed(interval: MInterval, median: float | None) -> str | None:
-    """A run's median step against M's interval: "noise" inside, "added" above, "below M"."""
+class Overhead(StrEnum):
+    """A deeper run's step against M's (a ``str``: tables, JSON and the summary hold the word)."""
+
+    NOISE = "noise"  # within the spread: not overhead
+    ADDED = "added"
+    FASTER = "faster"  # faster beyond the spread of one process each
+    BELOW_M = "below M"  # below M's interval across processes
+
+
+#: A run's median step against M's interval, by where it lies.
+_PLACED = {
+    Position.INSIDE: Overhead.NOISE,
+    Position.ABOVE: Overhead.ADDED,
+    Position.BELOW: Overhead.BELOW_M,
+}
+
+
+def _placed(interval: MInterval, median: float | None) -> Overhead | None:
+    """A run's median step against M's interval: noise inside, added above, below M under."""
     if median is None:
         return None
-    return {"inside": "noise", "above": "added", "below": "below M"}[interval.position(median)]
+    return _PLACED[interval.position(median)]
 
 
 #: level_sets' columns (``rows_table``: ``from_pylist`` would import pandas, a third of
@@ -151,8 +169,8 @@ def top_layers(store: MeasurementStore, limit: int = 5) -> pa.Table:
     )
 
 
-def _verdict(first: dict, row: dict) -> str | None:
-    """ "added", "noise" or "faster" for a run's mean step against the first run's."""
+def _verdict(first: dict, row: dict) -> Overhead | None:
+    """A run's mean step against the first run's (``overhead_verdict``)."""
 
     if first.get("step_mean_ms") is None or row.get("step_mean_ms") is None:
         return None
@@ -245,11 +263,11 @@ def own_time_line(manifest: Manifest) -> str | None:
     )
 
 
-def overhead_verdict(mean: float, stderr: float) -> str:
+def overhead_verdict(mean: float, stderr: float) -> Overhead:
     """ "noise" within twice the standard error of zero (run-to-run spread, not overhead);
     "added" above it; "faster" below it: the deeper run was faster beyond its spread, which
     one process each cannot explain (the host's speed differs between processes by up to ±25%
     on the lent GPU hosts: ``xsp.analysis.replay.m_interval`` measures M across several)."""
     if abs(mean) <= 2 * stderr:
-        return "noise"
-    return "added" if mean > 0 else "faster"
+        return Overhead.NOISE
+    return Overhead.ADDED if mean > 0 else Overhead.FASTER
