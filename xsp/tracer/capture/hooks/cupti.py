@@ -24,7 +24,7 @@ import os
 import time
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from xsp.core.records import (
     Interned,
     RangeRecords,
 )
+from xsp.core.run_sections import CuptiCounts
 from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
 from xsp.tracer.capture.hooks.cupti_decoded import DecodedCupti, ExternalIds, MarkerColumns
 
@@ -282,7 +283,7 @@ class _CuptiSession:
             self.graph_error, self.bad_records, self.buffer_counts = _decoded_counts(counts)
         return self._decoded
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> CuptiCounts:
         """What CUPTI lost: records it dropped (its buffers were full) and records xsp could not
         decode; both make the kernel and API counts of the run inexact. Goes into run.json."""
         return _losses(self.dropped_records, self.bad_records, self.buffer_counts, self.graph_error)
@@ -402,7 +403,7 @@ class _Batch:
         self.window = window  # when the batch began and was handed over (Unix-epoch ns)
         self.taken: set[str] = set()  # the levels that handed it over
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> CuptiCounts:
         graph_error, bad, buffers = _decoded_counts(self.decoded["counts"])
         return _losses(self.dropped, bad, buffers, graph_error)
 
@@ -421,14 +422,18 @@ def _decoded_counts(counts: Any) -> tuple[str | None, int, dict[str, int]]:
 
 def _losses(
     dropped: int | None, bad: int, buffers: dict[str, int], graph_error: str | None
-) -> dict[str, Any]:
-    return {
-        "dropped_records": dropped,
-        "undecodable_records": bad,
-        "undecodable_by_kind": {"unknown kind": bad} if bad else {},
-        **buffers,
-        **({"graph_nodes_unrecorded": graph_error} if graph_error else {}),
-    }
+) -> CuptiCounts:
+    # the buffer counts are the native decode's: CuptiCounts' buffer and record keys
+    return cast(
+        CuptiCounts,
+        {
+            "dropped_records": dropped,
+            "undecodable_records": bad,
+            "undecodable_by_kind": {"unknown kind": bad} if bad else {},
+            **buffers,
+            **({"graph_nodes_unrecorded": graph_error} if graph_error else {}),
+        },
+    )
 
 
 def _np(data: Any, dtype: Any) -> np.ndarray:
