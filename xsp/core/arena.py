@@ -12,7 +12,7 @@ import json
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from xsp.core.records import (
     ModuleInfo,
     StepRecords,
 )
+from xsp.core.run_sections import ArenaCounts
 
 MAGIC = b"XSPARENA"
 VERSION = 1
@@ -96,7 +97,7 @@ class ArenaContents:
     record_id: np.ndarray
     rf_to_os: dict[int, int]  # RecordFunction thread id -> OS thread id
     strings: list[str]
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: ArenaCounts = field(default_factory=lambda: ArenaCounts())
     open_threads: dict[int, int] = field(default_factory=dict)  # thread -> records not closed
 
     def of_kind(self, kind: int) -> np.ndarray:
@@ -154,7 +155,7 @@ def _parse(handle: BinaryIO, path: Path) -> ArenaContents:
     record_id = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     still_open = _open(records["kind"], records["end_ns"])
     closed = (records["kind"] != 0) & ~still_open
-    counts = {
+    counts: ArenaCounts = {
         "dropped_records": int(head["dropped_records"]),
         "dropped_strings": int(head["dropped_strings"]),
         "callback_errors": int(head["callback_errors"]),
@@ -256,8 +257,7 @@ def framework_records(arena: ArenaContents) -> FrameworkRecords:
     infos = arena.of_kind(KIND_MODULE_INFO)
     table: dict[int, ModuleInfo] = {}
     for row in infos.tolist():
-        fields: dict[str, Any] = json.loads(strings[rec["name"][row]])
-        table[int(rec["seq_nr"][row])] = ModuleInfo(**fields)
+        table[int(rec["seq_nr"][row])] = ModuleInfo(**json.loads(strings[rec["name"][row]]))
     if sorted(table) != list(range(len(table))):
         raise StoreError("the capture arena's module table has gaps")
     out.modules = [table[i] for i in range(len(table))]

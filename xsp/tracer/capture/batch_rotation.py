@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from xsp.core.arena import pending_arena_name
+from xsp.core.run_sections import ArenaCounts, RunCounts
 from xsp.tracer.capture.level_stack import LevelStack
 from xsp.tracer.capture.levels import Level, LevelContext
 from xsp.tracer.capture.run_errors import RunErrors
@@ -56,7 +56,7 @@ class BatchRotation:
         self.missing.extend(self._stack.restart(stopped))
         self.started = time.monotonic()
 
-    def finish(self, failures: dict[int, str], counts: dict[str, Any], losses: Losses) -> Totals:
+    def finish(self, failures: dict[int, str], counts: RunCounts, losses: Losses) -> Totals:
         """A continuous session's end: its last batch, then every batch stored."""
         stopped, drains = self._stack.hand_over(losses)
         self._submit(drains, Losses(), failures)
@@ -81,7 +81,7 @@ class BatchRotation:
         self._submitted += 1
         arena = self._context.arena if self._context._arena else None
         pending: Path | None = None
-        arena_counts: dict[str, Any] = {}
+        arena_counts: ArenaCounts = {}
         if arena is not None:
             run_dir = self._output.identity.run_dir
             where = run_dir / pending_arena_name(part) if run_dir is not None else None

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from xsp.core.arena import KIND_MODULE, KIND_OP, KIND_RANGE
+from xsp.core.run_sections import CalibrationProbe, CalibrationResult
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class _Probe:
     def cost(self) -> float:
         return max(0.0, statistics.median(self.differences))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CalibrationProbe:
         off = statistics.median(self.offs)
         return {
             "off_ns": round(off, 1),
@@ -125,7 +126,7 @@ class Calibration:
     def __init__(self) -> None:
         self._device = torch.device("cpu")
         self._probes: dict[str, _Probe] = {}
-        self.result: dict[str, Any] | None = None
+        self.result: CalibrationResult | None = None
 
     def _build(self) -> None:
         self._device = device = _program_device()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from xsp.core.run_sections import ContinuousMeta
 from xsp.core.store import Status
 from xsp.tracer.capture.batch_rotation import BatchRotation, signals_held
 from xsp.tracer.capture.hooks.context import OTEL_TRACE
@@ -173,15 +174,12 @@ class Continuous:
 
     def _stored_so_far(self, totals: Totals) -> None:
         """run.json while a continuous session runs: what its batches stored so far."""
-        self._run_json.write(
-            Status.RUNNING,
-            measured=totals.iterations,
-            **totals.counts(),
-            **self.meta(),
-            **self._output.otlp_sent(),
-        )
+        counts = totals.counts()
+        counts.update(self.meta())
+        counts.update(self._output.otlp_sent())
+        self._run_json.write(Status.RUNNING, measured=totals.iterations, counts=counts)
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> ContinuousMeta:
         """run.json's description of a continuous session (none for a fixed one)."""
         if not self._schedule.continuous:
             return {}

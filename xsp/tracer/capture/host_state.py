@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+
+from xsp.core.run_sections import HostState
 
 
 def _last_cpu() -> int | None:
@@ -45,22 +46,24 @@ def _cpu_mhz(cpu: int) -> float | None:
     return None
 
 
-def _switches() -> dict[str, int]:
-    found: dict[str, int] = {}
+def _switches() -> HostState:
+    found: HostState = {}
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    key, value = line.split(":")
-                    found[key] = int(value)
+                key, _, value = line.partition(":")
+                if key == "voluntary_ctxt_switches":
+                    found["voluntary_ctxt_switches"] = int(value)
+                elif key == "nonvoluntary_ctxt_switches":
+                    found["nonvoluntary_ctxt_switches"] = int(value)
     except (OSError, ValueError):
         pass
     return found
 
 
-def host_state() -> dict[str, Any]:
+def host_state() -> HostState:
     """The process's core, its allowed cores, the core's clock, the load, its switches."""
-    state: dict[str, Any] = {}
+    state: HostState = {}
     cpu = _last_cpu()
     if cpu is not None:
         state["cpu"] = cpu

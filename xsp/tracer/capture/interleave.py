@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xsp.core.levelset import LevelSet
+from xsp.core.run_sections import InterleaveEntry, InterleaveReport
 
 #: How ``run.json`` names the record of the pairs.
 RUN_KEY = "interleaved"
@@ -94,7 +95,7 @@ class Interleave:
         """A switch of the levels, off or on, that began at ``began_ns`` (perf_counter)."""
         self._switched_ns.append(time.perf_counter_ns() - began_ns)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> InterleaveReport:
         """``run.json``'s record of the pairs."""
         pairs = sum(
             1
@@ -110,10 +111,10 @@ class Interleave:
         }
 
 
-def run_entry(active: Interleave | None, skipped: str | None) -> dict[str, Any]:
+def run_entry(active: Interleave | None, skipped: str | None) -> InterleaveEntry:
     """run.json's entry: the interleaved iterations' report, or why there were none."""
     if active is not None:
-        return {RUN_KEY: active.report()}
+        return {"interleaved": active.report()}  # RUN_KEY
     if skipped is not None:
-        return {RUN_KEY: {"skipped": skipped}}
+        return {"interleaved": {"skipped": skipped}}  # RUN_KEY
     return {}

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.capture.levels import Level, LevelContext, build_levels, level_environment
 from xsp.tracer.capture.levels.protocols import (
     CountsLosses,
@@ -137,8 +138,8 @@ class LevelStack:
             [lv for lv in self._levels if lv in handed_over and isinstance(lv, HandsOver)],
         )
 
-    def drain(self, stopped: list[Level], counts: dict[str, Any], losses: Losses) -> dict[str, Any]:
-        """Each stopped level's records, by letter, and its loss counts into ``counts``. Drains
+    def drain(self, stopped: list[Level], counts: RunCounts, losses: Losses) -> dict[str, Any]:
+        """Each stopped level's records, by letter (open: the letters that drained), and its loss counts into ``counts``. Drains
         run once every level has stopped (see ``xsp.tracer.capture.levels``)."""
 
         def failed(message: str) -> None:
@@ -163,7 +164,7 @@ class LevelStack:
             if not isinstance(level, HandsOver):
                 if self.stop(losses, [level]):
                     stopped.append(level)
-                    counts: dict[str, Any] = {}
+                    counts: RunCounts = {}
                     raw = self.drain([level], counts, losses)
                     if level.letter in raw:
                         drains[level.letter] = _drained(raw[level.letter], counts)
@@ -181,18 +182,18 @@ class LevelStack:
         losses.missing.append(message)
         log.exception("xsp: level %s failed to stop", level.letter)
 
-    def _loss_counts(self, level: Level) -> dict[str, Any]:
+    def _loss_counts(self, level: Level) -> RunCounts:
         """A level's own loss counts (CUPTI's dropped and undecodable records), if it has any."""
         if not isinstance(level, CountsLosses):
             return {}
         try:
-            return dict(level.counts())
+            return level.counts().copy()
         except Exception as exc:
             self._errors.add(f"level {level.letter} could not count its losses: {exc}")
             return {}
 
 
-def _drained(records: Any, counts: dict[str, Any]) -> BatchDrain:
+def _drained(records: Any, counts: RunCounts) -> BatchDrain:
     """The drain of a level drained already."""
     return lambda contents: (records, counts)
 

@@ -8,13 +8,13 @@ what each kept into the run's counts.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
 from xsp.core import schema
 from xsp.core.levelset import LevelSet
 from xsp.core.records import MonitorSamples
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.capture.calibrate import Calibration
 from xsp.tracer.capture.level_stack import LevelStack
 from xsp.tracer.capture.levels import LevelContext
@@ -87,18 +87,18 @@ class Recorders:
         record.mark("enabled")
         record.note_host("measuring")
 
-    def calibration_counts(self) -> dict[str, Any]:
+    def calibration_counts(self) -> RunCounts:
         """The run's counts, begun with the calibration's result (if it priced level F)."""
         if self._calibration is not None and self._calibration.result is not None:
             return {"calibration": self._calibration.result}
         return {}
 
-    def end_provenance(self, counts: dict[str, Any]) -> None:
+    def end_provenance(self, counts: RunCounts) -> None:
         """Inductor's provenance is no longer recorded: its counts go into ``counts``."""
         counts.update(self._context.provenance.counts())
         self._context.uninstall_provenance()
 
-    def stop_monitor(self, counts: dict[str, Any]) -> MonitorSamples | None:
+    def stop_monitor(self, counts: RunCounts) -> MonitorSamples | None:
         """Stop NVML sampling; keep the samples beside the spans and count them."""
         samples = self._monitor.stop() if self._monitor is not None else None
         if samples is not None:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from xsp.core import schema
+from xsp.core.run_sections import RunCounts
 from xsp.core.store import Status
 from xsp.tracer.capture import interleave
 from xsp.tracer.capture.markers import IterationMarkers
@@ -48,16 +49,23 @@ class RunJson:
         self._interleave_skipped = interleave_skipped
 
     def write(
-        self, status: Status, error: str | None = None, measured: int = 0, **extra: Any
+        self,
+        status: Status,
+        error: str | None = None,
+        measured: int = 0,
+        reasons: list[str] | None = None,
+        counts: RunCounts | None = None,
     ) -> dict[str, Any]:
-        """Write run.json as it stands (``extra`` last); returns it."""
-        return self._output.write_meta(lambda: self._meta(status, error, measured, extra))
+        """Write run.json as it stands (``status_reasons``, then ``counts`` last); returns it."""
+        return self._output.write_meta(
+            lambda: self._meta(status, error, measured, reasons, counts or {})
+        )
 
     def finished(
         self,
         error: str | None,
         interrupted: bool,
-        counts: dict[str, Any],
+        counts: RunCounts,
         losses: Losses,
         stored: int | None = None,
     ) -> dict[str, Any]:
@@ -91,14 +99,20 @@ class RunJson:
             run_status(error, interrupted, losses),
             error=error,
             measured=measured,
-            status_reasons=list(dict.fromkeys(reasons)),
-            **counts,
+            reasons=list(dict.fromkeys(reasons)),
+            counts=counts,
         )
 
     def _meta(
-        self, status: Status, error: str | None, measured: int, extra: dict[str, Any]
+        self,
+        status: Status,
+        error: str | None,
+        measured: int,
+        reasons: list[str] | None,
+        counts: RunCounts,
     ) -> dict[str, Any]:
-        """run.json as it stands."""
+        """run.json as it stands (its keys in the order the file has them; ``RunMeta`` reads
+        it back)."""
         run, record, schedule = self._output.identity, self._record, self._schedule
         return {
             "format": schema.STORE_FORMAT,
@@ -126,5 +140,6 @@ class RunJson:
             "files": self._output.files(),
             **({"program": dict(record.program)} if record.program is not None else {}),
             **({"rank": run.rank, "world_size": run.world_size} if run.rank is not None else {}),
-            **extra,
+            **({"status_reasons": reasons} if reasons is not None else {}),
+            **counts,
         }

@@ -24,6 +24,7 @@ import torch
 from xsp.core import schema, store
 from xsp.core.levelset import LevelSet
 from xsp.core.records import MonitorSamples
+from xsp.core.run_sections import RunCounts
 from xsp.core.store import RunMeta, Status
 from xsp.tracer.capture.levels import LevelContext
 from xsp.tracer.capture.run_errors import RunErrors
@@ -117,11 +118,11 @@ class RunOutput:
 
     def store(
         self,
-        raw: dict[str, Any],
+        raw: dict[str, Any],  # open: each level's records, by letter
         samples: MonitorSamples | None,
         failures: dict[int, str],
         context: LevelContext,
-        counts: dict[str, Any],
+        counts: RunCounts,
         losses: Losses,
     ) -> tuple[int | None, Path | None]:
         """Convert the records and export them (``xsp.tracer.export.finish``; ``counts``: the
@@ -145,19 +146,19 @@ class RunOutput:
         self._errors.extend(stored.errors)
         return stored.converted_ns, None
 
-    def shut_down(self, counts: dict[str, Any], losses: Losses) -> None:
+    def shut_down(self, counts: RunCounts, losses: Losses) -> None:
         """Flush and close the sinks; a failed store leaves no spans stored."""
         errors, store_failed = self.finish.shut_down(losses)
         self._errors.extend(errors)
         if store_failed:
             counts["spans"] = 0
 
-    def otlp_sent(self) -> dict[str, Any]:
-        sent = [getattr(s, "spans_sent", None) for s in self.sink.sinks]
-        sent = [n for n in sent if n is not None]
+    def otlp_sent(self) -> RunCounts:
+        maybe = [getattr(s, "spans_sent", None) for s in self.sink.sinks]
+        sent: list[int] = [n for n in maybe if n is not None]
         return {"otlp_spans_sent": sum(sent)} if sent else {}
 
-    def monitor_counts(self, samples: MonitorSamples, counts: dict[str, Any]) -> None:
+    def monitor_counts(self, samples: MonitorSamples, counts: RunCounts) -> None:
         """Count the NVML samples into ``counts`` and keep them beside the spans."""
         counts["monitor"] = {
             "samples": len(samples.time_ns),

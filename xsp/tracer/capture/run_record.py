@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from xsp.core.run_sections import HostState
+from xsp.core.store import ProgramEnd
 from xsp.tracer.capture.host_state import host_state
 
 __all__ = ["RunRecord"]
@@ -26,7 +27,7 @@ class RunRecord:
     #: the switch-on's parts, in milliseconds (calibration, monitor, each level)
     switch_on_ms: dict[str, float] = field(default_factory=dict)
     #: where the process ran as it began and ended measuring (``host_state``)
-    host: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host: dict[str, HostState] = field(default_factory=dict)  # by moment
     #: measured index -> why that iteration failed
     failures: dict[int, str] = field(default_factory=dict)
     #: why the levels came on before their iteration (a CUDA graph capture), if they did
@@ -35,7 +36,7 @@ class RunRecord:
     level_failure: str | None = None
     #: how the traced program ended (``exit_code``, ``exception``, ``interrupted``; the leveled
     #: runner adds ``signal`` for a killed process)
-    program: dict[str, Any] | None = None
+    program: ProgramEnd | None = None
 
     def mark(self, phase: str) -> int:
         """``phase`` begins now; returns now (ns)."""

@@ -32,7 +32,7 @@ from typing import Any
 from xsp.core.devices import resolve_device
 from xsp.core.errors import ConfigError, XspError
 from xsp.core.levelset import LevelSet, continuous_counters
-from xsp.core.store import Status
+from xsp.core.store import ProgramEnd, Status
 from xsp.tracer.capture import graphs, interleave
 from xsp.tracer.capture.continuous import Continuous, Lessee
 from xsp.tracer.capture.level_stack import build_stack
@@ -268,13 +268,13 @@ class Session:
         self.result: dict[str, Any] | None = None
 
     @property
-    def program(self) -> dict[str, Any] | None:
+    def program(self) -> ProgramEnd | None:
         """How the traced program ended, written into run.json (``exit_code``, ``exception``,
         ``interrupted``; the leveled runner adds ``signal`` for a killed process)."""
         return self._record.program
 
     @program.setter
-    def program(self, program: dict[str, Any] | None) -> None:
+    def program(self, program: ProgramEnd | None) -> None:
         self._record.program = program
 
     def _set_up_interleave(self) -> None:

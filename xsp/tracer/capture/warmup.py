@@ -11,9 +11,10 @@ steps it took (``warmup``), their times and whether they settled.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
+
+from xsp.core.run_sections import WarmupReport
 
 #: Steps whose spread decides, the spread allowed ((max - min) / median), and the bounds.
 WINDOW = 4
@@ -74,7 +75,7 @@ class WarmupClock:
         spent = (time.perf_counter_ns() - self._first) / 1e9 if self._first else 0.0
         return len(self.steps_ns) < MAX_STEPS and spent < MAX_SECONDS
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> WarmupReport:
         """``run.json``'s warm-up fields."""
         return {
             "warmup_minimum": self._minimum,

@@ -29,6 +29,7 @@ from typing import Any
 
 from xsp.core.arena import ArenaContents, read_arena
 from xsp.core.errors import StoreError
+from xsp.core.run_sections import ArenaCounts, RunCounts
 from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.export.finish import LevelDrain, Losses, RunFinish, drain_levels
 
@@ -40,7 +41,7 @@ QUEUE_BATCHES = 2
 
 #: A level's drain of one batch (``handover``): its records, and its loss counts, from the
 #: batch's arena contents.
-BatchDrain = Callable[[ArenaContents], tuple[Any, dict[str, Any]]]
+BatchDrain = Callable[[ArenaContents], tuple[Any, RunCounts]]
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Batch:
     drains: dict[str, BatchDrain]
     failures: dict[int, str] = field(default_factory=dict)
     pending_arena: Path | None = None
-    arena_counts: dict[str, Any] = field(default_factory=dict)
+    arena_counts: ArenaCounts = field(default_factory=lambda: ArenaCounts())
 
 
 @dataclass
@@ -71,8 +72,8 @@ class Totals:
     missing: list[str] = field(default_factory=list)  # what batches lost at capture, one line each
     errors: list[str] = field(default_factory=list)
 
-    def counts(self) -> dict[str, Any]:
-        counts: dict[str, Any] = {
+    def counts(self) -> RunCounts:
+        counts: RunCounts = {
             "spans": self.spans,
             "spans_by_level": dict(self.spans_by_level),
             "events_outside_iterations": self.events_outside_iterations,
@@ -121,9 +122,10 @@ class BatchExporter:
                 self.totals.errors.append(f"batch {batch.part}: {type(exc).__name__}: {exc}")
                 log.exception("xsp: storing batch %s failed", batch.part)
 
-    def _drain(self, batch: Batch) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _drain(self, batch: Batch) -> tuple[dict[str, Any], RunCounts]:
         """Each level's records of ``batch``, read from its arena, and their loss counts; a
-        level that fails to drain goes into ``missing``."""
+        level that fails to drain goes into ``missing``. The records are by level letter
+        (open: the letters that drained), each its own level's."""
         totals = self.totals
         contents = ArenaContents.empty()
         if batch.pending_arena is not None:
@@ -134,7 +136,7 @@ class BatchExporter:
             totals.errors.append(message)
             totals.missing.append(message)
 
-        counts: dict[str, Any] = {}
+        counts: RunCounts = {}
         drains = _level_drains(batch, contents)
         return drain_levels(drains, counts, failed, f" batch {batch.part}"), counts
 
@@ -205,11 +207,11 @@ class BatchExporter:
 def _level_drains(batch: Batch, contents: ArenaContents) -> Iterator[LevelDrain]:
     """Each level's drain of ``batch``: its records and loss counts come in one call."""
     for letter, drain in batch.drains.items():
-        counts: dict[str, Any] = {}  # a level that fails to drain counts nothing
+        counts: RunCounts = {}  # a level that fails to drain counts nothing
         yield LevelDrain(letter, functools.partial(_drain, drain, contents, counts), counts.copy)
 
 
-def _drain(drain: BatchDrain, contents: ArenaContents, counts: dict[str, Any]) -> Any:
+def _drain(drain: BatchDrain, contents: ArenaContents, counts: RunCounts) -> Any:
     """One level's records of a batch; its loss counts go into ``counts``."""
     records, level_counts = drain(contents)
     counts.update(level_counts)

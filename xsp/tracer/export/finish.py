@@ -32,6 +32,7 @@ import pyarrow as pa
 from xsp.core import store
 from xsp.core.levelset import LevelSet
 from xsp.core.records import MonitorSamples
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.convert.memory import memory_table
 from xsp.tracer.convert.spans import ROOT_LEVEL, build_table
 from xsp.tracer.convert.table import ConversionReport
@@ -91,10 +92,10 @@ class Stored:
     memory_events: int | None = None  # None: no level F records, so no memory events to keep
     errors: list[str] = field(default_factory=list)  # what was lost without costing the spans
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """The conversion's counts, as ``run.json`` keeps them."""
         report = self.report
-        counts: dict[str, Any] = {
+        counts: RunCounts = {
             "spans": report.spans,
             "spans_by_level": report.counts_by_level,
             "events_outside_iterations": report.events_outside_iterations,
@@ -117,7 +118,7 @@ class Stored:
         return counts
 
 
-def capture_losses(counts: Mapping[str, Any]) -> list[str]:
+def capture_losses(counts: RunCounts) -> list[str]:
     """One status reason per kind of record the capture lost, from the levels' own counts
     (``Level.counts()``: ``ranges_left_open``, ``arena``, ``cupti``, ``program_profiler``)."""
     lost = []
@@ -231,18 +232,19 @@ class LevelDrain:
 
     letter: str
     records: Callable[[], Any]
-    loss_counts: Callable[[], Mapping[str, Any]]
+    loss_counts: Callable[[], RunCounts]
 
 
 def drain_levels(
     drains: Iterable[LevelDrain],
-    counts: dict[str, Any],
+    counts: RunCounts,
     failed: Callable[[str], None],
     where: str = "",
 ) -> dict[str, Any]:
     """Each level's records, by letter, and its loss counts into ``counts``. A level that fails
     to drain is told to ``failed`` (one line) and the others drain on; ``where`` names the
     batch in the log."""
+    # open: by the letters of the levels that drained, each its own level's records
     records: dict[str, Any] = {}
     for drain in drains:
         try:
@@ -267,7 +269,7 @@ class RunFinish:
     def store(
         self,
         records: Mapping[str, Any],
-        counts: Mapping[str, Any],
+        counts: RunCounts,
         losses: Losses,
         *,
         failures: dict[int, str] | None = None,

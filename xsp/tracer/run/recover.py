@@ -198,8 +198,9 @@ def _convert_arena(
             f"{contents.counts['open_records']} records still open when it died were left out"
         )
     got.reasons.extend(losses.missing)  # what the capture lost
-    for key, value in contents.counts.items():
-        got.counts[key] = got.counts.get(key, 0) + int(value)
+    for key, value in contents.counts.items():  # a read arena's counts are all numbers
+        if isinstance(value, int):
+            got.counts[key] = got.counts.get(key, 0) + value
     got.errors.extend(stored.errors)
 
 

@@ -13,12 +13,12 @@ import os
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
 from xsp.core import config
 from xsp.core.arena import ARENA_FILE, ArenaContents, read_arena
+from xsp.core.run_sections import ArenaCounts
 
 
 class CaptureArena:
@@ -47,7 +47,7 @@ class CaptureArena:
         if self._contents is None and not self._opened:
             self._contents = ArenaContents.empty()
         if self._contents is None:
-            counts = dict(self.native.arena_counts()) if self._open else {}
+            counts: ArenaCounts = self.native.arena_counts() if self._open else {}
             self.close()
             self._contents = read_arena(self.path)
             self._contents.counts.update(counts)
@@ -65,14 +65,14 @@ class CaptureArena:
             self._open = False
             self.native.arena_close()
 
-    def rotate(self, pending: Path | None) -> tuple[Path | None, dict[str, Any]]:
+    def rotate(self, pending: Path | None) -> tuple[Path | None, ArenaCounts]:
         """Recycle the arena between two batches of a continuous session, once the levels have
         stopped writing it: its file moves aside to ``pending`` (kept until that batch is
         stored, so that a crash before then loses none of it; a temporary arena's stays where
         it is, for the exporter to read and remove) and the next ``open`` starts an empty one.
         Returns where the file went (None when it was never written) and the native counts
         that the file does not hold (``read_arena`` reads the rest)."""
-        counts = dict(self.native.arena_counts()) if self._open else {}
+        counts: ArenaCounts = self.native.arena_counts() if self._open else {}
         self.close()
         moved = None
         if self._opened and self.path.exists():

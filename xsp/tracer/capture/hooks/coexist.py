@@ -34,6 +34,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from xsp.core.run_sections import ProgramProfilerSummary
+
 log = logging.getLogger(__name__)
 
 #: The part of xsp that steps aside: F's memory events, L's and G's CUPTI records.
@@ -117,7 +119,7 @@ class ProgramProfiler:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._installed = False
-        self._originals: dict[str, Any] = {}
+        self._originals: dict[str, Any] = {}  # open: torch.profiler's attributes replaced, by name
         self._listeners: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
         self._aside: set[str] = set()
         self._activities: list[str] = []
@@ -260,7 +262,7 @@ class ProgramProfiler:
         if aside or part in self._aside or asides != self._asides[part]:
             self.iterations[part].add(index)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ProgramProfilerSummary:
         """run.json's ``program_profiler``: {} when the program ran none while xsp recorded.
         Its line goes to stderr here when no spans are missing (else it is a status reason)."""
         if not self._holds:
@@ -271,10 +273,11 @@ class ProgramProfiler:
         if line is not None and not spans_missing and not self._said:
             self._said = True
             log.warning("xsp: %s", line)
-        out: dict[str, Any] = {"starts": self._holds, "activities": self._activities}
-        for part, indices in self.iterations.items():
-            if indices:
-                out[f"{part}_iterations"] = sorted(indices)
+        out: ProgramProfilerSummary = {"starts": self._holds, "activities": self._activities}
+        if memory := self.iterations[MEMORY]:
+            out["memory_iterations"] = sorted(memory)
+        if cupti := self.iterations[CUPTI]:
+            out["cupti_iterations"] = sorted(cupti)
         if line is not None:
             out["line"] = line
             out["spans_missing"] = spans_missing

@@ -28,7 +28,7 @@ import os
 import time
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from xsp.core.records import (
     Interned,
     RangeRecords,
 )
+from xsp.core.run_sections import CuptiCounts
 from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
 from xsp.tracer.capture.hooks.cupti_decoded import DecodedCupti, ExternalIds, MarkerColumns
 
@@ -337,7 +338,7 @@ class _CuptiSession:
             self.graph_error, self.bad_records, self.buffer_counts = _decoded_counts(counts)
         return self._decoded
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> CuptiCounts:
         """What CUPTI lost: records it dropped (its buffers were full) and records xsp could not
         decode; both make the kernel and API counts of the run inexact. Goes into run.json."""
         return _losses(self.dropped_records, self.bad_records, self.buffer_counts, self.graph_error)
@@ -457,7 +458,7 @@ class _Batch:
         self.window = window  # when the batch began and was handed over (Unix-epoch ns)
         self.taken: set[str] = set()  # the levels that handed it over
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> CuptiCounts:
         graph_error, bad, buffers = _decoded_counts(self.decoded["counts"])
         return _losses(self.dropped, bad, buffers, graph_error)
 
@@ -476,14 +477,18 @@ def _decoded_counts(counts: Any) -> tuple[str | None, int, dict[str, int]]:
 
 def _losses(
     dropped: int | None, bad: int, buffers: dict[str, int], graph_error: str | None
-) -> dict[str, Any]:
-    return {
-        "dropped_records": dropped,
-        "undecodable_records": bad,
-        "undecodable_by_kind": {"unknown kind": bad} if bad else {},
-        **buffers,
-        **({"graph_nodes_unrecorded": graph_error} if graph_error else {}),
-    }
+) -> CuptiCounts:
+    # the buffer counts are the native decode's: CuptiCounts' buffer and record keys
+    return cast(
+        CuptiCounts,
+        {
+            "dropped_records": dropped,
+            "undecodable_records": bad,
+            "undecodable_by_kind": {"unknown kind": bad} if bad else {},
+            **buffers,
+            **({"graph_nodes_unrecorded": graph_error} if graph_error else {}),
+        },
+    )
 
 
 def _np(data: Any, dtype: Any) -> np.ndarray:

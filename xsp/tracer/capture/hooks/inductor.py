@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from xsp.core.records import ExternGraph
+from xsp.core.run_sections import RunCounts
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class KernelProvenance:
             for graph in self.extern_graphs
         ]
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """For run.json: the graphs inductor compiled and saved to its cache with their
         provenance, and those it loaded from there; none when nothing was compiled."""
         if not (self.saved or self.loaded):

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from xsp.core.records import STEP_RANGE_PREFIX
+from xsp.core.run_sections import RunCounts
 
 if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
@@ -89,7 +90,7 @@ class CounterLevel:
     def drain(self) -> None:
         return None
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """What run.json keeps of this level: the iterations it labelled, the peaks it measured
         (FLOP/s per roof, DRAM bytes/s) and any calibration failure."""
         return {

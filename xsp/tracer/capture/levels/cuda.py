@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
 from xsp.tracer.capture.hooks.cupti import cupti_session
 
@@ -90,7 +91,7 @@ class LibraryLevel:
 
         failures, self.start_failures = self.start_failures, 0
 
-        def drain(contents: ArenaContents) -> tuple[Any, dict[str, Any]]:
+        def drain(contents: ArenaContents) -> tuple[Any, RunCounts]:
             return self._take(batch), {"cupti": {**batch.counts(), "start_failures": failures}}
 
         return drain
@@ -123,10 +124,10 @@ class LibraryLevel:
         self._session.release()
         return records
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """CUPTI's losses for run.json (the session asks every level that has ``counts``), and
         what the program's torch.profiler kept from it (``xsp.tracer.capture.hooks.coexist``)."""
-        counts: dict[str, Any] = {"cupti": self._session.counts()}
+        counts: RunCounts = {"cupti": self._session.counts()}
         if program := program_profiler().summary():
             counts["program_profiler"] = program
         if self._session.resume_error:

@@ -49,6 +49,7 @@ from xsp.core.records import (
     FrameworkRecords,
     loader_range_name,
 )
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.capture.hooks.arena import CaptureArena
 from xsp.tracer.capture.hooks.coexist import MEMORY, program_profiler
 from xsp.tracer.capture.hooks.inductor import KernelProvenance
@@ -217,7 +218,7 @@ class FrameworkLevel:
         provenance = self._provenance.snapshot()
         stopped_on = self._stopped_on
 
-        def drain(contents: ArenaContents) -> tuple[FrameworkRecords, dict[str, Any]]:
+        def drain(contents: ArenaContents) -> tuple[FrameworkRecords, RunCounts]:
             records = framework_records(contents)
             records.kernel_sources = provenance.sources(known)
             records.extern_calls = provenance.extern_calls(known)
@@ -239,11 +240,11 @@ class FrameworkLevel:
         except StoreError as exc:  # the arena being written is not readable: stop waiting
             log.debug("framework level: cannot look for open ranges: %s", exc)
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """Ranges other threads still had open when the levels stopped (run.json): their
         records are left out. The stopping thread's own (a range around the whole loop) are not
         counted: they enclose the run's end."""
-        counts: dict[str, Any] = {
+        counts: RunCounts = {
             "ranges_left_open": _left_open(self._arena.contents(), self._stopped_on)
         }
         if program := program_profiler().summary():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from xsp.core.arena import ArenaContents, step_records
 from xsp.core.records import StepRecords
+from xsp.core.run_sections import RunCounts
 from xsp.tracer.capture.hooks.arena import CaptureArena
 from xsp.tracer.capture.hooks.context import OTEL_TRACE, SpanRef, application_span
 
@@ -71,10 +72,10 @@ class ModelLevel:
         batch's iterations, run later on the exporter's thread, with their application spans."""
         parents, self._app_parents = self._app_parents, {}
 
-        def drain(contents: ArenaContents) -> tuple[StepRecords, dict[str, Any]]:
+        def drain(contents: ArenaContents) -> tuple[StepRecords, RunCounts]:
             records = step_records(contents)
             records.app_parents = parents
-            return records, {"arena": dict(contents.counts)}
+            return records, {"arena": contents.counts.copy()}
 
         return drain
 
@@ -82,9 +83,9 @@ class ModelLevel:
         records, _ = self.handover()(self._arena.contents())
         return records
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> RunCounts:
         """What the arena could not hold (merged into run.json)."""
-        return {"arena": dict(self._arena.contents().counts)}
+        return {"arena": self._arena.contents().counts.copy()}
 
 
 def _synchronizer(device: str):  # type: ignore[no-untyped-def]

@@ -8,10 +8,10 @@ once (``xsp.tracer.capture.level_stack``), not on a service's per-request path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from xsp.core.run_sections import RunCounts
     from xsp.tracer.export.batches import BatchDrain
 
 __all__ = ["CountsLosses", "HandsOver", "Priced", "Sampled", "StepTimer", "SwitchedPerIteration"]
@@ -37,7 +37,7 @@ class HandsOver(Protocol):
 class CountsLosses(Protocol):
     """Says after its drain what it lost (CUPTI's dropped records): merged into run.json."""
 
-    def counts(self) -> Mapping[str, Any]: ...
+    def counts(self) -> RunCounts: ...
 
 
 @runtime_checkable
