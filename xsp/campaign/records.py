@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class CounterSummary(TypedDict, total=False):
-    """A15 of a job with a counter run (``summary.COUNTER_FIELDS``), and the roofs it was set
+    """A15 of a job with a counter run (what ``summary._counters`` keeps), and the roofs it was set
     against (for the campaign's cross-model roofline)."""
 
     work_gflop: float | None
