@@ -11,13 +11,14 @@ result's median step, and no verdict ("untested": a median alone says nothing of
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
 
 from xsp.analysis import diff as diffs
 from xsp.analysis.samples import step_samples
+from xsp.campaign.records import JobRecord
 from xsp.campaign.store import CampaignStore
 
 #: What a job row says where one campaign lacks the job or its result is not ok.
@@ -40,24 +41,41 @@ def _step_samples(run_dir: Path) -> np.ndarray | None:
         return None
 
 
-def _step_ms(record: dict[str, Any] | None) -> float | None:
+def _step_ms(record: JobRecord | None) -> float | None:
     if record is None or record.get("status") != "ok":
         return None
     return (record.get("summary") or {}).get("latency_ms")
 
 
-def _job_row(job: str, before: CampaignStore, after: CampaignStore, records: Any) -> dict:
+class JobRow(TypedDict):
+    """One job of ``campaign_diff``: its step before and after, the change and the verdict."""
+
+    job: str
+    before_ms: float | None
+    after_ms: float | None
+    change_ms: float | None
+    change_pct: float | None
+    verdict: str
+    samples: str
+
+
+def _job_row(
+    job: str,
+    before: CampaignStore,
+    after: CampaignStore,
+    records: tuple[JobRecord | None, JobRecord | None],
+) -> JobRow:
     b_record, a_record = records
     b_ms, a_ms = _step_ms(b_record), _step_ms(a_record)
-    row: dict[str, Any] = {
-        "job": job,
-        "before_ms": b_ms,
-        "after_ms": a_ms,
-        "change_ms": None,
-        "change_pct": None,
-        "verdict": diffs.UNTESTED,
-        "samples": "medians",
-    }
+    row = JobRow(
+        job=job,
+        before_ms=b_ms,
+        after_ms=a_ms,
+        change_ms=None,
+        change_pct=None,
+        verdict=diffs.UNTESTED,
+        samples="medians",
+    )
     if b_ms is None or a_ms is None:
         row["verdict"] = MISSING
         return row
@@ -66,12 +84,9 @@ def _job_row(job: str, before: CampaignStore, after: CampaignStore, records: Any
     if b_steps is not None and a_steps is not None and len(b_steps) and len(a_steps):
         b_ms, a_ms = float(np.median(b_steps)) / 1e6, float(np.median(a_steps)) / 1e6
         interval = diffs.bootstrap_interval(b_steps / 1e6, a_steps / 1e6)
-        row.update(
-            before_ms=b_ms,
-            after_ms=a_ms,
-            verdict=diffs.verdict(interval, "ms"),
-            samples="steps",
-        )
+        row["before_ms"], row["after_ms"] = b_ms, a_ms
+        row["verdict"] = diffs.verdict(interval, "ms")
+        row["samples"] = "steps"
     row["change_ms"] = a_ms - b_ms
     row["change_pct"] = 100.0 * (a_ms - b_ms) / b_ms if b_ms else None
     return row

@@ -13,13 +13,22 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from xsp.campaign.jobs import run_job, switched_on
-from xsp.campaign.spec import CampaignSpec, Job
+from xsp.campaign.records import JobRecord
+from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
 
-OnDone = Callable[[dict[str, Any]], None]
+OnDone = Callable[[JobRecord], None]
+
+
+class JobArguments(TypedDict):
+    """A ``Job`` as a Ray worker gets it."""
+
+    model: str
+    mode: str
+    batch_size: int
 
 
 def gpu_count() -> int:
@@ -55,7 +64,7 @@ def run_local(
     pending: queue.SimpleQueue[Job] = queue.SimpleQueue()
     for job in jobs:
         pending.put(job)
-    results: queue.SimpleQueue[dict[str, Any] | BaseException] = queue.SimpleQueue()
+    results: queue.SimpleQueue[JobRecord | BaseException] = queue.SimpleQueue()
 
     from xsp.tracer.run.interrupt import INTERRUPT, INTERRUPT_GRACE_S
 
@@ -115,7 +124,7 @@ class _Chain:
         job: Job,
         out: Path,
         gpu: int | None,
-        results: queue.SimpleQueue[dict[str, Any] | BaseException],
+        results: queue.SimpleQueue[JobRecord | BaseException],
     ) -> None:
         try:
             results.put(run_job(spec, job, out, gpu, self.after, self.measured.set))
@@ -126,9 +135,7 @@ class _Chain:
             self.measured.set()
 
 
-def _remote_job(
-    spec_dict: dict[str, Any], job_dict: dict[str, Any]
-) -> tuple[dict[str, Any], bytes]:
+def _remote_job(spec_dict: CampaignRecord, job_dict: JobArguments) -> tuple[JobRecord, bytes]:
     """Runs on a Ray worker: the job into a scratch directory, returned as (result, tar.gz)."""
     from xsp.campaign.spec import from_record
 
@@ -167,7 +174,9 @@ def run_ray(
         remote = ray.remote(num_gpus=gpus, num_cpus=1, max_retries=0)(_remote_job)
         spec_dict = spec.to_dict()
         pending = {
-            remote.remote(spec_dict, {"model": j.model, "mode": j.mode, "batch_size": j.batch_size})
+            remote.remote(
+                spec_dict, JobArguments(model=j.model, mode=j.mode, batch_size=j.batch_size)
+            )
             for j in jobs
         }
         while pending:

@@ -29,8 +29,9 @@ zoo filters are resolved here, which is why reading a file needs the zoo and a s
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from xsp.campaign.spec import DEFAULT_TIMEOUT_S, CampaignSpec
 from xsp.core.errors import ConfigError
@@ -52,8 +53,18 @@ def load(path: Path) -> CampaignSpec:
         raise ConfigError(f"{path}: {exc}") from exc
 
 
-def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignSpec:
-    section = dict(data.get("campaign", {}))
+#: A campaign file's table, or the file itself: open keys, what the user wrote (each key is
+#: checked where it is read, unknown ones refused).
+Table = Mapping[str, object]
+
+
+def _table(data: Table, key: str) -> dict[str, object]:
+    """The table ``key`` of ``data`` (TOML: a table), empty when absent."""
+    return dict(cast(Table, data.get(key, {})))
+
+
+def from_dict(data: Table, default_name: str = "campaign") -> CampaignSpec:
+    section = _table(data, "campaign")
     unknown = set(section) - {
         "name",
         "device",
@@ -66,7 +77,7 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
     }
     if unknown:
         raise ConfigError(f"unknown [campaign] keys {sorted(unknown)}")
-    models = _models(data.get("models", {}))
+    models = _models(cast(Table, data.get("models", {})))
     try:
         level_sets = [LevelSet(s) for s in _strings(section, "level_sets", ["M", "MF"])]
     except ValueError as exc:
@@ -94,33 +105,33 @@ def from_dict(data: dict[str, Any], default_name: str = "campaign") -> CampaignS
     )
     if spec.iterations < 1 or spec.warmup < 0 or spec.timeout_s <= 0:
         raise ConfigError("iterations must be >= 1, warmup >= 0 and timeout_s > 0")
-    _counters(dict(data.get("counters", {})), spec)
+    _counters(_table(data, "counters"), spec)
     return spec
 
 
 # -- typed values: TOML has types; a string where a number belongs is refused, not converted ----
-def _integer(section: dict[str, Any], key: str, default: int) -> int:
+def _integer(section: Table, key: str, default: int) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"bad {key} {value!r}: give an integer")
     return value
 
 
-def _number(section: dict[str, Any], key: str, default: float) -> float:
+def _number(section: Table, key: str, default: float) -> float:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"bad {key} {value!r}: give a number")
     return float(value)
 
 
-def _string(section: dict[str, Any], key: str, default: str) -> str:
+def _string(section: Table, key: str, default: str) -> str:
     value = section.get(key, default)
     if not isinstance(value, str):
         raise ConfigError(f"bad {key} {value!r}: give a string")
     return value
 
 
-def _integers(section: dict[str, Any], key: str, default: list[int]) -> list[int]:
+def _integers(section: Table, key: str, default: list[int]) -> list[int]:
     """A list of integers, each once, in file order."""
     values = section.get(key, default)
     if not isinstance(values, list) or any(
@@ -130,7 +141,7 @@ def _integers(section: dict[str, Any], key: str, default: list[int]) -> list[int
     return list(dict.fromkeys(values))
 
 
-def _strings(section: dict[str, Any], key: str, default: list[str]) -> list[str]:
+def _strings(section: Table, key: str, default: list[str]) -> list[str]:
     """A list of strings, each once, in file order."""
     values = section.get(key, default)
     if not isinstance(values, list) or any(not isinstance(v, str) for v in values):
@@ -138,7 +149,7 @@ def _strings(section: dict[str, Any], key: str, default: list[str]) -> list[str]
     return list(dict.fromkeys(values))
 
 
-def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
+def _counters(section: Table, spec: CampaignSpec) -> None:
     """The optional [counters] table onto ``spec``."""
     unknown = set(section) - {"batch_sizes", "models", "iterations"}
     if unknown:
@@ -153,11 +164,11 @@ def _counters(section: dict[str, Any], spec: CampaignSpec) -> None:
         raise ConfigError("[counters] iterations and batch_sizes must be positive")
 
 
-def _models(section: dict[str, Any]) -> list[str]:
+def _models(section: Table) -> list[str]:
     """Model names in file order, then the zoo filters' matches; duplicates dropped. Names are
     kept even when the zoo does not know them: the job records that failure and moves on."""
     names = _strings(section, "names", [])
-    for selector in section.get("select", []):
+    for selector in cast(Iterable[object], section.get("select", [])):  # entries checked here
         if not isinstance(selector, dict) or set(selector) - {"source", "pattern", "task"}:
             raise ConfigError(f"bad models.select entry {selector!r}: keys source, pattern, task")
         entries = zoo_names.list_models(selector.get("source"), selector.get("pattern"))

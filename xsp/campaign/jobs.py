@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING
 
+from xsp.campaign.records import JobRecord, RunRecord
 from xsp.campaign.spec import CampaignSpec, Job
 from xsp.core.errors import DeviceError, WorkloadError, XspError
 
 if TYPE_CHECKING:
-    from xsp.core.store import ManifestRun, ProgramEnd, Status
+    from xsp.core.store import ManifestRun
     from xsp.tracer.run.runner import LeveledResult
 
 #: Reason classes of the errors xsp raises before a job runs anything (first match wins).
@@ -106,7 +107,7 @@ def run_job(
     gpu: int | None = None,
     after: Callable[[], None] | None = None,
     on_measured: Callable[[], None] | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Run ``job`` into ``out``; return its result record (status, reason, wall time, summary).
 
     ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES); ``after`` and ``on_measured`` chain it
@@ -118,14 +119,14 @@ def run_job(
     from xsp.tracer.spec import ProfileSpec
 
     started = time.time()
-    record: dict[str, Any] = {
-        "job": job.id,
-        "model": job.model,
-        "mode": job.mode,
-        "batch_size": job.batch_size,
-        "gpu": gpu,
-        "started": started,
-    }
+    record = JobRecord(
+        job=job.id,
+        model=job.model,
+        mode=job.mode,
+        batch_size=job.batch_size,
+        gpu=gpu,
+        started=started,
+    )
     profile = ProfileSpec(
         iterations=spec.iterations,
         warmup=spec.warmup,
@@ -155,7 +156,9 @@ def run_job(
         )
         result = run_leveled(leveled, after=after, on_measured=on_measured)
     except XspError as exc:  # refused before anything ran: an unknown model, a bad device
-        record.update(status="failed", reason=classify_error(exc), error=str(exc), wall_s=0.0)
+        record.update(
+            JobRecord(status="failed", reason=classify_error(exc), error=str(exc), wall_s=0.0)
+        )
         return record
     record["wall_s"] = time.time() - started
     record.update(_runs_record(result))
@@ -165,33 +168,22 @@ def run_job(
     try:
         from xsp.campaign.summary import summarize
 
-        record.update(status="ok", reason=None, error=None, summary=summarize(out))
+        record.update(JobRecord(status="ok", reason=None, error=None, summary=summarize(out)))
     except Exception as exc:  # a run we cannot read is a failed job, not a crashed campaign
-        record.update(status="failed", reason="unreadable", error=f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+        record.update(JobRecord(status="failed", reason="unreadable", error=error))
     return record
 
 
-def _runs_record(result: LeveledResult) -> dict[str, Any]:
+def _runs_record(result: LeveledResult) -> JobRecord:
     """What a job's record says of each level set's run: its seconds, status and reasons."""
-    record: dict[str, Any] = {
-        "seconds_by_level_set": {run.levels: run.seconds for run in result.runs},
-        "runs": [_run_record(run) for run in result.runs],
-    }
+    record = JobRecord(
+        seconds_by_level_set={run.levels: run.seconds for run in result.runs},
+        runs=[_run_record(run) for run in result.runs],
+    )
     if result.skipped:
         record["skipped"] = list(result.skipped)
     return record
-
-
-class RunRecord(TypedDict, total=False):
-    """A level set's run as a job's record keeps it: its manifest entry's status and reasons,
-    how its program ended, CUPTI's counts, and ``counters`` only where it has them."""
-
-    levels: str | None
-    status: Status | None
-    status_reasons: list[str] | None
-    program: ProgramEnd | None
-    cupti: Mapping[str, Any] | None
-    counters: Mapping[str, Any]
 
 
 def _run_record(run: ManifestRun) -> RunRecord:
@@ -208,7 +200,7 @@ def _run_record(run: ManifestRun) -> RunRecord:
     return record
 
 
-def _failure_record(result: LeveledResult, out: Path) -> dict[str, str]:
+def _failure_record(result: LeveledResult, out: Path) -> JobRecord:
     """The status, reason and error of a job that did not run through, read from its result
     and, for a plain failure, its stderr logs."""
     error = result.failure or "failed"
@@ -223,4 +215,4 @@ def _failure_record(result: LeveledResult, out: Path) -> dict[str, str]:
         status, reason = "partial", "partial"
     else:
         status, reason = "failed", classify_output(f"{error}\n{logs}")
-    return {"status": status, "reason": reason, "error": error[-500:]}
+    return JobRecord(status=status, reason=reason, error=error[-500:])

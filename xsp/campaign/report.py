@@ -20,12 +20,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from xsp.analysis.figures.present import short_kernel
 from xsp.campaign import compare
 from xsp.campaign.compare import Record, optimal_batches
 from xsp.campaign.names import family_order
+from xsp.campaign.records import JobRecord
 from xsp.campaign.store import CampaignStore
 from xsp.campaign.summary import COMPUTE_BOUND_BUSY_PCT
 
@@ -119,7 +120,7 @@ document.querySelectorAll('input[data-filter]').forEach(input => input.addEventL
 """
 
 
-def write_run_reports(store: CampaignStore, results: list[dict[str, Any]], workers: int) -> None:
+def write_run_reports(store: CampaignStore, results: list[JobRecord], workers: int) -> None:
     """Each successful job's own ``xsp analyze --report``, made once (kept across reruns)."""
     todo = [
         store.runs_dir / r["job"]
@@ -527,9 +528,11 @@ def _findings_section(results: list[Record], store: CampaignStore, out: Path) ->
 def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = True) -> int:
     """Write the report; return the number of jobs it covers."""
     spec = store.spec()
-    results = store.results()
+    records = store.results()
     if run_reports:
-        write_run_reports(store, results, os.cpu_count() or 1)
+        write_run_reports(store, records, os.cpu_count() or 1)
+    # the comparisons read a record's summary by key name (``compare.Record``)
+    results = cast("list[Record]", records)
     rows = compare.per_model(results)
     batches = compare.batch_sizes(results)
     modes = len({r["mode"] for r in results})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TypedDict, cast
 
 from xsp.core.levelset import LevelSet
 
@@ -28,6 +28,23 @@ class Job:
         """A file-name-safe id: ``torchvision-resnet18__infer__b1``."""
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.model)
         return f"{name}__{self.mode}__b{self.batch_size}"
+
+
+class CampaignRecord(TypedDict, total=False):
+    """A ``CampaignSpec`` as JSON (``DIR/campaign.json``, a Ray job's argument): its fields."""
+
+    name: str
+    models: list[str]
+    batch_sizes: list[int]
+    modes: list[str]
+    level_sets: list[str]
+    iterations: int
+    warmup: int
+    device: str
+    timeout_s: float
+    counter_batch_sizes: list[int]
+    counter_models: list[str]
+    counter_iterations: int
 
 
 @dataclass
@@ -72,12 +89,12 @@ class CampaignSpec:
             for batch in sorted(self.batch_sizes)
         ]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CampaignRecord:
+        return cast(CampaignRecord, asdict(self))
 
 
-def from_record(data: dict[str, Any]) -> CampaignSpec:
+def from_record(data: CampaignRecord) -> CampaignSpec:
     """The spec back from ``CampaignSpec.to_dict`` (as a campaign directory stores it; it was
     checked when its file was read)."""
     known = {f.name for f in fields(CampaignSpec)}
-    return CampaignSpec(**{k: v for k, v in data.items() if k in known})
+    return CampaignSpec(**cast(CampaignRecord, {k: v for k, v in data.items() if k in known}))

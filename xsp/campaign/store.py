@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import duckdb
 import pyarrow as pa
 
-from xsp.campaign.spec import CampaignSpec, Job, from_record
+from xsp.campaign.records import JobRecord
+from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job, from_record
 from xsp.campaign.summary import shares_text
 from xsp.core import schema
 from xsp.core import store as run_store
@@ -56,24 +57,24 @@ class CampaignStore:
         path = self.root / SPEC_FILE
         if not path.exists():
             raise StoreError(f"{self.root}: not a campaign directory (no {SPEC_FILE})")
-        return from_record(run_store.read_json(path))
+        return from_record(cast(CampaignRecord, run_store.read_json(path)))
 
-    def result(self, job: Job) -> dict[str, Any] | None:
+    def result(self, job: Job) -> JobRecord | None:
         path = self.jobs_dir / f"{job.id}.json"
-        return run_store.read_json(path) if path.exists() else None
+        return _job_record(path) if path.exists() else None
 
     def pending(self, jobs: list[Job]) -> list[Job]:
         """Jobs without a successful result: never run, interrupted, or failed (retried)."""
         return [j for j in jobs if (r := self.result(j)) is None or r.get("status") != "ok"]
 
-    def save(self, record: dict[str, Any]) -> None:
+    def save(self, record: JobRecord) -> None:
         run_store.write_json_atomic(self.jobs_dir / f"{record['job']}.json", record)
 
     def run_dir(self, job: Job) -> Path:
         return self.runs_dir / job.id
 
-    def results(self) -> list[dict[str, Any]]:
-        return [run_store.read_json(p) for p in sorted(self.jobs_dir.glob("*.json"))]
+    def results(self) -> list[JobRecord]:
+        return [_job_record(p) for p in sorted(self.jobs_dir.glob("*.json"))]
 
     # -- SQL -------------------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
@@ -106,6 +107,11 @@ class CampaignStore:
         return con
 
 
+def _job_record(path: Path) -> JobRecord:
+    """A job's result file, as ``jobs.run_job`` wrote it."""
+    return cast(JobRecord, run_store.read_json(path))
+
+
 #: The ``jobs`` table's columns that are there even before any job has a result or a summary.
 JOB_COLUMNS = (
     "job",
@@ -133,7 +139,11 @@ _JOB_TYPES = {
 }
 
 
-def _jobs_table(rows: list[dict[str, Any]]) -> pa.Table:
+#: A job result as one flat row: open keys, whatever a summary holds (``_flatten``).
+FlatRow = dict[str, object]
+
+
+def _jobs_table(rows: list[FlatRow]) -> pa.Table:
     """One row per job result: the documented columns first and always (so a query runs when
     no job got that far), then every other key a result has; a column no row fills is text."""
     columns = list(dict.fromkeys([*JOB_COLUMNS, *(k for row in rows for k in row)]))
@@ -149,9 +159,9 @@ def _jobs_table(rows: list[dict[str, Any]]) -> pa.Table:
     return table
 
 
-def _flatten(record: dict[str, Any]) -> dict[str, Any]:
+def _flatten(record: JobRecord) -> FlatRow:
     """A job result as one flat row (summary keys become columns; lists become text)."""
-    row = {k: v for k, v in record.items() if k != "summary"}
+    row: FlatRow = {k: v for k, v in record.items() if k != "summary"}
     for key, value in (record.get("summary") or {}).items():
         if isinstance(value, dict):
             for inner, item in value.items():  # nested tables (a counter run's roofs) as JSON

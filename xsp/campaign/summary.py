@@ -8,13 +8,14 @@ from typing import Any
 
 from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.suggestions.rules import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
+from xsp.campaign.records import CounterSummary, JobRecord, JobSummary
 
 #: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the
 #: launch-bound rule's share, with short kernels, it waits on launches (analysis.suggestions).
 COMPUTE_BOUND_BUSY_PCT = 80.0
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
+def summarize(run_dir: Path) -> JobSummary:
     from xsp.analysis.suggestions.rules import suggest
     from xsp.analysis.tables import kernels, layers
     from xsp.analysis.tables.monitor import monitor_summary
@@ -29,11 +30,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     shallowest = min(step_ms, key=len) if step_ms else None
     batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)
     latency = step_ms.get(shallowest) if shallowest else None
-    out: dict[str, Any] = {
-        "step_ms": step_ms,
-        "latency_ms": latency,
-        "throughput_per_s": batch / (latency / 1e3) if latency else None,
-    }
+    out = JobSummary(
+        step_ms=step_ms,
+        latency_ms=latency,
+        throughput_per_s=batch / (latency / 1e3) if latency else None,
+    )
     types = layers.layer_types(store).to_pylist()
     out["top_layer_types"] = [
         [r["module_type"], round(r["share_pct"], 1)] for r in types[:3] if r["share_pct"]
@@ -69,7 +70,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def job_line(record: dict[str, Any], finished: int, total: int, elapsed_s: float) -> str:
+def job_line(record: JobRecord, finished: int, total: int, elapsed_s: float) -> str:
     """One finished job in a campaign's log, for example ``[12/105 41 s] timm-x__infer__b1
     ok 3.4 s: M 1.0 s, MF 1.7 s, MFLG 1.1 s``: its wall time and each level-set process's."""
     processes = ", ".join(
@@ -85,28 +86,7 @@ def job_line(record: dict[str, Any], finished: int, total: int, elapsed_s: float
     )
 
 
-#: What a job summary keeps of A15 (the model's aggregate from the counter run).
-COUNTER_FIELDS = (
-    "work_gflop",
-    "fp32_gflop",
-    "tf32_gflop",
-    "bf16_gflop",
-    "fp16_gflop",
-    "tensor_share_pct",
-    "dram_read_bytes",
-    "dram_write_bytes",
-    "arithmetic_intensity_flop_per_byte",
-    "achieved_gflop_per_s",
-    "attainable_gflop_per_s",
-    "of_attainable_pct",
-    "kernel_ms",
-    "precision",
-    "roof",
-    "bound",
-)
-
-
-def _counters(store: MeasurementStore) -> dict[str, Any] | None:
+def _counters(store: MeasurementStore) -> CounterSummary | None:
     """A15 of a job with a counter run, and the roofs it was set against (for the campaign's
     cross-model roofline)."""
     from xsp.analysis.tables import counters
@@ -115,13 +95,29 @@ def _counters(store: MeasurementStore) -> dict[str, Any] | None:
     if not rows:
         return None
     peaks = counters.store_peaks(store)
-    return {
-        **{k: rows[0].get(k) for k in COUNTER_FIELDS},
-        "device": peaks.device,
-        "peaks": dict(peaks.values),
-        "peak_sources": dict(peaks.sources),
-        "peaks_measured": dict(peaks.measured),
-    }
+    found = rows[0]
+    return CounterSummary(  # what a job summary keeps of A15, then the roofs
+        work_gflop=found.get("work_gflop"),
+        fp32_gflop=found.get("fp32_gflop"),
+        tf32_gflop=found.get("tf32_gflop"),
+        bf16_gflop=found.get("bf16_gflop"),
+        fp16_gflop=found.get("fp16_gflop"),
+        tensor_share_pct=found.get("tensor_share_pct"),
+        dram_read_bytes=found.get("dram_read_bytes"),
+        dram_write_bytes=found.get("dram_write_bytes"),
+        arithmetic_intensity_flop_per_byte=found.get("arithmetic_intensity_flop_per_byte"),
+        achieved_gflop_per_s=found.get("achieved_gflop_per_s"),
+        attainable_gflop_per_s=found.get("attainable_gflop_per_s"),
+        of_attainable_pct=found.get("of_attainable_pct"),
+        kernel_ms=found.get("kernel_ms"),
+        precision=found.get("precision"),
+        roof=found.get("roof"),
+        bound=found.get("bound"),
+        device=peaks.device,
+        peaks=dict(peaks.values),
+        peak_sources=dict(peaks.sources),
+        peaks_measured=dict(peaks.measured),
+    )
 
 
 def _bound(busy_pct: float | None, median_kernel_us: float | None) -> str | None:

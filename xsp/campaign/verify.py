@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from xsp.campaign.paired import paired_gain
 from xsp.core import store
@@ -38,6 +38,7 @@ from xsp.core.errors import StoreError, XspError
 from xsp.core.levelset import LevelSet
 from xsp.core.store import RunMeta
 from xsp.tracer.spec import ProfileSpec
+from xsp.tracer.workloads.numerics import Comparison
 
 DEFAULT_ROUNDS = 3
 VERIFY_DIR = "verify"
@@ -70,6 +71,102 @@ GAIN_METHOD = (
 VerifyProgress = Callable[[str, str, int, int], None]
 
 
+class Suggestion(TypedDict):
+    """A row of ``xsp.analysis.suggestions.rules.suggest``."""
+
+    rule: str
+    advice: str
+    evidence: str
+    gain_ms_per_iteration: float | None
+    share_pct: float | None
+    estimate: str
+
+
+class Row(TypedDict):
+    """A suggestion's row (``ROW_KEYS``): its estimate, what was measured, and its status."""
+
+    rule: str
+    predicted_gain_ms_per_iteration: float | None
+    measured_gain_ms_per_iteration: float | None
+    measured_gain_ci_ms: list[float] | None
+    measured_gain_pct: float | None
+    numerics_change: bool
+    rounds: int
+    status: str
+    evidence: str | None
+
+
+class MeasuredRun(TypedDict):
+    """One measurement of the workload (``_Run.record``): where, its steps, its error."""
+
+    path: str
+    iterations: int
+    step_mean_ms: float | None
+    step_median_ms: float | None
+    error: str | None
+
+
+class RoundRun(MeasuredRun):
+    """A paired round's run: its round and side (base or fixed)."""
+
+    round: int
+    side: str
+
+
+class RuleAfterFix(TypedDict, total=False):
+    """What the rule finds after the fix: whether it fires, its evidence, or why not known."""
+
+    fires: bool | None
+    error: str
+    evidence: str
+    gain_ms_per_iteration: float | None
+
+
+class MechanismRun(MeasuredRun, total=False):
+    """The fixed workload's run at the original's deepest level set, and the rule there."""
+
+    levels: str
+    rule_after_fix: RuleAfterFix
+
+
+class RoundComparison(Comparison, total=False):
+    """A round's fixed output against its base output, with the round's number."""
+
+    round: int
+
+
+class NumericsChange(TypedDict):
+    """The fixed output against the base's, each round's and the largest distances."""
+
+    what: str
+    relative_l2: float | None
+    max_abs: float | None
+    rounds: list[RoundComparison]
+
+
+class RuleDetails(TypedDict):
+    """A rule's entry of verify.json's ``details``: the suggestion, the runs, what changed."""
+
+    fix: str | None
+    advice: str
+    suggestion_evidence: str
+    estimate: str
+    runs: list[RoundRun]
+    numerics: NumericsChange | None
+    mechanism: MechanismRun | None
+
+
+class VerifyDocument(TypedDict):
+    """verify.json, and what ``xsp verify --json`` prints."""
+
+    measurement: str
+    rounds: int
+    gain_method: str
+    interrupted: bool
+    rows: list[Row]
+    details: dict[str, RuleDetails]
+
+
 @dataclass(frozen=True)
 class Original:
     """The measurement to verify, as its manifest says it was made."""
@@ -91,30 +188,30 @@ class Original:
 class RuleResult:
     """One suggestion's verification: its row, and its runs for verify.json."""
 
-    row: dict[str, Any]
+    row: Row
     fix: str | None
     advice: str
     suggestion_evidence: str
     estimate: str
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    mechanism: dict[str, Any] | None = None
+    runs: list[RoundRun] = field(default_factory=list)
+    mechanism: MechanismRun | None = None
     #: the fixed output against the base's, on the same inputs (``_numerics``)
-    numerics: dict[str, Any] | None = None
+    numerics: NumericsChange | None = None
 
     @property
     def failed(self) -> bool:
         return str(self.row["status"]).startswith("failed")
 
-    def record(self) -> dict[str, Any]:
-        return {
-            "fix": self.fix,
-            "advice": self.advice,
-            "suggestion_evidence": self.suggestion_evidence,
-            "estimate": self.estimate,
-            "runs": self.runs,
-            "numerics": self.numerics,
-            "mechanism": self.mechanism,
-        }
+    def record(self) -> RuleDetails:
+        return RuleDetails(
+            fix=self.fix,
+            advice=self.advice,
+            suggestion_evidence=self.suggestion_evidence,
+            estimate=self.estimate,
+            runs=self.runs,
+            numerics=self.numerics,
+            mechanism=self.mechanism,
+        )
 
 
 @dataclass
@@ -125,19 +222,19 @@ class Verification:
     interrupted: bool = False
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[Row]:
         return [r.row for r in self.results]
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> VerifyDocument:
         """verify.json, and what ``xsp verify --json`` prints."""
-        return {
-            "measurement": str(self.root),
-            "rounds": self.rounds,
-            "gain_method": GAIN_METHOD,
-            "interrupted": self.interrupted,
-            "rows": self.rows,
-            "details": {r.row["rule"]: r.record() for r in self.results},
-        }
+        return VerifyDocument(
+            measurement=str(self.root),
+            rounds=self.rounds,
+            gain_method=GAIN_METHOD,
+            interrupted=self.interrupted,
+            rows=self.rows,
+            details={r.row["rule"]: r.record() for r in self.results},
+        )
 
     def write(self) -> Path:
         path = self.root / VERIFY_DIR / RESULT_FILE
@@ -199,14 +296,14 @@ def check_rerun(original: Original, fixes: Sequence[str]) -> None:
         raise XspError(f"cannot re-run the workload of {original.root}: {exc}") from exc
 
 
-def suggestions(root: Path) -> list[dict[str, Any]]:
+def suggestions(root: Path) -> list[Suggestion]:
     """The measurement's suggestions (rows of ``xsp.analysis.suggestions.rules.suggest``)."""
     from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.suggestions.rules import suggest
 
     measurement = MeasurementStore(root)
     measurement.require_spans()
-    return list(suggest(measurement).to_pylist())
+    return cast(list[Suggestion], suggest(measurement).to_pylist())
 
 
 @dataclass(frozen=True)
@@ -215,7 +312,7 @@ class Plan:
     the rounds."""
 
     original: Original
-    suggestions: list[dict[str, Any]]
+    suggestions: list[Suggestion]
     rounds: int
 
 
@@ -303,25 +400,23 @@ def _estimate_note(rule: str) -> str | None:
     return found.estimate_note if found is not None else None
 
 
-def _row(suggestion: dict[str, Any], status: str, fix: str | None, **measured: Any) -> dict:
+def _row(suggestion: Suggestion, status: str, fix: str | None) -> Row:
     from xsp.tracer.workloads.fixes import FIXES
 
-    row = {
-        "rule": suggestion["rule"],
-        "predicted_gain_ms_per_iteration": suggestion["gain_ms_per_iteration"],
-        "measured_gain_ms_per_iteration": None,
-        "measured_gain_ci_ms": None,
-        "measured_gain_pct": None,
-        "numerics_change": FIXES[fix].changes_numerics if fix else False,
-        "rounds": 0,
-        "status": status,
-        "evidence": None,
-    }
-    row.update(measured)
-    return row
+    return Row(
+        rule=suggestion["rule"],
+        predicted_gain_ms_per_iteration=suggestion["gain_ms_per_iteration"],
+        measured_gain_ms_per_iteration=None,
+        measured_gain_ci_ms=None,
+        measured_gain_pct=None,
+        numerics_change=FIXES[fix].changes_numerics if fix else False,
+        rounds=0,
+        status=status,
+        evidence=None,
+    )
 
 
-def _unrun(suggestion: dict[str, Any], status: str, fix: str | None = None) -> RuleResult:
+def _unrun(suggestion: Suggestion, status: str, fix: str | None = None) -> RuleResult:
     return RuleResult(
         _row(suggestion, status, fix),
         fix,
@@ -333,7 +428,7 @@ def _unrun(suggestion: dict[str, Any], status: str, fix: str | None = None) -> R
 
 def _verify_rule(
     original: Original,
-    suggestion: dict[str, Any],
+    suggestion: Suggestion,
     fix: str,
     rounds: int,
     target: Path,
@@ -356,7 +451,7 @@ def _verify_rule(
             out = target / f"round-{k}" / side
             run = _measure(original, sides[side], UNTRACED, out, rule, label, done, total, progress)
             done += 1
-            result.runs.append({"round": k, "side": side, **run.record()})
+            result.runs.append(RoundRun(round=k, side=side, **run.record()))
             if run.interrupted:
                 result.row["status"] = "not run: interrupted"
                 return result, True
@@ -366,12 +461,10 @@ def _verify_rule(
             steps[side].append(run.steps_ms)
     result.numerics = _numerics(target, rounds)
     gain = paired_gain(steps["base"], steps["fixed"])
-    result.row.update(
-        measured_gain_ms_per_iteration=gain.gain_ms,
-        measured_gain_ci_ms=list(gain.ci_ms),
-        measured_gain_pct=gain.gain_pct,
-        rounds=gain.rounds,
-    )
+    result.row["measured_gain_ms_per_iteration"] = gain.gain_ms
+    result.row["measured_gain_ci_ms"] = list(gain.ci_ms)
+    result.row["measured_gain_pct"] = gain.gain_pct
+    result.row["rounds"] = gain.rounds
     if has_mechanism:
         out = target / MECHANISM_DIR
         run = _measure(
@@ -384,30 +477,30 @@ def _verify_rule(
     return result, False
 
 
-def _numerics(target: Path, rounds: int) -> dict[str, Any] | None:
+def _numerics(target: Path, rounds: int) -> NumericsChange | None:
     """Each round's fixed output against its base output on the same inputs (the first
     forward pass, ``xsp.tracer.workloads.numerics``), and the largest relative difference;
     None when the runs recorded none."""
     from xsp.tracer.workloads import numerics
 
-    compared: list[dict[str, object]] = []  # each round's comparison, with its number
+    compared: list[RoundComparison] = []  # each round's comparison, with its number
     comparable: list[numerics.Comparison] = []
     for k in range(1, rounds + 1):
         base = numerics.read(target / f"round-{k}" / "base" / str(UNTRACED))
         fixed = numerics.read(target / f"round-{k}" / "fixed" / str(UNTRACED))
         if base is not None and fixed is not None:
             comparison = numerics.compare(base, fixed)
-            compared.append({"round": k, **comparison})
+            compared.append(RoundComparison(round=k, **comparison))
             if comparison["comparable"]:
                 comparable.append(comparison)
     if not compared:
         return None
-    return {
-        "what": "the first forward pass's output, without and with the fix, on the same inputs",
-        "relative_l2": max((c["relative_l2"] for c in comparable), default=None),
-        "max_abs": max((c["max_abs"] for c in comparable), default=None),
-        "rounds": compared,
-    }
+    return NumericsChange(
+        what="the first forward pass's output, without and with the fix, on the same inputs",
+        relative_l2=max((c["relative_l2"] for c in comparable), default=None),
+        max_abs=max((c["max_abs"] for c in comparable), default=None),
+        rounds=compared,
+    )
 
 
 @dataclass
@@ -417,15 +510,15 @@ class _Run:
     failure: str | None
     interrupted: bool
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> MeasuredRun:
         steps = sorted(self.steps_ms)
-        return {
-            "path": str(self.path),
-            "iterations": len(steps),
-            "step_mean_ms": sum(steps) / len(steps) if steps else None,
-            "step_median_ms": steps[len(steps) // 2] if steps else None,
-            "error": self.failure,
-        }
+        return MeasuredRun(
+            path=str(self.path),
+            iterations=len(steps),
+            step_mean_ms=sum(steps) / len(steps) if steps else None,
+            step_median_ms=steps[len(steps) // 2] if steps else None,
+            error=self.failure,
+        )
 
 
 def _measure(
@@ -493,20 +586,20 @@ def _steps_ms(run: store.Run) -> list[float]:
     return [s["dur_ns"] / 1e6 for s in spans if s["kind"] == "step" and s["status_message"] is None]
 
 
-def _rule_after_fix(out: Path, rule: str) -> dict[str, Any]:
+def _rule_after_fix(out: Path, rule: str) -> RuleAfterFix:
     """What the rule finds in the fixed workload's traced run: its evidence (the transposes
     left, the loader's batches) or that it no longer fires."""
     try:
         after = {s["rule"]: s for s in suggestions(out)}.get(rule)
     except Exception as exc:  # the runs are stored whatever the analysis makes of them
-        return {"fires": None, "error": f"{type(exc).__name__}: {exc}"}
+        return RuleAfterFix(fires=None, error=f"{type(exc).__name__}: {exc}")
     if after is None:
-        return {"fires": False}
-    return {
-        "fires": True,
-        "evidence": after["evidence"],
-        "gain_ms_per_iteration": after["gain_ms_per_iteration"],
-    }
+        return RuleAfterFix(fires=False)
+    return RuleAfterFix(
+        fires=True,
+        evidence=after["evidence"],
+        gain_ms_per_iteration=after["gain_ms_per_iteration"],
+    )
 
 
 def summary_line(result: RuleResult) -> str:
@@ -518,7 +611,9 @@ def summary_line(result: RuleResult) -> str:
     if row["status"] != MEASURED:
         return f"{row['rule']}: {row['status']}"
     predicted = row["predicted_gain_ms_per_iteration"]
-    low, high = row["measured_gain_ci_ms"]
+    interval = row["measured_gain_ci_ms"]
+    assert interval is not None  # a measured row has its interval
+    low, high = interval
     estimated = f"estimated {predicted:.2f} ms" if predicted is not None else "no estimate"
     rounds = row["rounds"]
     line = (
@@ -529,7 +624,7 @@ def summary_line(result: RuleResult) -> str:
         line += f", {row['measured_gain_pct']:.1f}% of the step"
     if row["numerics_change"]:
         line += "; changes numerics"
-        change = (result.numerics or {}).get("relative_l2")
+        change = result.numerics["relative_l2"] if result.numerics else None
         if change is not None:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if predicted is not None and not low <= predicted <= high:

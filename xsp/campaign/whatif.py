@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from xsp.campaign import verify as verifying
 from xsp.campaign.store import CampaignStore
@@ -21,6 +21,41 @@ from xsp.core import store as run_store
 from xsp.core.errors import XspError
 
 RESULT_FILE = "verify.json"
+
+
+class JobVerification(TypedDict):
+    """A job's entry of ``DIR/verify.json``: which job, whether it was verified (else why
+    not), and its rows (``verify.Row``)."""
+
+    job: str
+    model: str
+    mode: str
+    batch_size: int
+    status: NotRequired[str]
+    why: NotRequired[str | None]
+    rows: NotRequired[list[verifying.Row]]
+
+
+class CampaignVerification(TypedDict):
+    """``DIR/verify.json``, and what ``xsp campaign verify --json`` prints."""
+
+    rounds: int
+    jobs: list[JobVerification]
+    interrupted: bool
+
+
+class WhatIf(TypedDict):
+    """A row of the what-if table: a fix's measured change of one job's step."""
+
+    fix: str | None
+    rule: str
+    job: str  # model b<batch> mode
+    estimated_ms: float | None
+    measured_ms: float | None
+    measured_ci_ms: list[float] | None
+    step_change_pct: float | None
+    numerics_change: bool
+
 
 #: (job id, what is running, runs done, runs in all) -> None
 JobProgress = Callable[[str, str, int, int], None]
@@ -32,7 +67,7 @@ def verify_campaign(
     only: Sequence[str] = (),
     progress: JobProgress | None = None,
     rules: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> CampaignVerification:
     """Verify the suggestions of every finished job (those whose model matches a glob of
     ``only``, and the suggestions of ``rules``, when given); returns ``DIR/verify.json``'s
     document."""
@@ -41,19 +76,16 @@ def verify_campaign(
         jobs = [j for j in jobs if any(fnmatch.fnmatch(j.model, g) for g in only)]
     if not jobs:
         raise XspError(f"{campaign.root}: no finished job to verify")
-    document: dict[str, Any] = {"rounds": rounds, "jobs": [], "interrupted": False}
+    document = CampaignVerification(rounds=rounds, jobs=[], interrupted=False)
     for job in jobs:
-        entry: dict[str, Any] = {
-            "job": job.id,
-            "model": job.model,
-            "mode": job.mode,
-            "batch_size": job.batch_size,
-        }
+        entry = JobVerification(
+            job=job.id, model=job.model, mode=job.mode, batch_size=job.batch_size
+        )
         document["jobs"].append(entry)
         try:
             planned = verifying.plan(campaign.run_dir(job), rounds, rules)
         except XspError as exc:
-            entry.update(status="not verified", why=str(exc), rows=[])
+            entry["status"], entry["why"], entry["rows"] = "not verified", str(exc), []
             continue
 
         def forward(rule: str, what: str, done: int, total: int, job_id: str = job.id) -> None:
@@ -61,7 +93,7 @@ def verify_campaign(
                 progress(job_id, f"{rule}: {what}", done, total)
 
         found = verifying.run_plan(planned, forward)
-        entry.update(status="verified", why=None, rows=found.rows)
+        entry["status"], entry["why"], entry["rows"] = "verified", None, found.rows
         run_store.write_json_atomic(campaign.root / RESULT_FILE, document)
         if found.interrupted:
             document["interrupted"] = True
@@ -70,7 +102,7 @@ def verify_campaign(
     return document
 
 
-def what_if(document: dict[str, Any]) -> list[dict[str, Any]]:
+def what_if(document: CampaignVerification) -> list[WhatIf]:
     """One row per measured fix and job, largest relative change first: fix, rule, job (model
     b<batch> mode), estimated and measured ms per iteration, the interval, the change of the
     step (negative: faster), whether numerics change."""
@@ -81,25 +113,27 @@ def what_if(document: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             pct = row["measured_gain_pct"]
             rows.append(
-                {
-                    "fix": verifying.fix_for(row["rule"]),
-                    "rule": row["rule"],
-                    "job": f"{job['model']} b{job['batch_size']} {job['mode']}",
-                    "estimated_ms": row["predicted_gain_ms_per_iteration"],
-                    "measured_ms": row["measured_gain_ms_per_iteration"],
-                    "measured_ci_ms": row["measured_gain_ci_ms"],
-                    "step_change_pct": -pct if pct is not None else None,
-                    "numerics_change": row["numerics_change"],
-                }
+                WhatIf(
+                    fix=verifying.fix_for(row["rule"]),
+                    rule=row["rule"],
+                    job=f"{job['model']} b{job['batch_size']} {job['mode']}",
+                    estimated_ms=row["predicted_gain_ms_per_iteration"],
+                    measured_ms=row["measured_gain_ms_per_iteration"],
+                    measured_ci_ms=row["measured_gain_ci_ms"],
+                    step_change_pct=-pct if pct is not None else None,
+                    numerics_change=row["numerics_change"],
+                )
             )
     rows.sort(key=lambda r: (r["fix"], r["step_change_pct"] or 0.0))
     return rows
 
 
-def what_if_line(row: dict[str, Any]) -> str:
+def what_if_line(row: WhatIf) -> str:
     """``channels_last: -28.7% on torchvision:resnet50 b64 train (measured 9.41 ms ± 0.30,
     estimated 3.42 ms)``."""
-    low, high = row["measured_ci_ms"]
+    interval = row["measured_ci_ms"]
+    assert interval is not None  # a measured fix has its interval
+    low, high = interval
     change = row["step_change_pct"]
     estimated = row["estimated_ms"]
     return (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -12,6 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from xsp.cli.common import bar_per_key, console, fail, out_console
 from xsp.cli.render import print_table
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
+
+if TYPE_CHECKING:
+    from xsp.campaign.records import JobRecord
 
 
 @click.group()
@@ -77,7 +80,7 @@ def campaign_run(
     ) as bar:
         task = bar.add_task("jobs", total=len(pending))
 
-        def done(record: dict[str, Any]) -> None:
+        def done(record: JobRecord) -> None:
             nonlocal failed, finished
             store.save(record)
             finished += 1

@@ -1,0 +1,93 @@
+"""A campaign job's result record (``DIR/jobs/<job>.json``), typed: what ``run_job`` writes and
+the store, the report, the diff and the log read. The file holds the same JSON object as
+before; these types name its keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from xsp.core.store import ProgramEnd, Status
+
+
+class CounterSummary(TypedDict, total=False):
+    """A15 of a job with a counter run (what ``summary._counters`` keeps), and the roofs it was set
+    against (for the campaign's cross-model roofline)."""
+
+    work_gflop: float | None
+    fp32_gflop: float | None
+    tf32_gflop: float | None
+    bf16_gflop: float | None
+    fp16_gflop: float | None
+    tensor_share_pct: float | None
+    dram_read_bytes: float | None
+    dram_write_bytes: float | None
+    arithmetic_intensity_flop_per_byte: float | None
+    achieved_gflop_per_s: float | None
+    attainable_gflop_per_s: float | None
+    of_attainable_pct: float | None
+    kernel_ms: float | None
+    precision: str | None
+    roof: str | None
+    bound: str | None
+    device: str | None
+    peaks: dict[str, float]
+    peak_sources: dict[str, str]
+    peaks_measured: dict[str, float]
+
+
+class JobSummary(TypedDict, total=False):
+    """What one job measured (``summary.summarize``): the facts the report compares. The GPU's
+    keys are there only where the job traced the GPU, ``monitor`` where it sampled it and
+    ``counters`` where it had a counter run."""
+
+    step_ms: dict[str, float]  # level set -> median step
+    latency_ms: float | None
+    throughput_per_s: float | None
+    top_layer_types: list[list[Any]]  # [module type, share %], the three largest
+    conv_share_pct: float
+    gpu_busy_ms: float | None
+    gpu_busy_pct: float | None
+    median_kernel_us: float | None
+    kernels: int
+    top_kernels: list[list[Any]]  # [kernel name, share %], the three largest
+    bound: str | None
+    #: open keys: the monitor's numeric columns by name, as ``monitor_summary`` has them
+    monitor: dict[str, float]
+    suggestions: list[str]
+    counters: CounterSummary
+
+
+class RunRecord(TypedDict, total=False):
+    """A level set's run as a job's record keeps it: its manifest entry's status and reasons,
+    how its program ended, CUPTI's counts, and ``counters`` only where it has them."""
+
+    levels: str | None
+    status: Status | None
+    status_reasons: list[str] | None
+    program: ProgramEnd | None
+    cupti: Mapping[str, Any] | None
+    counters: Mapping[str, Any]
+
+
+class JobRecord(TypedDict, total=False):
+    """A job's result: which job, where and when it ran, how it ended (status, reason, error),
+    its level sets' runs and seconds, and, when it succeeded, its summary. ``host``: the Ray
+    worker that ran it."""
+
+    job: str
+    model: str
+    mode: str
+    batch_size: int
+    gpu: int | None
+    started: float
+    status: str
+    reason: str | None
+    error: str | None
+    wall_s: float
+    seconds_by_level_set: dict[str | None, Mapping[str, float] | None]
+    runs: list[RunRecord]
+    skipped: list[str]
+    summary: JobSummary
+    host: str
