@@ -253,21 +253,21 @@ def load_original(root: Path) -> Original:
             f"{root}: no {store.MANIFEST}: xsp verify re-runs a measurement made by xsp run"
         )
     try:
-        manifest = store.read_json(path)
+        manifest = store.read_manifest(path)
     except StoreError as exc:
         raise XspError(f"cannot read {path}: {exc}") from exc
-    record = manifest.get("spec")
-    if not isinstance(record, dict):
+    record = manifest.spec
+    if record is None:
         raise XspError(f"{path} has no spec: it does not say what was run, so it cannot re-run")
     names = {f.name for f in dataclasses.fields(ProfileSpec)}
     try:
         profile = ProfileSpec(**{k: v for k, v in record.items() if k in names})
-        level_sets = tuple(LevelSet(str(v)) for v in manifest.get("level_sets") or ["M"])
+        level_sets = tuple(LevelSet(str(v)) for v in manifest.level_sets or ["M"])
     except (TypeError, ValueError) as exc:
         raise XspError(f"{path}: bad spec: {exc}") from exc
     env = record.get("env")
     env = env if isinstance(env, dict) else {}
-    cwd = Path(manifest["cwd"]) if isinstance(manifest.get("cwd"), str) else None
+    cwd = Path(manifest.cwd) if manifest.cwd is not None else None
     return Original(root, profile, level_sets, {str(k): str(v) for k, v in env.items()}, cwd)
 
 
