@@ -16,6 +16,14 @@ from typing import Any
 from xsp.analysis.diff import Diff
 from xsp.analysis.report import STYLE, html_table
 
+__all__ = [
+    "WATERFALL_LAYERS",
+    "cause_bars",
+    "waterfall_figure",
+    "waterfall_steps",
+    "write_diff_report",
+]
+
 #: Layers the waterfall names one by one; the rest are one bar.
 WATERFALL_LAYERS = 12
 

@@ -19,6 +19,8 @@ from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_ker
 from xsp.analysis.figures.views import flame_figure, legend_html, timeline_figure
 from xsp.analysis.measurement.store import MeasurementStore
 
+__all__ = ["STYLE", "html_table", "write_report"]
+
 STYLE = """
 body{font-family:sans-serif;margin:1.5em;max-width:1500px}
 .table{max-height:420px;overflow:auto;border:1px solid #dee2e6;margin-bottom:.3em}

@@ -12,6 +12,25 @@ from typing import Any
 
 from xsp.campaign.names import family, family_order, labels
 
+__all__ = [
+    "BOUNDS",
+    "FINDINGS",
+    "NAMED",
+    "Finding",
+    "Record",
+    "Workload",
+    "batch_sizes",
+    "bound_counts",
+    "display_names",
+    "findings",
+    "largest_batch_jobs",
+    "ok_jobs",
+    "optimal_batches",
+    "per_model",
+    "tracing_cost",
+    "workload_order",
+]
+
 Record = dict[str, Any]
 Workload = tuple[str, str]  # (model, mode)
 BOUNDS = ("launch-bound", "mixed", "compute-bound")

@@ -21,6 +21,8 @@ from xsp.analysis.samples import step_samples
 from xsp.campaign.records import JobRecord
 from xsp.campaign.store import CampaignStore
 
+__all__ = ["MISSING", "JobRow", "campaign_diff"]
+
 #: What a job row says where one campaign lacks the job or its result is not ok.
 MISSING = "missing"
 

@@ -20,6 +20,8 @@ from xsp.campaign.records import JobRecord
 from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
 
+__all__ = ["JobArguments", "OnDone", "gpu_count", "run_local", "run_ray"]
+
 OnDone = Callable[[JobRecord], None]
 
 

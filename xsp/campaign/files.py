@@ -38,6 +38,8 @@ from xsp.core.errors import ConfigError
 from xsp.core.levelset import LevelSet
 from xsp.tracer.workloads import names as zoo_names
 
+__all__ = ["Table", "from_dict", "load"]
+
 
 def load(path: Path) -> CampaignSpec:
     """Read and check a campaign file; ConfigError names the file and the bad value."""

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from xsp.core.store import ManifestRun
     from xsp.tracer.run.runner import LeveledResult
 
+__all__ = ["classify_error", "classify_output", "run_job", "stop_stale_processes", "switched_on"]
+
 #: Reason classes of the errors xsp raises before a job runs anything (first match wins).
 _REASON_BY_ERROR: tuple[tuple[type[XspError], str], ...] = (
     (WorkloadError, "unsupported"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+__all__ = ["FAMILIES", "family", "family_order", "labels"]
+
 #: (family, pattern matched at the start of the model's name without its source); the first match
 #: wins, so where prefixes overlap the earlier family takes the model (a ``mobilevit`` would be a
 #: mobile CNN). A model nothing matches falls into "Other <source>".

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:
     from xsp.core.store import ProgramEnd, Status
 
+__all__ = ["CounterSummary", "JobRecord", "JobSummary", "RunRecord"]
+
 
 class CounterSummary(TypedDict, total=False):
     """A15 of a job with a counter run (what ``summary._counters`` keeps), and the roofs it was set

@@ -14,6 +14,8 @@ from typing import TypedDict, cast
 
 from xsp.core.levelset import LevelSet
 
+__all__ = ["DEFAULT_TIMEOUT_S", "CampaignRecord", "CampaignSpec", "Job", "from_record"]
+
 DEFAULT_TIMEOUT_S = 900
 
 

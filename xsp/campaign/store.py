@@ -28,6 +28,8 @@ from xsp.core import schema
 from xsp.core import store as run_store
 from xsp.core.errors import ConfigError, StoreError
 
+__all__ = ["JOB_COLUMNS", "SPEC_FILE", "CampaignStore", "FlatRow"]
+
 SPEC_FILE = "campaign.json"
 
 

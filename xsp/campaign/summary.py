@@ -10,6 +10,8 @@ from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.suggestions.rules import LAUNCH_BOUND_BUSY_PCT, SHORT_KERNEL_US
 from xsp.campaign.records import CounterSummary, JobRecord, JobSummary
 
+__all__ = ["COMPUTE_BOUND_BUSY_PCT", "job_line", "shares_text", "summarize"]
+
 #: Above this GPU busy share of its true latency a step is bound by the GPU itself; below the
 #: launch-bound rule's share, with short kernels, it waits on launches (analysis.suggestions).
 COMPUTE_BOUND_BUSY_PCT = 80.0

@@ -13,6 +13,8 @@ from xsp.cli.render import print_replay, print_table, replay_summary
 from xsp.cli.summary import print_summary
 from xsp.core.errors import XspError
 
+__all__ = ["analyze"]
+
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))

@@ -16,6 +16,15 @@ from xsp.core.errors import EXIT_INTERRUPTED, XspError
 if TYPE_CHECKING:
     from xsp.campaign.records import JobRecord
 
+__all__ = [
+    "campaign",
+    "campaign_diff",
+    "campaign_report",
+    "campaign_run",
+    "campaign_sql",
+    "campaign_verify",
+]
+
 
 @click.group()
 def campaign() -> None:

@@ -11,6 +11,8 @@ import click
 
 from xsp.cli.common import console, fail, warn
 
+__all__ = ["MAX_REQUEST_MIB_LIMIT", "collector", "serve"]
+
 #: gRPC's and HTTP's request limit may not be set above this (a GiB).
 MAX_REQUEST_MIB_LIMIT = 1024
 

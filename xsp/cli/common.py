@@ -19,6 +19,19 @@ from rich.text import Text
 
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
+__all__ = [
+    "XspGroup",
+    "bar_per_key",
+    "console",
+    "fail",
+    "labelled_bars",
+    "open_store",
+    "out_console",
+    "plain",
+    "printable",
+    "warn",
+]
+
 console = Console(stderr=True)
 out_console = Console()
 

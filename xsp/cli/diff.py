@@ -11,6 +11,8 @@ from xsp.cli.common import console, open_store, out_console, warn
 from xsp.cli.render import print_table
 from xsp.core.errors import XspError
 
+__all__ = ["diff_command"]
+
 
 @click.command("diff")
 @click.argument("before", type=click.Path(path_type=Path))

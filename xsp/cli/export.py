@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from xsp.tracer.export.formats import ExportSource, RunSpans
     from xsp.tracer.export.sinks import SpanBatch
 
+__all__ = ["JAEGER_UI_PORT", "export", "push"]
+
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))

@@ -7,6 +7,8 @@ import click
 
 from xsp.cli.common import console
 
+__all__ = ["models", "native"]
+
 
 @click.command()
 def native() -> None:

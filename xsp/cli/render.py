@@ -12,6 +12,8 @@ from xsp.cli.common import console, out_console, plain, warn
 if TYPE_CHECKING:
     from xsp.analysis.replay.result import ReplayResult
 
+__all__ = ["print_replay", "print_table", "replay_summary", "replay_warnings"]
+
 
 def _fits(view: Any, ellipses: int) -> bool:
     """True when ``view`` renders at the terminal's width with no cell cut short and no line

@@ -16,6 +16,8 @@ from xsp.core.errors import XspError
 if TYPE_CHECKING:
     from xsp.tracer.run.runner import LeveledResult, LeveledSpec
 
+__all__ = ["run"]
+
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--model", help="Zoo model, SOURCE:NAME (see `xsp models`).")

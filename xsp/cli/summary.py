@@ -15,6 +15,8 @@ from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
 from xsp.core.store import Status
 
+__all__ = ["counter_line", "print_summary", "run_warnings", "summary"]
+
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))

@@ -9,6 +9,8 @@ import click
 from xsp.cli.common import bar_per_key, console, fail, out_console
 from xsp.core.errors import EXIT_INTERRUPTED
 
+__all__ = ["verify"]
+
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))

@@ -25,6 +25,8 @@ from xsp.core import schema
 from xsp.core.native import load_c_module, optional_c_module
 from xsp.core.otlp.attributes import NUMERIC
 
+__all__ = ["SOURCE", "WHAT", "check", "checked_keys", "load", "prepare"]
+
 SOURCE = Path(__file__).with_name("native") / "door.c"
 WHAT = "the collector's native check"
 _INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -17,6 +17,8 @@ import time
 from xsp.core.errors import ExportError
 from xsp.core.otlp.transport import Transport
 
+__all__ = ["DRAIN_S", "MAX_PENDING", "Forwarder"]
+
 log = logging.getLogger(__name__)
 
 #: Requests waiting to be forwarded before the oldest is dropped (a request is up to 32 MiB).

@@ -28,6 +28,8 @@ from xsp.collector.http_receiver import (
 from xsp.core.errors import ConfigError
 from xsp.core.otlp.wire import DecodeError
 
+__all__ = ["DEFAULT_WORKERS", "SERVICE", "GrpcReceiver"]
+
 log = logging.getLogger(__name__)
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"

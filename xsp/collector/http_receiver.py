@@ -25,6 +25,22 @@ from aiohttp import web
 from xsp.core.errors import ConfigError
 from xsp.core.otlp.wire import DecodeError
 
+__all__ = [
+    "DEFAULT_BACKLOG",
+    "DEFAULT_IDLE_S",
+    "INFLIGHT_REQUESTS",
+    "LINGER_S",
+    "READ_BUFFER_BYTES",
+    "RETRY_AFTER_S",
+    "TRACES_PATH",
+    "Busy",
+    "HttpReceiver",
+    "TooLarge",
+    "Unavailable",
+    "gunzip",
+    "rpc_status",
+]
+
 log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"

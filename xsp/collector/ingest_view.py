@@ -30,6 +30,8 @@ from xsp.core.otlp.attributes import NUMERIC, stored_parent, typed_value
 from xsp.core.otlp.decode import validate_span
 from xsp.core.otlp.wire import INT64_MAX, DecodeError
 
+__all__ = ["MAX_DEPTH", "check", "diagnose"]
+
 _PACKAGE = "xsp.ingest_view"
 _F = descriptor_pb2.FieldDescriptorProto
 #: protobuf's limit on nested messages when parsing (upb's default), as ``diagnose`` counts them

@@ -19,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 
+__all__ = ["QUARANTINE_DIR", "Quarantine"]
+
 log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = ".quarantine"

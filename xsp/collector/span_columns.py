@@ -27,6 +27,8 @@ from xsp.core.native import load_c_module, optional_c_module
 from xsp.core.otlp import columns as otlp_columns
 from xsp.core.otlp.attributes import KINDS
 
+__all__ = ["SOURCE", "WHAT", "column_specs", "decode", "load", "prepare"]
+
 SOURCE = Path(__file__).with_name("native") / "span_columns.c"
 WHAT = "the collector's native span decoder"
 _INT64 = (-(1 << 63), (1 << 63) - 1)

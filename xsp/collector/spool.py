@@ -37,6 +37,16 @@ from typing import BinaryIO
 
 from xsp.collector.quarantine import Quarantine
 
+__all__ = [
+    "DEFAULT_DEDUP_WINDOW",
+    "DEFAULT_RESERVE_BYTES",
+    "DEFAULT_SEGMENT_BYTES",
+    "MAGIC",
+    "Spool",
+    "SpoolFull",
+    "read_frames",
+]
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"XSP\x01"

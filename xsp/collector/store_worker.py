@@ -19,6 +19,8 @@ from xsp.collector import writer
 from xsp.collector.writer import StoreWriter
 from xsp.core.otlp import columns as otlp_columns
 
+__all__ = ["Poison", "Stored", "store_in_worker", "store_requests"]
+
 #: (index of the request in its segment, why it could not be converted)
 Poison = tuple[int, str]
 

@@ -57,6 +57,24 @@ from xsp.core.otlp.decode import (
 from xsp.core.otlp.json_types import AttributeValue, StoredResourceJson
 from xsp.core.store import RunMeta, Status
 
+__all__ = [
+    "COLLECTOR",
+    "FALLBACK_LEVELS",
+    "MAX_INDEXED_RUNS",
+    "TOGETHER_SPANS",
+    "UNIDENTIFIED",
+    "Converted",
+    "Sender",
+    "SpanKeys",
+    "StoreWriter",
+    "convert",
+    "convert_together",
+    "drop_stored",
+    "key_hashes",
+    "note_quarantined",
+    "run_key",
+]
+
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

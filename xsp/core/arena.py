@@ -31,6 +31,27 @@ from xsp.core.records import (
 )
 from xsp.core.run_sections import ArenaCounts
 
+__all__ = [
+    "ARENA_FILE",
+    "CHUNK",
+    "GRAPH_NODE_PHASES",
+    "HEADER",
+    "KIND_SOURCE",
+    "MAGIC",
+    "PENDING_ARENA_PATTERN",
+    "RECORD",
+    "VERSION",
+    "ArenaContents",
+    "framework_records",
+    "graph_nodes",
+    "link_backward_nodes",
+    "memory_records",
+    "open_threads",
+    "pending_arena_name",
+    "read_arena",
+    "step_records",
+]
+
 MAGIC = b"XSPARENA"
 VERSION = 1
 KIND_OP, KIND_MODULE, KIND_RANGE, KIND_STEP, KIND_MODULE_INFO, KIND_MEMORY = 1, 2, 3, 4, 5, 6

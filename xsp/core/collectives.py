@@ -17,6 +17,16 @@ from functools import lru_cache
 
 import numpy as np
 
+__all__ = [
+    "CALL_PREFIX",
+    "ELEMENT_BYTES",
+    "PREFIXES",
+    "WORK_PREFIXES",
+    "operation",
+    "pair_bytes",
+    "tensor_bytes",
+]
+
 CALL_PREFIX = "c10d::"
 WORK_PREFIXES = ("gloo:", "nccl:")
 PREFIXES = (CALL_PREFIX, *WORK_PREFIXES)

@@ -17,6 +17,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+__all__ = [
+    "NullColumns",
+    "arrow",
+    "dictionary",
+    "dictionary_column",
+    "equals",
+    "numbers",
+    "repeated",
+    "rows_table",
+    "scalar",
+]
+
 #: The numpy type of each fixed-width arrow type conversion writes.
 _NUMPY = {
     pa.int8(): np.int8,

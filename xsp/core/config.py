@@ -15,6 +15,29 @@ from pathlib import Path
 
 from xsp.core.errors import ConfigError
 
+__all__ = [
+    "COUNTER_SETS",
+    "DEFAULT_ARENA_MB",
+    "DEFAULT_CUPTI_BUFFER_MB",
+    "DEFAULT_M_PROCESSES",
+    "MAX_ARENA_MB",
+    "MAX_CUPTI_BUFFER_MB",
+    "MAX_M_PROCESSES",
+    "OP_SHAPE_ITERATIONS",
+    "arena_bytes",
+    "cache_dir",
+    "check",
+    "counter_set",
+    "cupti_all_api",
+    "cupti_buffer_bytes",
+    "cupti_sampling",
+    "m_processes",
+    "native_dir",
+    "ncu_path",
+    "op_shape_iterations",
+    "switch",
+]
+
 #: CUPTI activity buffer size in MB. CUPTI touches every buffer it is given, so the size is
 #: resident memory: on the H200 (ResNet-50 b64 training, MFLG) 256 MB buffers took peak RSS to
 #: 1.55x the untraced run, 16 MB buffers to 1.17x. A full buffer only joins a queue (the

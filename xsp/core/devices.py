@@ -19,6 +19,8 @@ from pathlib import Path
 
 from xsp.core.errors import ConfigError, DeviceError
 
+__all__ = ["cuda_available", "resolve_device", "torch_cuda_version"]
+
 _VERSION_LINE = re.compile(r"^cuda\b[^=]*=\s*(?:None|['\"]([^'\"]*)['\"])", re.MULTILINE)
 
 

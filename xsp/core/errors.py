@@ -19,6 +19,17 @@ it logs once and carries on, so the traced program never sees an xsp exception.
 
 from __future__ import annotations
 
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "ConfigError",
+    "DamagedFileError",
+    "DeviceError",
+    "ExportError",
+    "StoreError",
+    "WorkloadError",
+    "XspError",
+]
+
 #: Ctrl-C (or a service's SIGTERM): 128 + SIGINT, as a shell reports it.
 EXIT_INTERRUPTED = 130
 

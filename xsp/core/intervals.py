@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["break_cycles", "depths", "find_rows", "inherit", "nest", "order_by", "stab"]
+
 
 def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Return, for each interval, the index of its innermost enclosing interval on the same

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 from xsp.core.levels import LEVEL_BY_LETTER, LEVEL_ORDER, LEVELS, ROOT, alone_level_set, level
 
+__all__ = ["LevelSet", "continuous_counters", "level_sets", "parse_level_sets"]
+
 #: The levels that run only in a level set of their own with the root (H, as MH).
 _ALONE = tuple((info, info.alone) for info in LEVELS if info.alone is not None)
 

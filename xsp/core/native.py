@@ -23,6 +23,16 @@ from types import ModuleType
 from xsp.core import config
 from xsp.core.errors import XspError
 
+__all__ = [
+    "NativeBuildError",
+    "import_extension",
+    "load_c_module",
+    "loaded_capture",
+    "locked",
+    "optional_c_module",
+    "register_capture",
+]
+
 log = logging.getLogger(__name__)
 
 

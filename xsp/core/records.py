@@ -13,6 +13,30 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+__all__ = [
+    "BACKWARD_PREFIX",
+    "BASIC",
+    "DEFAULT_DOMAIN",
+    "FIELDS",
+    "GPM_METRICS",
+    "LOADER_SETTINGS",
+    "LOADER_SETTINGS_MARK",
+    "MODULE_RANGE_PREFIX",
+    "STEP_RANGE_PREFIX",
+    "ApiRecords",
+    "ExternGraph",
+    "FrameworkRecords",
+    "GpuRecords",
+    "GraphNodes",
+    "Interned",
+    "MemoryRecords",
+    "ModuleInfo",
+    "MonitorSamples",
+    "RangeRecords",
+    "StepRecords",
+    "loader_range_name",
+]
+
 # Profiler range names that levels M and F open around iterations and module calls.
 MODULE_RANGE_PREFIX = "xsp::module::"
 STEP_RANGE_PREFIX = "xsp::step::"

@@ -24,6 +24,14 @@ from typing import Any
 
 from xsp.core.levelset import LevelSet
 
+__all__ = [
+    "DEFAULT_EXPORT_EVERY_S",
+    "DEFAULT_ITERATIONS",
+    "DEFAULT_WARMUP",
+    "ProfileSpec",
+    "RunSpec",
+]
+
 DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 2
 #: How often a continuous session stores the iterations finished since its last batch.

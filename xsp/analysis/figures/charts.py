@@ -8,6 +8,8 @@ import pyarrow as pa
 
 from xsp.analysis.figures.present import KERNEL_COLUMNS, header, short_kernel, short_label
 
+__all__ = ["bar", "memory_over_step", "stacked_bars"]
+
 
 def bar(table: pa.Table, x: str, y: str, title: str, rows: int = 20) -> Any:
     """Bars of ``y`` by ``x`` for the first ``rows`` rows. Every row keeps its own bar: labels

@@ -6,6 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "ANONYMOUS",
+    "KERNEL_CHARS",
+    "KERNEL_COLUMNS",
+    "UNITS",
+    "WORDS",
+    "cell",
+    "display",
+    "header",
+    "human_bytes",
+    "short_kernel",
+    "short_label",
+]
+
 #: Column-name suffixes that carry a unit, and how a header shows it.
 UNITS = {
     "ms": "ms",

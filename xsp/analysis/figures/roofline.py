@@ -14,6 +14,8 @@ import pyarrow as pa
 from xsp.analysis.figures.present import short_kernel, short_label
 from xsp.analysis.tables.peaks import ROOFS, Peaks
 
+__all__ = ["COLOURS", "plot_roofline", "roofline_figure"]
+
 #: One colour per roof, points and their ceiling alike.
 COLOURS = {
     "fp64": "#862e9c",

@@ -32,6 +32,20 @@ import pyarrow.compute as pc
 from xsp.analysis.figures.present import short_label
 from xsp.core import schema
 
+__all__ = [
+    "FLAME_MAX_BOXES",
+    "LEVEL_COLOURS",
+    "PHASE_COLOUR",
+    "TIMELINE_HOST_DEPTHS",
+    "Flame",
+    "flame",
+    "flame_figure",
+    "legend_html",
+    "median_iteration",
+    "median_step",
+    "timeline_figure",
+]
+
 #: Boxes beyond this many in the flame view are left out, shortest first (plotly stays fluid).
 FLAME_MAX_BOXES = 6000
 #: Host rows of the timeline: nesting depths below the model span drawn per thread.

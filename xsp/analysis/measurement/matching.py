@@ -19,6 +19,16 @@ from xsp.analysis.measurement.store import MeasurementStore, parent_rows
 from xsp.core.columns import numbers
 from xsp.core.intervals import break_cycles, depths
 
+__all__ = [
+    "STRUCTURAL_KEYS",
+    "TREE_DEPTHS",
+    "keyed",
+    "level_sources",
+    "roots",
+    "structural_keys",
+    "tree_depths",
+]
+
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 

@@ -22,6 +22,16 @@ from xsp.core.errors import StoreError
 from xsp.core.intervals import break_cycles, find_rows
 from xsp.core.store import SPAN_FILE_PATTERN, Run, open_measurement
 
+__all__ = [
+    "MeasurementStore",
+    "parent_rows",
+    "text_codes",
+    "text_equals",
+    "text_in",
+    "text_matches",
+    "texts",
+]
+
 # from_batches: Schema.empty_table() imports pandas (0.25 s), which opening a store needs not
 _EMPTY = pa.Table.from_batches(
     [],

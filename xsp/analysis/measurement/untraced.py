@@ -24,6 +24,17 @@ from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core import schema
 from xsp.core.store import RunMeta
 
+__all__ = [
+    "INTERLEAVED",
+    "RUN_KEY",
+    "UNTRACED",
+    "WARMUP",
+    "WARMUP_TAIL",
+    "Untraced",
+    "untraced_steps",
+    "warmup_tail_ms",
+]
+
 INTERLEAVED = "interleaved"
 WARMUP = "warm-up"
 #: How many of the F run's last warm-up steps stand for its untraced step where it kept no

@@ -36,6 +36,15 @@ from xsp.analysis.tables.kernels import union_length
 from xsp.core import schema
 from xsp.core.intervals import find_rows
 
+__all__ = [
+    "COMPUTE_KINDS",
+    "OVERLAP_SCHEMA",
+    "collective_skew",
+    "communication_overlap",
+    "is_multi_rank",
+    "rank_summary",
+]
+
 #: The run with the fewest levels that recorded collectives (the least overhead on their times).
 _COLLECTIVE_RUN = """(SELECT arg_min(run_index, length(levels)) FROM spans
                       WHERE kind = 'collective')"""

@@ -41,6 +41,15 @@ from xsp.core.columns import arrow, numbers, scalar
 from xsp.core.intervals import find_rows
 from xsp.core.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 
+__all__ = [
+    "DETAIL_COLUMNS",
+    "RECONSTRUCTION",
+    "layer_gpu_ns",
+    "level_overhead",
+    "reconstruct",
+    "reconstructed_resource",
+]
+
 
 def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration);

@@ -34,6 +34,16 @@ from xsp.core import collectives, schema
 from xsp.core.columns import numbers
 from xsp.core.intervals import inherit
 
+__all__ = [
+    "GPU_WORK_PREFIX",
+    "HOST_WORK_PREFIXES",
+    "CollectiveWait",
+    "Collectives",
+    "find_collectives",
+    "nccl_kernels",
+    "no_collectives",
+]
+
 #: The backends whose work range is the transfer itself, on the host.
 HOST_WORK_PREFIXES = ("gloo:",)
 #: NCCL's kernels (``ncclDevKernel_AllReduce_Sum_f32_RING_LL``, ``ncclKernel_...`` in older

@@ -19,6 +19,17 @@ from xsp.analysis.measurement.store import MeasurementStore, text_codes
 from xsp.analysis.replay import CAUSES, VERDICTS, Replay, replay
 from xsp.core.columns import arrow, numbers, rows_table
 
+__all__ = [
+    "cause_share_range",
+    "has_gpu",
+    "layer_split",
+    "layer_times",
+    "layer_types",
+    "layers",
+    "step_causes",
+    "verdict",
+]
+
 
 def has_gpu(store: MeasurementStore) -> bool:
     """True when a run recorded GPU activities (level G)."""

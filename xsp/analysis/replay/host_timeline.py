@@ -30,6 +30,24 @@ from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.intervals import find_rows, order_by
 
+__all__ = [
+    "HOST_BOUND_EXCESS",
+    "HOST_BOUND_GPU_SHARE",
+    "HOST_TIMELINE",
+    "NO_CALIBRATION",
+    "STEADY_DEVIATIONS",
+    "STEADY_MIN_EXCESS",
+    "Calibration",
+    "calibration",
+    "checked_against_own_steps",
+    "host_timeline",
+    "largest_cost_factor",
+    "measured_steps",
+    "owning_steps",
+    "steady",
+    "step_ranks",
+]
+
 #: An iteration is not steady when its step is this many robust deviations (1.4826 x MAD) above
 #: the run's median, and at least STEADY_MIN_EXCESS above it: the first measured iteration after
 #: the levels came on (234 ms against 51 ms in one MFLG run) is one.

@@ -28,6 +28,22 @@ from xsp.core.columns import numbers
 from xsp.core.errors import StoreError
 from xsp.core.store import MANIFEST, Status, open_run, read_manifest
 
+__all__ = [
+    "COVERAGE",
+    "MANIFEST_KEY",
+    "MODEL_ONLY",
+    "M_PROCESS_STEPS",
+    "RESAMPLES",
+    "SEED",
+    "MInterval",
+    "MIntervalJson",
+    "Position",
+    "interval",
+    "m_interval",
+    "process_steps",
+    "steady_steps_ms",
+]
+
 #: Bootstrap resamples, the interval's coverage, and the generator's seed.
 RESAMPLES = 2000
 COVERAGE = 0.95

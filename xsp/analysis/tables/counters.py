@@ -56,6 +56,33 @@ from xsp.core.counter_names import DERIVED, PRECISIONS
 if TYPE_CHECKING:
     from xsp.core.store import Run
 
+__all__ = [
+    "COUNTER_JOIN",
+    "DRAM_WRITE_NOTE",
+    "KERNEL_RATES",
+    "NO_COUNTERS",
+    "TENSOR_ONLY",
+    "VALUES",
+    "WASTE_COLUMNS",
+    "WEIGHTED",
+    "CounterJoin",
+    "counter_columns",
+    "counter_join",
+    "counter_matching",
+    "kernel_info",
+    "kernel_roofline",
+    "layer_metrics",
+    "layer_roofline",
+    "matching_note",
+    "model_metrics",
+    "peaks",
+    "precision_of",
+    "store_peaks",
+    "unavailable",
+    "untraced_step_ms",
+    "waste",
+]
+
 #: Counter columns averaged per kernel and carried into the analyses: the counter table's
 #: derived columns but ncu's own duration (replay times are not the G run's).
 VALUES = tuple(c for c in DERIVED if c != "ncu_duration_ns")

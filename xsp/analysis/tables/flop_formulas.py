@@ -20,6 +20,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
 
+__all__ = [
+    "ATTENTION",
+    "CONVOLUTION",
+    "DTYPE_ROOFS",
+    "EXACT_FAMILIES",
+    "FORMULAS",
+    "MATMUL",
+    "NORM",
+    "Context",
+    "Formula",
+    "Shape",
+    "conv_count",
+]
+
 Shape = Sequence[int]
 
 MATMUL = "matmul"

@@ -58,6 +58,18 @@ from xsp.core import schema
 from xsp.core.columns import numbers, scalar
 from xsp.core.intervals import inherit
 
+__all__ = [
+    "FLOPS",
+    "Counted",
+    "OpFlops",
+    "counted",
+    "gpu_run",
+    "per_iteration",
+    "split",
+    "total_per_iteration",
+    "uncounted_per_iteration",
+]
+
 _COLUMNS = (
     "span_id",
     "kind",

@@ -9,6 +9,17 @@ import pyarrow as pa
 from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 
+__all__ = [
+    "gpu_time_per_layer",
+    "idle_breakdown",
+    "kernel_duration_distribution",
+    "kernels_by_layer",
+    "kernels_by_name",
+    "launch_statistics",
+    "temporal_breakdown",
+    "union_length",
+]
+
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
 
 

@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from xsp.analysis.measurement.store import MeasurementStore
 
+__all__ = ["FRAMEWORK_RUN", "layer_info", "layer_latency", "layer_types"]
+
 #: The shallowest run with layers (module spans): the one every layer figure reads (MF).
 FRAMEWORK_RUN = "(SELECT arg_min(run_index, length(levels)) FROM spans WHERE kind = 'module')"
 

@@ -6,6 +6,8 @@ import pyarrow as pa
 
 from xsp.analysis.measurement.store import MeasurementStore
 
+__all__ = ["library_calls"]
+
 _LIB_RUN = "(SELECT max(run_index) FROM spans WHERE kind = 'library_call')"
 
 

@@ -15,6 +15,8 @@ from xsp.analysis.measurement.derived import Derived
 from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core.columns import arrow
 
+__all__ = ["MEMORY_EVENTS", "layer_memory", "layer_type_memory", "memory_run"]
+
 # made with ``arrow``: pa.table of Python values imports pandas (0.15 s of every analyze)
 _EMPTY = pa.Table.from_arrays([arrow([], pa.string())], names=["layer"])
 

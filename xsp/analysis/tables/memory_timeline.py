@@ -34,6 +34,22 @@ from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.tables.memory import memory_run
 from xsp.core import schema
 
+__all__ = [
+    "BEFORE",
+    "CHART_LAYERS",
+    "CHART_POINTS",
+    "MEMORY_TIMELINE",
+    "OTHERS",
+    "SERIES_POINTS",
+    "MemoryTimeline",
+    "alive_at_peak",
+    "bands",
+    "memory_timeline",
+    "sample",
+    "series",
+    "sparkline",
+]
+
 #: Layers the chart draws as bands of their own (by bytes held at the peak); the rest are one.
 CHART_LAYERS = 12
 #: Points of the ``--json`` series (and of the chart, for iterations with more events).

@@ -9,6 +9,8 @@ import pyarrow as pa
 from xsp.analysis.measurement.store import MeasurementStore
 from xsp.core.schema import MONITOR_SUMMARIES
 
+__all__ = ["monitor_summary"]
+
 
 def monitor_summary(store: MeasurementStore) -> pa.Table:
     """levels, then the mean over iterations of each ``gpu_*`` summary column (null without a

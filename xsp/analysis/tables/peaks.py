@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
+__all__ = ["DATASHEETS", "ROOFS", "Peaks", "datasheet", "peaks_table", "resolve"]
+
 #: Roofs in the order tables list them: key -> what it is.
 ROOFS: dict[str, str] = {
     "fp64": "FP64, CUDA cores",

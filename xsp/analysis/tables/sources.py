@@ -21,6 +21,8 @@ from xsp.analysis.tables.kernels import union_length
 from xsp.core import schema
 from xsp.core.intervals import depths, inherit
 
+__all__ = ["ROW_SOURCES", "line_of", "lines", "row_sources"]
+
 
 def row_sources(store: MeasurementStore) -> tuple[np.ndarray, list[str]]:
     """Each replayed row's line as a code into the returned values (-1: none): an op's own, any

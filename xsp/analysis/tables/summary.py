@@ -15,6 +15,17 @@ from xsp.analysis.tables.layers import FRAMEWORK_RUN
 from xsp.core.columns import arrow, rows_table
 from xsp.core.store import Manifest, ManifestRun
 
+__all__ = [
+    "PHASE_GROUPS",
+    "Overhead",
+    "level_sets",
+    "overhead_verdict",
+    "own_time_line",
+    "time_by_phase",
+    "time_line",
+    "top_layers",
+]
+
 #: The phases of a level-set process as the manifest's runs record them (``seconds``:
 #: ``xsp.tracer.run.manifest.phase_seconds``), grouped under the names the time line gives them.
 PHASE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -21,6 +21,8 @@ from xsp.analysis.tables.counters import store_peaks, untraced_step_ms
 from xsp.analysis.tables.flop_formulas import ATTENTION, CONVOLUTION, MATMUL, NORM
 from xsp.analysis.tables.peaks import Peaks
 
+__all__ = ["FAMILIES", "NO_SHAPES", "layer_flops", "model_flops", "op_flops", "unavailable"]
+
 NO_SHAPES = (
     "no algorithmic FLOPs: no run recorded op shapes (level F records them in the deepest "
     "level set with F, unless xsp run was given --no-op-shapes)"

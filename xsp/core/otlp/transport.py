@@ -24,6 +24,19 @@ from xsp.core.errors import ConfigError, ExportError
 if TYPE_CHECKING:  # protobuf's import is paid by the processes that send OTLP only
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+__all__ = [
+    "DEFAULT_PROTOCOL",
+    "DEFAULT_TIMEOUT_S",
+    "MAX_ATTEMPTS",
+    "PROTOCOLS",
+    "GrpcTransport",
+    "HttpTransport",
+    "OtlpConfig",
+    "Transport",
+    "make_transport",
+    "parse_headers",
+]
+
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 DEFAULT_PROTOCOL = "http/protobuf"
 DEFAULT_TIMEOUT_S = 10.0

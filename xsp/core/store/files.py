@@ -47,6 +47,40 @@ from xsp.core.parquet_pages import has_page_checksums
 from xsp.core.store.documents import Manifest, RunMeta, Status, read_run_meta, write_run_meta
 from xsp.core.store.json_io import read_json
 
+__all__ = [
+    "COUNTERS",
+    "FOREIGN_LEVELS",
+    "MANIFEST",
+    "MEMORY",
+    "MEMORY_PART_PATTERN",
+    "MONITOR",
+    "NCU_LOG",
+    "NCU_REPORT",
+    "PARQUET_OPTIONS",
+    "RECONSTRUCTED",
+    "RUN_META",
+    "SPAN_FILE_PATTERN",
+    "Run",
+    "check_creatable",
+    "check_output",
+    "check_run_destination",
+    "check_spans",
+    "check_writable",
+    "conform",
+    "open_measurement",
+    "open_output",
+    "open_run",
+    "read_parquet",
+    "read_span_file",
+    "read_spans",
+    "reset_run_dir",
+    "write_counters",
+    "write_memory_events",
+    "write_monitor_samples",
+    "write_run",
+    "write_span_part",
+]
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"

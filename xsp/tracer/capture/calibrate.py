@@ -56,6 +56,8 @@ import torch
 from xsp.core.arena import KIND_MODULE, KIND_OP, KIND_RANGE
 from xsp.core.run_sections import CalibrationProbe, CalibrationResult
 
+__all__ = ["CALLS", "MODULE_CHAIN", "ROUNDS", "WARM_CALLS", "Calibration"]
+
 log = logging.getLogger(__name__)
 
 #: Calls per timed half-round, and rounds (pairs of halves) per probe.

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["turn_levels_on_at_capture"]
+
 log = logging.getLogger(__name__)
 
 _hooked = False

@@ -16,6 +16,8 @@ import os
 
 from xsp.core.run_sections import HostState
 
+__all__ = ["host_state"]
+
 
 def _last_cpu() -> int | None:
     try:

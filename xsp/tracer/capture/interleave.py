@@ -25,6 +25,8 @@ from typing import Any
 from xsp.core.levelset import LevelSet
 from xsp.core.run_sections import InterleaveEntry, InterleaveReport
 
+__all__ = ["RUN_KEY", "Interleave", "run_entry", "unavailable"]
+
 #: How ``run.json`` names the record of the pairs.
 RUN_KEY = "interleaved"
 

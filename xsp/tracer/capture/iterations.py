@@ -37,6 +37,20 @@ from typing import Any, Protocol
 
 from xsp.core.errors import ConfigError
 
+__all__ = [
+    "FUNCTION_PREFIX",
+    "MARKED",
+    "MARKER_FAILED",
+    "OPTIMIZER_STEP",
+    "ROOT_MODULE_CALL",
+    "FunctionCalls",
+    "Iterations",
+    "ModelCalls",
+    "RootFinder",
+    "check_name",
+    "has_parameters",
+]
+
 log = logging.getLogger(__name__)
 
 MARKED = "marked"

@@ -21,6 +21,8 @@ from typing import Any
 
 from xsp.core.records import FIELDS, GPM_METRICS, MonitorSamples
 
+__all__ = ["MIN_INTERVAL_S", "GpuMonitor"]
+
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 0.1

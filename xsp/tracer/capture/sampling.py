@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+__all__ = ["SamplingPolicy"]
+
 
 class SamplingPolicy:
     def __init__(

@@ -16,6 +16,8 @@ import torch
 
 from xsp.core.run_sections import WarmupReport
 
+__all__ = ["MAX_SECONDS", "MAX_STEPS", "TOLERANCE", "WINDOW", "WarmupClock", "settled"]
+
 #: Steps whose spread decides, the spread allowed ((max - min) / median), and the bounds.
 WINDOW = 4
 TOLERANCE = 0.10

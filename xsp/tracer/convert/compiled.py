@@ -31,6 +31,17 @@ from xsp.core.columns import arrow, dictionary_column
 from xsp.core.intervals import depths
 from xsp.core.records import ExternGraph
 
+__all__ = [
+    "FRAME_PREFIX",
+    "REGION_PREFIXES",
+    "attribute",
+    "attribute_calls",
+    "common_module",
+    "match_calls",
+    "pass_down",
+    "source_key",
+]
+
 #: On CPU a generated kernel's profiler range is ``graph_<id>_<kernel name>``.
 _GRAPH_PREFIX = re.compile(r"^graph_\d+_")
 

@@ -29,6 +29,15 @@ from xsp.tracer.convert import compiled
 from xsp.tracer.convert.shapes import copy_first_iterations_shapes
 from xsp.tracer.convert.table import Block, BlockColumns, Placed, SpanTable, arrow_of
 
+__all__ = [
+    "DATA_LOADER_PREFIX",
+    "FORWARD",
+    "FRAMEWORK_KINDS",
+    "OPTIMIZER_PREFIX",
+    "PHASES",
+    "convert_framework",
+]
+
 OPTIMIZER_PREFIX = "Optimizer."
 
 #: PyTorch's DataLoader wraps each batch it hands out in a profiler range of this name.

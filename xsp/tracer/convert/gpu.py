@@ -13,6 +13,8 @@ from xsp.tracer.convert import compiled, graphs
 from xsp.tracer.convert.cuda import gpu_columns
 from xsp.tracer.convert.table import INHERITED, Block, Placed, SpanTable, arrow_of, ids_of, take
 
+__all__ = ["convert_gpu"]
+
 
 def convert_gpu(table: SpanTable, gpu: GpuRecords) -> None:
     """Level G: GPU work under the API call that launched it."""

@@ -29,6 +29,8 @@ from xsp.core.records import ExternGraph, GraphNodes, ModuleInfo
 from xsp.tracer.convert.compiled import common_module, match_calls
 from xsp.tracer.convert.table import BlockColumns, codes_of
 
+__all__ = ["attribute", "extern_modules"]
+
 
 def attribute(
     columns: BlockColumns,

@@ -24,6 +24,8 @@ from xsp.tracer.convert.table import (
     take,
 )
 
+__all__ = ["convert_library"]
+
 
 def convert_library(table: SpanTable, api: ApiRecords) -> None:
     """Level L: library calls under their ops, then API calls under their library call or op."""

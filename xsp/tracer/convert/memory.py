@@ -12,6 +12,8 @@ from xsp.core.columns import arrow, equals, numbers
 from xsp.core.intervals import stab
 from xsp.core.records import MemoryRecords
 
+__all__ = ["DEVICE_TYPES", "memory_table"]
+
 #: c10::DeviceType values of the devices xsp runs on.
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}
 

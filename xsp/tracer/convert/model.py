@@ -11,6 +11,8 @@ from xsp.core.records import StepRecords
 from xsp.tracer.convert.monitor import summarize
 from xsp.tracer.convert.table import Block, BlockColumns, SpanTable
 
+__all__ = ["RANK_STEP_NAME", "STEP_SPAN_NAME", "convert_model"]
+
 STEP_SPAN_NAME = schema.STEP_SPAN_NAME
 
 #: A rank's step in a multi-rank job: named after its rank, so that Jaeger's tree reads

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from xsp.core.records import FIELDS, MonitorSamples
 
+__all__ = ["summarize"]
+
 
 def summarize(
     samples: MonitorSamples, starts: list[int], ends: list[int]

@@ -42,6 +42,19 @@ import pyarrow as pa
 from xsp.core.counter_names import DERIVED, PRECISIONS
 from xsp.core.records import STEP_RANGE_PREFIX
 
+__all__ = [
+    "LEAN_OMITS",
+    "QUANTITIES",
+    "RANGE_COLUMNS",
+    "TENSOR_FLOPS_PER_OP",
+    "CounterCsv",
+    "derive",
+    "parse_metric_names",
+    "pass_counts",
+    "read_raw_csv",
+    "requested_metrics",
+]
+
 #: Floating-point operations per counted tensor-path operation (ncu counts each multiply and
 #: each add of a multiply-accumulate; a GEMM of M·N·K counts 2·M·N·K).
 TENSOR_FLOPS_PER_OP = 1.0

@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 
 from xsp.core import schema, store
 
+__all__ = ["ROOT_SPAN_NAME", "join_ranks"]
+
 ROOT_SPAN_NAME = schema.ITERATION_SPAN_NAME
 
 

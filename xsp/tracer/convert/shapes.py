@@ -21,6 +21,8 @@ import numpy as np
 
 from xsp.core.records import FrameworkRecords, Interned
 
+__all__ = ["copy_first_iterations_shapes"]
+
 _COUNTER = re.compile(r"#\d+$")
 
 

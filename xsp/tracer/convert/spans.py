@@ -19,6 +19,8 @@ from xsp.core.levels import LEVELS, ROOT, LevelInfo, resolve
 from xsp.core.records import MonitorSamples
 from xsp.tracer.convert.table import ConversionReport, SpanTable
 
+__all__ = ["CONVERSIONS", "ROOT_LEVEL", "LevelConversion", "build_table"]
+
 
 def build_table(
     run_id: str,

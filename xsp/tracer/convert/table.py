@@ -22,6 +22,20 @@ from xsp.core.columns import NullColumns, arrow, dictionary, numbers
 from xsp.core.native import loaded_capture
 from xsp.core.records import FrameworkRecords, MonitorSamples, StepRecords
 
+__all__ = [
+    "INHERITED",
+    "Block",
+    "BlockColumn",
+    "BlockColumns",
+    "ConversionReport",
+    "Placed",
+    "SpanTable",
+    "arrow_of",
+    "codes_of",
+    "ids_of",
+    "take",
+]
+
 #: Columns that library, API and GPU spans take from the op (and layer) they run under.
 INHERITED = ("module_path", "phase")
 

@@ -33,6 +33,8 @@ from xsp.core.run_sections import ArenaCounts, RunCounts
 from xsp.tracer.convert.spans import ROOT_LEVEL
 from xsp.tracer.export.finish import LevelDrain, Losses, RunFinish, drain_levels
 
+__all__ = ["QUEUE_BATCHES", "Batch", "BatchDrain", "BatchExporter", "Totals"]
+
 log = logging.getLogger(__name__)
 
 #: Batches waiting to be stored, beyond the one being stored.

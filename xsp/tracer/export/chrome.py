@@ -51,6 +51,22 @@ from xsp.tracer.export.chrome_events import (
     TraceEvent,
 )
 
+__all__ = [
+    "CATEGORY_BY_KIND",
+    "CATEGORY_BY_LEVEL",
+    "FLOW_CATEGORY",
+    "FLOW_ID_RUN_SHIFT",
+    "GPU_PID_STRIDE",
+    "HOST_PID_FALLBACK",
+    "LAUNCH_KINDS",
+    "OVERLAP_TID_STRIDE",
+    "RES_PROCESS_PID",
+    "STEP_NAME",
+    "chrome_trace",
+    "split_ranks",
+    "write_chrome_trace",
+]
+
 #: ``cat`` of each span kind (torch.profiler's names where it has the kind).
 CATEGORY_BY_KIND: Final = {
     schema.KIND_STEP: "user_annotation",

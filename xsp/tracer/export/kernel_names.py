@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+__all__ = ["short_kernel_name"]
+
 _ANONYMOUS = "(anonymous namespace)::"
 _OPEN = {"<": ">", "(": ")", "{": "}", "[": "]"}
 _CLOSE = set(_OPEN.values())

@@ -22,6 +22,8 @@ from xsp.core.otlp.attributes import key_values
 from xsp.core.records import MonitorSamples
 from xsp.tracer.export.metrics_json import MetricsJson
 
+__all__ = ["METRICS", "encode_metrics", "metrics_to_json"]
+
 #: monitor field -> (metric name, unit, scale to the unit, attributes, monotonic sum?)
 METRICS: dict[str, tuple[str, str, float, dict[str, str], bool]] = {
     "utilization_pct": ("hw.gpu.utilization", "1", 0.01, {"hw.gpu.task": "general"}, False),

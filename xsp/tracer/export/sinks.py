@@ -29,6 +29,18 @@ from xsp.core.otlp.json_types import StoredResourceJson
 if TYPE_CHECKING:
     from xsp.core.otlp.transport import Transport
 
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_MAX_SPANS_PER_REQUEST",
+    "CompositeSink",
+    "InMemorySink",
+    "OtlpJsonFileSink",
+    "OtlpSink",
+    "Sink",
+    "SpanBatch",
+    "StoreSink",
+]
+
 log = logging.getLogger(__name__)
 
 #: Spans per OTLP request, and bytes: Jaeger's OTLP gRPC receiver refuses messages over 4 MiB.

@@ -62,6 +62,20 @@ import pyarrow.compute as pc
 from xsp.core import schema
 from xsp.core.otlp.json_types import AttributeValue
 
+__all__ = [
+    "ADDED_COLUMN",
+    "BACKWARD_SUFFIX",
+    "DEFAULT_MAX_SPANS_PER_TRACE",
+    "FOLD_KEYS",
+    "STORED_PARENT_COLUMN",
+    "TOP_KERNELS",
+    "WIRE_COLUMNS",
+    "fold",
+    "for_viewer",
+    "level_resource",
+    "with_backward_layers",
+]
+
 #: Columns that exist only on the way to a viewer: the encoder turns them into the attributes
 #: ``schema.ATTR_VIEW_ADDED`` and ``schema.ATTR_VIEW_STORED_PARENT``.
 ADDED_COLUMN: Final = "view_added"

@@ -24,6 +24,8 @@ from types import ModuleType
 from xsp.core import config
 from xsp.core.native import NativeBuildError, import_extension, locked, register_capture
 
+__all__ = ["CFLAGS", "SOURCE", "Cupti", "find_cupti", "load"]
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("capture.cpp")

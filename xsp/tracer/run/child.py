@@ -46,6 +46,8 @@ from xsp.tracer.run import heap
 from xsp.tracer.run.protocol import READY, STORED, ChildSpec, check_program
 from xsp.tracer.spec import RunSpec
 
+__all__ = ["EXIT_CANCELLED", "EXIT_WORKLOAD_FAILED", "EXIT_XSP_ERROR", "main", "on_interrupt"]
+
 log = logging.getLogger("xsp")
 
 EXIT_WORKLOAD_FAILED = 1

@@ -26,6 +26,8 @@ from typing import Any
 
 from xsp.tracer.run.protocol import ChildSpec
 
+__all__ = ["EVERY_ZOO", "context", "preload_every_zoo", "preload_for", "start"]
+
 #: xsp's side of a level-set process, imported by every server.
 _XSP = ("xsp.tracer.run.child", "xsp.tracer.workloads.zoo")
 #: The zoos' libraries, by the prefix of a model's name.

@@ -24,6 +24,16 @@ from collections.abc import Mapping
 
 from xsp.core import config
 
+__all__ = [
+    "DEFAULT",
+    "KEPT",
+    "MMAP_THRESHOLD",
+    "TRIM_THRESHOLD",
+    "UNAVAILABLE",
+    "USER",
+    "keep_freed_memory",
+]
+
 #: mallopt's parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3

@@ -22,6 +22,16 @@ from xsp.tracer.run.protocol import check_program
 if TYPE_CHECKING:
     from xsp.core.store import ProgramEnd
 
+__all__ = [
+    "BOOTSTRAP",
+    "DEPRECATED_LAUNCHERS",
+    "LAUNCHERS",
+    "JobEnd",
+    "is_launcher",
+    "run_workers",
+    "worker_arguments",
+]
+
 #: The launcher modules xsp traces the workers of (``torchrun`` is the first one's script).
 LAUNCHERS = ("torch.distributed.run",)
 #: Its predecessor passes ``--local-rank`` before the script's own arguments; it is refused.

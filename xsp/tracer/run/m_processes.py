@@ -20,6 +20,16 @@ from collections.abc import Callable
 
 from xsp.core.levelset import LevelSet
 
+__all__ = [
+    "DIRECTORY",
+    "ITERATIONS",
+    "MANIFEST_KEY",
+    "MODEL_ONLY",
+    "ProgressFn",
+    "label",
+    "labelled",
+]
+
 #: (level set, phase, done, total) -> None: the runner's progress callback.
 ProgressFn = Callable[[str, str, int, int], None]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+__all__ = ["process_age_ns"]
+
 
 def process_age_ns(pid: int | str = "self") -> int | None:
     """Nanoseconds since the process ``pid`` started; None where there is none, or only a

@@ -27,6 +27,16 @@ from xsp.tracer.spec import RunSpec
 if TYPE_CHECKING:
     from xsp.core.store import ProgramEnd
 
+__all__ = [
+    "RANK_SPEC_ENV",
+    "READY",
+    "SPEC_FLAG",
+    "STORED",
+    "ChildSpec",
+    "check_program",
+    "describe_end",
+]
+
 SPEC_FLAG = "--spec"
 #: The environment variable through which a multi-rank job's level-set process hands its spec
 #: to the rank processes that the launcher (torchrun) starts: they inherit its environment, not

@@ -22,6 +22,8 @@ from xsp.core.errors import ConfigError
 from xsp.tracer.run import child
 from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec
 
+__all__ = ["RANK_DIR", "main", "rank_spec"]
+
 #: Where each rank's run goes inside its level set's directory.
 RANK_DIR = "rank-{rank}"
 

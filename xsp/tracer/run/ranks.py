@@ -34,6 +34,8 @@ from xsp.tracer.export.sinks import CompositeSink, Sink, SpanBatch
 from xsp.tracer.run.launcher import JobEnd
 from xsp.tracer.run.protocol import RANK_SPEC_ENV, ChildSpec, describe_end
 
+__all__ = ["RANK_GLOB", "STATUS_ORDER", "ProcessFigures", "RankedRun", "Ranks"]
+
 log = logging.getLogger(__name__)
 
 #: Statuses from best to worst: the level set's is the worst of its ranks'.

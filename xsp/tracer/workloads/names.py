@@ -21,6 +21,26 @@ from typing import TypeAlias, TypedDict
 
 from xsp.core.errors import ConfigError, WorkloadError
 
+__all__ = [
+    "CATALOGUE",
+    "CATALOGUED",
+    "MODES",
+    "SOURCES",
+    "TRANSFORMERS_SEQ2SEQ",
+    "TRANSFORMERS_SIZED",
+    "TRANSFORMERS_TEXT",
+    "TRANSFORMERS_VISION",
+    "Catalogue",
+    "CatalogueEntry",
+    "ZooEntry",
+    "catalogue_from_libraries",
+    "catalogued_version",
+    "find",
+    "installed_version",
+    "library_entries",
+    "list_models",
+]
+
 SOURCES = ("torchvision", "timm", "transformers")
 MODES = ("train", "infer")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from xsp.tracer.workloads import names
 
+__all__ = ["import_model_classes"]
+
 
 def import_model_classes() -> None:
     from transformers import AutoConfig

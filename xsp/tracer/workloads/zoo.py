@@ -20,6 +20,16 @@ from xsp.core.errors import ConfigError, WorkloadError
 from xsp.tracer.workloads import names
 from xsp.tracer.workloads.names import MODES, ZooEntry, find
 
+__all__ = [
+    "DEFAULT_IMAGE_SIZE",
+    "DEFAULT_LR",
+    "TEXT_SEQUENCE_LENGTH",
+    "ModelInputs",
+    "Workload",
+    "build",
+    "transformers_config",
+]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE_SIZE = 224

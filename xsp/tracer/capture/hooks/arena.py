@@ -20,6 +20,8 @@ from xsp.core import config
 from xsp.core.arena import ARENA_FILE, ArenaContents, read_arena
 from xsp.core.run_sections import ArenaCounts
 
+__all__ = ["CaptureArena"]
+
 
 class CaptureArena:
     def __init__(self, run_dir: Path | None) -> None:

@@ -36,6 +36,8 @@ from typing import Any
 
 from xsp.core.run_sections import ProgramProfilerSummary
 
+__all__ = ["ProgramProfiler", "StepAside", "plan", "program_profiler", "reason", "shared_cupti"]
+
 log = logging.getLogger(__name__)
 
 #: The part of xsp that steps aside: F's memory events, L's and G's CUPTI records.

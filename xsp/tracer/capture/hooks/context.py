@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["OTEL_TRACE", "SpanRef", "application_span"]
+
 #: (trace id, span id) of an application span: 16 bytes and an unsigned 64-bit integer.
 SpanRef = tuple[bytes, int]
 

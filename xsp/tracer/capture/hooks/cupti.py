@@ -45,6 +45,17 @@ from xsp.core.run_sections import CuptiCounts
 from xsp.tracer.capture.hooks.coexist import CUPTI, program_profiler
 from xsp.tracer.capture.hooks.cupti_decoded import DecodedCupti, ExternalIds, MarkerColumns
 
+__all__ = [
+    "COPY_KINDS",
+    "LIBRARY_NVTX_ENV",
+    "POOL_BUFFERS",
+    "QUIET_API_CALLS",
+    "SAMPLED_BUFFER_BYTES",
+    "UNSAMPLED_KINDS",
+    "cupti_session",
+    "nvtx_environment",
+]
+
 log = logging.getLogger(__name__)
 
 #: Bookkeeping calls that launch no work but outnumber everything else (measured on ResNet-50

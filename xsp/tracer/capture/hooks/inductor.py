@@ -50,6 +50,8 @@ from typing import Any
 from xsp.core.records import ExternGraph
 from xsp.core.run_sections import RunCounts
 
+__all__ = ["CARRIED", "SALT_VERSION", "KernelProvenance", "module_path", "resolve", "salted"]
+
 log = logging.getLogger(__name__)
 
 #: What each inductor module gets when it loads: configuration, or a wrapped define_kernel.

@@ -46,6 +46,15 @@ if TYPE_CHECKING:
     from xsp.tracer.capture.hooks.arena import CaptureArena
     from xsp.tracer.capture.hooks.inductor import KernelProvenance
 
+__all__ = [
+    "Level",
+    "LevelContext",
+    "LevelFactory",
+    "build_levels",
+    "check_levels",
+    "level_environment",
+]
+
 
 class Level(Protocol):
     """One layer of the stack that can be switched on for a run."""

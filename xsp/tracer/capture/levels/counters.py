@@ -26,6 +26,15 @@ from xsp.core.run_sections import RunCounts
 if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
 
+__all__ = [
+    "CALIBRATION_REPEATS",
+    "COPY_BYTES",
+    "GEMM_SHAPES",
+    "CounterLevel",
+    "build",
+    "measure_peaks",
+]
+
 log = logging.getLogger(__name__)
 
 #: Calibration shapes (M, N, K): multiples of every tensor-core tile, so no padding is counted.

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
+__all__ = ["GpuLevel", "LibraryLevel", "build_gpu", "build_library"]
+
 log = logging.getLogger(__name__)
 
 

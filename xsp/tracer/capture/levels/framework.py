@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
+__all__ = ["OPEN_RANGE_WAIT_S", "FrameworkLevel", "build"]
+
 log = logging.getLogger(__name__)
 
 #: How long the end of a run waits for other threads to close the ranges they have open.

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
     from xsp.tracer.export.batches import BatchDrain
 
+__all__ = ["ModelLevel", "build"]
+
 
 class ModelLevel:
     letter = "M"

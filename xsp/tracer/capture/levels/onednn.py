@@ -31,6 +31,8 @@ from xsp.core.records import ApiRecords, RangeRecords
 if TYPE_CHECKING:
     from xsp.tracer.capture.levels import LevelContext
 
+__all__ = ["DOMAIN", "ONEDNN_ENV", "OneDnnLevel", "build", "environment", "parse_verbose_line"]
+
 log = logging.getLogger(__name__)
 
 ONEDNN_ENV = {"ONEDNN_VERBOSE_TIMESTAMP": "1"}

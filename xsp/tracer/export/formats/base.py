@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # the registry is read when the CLI starts: keep it free of p
     from xsp.core.store import Run, RunMeta
     from xsp.tracer.export.sinks import SpanBatch
 
+__all__ = ["ExportFormat", "ExportSource", "RunSpans", "by_sender", "rank_pids"]
+
 
 @dataclass(frozen=True)
 class RunSpans:

@@ -9,6 +9,8 @@ from pathlib import Path
 from xsp.core.errors import XspError
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource
 
+__all__ = ["FORMAT", "write"]
+
 
 def write(source: ExportSource, output: Path | None) -> str | None:
     from xsp.tracer.export.chrome import split_ranks, write_chrome_trace

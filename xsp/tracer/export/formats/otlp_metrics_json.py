@@ -11,6 +11,8 @@ from pathlib import Path
 from xsp.core.errors import XspError
 from xsp.tracer.export.formats.base import ExportFormat, ExportSource
 
+__all__ = ["FORMAT", "write"]
+
 
 def write(source: ExportSource, output: Path | None) -> str | None:
     from xsp.core.records import MonitorSamples
