@@ -169,7 +169,7 @@ with torch.inference_mode():
     for request in range(14):  # 2 warm-up, then measured 0..11; a batch boundary after 5
         net(torch.ones(1, 256, device="cuda"))
         if request == 7:
-            session._rotate()
+            session._continuous._rotate()
 meta = session.close()
 print(meta["status"], meta["batches_stored"])
 """
