@@ -116,6 +116,23 @@ def test_a_stage_imports_only_the_core_and_itself(stage: str, allowed: tuple[str
         assert not others, f"{name} imports {sorted(others)}"
 
 
+def _folder(name: str) -> str:
+    """The package a module sits in (a package's ``__init__`` is the package itself)."""
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Package by package the arrows point one way, a package and the modules beside its
+    sub-packages included: each can be read, changed and tested above what it imports."""
+    arrows = {
+        (_folder(name), _folder(target))
+        for name, targets in _graph().items()
+        for target in targets
+        if target in MODULES and _folder(name) != _folder(target)
+    }
+    assert sorted({tuple(sorted(a)) for a in arrows if a[::-1] in arrows}) == []
+
+
 def test_capture_never_imports_the_analyses_or_the_collector() -> None:
     graph = _graph()
     for name in MODULES:
