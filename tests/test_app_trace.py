@@ -19,12 +19,8 @@ import xsp
 from tests.conftest import reachable_from_root
 from tests.test_cli import xsp as xsp_cli
 from xsp.core import schema
-from xsp.core.otlp import (
-    encode_request,
-    encode_request_json,
-    request_to_json,
-    table_from_resource_spans,
-)
+from xsp.core.otlp import request_to_json, table_from_resource_spans
+from xsp.tracer.export.otlp_layout import encode_request, encode_request_json
 from xsp.tracer.export.sinks import InMemorySink
 
 
