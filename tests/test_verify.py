@@ -56,6 +56,7 @@ SCRIPT = f"""
         loss.backward()
         opt.step()
         losses.append(loss.item())  # a host sync each step
+    print("final loss", losses[-1])  # the program's own output: never inside --json's
 """
 
 

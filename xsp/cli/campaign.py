@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from xsp.cli.common import bar_per_key, console, fail, out_console
+from xsp.cli.common import bar_per_key, console, fail, out_console, stdout_to_stderr
 from xsp.cli.render import print_table
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
@@ -158,7 +158,7 @@ def campaign_verify(
     campaign = CampaignStore(campaign_dir)
     campaign.spec()  # a directory that is no campaign is named before the bar
     globs = [g.strip() for g in (only or "").split(",") if g.strip()]
-    with bar_per_key() as progress:
+    with stdout_to_stderr(as_json), bar_per_key() as progress:
         document = verify_campaign(campaign, rounds, globs, progress, rules)
     if as_json:
         click.echo(json.dumps(document, indent=1))

@@ -5,6 +5,7 @@ command prints), one-line errors and warnings, progress bars, the group that tur
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -50,6 +51,25 @@ def printable(text: str) -> str:
 def plain(text: str) -> Text:
     """A table cell from data: printable, and never read as Rich markup (``[red]`` stays)."""
     return Text(printable(text))
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(when: bool = True) -> Iterator[None]:
+    """Everything written to standard output meanwhile, by this process and by the programs it
+    starts (a re-run workload's own prints), goes to standard error: a command whose output is
+    one JSON document keeps it whole for ``| jq``."""
+    if not when:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from xsp.cli.common import bar_per_key, console, fail, out_console
+from xsp.cli.common import bar_per_key, console, fail, out_console, stdout_to_stderr
 from xsp.core.errors import EXIT_INTERRUPTED
 
 __all__ = ["verify"]
@@ -42,7 +42,7 @@ def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) ->
     from xsp.campaign import verify as verifying
 
     planned = verifying.plan(run_dir, rounds, rules)  # bad input: one line, before any bar
-    with bar_per_key() as progress:
+    with stdout_to_stderr(as_json), bar_per_key() as progress:
         result = verifying.run_plan(planned, progress)
     if as_json:
         click.echo(json.dumps(result.document(), indent=1))
