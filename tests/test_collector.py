@@ -99,7 +99,7 @@ def test_http_protobuf_json_and_grpc_land_in_the_store(
         assert stored.num_rows == original.num_rows == 1791
         for column in ("trace_id", "span_id", "parent_span_id", "start_ns", "dur_ns", "iteration"):
             assert stored.column(column).equals(original.column(column)), column
-        # the roots' wire titles ("… · MF · iteration 0") are stored as the plain name
+        # the roots' wire titles ("… · MF") are stored as the plain name
         assert stored.column("name").to_pylist() == original.column("name").to_pylist()
         assert (
             stored.column("module_path").to_pylist() == original.column("module_path").to_pylist()

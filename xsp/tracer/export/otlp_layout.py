@@ -60,10 +60,12 @@ def encode_request_json(
 
 
 def trace_title(resource: Mapping[str, AttributeValue], iteration: int | None) -> str:
-    """The root's name on the wire, which Jaeger lists traces by: workload, mode and batch, the
-    ranks of a multi-rank job, level set (or "reconstructed") and iteration, e.g.
-    "torchvision:resnet50 train b64 · MFLG · iteration 3" or "train.py · 2 ranks · MF ·
-    iteration 3". The store keeps the plain name ("step", or "iteration" above the ranks)."""
+    """The root's name on the wire, which Jaeger lists traces by and compares them by: workload,
+    mode and batch, the ranks of a multi-rank job, and level set (or "reconstructed"), e.g.
+    "torchvision:resnet50 train b64 · MFLG" or "train.py · 2 ranks · MF". The iteration is the
+    root's ``xsp.iteration`` attribute, not part of the name: one operation a level set, so that
+    Jaeger's operation filter and its trace compare see the iterations as the same step. The
+    store keeps the plain name ("step", or "iteration" above the ranks)."""
     workload = " ".join(
         str(part)
         for part in (
@@ -75,7 +77,7 @@ def trace_title(resource: Mapping[str, AttributeValue], iteration: int | None) -
     )
     world_size = resource.get(schema.RES_WORLD_SIZE)
     ranks = f"{world_size} ranks" if isinstance(world_size, int) and world_size > 1 else None
-    parts = (workload, ranks, resource.get(schema.RES_LEVELS), f"iteration {iteration}")
+    parts = (workload, ranks, resource.get(schema.RES_LEVELS))
     return " · ".join(str(p) for p in parts if p)
 
 
