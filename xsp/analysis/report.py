@@ -1,5 +1,5 @@
 """The self-contained HTML report of a measurement: first the answer (the verdict, its causes,
-the top suggestions and layers, the replay's warnings: ``xsp.analysis.figures.answer``), then
+the top suggestions and layers, the replay's warnings: ``xsp.analysis.answer``), then
 the flame view and the timeline of one reconstructed iteration, then every analysis (``xsp.analysis.catalog``) as a chart and a table.
 
 Tables are plain HTML with every row (in a scrolling box), headers as words with units and a
@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from xsp.analysis.catalog import sections
-from xsp.analysis.figures.answer import ANSWER_STYLE, answer, answer_html
+from xsp.analysis.answer import ANSWER_STYLE, answer, answer_html
 from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_kernel
 from xsp.analysis.figures.views import flame_figure, legend_html, timeline_figure
 from xsp.analysis.measurement.store import MeasurementStore

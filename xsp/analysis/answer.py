@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from xsp.analysis.catalog import Section
@@ -72,7 +73,7 @@ def answer(store: MeasurementStore, found: dict[str, Section]) -> Answer:
     except XspError as exc:
         warnings.append(f"no replay: {exc}")
     verdict, causes = _verdict(store, found)
-    measured = measured_gains(store)
+    measured = measured_gains(store.root)
     suggestions = []
     section = found.get("suggestions")
     for row in (section.table.to_pylist() if section else [])[:TOP_SUGGESTIONS]:
@@ -155,10 +156,10 @@ def _layers(
     return rows, "Layers by forward host time (no GPU run)"
 
 
-def measured_gains(store: MeasurementStore) -> dict[str, str]:
-    """Each verified rule's measured gain as a phrase, from ``RUN/verify/verify.json`` (``xsp
-    verify``); empty where it did not run or cannot be read."""
-    path = store.root.joinpath(*VERIFY_FILE)
+def measured_gains(root: Path) -> dict[str, str]:
+    """Each verified rule's measured gain as a phrase (or, not measured, its status), from
+    ``root/verify/verify.json`` (``xsp verify``); empty where it did not run or cannot be read."""
+    path = root.joinpath(*VERIFY_FILE)
     try:
         rows = json.loads(path.read_text(encoding="utf-8")).get("rows", [])
     except (OSError, ValueError, AttributeError):
@@ -172,7 +173,9 @@ def measured_gains(store: MeasurementStore) -> dict[str, str]:
             ci = row.get("measured_gain_ci_ms")
             span = (
                 f" (95% CI {ci[0]:.2f} to {ci[1]:.2f})"
-                if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, float) for v in ci)
+                if isinstance(ci, list)
+                and len(ci) == 2
+                and all(isinstance(v, (int, float)) for v in ci)
                 else ""
             )
             said[row["rule"]] = f"measured {gain:.2f} ms/iteration{span}"
@@ -210,7 +213,7 @@ def _causes(causes: list[dict]) -> str:
         f"style='width:{max(1, round(r['share_pct']))}px'></span></td></tr>"
         for r in causes
     )
-    return f"<table>{rows}</table>"
+    return f"<table class='answer'>{rows}</table>"
 
 
 def _suggestions(rows: list[dict]) -> str:
@@ -240,7 +243,7 @@ def _layers_html(found: Answer) -> str:
         f"<td class='checks'>{html.escape(str(r['detail']))}</td></tr>"
         for r in found.layers
     )
-    return f"<table>{rows}</table>"
+    return f"<table class='answer'>{rows}</table>"
 
 
 def _pct(value: float | None) -> str:
