@@ -42,15 +42,19 @@ ANSWER_STYLE = """
 """
 
 
+#: One row a list of the first screen shows: a cause, a suggestion or a layer.
+Row = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Answer:
     """What the first screen says; every list already cut to what it shows."""
 
     verdict: str
     checks: list[str] = field(default_factory=list)
-    causes: list[dict[str, Any]] = field(default_factory=list)  # cause, ms_per_iteration, share
-    suggestions: list[dict[str, Any]] = field(default_factory=list)  # suggest's rows + measured
-    layers: list[dict[str, Any]] = field(default_factory=list)  # layer, ms, share_pct
+    causes: list[Row] = field(default_factory=list)  # cause, ms_per_iteration, share
+    suggestions: list[Row] = field(default_factory=list)  # suggest's rows + measured
+    layers: list[Row] = field(default_factory=list)  # layer, ms, share_pct
     layers_title: str = ""
     warnings: list[str] = field(default_factory=list)
 
@@ -103,7 +107,7 @@ def _step_line(result: Any) -> str:
     return f"replayed step {result.step_ms:.3f} ms{against}"
 
 
-def _verdict(store: MeasurementStore, found: dict[str, Section]) -> tuple[str, list[dict]]:
+def _verdict(store: MeasurementStore, found: dict[str, Section]) -> tuple[str, list[Row]]:
     """The verdict line and the causes above half a percent, largest first: the replay's
     critical path where the report has it, else the step's causes computed here (a run without
     level G is the host's work alone)."""
@@ -123,7 +127,7 @@ def _verdict(store: MeasurementStore, found: dict[str, Section]) -> tuple[str, l
 
 def _layers(
     store: MeasurementStore, found: dict[str, Section], step_ms: float | None
-) -> tuple[list[dict], str]:
+) -> tuple[list[Row], str]:
     """The layers with the most time on the replayed step's critical path (with level G), else
     the leaf layers with the most forward host time."""
     from xsp.analysis.tables.summary import top_layers
@@ -204,7 +208,7 @@ def answer_html(found: Answer) -> str:
     )
 
 
-def _causes(causes: list[dict]) -> str:
+def _causes(causes: list[Row]) -> str:
     if not causes:
         return "<p class='checks'>no critical path to split by cause</p>"
     rows = "".join(
@@ -216,7 +220,7 @@ def _causes(causes: list[dict]) -> str:
     return f"<table class='answer'>{rows}</table>"
 
 
-def _suggestions(rows: list[dict]) -> str:
+def _suggestions(rows: list[Row]) -> str:
     if not rows:
         return "<p class='checks'>no rule fired: nothing to suggest from this measurement</p>"
     items = []

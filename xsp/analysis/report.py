@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from xsp.analysis.catalog import sections
 from xsp.analysis.answer import ANSWER_STYLE, answer, answer_html
+from xsp.analysis.catalog import sections
 from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_kernel
 from xsp.analysis.figures.views import flame_figure, legend_html, timeline_figure
 from xsp.analysis.measurement.store import MeasurementStore
