@@ -25,6 +25,8 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     # latency, kernels, busy %, durations, TFLOP/s per layer) plot
     assert page.count("<table>") == sections
     assert page.count("Plotly.newPlot") == 2 + 8
+    # the flame view and the timeline draw at once; the analyses' charts when scrolled near
+    assert page.count('<script type="text/x-xsp-when-seen">') == 8
     assert "<h2>Flame view</h2>" in page and "<h2>Timeline</h2>" in page
     for key, heading in (
         ("suggestions", "Suggestions"),

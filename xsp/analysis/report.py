@@ -35,6 +35,39 @@ p.note{color:#495057;font-size:13px;margin:.2em 0 1em}
 """
 
 
+#: The type of a chart's drawing script until it comes near the window (``LAZY_SCRIPT``).
+LAZY_TYPE = "text/x-xsp-when-seen"
+#: Runs each chart's drawing script once its box comes within a screen of the window: the
+#: analyses' charts (below the first screen, the flame view and the timeline) then cost the page's
+#: load nothing. Without IntersectionObserver every chart draws at once.
+LAZY_SCRIPT = f"""
+(function () {{
+  const run = (old) => {{
+    const script = document.createElement("script");
+    script.text = old.text;
+    old.replaceWith(script);
+  }};
+  const waiting = Array.from(document.querySelectorAll('script[type="{LAZY_TYPE}"]'));
+  if (!("IntersectionObserver" in window)) {{ waiting.forEach(run); return; }}
+  const seen = new IntersectionObserver((entries) => entries.forEach((entry) => {{
+    if (!entry.isIntersecting) return;
+    seen.unobserve(entry.target);
+    run(entry.target.querySelector('script[type="{LAZY_TYPE}"]'));
+  }}), {{ rootMargin: "800px 0px" }});
+  waiting.forEach((script) => seen.observe(script.parentElement));
+}})();
+"""
+
+
+def _drawn_when_seen(snippet: str) -> str:
+    """A chart's HTML whose drawing script (the first after its graph's box) waits for
+    ``LAZY_SCRIPT``."""
+    start = snippet.find("<script>", snippet.find("plotly-graph-div"))
+    if start < 0:
+        return snippet
+    return snippet[:start] + f'<script type="{LAZY_TYPE}">' + snippet[start + len("<script>") :]
+
+
 def html_table(table: pa.Table) -> str:
     """Every row of ``table``; numbers right-aligned; kernel names shortened, full on hover."""
     columns = table.column_names
@@ -100,9 +133,11 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         rows = f"{section.table.num_rows:,} rows"
         note = f"{rows}: {section.note}" if section.note else rows
         parts.append(f"<p class='note'>{html.escape(note)}</p>")
+    eager = 2 if flame is not None else 0  # the flame view and the timeline draw at once
     rendered = [
-        figure.to_html(full_html=False, include_plotlyjs=(index == 0))
+        _drawn_when_seen(snippet) if index >= eager else snippet
         for index, figure in enumerate(figures)
+        if (snippet := figure.to_html(full_html=False, include_plotlyjs=(index == 0)))
     ]
     body = "\n".join(parts)
     for index, snippet in enumerate(rendered):
@@ -110,7 +145,7 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{STYLE}{ANSWER_STYLE}</style></head>"
-        f"<body>{body}</body></html>"
+        f"<body>{body}<script>{LAZY_SCRIPT}</script></body></html>"
     )
     path.write_text(page, encoding="utf-8")
     return count
