@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xsp.analysis.measurement.store import MeasurementStore
@@ -24,6 +25,8 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     # latency, kernels, busy %, durations, TFLOP/s per layer) plot
     assert page.count("<table>") == sections
     assert page.count("Plotly.newPlot") == 2 + 8
+    # the flame view and the timeline draw at once; the analyses' charts when scrolled near
+    assert page.count('<script type="text/x-xsp-when-seen">') == 8
     assert "<h2>Flame view</h2>" in page and "<h2>Timeline</h2>" in page
     for key, heading in (
         ("suggestions", "Suggestions"),
@@ -36,3 +39,41 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     # A3 lists all 158 layer calls of ResNet-50's forward pass: nothing cut without a note
     assert "158 rows" in page
     assert "layout-transposes" in page
+
+
+def test_first_screen_shows_the_measured_gain_where_xsp_verify_ran(tmp_path: Path) -> None:
+    from xsp.analysis.answer import Answer, answer_html, measured_gains
+
+    assert measured_gains(tmp_path) == {}  # xsp verify did not run
+    (tmp_path / "verify").mkdir()
+    rows = [
+        {
+            "rule": "channels_last",
+            "measured_gain_ms_per_iteration": 1.5,
+            "measured_gain_ci_ms": [1.25, 1.75],
+            "status": "measured",
+        },
+        {
+            "rule": "host_syncs",
+            "measured_gain_ms_per_iteration": None,
+            "measured_gain_ci_ms": None,
+            "status": "needs a code change",
+        },
+    ]
+    (tmp_path / "verify" / "verify.json").write_text(json.dumps({"rows": rows}))
+    said = measured_gains(tmp_path)
+    assert said == {
+        "channels_last": "measured 1.50 ms/iteration (95% CI 1.25 to 1.75)",
+        "host_syncs": "verify: needs a code change",
+    }
+    suggestion = {
+        "rule": "channels_last",
+        "advice": "use channels_last",
+        "evidence": "",
+        "gain_ms_per_iteration": 1.84,
+        "share_pct": 5.6,
+        "measured": said["channels_last"],
+    }
+    page = answer_html(Answer(verdict="GPU-bound", suggestions=[suggestion], warnings=["off"]))
+    assert "estimated 1.84 ms/iteration (5.6% of the step); measured 1.50" in page
+    assert "<p id='verdict'>GPU-bound</p>" in page and "⚠ off" in page

@@ -1,5 +1,6 @@
-"""The self-contained HTML report of a measurement: the flame view and the timeline of one
-reconstructed iteration, then every analysis (``xsp.analysis.catalog``) as a chart and a table.
+"""The self-contained HTML report of a measurement: first the answer (the verdict, its causes,
+the top suggestions and layers, the replay's warnings: ``xsp.analysis.answer``), then
+the flame view and the timeline of one reconstructed iteration, then every analysis (``xsp.analysis.catalog``) as a chart and a table.
 
 Tables are plain HTML with every row (in a scrolling box), headers as words with units and a
 note wherever an analysis ranks and keeps only its top rows; charts are plotly, whose script is
@@ -14,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from xsp.analysis.answer import ANSWER_STYLE, answer, answer_html
 from xsp.analysis.catalog import sections
 from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_kernel
 from xsp.analysis.figures.views import flame_figure, legend_html, timeline_figure
@@ -22,7 +24,8 @@ from xsp.analysis.measurement.store import MeasurementStore
 __all__ = ["STYLE", "html_table", "write_report"]
 
 STYLE = """
-body{font-family:sans-serif;margin:1.5em;max-width:1500px}
+body{font-family:sans-serif;margin:1em 1.5em;max-width:1500px}
+h1{font-size:1.3em;margin:.2em 0}
 .table{max-height:420px;overflow:auto;border:1px solid #dee2e6;margin-bottom:.3em}
 table{border-collapse:collapse;font-size:13px;width:100%}
 th{position:sticky;top:0;background:#f1f3f5;text-align:left;padding:4px 8px}
@@ -30,6 +33,39 @@ td{padding:3px 8px;border-top:1px solid #f1f3f5}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 p.note{color:#495057;font-size:13px;margin:.2em 0 1em}
 """
+
+
+#: The type of a chart's drawing script until it comes near the window (``LAZY_SCRIPT``).
+LAZY_TYPE = "text/x-xsp-when-seen"
+#: Runs each chart's drawing script once its box comes within a screen of the window: the
+#: analyses' charts (below the first screen, the flame view and the timeline) then cost the page's
+#: load nothing. Without IntersectionObserver every chart draws at once.
+LAZY_SCRIPT = f"""
+(function () {{
+  const run = (old) => {{
+    const script = document.createElement("script");
+    script.text = old.text;
+    old.replaceWith(script);
+  }};
+  const waiting = Array.from(document.querySelectorAll('script[type="{LAZY_TYPE}"]'));
+  if (!("IntersectionObserver" in window)) {{ waiting.forEach(run); return; }}
+  const seen = new IntersectionObserver((entries) => entries.forEach((entry) => {{
+    if (!entry.isIntersecting) return;
+    seen.unobserve(entry.target);
+    run(entry.target.querySelector('script[type="{LAZY_TYPE}"]'));
+  }}), {{ rootMargin: "800px 0px" }});
+  waiting.forEach((script) => seen.observe(script.parentElement));
+}})();
+"""
+
+
+def _drawn_when_seen(snippet: str) -> str:
+    """A chart's HTML whose drawing script (the first after its graph's box) waits for
+    ``LAZY_SCRIPT``."""
+    start = snippet.find("<script>", snippet.find("plotly-graph-div"))
+    if start < 0:
+        return snippet
+    return snippet[:start] + f'<script type="{LAZY_TYPE}">' + snippet[start + len("<script>") :]
 
 
 def html_table(table: pa.Table) -> str:
@@ -61,11 +97,12 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     from xsp.analysis.reconstruction.reconstruct import reconstruct
 
     spans, mismatches = reconstruct(store)
+    found = sections(store)
     parts = [
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>{spans.num_rows:,} reconstructed spans; {mismatches.num_rows:,} had no counterpart "
-        "in a shallower run and kept their own timing. "
-        f"{html.escape(_replay_text(store))}</p>",
+        answer_html(answer(store, {s.key: s for s in found})),
+        f"<p class='note'>{spans.num_rows:,} reconstructed spans; {mismatches.num_rows:,} had "
+        "no counterpart in a shallower run and kept their own timing.</p>",
     ]
     figures: list[Any] = []
 
@@ -81,7 +118,7 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         parts.append("<h2>Timeline</h2>")
         place(timeline_figure(spans))
     count = 0
-    for section in sections(store):
+    for section in found:
         if section.absent:
             parts.append(f"<h2 id='{section.key}'>{html.escape(section.title)}</h2>")
             parts.append(f"<p class='note'>{html.escape(section.note)}</p>")
@@ -96,36 +133,19 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         rows = f"{section.table.num_rows:,} rows"
         note = f"{rows}: {section.note}" if section.note else rows
         parts.append(f"<p class='note'>{html.escape(note)}</p>")
+    eager = 2 if flame is not None else 0  # the flame view and the timeline draw at once
     rendered = [
-        figure.to_html(full_html=False, include_plotlyjs=(index == 0))
+        _drawn_when_seen(snippet) if index >= eager else snippet
         for index, figure in enumerate(figures)
+        if (snippet := figure.to_html(full_html=False, include_plotlyjs=(index == 0)))
     ]
     body = "\n".join(parts)
     for index, snippet in enumerate(rendered):
         body = body.replace(f"{{figure{index}}}", snippet, 1)
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head>"
-        f"<body>{body}</body></html>"
+        f"<title>{html.escape(title)}</title><style>{STYLE}{ANSWER_STYLE}</style></head>"
+        f"<body>{body}<script>{LAZY_SCRIPT}</script></body></html>"
     )
     path.write_text(page, encoding="utf-8")
     return count
-
-
-def _replay_text(store: MeasurementStore) -> str:
-    """The replayed step against M's, in one sentence."""
-    from xsp.analysis.replay import replay
-
-    found = replay(store).result()
-    if found.step_ms is None:
-        return ""
-    text = (
-        f"The timeline is a replay of the untraced step (causal by construction): "
-        f"{found.step_ms:.3f} ms"
-    )
-    if found.measured_step_ms:
-        text += (
-            f" against {found.measured_run}'s measured {found.measured_step_ms:.3f} ms "
-            f"({found.error_pct:+.1f}%)"
-        )
-    return text + "."
