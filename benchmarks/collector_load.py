@@ -14,7 +14,8 @@ the collector (SIGTERM: it flushes) and checks that the store holds every acknow
 
 ``--rate`` offers that many spans a second in all (each client paced to its share, never ahead
 of its schedule) instead of as many as the collector takes: "sustained at 200k spans/s without
-a 429" is then a question this answers.
+a 429" is then a question this answers. The store worker's RSS (/proc VmRSS) is sampled every
+``--rss-every`` seconds (default 10) and printed.
 """
 
 from __future__ import annotations
@@ -87,12 +88,31 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory now (Linux /proc VmRSS), MiB; None once it is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def sample_rss(pid: int, every: float, stop: threading.Event, out: list[tuple[float, str]]) -> None:
+    """Every ``every`` seconds until ``stop``: (seconds since start, the RSS of ``pid``'s
+    children, the store worker) into ``out``."""
+    start = time.perf_counter()
+    while not stop.wait(every):
+        rss = [rss_mib(child) for child in children(pid)]
+        out.append((time.perf_counter() - start, ", ".join(f"{r:.0f}" for r in rss if r)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--spans-per-request", type=int, default=1000)
     parser.add_argument("--rate", type=float, help="spans/s offered in all (default: no limit)")
+    parser.add_argument("--rss-every", type=float, default=10, help="seconds between RSS samples")
     args = parser.parse_args()
     bodies = requests(64, args.spans_per_request)
     (port,) = free_ports(1)
@@ -128,6 +148,12 @@ def main() -> None:
             conn.close()
 
         cpu_before = {pid: cpu_seconds(pid) for pid in [proc.pid, *children(proc.pid)]}
+        samples: list[tuple[float, str]] = []
+        stop = threading.Event()
+        sampler = threading.Thread(
+            target=sample_rss, args=(proc.pid, args.rss_every, stop, samples)
+        )
+        sampler.start()
         start = time.perf_counter()
         threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
         for t in threads:
@@ -135,6 +161,8 @@ def main() -> None:
         for t in threads:
             t.join()
         elapsed = time.perf_counter() - start
+        stop.set()
+        sampler.join()
         during = stored_so_far(store)
         cpu = {
             pid: cpu_seconds(pid) - cpu_before.get(pid, 0.0)
@@ -163,6 +191,10 @@ def main() -> None:
         print(
             f"stored after SIGTERM: {stored} spans (flush after the load took {drain:.1f} s), "
             f"{stored / (elapsed + drain):,.0f} spans/s over load and flush"
+        )
+        print(
+            "store worker RSS (MiB) over the load: "
+            + "; ".join(f"{t:.0f} s {r}" for t, r in samples)
         )
         if stored < total:
             raise SystemExit("store lost acknowledged spans")
