@@ -124,7 +124,7 @@ def run_key(resource: Mapping[str, AttributeValue]) -> tuple[str, str]:
 
 class Sender(NamedTuple):
     """A resource as stored: its id (``resource_id``, the spans' ``resource_id``), its
-    attributes as plain values (run.json's "resource") and typed (run.json's "resources")."""
+    attributes as plain values (run.json's "resource") and typed (``resources-<part>.parquet``)."""
 
     id: str
     attributes: dict[str, AttributeValue]
@@ -445,6 +445,8 @@ class StoreWriter:
             table, hashes, dropped = drop_stored(table, keys)
             rows = None
             if table.num_rows or _part_path(run_dir, part_name).exists():
+                typed = {sender.id: sender.typed for sender in senders.values()}
+                store.write_resource_part(run_dir, part_name, typed)  # before the spans naming them
                 store.write_span_part(run_dir, table, name=part_name)
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
@@ -480,15 +482,13 @@ class StoreWriter:
         senders: dict[str, Sender],
         keys: SpanKeys,
     ) -> None:
-        """run.json: every sender's resource in "resources" (by id, as the spans'
-        ``resource_id`` names them), the first one's attributes in "resource"."""
+        """run.json: the first sender's attributes in "resource" (every sender's resource is in
+        the parts' ``resources-<part>.parquet``, by id as the spans' ``resource_id`` names them;
+        an older collector's "resources" stay as they are)."""
         earlier = _read_meta(run_dir) or RunMeta()
-        resources = dict(earlier.resources or {})
-        for sender in senders.values():
-            resources.setdefault(sender.id, sender.typed)
         first = next(iter(senders.values()))
         resource = earlier.resource
-        if resource is None or earlier.resources is None:
+        if resource is None or (earlier.resources is None and not earlier.resources_in_parts):
             resource = first.attributes  # a run.json of an older collector: its first sender's
         run_id = str(resource.get(schema.RES_RUN_ID, measurement))
         workload = resource.get(schema.RES_WORKLOAD)
@@ -500,7 +500,8 @@ class StoreWriter:
             levels=levels,
             workload=workload,
             resource=resource,
-            resources=resources,
+            resources=earlier.resources,
+            resources_in_parts=True,
             status=Status.COLLECTED,
             spans=keys.spans,
             duplicate_spans_skipped=sum(keys.skipped.values()),
