@@ -247,3 +247,14 @@ def test_a_span_re_pushed_beyond_the_dedupe_window_is_stored_again(tmp_path: Pat
     run_dir = tmp_path / "store" / "m-o" / "MF"
     assert len(_keys(run_dir)) == 9 * 50 and len(set(_keys(run_dir))) == 8 * 50
     assert read_json(run_dir / RUN_META)["spans"] == 9 * 50
+
+
+def test_the_dedupe_window_is_a_setting() -> None:
+    from xsp.core import config
+    from xsp.core.errors import ConfigError
+
+    assert config.collector_dedupe_spans({}) == config.DEFAULT_COLLECTOR_DEDUPE_SPANS == 2_000_000
+    assert config.collector_dedupe_spans({"XSP_COLLECTOR_DEDUPE_SPANS": "5_000_000"}) == 5_000_000
+    for bad in ("0", "-1", "lots"):
+        with pytest.raises(ConfigError, match="XSP_COLLECTOR_DEDUPE_SPANS"):
+            config.collector_dedupe_spans({"XSP_COLLECTOR_DEDUPE_SPANS": bad})
