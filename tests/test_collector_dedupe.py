@@ -198,3 +198,63 @@ def test_the_index_is_bounded_and_reloaded_after_eviction(tmp_path: Path) -> Non
         store.write(f"p{part}", [request(run)])
     assert len(store._indexes) == 2
     assert store.spans_written == 3 * 50 and store.duplicate_spans == 2 * 50
+
+
+def _traced(table: pa.Table, n: int) -> pa.Table:
+    trace = pa.array([n.to_bytes(16, "big")] * table.num_rows, pa.binary(16))
+    return table.set_column(0, "trace_id", trace)
+
+
+def test_the_dedupe_window_is_bounded_and_holds_inside_it(tmp_path: Path) -> None:
+    # window 100 spans, parts of 50: the newest 100 spans' parts are always indexed, and never
+    # more than 200 hashes plus one part's
+    base = _table("w").slice(0, 50)
+
+    def request(n: int) -> writer.Converted:
+        return writer.convert(otlp_layout.encode_request(_resource("w"), _traced(base, n)))
+
+    store = StoreWriter(tmp_path / "store", dedupe_window=100)
+    run_dir = tmp_path / "store" / "m-w" / "MF"
+    for n in range(12):
+        assert store.write(f"p{n:02d}", [request(n)]) == 50
+        keys = store._indexes[run_dir]
+        assert keys.hashes <= 200 + 50
+        assert {f"p{n:02d}", f"p{max(n - 1, 0):02d}"} <= set(keys.indexed)
+    assert keys.spans == 12 * 50 and len(keys.parts) == 12  # run.json still counts every part
+    # inside the window: re-pushed (together, and after a restart) they are stored once
+    assert store.write("q1", [request(10), request(11)]) == 0
+    assert store.duplicate_spans == 100
+    restarted = StoreWriter(tmp_path / "store", dedupe_window=100)
+    assert restarted.write("q2", [request(11), request(10)]) == 0
+    assert restarted._indexes[run_dir].hashes <= 250
+    meta = read_json(run_dir / RUN_META)
+    assert meta["spans"] == 12 * 50 and meta["duplicate_spans_skipped"] == 200
+
+
+def test_a_span_re_pushed_beyond_the_dedupe_window_is_stored_again(tmp_path: Path) -> None:
+    # what the window gives up: a copy whose original is older than the window's newest
+    # spans is not recognised (stored twice, counted as two spans); nothing is lost
+    base = _table("o").slice(0, 50)
+
+    def request(n: int) -> writer.Converted:
+        return writer.convert(otlp_layout.encode_request(_resource("o"), _traced(base, n)))
+
+    store = StoreWriter(tmp_path / "store", dedupe_window=100)
+    for n in range(8):
+        store.write(f"p{n}", [request(n)])
+    assert store.write("r", [request(0)]) == 50  # p0 left the index 250+ spans ago
+    assert store.duplicate_spans == 0
+    run_dir = tmp_path / "store" / "m-o" / "MF"
+    assert len(_keys(run_dir)) == 9 * 50 and len(set(_keys(run_dir))) == 8 * 50
+    assert read_json(run_dir / RUN_META)["spans"] == 9 * 50
+
+
+def test_the_dedupe_window_is_a_setting() -> None:
+    from xsp.core import config
+    from xsp.core.errors import ConfigError
+
+    assert config.collector_dedupe_spans({}) == config.DEFAULT_COLLECTOR_DEDUPE_SPANS == 2_000_000
+    assert config.collector_dedupe_spans({"XSP_COLLECTOR_DEDUPE_SPANS": "5_000_000"}) == 5_000_000
+    for bad in ("0", "-1", "lots"):
+        with pytest.raises(ConfigError, match="XSP_COLLECTOR_DEDUPE_SPANS"):
+            config.collector_dedupe_spans({"XSP_COLLECTOR_DEDUPE_SPANS": bad})

@@ -37,7 +37,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from tests.fixtures import free_ports, make_collector, start_collector
 from tests.test_collector import _post
 from xsp.core import otlp
-from xsp.core.store import open_measurement, read_json
+from xsp.core.store import open_measurement, open_run, read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOURCE_SCHEMA = "https://opentelemetry.io/schemas/1.24.0"
@@ -313,10 +313,11 @@ def test_sdk_exporters_round_trip_through_the_store(
     )
 
     run_dir = store / "shop" / "otlp"
-    meta = read_json(run_dir / "run.json")
+    resources = open_run(run_dir, foreign=True).resources
+    assert resources is not None and "resources" not in read_json(run_dir / "run.json")
     hosts = sorted(
         kv["value"]["stringValue"]
-        for entry in meta["resources"].values()
+        for entry in resources.values()
         for kv in entry["attributes"]
         if kv["key"] == "host.name"
     )

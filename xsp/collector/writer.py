@@ -8,15 +8,18 @@ named after the segment, so replaying a segment after a crash rewrites the same 
 Conversion (``convert``, one request at a time) is separate from writing, so the flusher can set
 aside the one request that fails to convert and store the rest of its segment.
 
-The same span is never stored twice in a run directory: before a batch is written, the spans
-whose (trace_id, span_id) the directory already stores, or that come earlier in the batch, are
+The same span is never stored twice in a run directory within the dedupe window: before a batch
+is written, the spans whose (trace_id, span_id) the directory's newest parts (about its newest
+``config.collector_dedupe_spans()`` spans) already store, or that come earlier in the batch, are
 dropped and counted (a sender that pushes one run twice, over two protocols, or across a
-collector restart). Algorithm:
+collector restart). A copy older than the window is stored again: the index stays bounded.
+Algorithm:
 
 1. Each run directory written in this process has a ``SpanKeys`` index: the sorted 64-bit hashes
-   of the keys its parts hold, read once from their two key columns and then extended as parts
-   are written. The ``MAX_INDEXED_RUNS`` most recently written directories keep theirs; an
-   evicted one is read again when next written.
+   of the keys its newest parts hold, read once from their two key columns and then extended as
+   parts are written, the oldest dropped a generation (a window's spans) at a time. The
+   ``MAX_INDEXED_RUNS`` most recently written directories keep theirs; an evicted one is read
+   again when next written.
 2. A span whose hash is absent from the index (and unique in its batch) is new: one vectorised
    ``searchsorted`` per sorted run of hashes, the whole cost of the normal path.
 3. Only spans whose hash hits are compared exactly, against the keys read back from the parts,
@@ -39,11 +42,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 from xsp.collector import span_columns
-from xsp.core import schema, store
+from xsp.core import config, schema, store
 from xsp.core.errors import StoreError
 from xsp.core.otlp import columns as otlp_columns
 from xsp.core.otlp.decode import (
@@ -79,7 +83,7 @@ log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = store.FOREIGN_LEVELS
-#: Run directories whose key index stays in memory (8 bytes a stored span each).
+#: Run directories whose key index stays in memory (8-16 bytes a window span each).
 MAX_INDEXED_RUNS = 64
 #: run.json's ``source`` of a run the collector stored
 COLLECTOR = "collector"
@@ -120,7 +124,7 @@ def run_key(resource: Mapping[str, AttributeValue]) -> tuple[str, str]:
 
 class Sender(NamedTuple):
     """A resource as stored: its id (``resource_id``, the spans' ``resource_id``), its
-    attributes as plain values (run.json's "resource") and typed (run.json's "resources")."""
+    attributes as plain values (run.json's "resource") and typed (``resources-<part>.parquet``)."""
 
     id: str
     attributes: dict[str, AttributeValue]
@@ -231,44 +235,85 @@ def _exact_keys(table: pa.Table, rows: np.ndarray) -> list[tuple[bytes | None, i
     return list(zip(traces, spans, strict=True))
 
 
-class SpanKeys:
-    """The keys one run directory stores: hashes in a few sorted arrays (merged like a binary
-    counter, so adding a part costs about its own size and a lookup a few binary searches),
-    the row count and duplicates skipped of each part."""
+class _Generation:
+    """Some consecutive parts' hashes: a few sorted arrays, merged like a binary counter, so
+    adding a part costs about its own size and a lookup a few binary searches."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.spans = 0
+        self.sorted: list[np.ndarray] = []
+
+    def add(self, part: str, hashes: np.ndarray) -> None:
+        self.parts.append(part)
+        self.spans += len(hashes)
+        if len(hashes):
+            self.sorted.append(np.sort(hashes))
+        while len(self.sorted) > 1 and len(self.sorted[-2]) <= 2 * len(self.sorted[-1]):
+            newer = self.sorted.pop()
+            self.sorted[-1] = np.sort(np.concatenate([self.sorted[-1], newer]), kind="stable")
+
+
+class SpanKeys:
+    """The keys one run directory stores, within the dedupe window: the hashes of its newest
+    parts in two generations (the current one and the one before it), the row count of every
+    part and the duplicates each skipped. A generation is closed when it would pass ``window``
+    spans and the one before it is then dropped, so the index always holds the newest part and
+    every part with at most ``window`` spans in it and after it, and never more than
+    ``2 * window`` hashes plus one part's (8 bytes each)."""
+
+    def __init__(self, run_dir: Path, window: int | None = None) -> None:
         self.run_dir = run_dir
-        self.parts: dict[str, int] = {}  # part name -> rows
+        self.window = config.collector_dedupe_spans() if window is None else window
+        self.parts: dict[str, int] = {}  # part name -> rows, every part
         self.skipped: dict[str, int] = {}  # part name -> duplicates left out when it was written
-        self._sorted: list[np.ndarray] = []
+        self._generations = [_Generation()]  # older first, at most two
 
     @classmethod
-    def load(cls, run_dir: Path, names: Iterable[str], skipped: dict[str, int]) -> SpanKeys:
-        """Read the key columns of the parts ``names``."""
-        keys = cls(run_dir)
+    def load(
+        cls, run_dir: Path, names: Iterable[str], skipped: dict[str, int], window: int | None = None
+    ) -> SpanKeys:
+        """Read the key columns of the newest parts of ``names`` that the window holds (part
+        names sort oldest first), and the row counts of the older ones."""
+        keys = cls(run_dir, window)
         keys.skipped = dict(skipped)
-        hashes = []
-        for name in sorted(names):
+        newest: list[tuple[str, np.ndarray]] = []
+        indexed = 0
+        for name in sorted(names, reverse=True):
             path = _part_path(run_dir, name)
+            if newest and indexed >= keys.window:
+                keys.parts[name] = _rows(path)
+                continue
             table = _read_keys(path)
             keys.parts[name] = table.num_rows
-            hashes.append(key_hashes(table))
-        known = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
-        if len(known):
-            keys._sorted = [np.sort(known)]
+            newest.append((name, key_hashes(table)))
+            indexed += table.num_rows
+        for name, hashes in reversed(newest):
+            keys._index(name, hashes)
+        keys.parts = dict(sorted(keys.parts.items()))
         return keys
 
     @property
     def spans(self) -> int:
         return sum(self.parts.values())
 
+    @property
+    def indexed(self) -> list[str]:
+        """The parts whose hashes the index holds, oldest first."""
+        return [name for generation in self._generations for name in generation.parts]
+
+    @property
+    def hashes(self) -> int:
+        return sum(generation.spans for generation in self._generations)
+
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         """Which of ``hashes`` the index holds (a hash hit: maybe a collision)."""
         hit = np.zeros(len(hashes), dtype=bool)
-        for known in self._sorted:
-            at = np.searchsorted(known, hashes)
-            at[at == len(known)] = 0
-            hit |= known[at] == hashes
+        for generation in self._generations:
+            for known in generation.sorted:
+                at = np.searchsorted(known, hashes)
+                at[at == len(known)] = 0
+                hit |= known[at] == hashes
         return hit
 
     def add(self, part: str, hashes: np.ndarray, rows: int | None, skipped: int) -> None:
@@ -278,17 +323,20 @@ class SpanKeys:
         self.skipped.pop(part, None)  # a part rewritten replaces its count
         if skipped:
             self.skipped[part] = skipped
-        if len(hashes):
-            self._sorted.append(np.sort(hashes))
-        while len(self._sorted) > 1 and len(self._sorted[-2]) <= 2 * len(self._sorted[-1]):
-            newer = self._sorted.pop()
-            self._sorted[-1] = np.sort(np.concatenate([self._sorted[-1], newer]), kind="stable")
+        if rows is not None:
+            self._index(part, hashes)
+
+    def _index(self, part: str, hashes: np.ndarray) -> None:
+        current = self._generations[-1]
+        if current.spans and current.spans + len(hashes) > self.window:
+            self._generations = [current, _Generation()]  # the older one's hashes are dropped
+        self._generations[-1].add(part, hashes)
 
     def stored_keys(self, hashes: np.ndarray) -> set[tuple[bytes | None, int | None]]:
-        """The exact keys the parts store whose hash is among ``hashes`` (the slow path, for
-        hash hits only: it reads the parts' key columns back)."""
+        """The exact keys the indexed parts store whose hash is among ``hashes`` (the slow path,
+        for hash hits only: it reads the parts' key columns back)."""
         found: set[tuple[bytes | None, int | None]] = set()
-        for name in self.parts:
+        for name in self.indexed:
             table = _read_keys(_part_path(self.run_dir, name))
             rows = np.flatnonzero(np.isin(key_hashes(table), hashes))
             if len(rows):
@@ -336,6 +384,17 @@ def _read_keys(path: Path) -> pa.Table:
         )
 
 
+def _rows(path: Path) -> int:
+    """The spans of a part outside the window, from its footer alone (0 where unreadable, as
+    ``_read_keys``)."""
+    try:
+        with pq.ParquetFile(path) as parquet:
+            return int(parquet.metadata.num_rows)
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("xsp collector: cannot read the span count of %s: %s", path, exc)
+        return 0
+
+
 def _part_path(run_dir: Path, name: str) -> Path:
     return run_dir / f"spans-{name}.parquet"
 
@@ -349,7 +408,12 @@ class StoreWriter:
     """Writes batches of converted requests into the store, each span once per run directory;
     used by the collector's one flusher (it blocks on the disk), in one process at a time."""
 
-    def __init__(self, root: Path, max_indexed_runs: int = MAX_INDEXED_RUNS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_indexed_runs: int = MAX_INDEXED_RUNS,
+        dedupe_window: int | None = None,
+    ) -> None:
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -358,6 +422,10 @@ class StoreWriter:
         self.spans_written = 0
         self.duplicate_spans = 0  # spans left out because their run already stored them
         self._max_indexed = max_indexed_runs
+        #: spans per run directory whose keys are indexed (``config.collector_dedupe_spans``)
+        self.dedupe_window = (
+            config.collector_dedupe_spans() if dedupe_window is None else dedupe_window
+        )
         self._indexes: OrderedDict[Path, SpanKeys] = OrderedDict()  # least recently written first
 
     def write(self, part_name: str, converted: Iterable[Converted]) -> int:
@@ -377,6 +445,8 @@ class StoreWriter:
             table, hashes, dropped = drop_stored(table, keys)
             rows = None
             if table.num_rows or _part_path(run_dir, part_name).exists():
+                typed = {sender.id: sender.typed for sender in senders.values()}
+                store.write_resource_part(run_dir, part_name, typed)  # before the spans naming them
                 store.write_span_part(run_dir, table, name=part_name)
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
@@ -398,7 +468,7 @@ class StoreWriter:
             names.discard(part_name)
             skipped = _skipped_by_part(run_dir)
             skipped.pop(part_name, None)  # about to be counted again
-            keys = SpanKeys.load(run_dir, names, skipped)
+            keys = SpanKeys.load(run_dir, names, skipped, self.dedupe_window)
         self._indexes[run_dir] = keys
         while len(self._indexes) > self._max_indexed:
             self._indexes.popitem(last=False)
@@ -412,15 +482,13 @@ class StoreWriter:
         senders: dict[str, Sender],
         keys: SpanKeys,
     ) -> None:
-        """run.json: every sender's resource in "resources" (by id, as the spans'
-        ``resource_id`` names them), the first one's attributes in "resource"."""
+        """run.json: the first sender's attributes in "resource" (every sender's resource is in
+        the parts' ``resources-<part>.parquet``, by id as the spans' ``resource_id`` names them;
+        an older collector's "resources" stay as they are)."""
         earlier = _read_meta(run_dir) or RunMeta()
-        resources = dict(earlier.resources or {})
-        for sender in senders.values():
-            resources.setdefault(sender.id, sender.typed)
         first = next(iter(senders.values()))
         resource = earlier.resource
-        if resource is None or earlier.resources is None:
+        if resource is None or (earlier.resources is None and not earlier.resources_in_parts):
             resource = first.attributes  # a run.json of an older collector: its first sender's
         run_id = str(resource.get(schema.RES_RUN_ID, measurement))
         workload = resource.get(schema.RES_WORKLOAD)
@@ -432,7 +500,8 @@ class StoreWriter:
             levels=levels,
             workload=workload,
             resource=resource,
-            resources=resources,
+            resources=earlier.resources,
+            resources_in_parts=True,
             status=Status.COLLECTED,
             spans=keys.spans,
             duplicate_spans_skipped=sum(keys.skipped.values()),

@@ -187,6 +187,30 @@ def m_processes(env: Mapping[str, str] | None = None) -> int:
     return count
 
 
+#: The collector's dedupe window (``collector_dedupe_spans``): per run directory, the newest
+#: this many spans' keys are indexed (8 bytes each, at most twice as many held).
+DEFAULT_COLLECTOR_DEDUPE_SPANS = 2_000_000
+MAX_COLLECTOR_DEDUPE_SPANS = 1 << 32
+
+
+def collector_dedupe_spans(env: Mapping[str, str] | None = None) -> int:
+    """``XSP_COLLECTOR_DEDUPE_SPANS`` (default 2,000,000): the collector stores a span once
+    per run directory when its earlier copy is among the directory's newest this many spans
+    (whole parts, the newest always); the index holds 8 to 16 bytes a window span."""
+    value = _get("XSP_COLLECTOR_DEDUPE_SPANS", env)
+    if value is None:
+        return DEFAULT_COLLECTOR_DEDUPE_SPANS
+    try:
+        count = int(value.replace("_", ""))
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_COLLECTOR_DEDUPE_SPANS:
+        raise ConfigError(
+            f"bad XSP_COLLECTOR_DEDUPE_SPANS={value!r}: give 1 to {MAX_COLLECTOR_DEDUPE_SPANS}"
+        )
+    return count
+
+
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
@@ -198,6 +222,7 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_SHARE_PROCESS", True, env)
     switch("XSP_STEADY_HEAP", True, env)
     m_processes(env)
+    collector_dedupe_spans(env)
     ncu_path(env)
     native_dir(env)
     counter_set(env)

@@ -245,7 +245,9 @@ class RunMeta:
 
     The level-specific sections read by name (``calibration``, ``interleaved``, ``host``,
     ``cupti``, ``arena``, ``monitor``, ...) are mappings as the run wrote them; a rank-joined
-    run has ``ranks`` and ``world_size``, a collected one ``resources`` (by sender id)."""
+    run has ``ranks`` and ``world_size``, a collected one its senders' resources by id in
+    ``resources-*.parquet`` parts (``resources_in_parts``; an older collector's: ``resources``
+    here, read by ``files.read_resources``)."""
 
     format: str | None = field(default=None, metadata=_TEXT)
     run_id: str | None = field(default=None, metadata=_TEXT)
@@ -298,6 +300,8 @@ class RunMeta:
     )
     quarantined_requests: int | None = field(default=None, metadata=_COUNT)
     quarantined: tuple[str, ...] | None = field(default=None, metadata=_TEXTS)
+    #: the senders' resources are in ``resources-<part>.parquet`` beside each span part
+    resources_in_parts: bool | None = field(default=None, metadata=_FLAG)
     #: what xsp stepped aside from while the program's own torch.profiler ran (capture/coexist)
     program_profiler: Mapping[str, Any] | None = field(default=None, metadata=_SECTION)
     extra: Mapping[str, Any] = field(default_factory=dict)

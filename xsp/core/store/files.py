@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import fnmatch
 import gzip
+import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "NCU_REPORT",
     "PARQUET_OPTIONS",
     "RECONSTRUCTED",
+    "RESOURCE_PART_PATTERN",
     "RUN_META",
     "SPAN_FILE_PATTERN",
     "Run",
@@ -71,12 +73,14 @@ __all__ = [
     "open_output",
     "open_run",
     "read_parquet",
+    "read_resources",
     "read_span_file",
     "read_spans",
     "reset_run_dir",
     "write_counters",
     "write_memory_events",
     "write_monitor_samples",
+    "write_resource_part",
     "write_run",
     "write_span_part",
 ]
@@ -98,6 +102,9 @@ COUNTERS = "counters.parquet"
 NCU_REPORT = "counters.ncu-rep"
 NCU_LOG = "ncu.log"
 SPAN_FILE_PATTERN = "spans-*.parquet"
+#: A collected run's senders' resources, one part beside each span part (the collector's
+#: ``resources-<part>.parquet``: resource_id, resource as stored JSON); run.json stays small.
+RESOURCE_PART_PATTERN = "resources-*.parquet"
 #: Names that are a store's own files wherever they sit in a run directory.
 _STORE_NAMES = (
     MANIFEST,
@@ -108,6 +115,7 @@ _STORE_NAMES = (
     NCU_REPORT,
     NCU_LOG,
     SPAN_FILE_PATTERN,
+    RESOURCE_PART_PATTERN,
 )
 
 # Parquet settings that keep a span near 10 bytes on disk: zstd over dictionary-encoded strings
@@ -198,6 +206,7 @@ def reset_run_dir(run_dir: Path) -> None:
         run_dir / MONITOR,
         run_dir / MEMORY,
         *run_dir.glob(MEMORY_PART_PATTERN),
+        *run_dir.glob(RESOURCE_PART_PATTERN),
         # an earlier service's batches still waiting: never recovered into this run
         *run_dir.glob(PENDING_ARENA_PATTERN),
         run_dir / COUNTERS,
@@ -222,6 +231,34 @@ def write_span_part(run_dir: Path, table: pa.Table, name: str | None = None) -> 
     table = table.drop_columns(unused)  # xsp's own leave them all: its parts as before OTLP's
     _write_parquet(path, table, **PARQUET_OPTIONS)
     return path
+
+
+def write_resource_part(run_dir: Path, name: str, resources: Mapping[str, Any]) -> Path:
+    """The resources (by resource id, as stored: ``decode.resource_json``'s) of the senders of
+    span part ``name``, written before it (whole or not at all, a rewrite replaces it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / f"resources-{name}.parquet"
+    ids = sorted(resources)
+    texts = [json.dumps(resources[i], separators=(",", ":"), sort_keys=True) for i in ids]
+    table = pa.table(
+        {"resource_id": pa.array(ids, pa.string()), "resource": pa.array(texts, pa.string())}
+    )
+    _write_parquet(path, table, compression="zstd")
+    return path
+
+
+def read_resources(run_dir: Path, meta: RunMeta) -> dict[str, Any] | None:
+    """A collected run's senders' resources by id: its resources parts' and run.json's
+    "resources" (where an older collector kept them all); None where it has neither."""
+    found: dict[str, Any] = dict(meta.resources or {})
+    parts = sorted(run_dir.glob(RESOURCE_PART_PATTERN))
+    for path in parts:
+        table = read_parquet(path, "resources")
+        ids = table.column("resource_id").to_pylist()
+        for rid, text in zip(ids, table.column("resource").to_pylist(), strict=True):
+            if rid is not None and rid not in found and text is not None:
+                found[rid] = json.loads(text)
+    return found if parts or meta.resources is not None else None
 
 
 def _write_parquet(path: Path, table: pa.Table, **options: Any) -> None:
@@ -285,6 +322,11 @@ class Run:
     @property
     def resource(self) -> dict[str, Any]:
         return dict(self.document.resource or {})
+
+    @cached_property
+    def resources(self) -> dict[str, Any] | None:
+        """A collected run's senders' resources by id (``read_resources``)."""
+        return read_resources(self.path, self.document)
 
     @property
     def span_files(self) -> list[Path]:

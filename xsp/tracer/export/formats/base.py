@@ -56,7 +56,7 @@ class ExportSource:
             return [
                 RunSpans(batch, rank_pids(r.document))
                 for r in runs
-                for batch in by_sender(r.document, r.resource, r.spans())
+                for batch in by_sender(r.resources, r.resource, r.spans())
             ]
 
         return cls(runs, spans)
@@ -80,9 +80,11 @@ def rank_pids(meta: RunMeta) -> dict[int, int]:
     }
 
 
-def by_sender(meta: RunMeta, resource: Mapping[str, Any], table: pa.Table) -> list[SpanBatch]:
-    """A run's spans by the resource that sent them (the collector stores each sender's in
-    run.json's "resources", named by the spans' ``resource_id``), each value with its type and
+def by_sender(
+    senders: Mapping[str, Any] | None, resource: Mapping[str, Any], table: pa.Table
+) -> list[SpanBatch]:
+    """A run's spans by the resource that sent them (``senders``: ``Run.resources``, each
+    sender's as the collector stored it, named by the spans' ``resource_id``), each value with its type and
     the rest of the resource (its dropped count, schema URL) beside; spans that name none keep
     the run's ``resource``."""
     import pyarrow as pa
@@ -97,7 +99,6 @@ def by_sender(meta: RunMeta, resource: Mapping[str, Any], table: pa.Table) -> li
         stored = cast("StoredResourceJson", entry)  # decode.resource_json's, kept in run.json
         return SpanBatch.of(otlp.plain_resource(stored), rows, resource_extra=stored)
 
-    senders = meta.resources
     if (
         senders is None
         or "resource_id" not in table.column_names
