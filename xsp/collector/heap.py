@@ -9,13 +9,12 @@ A fixed threshold keeps every body in its own mapping, unmapped when freed.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
+
+from xsp.core.malloc import M_MMAP_THRESHOLD, mallopt
 
 __all__ = ["MMAP_THRESHOLD", "return_large_blocks"]
 
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 #: Blocks from 1 MiB on come from mmap, whatever was freed before.
 MMAP_THRESHOLD = 1024 * 1024
 
@@ -25,11 +24,5 @@ def return_large_blocks() -> bool:
     False where it does not apply (not glibc)."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    call = mallopt()
+    return call is not None and bool(call(M_MMAP_THRESHOLD, MMAP_THRESHOLD))

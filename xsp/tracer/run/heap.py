@@ -17,12 +17,11 @@ resource as ``xsp.host.heap``.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Mapping
 
 from xsp.core import config
+from xsp.core.malloc import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, mallopt
 
 __all__ = [
     "DEFAULT",
@@ -34,9 +33,6 @@ __all__ = [
     "keep_freed_memory",
 ]
 
-#: mallopt's parameter numbers (malloc.h).
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
 #: Free memory kept at the heap's top: up to mallopt's largest value (an int), 2 GiB.
 TRIM_THRESHOLD = 2**31 - 1
 #: Blocks from this size on still come from mmap: glibc's own ceiling for its dynamic threshold
@@ -61,16 +57,9 @@ def keep_freed_memory(environ: Mapping[str, str] | None = None) -> str:
         "GLIBC_TUNABLES", ""
     ):
         return USER
-    libc = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(libc).mallopt if libc else None
-    except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is None:
+    call = mallopt()
+    if call is None:
         return UNAVAILABLE
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     # the mmap threshold first: setting either turns glibc's dynamic adjustment off
-    applied = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(
-        _M_TRIM_THRESHOLD, TRIM_THRESHOLD
-    )
+    applied = call(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and call(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     return KEPT if applied else UNAVAILABLE
