@@ -150,8 +150,8 @@ class _BackwardNode(TypedDict):
     rank: int | None
 
 
-class _LayerSpan(TypedDict):
-    """A layer's backward span, added (``_layer_span``): a row of the laid-out table."""
+class _AddedSpan(TypedDict):
+    """What every span the view adds holds (a row of the laid-out table)."""
 
     trace_id: bytes
     span_id: int
@@ -162,30 +162,24 @@ class _LayerSpan(TypedDict):
     level: str
     iteration: int | None
     rank: int | None
+    thread_id: int | None
+    view_added: bool
+
+
+class _LayerSpan(_AddedSpan):
+    """A layer's backward span, added (``_layer_span``)."""
+
     kind: str
     phase: str
-    thread_id: int | None
     module_path: str
     module_type: str | None
-    view_added: bool
 
 
-class _FoldSummary(TypedDict):
+class _FoldSummary(_AddedSpan):
     """A folded op's summary span (``_summary``): a row of the folded table."""
 
-    trace_id: bytes
-    span_id: int
-    parent_span_id: int
-    name: str
-    start_ns: int
-    dur_ns: int
-    level: str
-    iteration: int | None
-    rank: int | None
-    thread_id: int | None
     module_path: str | None
     phase: str | None
-    view_added: bool
     view_folded_spans: int
     view_folded_kernels: int
     view_folded_kernel_ns: int
