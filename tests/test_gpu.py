@@ -231,4 +231,4 @@ def test_a_service_samples_levels_l_and_g_on_cuda_across_batches(
     assert sorted(per_request) == sampled
     assert len(set(per_request.values())) == 1 and per_request[0] >= 3
     api = [r for r in rows.values() if r["level"] == "library"]
-    assert {r["iteration"] for r in api} == {0, 3, 6, 9}
+    assert {r["iteration"] for r in api} == set(sampled)
