@@ -19,7 +19,7 @@ from xsp.analysis.estimates import affected, isolation_edit, isolation_estimate,
 from xsp.analysis.measurement.store import MeasurementStore
 from xsp.analysis.replay import fitted_graph, replay, replay_with
 from xsp.core.columns import numbers
-from xsp.core.op_timings import CaseTiming, OpTimings, read_timings, write_timings
+from xsp.core.store.op_timings import CaseTiming, OpTimings, read_timings, write_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ResNet-18 b2 inference on the CPU at M,MF (3 iterations; op shapes recorded).
@@ -190,19 +190,19 @@ def test_a_suggestion_says_measured_in_isolation_once_the_ops_were_timed(
     tmp_path: Path,
 ) -> None:
     """layout-transposes on ResNet-50: modelled (the transposes dropped) until the timings
-    exist, then the replay of the timed ratios, worded so."""
+    exist, then the replay of the timed ratios, worded so, in the same open store."""
     from xsp.analysis.suggestions.rules import CHANNELS_LAST, suggest
 
     run = tmp_path / "r50"
     shutil.copytree(RESNET50_GPU, run)
-    (before,) = suggest(MeasurementStore(run)).to_pylist()
+    store = MeasurementStore(run)
+    (before,) = suggest(store).to_pylist()
     assert before["estimate"] == CHANNELS_LAST.model
     assert before["estimate"].startswith("modelled: ")
-    found = affected(MeasurementStore(run), "channels_last")
+    found = affected(store, "channels_last")
     rows = [CaseTiming(c.key, 100.0, 40.0, 100.0, 60.0) for c in found.cases]
     write_timings(run, OpTimings("channels_last", "cuda:0", "test", found.cases, rows))
-    store = MeasurementStore(run)
-    (after,) = suggest(store).to_pylist()
+    (after,) = suggest(store).to_pylist()  # the same store: what it kept names the file's version
     estimate = isolation_estimate(store, "channels_last")
     assert estimate is not None
     assert after["gain_ms_per_iteration"] == pytest.approx(estimate.gain_ms)
@@ -227,3 +227,27 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2
         assert said in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_verified_line_outside_the_interval_says_why_an_isolated_timing_can_miss() -> None:
+    """The terminal line's closing note follows the estimate's model: the rule's own note for
+    a modelled estimate, the isolation note for ops timed alone."""
+    from xsp.analysis.suggestions.rules import RULES_BY_NAME
+    from xsp.campaign.verify import ISOLATION_NOTE, Row, RuleResult, summary_line
+
+    row = Row(
+        rule="layout-transposes",
+        predicted_gain_ms_per_iteration=4.0,
+        measured_gain_ms_per_iteration=7.37,
+        measured_gain_ci_ms=[6.0, 8.57],
+        measured_gain_pct=21.9,
+        numerics_change=False,
+        rounds=2,
+        status="measured",
+        evidence="R/verify/layout-transposes",
+    )
+    isolated = summary_line(RuleResult(row, "channels_last", "", "", "measured in isolation: x"))
+    assert isolated.endswith(f"outside the measured interval: {ISOLATION_NOTE}")
+    modelled = summary_line(RuleResult(row, "channels_last", "", "", "modelled: replay ..."))
+    note = RULES_BY_NAME["layout-transposes"].estimate_note
+    assert note is not None and modelled.endswith(note)

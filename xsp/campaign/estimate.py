@@ -8,7 +8,7 @@ channels_last, tf32):
    (``xsp.analysis.estimates.cases``).
 2. Each case timed without and with the fix, forward and (in training) backward, on the
    measurement's device (``xsp.tracer.workloads.isolation``), about ``budget_ms`` per timing.
-3. The timings written to ``RUN/estimates/<fix>.json`` (``xsp.core.op_timings``), which
+3. The timings written to ``RUN/estimates/<fix>.json`` (``xsp.core.store.op_timings``), which
    ``xsp analyze`` and ``xsp verify`` then read: the suggestion's estimate becomes the replay with
    those times, "measured in isolation", where it was modelled.
 4. The replayed gain, printed.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xsp.core.errors import XspError
-from xsp.core.op_timings import CaseTiming, OpCase, OpTimings, write_timings
+from xsp.core.store.op_timings import CaseTiming, OpCase, OpTimings, write_timings
 
 if TYPE_CHECKING:
     from xsp.analysis.measurement.store import MeasurementStore
@@ -99,7 +99,7 @@ def estimate(
     progress: Progress | None = None,
 ) -> list[FixEstimate]:
     """Time and replay each fix (module notes); XspError, one line, for bad input."""
-    from xsp.analysis.estimates import TOUCHED, affected, isolation_estimate
+    from xsp.analysis.estimates import TOUCHED, affected, isolation_estimate, kernels_to_scale
     from xsp.analysis.measurement.store import MeasurementStore
     from xsp.core.errors import StoreError
     from xsp.tracer.workloads.isolation import DEFAULT_BUDGET_MS
@@ -116,6 +116,11 @@ def estimate(
         store.require_spans()
     except StoreError as exc:
         raise XspError(str(exc)) from exc
+    if not kernels_to_scale(store):
+        raise XspError(
+            f"{root}: a GPU measurement without level G: its ops' kernels, which the timings "
+            "scale, were not recorded (measure with MFLG)"
+        )
     device = device or measurement_device(store)
     chosen = list(fixes) or default_fixes(store)
     if not chosen:

@@ -8,6 +8,7 @@ from xsp.analysis.estimates.replayed import (
     IsolationEstimate,
     isolation_edit,
     isolation_estimate,
+    kernels_to_scale,
     row_factors,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "affected",
     "isolation_edit",
     "isolation_estimate",
+    "kernels_to_scale",
     "row_factors",
 ]

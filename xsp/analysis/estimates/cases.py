@@ -1,5 +1,5 @@
 """The ops a kernel-changing fix touches in a measurement, as distinct cases to time in isolation
-(``xsp.core.op_timings.OpCase``), and which spans of the replay's deep run each case owns.
+(``xsp.core.store.op_timings.OpCase``), and which spans of the replay's deep run each case owns.
 
 Algorithm notes:
 
@@ -9,7 +9,9 @@ Algorithm notes:
    convolutions and GEMMs. An op counts where no op above it is touched (the ``aten::addmm``
    of a linear layer, the ``aten::convolution`` under ``aten::conv2d``).
 2. Its backward is the autograd node (a ``backward`` span) of the same rank, iteration and
-   sequence number: the op's own, or the nearest op's above it.
+   sequence number: the op's own, or the nearest op's above it. An op whose input has the shape
+   of one of the model call's inputs (the root module's) reads the batch: its backward computes
+   no input gradient.
 3. A convolution records neither its stride nor its padding. Its output's spatial size is the
    ``grad_output`` of its backward twin's ``aten::convolution_backward``, else its module call's
    output; the padding is taken as ``dilation * (k - 1) // 2`` (what torchvision's and timm's
@@ -35,7 +37,7 @@ from xsp.core import schema
 from xsp.core.columns import numbers
 from xsp.core.errors import XspError
 from xsp.core.intervals import inherit
-from xsp.core.op_timings import OpCase
+from xsp.core.store.op_timings import OpCase
 
 __all__ = ["CONVOLUTION", "GEMM", "TOUCHED", "Affected", "affected"]
 
@@ -86,7 +88,7 @@ def _affected(store: MeasurementStore, fix: str) -> Affected:
     seq = inherit(col.seq, parent, depth)  # an op's own sequence number, or its nearest op's
     nodes = _backward_nodes(spans, col)
     grads = _grad_outputs(spans, col, seq)
-    first_forward = _first_per_iteration(col, np.nonzero(outer)[0])
+    batches = _model_inputs(spans, col)
     keys: dict[str, int] = {}
     cases: list[OpCase] = []
     counts: list[int] = []
@@ -98,7 +100,9 @@ def _affected(store: MeasurementStore, fix: str) -> Affected:
         out = grads.get(twin) if seq[row] >= 0 else None
         if out is None:
             out = _module_output(col, parent, row)
-        case = _case(col, row, out, bool(node_rows), row not in first_forward)
+        first = (_parse(col.shapes[row]) or [None])[0]
+        batch = json.dumps(first) in batches.get((int(col.rank[row]), int(col.iteration[row])), ())
+        case = _case(col, row, out, bool(node_rows), not batch)
         if case is None:
             continue
         index = keys.setdefault(case.key, len(cases))
@@ -125,7 +129,6 @@ class _Columns:
         self.seq = numbers(spans.column("seq_nr"), null=-1).astype(np.int64, copy=False)
         self.rank = numbers(spans.column("rank"), null=0).astype(np.int64, copy=False)
         self.iteration = numbers(spans.column("iteration"), null=-1).astype(np.int64, copy=False)
-        self.start = numbers(spans.column("start_ns")).astype(np.int64, copy=False)
 
 
 def _touched(spans: pa.Table, fix: str) -> np.ndarray:
@@ -194,13 +197,17 @@ def _module_output(col: _Columns, parent: np.ndarray, row: int) -> list[int] | N
     return None
 
 
-def _first_per_iteration(col: _Columns, rows: np.ndarray) -> set[int]:
-    """The first touched op of each (rank, iteration): its input is the batch, which needs no
-    gradient."""
-    first: dict[tuple[int, int], int] = {}
-    for row in rows[np.argsort(col.start[rows], kind="stable")].tolist():
-        first.setdefault((int(col.rank[row]), int(col.iteration[row])), row)
-    return set(first.values())
+def _model_inputs(spans: pa.Table, col: _Columns) -> dict[tuple[int, int], set[str]]:
+    """(rank, iteration) -> the input shapes of the model's own call (the root module, path
+    ""): an op on one of them reads the batch, whose gradient no step needs."""
+    out: dict[tuple[int, int], set[str]] = {}
+    root = text_equals(spans.column("kind"), schema.KIND_MODULE) & text_equals(
+        spans.column("module_path"), ""
+    )
+    for row in np.nonzero(root)[0].tolist():
+        key = (int(col.rank[row]), int(col.iteration[row]))
+        out.setdefault(key, set()).update(json.dumps(s) for s in _parse(col.shapes[row]))
+    return out
 
 
 def _case(
@@ -210,6 +217,9 @@ def _case(
     inputs = [_shape(s) for s in _parse(col.shapes[row])]
     dtypes = (col.dtypes[row] or "").split(",")
     params: dict[str, Any] = {}
+    matrices = 3 if name in ("aten::addmm", "aten::baddbmm") else 2 if name in GEMM else 1
+    if len(inputs) < matrices or not all(inputs[:matrices]):
+        return None  # no shapes recorded (a run without them, or an op without tensors)
     if name == CONVOLUTION:
         if len(inputs) < 2 or len(inputs[0]) < 3 or len(inputs[1]) != len(inputs[0]):
             return None

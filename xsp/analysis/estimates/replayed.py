@@ -32,7 +32,7 @@ from xsp.analysis.replay import WhatIf, replay, what_if
 from xsp.analysis.replay.critical_path import has_gpu
 from xsp.core import schema
 from xsp.core.intervals import inherit
-from xsp.core.op_timings import OpTimings, read_timings
+from xsp.core.store.op_timings import OpTimings, read_timings, timings_path
 
 __all__ = [
     "ISOLATION",
@@ -40,6 +40,7 @@ __all__ = [
     "case_factors",
     "isolation_edit",
     "isolation_estimate",
+    "kernels_to_scale",
     "row_factors",
 ]
 
@@ -125,13 +126,29 @@ def isolation_edit(store: MeasurementStore, found: Affected, timings: OpTimings)
 
 def isolation_estimate(store: MeasurementStore, fix: str) -> IsolationEstimate | None:
     """The fix's gain from the timings ``xsp estimate`` wrote into the measurement
-    (``RUN/estimates/<fix>.json``); None where there are none, or they match none of its ops."""
-    return _ESTIMATES.of(store, fix)
+    (``RUN/estimates/<fix>.json``); None where there are none, where they match none of its
+    ops, or where a GPU measurement has no kernels to scale (no level G). Kept per store and
+    file version: ``xsp estimate`` asks before and after writing it."""
+    path = timings_path(store.root, fix)
+    version = path.stat().st_mtime_ns if path.is_file() else None
+    return _ESTIMATES.of(store, (fix, version))
 
 
-def _isolation_estimate(store: MeasurementStore, fix: str) -> IsolationEstimate | None:
-    timings = read_timings(store.root, fix)
-    if timings is None:
+def kernels_to_scale(store: MeasurementStore) -> bool:
+    """Whether the measurement's touched ops can be scaled: a GPU measurement's kernels
+    (level G), or a CPU measurement's host spans."""
+    if has_gpu(store):
+        return True
+    devices = {str(run.resource.get("xsp.device", "") or "") for run in store.runs}
+    return not any(device.startswith("cuda") for device in devices)
+
+
+def _isolation_estimate(
+    store: MeasurementStore, key: tuple[str, int | None]
+) -> IsolationEstimate | None:
+    fix, version = key
+    timings = read_timings(store.root, fix) if version is not None else None
+    if timings is None or not kernels_to_scale(store):
         return None
     found = affected(store, fix)
     _, _, missing = case_factors(found, timings)

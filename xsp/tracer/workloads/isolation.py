@@ -1,5 +1,5 @@
 """Ops timed in isolation, without and with a kernel-changing fix, on their recorded shapes: what
-``xsp estimate`` measures (``xsp.core.op_timings``) for the analysis to replay.
+``xsp estimate`` measures (``xsp.core.store.op_timings``) for the analysis to replay.
 
 Algorithm notes:
 
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xsp.core.op_timings import CaseTiming, OpCase
+from xsp.core.store.op_timings import CaseTiming, OpCase
 
 __all__ = ["DEFAULT_BUDGET_MS", "FIXES", "time_case"]
 
