@@ -10,14 +10,17 @@ Cases: ResNet-50 b64 training (torchvision, random weights), layout-transposes -
 BERT b1 inference (transformers, random weights, nothing downloaded), fp32-on-tensor-cores ->
 tf32. Each: ``xsp run --levels M,MF,MFLG``, the suggestion as modelled, ``xsp estimate --fix``,
 ``xsp verify --rule`` (its predicted gain is then the isolation estimate). Writes
-``estimate-accuracy.json`` (one object per case) and ``estimate-accuracy.txt`` (the table of
-docs/verify.md) into ``--out``; every command's output goes to ``<case>-<step>.log`` there.
+``estimate-accuracy.json`` (one object per case, with each timed shape's GPU and host times and
+kernel counts, without and with the fix, under ``isolation_timings``) and
+``estimate-accuracy.txt`` (the table of docs/verify.md) into ``--out``; every command's output
+goes to ``<case>-<step>.log`` there, and ``xsp estimate``'s file to ``<case>-estimates-<fix>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +95,7 @@ def measure(name: str, stores: Path, out: Path, rounds: int, iterations: int) ->
     row["isolation_ms"] = estimated["gain_ms_per_iteration"]
     row["isolation_cases"] = estimated["cases"]
     row["isolation_timing_s"] = estimated["timing_s"]
+    row["isolation_timings"] = _timings(run, fix, out / f"{name}-estimates-{fix}.json")
     code, stdout, seconds = _xsp(
         ["verify", str(run), "--rule", rule, "--rounds", str(rounds), "--json"],
         out / f"{name}-verify.log",
@@ -107,6 +111,22 @@ def measure(name: str, stores: Path, out: Path, rounds: int, iterations: int) ->
     row["measured_pct"] = verified["measured_gain_pct"]
     row["status"] = verified["status"]
     return row
+
+
+def _timings(run: Path, fix: str, copy: Path) -> list[dict[str, Any]]:
+    """Each timed shape of ``xsp estimate``'s file (copied to ``copy``): the op, its shapes,
+    how many a step, and its times (µs) and kernel counts without and with the fix."""
+    source = run / "estimates" / f"{fix}.json"
+    if not source.is_file():
+        return []
+    shutil.copyfile(source, copy)
+    data = json.loads(source.read_text())
+    out = []
+    for case, timing in zip(data["cases"], data["timings"], strict=True):
+        times = {k: v for k, v in timing.items() if k != "key"}
+        out.append({"op": case["op"], "shapes": case["shapes"], "per_iteration": case[
+            "per_iteration"], **times})  # fmt: skip
+    return out
 
 
 def _ratio(estimate: float | None, measured: float | None) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from xsp.analysis.estimates import affected, isolation_edit, isolation_estimate, row_factors
 from xsp.analysis.measurement.store import MeasurementStore
-from xsp.analysis.replay import fitted_graph, replay, replay_with
+from xsp.analysis.replay import fitted_graph, replay, replay_with, what_if
 from xsp.core.columns import numbers
 from xsp.core.store.op_timings import CaseTiming, OpTimings, read_timings, write_timings
 
@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESNET18_CPU = ROOT / "tests" / "data" / "resnet18_drifted_mf_cpu"
 #: ResNet-50 b64 training on the H200 at M,MF,MFLG (20 iterations).
 RESNET50_GPU = ROOT / "benchmarks" / "data" / "replay-h200" / "r50-b64-train"
+#: ResNet-50 b1 inference on the H200 at M,MF,MFLG (20 iterations): host-bound.
+RESNET50_B1_GPU = ROOT / "benchmarks" / "data" / "replay-h200" / "r50-b1-infer"
 
 
 CHANNELS_LAST_1MS = ("--fix", "channels_last", "--budget-ms", "1")
@@ -59,9 +61,9 @@ def test_the_ops_channels_last_touches_in_resnet18_and_their_convolutions_rebuil
 
 def _step_deltas(store: MeasurementStore, timings: OpTimings) -> tuple[list[float], list[float]]:
     """Per iteration: the replayed step less the edited replay's, and the sum over the touched
-    rows of (1 - factor) x their host duration on the replay's timeline (ms)."""
+    rows of (1 - host factor) x their host duration on the replay's timeline (ms)."""
     found = affected(store, timings.fix)
-    factors = row_factors(store, found, timings)
+    factors = row_factors(store, found, timings).host
     graph = fitted_graph(store)
     base = replay(store).steps
     edited = replay_with(store, isolation_edit(store, found, timings)).steps
@@ -96,7 +98,7 @@ def test_ratios_that_cut_and_grow_host_time_move_the_step_by_their_sum(tmp_path:
             for c in found.cases
         ],
     )
-    factors = row_factors(store, found, timings)
+    factors = row_factors(store, found, timings).host
     assert sorted(set(factors[found.forward_case >= 0].tolist())) == [0.5, 2.0]
     assert (factors[found.forward_case < 0] == 1.0).all()
     replayed, summed = _step_deltas(store, timings)
@@ -165,7 +167,9 @@ def test_on_a_gpu_measurement_the_ratios_scale_the_ops_kernels(tmp_path: Path) -
         return OpTimings("channels_last", "cuda:0", "test", found.cases, rows)
 
     cut = timed(0.5, 0.25)
-    factors = row_factors(store, found, cut)
+    both = row_factors(store, found, cut)
+    assert (both.host == 1.0).all()  # no host times in the file: the host keeps its time
+    factors = both.activities
     graph = fitted_graph(store)
     names = np.asarray(graph.deep.column("name").to_pylist(), dtype=object)
     scaled = factors != 1.0
@@ -175,8 +179,6 @@ def test_on_a_gpu_measurement_the_ratios_scale_the_ops_kernels(tmp_path: Path) -
     assert (transposes & graph.gpu & ~scaled).sum() == 0  # all within the touched ops
     step = replay(store).result().step_ms
     assert step is not None
-    from xsp.analysis.replay import what_if
-
     edited = what_if(store, isolation_edit(store, found, cut))
     assert edited is not None
     iterations = len(set(numbers(graph.deep.column("iteration"))[scaled].tolist()))
@@ -251,3 +253,72 @@ def test_a_verified_line_outside_the_interval_says_why_an_isolated_timing_can_mi
     modelled = summary_line(RuleResult(row, "channels_last", "", "", "modelled: replay ..."))
     note = RULES_BY_NAME["layout-transposes"].estimate_note
     assert note is not None and modelled.endswith(note)
+
+
+def test_on_a_host_bound_gpu_step_the_host_ratio_moves_it_and_the_kernels_do_not() -> None:
+    """ResNet-50 b1 inference on the H200 is host-bound (its critical path: host work and
+    launches). TF32 touches its 53 fp32 convolutions and its classifier's GEMM: 24 shapes,
+    54 ops a step, 1,080 in 20 iterations. Timed with the host's side at half its time and the
+    kernels unchanged, each op's own host span keeps half (its kernels and launches their
+    durations), and each replayed step moves by exactly that half of the touched ops' host
+    time; kernels at half and the host unchanged (what scaling kernels alone gave BERT b1)
+    move it by nothing; both at half move it as the host alone; ratios 1 move nothing."""
+    store = MeasurementStore(RESNET50_B1_GPU)
+    found = affected(store, "tf32")
+    assert (len(found.cases), sum(c.per_iteration for c in found.cases)) == (24, 54)
+    assert ((found.forward_case >= 0).sum(), (found.backward_case >= 0).sum()) == (1080, 0)
+
+    def timed(gpu: float, host: float) -> OpTimings:
+        rows = [
+            CaseTiming(c.key, 100.0, 100.0 * gpu, base_host_us=10.0, fixed_host_us=10.0 * host)
+            for c in found.cases
+        ]
+        return OpTimings("tf32", "cuda:0", "test", found.cases, rows)
+
+    host_half = timed(1.0, 0.5)
+    factors = row_factors(store, found, host_half)
+    graph = fitted_graph(store)
+    cut = factors.host != 1.0
+    assert cut.sum() == 1080 and (found.forward_case[cut] >= 0).all()
+    assert set(factors.host[cut].tolist()) == {0.5} and not graph.gpu[cut].any()
+    assert (factors.activities == 1.0).all()
+    replayed, summed = _step_deltas(store, host_half)
+    assert len(replayed) == 20
+    assert replayed == pytest.approx(summed, abs=1e-4)
+    step = replay(store).result().step_ms
+    assert step is not None
+
+    def gain(gpu: float, host: float) -> float:
+        edited = what_if(store, isolation_edit(store, found, timed(gpu, host)))
+        assert edited is not None
+        return float(step - edited)
+
+    steps = numbers(replay(store).steps.column("replayed_ms"))
+    host_gain = float(np.median(steps) - np.median(steps - np.asarray(replayed)))
+    # the median step moves by no less than the least of the steps' cuts, no more than the most
+    assert 0 < min(summed) - 1e-9 <= host_gain <= max(summed) + 1e-9
+    assert gain(1.0, 0.5) == pytest.approx(host_gain, abs=1e-9)
+    assert gain(0.5, 1.0) == 0.0
+    assert gain(0.5, 0.5) == pytest.approx(host_gain, abs=1e-9)
+    assert gain(1.0, 1.0) == 0.0
+    estimate_model = isolation_edit(store, found, host_half).model
+    assert "kernels scaled by the GPU's ratio and its host span by the host's" in estimate_model
+
+
+def test_op_timings_from_before_host_times_still_read(tmp_path: Path) -> None:
+    """A file written before the host times and kernel counts were measured reads with them
+    None, and its replay scales kernels only."""
+    found = affected(MeasurementStore(RESNET50_B1_GPU), "tf32")
+    timing = CaseTiming(found.cases[0].key, 20.0, 10.0, base_host_us=8.0, fixed_host_us=6.0)
+    write_timings(tmp_path, OpTimings("tf32", "cuda:0", "test", found.cases[:1], [timing]))
+    path = tmp_path / "estimates" / "tf32.json"
+    data = json.loads(path.read_text())
+    assert data["timings"][0]["base_host_us"] == 8.0
+    for name in ("base_host_us", "fixed_host_us", "base_kernels", "fixed_backward_kernels"):
+        del data["timings"][0][name]
+    path.write_text(json.dumps(data))
+    timings = read_timings(tmp_path, "tf32")
+    assert timings is not None
+    (old,) = timings.timings
+    assert (old.base_forward_us, old.fixed_forward_us) == (20.0, 10.0)
+    assert (old.base_host_us, old.fixed_host_us, old.base_kernels) == (None, None, None)

@@ -7,7 +7,9 @@ channels_last, tf32):
 1. The ops it touches, as distinct cases with their recorded shapes
    (``xsp.analysis.estimates.cases``).
 2. Each case timed without and with the fix, forward and (in training) backward, on the
-   measurement's device (``xsp.tracer.workloads.isolation``), about ``budget_ms`` per timing.
+   measurement's device (``xsp.tracer.workloads.isolation``), about ``budget_ms`` per timing:
+   on a GPU its kernels' time and its host's. Once every fix's cases are timed, the kernels
+   one call launches are counted under the profiler (on a GPU), which no timing then follows.
 3. The timings written to ``RUN/estimates/<fix>.json`` (``xsp.core.store.op_timings``), which
    ``xsp analyze`` and ``xsp verify`` then read: the suggestion's estimate becomes the replay with
    those times, "measured in isolation", where it was modelled.
@@ -129,13 +131,16 @@ def estimate(
             f"({', '.join(TOUCHED)})"
         )
     _check_device(device)
-    out = []
+    timed = {}
     for fix in chosen:
         found = affected(store, fix)
         if not found.cases:
             raise XspError(f"{root}: {fix} touches no op of the measurement (no shapes?)")
         budget = budget_ms or DEFAULT_BUDGET_MS
-        timings, seconds = _time_cases(found.cases, fix, device, budget, progress)
+        timed[fix] = (found, *_time_cases(found.cases, fix, device, budget, progress))
+    out = []
+    for fix, (found, timings, seconds) in timed.items():
+        timings = _with_kernel_counts(found.cases, timings, fix, device)
         path = write_timings(root, _document(found.cases, fix, device, timings))
         replayed = isolation_estimate(store, fix)
         out.append(
@@ -170,6 +175,29 @@ def _time_cases(
         if progress is not None:
             progress(fix, i + 1, len(cases))
     return timings, time.perf_counter() - begin
+
+
+def _with_kernel_counts(
+    cases: Sequence[OpCase], timings: list[CaseTiming], fix: str, device: str
+) -> list[CaseTiming]:
+    """Each timing with the kernels its case launches a call (on a GPU; module note 2)."""
+    from dataclasses import replace
+
+    from xsp.tracer.workloads.isolation import count_kernels
+
+    out = []
+    for case, timing in zip(cases, timings, strict=True):
+        counts = count_kernels(case, fix, device)
+        if counts is not None:
+            timing = replace(
+                timing,
+                base_kernels=counts.base,
+                fixed_kernels=counts.fixed,
+                base_backward_kernels=counts.base_backward,
+                fixed_backward_kernels=counts.fixed_backward,
+            )
+        out.append(timing)
+    return out
 
 
 def _document(

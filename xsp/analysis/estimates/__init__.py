@@ -6,6 +6,7 @@ from xsp.analysis.estimates.cases import TOUCHED, Affected, affected
 from xsp.analysis.estimates.replayed import (
     ISOLATION,
     IsolationEstimate,
+    RowFactors,
     isolation_edit,
     isolation_estimate,
     kernels_to_scale,
@@ -17,6 +18,7 @@ __all__ = [
     "TOUCHED",
     "Affected",
     "IsolationEstimate",
+    "RowFactors",
     "affected",
     "isolation_edit",
     "isolation_estimate",

@@ -6,12 +6,18 @@ Algorithm notes:
 
 1. The factors. For each case (``xsp.analysis.estimates.cases``), forward: the fixed median
    over the base median, as ``xsp estimate`` timed them on the measurement's device; backward
-   likewise. A case without a timing keeps its time (factor 1) and is counted as missing.
-2. On a GPU measurement (level G) the factor scales the op's GPU activities, those below it
-   down to its kernels (a convolution's transposes included: the fix's time is the NHWC
-   kernel's alone); the host's launches keep their times. On a CPU measurement it scales the
-   op's host span: the op runs on the host. A ratio is applied rather than the isolated time
-   itself, so that the recorded durations (which the replay is checked on) stay the scale.
+   likewise. On a GPU, two per part: the GPU's (CUDA events) and the host's (per call, issued
+   back to back); a file without host times keeps the host's at 1. A case without a timing
+   keeps its time (factors 1) and is counted as missing.
+2. On a GPU measurement (level G) the GPU factor scales the op's GPU activities, those below
+   it down to its kernels (a convolution's transposes included: the fix's time is the NHWC
+   kernel's alone), and the host factor the op's own host span (``keep_host``: the part it
+   loses is its last, and the launches in that part are issued at its new end), both in one
+   what-if: a host-bound step (BERT b1 inference) moves by the host's change alone. On a CPU
+   measurement the one factor scales the op's host span: the op runs on the host. Only the
+   outermost touched span of a subtree is scaled (an autograd node's spans can nest), so that
+   no time is cut twice. A ratio is applied rather than the isolated time itself, so that the
+   recorded durations (which the replay is checked on) stay the scale.
 3. The gain is the replayed step (median of the steady iterations) less the edited replay's,
    as for every what-if; it is not the sum of the ops' changes where the GPU waits for the
    host, or the host for the GPU.
@@ -19,6 +25,7 @@ Algorithm notes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +43,9 @@ from xsp.core.store.op_timings import OpTimings, read_timings, timings_path
 
 __all__ = [
     "ISOLATION",
+    "CaseFactors",
     "IsolationEstimate",
+    "RowFactors",
     "case_factors",
     "isolation_edit",
     "isolation_estimate",
@@ -63,11 +72,35 @@ class IsolationEstimate:
     model: str
 
 
-def case_factors(found: Affected, timings: OpTimings) -> tuple[np.ndarray, np.ndarray, int]:
-    """(forward factor, backward factor) per case, and how many cases have no timing."""
+@dataclass(frozen=True)
+class CaseFactors:
+    """Per case, the share of its time each part keeps with the fix (module note 1):
+    ``forward``/``backward`` the timed op's (on a GPU its kernels'), ``host_forward``/
+    ``host_backward`` its host side's on a GPU (1 where not timed); ``missing`` cases have no
+    timing."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    host_forward: np.ndarray
+    host_backward: np.ndarray
+    missing: int
+
+
+@dataclass(frozen=True)
+class RowFactors:
+    """Per deep-run row: ``activities`` the duration factor of each GPU activity, ``host`` the
+    share of its time each host span keeps (module note 2); 1 elsewhere."""
+
+    activities: np.ndarray
+    host: np.ndarray
+
+
+def case_factors(found: Affected, timings: OpTimings) -> CaseFactors:
+    """Each case's factors (module note 1)."""
     by_key = timings.by_key()
-    forward = np.ones(len(found.cases))
-    backward = np.ones(len(found.cases))
+    n = len(found.cases)
+    forward, backward = np.ones(n), np.ones(n)
+    host_forward, host_backward = np.ones(n), np.ones(n)
     missing = 0
     for i, case in enumerate(found.cases):
         timing = by_key.get(case.key)
@@ -76,31 +109,43 @@ def case_factors(found: Affected, timings: OpTimings) -> tuple[np.ndarray, np.nd
             continue
         forward[i] = _ratio(timing.fixed_forward_us, timing.base_forward_us)
         backward[i] = _ratio(timing.fixed_backward_us, timing.base_backward_us)
-    return forward, backward, missing
+        host_forward[i] = _ratio(timing.fixed_host_us, timing.base_host_us)
+        host_backward[i] = _ratio(timing.fixed_backward_host_us, timing.base_backward_host_us)
+    return CaseFactors(forward, backward, host_forward, host_backward, missing)
 
 
 def _ratio(fixed: float | None, base: float | None) -> float:
     return fixed / base if fixed is not None and base else 1.0
 
 
-def row_factors(store: MeasurementStore, found: Affected, timings: OpTimings) -> np.ndarray:
-    """Each deep-run row's factor (module note 2): on a GPU measurement its activities' (an
-    activity takes its nearest touched op's or backward node's), on a CPU one the touched ops'
-    and nodes' own; 1 elsewhere."""
-    forward, backward, _ = case_factors(found, timings)
+def row_factors(store: MeasurementStore, found: Affected, timings: OpTimings) -> RowFactors:
+    """Each deep-run row's factors (module note 2): on a GPU measurement an activity takes its
+    nearest touched op's or backward node's GPU factor, and the outermost touched span its
+    host factor; on a CPU one the outermost touched span takes its timed factor."""
+    factors = case_factors(found, timings)
     n = len(found.forward_case)
     owner = np.full(n, -1, dtype=np.int64)  # 2 * case (forward), 2 * case + 1 (backward)
     fwd, bwd = found.forward_case >= 0, found.backward_case >= 0
     owner[bwd] = 2 * found.backward_case[bwd] + 1
     owner[fwd] = 2 * found.forward_case[fwd]
-    factor_of = np.ravel(np.column_stack([forward, backward]))
-    if not has_gpu(store):
-        return np.where(owner >= 0, factor_of[np.maximum(owner, 0)], 1.0)
-    spans = store.run_spans(found.run_index)
     parent = keyed(store, found.run_index)[2]
-    owner = inherit(owner, parent, tree_depths(store, found.run_index))
-    gpu = text_equals(spans.column("level"), schema.LEVEL_GPU)
-    return np.where(gpu & (owner >= 0), factor_of[np.maximum(owner, 0)], 1.0)
+    nearest = inherit(owner, parent, tree_depths(store, found.run_index))
+    outermost = (owner >= 0) & ((parent < 0) | (nearest[np.maximum(parent, 0)] < 0))
+    on_gpu = has_gpu(store)
+    kernel_of = _interleaved(factors.forward, factors.backward)
+    host_of = _interleaved(factors.host_forward, factors.host_backward) if on_gpu else kernel_of
+    host = np.where(outermost, host_of[np.maximum(owner, 0)], 1.0)
+    activities = np.ones(n)
+    if on_gpu:
+        gpu = text_equals(store.run_spans(found.run_index).column("level"), schema.LEVEL_GPU)
+        activities = np.where(gpu & (nearest >= 0), kernel_of[np.maximum(nearest, 0)], 1.0)
+        host[gpu] = 1.0
+    return RowFactors(activities, host)
+
+
+def _interleaved(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """Case i's forward factor at 2i, its backward's at 2i + 1."""
+    return np.ravel(np.column_stack([forward, backward]))
 
 
 def isolation_edit(store: MeasurementStore, found: Affected, timings: OpTimings) -> WhatIf:
@@ -108,20 +153,27 @@ def isolation_edit(store: MeasurementStore, found: Affected, timings: OpTimings)
     factors = row_factors(store, found, timings)
     on_gpu = has_gpu(store)
 
-    def of(spans: pa.Table) -> np.ndarray:
-        if spans.num_rows != len(factors):  # the graph's deep run is the cases' run
-            raise ValueError("the replay's deep run is not the run the cases were read from")
-        return factors
+    def of(values: np.ndarray) -> Callable[[pa.Table], np.ndarray]:
+        def per_row(spans: pa.Table) -> np.ndarray:
+            if spans.num_rows != len(values):  # the graph's deep run is the cases' run
+                raise ValueError("the replay's deep run is not the run the cases were read from")
+            return values
 
-    what = "kernels" if on_gpu else "host time"
+        return per_row
+
+    host_timed = any(t.base_host_us is not None for t in timings.timings)
+    what = "host time scaled by that ratio"
+    if on_gpu:
+        what = "kernels scaled by the GPU's ratio" + (
+            " and its host span by the host's" if host_timed else ""
+        )
     model = (
         f"{ISOLATION}: each op {timings.fix} changes (and its backward) timed without and "
-        f"with it on {timings.device} (torch {timings.torch}), its {what} scaled by that "
-        "ratio, the step replayed"
+        f"with it on {timings.device} (torch {timings.torch}), its {what}, the step replayed"
     )
-    if on_gpu:
-        return WhatIf(model, scale_activities=of)
-    return WhatIf(model, keep_host=of)
+    if not on_gpu:
+        return WhatIf(model, keep_host=of(factors.host))
+    return WhatIf(model, scale_activities=of(factors.activities), keep_host=of(factors.host))
 
 
 def isolation_estimate(store: MeasurementStore, fix: str) -> IsolationEstimate | None:
@@ -151,7 +203,7 @@ def _isolation_estimate(
     if timings is None or not kernels_to_scale(store):
         return None
     found = affected(store, fix)
-    _, _, missing = case_factors(found, timings)
+    missing = case_factors(found, timings).missing
     if not found.cases or missing == len(found.cases):
         return None
     step_ms = replay(store).result().step_ms

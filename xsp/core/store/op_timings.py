@@ -62,13 +62,24 @@ class OpCase:
 @dataclass(frozen=True)
 class CaseTiming:
     """One case's median time (µs) without (``base``) and with (``fixed``) the fix, forward and,
-    where the step runs it, backward."""
+    where the step runs it, backward: on a GPU the GPU's time (CUDA events), on the CPU the
+    call's. On a GPU also the host's time per call (``*_host_us``: the calls issued back to
+    back, as a step issues them) and the kernels one call launches (``*_kernels``); None where
+    not measured (the CPU, a file from before they were)."""
 
     key: str
     base_forward_us: float
     fixed_forward_us: float
     base_backward_us: float | None = None
     fixed_backward_us: float | None = None
+    base_host_us: float | None = None
+    fixed_host_us: float | None = None
+    base_backward_host_us: float | None = None
+    fixed_backward_host_us: float | None = None
+    base_kernels: int | None = None
+    fixed_kernels: int | None = None
+    base_backward_kernels: int | None = None
+    fixed_backward_kernels: int | None = None
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,23 @@ Algorithm notes:
    cuBLAS's and cuDNN's TF32 math, bf16 runs the forward under ``torch.autocast``. The base runs
    with the process's defaults, as the measurement did.
 3. Forward: the op's call. Backward: ``torch.autograd.grad`` of its output on a kept graph,
-   repeated, so that only the backward is timed.
+   repeated, so that only the backward is timed. The grad mode and autocast are entered once
+   around a measurement, not per call: a step enters them once, not per op.
 4. On a GPU, a batch of calls runs behind a ``torch.cuda._sleep`` long enough for the host to
    queue them all, between two CUDA events: the events then time the GPU's work alone, kernel
    after kernel, not the host's launches (a 10 µs GEMM launched from Python would time its
-   launch). The median over ``ROUNDS`` batches, per call. On the CPU, each call is timed on the
+   launch). The median over ``ROUNDS`` batches, per call.
+5. On a GPU the host's side is timed too, as a step pays it: the same batches issued back to
+   back with no sleep in front, timed on the host clock from the first call to the last one's
+   return (the sync between batches is not timed); the median over ``ROUNDS`` batches, per
+   call. A fix changes more than kernels: cuBLAS's TF32 path picks its kernel by other
+   heuristics and can launch fewer (no split-K reduction), and a host-bound step moves by that
+   alone (BERT b1 inference on the H100: its GEMMs' kernels 2-3x faster, the replayed step,
+   kernels scaled, unchanged).
+6. The kernels one call launches, without and with the fix (``count_kernels``): a few calls
+   under ``torch.profiler`` (CUDA activities), after every timing, since the profiler's CUPTI
+   hooks could stay behind and slow the calls timed after them. On the CPU, each call is
+   timed on the
    host clock, and the fastest kept: a shared host's other work only ever adds to a call
    (on the 2-core development machine under load, medians of 20 calls of one convolution
    ranged 0.2-26 ms, minima 0.17-0.21 ms). Each measurement stops after about ``budget_ms``.
@@ -28,11 +40,12 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from xsp.core.store.op_timings import CaseTiming, OpCase
 
-__all__ = ["DEFAULT_BUDGET_MS", "FIXES", "time_case"]
+__all__ = ["DEFAULT_BUDGET_MS", "FIXES", "KernelCounts", "count_kernels", "time_case"]
 
 #: About how long one measurement (a case's forward or backward, base or fixed) takes.
 DEFAULT_BUDGET_MS = 10.0
@@ -42,6 +55,8 @@ MIN_CPU_CALLS = 5
 MAX_CALLS_PER_ROUND = 40
 #: The longest sleep a GPU batch waits behind (ms): a host slower than that times its launches.
 MAX_SLEEP_MS = 100.0
+#: The calls ``count_kernels`` profiles (their kernels divided by it).
+PROFILED_CALLS = 3
 #: The fixes this module applies to one op.
 FIXES = ("channels_last", "tf32", "bf16")
 _DTYPES = {
@@ -55,27 +70,95 @@ _DTYPES = {
 def time_case(
     case: OpCase, fix: str, device: str, budget_ms: float = DEFAULT_BUDGET_MS
 ) -> CaseTiming:
-    """The case's median forward (and backward) time without and with ``fix``, µs."""
+    """The case's median forward (and backward) time without and with ``fix``, µs; on a GPU
+    its host time per call too (module note 5)."""
     import torch
 
     if fix not in FIXES:
         raise ValueError(f"fix {fix!r} cannot be applied to one op: use {', '.join(FIXES)}")
     dev = torch.device(device)
     times: dict[tuple[bool, str], float] = {}
+    host: dict[tuple[bool, str], float] = {}
     for fixed in (False, True):
         with _settings(fix, fixed, dev):
             op = _Op(case, fix if fixed else None, dev)
-            times[(fixed, "forward")] = _median_us(op.forward, dev, budget_ms)
-            if case.backward:
-                times[(fixed, "backward")] = _median_us(op.backward(), dev, budget_ms)
-            del op
+            with op.mode():
+                calls = {"forward": op.call}
+                if case.backward:
+                    calls["backward"] = op.backward()
+                for part, call in calls.items():
+                    if dev.type != "cuda":
+                        times[(fixed, part)] = _cpu_us(call, budget_ms)
+                        continue
+                    times[(fixed, part)], host[(fixed, part)] = _gpu_us(call, budget_ms)
+            del op, calls
     return CaseTiming(
         key=case.key,
         base_forward_us=times[(False, "forward")],
         fixed_forward_us=times[(True, "forward")],
         base_backward_us=times.get((False, "backward")),
         fixed_backward_us=times.get((True, "backward")),
+        base_host_us=host.get((False, "forward")),
+        fixed_host_us=host.get((True, "forward")),
+        base_backward_host_us=host.get((False, "backward")),
+        fixed_backward_host_us=host.get((True, "backward")),
     )
+
+
+@dataclass(frozen=True)
+class KernelCounts:
+    """The GPU activities (kernels, memsets, copies) one call launches, without (``base``) and
+    with (``fixed``) the fix, forward and, where the step runs it, backward."""
+
+    base: int
+    fixed: int
+    base_backward: int | None = None
+    fixed_backward: int | None = None
+
+
+def count_kernels(case: OpCase, fix: str, device: str) -> KernelCounts | None:
+    """The kernels one call of ``case`` launches without and with ``fix`` (module note 6);
+    None off a GPU, or where the profiler gives no activities. Call it after every timing."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    counts: dict[tuple[bool, str], int] = {}
+    try:
+        for fixed in (False, True):
+            with _settings(fix, fixed, dev):
+                op = _Op(case, fix if fixed else None, dev)
+                with op.mode():
+                    counts[(fixed, "forward")] = _kernels(op.call)
+                    if case.backward:
+                        counts[(fixed, "backward")] = _kernels(op.backward())
+                del op
+    except RuntimeError:  # no CUPTI for the profiler: the counts are a detail, the times not
+        return None
+    if counts[(False, "forward")] <= 0:
+        return None
+    return KernelCounts(
+        base=counts[(False, "forward")],
+        fixed=counts[(True, "forward")],
+        base_backward=counts.get((False, "backward")),
+        fixed_backward=counts.get((True, "backward")),
+    )
+
+
+def _kernels(call: Callable[[], Any]) -> int:
+    """The GPU activities per call of ``PROFILED_CALLS`` calls under the profiler, warmed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_CALLS):
+            call()
+        torch.cuda.synchronize()
+    gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return round(len(gpu) / PROFILED_CALLS)
 
 
 @contextlib.contextmanager
@@ -160,25 +243,25 @@ class _Op:
             raise ValueError(f"no isolated call for {case.op}")
         return calls[case.op]
 
-    def forward(self) -> Any:
+    @contextlib.contextmanager
+    def mode(self) -> Iterator[None]:
+        """The grad mode the step runs the op in, and the fix's autocast: entered once around
+        a measurement (module note 3)."""
         import torch
 
         grad = torch.enable_grad() if self.case.backward else torch.no_grad()
-        with grad, self._autocast():
-            return self.call()
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        import torch
-
-        if self.fix != "bf16":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.fix == "bf16":
+            autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        with grad, autocast:
+            yield
 
     def backward(self) -> Callable[[], Any]:
-        """A call that runs the op's backward once more on one kept forward graph."""
+        """A call that runs the op's backward once more on one kept forward graph (call it
+        under ``mode``)."""
         import torch
 
-        out = self.forward()
+        out = self.call()
         grad = torch.randn_like(out)  # NHWC where the fixed output is (preserve_format)
         wanted = [t for t in self.inputs if t is not None and t.requires_grad]
 
@@ -186,10 +269,6 @@ class _Op:
             return torch.autograd.grad(out, wanted, grad, retain_graph=True)
 
         return backward
-
-
-def _median_us(call: Callable[[], Any], device: Any, budget_ms: float) -> float:
-    return _gpu_us(call, budget_ms) if device.type == "cuda" else _cpu_us(call, budget_ms)
 
 
 def _cpu_us(call: Callable[[], Any], budget_ms: float) -> float:
@@ -204,7 +283,8 @@ def _cpu_us(call: Callable[[], Any], budget_ms: float) -> float:
     return min(times)
 
 
-def _gpu_us(call: Callable[[], Any], budget_ms: float) -> float:
+def _gpu_us(call: Callable[[], Any], budget_ms: float) -> tuple[float, float]:
+    """(the GPU's median time per call, the host's), µs (module notes 4 and 5)."""
     import torch
 
     call()  # cuDNN's plan, the allocator's blocks
@@ -227,6 +307,22 @@ def _gpu_us(call: Callable[[], Any], budget_ms: float) -> float:
         end.record()
         end.synchronize()
         per_call.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(per_call), _host_us(call, calls)
+
+
+def _host_us(call: Callable[[], Any], calls: int) -> float:
+    """The host's median time per call over ``ROUNDS`` batches of ``calls`` calls issued back
+    to back, each batch from an idle GPU (module note 5)."""
+    import torch
+
+    per_call = []
+    for _ in range(ROUNDS):
+        torch.cuda.synchronize()  # between batches, untimed
+        begin = time.perf_counter()
+        for _ in range(calls):
+            call()
+        per_call.append((time.perf_counter() - begin) * 1e6 / calls)
+    torch.cuda.synchronize()
     return statistics.median(per_call)
 
 
