@@ -31,10 +31,12 @@ __all__ = [
 
 #: Jaeger's query service (its UI) listens here unless configured otherwise.
 JAEGER_UI_PORT = 16686
-#: Spans the printed search may return. Measured against Jaeger 1.76's UI API on the committed
-#: ResNet-50 reconstruction (5,169 spans a trace): 1, 2, 3, 5 and 10 traces took 0.54, 0.79,
-#: 1.06, 2.27 and 3.79 s (5.2 MB a trace) on the shared 2-core dev machine.
-SEARCH_SPAN_BUDGET = 12_000
+#: Spans the printed search may return: one trace of the most the layout sends unfolded
+#: (``view.DEFAULT_MAX_SPANS_PER_TRACE``). Measured with Jaeger 1.76's UI API on the committed
+#: ResNet-50 replay (5,170 spans, 5.2 MB a trace): 1, 2, 3, 5 and 10 traces took 0.54, 0.79,
+#: 1.06, 2.27 and 3.79 s on the shared 2-core dev machine, and 0.9-1.4, 1.1-2.8 and 2.2-3.9 s
+#: for 1, 2 and 3 under a load of 10 (``benchmarks/jaeger_link.py``).
+SEARCH_SPAN_BUDGET = 8_192
 #: How long ``is_jaeger_ui`` waits for the UI's API.
 PROBE_TIMEOUT_S = 1.0
 
