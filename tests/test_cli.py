@@ -91,12 +91,23 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert "median ms" in done.stdout and "bytes per span" in done.stdout
-    exported = xsp("export", str(out), "--format", "otlp-json", "-o", str(tmp_path / "o.jsonl"))
+    # by default the replayed step, one trace an iteration; --traced, the level sets' own
+    replayed = xsp("export", str(out), "-o", str(tmp_path / "replayed.jsonl"))
+    assert replayed.returncode == 0, replayed.stderr
+    replayed_roots = [
+        next(s for s in spans if "parentSpanId" not in s)
+        for spans in _traces(tmp_path / "replayed.jsonl")
+    ]
+    assert [r["name"] for r in replayed_roots] == [
+        "torchvision:resnet18 infer b2 · reconstructed"
+    ] * 3
+    traced = ("--traced", "--format", "otlp-json")
+    exported = xsp("export", str(out), *traced, "-o", str(tmp_path / "o.jsonl"))
     assert exported.returncode == 0, exported.stderr
     traces = _traces(tmp_path / "o.jsonl")
     assert len(traces) == 6
     gz = tmp_path / "o.jsonl.gz"  # a .gz name is gzipped, as for the chrome format
-    assert xsp("export", str(out), "--format", "otlp-json", "-o", str(gz)).returncode == 0
+    assert xsp("export", str(out), *traced, "-o", str(gz)).returncode == 0
     import gzip
 
     assert gzip.decompress(gz.read_bytes()) == (tmp_path / "o.jsonl").read_bytes()
@@ -110,8 +121,8 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
         levels = {_attr(s, "xsp.level") for s in spans}
         key = "MF" if "framework" in levels else "M"
         assert _attr(root, "xsp.level") == "model"
-        # one name a level set; the iteration is the root's attribute
-        assert root["name"] == f"torchvision:resnet18 infer b2 · {key}"
+        # one name a level set, labelled as traced; the iteration is the root's attribute
+        assert root["name"] == f"torchvision:resnet18 infer b2 · {key} (traced)"
         assert _attr(root, "xsp.iteration") is not None
         by_levels[key] = by_levels.get(key, 0) + 1
         if key == "MF":

@@ -26,7 +26,9 @@ def test_the_cli_lists_the_registry() -> None:
     option = next(p for p in export.params if p.name == "fmt")
     assert isinstance(option.type, click.Choice)
     assert (
-        list(option.type.choices) == list(FORMATS) == ["otlp-json", "chrome", "otlp-metrics-json"]
+        list(option.type.choices)
+        == list(FORMATS)
+        == ["otlp-json", "chrome", "chrome-ns", "otlp-metrics-json"]
     )
     assert option.default == "otlp-json"
     for fmt in FORMATS.values():
@@ -34,7 +36,9 @@ def test_the_cli_lists_the_registry() -> None:
 
 
 def test_an_unknown_format_names_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match=r"'svg' \(known: otlp-json, chrome, otlp-metrics-json\)"):
+    with pytest.raises(
+        ConfigError, match=r"'svg' \(known: otlp-json, chrome, chrome-ns, otlp-metrics-json\)"
+    ):
         formats.get("svg")
 
 

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 
 from tests.fixtures import fixture_table, free_ports, http_collector, write_run
@@ -49,6 +51,7 @@ class Jaeger:
             "JAEGER_UI_ASSETS": str(JAEGER_UI),
             "JAEGER_BADGER_DIR": str(data or work / "badger"),
         }
+        self.link = ""  # what ``xsp push`` printed (the ``pushed`` fixture)
         self.log = (work / "jaeger.log").open("ab")
         self.proc = subprocess.Popen(
             [str(JAEGER_BIN), "--config", str(ROOT / "deploy/jaeger.yaml")],
@@ -120,7 +123,7 @@ def _measurement(root: Path, run_id: str) -> dict[str, int]:
     return counts
 
 
-def _push(run_dir: Path, endpoint: str, *extra: str) -> None:
+def _push(run_dir: Path, endpoint: str, *extra: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         [sys.executable, "-m", "xsp", "push", str(run_dir), "--endpoint", endpoint, *extra],
         capture_output=True,
@@ -129,6 +132,7 @@ def _push(run_dir: Path, endpoint: str, *extra: str) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr
+    return done
 
 
 def _read_back(jaeger: Jaeger, trace_id: str, expected: int) -> list[dict[str, Any]]:
@@ -176,7 +180,8 @@ def _check(jaeger: Jaeger, counts: dict[str, int]) -> None:
         roots = [s for s in spans if not s.get("parentSpanId")]
         assert len(roots) == 1 and _attr(roots[0], "xsp.level") == "model"
         levels = "MF" if expected > 1 else "M"
-        assert roots[0]["name"] == f"torchvision:resnet18 · {levels}"  # one name a level set
+        # one name a level set, labelled as traced
+        assert roots[0]["name"] == f"torchvision:resnet18 · {levels} (traced)"
         assert _attr(roots[0], "xsp.iteration") is not None  # the iteration: an attribute
         assert all(s["parentSpanId"] in ids for s in spans if s.get("parentSpanId"))
         if expected > 1:
@@ -204,7 +209,7 @@ def _check(jaeger: Jaeger, counts: dict[str, int]) -> None:
 
 def test_push_straight_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
     counts = _measurement(tmp_path / "direct", "e2e-direct")
-    _push(tmp_path / "direct", jaeger.otlp_http)
+    _push(tmp_path / "direct", jaeger.otlp_http, "--traced")
     _check(jaeger, counts)
 
 
@@ -235,7 +240,7 @@ def test_push_through_the_collector_to_jaeger(jaeger: Jaeger, tmp_path: Path) ->
         tmp_path / "collected", forward=f"grpc://{jaeger.otlp_grpc}", flush_interval_s=0.1
     )
     try:
-        _push(tmp_path / "via", f"http://127.0.0.1:{collector.http_port}")
+        _push(tmp_path / "via", f"http://127.0.0.1:{collector.http_port}", "--traced")
     finally:
         collector.stop()
     assert collector.forward_errors == 0
@@ -254,9 +259,11 @@ def _legacy(jaeger: Jaeger, trace_id: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def pushed(jaeger: Jaeger) -> Jaeger:
-    """Jaeger holding the committed measurement's MFLG run and its reconstruction."""
+    """Jaeger holding the committed measurement's MFLG run and its replayed step (what ``xsp
+    push`` sends for a measurement by default), the link it printed in ``pushed.link``."""
     _push(MEASUREMENT / "MFLG", jaeger.otlp_http)
-    _push(MEASUREMENT, jaeger.otlp_http, "--reconstructed")
+    done = _push(MEASUREMENT, jaeger.otlp_http, "--ui", jaeger.query)
+    jaeger.link = done.stdout
     return jaeger
 
 
@@ -276,7 +283,8 @@ def test_jaeger_shows_recorded_gpu_times_and_the_reconstruction_apart(pushed: Ja
             expected = {r["span_id"]: r for r in rows if r["trace_id"].hex() == trace_id}
             read = _read_back(jaeger, trace_id, len(expected))
             assert len([s for s in read if not _added(s)]) == len(expected)
-            assert len(read) - len(expected) == 182  # ResNet-50's layers' backward spans
+            # ResNet-50's layers' backward spans and the step's gradient accumulation span
+            assert len(read) - len(expected) == 182 + 1
             trace = _legacy(jaeger, trace_id)
             stored = [s for s in trace["spans"] if not _added(s)]
             assert len(stored) == len(expected) > 5000
@@ -303,7 +311,7 @@ def test_the_trace_page_renders_the_stack_in_a_browser(pushed: Jaeger) -> None:
     dom = dump_dom(f"{pushed.query}/trace/{trace_id}", size="1400,4000")
     assert "not the Jaeger UI" not in dom
     names = [html.unescape(n) for n in re.findall(r'class="endpoint-name">([^<]*)<', dom)]
-    assert names[0] == "torchvision:resnet50 train b64 · MFLG"
+    assert names[0] == "torchvision:resnet50 train b64 · MFLG (traced)"
     for wanted in ("conv1", "aten::conv2d", "cudnnBackendExecute", "cudaLaunchKernel"):
         assert wanted in names, wanted
     # kernels by their short names (the full one is an attribute), on the GPU's own service
@@ -361,5 +369,82 @@ def test_a_step_of_100k_spans_is_folded_into_a_trace_jaeger_loads(
 
     dom = dump_dom(f"{jaeger.query}/trace/{trace_id.hex()}", size="1400,4000")
     names = [html.unescape(n) for n in re.findall(r'class="endpoint-name">([^<]*)<', dom)]
-    assert names[0] == "torchvision:resnet50 train b64 · MFLG"
+    assert names[0] == "torchvision:resnet50 train b64 · MFLG (traced)"
     assert any(n.startswith("folded: ") for n in names)
+
+
+def test_the_printed_link_finds_the_replayed_traces_within_its_budget(pushed: Jaeger) -> None:
+    """The link ``xsp push`` printed asks Jaeger's search for the replayed step's root operation
+    on the model service: what the UI's API returns for it is replayed traces only (not the
+    MFLG run's, pushed into the same Jaeger over the same time range), ``limit`` of them, within
+    the span budget that keeps the page fast (``benchmarks/jaeger_link.py`` times it)."""
+    import re
+    import urllib.parse
+
+    from xsp.cli.jaeger_link import SEARCH_SPAN_BUDGET
+
+    (link,) = re.findall(r"open in Jaeger: (\S+)", pushed.link)
+    url = urllib.parse.urlsplit(link)
+    assert f"{url.scheme}://{url.netloc}" == pushed.query and url.path == "/search"
+    query = dict(urllib.parse.parse_qsl(url.query))
+    assert query["service"] == "xsp.model"
+    assert query["operation"] == "torchvision:resnet50 train b64 · reconstructed"
+    assert int(query["limit"]) == SEARCH_SPAN_BUDGET // 5_126 == 1
+    found = pushed.get(f"/api/traces?{url.query}")["data"]
+    assert len(found) == 1
+    for trace in found:
+        roots = [s for s in trace["spans"] if not s["references"]]
+        assert [r["operationName"] for r in roots] == [query["operation"]]
+        assert len(trace["spans"]) == 5_126 + 182 + 1  # the replayed step, laid out
+    assert sum(len(t["spans"]) for t in found) <= SEARCH_SPAN_BUDGET
+
+
+def _paths(trace: dict[str, Any]) -> Counter[tuple[str, ...]]:
+    """Each span's path from the root, as (service: operation) names: what Jaeger's trace
+    compare lines two traces up by."""
+    services = {key: p["serviceName"] for key, p in trace["processes"].items()}
+    spans = {s["spanID"]: s for s in trace["spans"]}
+
+    def path(span: dict[str, Any]) -> tuple[str, ...]:
+        names: list[str] = []
+        while span is not None:
+            names.append(f"{services[span['processID']]}: {span['operationName']}")
+            parent = next(
+                (r["spanID"] for r in span["references"] if r["refType"] == "CHILD_OF"), None
+            )
+            span = spans.get(parent) if parent else None
+        return tuple(reversed(names))
+
+    return Counter(path(s) for s in trace["spans"])
+
+
+def test_trace_compare_lines_up_iterations_and_measurements(pushed: Jaeger) -> None:
+    """Jaeger's trace compare matches spans by their path of service and operation names. Two
+    replayed iterations of one measurement have the same paths, every one (so the compare
+    shows their durations apart, not two unrelated trees); so do the replays of two
+    measurements of ResNet-50 b64 training (the H100 one and the H200 one), but for the 139
+    library calls an iteration that the older capture recorded and the newer one does not."""
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+
+    other = ROOT / "benchmarks/data/replay-h200/r50-b64-train"
+    _push(other, pushed.otlp_http)
+    ids = {}
+    for name, path in (("h100", MEASUREMENT), ("h200", other)):
+        rebuilt, _ = reconstruct(MeasurementStore(path))
+        for iteration in (3, 7):
+            row = rebuilt.filter(
+                pc.and_(pc.equal(rebuilt.column("iteration"), iteration),
+                        pc.equal(rebuilt.column("kind"), "step"))
+            )  # fmt: skip
+            trace_id = row.column("trace_id")[0].as_py().hex()
+            _read_back(pushed, trace_id, 5_000)
+            ids[(name, iteration)] = trace_id
+    paths = {key: _paths(_legacy(pushed, trace_id)) for key, trace_id in ids.items()}
+    assert paths[("h100", 3)] == paths[("h100", 7)]
+    assert paths[("h200", 3)] == paths[("h200", 7)]
+    assert sum(paths[("h200", 3)].values()) == 4_987 + 182 + 1
+    extra = paths[("h100", 3)] - paths[("h200", 3)]
+    assert paths[("h200", 3)] - paths[("h100", 3)] == Counter()
+    assert sum(extra.values()) == 139
+    assert {path[-1].split(":")[0] for path in extra} == {"xsp.library"}

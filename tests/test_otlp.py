@@ -49,7 +49,7 @@ def test_protobuf_request_carries_every_span_with_attributes(table: pa.Table) ->
     root = spans[0]
     # Jaeger lists traces by their root's name: workload, level set and iteration tell them apart
     assert root.parent_span_id == b""
-    assert root.name == "torchvision:resnet18 train b2 · MF"
+    assert root.name == "torchvision:resnet18 train b2 · MF (traced)"
     attrs = {kv.key: kv.value for kv in root.attributes}
     assert attrs["xsp.level"].string_value == "model" and attrs["xsp.iteration"].int_value == 0
     conv = next(s for s in spans if s.name == "conv1")

@@ -628,7 +628,7 @@ def test_a_two_rank_ddp_job_on_cpu_is_one_trace_per_iteration(tmp_path: Path) ->
             for s in ss["spans"]
         ]
         (root,) = [s for s in spans_ if "parentSpanId" not in s]
-        assert root["name"].endswith(" · 2 ranks · MF")
+        assert root["name"].endswith(" · 2 ranks · MF (traced)")
         ranks = sorted(s["name"] for s in spans_ if s.get("parentSpanId") == root["spanId"])
         assert ranks == ["rank 0", "rank 1"]
 

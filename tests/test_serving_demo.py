@@ -230,7 +230,7 @@ def test_the_trace_page_shows_the_request_above_the_stack_in_a_browser(served: S
     assert "not the Jaeger UI" not in dom
     names = [html.unescape(n) for n in re.findall(r'class="endpoint-name">([^<]*)<', dom)]
     assert names[0] == "POST /predict"
-    assert names[1].endswith("· MFL") and "server.py" in names[1]
+    assert names[1].endswith("· MFL (traced)") and "server.py" in names[1]
     assert names[2:5] == ["MobileNetV3", "features", "features.0"]
     for wanted in ("features.0.0", "aten::conv2d", "aten::mkldnn_convolution"):
         assert wanted in names, wanted

@@ -4,7 +4,6 @@ with its progress and its Jaeger link."""
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 from collections import Counter
 from pathlib import Path
@@ -141,6 +140,63 @@ def test_backward_kernels_move_under_their_layers(rebuilt: pa.Table) -> None:
         assert child["start_ns"] + child["dur_ns"] <= layer["start_ns"] + layer["dur_ns"]
 
 
+def test_gradient_accumulation_is_gathered_under_one_span_a_step(rebuilt: pa.Table) -> None:
+    """ResNet-50's 161 parameters each have an ``AccumulateGrad`` node at the root of the step:
+    with the layers' backward spans, 161 of the step's 180 children. They move under one span
+    "gradient accumulation" a step, which covers them; the step keeps 20 children."""
+    from xsp.tracer.export.view import GRADIENT_ACCUMULATION, for_viewer
+
+    laid_out = for_viewer(rebuilt)
+    added = laid_out.filter(pc.fill_null(laid_out.column(ADDED_COLUMN), False))
+    assert added.num_rows == (182 + 1) * 20
+    rows = [r for r in laid_out.to_pylist() if r["iteration"] == 0]
+    by_id = {r["span_id"]: r for r in rows}
+    (step,) = [r for r in rows if r["kind"] == "step"]
+    children = [r for r in rows if r["parent_span_id"] == step["span_id"]]
+    assert len(children) == 20
+    (gathered,) = [r for r in children if r["name"] == GRADIENT_ACCUMULATION]
+    assert (gathered["kind"], gathered["phase"], gathered["level"]) == (
+        "backward",
+        "backward",
+        "framework",
+    )
+    nodes = [r for r in rows if r["parent_span_id"] == gathered["span_id"]]
+    assert len(nodes) == 161
+    assert all(r["name"].endswith("torch::autograd::AccumulateGrad") for r in nodes)
+    assert {r["view_stored_parent"] for r in nodes} == {f"{step['span_id']:016x}"}
+    assert gathered["start_ns"] == min(r["start_ns"] for r in nodes)
+    assert gathered["start_ns"] + gathered["dur_ns"] == max(
+        r["start_ns"] + r["dur_ns"] for r in nodes
+    )
+    assert all(by_id[r["parent_span_id"]] is gathered for r in nodes)
+
+
+def test_the_collector_stores_the_laid_out_step_as_the_tracer_did(rebuilt: pa.Table) -> None:
+    """The round trip: one replayed ResNet-50 step sent laid out (backward layers, gradient
+    accumulation gathered) and decoded by the collector is the stored step, parents included."""
+    step = rebuilt.filter(pc.equal(rebuilt.column("iteration"), 0))
+    transport = _Collecting()
+    resource = {**RESOURCE, schema.RES_LEVELS: "reconstructed"}
+    sink = OtlpSink(transport)
+    sink.export(SpanBatch.of(resource, step))
+    assert sink.view_spans_sent == 182 + 1
+    sent = [
+        span
+        for request in transport.requests
+        for rs in request.resource_spans
+        for span in rs.scope_spans[0].spans
+    ]
+    assert sum(span.name == "gradient accumulation" for span in sent) == 1
+    back = pa.concat_tables(
+        [table for request in transport.requests for _, _, table in writer.convert(request)]
+    )
+    columns = ["span_id", "parent_span_id", "name", "start_ns", "dur_ns", "kind"]
+    assert back.num_rows == step.num_rows
+    assert sorted(back.select(columns).cast(_plain(back, columns)).to_pylist(), key=_key) == sorted(
+        step.select(columns).cast(_plain(step, columns)).to_pylist(), key=_key
+    )
+
+
 class _Collecting:
     """A transport that keeps the requests."""
 
@@ -240,7 +296,11 @@ def test_a_shortened_kernel_keeps_its_name_as_an_attribute() -> None:
     )
 
 
-def test_push_shows_progress_and_prints_the_jaeger_link(mf_table: pa.Table, tmp_path: Path) -> None:
+def test_push_to_the_collector_shows_progress_and_prints_no_jaeger_link(
+    mf_table: pa.Table, tmp_path: Path
+) -> None:
+    """The xsp collector is no Jaeger: ``xsp push`` asks the UI's API and prints no link, neither
+    at the default UI (the endpoint's host, port 16686) nor at a ``--ui`` that is no Jaeger."""
     from xsp.cli import main as cli_main
 
     write_run(tmp_path / "run", "MF", mf_table, RESOURCE)
@@ -248,29 +308,58 @@ def test_push_shows_progress_and_prints_the_jaeger_link(mf_table: pa.Table, tmp_
     try:
         endpoint = f"http://127.0.0.1:{collector.http_port}"
         pushed = CliRunner().invoke(
-            cli_main, ["push", str(tmp_path / "run"), "--endpoint", endpoint]
-        )
-        custom = CliRunner().invoke(
             cli_main,
-            ["push", str(tmp_path / "run"), "--endpoint", endpoint, "--ui", "http://jaeger:80/"],
+            ["push", str(tmp_path / "run" / "MF"), "--endpoint", endpoint, "--ui", endpoint],
         )
     finally:
         collector.stop()
     assert pushed.exit_code == 0, pushed.output
     assert f"sent {mf_table.num_rows} spans and " in pushed.stderr
-    link = re.search(r"open in Jaeger: (\S+)", pushed.stdout)
-    assert link, pushed.stdout
-    url = urllib.parse.urlsplit(link.group(1))
-    assert url.netloc == "127.0.0.1:16686" and url.path == "/search"
+    assert "open in Jaeger" not in pushed.stdout and pushed.stdout == ""
+    assert f"no link: no Jaeger UI answers at {endpoint} (--ui URL names one)" in pushed.stderr
+    (run,) = store.open_measurement(tmp_path / "collected" / "view")
+    assert run.spans().num_rows == mf_table.num_rows  # as stored
+    assert run.resource[schema.RES_SERVICE_NAME] == "xsp"
+
+
+def test_the_search_link_asks_for_the_roots_within_a_span_budget(mf_table: pa.Table) -> None:
+    """The link searches the model service for the pushed level set's root operation over the
+    run's time range (microseconds), and lists as many traces as keep the search within
+    ``SEARCH_SPAN_BUDGET`` spans."""
+    from xsp.cli.jaeger_link import SEARCH_SPAN_BUDGET, default_ui, search_link
+
+    assert default_ui("http://10.0.0.5:4318") == "http://10.0.0.5:16686"
+    assert default_ui("grpc://[::1]:4317") == "http://[::1]:16686"
+    batch = SpanBatch.of(RESOURCE, mf_table)
+    link = search_link("http://jaeger:80/", [batch], True, 8192)
+    assert link is not None
+    url = urllib.parse.urlsplit(link.url)
+    assert url.netloc == "jaeger:80" and url.path == "/search"
     query = dict(urllib.parse.parse_qsl(url.query))
     start = pc.min(mf_table.column("start_ns")).as_py()
     end = pc.max(pc.add(mf_table.column("start_ns"), mf_table.column("dur_ns"))).as_py()
     assert query["service"] == "xsp.model" and query["lookback"] == "custom"
+    assert query["operation"] == "torchvision:resnet18 · MF (traced)"
     assert int(query["start"]) == start // 1000 and int(query["end"]) == -(-end // 1000)
-    assert "open in Jaeger: http://jaeger:80/search?service=xsp.model" in custom.stdout
-    (run,) = store.open_measurement(tmp_path / "collected" / "view")
-    assert run.spans().num_rows == mf_table.num_rows  # pushed twice, stored once, as stored
-    assert run.resource[schema.RES_SERVICE_NAME] == "xsp"
+    per_trace = Counter(mf_table.column("trace_id").to_pylist())
+    assert link.traces == len(per_trace) == 1
+    assert int(query["limit"]) == link.limit == 1  # all of them: within the budget
+    # a run of 20 iterations of 5,000 spans each: one of them
+    many = pa.concat_tables(
+        [_retraced(mf_table.slice(0, 1).take([0] * 5_000), bytes([i + 1]) * 16) for i in range(20)]
+    )
+    link = search_link("http://jaeger:80", [SpanBatch.of(RESOURCE, many)], True, 8192)
+    assert link is not None and link.traces == 20
+    assert link.limit == SEARCH_SPAN_BUDGET // 5_000 == 1
+    assert "limit=1" in link.url
+    # a folded trace holds at most --max-spans-per-trace spans
+    folded = search_link("http://jaeger:80", [SpanBatch.of(RESOURCE, many)], True, 1_000)
+    assert folded is not None and folded.limit == SEARCH_SPAN_BUDGET // 1_000 == 8
+
+
+def _retraced(table: pa.Table, trace_id: bytes) -> pa.Table:
+    at = table.schema.get_field_index("trace_id")
+    return table.set_column(at, "trace_id", pa.array([trace_id] * table.num_rows, pa.binary(16)))
 
 
 def test_a_moved_span_without_a_valid_stored_parent_is_refused_at_the_door(

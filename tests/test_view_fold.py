@@ -32,6 +32,7 @@ from xsp.tracer.export.view import (
     FOLD_KEYS,
     for_viewer,
     with_backward_layers,
+    with_gradient_accumulation,
 )
 
 SPANS_PER_COPY = 5_125  # the R50 MFLG iteration's 5,126 spans, less the step the copies share
@@ -84,7 +85,7 @@ def _sent(resource: dict[str, Any], table: pa.Table, **options: Any) -> list[dic
 
 
 def _folded_into(laid_out: pa.Table, sent: set[int]) -> dict[int, list[dict[str, Any]]]:
-    """Sent span id -> the stored spans of the laid-out table (``with_backward_layers``) whose
+    """Sent span id -> the stored spans of the laid-out table (``for_viewer`` unfolded) whose
     nearest sent ancestor it is, worked out from the table alone."""
     rows = laid_out.select(
         ["span_id", "parent_span_id", "name", "dur_ns", "level", "kind", ADDED_COLUMN]
@@ -143,7 +144,9 @@ def test_a_step_of_100k_spans_goes_out_within_the_budget_totals_kept(
     # the stored spans sent plus those folded are the step's
     assert len(stored) + sum(a["xsp.view.folded.spans"] for a in attrs) == large.num_rows
     # each summary: the stored spans whose nearest sent ancestor is its parent
-    into = _folded_into(with_backward_layers(large), {s["span_id"] for s in spans})
+    into = _folded_into(
+        with_gradient_accumulation(with_backward_layers(large)), {s["span_id"] for s in spans}
+    )
     assert {s["parent"] for s in summaries} == set(into)
     for summary in summaries:
         folded = into[summary["parent"]]
@@ -169,8 +172,8 @@ def test_a_step_of_100k_spans_goes_out_within_the_budget_totals_kept(
 def test_ops_keep_their_spans_when_they_fit(
     r50: tuple[dict[str, Any], pa.Table],
 ) -> None:
-    """Two copies (10,251 spans) exceed the budget; their 5,382 framework spans and 364
-    backward layer spans fit, so every op is sent and only API calls and kernels are folded,
+    """Two copies (10,251 spans) exceed the budget; their 5,382 framework spans, 364
+    backward layer spans and the gradient accumulation span fit, so every op is sent and only API calls and kernels are folded,
     one summary under each op that had any; the collector stores the spans sent."""
     resource, table = r50
     double = tiled_iteration(table, 2)
@@ -179,7 +182,8 @@ def test_ops_keep_their_spans_when_they_fit(
     sent = Counter(s["attributes"].get("xsp.level") for s in spans)
     framework = pc.sum(pc.equal(double.column("level"), schema.LEVEL_FRAMEWORK)).as_py()
     assert framework == 2 * 2_691
-    assert sent[schema.LEVEL_FRAMEWORK] - 364 == framework  # every op, node and layer
+    # every op, node and layer, plus the layers' backward spans and one gradient accumulation
+    assert sent[schema.LEVEL_FRAMEWORK] - 364 - 1 == framework
     assert sent[schema.LEVEL_MODEL] == 1
     summaries = [s for s in spans if FOLD_KEYS["view_folded_spans"] in s["attributes"]]
     assert sent[schema.LEVEL_LIBRARY] + sent[schema.LEVEL_GPU] == len(summaries)

@@ -18,7 +18,17 @@ if TYPE_CHECKING:
     from xsp.tracer.export.formats import ExportSource, RunSpans
     from xsp.tracer.export.sinks import SpanBatch
 
-__all__ = ["JAEGER_UI_PORT", "export", "push"]
+__all__ = ["export", "push"]
+
+
+_TRACED = click.option(
+    "--traced",
+    is_flag=True,
+    help="The level-set runs as traced, each with its own step times (their roots titled "
+    "'· MFLG (traced)'), instead of the replayed step.",
+)
+# the default for a measurement since issue 52; still forces the replay of a single run directory
+_RECONSTRUCTED = click.option("--reconstructed", is_flag=True, hidden=True)
 
 
 @click.command()
@@ -31,25 +41,41 @@ __all__ = ["JAEGER_UI_PORT", "export", "push"]
     show_default=True,
     help="; ".join(f"{f.name}: {f.help}" for f in FORMATS.values()) + ".",
 )
-@click.option(
-    "--reconstructed",
-    is_flag=True,
-    help="Export the leveled reconstruction (each span timed by its level's shallowest run).",
-)
+@_TRACED
+@_RECONSTRUCTED
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout)."
 )
-def export(run_dir: Path, fmt: str, reconstructed: bool, output: Path | None) -> None:
-    """Write a run's traces as OTLP JSON Lines (one trace, i.e. iteration, per line) or as a
-    Chrome/Perfetto trace."""
+def export(run_dir: Path, fmt: str, traced: bool, reconstructed: bool, output: Path | None) -> None:
+    """Write a measurement's replayed step (the leveled reconstruction: one untraced step per
+    iteration), or with --traced its level-set runs as traced, as OTLP JSON Lines (one trace,
+    i.e. iteration, per line) or as a Chrome/Perfetto trace."""
     from xsp.core.store import check_output, open_measurement
 
     if output is not None:
         check_output(output)  # never into the store's own files, nor a missing directory
     runs = open_measurement(run_dir, warn, foreign=True)  # another sender's: as it came in
-    said = FORMATS[fmt].write(_source(run_dir, runs, reconstructed), output)
+    said = FORMATS[fmt].write(
+        _source(run_dir, runs, _replayed(run_dir, runs, traced, reconstructed)), output
+    )
     if said:
         console.print(said, highlight=False)
+
+
+def _replayed(run_dir: Path, runs: list[Run], traced: bool, reconstructed: bool) -> bool:
+    """Whether export and push write the replayed step: by default for a measurement directory
+    whose runs recorded the framework level (what the replay needs beyond M's steps); a single
+    run directory, a measurement of steps alone and another sender's spans go as stored."""
+    from xsp.core import schema
+    from xsp.core.store import RUN_META
+
+    if traced and reconstructed:
+        raise XspError("--traced and --reconstructed exclude each other")
+    if traced or reconstructed:
+        return reconstructed
+    if (run_dir / RUN_META).exists():
+        return False
+    return any("F" in str(r.resource.get(schema.RES_LEVELS) or "") for r in runs)
 
 
 def _source(run_dir: Path, runs: list[Run], reconstructed: bool) -> ExportSource:
@@ -84,7 +110,8 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
-@click.option("--reconstructed", is_flag=True, help="Send the leveled reconstruction instead.")
+@_TRACED
+@_RECONSTRUCTED
 @click.option(
     "--as-stored",
     is_flag=True,
@@ -93,7 +120,8 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 @click.option(
     "--ui",
     "ui_url",
-    help="Jaeger UI base URL for the printed link (default: the endpoint's host, port 16686).",
+    help="Jaeger UI base URL for the printed link (default: the endpoint's host, port 16686); "
+    "no link where no Jaeger answers there.",
 )
 @click.option(
     "--max-spans-per-trace",
@@ -106,13 +134,15 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 def push(
     run_dir: Path,
     endpoint: str | None,
+    traced: bool,
     reconstructed: bool,
     as_stored: bool,
     ui_url: str | None,
     max_spans_per_trace: int,
 ) -> None:
-    """Send a stored run to Jaeger, the xsp collector or any OTLP endpoint, and print the Jaeger
-    UI link that finds its traces.
+    """Send a measurement's replayed step (with --traced, its level-set runs as traced; a run
+    directory as stored) to Jaeger, the xsp collector or any OTLP endpoint, and print the link
+    to Jaeger's search for them where a Jaeger UI answers.
 
     One trace per iteration; requests stay under 3 MiB (Jaeger's gRPC limit is 4 MiB).
     OTEL_EXPORTER_OTLP_* variables choose the protocol, headers and timeout. The spans go out
@@ -130,8 +160,9 @@ def push(
     config = OtlpConfig.from_env(endpoint)
     if config is None:
         raise XspError("no endpoint: give --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
-    with console.status("reading the spans" + (" and rebuilding them" if reconstructed else "")):
-        batches = [spans.batch for spans in _source(run_dir, runs, reconstructed).spans()]
+    replayed = _replayed(run_dir, runs, traced, reconstructed)
+    with console.status("reading the spans" + (" and replaying the step" if replayed else "")):
+        batches = [spans.batch for spans in _source(run_dir, runs, replayed).spans()]
     total = sum(batch.table.num_rows for batch in batches)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -148,7 +179,7 @@ def push(
         finally:
             sink.shutdown()
     layers = sink.view_spans_sent - sink.summaries_sent
-    added = f" and {layers} backward layer spans" if layers else ""
+    added = f" and {layers} backward layer and gradient accumulation spans" if layers else ""
     if sink.spans_folded:
         added += f"; {sink.spans_folded} spans folded into {sink.summaries_sent} summaries"
     console.print(
@@ -157,45 +188,34 @@ def push(
         highlight=False,
         soft_wrap=True,
     )
-    link = _jaeger_link(ui_url or _default_ui(config.endpoint), batches, not as_stored)
-    if link:
-        out_console.print(f"open in Jaeger: {link}", highlight=False, soft_wrap=True)
+    _print_link(ui_url, config.endpoint, batches, not as_stored, max_spans_per_trace)
 
 
-#: Jaeger's query service (its UI) listens here unless configured otherwise.
-JAEGER_UI_PORT = 16686
+def _print_link(
+    ui_url: str | None,
+    endpoint: str,
+    batches: list[SpanBatch],
+    per_level: bool,
+    max_spans_per_trace: int,
+) -> None:
+    """The search link on stdout where a Jaeger UI answers at ``--ui`` (default: the
+    endpoint's host, port 16686); else one line saying there is none (the xsp collector, or
+    another OTLP receiver, took the spans)."""
+    from xsp.cli.jaeger_link import default_ui, is_jaeger_ui, search_link
 
-
-def _default_ui(endpoint: str) -> str:
-    """The Jaeger UI next to an OTLP endpoint: the endpoint's host, port 16686."""
-    import urllib.parse
-
-    host = urllib.parse.urlsplit(endpoint).hostname or "127.0.0.1"
-    return f"http://{host if ':' not in host else f'[{host}]'}:{JAEGER_UI_PORT}"
-
-
-def _jaeger_link(ui: str, batches: list[SpanBatch], per_level: bool) -> str | None:
-    """The UI's search for the pushed traces: the model level's service over the measurement's
-    time range (microseconds, as the UI's URL takes them), so a run of any age is found."""
-    import urllib.parse
-
-    import pyarrow.compute as pc
-
-    from xsp.core import schema
-
-    tables = [b.table for b in batches if b.table.num_rows]
-    if not tables:
-        return None
-    if per_level and all(t.column("level").null_count == t.num_rows for t in tables):
-        per_level = False  # another sender's spans (no xsp level): its own service names
-    start = min(pc.min(t.column("start_ns")).as_py() for t in tables)
-    end = max(pc.max(pc.add(t.column("start_ns"), t.column("dur_ns"))).as_py() for t in tables)
-    service = str(batches[0].resource.get(schema.RES_SERVICE_NAME) or schema.SERVICE_NAME)
-    query = {
-        "service": f"{service}.{schema.LEVEL_MODEL}" if per_level else service,
-        "start": start // 1000,
-        "end": -(-end // 1000),
-        "lookback": "custom",
-        "limit": 100,
-    }
-    return f"{ui.rstrip('/')}/search?{urllib.parse.urlencode(query)}"
+    ui = ui_url or default_ui(endpoint)
+    if not is_jaeger_ui(ui):
+        console.print(
+            f"no link: no Jaeger UI answers at {ui} (--ui URL names one)", highlight=False
+        )
+        return
+    link = search_link(ui, batches, per_level, max_spans_per_trace)
+    if link is None:
+        return
+    out_console.print(f"open in Jaeger: {link.url}", highlight=False, soft_wrap=True)
+    if link.limit < link.traces:
+        console.print(
+            f"the link lists {link.limit} of the {link.traces} traces, so that it opens fast; "
+            "raise Limit Results in the search form for more",
+            highlight=False,
+        )

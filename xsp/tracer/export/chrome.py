@@ -21,9 +21,15 @@ Layout, as Kineto writes it, plus what xsp has that torch.profiler lacks:
 4. Every GPU activity whose launch call is in the run gets a flow pair, Kineto style: ``ph: "s"``
    on the launch and ``ph: "f"`` with ``bp: "e"`` on the activity, ``cat: "ac2g"``, ``id`` = the
    correlation id (plus ``run << 32`` past the first run: CUPTI restarts its ids in each run).
-5. Times are microseconds relative to the earliest span of the export, written as exact decimals
-   of the nanosecond offsets (``ts * 1000 + baseTimeNanoseconds`` is the span's ``start_ns``);
-   the base is in the document's ``baseTimeNanoseconds``, as Kineto records it.
+5. Times are microseconds relative to the earliest span of the export (the base is in the
+   document's ``baseTimeNanoseconds``, as Kineto records it), whole by default: each span's
+   start and end offsets are rounded to the nearest microsecond and its duration is their
+   difference. Rounding every boundary alike keeps the order of any two boundaries (a span
+   that ended before the next began still does; a nested one stays nested) and is unbiased,
+   where Holistic Trace Analysis, given fractions, rounds each start up and each end down (a
+   span of less than 1 us gets a negative duration and its breakdown asserts). With
+   ``exact_ns`` they are exact decimals of the nanosecond offsets instead (``ts * 1000 +
+   baseTimeNanoseconds`` is the span's ``start_ns``), for Perfetto.
 6. The document's metadata has ``schemaVersion``, ``distributedInfo`` (rank 0: one process made
    the trace; HTA wants a rank per file), ``deviceProperties`` and ``xspRuns`` (each run's
    resource and host pid). Files ending in ``.gz`` are gzip-compressed.
@@ -121,8 +127,11 @@ def split_ranks(
     return out
 
 
-def chrome_trace(runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> ChromeTrace:
-    """The trace document (metadata and ``traceEvents``) of one or more level-set runs."""
+def chrome_trace(
+    runs: Iterable[tuple[Mapping[str, object], pa.Table]], exact_ns: bool = False
+) -> ChromeTrace:
+    """The trace document (metadata and ``traceEvents``) of one or more level-set runs; times in
+    whole microseconds, or with ``exact_ns`` exact to the nanosecond (module notes, 5)."""
     runs = [(resource, table) for resource, table in runs]
     starts = [pc.min(t.column("start_ns")).as_py() for _, t in runs if t.num_rows]
     base = min(starts) if starts else 0
@@ -131,7 +140,7 @@ def chrome_trace(runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> Chrom
     devices: dict[int, str] = {}
     run_meta: list[RunEntry] = []
     for index, (resource, table) in enumerate(runs):
-        run = _RunExport(index, resource, table, base, pids)
+        run = _RunExport(index, resource, table, base, pids, exact_ns)
         events.extend(run.events())
         for device in run.gpu_pids:
             devices.setdefault(device, str(resource.get(schema.RES_DEVICE_NAME, "")))
@@ -147,12 +156,15 @@ def chrome_trace(runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> Chrom
     }
 
 
-def write_chrome_trace(path: Path, runs: Iterable[tuple[Mapping[str, object], pa.Table]]) -> int:
-    """Write every run into one trace file; returns the number of span (``ph: "X"``) events.
+def write_chrome_trace(
+    path: Path, runs: Iterable[tuple[Mapping[str, object], pa.Table]], exact_ns: bool = False
+) -> int:
+    """Write every run into one trace file (``chrome_trace``); returns the number of span
+    (``ph: "X"``) events.
 
     The metadata comes first, spaced as Kineto spaces it (HTA finds a file's rank by matching
     ``"rank": N`` line by line), then one event per line."""
-    document = chrome_trace(runs)
+    document = chrome_trace(runs, exact_ns)
     events = document["traceEvents"]
     metadata = {key: value for key, value in document.items() if key != "traceEvents"}
     head = json.dumps(metadata)[:-1]  # without the closing brace
@@ -173,8 +185,9 @@ class _RunExport:
         table: pa.Table,
         base_ns: int,
         pids: set[int],
+        exact_ns: bool = False,
     ) -> None:
-        self.index, self.base_ns = index, base_ns
+        self.index, self.base_ns, self.exact_ns = index, base_ns, exact_ns
         self.cols = table.to_pydict()
         self.rows = table.num_rows
         levels, workload = resource.get(schema.RES_LEVELS, "?"), resource.get(schema.RES_WORKLOAD)
@@ -240,7 +253,7 @@ class _RunExport:
                     "pid": pid,
                     "tid": tid,
                     "ts": self._us(c["start_ns"][row]),
-                    "dur": c["dur_ns"][row] / 1e3,
+                    "dur": self._dur_us(c["start_ns"][row], c["dur_ns"][row]),
                     "args": args,
                 }
             )
@@ -314,9 +327,16 @@ class _RunExport:
         return tracks
 
     def _us(self, ns: int) -> float:
+        if not self.exact_ns:  # the nearest whole microsecond (module notes, 5)
+            return (ns - self.base_ns + 500) // 1000
         # An integer number of ns over 1000 prints as the exact 3-decimal value: offsets stay far
         # below 2**53 ns, and the shortest repr of the nearest double is that decimal.
         return (ns - self.base_ns) / 1e3
+
+    def _dur_us(self, start_ns: int, dur_ns: int) -> float:
+        if not self.exact_ns:
+            return self._us(start_ns + dur_ns) - self._us(start_ns)
+        return dur_ns / 1e3
 
     def _first_thread(self) -> int:
         threads = [t for t in self.cols["thread_id"] if t is not None]

@@ -18,6 +18,7 @@ from xsp.core.otlp.encode import encode_resources
 from xsp.core.otlp.encode_json import encode_resources_json
 from xsp.core.otlp.json_types import AttributeValue, StoredResourceJson, TracesJson
 from xsp.core.otlp.rows import WireLayout
+from xsp.core.store import RECONSTRUCTED
 from xsp.tracer.export.kernel_names import short_kernel_name
 from xsp.tracer.export.view import WIRE_COLUMNS, level_resource
 
@@ -61,8 +62,10 @@ def encode_request_json(
 
 def trace_title(resource: Mapping[str, AttributeValue], iteration: int | None) -> str:
     """The root's name on the wire, which Jaeger lists traces by and compares them by: workload,
-    mode and batch, the ranks of a multi-rank job, and level set (or "reconstructed"), e.g.
-    "torchvision:resnet50 train b64 · MFLG" or "train.py · 2 ranks · MF". The iteration is the
+    mode and batch, the ranks of a multi-rank job, and level set marked "(traced)" (or
+    "reconstructed", the replayed step), e.g. "torchvision:resnet50 train b64 · MFLG (traced)"
+    or "train.py · 2 ranks · MF (traced)": a traced run's steps are slower than the replayed
+    step, which is what xsp reports, and the list says which is which. The iteration is the
     root's ``xsp.iteration`` attribute, not part of the name: one operation a level set, so that
     Jaeger's operation filter and its trace compare see the iterations as the same step. The
     store keeps the plain name ("step", or "iteration" above the ranks)."""
@@ -77,7 +80,10 @@ def trace_title(resource: Mapping[str, AttributeValue], iteration: int | None) -
     )
     world_size = resource.get(schema.RES_WORLD_SIZE)
     ranks = f"{world_size} ranks" if isinstance(world_size, int) and world_size > 1 else None
-    parts = (workload, ranks, resource.get(schema.RES_LEVELS))
+    levels = resource.get(schema.RES_LEVELS)
+    if levels and levels != RECONSTRUCTED:
+        levels = f"{levels} (traced)"
+    parts = (workload, ranks, levels)
     return " · ".join(str(p) for p in parts if p)
 
 

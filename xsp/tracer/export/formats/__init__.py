@@ -15,7 +15,7 @@ __all__ = ["FORMATS", "ExportFormat", "ExportSource", "RunSpans", "get"]
 
 #: Format name -> format, in the order the CLI lists them (the first is its default).
 FORMATS: dict[str, ExportFormat] = {
-    f.name: f for f in (otlp_json.FORMAT, chrome.FORMAT, otlp_metrics_json.FORMAT)
+    f.name: f for f in (otlp_json.FORMAT, chrome.FORMAT, chrome.FORMAT_NS, otlp_metrics_json.FORMAT)
 }
 
 
