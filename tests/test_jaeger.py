@@ -221,7 +221,7 @@ def test_a_pushed_trace_survives_a_restart_of_jaeger(tmp_path: Path) -> None:
     data = tmp_path / "badger"
     first = Jaeger(tmp_path, data)
     try:
-        _push(tmp_path / "kept", first.otlp_http)
+        _push(tmp_path / "kept", first.otlp_http, "--traced")
         _check(first, counts)
     finally:
         first.stop()
