@@ -25,6 +25,7 @@ KEY_SECTIONS = (
     "source_lines",
     "ranks",
     "communication_overlap",
+    "collective_skew",
 )
 KEY_ROWS = 5
 ALL_ROWS = 15
