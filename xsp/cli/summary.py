@@ -26,12 +26,17 @@ def summary(run_dir: Path) -> None:
 
 
 def print_summary(
-    run_dir: Path, store: Any = None, warn_replay: bool = True, gpu_layers: bool = True
+    run_dir: Path,
+    store: Any = None,
+    warn_replay: bool = True,
+    gpu_layers: bool = True,
+    failure_said: str | None = None,
 ) -> None:
     """The measurement's summary; a ``store`` given was opened by ``open_store``, which printed
     its reader's warnings. ``warn_replay``: say why the replay may be off M (analyze says it
     after its replay line instead); ``gpu_layers``: the table of layers by GPU time under the
-    verdict (analyze prints its own)."""
+    verdict (analyze prints its own); ``failure_said``: the level set whose failure the
+    caller says in its last line (xsp run), not warned about here too."""
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, Manifest, read_manifest
 
@@ -81,7 +86,7 @@ def print_summary(
         if said:
             say_list(said)
     for run_ in [*store.runs, *store.counter_runs]:
-        for line in run_warnings(run_):
+        for line in run_warnings(run_, status=run_.levels != failure_said):
             warn(line, out=True)
 
 
@@ -163,12 +168,13 @@ def _print_gpu_layers(
     return True
 
 
-def run_warnings(run: Any) -> list[str]:
-    """Lines on what a level-set run lost: a status other than ok with its reasons, CUPTI's
-    dropped and undecodable records (the kernel and API counts are then not exact)."""
+def run_warnings(run: Any, status: bool = True) -> list[str]:
+    """Lines on what a level-set run lost: (with ``status``) a status other than ok with its
+    reasons, CUPTI's dropped and undecodable records (the kernel and API counts are then not
+    exact)."""
     meta = run.document
     lines = []
-    if meta.status != Status.OK:
+    if status and meta.status != Status.OK:
         reasons = meta.status_reasons or ([meta.error] if meta.error else [])
         text = "; ".join(str(r) for r in reasons) or "no reason recorded"
         lines.append(f"level set {run.levels}: {meta.status}: {text}")
