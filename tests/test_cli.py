@@ -197,13 +197,13 @@ def test_unmodified_script_gets_one_model_span_per_optimizer_step(tmp_path: Path
     # MF started while M finished (overlap) but switched its levels on only once M had exited
     runs = {run.levels: run.meta for run in open_measurement(out)}
     assert runs["M"]["finished_ns"] < runs["MF"]["phases_ns"]["levels_on"]
-    said = [line for line in done.stdout.splitlines() if line.startswith("time: ")]
-    assert said == [time_line(Manifest.from_json(manifest))]
+    said = [line for line in _unwrapped(done.stdout) if line.startswith("time: ")]
+    assert said == [time_line(Manifest.from_json(manifest))]  # wrapped at 120 columns
     assert said[0].startswith(f"time: {whole:.1f} s in all; 2 level-set processes ")
     # and xsp run's own seconds outside it: its start-up before, the summary after
     own = manifest["runner_s"]
     assert 0 < own["before"] < 30 and 0 < own["after"] < 30
-    assert own_time_line(Manifest.from_json(manifest)) in done.stdout.splitlines()
+    assert own_time_line(Manifest.from_json(manifest)) in _unwrapped(done.stdout)
     assert own_time_line(Manifest.from_json(manifest)) == (
         f"xsp run itself: {own['before']:.1f} s before the level sets (start-up, checks), "
         f"{own['after']:.1f} s after them (summary)"
