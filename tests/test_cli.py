@@ -133,7 +133,7 @@ def test_acceptance_resnet18_leveled_run_and_otlp_export(tmp_path: Path) -> None
     assert by_levels == {"M": 3, "MF": 3}
     manifest = json.loads((out / "manifest.json").read_text())
     assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
-    analyzed = xsp("analyze", str(out), "--save-reconstruction")
+    analyzed = xsp("analyze", str(out), "--save-reconstruction", "--all")
     assert analyzed.returncode == 0, analyzed.stderr
     # the stored reconstruction exports like any run: one trace per iteration, MF's hierarchy
     rebuilt = xsp("export", str(out / "reconstructed"), "-o", str(tmp_path / "r.jsonl"))
