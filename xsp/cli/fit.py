@@ -4,12 +4,13 @@ Each column says what it holds (``Kind``) and how soon it may be left out (``pri
 wider than the terminal is squeezed in this order until it fits, each step only as far as needed:
 
 1. headers wrap at their spaces onto two lines (never inside a word);
-2. names are shortened to a readable width: a path from the left at a ``/`` (its file, line and
-   function kept), a kernel from the left at a ``::`` or ``_``, another name from the right at a
-   ``.``, ``_``, ``/`` or space, an ellipsis where the part went;
-3. ``iteration`` in headers becomes ``iter``;
-4. secondary columns (``priority`` 2 or more: spreads, notes) are left out, the highest
-   priority first (the rightmost first among equals);
+2. ``iteration`` in headers becomes ``iter``;
+3. names are shortened by what the table is too wide, to ``SOFT_NAME`` characters at most (a
+   program line to ``SOFT_PATH``): a path from the left at a ``/`` (its file, line and function
+   kept), a kernel from the left after a ``::`` or ``_``, another name from the right after a
+   ``.``, ``_``, ``/``, ``-`` or space, an ellipsis where the part went;
+4. secondary columns (``priority`` 2 or more: spreads, counts beside a time) are left out, the
+   highest priority first (the rightmost first among equals);
 5. prose (advice, a verdict) wraps at its spaces, down to its longest word;
 6. the other columns but those of priority 0 are left out the same way;
 7. names are shortened to their shortest form (one segment and the ellipsis).
@@ -39,13 +40,15 @@ SOFT_NAME = 28
 SOFT_PATH = 40
 #: Columns of this priority or higher are left out before prose wraps (step 4).
 SECONDARY = 2
-#: A header word that shortens when a table is still too wide (step 3): ``(ms/iteration)``.
+#: A header word that shortens when a table is still too wide (step 2): ``(ms/iteration)``.
 _ITERATION = re.compile(r"(?<![a-z])iteration(?![a-z])")
 #: Where a name may be shortened: after these (``layer2.0.`` | ``downsample.0``).
 _BOUNDARY = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
 
 
 class Kind(Enum):
+    """What a column holds, which says how its cells may narrow."""
+
     NUMBER = "number"  # right-aligned, never cut
     NAME = "name"  # shortened from the right at a boundary
     KERNEL = "kernel"  # shortened from the left: the kernel's own name is at the end
@@ -104,7 +107,8 @@ def table_width(widths: list[int]) -> int:
 
 
 def fit(columns: list[Column], width: int) -> Fitted:
-    """The columns laid out within ``width`` characters (steps 1-6 of the module's note)."""
+    """The columns laid out within ``width`` characters (steps 1-7 of the module's note), or
+    as narrow as they go where even that is too wide (a number is never cut)."""
     fitted = Fitted(list(columns), [_natural(c) for c in columns], [c.header for c in columns], [])
     steps = (
         _wrap_headers,
