@@ -97,7 +97,7 @@ def analyze(
         check_output(report)  # before the work: never over the store's own files
     if save_reconstruction:  # nor through a link into another run's
         check_run_destination(run_dir / RECONSTRUCTED, run_dir)
-    store = open_store(run_dir)
+    store = open_store(run_dir, out=not as_json)
     store.require_spans()
     spans, mismatches = reconstruct(store)
     complete = pc.and_(pc.equal(spans.column("kind"), "step"), pc.is_null(spans["status_message"]))

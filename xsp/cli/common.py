@@ -195,12 +195,13 @@ def _system_allocator() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
-def open_store(run_dir: Path) -> Any:
-    """The measurement, its reader's warnings printed (what it left out or guessed)."""
+def open_store(run_dir: Path, out: bool = False) -> Any:
+    """The measurement, its reader's warnings printed (what it left out or guessed): with
+    ``out`` on standard output, before the tables they qualify (not before ``--json``)."""
     from xsp.analysis.measurement.store import MeasurementStore
 
     _system_allocator()
     store = MeasurementStore(run_dir)
     for message in store.warnings:
-        warn(message)
+        warn(message, out=out)
     return store

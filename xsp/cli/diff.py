@@ -50,7 +50,7 @@ def diff_command(before: Path, after: Path, rows: int, as_json: bool, report: Pa
         from xsp.core.store import check_output
 
         check_output(report)
-    result = diff(open_store(before), open_store(after))
+    result = diff(open_store(before, out=not as_json), open_store(after, out=not as_json))
     for message in result.warnings:  # beside the tables they qualify; --json keeps stdout JSON
         warn(message, out=not as_json)
     if as_json:

@@ -40,7 +40,7 @@ def print_summary(
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, Manifest, read_manifest
 
-    store = store or open_store(run_dir)
+    store = store or open_store(run_dir, out=True)
     rows = level_sets(store).to_pylist()
     _print(
         f"xsp measurement {run_dir}",
