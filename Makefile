@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup native demo test lint jaeger jaeger-up browser bench-conversion bench-collector bench-analyze bench-analyze-scale clean
+.PHONY: setup native demo test lint jaeger jaeger-up otelcol browser bench-conversion bench-collector bench-analyze bench-analyze-scale clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,18 +35,26 @@ lint: $(STAMP)
 jaeger:
 	-scripts/build-jaeger.sh
 
-# Jaeger with its UI on loopback (http://127.0.0.1:16686, OTLP on 4317/4318) until Ctrl-C.
+# Jaeger with its UI on loopback (http://127.0.0.1:16686, OTLP on 4317/4318) until Ctrl-C; its
+# traces are kept in xsp-jaeger/ (Badger), so a restart still shows them.
 jaeger-up:
 	bin=$$(scripts/build-jaeger.sh) && JAEGER_UI_ASSETS=$$(dirname "$$bin")/ui \
+	  JAEGER_BADGER_DIR=$(CURDIR)/xsp-jaeger \
 	  JAEGER_OTLP_GRPC=127.0.0.1:4317 JAEGER_OTLP_HTTP=127.0.0.1:4318 \
 	  JAEGER_QUERY_HTTP=127.0.0.1:16686 JAEGER_QUERY_GRPC=127.0.0.1:16685 \
 	  JAEGER_HEALTH=127.0.0.1:13133 "$$bin" --config deploy/jaeger.yaml
+
+# The OpenTelemetry Collector gateway in front of collector replicas (deploy/otelcol-gateway.yaml),
+# built once with the OpenTelemetry Collector Builder from the Go module proxy into ~/.cache/xsp;
+# without Go its test is skipped, except under CI, where it must run.
+otelcol:
+	-scripts/build-otelcol.sh
 
 # The browser tests look at the report and Jaeger's UI in headless Chromium, Debian's package.
 browser:
 	-@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
-test: lint native jaeger browser
+test: lint native jaeger otelcol browser
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 bench-conversion: $(STAMP)

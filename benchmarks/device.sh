@@ -22,6 +22,7 @@ PRESETS=(
   "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step beside its core, clock, load and context switches (m_spread.py), into m-spread.jsonl"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
+  "estimate-accuracy|5-6 min (not yet timed)|estimate_accuracy.py: fresh M,MF,MFLG stores of ResNet-50 b64 training and BERT b1 inference; each kernel-changing rule's modelled estimate, xsp estimate's (the changed ops timed in isolation, replayed) and xsp verify's measured gain, into estimate-accuracy.{json,txt} (CASES=r50-b64-train,bert-b1-infer ROUNDS=2 ITERATIONS=8)"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
   "overhead-b1|5 min|overhead.py, ResNet-50 and MobileNetV2 batch-1 inference (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
   "overhead-gpt|4 min|overhead.py, the GPT LM training step (ROUNDS=3 ITERS=30 CONFIGS as overhead-train)"
@@ -201,6 +202,14 @@ p_verify_infer() {
   if [ -f "${VERIFY_R50:-xsp-runs/r50-b1-infer}/manifest.json" ]; then
     verify_rows 170 "${VERIFY_R50:-xsp-runs/r50-b1-infer}" r50-b1-infer-cuda-graphs --rule launch-bound
   fi
+}
+
+# issue 52's estimates: each kernel-changing rule's estimate, modelled and from ops timed in
+# isolation (xsp estimate), against xsp verify's measured gain.
+p_estimate_accuracy() {
+  timeout 570 python3 benchmarks/estimate_accuracy.py --stores /tmp/estimate-accuracy --out "$OUT" \
+    --cases "${CASES:-r50-b64-train,bert-b1-infer}" --rounds "${ROUNDS:-2}" \
+    --iterations "${ITERATIONS:-8}" 2>&1 | tail -12
 }
 
 verify_rows() {  # limit_s run_dir name [xsp verify options]: rows into $OUT/verify-<name>.json

@@ -63,8 +63,10 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
         levels, _, way = config.split()[0].partition(":")
         every = int(config.split("/")[1]) if "/" in config else 1
         # MFLG:finalize: L and G's CUPTI switched off between sampled requests that way
-        # (XSP_CUPTI_SAMPLING), for the two ways side by side in one process
-        os.environ["XSP_CUPTI_SAMPLING"] = way or "pause"
+        # (XSP_CUPTI_SAMPLING), for the two ways side by side in one process; MFLG:run20: the
+        # sample in runs of 20 requests (CUPTI finalized between runs)
+        run = _run_length(config)
+        os.environ["XSP_CUPTI_SAMPLING"] = way if way == "finalize" else "pause"
         session = xsp.session(
             levels,
             iterations=0,
@@ -73,6 +75,7 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
             device=args.device,
             auto_iterations=True,
             sample_every=every,
+            sample_run=run,
             export_every_s=args.export_every,
             monitor=False,
         )
@@ -93,6 +96,19 @@ def turn(config: str, net: torch.nn.Module, x: torch.Tensor, args: Any, tmp: Pat
     return times
 
 
+def _run_length(config: str) -> int:
+    """K of a configuration ``LEVELS:runK 1/N`` (1 for the others)."""
+    way = config.split()[0].partition(":")[2]
+    return int(way[3:]) if way.startswith("run") else 1
+
+
+def _position(config: str, index: int, every: int) -> str:
+    """Where timed request ``index`` falls in its configuration's sampling cycle."""
+    run = _run_length(config)
+    position = index % (every * run)
+    return "sampled" if position < run else "after" if position == run else "others"
+
+
 def percentile(values: list[int], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
@@ -109,7 +125,8 @@ def main() -> None:
         "--sampled",
         default="MF",
         help="level sets traced on 1 request in --sample-every, comma-separated (MF,MFL on the "
-        "CPU; MF,MFLG on CUDA; MFLG:finalize for CUPTI finalized between sampled requests)",
+        "CPU; MF,MFLG on CUDA; MFLG:finalize for CUPTI finalized between sampled requests; "
+        "MFLG:run20 for the sample in runs of 20, CUPTI finalized between runs)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
@@ -134,6 +151,8 @@ def main() -> None:
     cycles: dict[str, dict[str, list[int]]] = {
         c: {"sampled": [], "after": [], "others": []} for c in sampled
     }
+    # per round, the unsampled requests' median against level M's: what they pay beyond M
+    others_vs_m: dict[str, list[float]] = {c: [] for c in sampled}
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -144,13 +163,17 @@ def main() -> None:
                 got = turn(config, net, x, args, Path(tmp))
                 times[config] += got
                 if config in cycles:
+                    others = []
                     for i, t in enumerate(got):
-                        position = i % every
-                        cycles[config][
-                            ["sampled", "after"][position] if position < 2 else "others"
-                        ].append(t)
+                        position = _position(config, i, every)
+                        cycles[config][position].append(t)
+                        if position == "others":
+                            others.append(t)
+                    medians[f"{config} others"] = statistics.median(others)
                 means[config] = statistics.fmean(got)
                 medians[config] = statistics.median(got)
+            for config in sampled:
+                others_vs_m[config].append((medians[f"{config} others"] - medians["M"]) / 1e3)
             for config in configs[1:]:
                 ratios[config].append(means[config] / means["none"])
                 p50_ratios[config].append(medians[config] / medians["none"])
@@ -191,14 +214,26 @@ def main() -> None:
         medians = {k: statistics.median(v) / 1e3 for k, v in cycle.items() if v}
         if len(medians) < 3:
             continue
-        added = (medians["sampled"] + medians["after"] - 2 * medians["others"]) / every
+        run = _run_length(config)
+        added = (run * medians["sampled"] + medians["after"] - (run + 1) * medians["others"]) / (
+            every * run
+        )
+        # a run's first request pays CUPTI's start, which no median sees: every sampled and
+        # after request's time above the others' median, spread over all requests
+        total = sum(len(v) for v in cycle.values())
+        excess = sum(t / 1e3 - medians["others"] for t in cycle["sampled"] + cycle["after"])
         key = "sampled_cycle" if config == sampled[0] else f"sampled_cycle {config}"
         results[key] = {f"{k}_p50_us": v for k, v in medians.items()}
         results[key]["added_to_mean_us"] = added
+        results[key]["added_to_mean_us_all_excess"] = excess / total
+        results[key]["others_p50_minus_m_us"] = statistics.median(others_vs_m[config])
         print(
             f"\n{config}: p50 of the sampled requests {medians['sampled']:.1f} µs, of the "
             f"ones after them {medians['after']:.1f} µs, of the others {medians['others']:.1f} "
-            f"µs: sampling adds {added:.2f} µs to the mean request"
+            f"µs: sampling adds {added:.2f} µs to the mean request from the medians, "
+            f"{excess / total:.2f} µs from every sampled and after request's excess; the "
+            f"unsampled requests' p50 minus M's {statistics.median(others_vs_m[config]):+.2f} "
+            "µs (median over rounds)"
         )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

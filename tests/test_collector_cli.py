@@ -85,3 +85,22 @@ def test_a_sender_chosen_name_reaches_the_terminal_as_characters() -> None:
     assert "\\x1b[2J[red]x[/red]\\u202e" in shown.replace("\n", "").replace("│", "").replace(
         " ", ""
     )
+
+
+def test_a_replica_is_named_by_option_or_environment(
+    tmp_path: Path, served: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _serve(tmp_path, "--replica", "gw-1.a").exit_code == 0
+    monkeypatch.setenv("XSP_COLLECTOR_REPLICA", "r2")
+    assert _serve(tmp_path).exit_code == 0
+    assert [config.replica for config in served] == ["gw-1.a", "r2"]
+
+
+@pytest.mark.parametrize("name", ["a/b", ".hidden", "x" * 64])
+def test_a_replica_name_that_cannot_name_files_is_one_line(name: str, tmp_path: Path) -> None:
+    done = _serve(tmp_path, "--replica", name, "--http", "127.0.0.1:0", "--grpc", "")
+    assert done.exit_code == 2
+    assert (
+        done.output.startswith("xsp: error: bad replica name")
+        and len(done.output.splitlines()) == 1
+    )

@@ -98,6 +98,36 @@ def test_a_restart_after_the_first_copy_was_flushed_stores_it_once(tmp_path: Pat
     assert read_json(run_dir / RUN_META)["duplicate_spans_skipped"] == 2 * SPANS
 
 
+def test_replicas_on_one_store_keep_their_own_spools_and_store_a_span_once(
+    tmp_path: Path,
+) -> None:
+    """Two collector replicas sharing a store: each spools in its own directory and names its
+    parts after itself, and each leaves out the spans the other already stored, as it does its
+    own; run.json counts both replicas' parts."""
+    table = _table("s")
+    first, second = table.slice(0, 1000), table.slice(1000)
+    r1 = make_collector(tmp_path, replica="r1").start()
+    r2 = make_collector(tmp_path, replica="r2").start()
+    try:
+        for collector, part in ((r1, first), (r2, table), (r1, second), (r2, first)):
+            body = otlp_layout.encode_request(_resource("s"), part).SerializeToString()
+            assert _post(collector.http_port, body)[0] == 200
+            collector.flush()
+    finally:
+        r1.stop()
+        r2.stop()
+    store = tmp_path / "store"
+    assert {p.name for p in store.iterdir() if p.name.startswith(".")} == {".spool-r1", ".spool-r2"}
+    run_dir = store / "m-s" / "MF"
+    assert sorted(p.name.rsplit("-", 1)[1] for p in run_dir.glob("spans-*")) == [
+        "r1.parquet",
+        "r2.parquet",
+    ]  # r1's second and r2's second request were all duplicates: no part
+    _assert_once(run_dir, table)
+    assert (r1.duplicate_spans, r2.duplicate_spans) == (SPANS - 1000, 2000)
+    assert read_json(run_dir / RUN_META)["duplicate_spans_skipped"] == SPANS - 1000 + 2000
+
+
 def test_replaying_a_segment_already_written_keeps_its_spans(tmp_path: Path) -> None:
     # killed after the segment's part was written but before the segment was removed: the
     # replay rewrites that part, whose own spans must not count as already stored

@@ -182,6 +182,23 @@ def test_a_batch_boundary_flushes_a_paused_cupti_only_while_it_runs(native: Nati
     assert native.log == [("pause", False), ("stop",), ("finalize",)]
 
 
+def test_a_sample_in_runs_finalizes_cupti_between_runs_and_keeps_it_on_within_one(
+    native: NativeCalls,
+) -> None:
+    levels = [LibraryLevel(with_ops=True, pause=False), GpuLevel(with_ops=True, pause=False)]
+    for level in levels:
+        level.enable()  # iterations 0-2 are a run: one start for all three
+    _sample(levels, False)  # iteration 3: the run's records collected, CUPTI finalized
+    native.log.clear()
+    _sample(levels, False)  # the unsampled iterations: nothing of CUPTI's runs or is paused
+    assert native.log == []
+    _sample(levels, True)  # the next run: started once more, API calls as activity records
+    assert native.log == [("start", False, False), ("start", True, False)]
+    native.log.clear()
+    _sample(levels, False)  # its end: collected and finalized, never paused
+    assert native.log == [("stop",), ("collect", 1, True), ("finalize",)]
+
+
 def test_a_run_of_fixed_iterations_never_pauses_cupti(native: NativeCalls) -> None:
     levels = _levels()
     for level in levels:

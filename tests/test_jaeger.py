@@ -30,7 +30,10 @@ MEASUREMENT = ROOT / "benchmarks/data/r50-b64-train"
 
 
 class Jaeger:
-    def __init__(self, work: Path) -> None:
+    """Jaeger with deploy/jaeger.yaml on free loopback ports, its Badger store in ``data``
+    (default ``work/badger``): a new Jaeger on the same ``data`` is a restart."""
+
+    def __init__(self, work: Path, data: Path | None = None) -> None:
         grpc, http, query, query_grpc, health = free_ports(5)
         self.otlp_grpc = f"127.0.0.1:{grpc}"
         self.otlp_http = f"http://127.0.0.1:{http}"
@@ -44,8 +47,9 @@ class Jaeger:
             "JAEGER_HEALTH": f"127.0.0.1:{health}",
             "JAEGER_LOG_LEVEL": "warn",
             "JAEGER_UI_ASSETS": str(JAEGER_UI),
+            "JAEGER_BADGER_DIR": str(data or work / "badger"),
         }
-        self.log = (work / "jaeger.log").open("wb")
+        self.log = (work / "jaeger.log").open("ab")
         self.proc = subprocess.Popen(
             [str(JAEGER_BIN), "--config", str(ROOT / "deploy/jaeger.yaml")],
             cwd=work,
@@ -78,13 +82,17 @@ class Jaeger:
         self.log.close()
 
 
-@pytest.fixture(scope="module")
-def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+def _need_jaeger() -> None:
     if not JAEGER_BIN.exists() or not (JAEGER_UI / "index.html").exists():
         reason = f"needs Jaeger and its UI at {JAEGER_BIN.parent}: run scripts/build-jaeger.sh"
         if os.environ.get("CI"):
             pytest.fail(reason + " (CI builds it in .ci/run)")
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+    _need_jaeger()
     server = Jaeger(tmp_path_factory.mktemp("jaeger"))
     yield server
     server.stop()
@@ -198,6 +206,27 @@ def test_push_straight_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:
     counts = _measurement(tmp_path / "direct", "e2e-direct")
     _push(tmp_path / "direct", jaeger.otlp_http)
     _check(jaeger, counts)
+
+
+def test_a_pushed_trace_survives_a_restart_of_jaeger(tmp_path: Path) -> None:
+    """deploy/jaeger.yaml keeps traces in Badger on disk: stopped and started again on the same
+    directory (and other ports), Jaeger still returns every span of both pushed traces."""
+    _need_jaeger()
+    counts = _measurement(tmp_path / "kept", "e2e-restart")
+    data = tmp_path / "badger"
+    first = Jaeger(tmp_path, data)
+    try:
+        _push(tmp_path / "kept", first.otlp_http)
+        _check(first, counts)
+    finally:
+        first.stop()
+    second = Jaeger(tmp_path, data)
+    try:
+        _check(second, counts)
+        services = second.get("/api/services")["data"]
+        assert set(services) == {"xsp.model", "xsp.framework"}
+    finally:
+        second.stop()
 
 
 def test_push_through_the_collector_to_jaeger(jaeger: Jaeger, tmp_path: Path) -> None:

@@ -122,7 +122,12 @@ def test_a_service_profiled_until_it_stops_stores_batches_while_it_runs(tmp_path
     # M on every request; F on every third, from the first measured one
     assert sorted(steps) == list(range(measured))
     assert framework == set(range(0, measured, EVERY))
-    assert meta["sampling"] == {"every": EVERY, "max_per_s": None, "sampled": len(framework)}
+    assert meta["sampling"] == {
+        "every": EVERY,
+        "max_per_s": None,
+        "run": 1,
+        "sampled": len(framework),
+    }
     assert meta["batches_stored"] == len(meta["files"]) >= 3
     assert sorted(meta["files"]) == sorted(p.name for p in run_dir.glob("spans-*.parquet"))
     assert not list(run_dir.glob("*.arena"))  # every batch stored: no raw records left
@@ -205,6 +210,23 @@ def test_the_sampling_policy_every_nth_and_at_most_r_per_second() -> None:
         if both.sample(i):
             picked.append(i)
     assert picked == [0, 4, 8]  # even ones, at least 0.5 s apart
+
+
+def test_the_sampling_policy_in_runs_samples_as_many_in_all() -> None:
+    runs = SamplingPolicy(every=4, run=3)  # 1 in 4, in runs of 3: a run every 12 iterations
+    picked = [i for i in range(30) if runs.sample(i)]
+    assert picked == [0, 1, 2, 12, 13, 14, 24, 25, 26]
+    assert [runs.unsampled_from(i) for i in (0, 2, 3, 11, 12)] == [0, 0, 9, 1, 0]
+    assert runs.describe() == {"every": 4, "max_per_s": None, "run": 3, "sampled": 9}
+    now = [0]
+    rate = SamplingPolicy(rate=2.0, run=2, clock=lambda: now[0])  # a run of 2 per 1 s at most
+    picked = []
+    for i in range(12):  # an iteration every 0.2 s: runs begin at 0, 1.0 and 2.0 s
+        now[0] = i * 200_000_000
+        if rate.sample(i):
+            picked.append(i)
+    assert picked == [0, 1, 5, 6, 10, 11]
+    assert rate.describe()["max_per_s"] == 2.0
 
 
 def test_a_session_with_a_duration_stops_measuring_and_the_program_runs_on(tmp_path: Path) -> None:

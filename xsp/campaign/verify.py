@@ -392,10 +392,22 @@ def fix_for(rule: str) -> str | None:
     return found.fix if found is not None else None
 
 
-def _estimate_note(rule: str) -> str | None:
-    """Why the rule's estimate and its fix's measurement can differ, as the rule declares it."""
+#: Why an estimate from ops timed in isolation (``xsp estimate``) can miss the fix's gain.
+ISOLATION_NOTE = (
+    "the ops were timed one at a time; in the step they share caches and overlap other work, "
+    "and what the fix changes besides them (the elementwise ops on NHWC tensors, casts) was "
+    "not timed"
+)
+
+
+def _estimate_note(rule: str, estimate: str = "") -> str | None:
+    """Why the rule's estimate and its fix's measurement can differ: as the rule declares it
+    for its model, ``ISOLATION_NOTE`` for ops timed in isolation."""
+    from xsp.analysis.estimates import ISOLATION
     from xsp.analysis.suggestions.rules import RULES_BY_NAME
 
+    if estimate.startswith(ISOLATION):
+        return ISOLATION_NOTE
     found = RULES_BY_NAME.get(rule)
     return found.estimate_note if found is not None else None
 
@@ -629,7 +641,7 @@ def summary_line(result: RuleResult) -> str:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
-        note = _estimate_note(row["rule"])
+        note = _estimate_note(row["rule"], result.estimate)
         if note is not None:
             line += f": {note}"
     return line

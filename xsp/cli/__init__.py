@@ -5,6 +5,7 @@
     xsp export R --format otlp-json -o trace.jsonl
     xsp summary R
     xsp verify R --rounds 3
+    xsp estimate R --fix channels_last
     xsp models --source timm --filter vit
 
 Every failure prints one line, ``xsp: error: ...``, and exits with status 2 (bad input) or 1 (the
@@ -24,7 +25,18 @@ from __future__ import annotations
 
 import click
 
-from xsp.cli import analyze, campaign, collector, diff, export, install, run, summary, verify
+from xsp.cli import (
+    analyze,
+    campaign,
+    collector,
+    diff,
+    estimate,
+    export,
+    install,
+    run,
+    summary,
+    verify,
+)
 from xsp.cli.common import XspGroup
 
 __all__ = ["main"]
@@ -46,4 +58,5 @@ main.add_command(diff.diff_command)
 main.add_command(install.native)
 main.add_command(install.models)
 main.add_command(verify.verify)
+main.add_command(estimate.estimate)
 main.add_command(campaign.campaign)

@@ -117,6 +117,12 @@ def collector() -> None:
     callback=_request_mib,
     help=f"Largest request, gRPC and HTTP alike (above 0, at most {MAX_REQUEST_MIB_LIMIT}).",
 )
+@click.option(
+    "--replica",
+    envvar="XSP_COLLECTOR_REPLICA",
+    help="This collector's name among replicas sharing the store (XSP_COLLECTOR_REPLICA): "
+    "its own spool and part names. Keep it across restarts.",
+)
 def serve(
     store_dir: Path,
     grpc_address: str,
@@ -127,6 +133,7 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     max_request_mib: float,
+    replica: str | None,
 ) -> None:
     """Receive OTLP traces (gRPC, HTTP protobuf/JSON) into a run store until interrupted.
 
@@ -149,6 +156,7 @@ def serve(
         tls_key=tls_key,
         max_request_bytes=int(max_request_mib * 1024 * 1024),
         store_workers=1,  # conversion in its own process: the receivers keep the GIL
+        replica=replica or None,
     )
 
     def ready(c: Any) -> None:
@@ -160,6 +168,7 @@ def serve(
         replaying = len(c.spool.recovered)
         console.print(
             f"xsp collector: receiving on {', '.join(parts)}; store {store_dir}"
+            + (f" (replica {replica})" if replica else "")
             + (f"; storing {replaying} spooled segments in the background" if replaying else ""),
             highlight=False,
         )

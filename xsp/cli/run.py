@@ -54,6 +54,15 @@ __all__ = ["run"]
     help="With --iterations 0 or --duration: levels below M record at most R iterations a second.",
 )
 @click.option(
+    "--sample-run",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="The sample in runs of K consecutive iterations, as many in all: on CUDA, L and G pay "
+    "CUPTI's start once a run and nothing between runs.",
+)
+@click.option(
     "--export-every",
     type=float,
     default=5.0,
@@ -158,7 +167,7 @@ def run(**options: Any) -> None:
     A service: --iterations 0 measures until the program ends or is stopped (Ctrl-C,
     SIGTERM), --duration for a time; finished iterations are stored every --export-every
     seconds while it runs. M records every iteration, the levels below it the sample that
-    --sample-every / --sample-rate pick (docs/serving.md).
+    --sample-every / --sample-rate / --sample-run pick (docs/serving.md).
 
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
@@ -202,6 +211,7 @@ def _leveled_spec(
     duration: float | None,
     sample_every: int,
     sample_rate: float | None,
+    sample_run: int,
     export_every: float,
     warmup: int,
     device: str | None,
@@ -247,6 +257,7 @@ def _leveled_spec(
         duration_s=duration,
         sample_every=sample_every,
         sample_rate=sample_rate,
+        sample_run=sample_run,
         export_every_s=export_every,
     )
     return LeveledSpec(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 import ssl
 import threading
 import time
@@ -93,6 +94,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 #: Back-off between attempts to store a segment that failed: doubles from the first to the cap.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+#: A replica's name: it ends the part names and names the spool directory.
+_REPLICA = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 #: How often a store worker process checks that its collector is still there.
 WORKER_WATCH_S = 0.5
 
@@ -120,6 +123,8 @@ class CollectorConfig:
     store_workers: int = 0
     #: How long stopping waits for requests not yet forwarded (they are stored either way).
     forward_drain_s: float = FORWARD_DRAIN_S
+    #: This collector's name among the replicas sharing ``store`` (None: the store's only one).
+    replica: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.grpc_address or self.http_address):
@@ -129,8 +134,19 @@ class CollectorConfig:
         for address in (self.grpc_address, self.http_address):
             if address is not None:
                 split_address(address)
+        if self.replica is not None and not _REPLICA.fullmatch(self.replica):
+            raise ConfigError(
+                f"bad replica name {self.replica!r}: use 1-63 of A-Z a-z 0-9 _ . - "
+                "(a letter or digit first)"
+            )
         if self.store_workers not in (0, 1):
             raise ConfigError(f"store_workers {self.store_workers}: use 0 or 1 (one flusher)")
+
+
+def spool_directory(replica: str | None) -> str:
+    """The spool's directory in the store: each replica has its own, since a start replays
+    every segment in it."""
+    return ".spool" if replica is None else f".spool-{replica}"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -147,7 +163,7 @@ class Collector:
         self.writer = StoreWriter(config.store)  # raises StoreError for an unwritable store
         try:
             self.spool = Spool(
-                config.store / ".spool",
+                config.store / spool_directory(config.replica),
                 self.quarantine,
                 segment_bytes=config.segment_bytes,
                 on_closed=self._wake_flusher,
@@ -371,7 +387,7 @@ class Collector:
 
     def _flush_segment(self, segment: Path) -> None:
         payloads = self.spool.read(segment)
-        stored = self._store(Spool.part_name(segment), payloads)
+        stored = self._store(Spool.part_name(segment, self.config.replica), payloads)
         self.duplicate_spans += stored.duplicate_spans
         poison = dict(stored.poison)
         for index, reason in poison.items():  # set aside; the rest of the segment is stored

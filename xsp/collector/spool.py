@@ -16,6 +16,9 @@ the quarantine too, so it cannot stop a start.
 Segment names carry an id unique to the collector start that opened them
 (``seg-<start id>-<n>.log``), and store parts are named after their segment: parts of different
 starts never collide, while replaying one segment twice rewrites the same part (no duplicates).
+A collector replica (``--replica NAME``, one of several sharing a store) keeps its own spool
+(``STORE/.spool-NAME``) and ends its part names with ``-NAME``, so replicas never replay or
+overwrite each other's.
 Segments of the older ``seg-<n>.log`` form (frames without the magic) are still replayed.
 """
 
@@ -135,12 +138,13 @@ class Spool:
         return open(self._path, "ab", buffering=0)
 
     @staticmethod
-    def part_name(segment: Path) -> str:
-        """The store part name of a segment: stable for the segment, unique across starts."""
+    def part_name(segment: Path, replica: str | None = None) -> str:
+        """The store part name of a segment: stable for the segment, unique across starts, and
+        across the replicas that share a store (each names its own parts)."""
         match = _SEGMENT.fullmatch(segment.name)
-        if match:
-            return f"c{match['start']}-{match['n']}"
-        return f"c{segment.stem[4:]}"  # a legacy segment keeps its old part name
+        # a legacy segment keeps its old part name
+        name = f"c{match['start']}-{match['n']}" if match else f"c{segment.stem[4:]}"
+        return name if replica is None else f"{name}-{replica}"
 
     def append(self, payload: bytes) -> bool:
         """Write one frame and fsync it; returns once it is durable. Returns False (and writes

@@ -26,6 +26,10 @@ Algorithm:
    so a 64-bit collision never drops a span that is not stored.
 4. A part being rewritten (a segment replayed after a crash) is left out of the index, so its
    own earlier copy never counts as already stored.
+5. Parts that another process wrote into the directory since (another collector replica on the
+   same store) are indexed as they appear, before each write: replicas de-duplicate against each
+   other's parts as against their own. run.json is rewritten until the parts it counts are the
+   ones on disk, so the last replica to write a directory leaves its full count.
 """
 
 from __future__ import annotations
@@ -326,6 +330,13 @@ class SpanKeys:
         if rows is not None:
             self._index(part, hashes)
 
+    def catch_up(self, names: Iterable[str], skipped: Mapping[str, int]) -> None:
+        """Index the parts ``names`` that another process wrote since (oldest first), with the
+        duplicates their writer counted (``skipped``, from run.json)."""
+        for name in sorted(names):
+            table = _read_keys(_part_path(self.run_dir, name))
+            self.add(name, key_hashes(table), table.num_rows, skipped.get(name, 0))
+
     def _index(self, part: str, hashes: np.ndarray) -> None:
         current = self._generations[-1]
         if current.spans and current.spans + len(hashes) > self.window:
@@ -404,6 +415,11 @@ def _part_names(run_dir: Path) -> set[str]:
     return {p.name[prefix:-suffix] for p in run_dir.glob(store.SPAN_FILE_PATTERN)}
 
 
+#: run.json is rewritten at most this many times a write while other replicas add parts (each
+#: replica's next write counts the rest).
+_META_ROUNDS = 4
+
+
 class StoreWriter:
     """Writes batches of converted requests into the store, each span once per run directory;
     used by the collector's one flusher (it blocks on the disk), in one process at a time."""
@@ -451,7 +467,10 @@ class StoreWriter:
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
             try:
-                self._update_meta(run_dir, measurement, levels, senders, keys)
+                for _ in range(_META_ROUNDS):  # until no other replica's part appeared meanwhile
+                    self._update_meta(run_dir, (measurement, levels), part_name, senders, keys)
+                    if not self._catch_up(run_dir, keys):
+                        break
             except OSError as exc:
                 raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
             written += table.num_rows
@@ -464,28 +483,43 @@ class StoreWriter:
         the cached one while it matches the parts on disk, else read from them."""
         names = _part_names(run_dir) if run_dir.is_dir() else set()
         keys = self._indexes.pop(run_dir, None)
-        if keys is None or set(keys.parts) != names or part_name in names:
+        if keys is None or not set(keys.parts) <= names or part_name in names:
             names.discard(part_name)
             skipped = _skipped_by_part(run_dir)
             skipped.pop(part_name, None)  # about to be counted again
             keys = SpanKeys.load(run_dir, names, skipped, self.dedupe_window)
+        elif names != set(keys.parts):  # another replica's parts, written since
+            keys.catch_up(names - set(keys.parts), _skipped_by_part(run_dir))
         self._indexes[run_dir] = keys
         while len(self._indexes) > self._max_indexed:
             self._indexes.popitem(last=False)
         return keys
 
+    @staticmethod
+    def _catch_up(run_dir: Path, keys: SpanKeys) -> bool:
+        """Index the parts another replica wrote into ``run_dir`` since ``keys`` was read;
+        returns whether there were any."""
+        new = _part_names(run_dir) - set(keys.parts)
+        if new:
+            keys.catch_up(new, _skipped_by_part(run_dir))
+        return bool(new)
+
     def _update_meta(
         self,
         run_dir: Path,
-        measurement: str,
-        levels: str,
+        run: tuple[str, str],
+        part_name: str,
         senders: dict[str, Sender],
         keys: SpanKeys,
     ) -> None:
         """run.json: the first sender's attributes in "resource" (every sender's resource is in
         the parts' ``resources-<part>.parquet``, by id as the spans' ``resource_id`` names them;
         an older collector's "resources" stay as they are)."""
+        measurement, levels = run
         earlier = _read_meta(run_dir) or RunMeta()
+        for name, count in (earlier.duplicate_spans_skipped_by_part or {}).items():
+            if name != part_name and isinstance(count, int):  # another replica's, kept
+                keys.skipped.setdefault(str(name), count)
         first = next(iter(senders.values()))
         resource = earlier.resource
         if resource is None or (earlier.resources is None and not earlier.resources_in_parts):

@@ -67,7 +67,8 @@ class ProfileSpec:
     of measurement; either makes the session continuous: finished iterations are stored (and
     sent) in batches while it runs, one every ``export_every_s`` seconds. ``sample_every`` N
     and ``sample_rate`` R (iterations per second, at most) pick the iterations that the levels
-    below M record; level M records every one (``xsp.tracer.capture.sampling``)."""
+    below M record, in runs of ``sample_run`` consecutive iterations; level M records every one
+    (``xsp.tracer.capture.sampling``)."""
 
     iterations: int = DEFAULT_ITERATIONS
     warmup: int = DEFAULT_WARMUP
@@ -88,6 +89,7 @@ class ProfileSpec:
     duration_s: float | None = None
     sample_every: int = 1
     sample_rate: float | None = None
+    sample_run: int = 1
     export_every_s: float = DEFAULT_EXPORT_EVERY_S
 
     def __post_init__(self) -> None:
@@ -120,13 +122,15 @@ def _check_service(profile: ProfileSpec) -> None:
         raise ConfigError(f"bad duration {profile.duration_s}: give seconds above 0")
     if profile.sample_every < 1:
         raise ConfigError(f"bad sample-every {profile.sample_every}: must be at least 1")
+    if profile.sample_run < 1:
+        raise ConfigError(f"bad sample-run {profile.sample_run}: must be at least 1")
     if profile.sample_rate is not None and not profile.sample_rate > 0:
         raise ConfigError(
             f"bad sample-rate {profile.sample_rate}: give iterations per second above 0"
         )
     if not profile.export_every_s > 0:
         raise ConfigError(f"bad export-every {profile.export_every_s}: give seconds above 0")
-    sampled = profile.sample_every > 1 or profile.sample_rate is not None
+    sampled = profile.sample_every > 1 or profile.sample_rate is not None or profile.sample_run > 1
     if sampled and not profile.continuous:
         raise ConfigError(
             "sampling applies to a continuous session: add --iterations 0 or a --duration"

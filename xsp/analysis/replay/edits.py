@@ -19,14 +19,18 @@ class WhatIf:
     """An edit of the replay's graph (step 5): what a fix would change, replayed.
 
     ``model`` says what the edit assumes, in words; ``drop_activities`` picks GPU activities
-    that take no time, ``drop_host`` host spans whose time leaves the host timeline (what runs
-    after them moves earlier), ``keep_host`` the share of its time each host span keeps (1: all
-    of it; its last part leaves the timeline, as a dropped span's whole time does), all from the
-    deep run's spans; ``launch_at_step_start`` launches every activity at the step's start (one
-    CUDA graph for the whole step)."""
+    that take no time, ``scale_activities`` each activity's duration factor (1: as measured;
+    an op timed in isolation without and with a fix scales its kernels by the ratio),
+    ``drop_host`` host spans whose time leaves the host timeline (what runs after them moves
+    earlier), ``keep_host`` the share of its time each host span keeps (1: all of it; below 1
+    its last part leaves the timeline, as a dropped span's whole time does; above 1 the span
+    grows by the difference at its end and what runs after it moves later; give it to spans
+    that do not nest), all from the deep run's spans; ``launch_at_step_start`` launches every
+    activity at the step's start (one CUDA graph for the whole step)."""
 
     model: str
     drop_activities: Callable[[pa.Table], np.ndarray] | None = None
+    scale_activities: Callable[[pa.Table], np.ndarray] | None = None
     drop_host: Callable[[pa.Table], np.ndarray] | None = None
     keep_host: Callable[[pa.Table], np.ndarray] | None = None
     launch_at_step_start: bool = False
@@ -53,16 +57,21 @@ def timing(g: Graph, edit: WhatIf | None) -> Timing:
     """The graph's times with ``edit`` applied (None: as they are)."""
     gpu_dur, latency, gap = g.dur, g.latency, g.gap
     warped_start, warped_end = g.warped_start, g.warped_end
+    if edit is not None and edit.scale_activities is not None:
+        factor = np.maximum(np.asarray(edit.scale_activities(g.deep), dtype=np.float64), 0.0)
+        scaled = g.gpu & (factor != 1.0)
+        gpu_dur = gpu_dur.copy()
+        gpu_dur[scaled] = np.round(gpu_dur[scaled] * factor[scaled]).astype(gpu_dur.dtype)
     if edit is not None and edit.drop_activities is not None:
         dropped = g.gpu & edit.drop_activities(g.deep)
-        gpu_dur = g.dur.copy()
+        gpu_dur = gpu_dur.copy()
         gpu_dur[dropped] = 0
         latency, gap = latency.copy(), gap.copy()
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
     if edit is not None and (edit.drop_host is not None or edit.keep_host is not None):
         keep = np.ones(len(g.gpu), dtype=np.float64)
         if edit.keep_host is not None:
-            keep = np.clip(np.asarray(edit.keep_host(g.deep), dtype=np.float64), 0.0, 1.0)
+            keep = np.maximum(np.asarray(edit.keep_host(g.deep), dtype=np.float64), 0.0)
         if edit.drop_host is not None:
             keep[edit.drop_host(g.deep)] = 0.0
         keep[g.gpu] = 1.0
@@ -101,17 +110,34 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
 def _cut_per_step(
     warped_start: np.ndarray, warped_end: np.ndarray, keep: np.ndarray, members: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The host timeline with each span's time past the share it ``keep``s taken out, each step
-    by its own cuts (its untraced gaps too): the ranks of an iteration share a clock, and one
-    rank's cut is no other rank's time. Each step keeps its start."""
+    """The host timeline with each span's time past the share it ``keep``s taken out (or, past
+    1, added at its end), each step by its own cuts (its untraced gaps too): the ranks of an
+    iteration share a clock, and one rank's cut is no other rank's time. Each step keeps its
+    start."""
     out_start, out_end = warped_start.copy(), warped_end.copy()
     for rows in members:  # each step's rows
         mine = rows[keep[rows] < 1.0]
-        if not len(mine):
+        grown = rows[keep[rows] > 1.0]
+        if not len(mine) and not len(grown):
             continue
         length = warped_end[mine] - warped_start[mine]
         cut_start = warped_start[mine] + np.round(keep[mine] * length).astype(np.int64)
         cut_end = warped_end[mine]
-        out_start[rows] = _without(warped_start[rows], cut_start, cut_end)
-        out_end[rows] = _without(warped_end[rows], cut_start, cut_end)
+        step_start = _without(warped_start[rows], cut_start, cut_end)
+        step_end = _without(warped_end[rows], cut_start, cut_end)
+        if len(grown):  # where each grown span now ends, and by how much
+            at = _without(warped_end[grown], cut_start, cut_end)
+            added = np.round((keep[grown] - 1.0) * (warped_end[grown] - warped_start[grown]))
+            step_start = _with_added(step_start, at, added.astype(np.int64))
+            step_end = _with_added(step_end, at, added.astype(np.int64))
+        out_start[rows], out_end[rows] = step_start, step_end
     return out_start, out_end
+
+
+def _with_added(times: np.ndarray, at: np.ndarray, added: np.ndarray) -> np.ndarray:
+    """``times`` with ``added`` ns put into the clock at each time of ``at``: a time on or after
+    an insertion point moves later by it (the grown span's own end, its parents' ends, the
+    next span's start)."""
+    order = np.argsort(at, kind="stable")
+    points, before = at[order], np.concatenate(([0], np.cumsum(added[order])))
+    return times + before[np.searchsorted(points, times, side="right")]

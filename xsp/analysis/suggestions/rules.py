@@ -6,14 +6,18 @@ table (rule, advice, evidence, gain_ms_per_iteration, share_pct, estimate). A ga
 estimate, never a measurement (``xsp verify`` is to measure it), and ``estimate`` says its
 model:
 
-1. where a fix is an edit of the replay's graph (``xsp.analysis.replay.WhatIf``: drop the layout
+1. where a fix changes kernels (channels_last, TF32) and ``xsp estimate RUN`` timed the ops it
+   changes in isolation on the measurement's device, the step replayed with those ops' times
+   (``xsp.analysis.estimates``): its ``estimate`` starts "measured in isolation";
+2. where a fix is an edit of the replay's graph (``xsp.analysis.replay.WhatIf``: drop the layout
    transposes, launch the whole step as one CUDA graph, take data loading off the host) and the
    replay's host times are untraced (a calibrated F run), the replayed step less the edited
    graph's replayed step;
-2. otherwise the time the evidence covers on the replayed timeline, overlaps counted once: the
+3. otherwise the time the evidence covers on the replayed timeline, overlaps counted once: the
    most that removing it could save.
 
-Either way no gain exceeds the step.
+The kernel-changing rules' estimates without isolated timings start "modelled". No gain exceeds
+the step; an isolated timing can find a fix slower (a negative gain).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ MATMUL_OPS = ("aten::convolution", "aten::convolution_backward", *GEMM_OPS)
 FP32_CUDA_CORE_KERNELS = "sgemm|f32f32_f32f32|ffma|simt"
 #: Below this share of the untraced step, fp32 math is not worth a suggestion.
 FP32_MIN_SHARE_PCT = 1.0
+FP32_MODEL = (
+    "modelled: the time its evidence covers on the replayed step, as if TF32 made it free "
+    "(xsp estimate RUN times the ops with TF32)"
+)
 #: A rank is the straggler when it arrives last at this share of the collectives seen on two
 #: ranks or more, and the others wait at least ``STRAGGLER_WAIT_PCT`` of the step for it.
 STRAGGLER_SHARE_PCT = 60.0
@@ -62,7 +70,8 @@ STRAGGLER_WAIT_PCT = 5.0
 
 #: Fixes the replay can try (``_replayed``): the edit, in words, is each estimate's model.
 CHANNELS_LAST = WhatIf(
-    "replay without the nchwToNhwc/nhwcToNchw kernels",
+    "modelled: replay without the nchwToNhwc/nhwcToNchw kernels, the convolutions and batch "
+    "norms unchanged (xsp estimate RUN times their NHWC kernels)",
     drop_activities=lambda spans: text_matches(
         spans.column("name"),
         lambda names: pc.match_substring_regex(names, "nchwToNhwc|nhwcToNchw", ignore_case=True),
@@ -102,6 +111,25 @@ def _replayed(store: MeasurementStore, found: Suggestion, edit: WhatIf) -> Sugge
         gain_ms_per_iteration=gain,
         share_pct=min(100.0 * gain / step_ms, 100.0),
         estimate=edit.model,
+    )
+
+
+def _isolated(store: MeasurementStore, found: Suggestion, fix: str) -> Suggestion | None:
+    """``found`` with its gain from the fix's ops timed in isolation (``xsp estimate``), where
+    they were; None otherwise."""
+    from xsp.analysis.estimates import isolation_estimate
+
+    estimate = isolation_estimate(store, fix)
+    if estimate is None or not estimate.step_ms:
+        return None
+    gain = min(estimate.gain_ms, estimate.step_ms)
+    missing = f", {estimate.missing} without a timing" if estimate.missing else ""
+    return replace(
+        found,
+        gain_ms_per_iteration=gain,
+        share_pct=100.0 * gain / estimate.step_ms,
+        estimate=f"{estimate.model} ({estimate.ops_per_iteration:.0f} ops a step, "
+        f"{estimate.cases} shapes{missing})",
     )
 
 
@@ -198,7 +226,9 @@ def layout_transposes(store: MeasurementStore) -> Suggestion | None:
         "use channels_last: model.to(memory_format=torch.channels_last) and the same for inputs",
         "nchwToNhwc/nhwcToNchw kernels",
     )
-    return None if found is None else _replayed(store, found, CHANNELS_LAST)
+    if found is None:
+        return None
+    return _isolated(store, found, "channels_last") or _replayed(store, found, CHANNELS_LAST)
 
 
 def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
@@ -241,7 +271,7 @@ def fp32_matmuls_on_gpu(store: MeasurementStore) -> Suggestion | None:
     )
     if found is None or (found.share_pct or 0.0) < FP32_MIN_SHARE_PCT:
         return None
-    return found
+    return _isolated(store, found, "tf32") or replace(found, estimate=FP32_MODEL)
 
 
 def launch_bound(store: MeasurementStore) -> Suggestion | None:
@@ -450,7 +480,8 @@ RULES = (
         layout_transposes,
         fix="channels_last",
         estimate_note="the estimate drops the transpose kernels only; channels_last also "
-        "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps",
+        "changes the convolution and batch-norm kernels (NHWC ones), which the replay keeps "
+        "(xsp estimate RUN times them)",
     ),
     Rule(
         "fp32-on-tensor-cores",

@@ -64,7 +64,9 @@ class Continuous:
         self._record = record
         self._progress = progress
         self._run_json = run_json
-        self.policy = SamplingPolicy(profile.sample_every, profile.sample_rate)
+        self.policy = SamplingPolicy(
+            profile.sample_every, profile.sample_rate, run=profile.sample_run
+        )
         #: the levels below M record the open (or next) iteration; None: not decided yet (after
         #: a batch's hand-over), so the next iteration's policy switches every level
         self.sampled_on: bool | None = True

@@ -208,6 +208,7 @@ def build_stack(
         op_shapes=spec.profile.op_shapes,
         run_dir=run_dir,
         multi_rank=(spec.world_size or _distributed_world_size()) > 1,
+        sample_run=spec.profile.sample_run,
     )
     for key, value in level_environment(context).items():  # xsp run sets them earlier
         os.environ.setdefault(key, value)

@@ -101,9 +101,9 @@ class Session:
             iterations). Warm-up steps are timed either way and ``run.json`` says whether they
             settled.
         duration_s: stop measuring after this many seconds of it (the program runs on).
-        sample_every, sample_rate: the continuous session's sampling policy: every Nth
-            iteration, at most R a second, recorded by the levels below M
-            (``xsp.tracer.capture.sampling``).
+        sample_every, sample_rate, sample_run: the continuous session's sampling policy: 1
+            iteration in N, at most R a second, in runs of K consecutive ones, recorded by the
+            levels below M (``xsp.tracer.capture.sampling``).
         export_every_s: how often a continuous session stores the iterations finished since
             its last batch (``xsp.tracer.export.batches``).
 
@@ -136,6 +136,7 @@ class Session:
         duration_s: float | None = None,
         sample_every: int = 1,
         sample_rate: float | None = None,
+        sample_run: int = 1,
         export_every_s: float = DEFAULT_EXPORT_EVERY_S,
     ) -> None:
         try:
@@ -153,6 +154,7 @@ class Session:
                 duration_s=duration_s,
                 sample_every=sample_every,
                 sample_rate=sample_rate,
+                sample_run=sample_run,
                 export_every_s=export_every_s,
             ),
             out=str(out) if out is not None else None,

@@ -87,6 +87,8 @@ class LevelContext:
     first use, which a session makes at its start whatever its levels, so that every level
     set's process compiles the same code and shares inductor's caches
     (``xsp.tracer.capture.hooks.inductor``).
+    ``sample_run``: a continuous session's sampled iterations come in runs of this many
+    (``xsp.tracer.capture.sampling``): CUPTI pauses between single ones, finalizes between runs.
     """
 
     device: str
@@ -94,6 +96,7 @@ class LevelContext:
     op_shapes: bool = True
     run_dir: Path | None = None
     multi_rank: bool = False  # collectives' sizes come from every iteration's op shapes
+    sample_run: int = 1  # a continuous session samples runs of this many iterations
     _arena: list[Any] = field(default_factory=list, compare=False, repr=False)
     _provenance: list[Any] = field(default_factory=list, compare=False, repr=False)
 

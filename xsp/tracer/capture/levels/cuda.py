@@ -35,13 +35,16 @@ class LibraryLevel:
     In a continuous session CUPTI runs for the sampled iterations only: sampled off, the level
     stops it (the last level to stop pauses it, ``suspend``: kinds and API callbacks off, CUPTI
     still initialized); sampled on, it resumes, as the policy switches it on, or else as the
-    sampled iteration begins (the first one after a batch boundary)."""
+    sampled iteration begins (the first one after a batch boundary). A sample in runs of
+    several iterations (``pause`` False) finalizes CUPTI between runs instead: the requests
+    between them pay nothing for it, and its start is paid once a run."""
 
     letter = "L"
     kinds: tuple[str, ...] = ("RUNTIME", "DRIVER", "MARKER", "SYNCHRONIZATION", "CUDA_EVENT")
 
-    def __init__(self, with_ops: bool = False) -> None:
+    def __init__(self, with_ops: bool = False, pause: bool = True) -> None:
         self._session = cupti_session()
+        self._pause = pause  # between sampled iterations CUPTI pauses, else it is finalized
         self._kinds = self.kinds + (("EXTERNAL_CORRELATION",) if with_ops else ())
         self._running = False  # CUPTI started by this level and not stopped
         self._wanted = False  # the iterations from the next one on are recorded
@@ -115,7 +118,7 @@ class LibraryLevel:
     def _start(self) -> None:
         if self._wanted and not self._running:
             # a continuous session's sampled iterations: CUPTI pauses between them
-            self._session.start(self._kinds, pausable=self._batches)
+            self._session.start(self._kinds, pausable=self._batches and self._pause)
             self._running = True
 
     def _take(self, batch: Any = None) -> Any:
@@ -149,9 +152,9 @@ class GpuLevel(LibraryLevel):
 
 def build_library(ctx: LevelContext) -> LibraryLevel:
     """Level L of a session on CUDA (its row in ``xsp.core.levels`` names this factory)."""
-    return LibraryLevel(with_ops=ctx.levels.framework)
+    return LibraryLevel(with_ops=ctx.levels.framework, pause=ctx.sample_run == 1)
 
 
 def build_gpu(ctx: LevelContext) -> GpuLevel:
     """Level G of a session (its row in ``xsp.core.levels`` names this factory)."""
-    return GpuLevel(with_ops=ctx.levels.framework)
+    return GpuLevel(with_ops=ctx.levels.framework, pause=ctx.sample_run == 1)
