@@ -21,7 +21,7 @@ native: $(STAMP)
 # A real leveled profile (levels M, MF and MFL) of the embedded default model on CPU, then its
 # reconstruction, analyses and HTML report.
 demo: native
-	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF,MFL --device cpu --out xsp-runs/demo
+	$(VENV)/bin/xsp run --model torchvision:resnet18 --batch-size 2 --iterations 3 --levels M,MF,MFL --device cpu --out xsp-runs/demo --replace
 	$(VENV)/bin/xsp analyze xsp-runs/demo --rows 8 --report xsp-runs/demo/report.html
 
 lint: $(STAMP)

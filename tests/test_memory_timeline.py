@@ -143,7 +143,9 @@ def test_analyze_prints_and_writes_the_timeline() -> None:
     section = json.loads(done.stdout)["analyses"]["memory_timeline"]
     assert section["peak_bytes"] == 5_854_792_192 and len(section["points"]) <= mt.SERIES_POINTS
     assert section["rows"][0]["held_bytes"] >= section["rows"][-1]["held_bytes"] > 0
-    text = subprocess.run([*command, "--rows", "3"], capture_output=True, text=True, env=env)
+    text = subprocess.run(
+        [*command, "--all", "--rows", "3"], capture_output=True, text=True, env=env
+    )
     assert text.returncode == 0, text.stderr
     line = next(x for x in text.stdout.splitlines() if x.startswith("allocated, 0-"))
     assert line.endswith("peak 5.5 GiB") and "█" in line and len(line) <= 80

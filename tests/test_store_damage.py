@@ -243,7 +243,7 @@ def test_commands_end_on_a_store_with_parent_cycles(tmp_path: Path, command: str
     with within(120.0):
         result = CliRunner().invoke(cli_main, COMMANDS[command](run_dir, tmp_path))
     assert result.exit_code == 0, result.output
-    assert "3 spans are their own ancestors" in result.output
+    assert "3 spans are their own ancestors" in " ".join(result.output.split())  # wrapped
 
 
 def test_a_part_without_page_checksums_says_so_once(

@@ -30,6 +30,8 @@ __all__ = [
     "out_console",
     "plain",
     "printable",
+    "say",
+    "say_list",
     "warn",
 ]
 
@@ -81,11 +83,60 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
-def warn(message: str) -> None:
-    """Print ``xsp: warning: MESSAGE``."""
-    console.print(
-        f"[yellow]xsp: warning:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
-    )
+def warn(message: str, out: bool = False) -> None:
+    """Print ``xsp: warning: MESSAGE``: on standard error, or with ``out`` on standard output
+    beside the results it qualifies (a file or ``| less`` keeps it), wrapped at the width."""
+    if not out:
+        console.print(
+            f"[yellow]xsp: warning:[/] {escape(printable(message))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    prefix = "xsp: warning:"
+    for i, line in enumerate(_wrap(f"{prefix} {printable(message)}", "  ")):
+        text = Text(line)
+        if i == 0:
+            text.stylize("yellow", 0, len(prefix))
+        out_console.print(text, highlight=False, soft_wrap=True)
+
+
+def say(text: str, indent: str = "", hang: str = "", style: str = "") -> None:
+    """Print a line of results on standard output, wrapped at the terminal's width between
+    words (never inside one); ``indent`` starts each line, ``hang`` the lines after the first;
+    ``style`` a rich style (a table's title in bold)."""
+    for line in _wrap(printable(text), indent + hang, indent):
+        out_console.print(Text(line, style=style), highlight=False, soft_wrap=True)
+
+
+def say_list(text: str) -> None:
+    """Print a line that lists figures (``start-up 25.0 s (77%), warm-up 2.2 s (7%), ...``),
+    wrapped after a comma or semicolon so that no figure is split from its unit; the lines
+    after the first indented."""
+    width = out_console.width
+    lines: list[str] = []
+    for phrase in re.split(r"(?<=[,;]) ", printable(text)):
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        elif lines:
+            lines += _wrap(phrase, "  ", "  ")
+        else:
+            lines += _wrap(phrase, "  ")
+    for line in lines:
+        out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _wrap(text: str, hang: str, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(
+        text,
+        max(out_console.width, 20),
+        initial_indent=indent,
+        subsequent_indent=hang,
+        break_long_words=False,  # a word longer than the line overflows it, whole
+        break_on_hyphens=False,
+    ) or [""]
 
 
 def labelled_bars(label: str) -> Progress:
@@ -144,12 +195,13 @@ def _system_allocator() -> None:
         pa.set_memory_pool(pa.system_memory_pool())
 
 
-def open_store(run_dir: Path) -> Any:
-    """The measurement, its reader's warnings printed (what it left out or guessed)."""
+def open_store(run_dir: Path, out: bool = False) -> Any:
+    """The measurement, its reader's warnings printed (what it left out or guessed): with
+    ``out`` on standard output, before the tables they qualify (not before ``--json``)."""
     from xsp.analysis.measurement.store import MeasurementStore
 
     _system_allocator()
     store = MeasurementStore(run_dir)
     for message in store.warnings:
-        warn(message)
+        warn(message, out=out)
     return store

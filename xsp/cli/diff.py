@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from xsp.cli.common import console, open_store, out_console, warn
+from xsp.cli.common import console, open_store, say, warn
 from xsp.cli.render import print_table
 from xsp.core.errors import XspError
 
@@ -33,7 +33,8 @@ def diff_command(before: Path, after: Path, rows: int, as_json: bool, report: Pa
     Each row has before, after, change and a verdict (faster, slower or noise) from the
     per-iteration samples: a bootstrap interval of the difference of medians. Layers match by
     module path, ops by layer and name, kernels by name; a kernel one side lacks is marked
-    "only before" or "only after". With --json, stdout holds one object: ``before``, ``after``,
+    "only before" or "only after". The tables fit the terminal's width: where it is too narrow,
+    a secondary column (the change in %, calls) is left out and named under the table. With --json, stdout holds one object: ``before``, ``after``,
     ``test``, ``changes``, ``warnings`` and ``sections`` (``step``, ``replayed_step``,
     ``layers_gpu``, ``layers_critical_path``, ``kernels``, ``ops``, ``memory``, ``counters``,
     ``causes``), each with its ``rows`` (``before_ms``, ``after_ms``, ``change_ms``,
@@ -49,9 +50,9 @@ def diff_command(before: Path, after: Path, rows: int, as_json: bool, report: Pa
         from xsp.core.store import check_output
 
         check_output(report)
-    result = diff(open_store(before), open_store(after))
-    for message in result.warnings:
-        warn(message)
+    result = diff(open_store(before, out=not as_json), open_store(after, out=not as_json))
+    for message in result.warnings:  # beside the tables they qualify; --json keeps stdout JSON
+        warn(message, out=not as_json)
     if as_json:
         click.echo(json.dumps(rows_json(result), indent=1))
     else:
@@ -72,18 +73,19 @@ def _print_diff(result: Any, rows: int) -> None:
     import pyarrow as pa
 
     changes = "; ".join(result.changes) or "no configuration change recorded"
-    out_console.print(f"before {result.before}\nafter  {result.after}\n{changes}", highlight=False)
+    for line in (f"before {result.before}", f"after  {result.after}", changes):
+        say(line, hang="  ")
     for section in result.sections:
         if section.key == "replayed_step":
             continue  # a row of the step's table
         if section.absent:
-            console.print(f"{section.title}: {section.absent}", highlight=False)
+            say(f"{section.title}: {section.absent}")
             continue
         table = section.table
         if section.key == "step" and result.section("replayed_step").table.num_rows:
             table = pa.concat_tables([table, result.section("replayed_step").table])
         print_table(section.title, _diff_view(table), rows, section.note)
-    console.print(f"verdicts: {result.test}", highlight=False)
+    say(f"verdicts: {result.test}")
 
 
 def _diff_view(table: Any) -> Any:

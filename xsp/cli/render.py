@@ -1,85 +1,112 @@
-"""Terminal renderers shared by the commands: an analysis' table (one block per row where the
-table is too wide), and the replay's line with its checks and warnings (their lines
-built by ``xsp.analysis.replay.lines``)."""
+"""Terminal renderers shared by the commands: an analysis' table fitted to the terminal's
+width (``xsp.cli.fit``: columns left out or names shortened, never a row per block), and the
+replay's line with its checks and warnings (their lines built by
+``xsp.analysis.replay.lines``), all on standard output."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
-from xsp.cli.common import console, out_console, plain, warn
+from xsp.cli.common import out_console, printable, say, warn
+from xsp.cli.fit import Column, Kind, fit
 
 if TYPE_CHECKING:
     from xsp.analysis.replay.result import ReplayResult
 
-__all__ = ["print_replay", "print_table", "replay_summary", "replay_warnings"]
+__all__ = ["column_kind", "print_replay", "print_table", "replay_summary", "replay_warnings"]
+
+#: How soon a column is left out of a table too wide for the terminal (``xsp.cli.fit``):
+#: 0 never, higher sooner. Unlisted: 0 for a table's first column (what its rows are), then
+#: by ``_SPREADS`` or its type (``_priority``).
+PRIORITY = {
+    "advice": 0,
+    "gain_ms_per_iteration": 0,
+    "verdict": 0,
+    "call": 0,  # a library call's name
+    "op": 0,
+    "evidence": 1,
+    "rule": 2,
+    "estimate": 3,
+    "calls": 2,  # a diff's "11 -> 0"
+    "change_pct": 2,  # a diff's: before, after and the change in ms say it
+    "share_pct": 0,
+    # counts beside a time: the time says what costs
+    "calls_per_iteration": 2,
+    "ops_per_iteration": 2,
+    "kernels_per_iteration": 2,
+}
+#: Parts of a column's name that mark a spread or a secondary figure: left out first.
+_SPREADS = ("min_", "max_", "_min", "_max", "p50", "p90", "stderr", "trimmed", "ci_", "levels")
 
 
-def _fits(view: Any, ellipses: int) -> bool:
-    """True when ``view`` renders at the terminal's width with no cell cut short and no line
-    cropped (rich would otherwise cut cells with "…" or crop the table's right side)."""
-    import io
+def column_kind(name: str, values: list[Any]) -> Kind:
+    """A column's kind from its name and values: numbers, kernel names, program lines, prose
+    (text with spaces beyond a label's first column), other names."""
+    from xsp.analysis.figures.present import KERNEL_COLUMNS
 
-    from rich.console import Console
+    if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return Kind.NUMBER
+    if name in KERNEL_COLUMNS:
+        return Kind.KERNEL
+    if name == "source":
+        return Kind.PATH
+    if any(isinstance(v, str) and " " in v.strip() for v in values):
+        return Kind.PROSE
+    return Kind.NAME
 
-    probe = Console(file=io.StringIO(), width=out_console.width, color_system=None)
-    probe.print(view)
-    rendered = probe.file.getvalue()  # type: ignore[attr-defined]
-    # a cropped table loses its right border: its top edge no longer ends in a corner
-    top = next((line for line in rendered.splitlines() if line.startswith("┏")), "┓")
-    return top.endswith("┓") and rendered.count("…") <= ellipses
+
+def _priority(name: str, index: int, kind: Kind) -> int:
+    if name in PRIORITY:
+        return PRIORITY[name]
+    if index == 0:
+        return 0
+    if name.startswith(("before_", "after_", "change_")) and not name.endswith("_pct"):
+        return 0  # a diff's figures
+    if any(part in name for part in _SPREADS):
+        return 3
+    return 1 if kind is Kind.NUMBER else 2
 
 
 def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "") -> None:
-    """A table that reads at 80 columns: headers as words with units, numbers whole and never
-    wrapped, long names cut (kernel names lose their template arguments; --json and the HTML
-    report keep them whole). A table too wide for the terminal prints one block per row.
+    """A table that fits the terminal: headers as words with units, numbers whole, names
+    shortened at a boundary (kernel names without their template arguments; --json and the
+    HTML report keep them whole), columns left out where it is too narrow (the caption names
+    them). A table of one row too wide for its columns prints as two columns, name and value.
     ``lead`` is a line printed under the title, before the table (a chart in characters)."""
     from xsp.analysis.figures.present import display, header
 
     records = table.slice(0, rows).to_pylist()
-    cells = [{name: display(name, value, 48) for name, value in r.items()} for r in records]
+    columns = []
+    for index, name in enumerate(table.column_names):
+        values = [r[name] for r in records]
+        kind = column_kind(name, values)
+        cells = [printable(display(name, v, 1000)) for v in values]
+        columns.append(Column(header(name), cells, kind, _priority(name, index, kind)))
+    width = out_console.width
+    fitted = fit(columns, width)
+    if title:
+        say(title, style="bold")
     if lead:
-        out_console.print(f"[bold]{title}[/]", highlight=False)
-        out_console.print(lead, highlight=False)
-    view = Table(title=None if lead else title, title_justify="left", caption_justify="left")
-    for name in table.column_names:
-        numeric = any(isinstance(r[name], (int, float)) for r in records)
-        longest = max((len(c[name]) for c in cells), default=1)
-        # numbers never wrap; text narrower than 14 columns wraps into too many lines to read
-        width = longest if numeric else min(longest, 14)
-        view.add_column(
-            header(name),
-            justify="right" if numeric else "left",
-            min_width=width,
-            overflow="ellipsis" if numeric else "fold",  # a long name wraps, whole
-        )
-    for row in cells:
-        view.add_row(*(plain(text) for text in row.values()))
+        out_console.print(lead, highlight=False, markup=False, soft_wrap=True)
+    if len(records) == 1 and fitted.dropped:  # one row: every figure, one a line
+        pairs = [
+            Column("", [c.header for c in columns], Kind.NAME, 0),
+            Column("", [c.cells[0] for c in columns], Kind.PROSE, 0),
+        ]
+        view = fit(pairs, width).table()
+        view.show_header = False
+    else:
+        view = fitted.table()
+    out_console.print(view)
     captions = []
     if table.num_rows > rows:
         captions.append(f"{rows} of {table.num_rows} rows shown (--rows N for more)")
+    if fitted.dropped and len(records) != 1:
+        captions.append(f"left out to fit {width} columns: {', '.join(fitted.dropped)}")
     if note:
         captions.append(note)
-    caption = "; ".join(captions)
-    if _fits(view, sum(c.count("…") for row in cells for c in row.values())):
-        view.caption = caption or None
-        out_console.print(view)
-        return
-    if not lead:
-        out_console.print(f"[bold]{title}[/]", highlight=False)
-    for index, record in enumerate(records, start=1):
-        row = {name: display(name, value, 200) for name, value in record.items()}
-        block = Table(show_header=False, box=None, padding=(0, 1), title=f"{index}.")
-        block.title_justify = "left"
-        block.add_column(style="dim")
-        block.add_column()
-        for name, text in row.items():
-            block.add_row(header(name), plain(text))
-        out_console.print(block)
-    if caption:
-        out_console.print(caption, highlight=False)
+    if captions:
+        say("; ".join(captions))
 
 
 def replay_summary(store: Any) -> ReplayResult:
@@ -102,33 +129,33 @@ def print_replay(store: Any) -> None:
         else ""
     )
     unsteady = found.unsteady_iterations
-    console.print(
+    say(
         f"replayed step {found.step_ms:.3f} ms{against}"
         + (f"; iterations {unsteady} not steady, left out" if unsteady else ""),
-        highlight=False,
+        hang="  ",
     )
     from xsp.analysis.replay.lines import check_lines
 
     for line in check_lines(found):
-        console.print(f"  {line}", highlight=False)
+        say(line, indent="  ", hang="  ")
     calib = found.calibration
     if calib.scale is not None and calib.op_ns:
         checks = calib.source.split("; ", 1)[-1]
-        console.print(
+        say(
             f"F's cost taken off the host's times: {calib.op_ns / 1e3:.2f} µs "
             f"an op record, {calib.scale:g}x the probe's ({checks})",
-            highlight=False,
+            hang="  ",
         )
     waits = found.median_collective_wait_ms
     if waits:
         each = ", ".join(f"rank {rank} {ms:.3f} ms" for rank, ms in waits.items())
-        console.print(
+        say(
             f"collectives replayed across ranks; each rank's wait for the last to arrive, median "
             f"a step: {each}",
-            highlight=False,
+            hang="  ",
         )
     for line in replay_warnings(found):
-        warn(line)
+        warn(line, out=True)
 
 
 def replay_warnings(found: ReplayResult) -> list[str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from xsp.cli.common import console, fail, labelled_bars, out_console, warn
+from xsp.cli.common import console, fail, labelled_bars, say_list, warn
 from xsp.cli.summary import print_summary
 from xsp.core.errors import XspError
 
@@ -83,6 +83,12 @@ __all__ = ["run"]
     type=click.Path(path_type=Path),
     default=None,
     help="Run directory (default: xsp-runs/<time>).",
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Measure into an --out that holds an earlier measurement: its manifest and level sets "
+    "are removed first (without this, such an --out is refused).",
 )
 @click.option("--otlp-endpoint", help="Also send spans over OTLP (OTEL_EXPORTER_OTLP_* apply).")
 @click.option(
@@ -166,14 +172,19 @@ def run(**options: Any) -> None:
     Exits 0 when every level set is ok; the program's own exit code when it exited nonzero
     (128+N when signal N killed it); 1 when a level set failed or is partial otherwise; 2 on
     bad input; 130 when interrupted (Ctrl-C stops the level-set process too; the manifest
-    keeps what finished).
+    keeps what finished). An --out that holds an earlier measurement is refused unless
+    --replace is given (nothing is resumed: every level set is measured again).
     """
+    from xsp.tracer.run.earlier import refuse_or_remove
     from xsp.tracer.run.plan import plan
     from xsp.tracer.run.runner import run_leveled
 
     started_ns = _process_started_ns()
+    replace = options.pop("replace")
     spec = _leveled_spec(**options)
+    refuse_or_remove(spec.out, replace, remove=False)  # one line, before anything is checked
     run_plan = plan(spec)  # before torch is imported and the bars drawn: bad input in a blink
+    refuse_or_remove(spec.out, replace)  # the plan holds: the earlier measurement goes
     _import_in_background(_SUMMARY_MODULES)
     with _level_set_bars() as progress:
         result = run_leveled(run_plan, progress)
@@ -286,14 +297,18 @@ def _level_set_bars() -> Iterator[Callable[[str, str, int, int], None]]:
 def _report(out: Path, result: LeveledResult, started_ns: int) -> None:
     """After the measurement: its summary, xsp's own time, where the spans are, and the exit
     status (the program's own, 1 when a level set failed, 130 when interrupted)."""
+    from xsp.core.store import Status
+
     if result.runs and not result.stored:  # nothing measured: one line, no summary of nothing
         fail(f"{result.failure}; nothing was stored", code=result.exit_code)
+    # the level set whose failure the last line says (``LeveledResult.failure``): said once
+    failed = next((str(r.levels) for r in result.runs if r.status != Status.OK), None)
     try:
-        print_summary(out)
+        print_summary(out, failure_said=None if result.ok else failed)
     except XspError as exc:  # nothing finished (an interrupt, a crash): no summary to print
         warn(f"no summary: {exc}")
     if said := _note_own_time(out, started_ns):
-        out_console.print(said, highlight=False, soft_wrap=True)
+        say_list(said)
     console.print(f"spans stored in [bold]{out}[/]", highlight=False)
     if result.interrupted:
         fail(f"interrupted; the finished level sets are in {out}", code=result.exit_code)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
-from xsp.cli.common import open_store, out_console, plain, warn
+from xsp.cli.common import open_store, out_console, say, say_list, warn
+from xsp.cli.fit import Column, Kind, fit
 from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
 from xsp.core.store import Status
@@ -25,74 +25,87 @@ def summary(run_dir: Path) -> None:
     print_summary(run_dir)
 
 
-def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) -> None:
+def print_summary(
+    run_dir: Path,
+    store: Any = None,
+    warn_replay: bool = True,
+    gpu_layers: bool = True,
+    failure_said: str | None = None,
+) -> None:
     """The measurement's summary; a ``store`` given was opened by ``open_store``, which printed
     its reader's warnings. ``warn_replay``: say why the replay may be off M (analyze says it
-    after its replay line instead)."""
+    after its replay line instead); ``gpu_layers``: the table of layers by GPU time under the
+    verdict (analyze prints its own); ``failure_said``: the level set whose failure the
+    caller says in its last line (xsp run), not warned about here too."""
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, Manifest, read_manifest
 
-    store = store or open_store(run_dir)
+    store = store or open_store(run_dir, out=True)
     rows = level_sets(store).to_pylist()
-    table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
-    for name in (
-        "levels",
-        "status",
-        "iters",
-        "median ms",
-        "min ms",
-        "max ms",
-        "spans/iter",
-        "vs first",
-    ):
-        table.add_column(name, justify="right" if name not in ("levels", "status") else "left")
-    for r in rows:
-        table.add_row(
-            plain(r["levels"]),
-            str(r["status"]),
-            _fmt(r["iterations"]),
-            _fmt(r["step_median_ms"]),
-            _fmt(r["step_min_ms"]),
-            _fmt(r["step_max_ms"]),
-            _fmt(r["spans_per_iteration"], 0),
-            _ratio(r["overhead_x"], r.get("overhead_verdict")),
-        )
-    out_console.print(table)
+    _print(
+        f"xsp measurement {run_dir}",
+        [
+            Column("levels", [r["levels"] for r in rows], Kind.NAME, 0),
+            Column("status", [str(r["status"]) for r in rows], Kind.NAME, 0),
+            _numbers("iters", [r["iterations"] for r in rows]),
+            _numbers("median ms", [r["step_median_ms"] for r in rows], priority=0),
+            _numbers("min ms", [r["step_min_ms"] for r in rows], priority=3),
+            _numbers("max ms", [r["step_max_ms"] for r in rows], priority=3),
+            _numbers("spans/iter", [r["spans_per_iteration"] for r in rows], 0),
+            Column(
+                "vs first",
+                [_ratio(r["overhead_x"], r.get("overhead_verdict")) for r in rows],
+                Kind.PROSE,
+                0,
+            ),
+        ],
+    )
     _print_m_interval(store)
-    if not _print_gpu_layers(store, warn_replay=warn_replay) and (
+    if not _print_gpu_layers(store, warn_replay=warn_replay, table=gpu_layers) and (
         layers := top_layers(store).to_pylist()
     ):
-        lt = Table(
-            title="slowest layers (forward host time, shallowest run with F; no G run for GPU time)",
-            title_justify="left",
+        _print(
+            "slowest layers (forward host time, shallowest run with F; no G run for GPU time)",
+            [
+                Column("layer", [r["module_path"] for r in layers], Kind.NAME, 0),
+                Column("type", [r["module_type"] for r in layers], Kind.NAME, 2),
+                _numbers("calls/iter", [r["calls_per_iteration"] for r in layers], 0),
+                _numbers("mean ms", [r["mean_ms"] for r in layers], 3, priority=0),
+                _numbers("% of step", [r["share_pct"] for r in layers], 1, priority=0),
+            ],
         )
-        for name in ("layer", "type", "calls/iter", "mean ms", "% of step"):
-            lt.add_column(name, justify="left" if name in ("layer", "type") else "right")
-        for r in layers:
-            lt.add_row(
-                plain(r["module_path"]),
-                plain(r["module_type"]),
-                _fmt(r["calls_per_iteration"], 0),
-                _fmt(r["mean_ms"], 3),
-                _fmt(r["share_pct"], 1),
-            )
-        out_console.print(lt)
     spans = sum(r["spans_per_iteration"] * r["iterations"] for r in rows)
     if spans:
-        out_console.print(
-            f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk", highlight=False
-        )
+        say(f"store: {store.bytes_on_disk() / spans:.1f} bytes per span on disk")
     for run_ in store.counter_runs:
-        out_console.print(counter_line(run_), highlight=False)
+        say(counter_line(run_), hang="  ")
     manifest = (
         read_manifest(store.root / MANIFEST) if (store.root / MANIFEST).exists() else Manifest()
     )
     for said in (time_line(manifest), own_time_line(manifest)):
         if said:
-            out_console.print(said, highlight=False, soft_wrap=True)
+            say_list(said)
     for run_ in [*store.runs, *store.counter_runs]:
-        for line in run_warnings(run_):
-            warn(line)
+        for line in run_warnings(run_, status=run_.levels != failure_said):
+            warn(line, out=True)
+
+
+def _numbers(header: str, values: list[Any], digits: int = 2, priority: int = 1) -> Column:
+    return Column(header, [_fmt(v, digits) for v in values], Kind.NUMBER, priority)
+
+
+def _print(title: str, columns: list[Column]) -> None:
+    """A summary table under its title, fitted to the terminal (``xsp.cli.fit``)."""
+    from xsp.cli.common import printable
+
+    columns = [
+        Column(c.header, [printable(t) for t in c.cells], c.kind, c.priority) for c in columns
+    ]
+    say(title, style="bold")
+    fitted = fit(columns, out_console.width)
+    out_console.print(fitted.table())
+    if fitted.dropped:
+        say(f"left out to fit {out_console.width} columns: {', '.join(fitted.dropped)}")
 
 
 def _print_m_interval(store: Any) -> None:
@@ -109,18 +122,20 @@ def _print_m_interval(store: Any) -> None:
     if interval.single:
         if has_gpu(store):
             return
-        out_console.print(
+        say(
             "M ran in one process: the host's variance between processes cannot be told apart "
-            "from overhead (--m-processes 3 gives M an interval)",
-            highlight=False,
+            "from overhead (--m-processes 3 gives M an interval)"
         )
     else:
-        out_console.print(interval.describe(), highlight=False)
+        say(interval.describe(), hang="  ")
 
 
-def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> bool:
-    """With level G (single-rank): the replay's verdict and why it may be off, then the layers
-    with the most GPU time (forward + backward); False where there is none to print."""
+def _print_gpu_layers(
+    store: Any, limit: int = 5, warn_replay: bool = True, table: bool = True
+) -> bool:
+    """With level G (single-rank): the replay's verdict and why it may be off, then (with
+    ``table``) the layers with the most GPU time (forward + backward); False where there is
+    no replay to print."""
     from xsp.analysis.reconstruction import distributed
     from xsp.analysis.replay import critical_path
 
@@ -130,36 +145,36 @@ def _print_gpu_layers(store: Any, limit: int = 5, warn_replay: bool = True) -> b
         rows = critical_path.layers(store, limit=limit).to_pylist()
         verdict = critical_path.verdict(store)
     except XspError as exc:
-        warn(f"no replay: {exc}")
+        warn(f"no replay: {exc}", out=True)
         return False
     if not rows:
         return False
-    out_console.print(verdict, highlight=False)
+    say(verdict, hang="  ")
     if warn_replay:
         for line in replay_warnings(replay_summary(store)):
-            warn(line)
-    lt = Table(title="layers by GPU time (forward + backward, replayed step)", title_justify="left")
-    for name in ("layer", "fwd ms", "bwd ms", "GPU ms", "path ms", "% of step"):
-        lt.add_column(name, justify="left" if name == "layer" else "right")
-    for r in rows:
-        lt.add_row(
-            plain(r["layer"]),
-            _fmt(r["forward_gpu_ms"], 3),
-            _fmt(r["backward_gpu_ms"], 3),
-            _fmt(r["gpu_ms"], 3),
-            _fmt(r["critical_path_ms"], 3),
-            _fmt(r["share_pct"], 1),
+            warn(line, out=True)
+    if table:
+        _print(
+            "layers by GPU time (forward + backward, replayed step)",
+            [
+                Column("layer", [r["layer"] for r in rows], Kind.NAME, 0),
+                _numbers("fwd ms", [r["forward_gpu_ms"] for r in rows], 3),
+                _numbers("bwd ms", [r["backward_gpu_ms"] for r in rows], 3),
+                _numbers("GPU ms", [r["gpu_ms"] for r in rows], 3, priority=0),
+                _numbers("path ms", [r["critical_path_ms"] for r in rows], 3, priority=0),
+                _numbers("% of step", [r["share_pct"] for r in rows], 1, priority=0),
+            ],
         )
-    out_console.print(lt)
     return True
 
 
-def run_warnings(run: Any) -> list[str]:
-    """Lines on what a level-set run lost: a status other than ok with its reasons, CUPTI's
-    dropped and undecodable records (the kernel and API counts are then not exact)."""
+def run_warnings(run: Any, status: bool = True) -> list[str]:
+    """Lines on what a level-set run lost: (with ``status``) a status other than ok with its
+    reasons, CUPTI's dropped and undecodable records (the kernel and API counts are then not
+    exact)."""
     meta = run.document
     lines = []
-    if meta.status != Status.OK:
+    if status and meta.status != Status.OK:
         reasons = meta.status_reasons or ([meta.error] if meta.error else [])
         text = "; ".join(str(r) for r in reasons) or "no reason recorded"
         lines.append(f"level set {run.levels}: {meta.status}: {text}")

@@ -372,15 +372,28 @@ def _run_script(args: ChildSpec, command: list[str]) -> int:
         raise
     except BaseException as exc:
         _hold_interrupts()
-        traceback.print_exc()
+        _print_program_error(exc)  # once; xsp's final line names the level set and the store
         session.program = {"exit_code": EXIT_WORKLOAD_FAILED, "exception": fail_message(exc)}
         session.close(error=fail_message(exc))
-        print(f"xsp: the script raised {fail_message(exc)}", file=sys.stderr)
         return EXIT_WORKLOAD_FAILED
     session.program = {"exit_code": 0}
     _hold_interrupts()
     session.close()
     return code
+
+
+def _print_program_error(exc: BaseException) -> None:
+    """The program's traceback as Python prints it for the program run alone: the frames of
+    xsp and runpy that started it left out, so that it begins at the user's own code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _runs_the_program(tb):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _runs_the_program(tb: Any) -> bool:
+    filename = tb.tb_frame.f_code.co_filename
+    return filename == __file__ or Path(filename).name in ("runpy.py", "<frozen runpy>")
 
 
 def _script_dir(script: str) -> str:
