@@ -18,8 +18,9 @@ Algorithm:
 1. Each run directory written in this process has a ``SpanKeys`` index: the sorted 64-bit hashes
    of the keys its newest parts hold, read once from their two key columns and then extended as
    parts are written, the oldest dropped a generation (a window's spans) at a time. The
-   ``MAX_INDEXED_RUNS`` most recently written directories keep theirs; an evicted one is read
-   again when next written.
+   ``MAX_INDEXED_RUNS`` most recently written directories keep theirs, within a total of
+   ``config.collector_dedupe_index_bytes()`` (the least recently written dropped first, the one
+   being written always kept); an evicted one is read again when next written.
 2. A span whose hash is absent from the index (and unique in its batch) is new: one vectorised
    ``searchsorted`` per sorted run of hashes, the whole cost of the normal path.
 3. Only spans whose hash hits are compared exactly, against the keys read back from the parts,
@@ -77,14 +78,18 @@ __all__ = [
     "key_hashes",
     "note_quarantined",
     "run_key",
+    "unsafe_destination",
 ]
 
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = store.FOREIGN_LEVELS
-#: Run directories whose key index stays in memory (8-16 bytes a window span each).
+#: Run directories whose key index stays in memory (8-16 bytes a window span each), at most;
+#: their total bytes are bounded too (``config.collector_dedupe_index_bytes``).
 MAX_INDEXED_RUNS = 64
+#: What a part's entries in an index cost beside its hashes (its name and counts in dicts).
+PART_ENTRY_BYTES = 256
 #: run.json's ``source`` of a run the collector stored
 COLLECTOR = "collector"
 _KEY_COLUMNS = ["trace_id", "span_id"]
@@ -202,6 +207,19 @@ def _sender(resource_spans: Any) -> Sender:
     return Sender(resource_id(typed), plain_resource(typed), typed)
 
 
+def unsafe_destination(root: Path, runs: Iterable[tuple[str, str]]) -> str | None:
+    """Why the run directories ``root/measurement/levels`` of ``runs`` cannot be written: one,
+    or the measurement directory above it, is a symbolic link or not a directory (planted in a
+    shared store, it would lead the writes out of the store); None where all can."""
+    for measurement, levels in runs:
+        for path in (root / measurement, root / measurement / levels):
+            try:
+                store.check_run_destination(path, root)
+            except StoreError as exc:
+                return str(exc)
+    return None
+
+
 # -- span keys -------------------------------------------------------------------------------------
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -305,6 +323,12 @@ class SpanKeys:
     @property
     def hashes(self) -> int:
         return sum(generation.spans for generation in self._generations)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the index holds: its hashes' arrays and an entry per part."""
+        arrays = sum(a.nbytes for generation in self._generations for a in generation.sorted)
+        return arrays + PART_ENTRY_BYTES * (len(self.parts) + len(self.skipped))
 
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         """Which of ``hashes`` the index holds (a hash hit: maybe a collision)."""
@@ -413,6 +437,7 @@ class StoreWriter:
         root: Path,
         max_indexed_runs: int = MAX_INDEXED_RUNS,
         dedupe_window: int | None = None,
+        max_index_bytes: int | None = None,
     ) -> None:
         self.root = Path(root)
         try:
@@ -425,6 +450,10 @@ class StoreWriter:
         #: spans per run directory whose keys are indexed (``config.collector_dedupe_spans``)
         self.dedupe_window = (
             config.collector_dedupe_spans() if dedupe_window is None else dedupe_window
+        )
+        #: the most bytes the indexes of all run directories hold together
+        self.max_index_bytes = (
+            config.collector_dedupe_index_bytes() if max_index_bytes is None else max_index_bytes
         )
         self._indexes: OrderedDict[Path, SpanKeys] = OrderedDict()  # least recently written first
 
@@ -450,6 +479,7 @@ class StoreWriter:
                 store.write_span_part(run_dir, table, name=part_name)
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
+            self._fit()
             try:
                 self._update_meta(run_dir, measurement, levels, senders, keys)
             except OSError as exc:
@@ -470,9 +500,23 @@ class StoreWriter:
             skipped.pop(part_name, None)  # about to be counted again
             keys = SpanKeys.load(run_dir, names, skipped, self.dedupe_window)
         self._indexes[run_dir] = keys
-        while len(self._indexes) > self._max_indexed:
-            self._indexes.popitem(last=False)
+        self._fit()
         return keys
+
+    @property
+    def index_bytes(self) -> int:
+        """The bytes the indexes kept hold together."""
+        return sum(keys.nbytes for keys in self._indexes.values())
+
+    def _fit(self) -> None:
+        """Drop the least recently written indexes beyond ``MAX_INDEXED_RUNS`` directories or
+        ``max_index_bytes`` in all; the newest (the one being written) stays whatever its size."""
+        total = self.index_bytes
+        while len(self._indexes) > 1 and (
+            len(self._indexes) > self._max_indexed or total > self.max_index_bytes
+        ):
+            _, dropped = self._indexes.popitem(last=False)
+            total -= dropped.nbytes
 
     def _update_meta(
         self,
@@ -527,6 +571,8 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> None:
         return
     for measurement, levels in sorted(keys):
         run_dir = root / measurement / levels
+        if unsafe_destination(root, [(measurement, levels)]) is not None:
+            continue  # counted in the collector's log line only: never written through a link
         meta = _read_meta(run_dir) or RunMeta(
             format=schema.STORE_FORMAT,
             measurement_id=measurement,
