@@ -46,9 +46,9 @@ def test_an_older_collectors_run_json_resources_still_read_and_grow(tmp_path: Pa
     run_dir = tmp_path / "store" / "m-r" / "MF"
     store.write("p0", [_request("old", 1)])
     # as an older collector left it: every sender in run.json, no resources part
-    sender = writer.convert(
+    ((_, (sender,), _),) = writer.convert(
         otlp_layout.encode_request({**_resource("r"), "host.name": "old"}, _table("r").slice(0, 1))
-    )[0][1]
+    )
     for part in run_dir.glob("resources-*.parquet"):
         part.unlink()
     meta = read_run_meta(run_dir / RUN_META)

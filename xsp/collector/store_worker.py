@@ -52,12 +52,16 @@ def store_requests(store: StoreWriter, part_name: str, payloads: Sequence[bytes]
     else:
         converted = list(zip(indexes, together, strict=True))
     kept: list[writer.Converted] = []
+    unsafe: dict[tuple[str, str], str | None] = {}  # each run directory looked at once
     for index, request in converted:
-        unsafe = writer.unsafe_destination(store.root, (key for key, _, _ in request))
-        if unsafe is None:
+        for run in request:
+            if run.key not in unsafe:
+                unsafe[run.key] = writer.unsafe_destination(store.root, [run.key])
+        why = next((unsafe[run.key] for run in request if unsafe[run.key] is not None), None)
+        if why is None:
             kept.append(request)
         else:
-            poison.append((index, unsafe))
+            poison.append((index, why))
     poison.sort()
     before = store.duplicate_spans
     store.write(part_name, kept)

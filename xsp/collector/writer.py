@@ -36,7 +36,7 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -69,6 +69,7 @@ __all__ = [
     "TOGETHER_SPANS",
     "UNIDENTIFIED",
     "Converted",
+    "Run",
     "Sender",
     "SpanKeys",
     "StoreWriter",
@@ -136,15 +137,25 @@ class Sender(NamedTuple):
     typed: StoredResourceJson
 
 
-#: One converted request: (run key, sender, span rows) per run it touches.
-Converted = list[tuple[tuple[str, str], Sender, pa.Table]]
+class Run(NamedTuple):
+    """A request's spans for one run directory: its key, the senders they come from (those
+    with spans, in the request's order) and their rows."""
+
+    key: tuple[str, str]
+    senders: tuple[Sender, ...]
+    table: pa.Table
+
+
+#: One converted request: a ``Run`` per run it touches, consecutive resources of the same run
+#: together (a request of many senders is one table a run, not one a sender).
+Converted = list[Run]
 
 
 def convert(request: ExportTraceServiceRequest | Any) -> Converted:
     """The store rows of one request (OTLP's message, or ``otlp_columns.parse_request``'s
     mirror of it, decoded column-wise), by run; raises whatever conversion raises (a poison
     request the caller quarantines)."""
-    out: Converted = []
+    out: list[tuple[tuple[str, str], list[Sender], list[pa.Table]]] = []
     for resource_spans in request.resource_spans:
         sender = _sender(resource_spans)
         decode = (
@@ -153,9 +164,20 @@ def convert(request: ExportTraceServiceRequest | Any) -> Converted:
             else otlp_columns.table_from_resource_spans
         )
         table = decode(resource_spans, sender.id)
-        if table.num_rows:
-            out.append((run_key(sender.attributes), sender, table))
-    return out
+        if not table.num_rows:
+            continue
+        key = run_key(sender.attributes)
+        if not out or out[-1][0] != key:
+            out.append((key, [], []))
+        out[-1][1].append(sender)
+        out[-1][2].append(table)
+    return [Run(key, tuple(senders), _concat(tables)) for key, senders, tables in out]
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
 def convert_together(requests: list[Any]) -> list[Converted] | None:
@@ -186,20 +208,42 @@ def _convert_together(requests: list[Any]) -> list[Converted] | None:
             for request, ids in zip(requests, senders, strict=True)
             for rs, sender in zip(request.resource_spans, ids, strict=True)
         ]
-        tables = otlp_columns.tables_of_blocks(blocks, span_columns.decode)
+        each = iter(blocks)
+        runs = [_runs_of(ids, each) for ids in senders]
+        groups = [len(members) for request in runs for _, members in request]
+        tables = otlp_columns.tables_of_blocks(blocks, span_columns.decode, groups)
     except Exception:  # each request alone then says which one fails, and why
         return None
     if tables is None:
         return None
     out: list[Converted] = []
     at = iter(tables)
-    for ids in senders:
+    for request in runs:
         out.append([])
-        for sender in ids:
+        for key, members in request:
             table = next(at)
             if table.num_rows:
-                out[-1].append((run_key(sender.attributes), sender, table))
+                having = tuple(sender for sender, spans in members if spans)
+                out[-1].append(Run(key, having, table))
     return out
+
+
+def _runs_of(
+    senders: list[Sender], blocks: Iterator[otlp_columns.Block]
+) -> list[tuple[tuple[str, str], list[tuple[Sender, int]]]]:
+    """A request's senders grouped as ``convert`` groups them: consecutive ones of the same
+    run, each with its count of spans (from ``blocks``, read on to this request's)."""
+    runs: list[tuple[tuple[str, str], list[tuple[Sender, int]]]] = []
+    for sender in senders:
+        spans = len(next(blocks).spans)  # a sender without spans joins the run it is in
+        key = run_key(sender.attributes)
+        if not runs or (spans and runs[-1][0] != key):
+            if runs and not any(count for _, count in runs[-1][1]):
+                runs[-1] = (key, runs[-1][1])  # only senders without spans so far
+            else:
+                runs.append((key, []))
+        runs[-1][1].append((sender, spans))
+    return runs
 
 
 def _sender(resource_spans: Any) -> Sender:
@@ -462,9 +506,10 @@ class StoreWriter:
         ``duplicate_spans`` and the run's run.json)."""
         groups: dict[tuple[str, str], tuple[dict[str, Sender], list[pa.Table]]] = {}
         for request in converted:
-            for key, sender, table in request:
+            for key, run_senders, table in request:
                 senders, tables = groups.setdefault(key, ({}, []))
-                senders.setdefault(sender.id, sender)
+                for sender in run_senders:
+                    senders.setdefault(sender.id, sender)
                 tables.append(table)
         written = 0
         for (measurement, levels), (senders, tables) in groups.items():
