@@ -17,6 +17,7 @@ decoded span by span (``decode_spans.any_columns``), into the same table.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -136,7 +137,7 @@ def tables_of_blocks(
     bounds = np.concatenate([firsts, [n]])
     ends = np.cumsum([0, *(groups if groups is not None else [1] * len(blocks))])
     starts = bounds[ends].tolist()
-    return [table.slice(a, b - a) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    return [table.slice(a, b - a) for a, b in itertools.pairwise(starts)]
 
 
 #: Span fields (their numbers in OTLP's Span): where xsp's common case has them.
