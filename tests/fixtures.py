@@ -7,10 +7,12 @@ real data without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -473,3 +475,39 @@ def damaged(rng: random.Random, data: bytes, times: int = 1) -> bytes:
         else:
             body[where:where] = bytes([rng.randrange(256)])
     return bytes(body)
+
+
+#: The kinds of small filesystem ``small_filesystem`` mounts.
+FILESYSTEMS = ("tmpfs", "ext4")
+
+
+@contextlib.contextmanager
+def small_filesystem(directory: Path, size_bytes: int, kind: str = "tmpfs") -> Iterator[Path]:
+    """A real filesystem of ``size_bytes`` mounted on ``directory`` (made here): a tmpfs, or
+    ext4 in a loop-mounted file beside it. Skips the test, with the reason, where this machine
+    cannot mount one (not root, or the mount refused)."""
+    import os
+    import subprocess
+
+    import pytest
+
+    directory.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a {size_bytes:,}-byte {kind} needs root")
+    if kind == "tmpfs":
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)]
+    else:
+        image = directory.with_name(directory.name + ".img")
+        with open(image, "wb") as handle:
+            handle.truncate(size_bytes)
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 filesystem here: {made.stderr.strip()}")
+        mount = ["mount", "-o", "loop", str(image), str(directory)]
+    done = subprocess.run(mount, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a {kind} here: {done.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)

@@ -230,6 +230,40 @@ def test_the_index_is_bounded_and_reloaded_after_eviction(tmp_path: Path) -> Non
     assert store.spans_written == 3 * 50 and store.duplicate_spans == 2 * 50
 
 
+def test_the_indexes_of_all_run_directories_hold_at_most_their_byte_budget(
+    tmp_path: Path,
+) -> None:
+    # one part of 50 spans: 50 hashes of 8 bytes and its entry, 400 + 256 = 656 bytes; two
+    # parts 1,312. A budget of 2,000 bytes holds three one-part directories, not four.
+    base = _table("e").slice(0, 50)
+    one, two = 50 * 8 + writer.PART_ENTRY_BYTES, 2 * (50 * 8 + writer.PART_ENTRY_BYTES)
+    assert (one, two) == (656, 1312)
+    store = StoreWriter(tmp_path / "store", max_index_bytes=2000)
+
+    def write(part: str, run: str, trace: int = 0) -> int:
+        request = otlp_layout.encode_request(_resource(run), _traced(base, trace))
+        return store.write(part, [writer.convert(request)])
+
+    def kept() -> dict[str, int]:
+        return {path.parent.name[2:]: keys.nbytes for path, keys in store._indexes.items()}
+
+    for part, run in enumerate("abc"):
+        write(f"p{part}", run)
+    assert kept() == {"a": one, "b": one, "c": one} and store.index_bytes == 1968
+    write("p3", "d")  # 2,624 bytes: a, the least recently written, is dropped
+    assert kept() == {"b": one, "c": one, "d": one}
+    write("p4", "b", trace=1)  # b grows to two parts: c goes too
+    assert kept() == {"d": one, "b": two} and store.index_bytes == 1968
+    # a dropped index is read again from the parts: a's spans re-pushed are stored once (its
+    # index now counts p5's duplicates too: 912 bytes, and b's 1,312 no longer fit beside it)
+    assert write("p5", "a") == 0 and store.duplicate_spans == 50
+    assert kept() == {"a": one + writer.PART_ENTRY_BYTES}
+    # a directory bigger than the whole budget keeps its own index while it is written
+    small = StoreWriter(tmp_path / "store", max_index_bytes=500)
+    store = small
+    assert write("p6", "b", trace=1) == 0 and kept() == {"b": two + writer.PART_ENTRY_BYTES}
+
+
 def _traced(table: pa.Table, n: int) -> pa.Table:
     trace = pa.array([n.to_bytes(16, "big")] * table.num_rows, pa.binary(16))
     return table.set_column(0, "trace_id", trace)
@@ -288,3 +322,9 @@ def test_the_dedupe_window_is_a_setting() -> None:
     for bad in ("0", "-1", "lots"):
         with pytest.raises(ConfigError, match="XSP_COLLECTOR_DEDUPE_SPANS"):
             config.collector_dedupe_spans({"XSP_COLLECTOR_DEDUPE_SPANS": bad})
+    assert config.collector_dedupe_index_bytes({}) == 256 * 1024 * 1024
+    budget = {"XSP_COLLECTOR_DEDUPE_INDEX_MIB": "1_024"}
+    assert config.collector_dedupe_index_bytes(budget) == 1 << 30
+    for bad in ("0", "-1", "0.5", "lots"):
+        with pytest.raises(ConfigError, match="XSP_COLLECTOR_DEDUPE_INDEX_MIB"):
+            config.collector_dedupe_index_bytes({"XSP_COLLECTOR_DEDUPE_INDEX_MIB": bad})

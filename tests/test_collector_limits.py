@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from tests.fixtures import make_collector
+from tests.fixtures import make_collector, small_filesystem
 from tests.test_collector import _post
 from tests.test_collector_faults import _small, _stored
 from xsp.collector import door, ingest_view, writer
@@ -40,18 +39,8 @@ HEADER = 12
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs: a filesystem that really fills up."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a 1 MiB tmpfs needs root")
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]
-    done = subprocess.run(mount, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with small_filesystem(tmp_path / "disk", 1024 * 1024) as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def _unflushed(store: Path, **options: Any) -> Any:

@@ -46,9 +46,9 @@ def test_an_older_collectors_run_json_resources_still_read_and_grow(tmp_path: Pa
     run_dir = tmp_path / "store" / "m-r" / "MF"
     store.write("p0", [_request("old", 1)])
     # as an older collector left it: every sender in run.json, no resources part
-    sender = writer.convert(
+    ((_, (sender,), _),) = writer.convert(
         otlp_layout.encode_request({**_resource("r"), "host.name": "old"}, _table("r").slice(0, 1))
-    )[0][1]
+    )
     for part in run_dir.glob("resources-*.parquet"):
         part.unlink()
     meta = read_run_meta(run_dir / RUN_META)
@@ -65,3 +65,46 @@ def test_an_older_collectors_run_json_resources_still_read_and_grow(tmp_path: Pa
     assert sorted(
         str(b.resource["host.name"]) for b in by_sender(run.resources, run.resource, run.spans())
     ) == ["new", "old"]
+
+
+def test_a_request_of_many_senders_is_one_table_a_run_each_span_naming_its_sender(
+    tmp_path: Path,
+) -> None:
+    # senders h0, h1 (run r), then one of run s, then h3 (run r): r, s, r, whichever decoder
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from xsp.core import otlp
+    from xsp.core.otlp import columns as otlp_columns
+
+    base = _table("r").slice(0, 40)
+    request = ExportTraceServiceRequest()
+    for k, run in enumerate("rrsr"):
+        resource = {**_resource(run), "host.name": f"h{k}"}
+        rows = base.slice(10 * k, 10)
+        request.resource_spans.extend(otlp_layout.encode_request(resource, rows).resource_spans)
+    body = request.SerializeToString()
+    (together,) = writer.convert_together([otlp_columns.parse_request(body)]) or [[]]
+    for converted in (together, writer.convert(otlp.parse_protobuf(body))):
+        runs = [
+            (key, [s.attributes["host.name"] for s in senders]) for key, senders, _ in converted
+        ]
+        assert runs == [
+            (("m-r", "MF"), ["h0", "h1"]),
+            (("m-s", "MF"), ["h2"]),
+            (("m-r", "MF"), ["h3"]),
+        ]
+        assert [table.num_rows for _, _, table in converted] == [20, 10, 10]
+        first = converted[0]
+        ids = first.table.column("resource_id").to_pylist()
+        assert ids == [first.senders[0].id] * 10 + [first.senders[1].id] * 10
+    store = StoreWriter(tmp_path / "store")
+    assert store.write("p0", [together]) == 40
+    run = open_run(tmp_path / "store" / "m-r" / "MF")
+    assert run.resources is not None
+    hosts = {
+        str(b.resource["host.name"]): b.table.num_rows
+        for b in by_sender(run.resources, run.resource, run.spans())
+    }
+    assert hosts == {"h0": 10, "h1": 10, "h3": 10}

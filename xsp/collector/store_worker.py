@@ -35,28 +35,50 @@ class Stored(NamedTuple):
 
 def store_requests(store: StoreWriter, part_name: str, payloads: Sequence[bytes]) -> Stored:
     """Convert and write every request that converts; return the ones that do not (poison), so
-    that one bad request never blocks the rest of its segment. Store errors propagate."""
+    that one bad request never blocks the rest of its segment, nor one whose run directory is
+    a symbolic link (``writer.unsafe_destination``). Store errors propagate."""
     parsed: list[Any] = []
+    indexes: list[int] = []  # of the parsed requests in the segment
     poison: list[Poison] = []
     for index, payload in enumerate(payloads):
         try:
             parsed.append(otlp_columns.parse_request(payload))
+            indexes.append(index)
         except Exception as exc:  # any failure to convert makes the request poison, no more
             poison.append((index, f"cannot convert to store rows: {exc}"))
-    converted = writer.convert_together(parsed)
-    if converted is None:  # one request is not xsp's common case, or fails: each alone
-        converted = []
-        bad = {index for index, _ in poison}
-        readable = (index for index in range(len(payloads)) if index not in bad)
-        for index, request in zip(readable, parsed, strict=True):
-            try:
-                converted.append(writer.convert(request))
-            except Exception as exc:  # any failure to convert makes the request poison
-                poison.append((index, f"cannot convert to store rows: {exc}"))
-        poison.sort()
+    together = writer.convert_together(parsed)
+    if together is None:  # one request is not xsp's common case, or fails: each alone
+        converted = _each(indexes, parsed, poison)
+    else:
+        converted = list(zip(indexes, together, strict=True))
+    kept: list[writer.Converted] = []
+    unsafe: dict[tuple[str, str], str | None] = {}  # each run directory looked at once
+    for index, request in converted:
+        for run in request:
+            if run.key not in unsafe:
+                unsafe[run.key] = writer.unsafe_destination(store.root, [run.key])
+        why = next((unsafe[run.key] for run in request if unsafe[run.key] is not None), None)
+        if why is None:
+            kept.append(request)
+        else:
+            poison.append((index, why))
+    poison.sort()
     before = store.duplicate_spans
-    store.write(part_name, converted)
+    store.write(part_name, kept)
     return Stored(poison, store.duplicate_spans - before)
+
+
+def _each(
+    indexes: list[int], parsed: list[Any], poison: list[Poison]
+) -> list[tuple[int, writer.Converted]]:
+    """Each request converted alone; the ones that fail are added to ``poison``."""
+    converted: list[tuple[int, writer.Converted]] = []
+    for index, request in zip(indexes, parsed, strict=True):
+        try:
+            converted.append((index, writer.convert(request)))
+        except Exception as exc:  # any failure to convert makes the request poison
+            poison.append((index, f"cannot convert to store rows: {exc}"))
+    return converted
 
 
 #: The worker process's writers, by store root: kept across segments (and their indexes too).

@@ -6,7 +6,9 @@ Spans are grouped by their resource: ``STORE/<measurement>/<levels>/`` where the
 named after the segment, so replaying a segment after a crash rewrites the same files.
 
 Conversion (``convert``, one request at a time) is separate from writing, so the flusher can set
-aside the one request that fails to convert and store the rest of its segment.
+aside the one request that fails to convert and store the rest of its segment. A request's
+consecutive senders of one run make one table (a request of many senders costs a table per run,
+not per sender: one per sender, concatenated, stored 5x slower).
 
 The same span is never stored twice in a run directory within the dedupe window: before a batch
 is written, the spans whose (trace_id, span_id) the directory's newest parts (about its newest
@@ -18,8 +20,9 @@ Algorithm:
 1. Each run directory written in this process has a ``SpanKeys`` index: the sorted 64-bit hashes
    of the keys its newest parts hold, read once from their two key columns and then extended as
    parts are written, the oldest dropped a generation (a window's spans) at a time. The
-   ``MAX_INDEXED_RUNS`` most recently written directories keep theirs; an evicted one is read
-   again when next written.
+   ``MAX_INDEXED_RUNS`` most recently written directories keep theirs, within a total of
+   ``config.collector_dedupe_index_bytes()`` (the least recently written dropped first, the one
+   being written always kept); an evicted one is read again when next written.
 2. A span whose hash is absent from the index (and unique in its batch) is new: one vectorised
    ``searchsorted`` per sorted run of hashes, the whole cost of the normal path.
 3. Only spans whose hash hits are compared exactly, against the keys read back from the parts,
@@ -39,7 +42,7 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -72,6 +75,7 @@ __all__ = [
     "TOGETHER_SPANS",
     "UNIDENTIFIED",
     "Converted",
+    "Run",
     "Sender",
     "SpanKeys",
     "StoreWriter",
@@ -81,14 +85,18 @@ __all__ = [
     "key_hashes",
     "note_quarantined",
     "run_key",
+    "unsafe_destination",
 ]
 
 log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 FALLBACK_LEVELS = store.FOREIGN_LEVELS
-#: Run directories whose key index stays in memory (8-16 bytes a window span each).
+#: Run directories whose key index stays in memory (8-16 bytes a window span each), at most;
+#: their total bytes are bounded too (``config.collector_dedupe_index_bytes``).
 MAX_INDEXED_RUNS = 64
+#: What a part's entries in an index cost beside its hashes (its name and counts in dicts).
+PART_ENTRY_BYTES = 256
 #: run.json's ``source`` of a run the collector stored
 COLLECTOR = "collector"
 _KEY_COLUMNS = ["trace_id", "span_id"]
@@ -135,15 +143,25 @@ class Sender(NamedTuple):
     typed: StoredResourceJson
 
 
-#: One converted request: (run key, sender, span rows) per run it touches.
-Converted = list[tuple[tuple[str, str], Sender, pa.Table]]
+class Run(NamedTuple):
+    """A request's spans for one run directory: its key, the senders they come from (those
+    with spans, in the request's order) and their rows."""
+
+    key: tuple[str, str]
+    senders: tuple[Sender, ...]
+    table: pa.Table
+
+
+#: One converted request: a ``Run`` per run it touches, consecutive resources of the same run
+#: together (a request of many senders is one table a run, not one a sender).
+Converted = list[Run]
 
 
 def convert(request: ExportTraceServiceRequest | Any) -> Converted:
     """The store rows of one request (OTLP's message, or ``otlp_columns.parse_request``'s
     mirror of it, decoded column-wise), by run; raises whatever conversion raises (a poison
     request the caller quarantines)."""
-    out: Converted = []
+    out: list[tuple[tuple[str, str], list[Sender], list[pa.Table]]] = []
     for resource_spans in request.resource_spans:
         sender = _sender(resource_spans)
         decode = (
@@ -152,9 +170,20 @@ def convert(request: ExportTraceServiceRequest | Any) -> Converted:
             else otlp_columns.table_from_resource_spans
         )
         table = decode(resource_spans, sender.id)
-        if table.num_rows:
-            out.append((run_key(sender.attributes), sender, table))
-    return out
+        if not table.num_rows:
+            continue
+        key = run_key(sender.attributes)
+        if not out or out[-1][0] != key:
+            out.append((key, [], []))
+        out[-1][1].append(sender)
+        out[-1][2].append(table)
+    return [Run(key, tuple(senders), _concat(tables)) for key, senders, tables in out]
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
 
 
 def convert_together(requests: list[Any]) -> list[Converted] | None:
@@ -185,25 +214,60 @@ def _convert_together(requests: list[Any]) -> list[Converted] | None:
             for request, ids in zip(requests, senders, strict=True)
             for rs, sender in zip(request.resource_spans, ids, strict=True)
         ]
-        tables = otlp_columns.tables_of_blocks(blocks, span_columns.decode)
+        each = iter(blocks)
+        runs = [_runs_of(ids, each) for ids in senders]
+        groups = [len(members) for request in runs for _, members in request]
+        tables = otlp_columns.tables_of_blocks(blocks, span_columns.decode, groups)
     except Exception:  # each request alone then says which one fails, and why
         return None
     if tables is None:
         return None
     out: list[Converted] = []
     at = iter(tables)
-    for ids in senders:
+    for request in runs:
         out.append([])
-        for sender in ids:
+        for key, members in request:
             table = next(at)
             if table.num_rows:
-                out[-1].append((run_key(sender.attributes), sender, table))
+                having = tuple(sender for sender, spans in members if spans)
+                out[-1].append(Run(key, having, table))
     return out
+
+
+def _runs_of(
+    senders: list[Sender], blocks: Iterator[otlp_columns.Block]
+) -> list[tuple[tuple[str, str], list[tuple[Sender, int]]]]:
+    """A request's senders grouped as ``convert`` groups them: consecutive ones of the same
+    run, each with its count of spans (from ``blocks``, read on to this request's)."""
+    runs: list[tuple[tuple[str, str], list[tuple[Sender, int]]]] = []
+    for sender in senders:
+        spans = len(next(blocks).spans)  # a sender without spans joins the run it is in
+        key = run_key(sender.attributes)
+        if not runs or (spans and runs[-1][0] != key):
+            if runs and not any(count for _, count in runs[-1][1]):
+                runs[-1] = (key, runs[-1][1])  # only senders without spans so far
+            else:
+                runs.append((key, []))
+        runs[-1][1].append((sender, spans))
+    return runs
 
 
 def _sender(resource_spans: Any) -> Sender:
     typed = resource_json(resource_spans)
     return Sender(resource_id(typed), plain_resource(typed), typed)
+
+
+def unsafe_destination(root: Path, runs: Iterable[tuple[str, str]]) -> str | None:
+    """Why the run directories ``root/measurement/levels`` of ``runs`` cannot be written: one,
+    or the measurement directory above it, is a symbolic link or not a directory (planted in a
+    shared store, it would lead the writes out of the store); None where all can."""
+    for measurement, levels in runs:
+        for path in (root / measurement, root / measurement / levels):
+            try:
+                store.check_run_destination(path, root)
+            except StoreError as exc:
+                return str(exc)
+    return None
 
 
 # -- span keys -------------------------------------------------------------------------------------
@@ -309,6 +373,12 @@ class SpanKeys:
     @property
     def hashes(self) -> int:
         return sum(generation.spans for generation in self._generations)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the index holds: its hashes' arrays and an entry per part."""
+        arrays = sum(a.nbytes for generation in self._generations for a in generation.sorted)
+        return arrays + PART_ENTRY_BYTES * (len(self.parts) + len(self.skipped))
 
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         """Which of ``hashes`` the index holds (a hash hit: maybe a collision)."""
@@ -429,6 +499,7 @@ class StoreWriter:
         root: Path,
         max_indexed_runs: int = MAX_INDEXED_RUNS,
         dedupe_window: int | None = None,
+        max_index_bytes: int | None = None,
     ) -> None:
         self.root = Path(root)
         try:
@@ -442,6 +513,10 @@ class StoreWriter:
         self.dedupe_window = (
             config.collector_dedupe_spans() if dedupe_window is None else dedupe_window
         )
+        #: the most bytes the indexes of all run directories hold together
+        self.max_index_bytes = (
+            config.collector_dedupe_index_bytes() if max_index_bytes is None else max_index_bytes
+        )
         self._indexes: OrderedDict[Path, SpanKeys] = OrderedDict()  # least recently written first
 
     def write(self, part_name: str, converted: Iterable[Converted]) -> int:
@@ -449,9 +524,10 @@ class StoreWriter:
         ``duplicate_spans`` and the run's run.json)."""
         groups: dict[tuple[str, str], tuple[dict[str, Sender], list[pa.Table]]] = {}
         for request in converted:
-            for key, sender, table in request:
+            for key, run_senders, table in request:
                 senders, tables = groups.setdefault(key, ({}, []))
-                senders.setdefault(sender.id, sender)
+                for sender in run_senders:
+                    senders.setdefault(sender.id, sender)
                 tables.append(table)
         written = 0
         for (measurement, levels), (senders, tables) in groups.items():
@@ -466,6 +542,7 @@ class StoreWriter:
                 store.write_span_part(run_dir, table, name=part_name)
                 rows = table.num_rows
             keys.add(part_name, hashes, rows, dropped)
+            self._fit()
             try:
                 for _ in range(_META_ROUNDS):  # until no other replica's part appeared meanwhile
                     self._update_meta(run_dir, (measurement, levels), part_name, senders, keys)
@@ -491,8 +568,7 @@ class StoreWriter:
         elif names != set(keys.parts):  # another replica's parts, written since
             keys.catch_up(names - set(keys.parts), _skipped_by_part(run_dir))
         self._indexes[run_dir] = keys
-        while len(self._indexes) > self._max_indexed:
-            self._indexes.popitem(last=False)
+        self._fit()
         return keys
 
     @staticmethod
@@ -503,6 +579,21 @@ class StoreWriter:
         if new:
             keys.catch_up(new, _skipped_by_part(run_dir))
         return bool(new)
+
+    @property
+    def index_bytes(self) -> int:
+        """The bytes the indexes kept hold together."""
+        return sum(keys.nbytes for keys in self._indexes.values())
+
+    def _fit(self) -> None:
+        """Drop the least recently written indexes beyond ``MAX_INDEXED_RUNS`` directories or
+        ``max_index_bytes`` in all; the newest (the one being written) stays whatever its size."""
+        total = self.index_bytes
+        while len(self._indexes) > 1 and (
+            len(self._indexes) > self._max_indexed or total > self.max_index_bytes
+        ):
+            _, dropped = self._indexes.popitem(last=False)
+            total -= dropped.nbytes
 
     def _update_meta(
         self,
@@ -561,6 +652,8 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> None:
         return
     for measurement, levels in sorted(keys):
         run_dir = root / measurement / levels
+        if unsafe_destination(root, [(measurement, levels)]) is not None:
+            continue  # counted in the collector's log line only: never written through a link
         meta = _read_meta(run_dir) or RunMeta(
             format=schema.STORE_FORMAT,
             measurement_id=measurement,

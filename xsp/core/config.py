@@ -211,6 +211,30 @@ def collector_dedupe_spans(env: Mapping[str, str] | None = None) -> int:
     return count
 
 
+DEFAULT_COLLECTOR_DEDUPE_INDEX_MIB = 256
+MAX_COLLECTOR_DEDUPE_INDEX_MIB = 1 << 20
+
+
+def collector_dedupe_index_bytes(env: Mapping[str, str] | None = None) -> int:
+    """``XSP_COLLECTOR_DEDUPE_INDEX_MIB`` (default 256): the most memory, in MiB, that the
+    collector's dedupe indexes of all its run directories hold together (the least recently
+    written ones are dropped beyond it, and read again from their parts when next written; the
+    directory being written keeps its own whatever its size); returned in bytes."""
+    value = _get("XSP_COLLECTOR_DEDUPE_INDEX_MIB", env)
+    if value is None:
+        return DEFAULT_COLLECTOR_DEDUPE_INDEX_MIB << 20
+    try:
+        mib = int(value.replace("_", ""))
+    except ValueError:
+        mib = 0
+    if not 1 <= mib <= MAX_COLLECTOR_DEDUPE_INDEX_MIB:
+        raise ConfigError(
+            f"bad XSP_COLLECTOR_DEDUPE_INDEX_MIB={value!r}: give 1 to "
+            f"{MAX_COLLECTOR_DEDUPE_INDEX_MIB} (MiB)"
+        )
+    return mib << 20
+
+
 def check(env: Mapping[str, str] | None = None) -> None:
     """Read every switch once: raise ConfigError on the first bad value."""
     cupti_buffer_bytes(env)
@@ -223,6 +247,7 @@ def check(env: Mapping[str, str] | None = None) -> None:
     switch("XSP_STEADY_HEAP", True, env)
     m_processes(env)
     collector_dedupe_spans(env)
+    collector_dedupe_index_bytes(env)
     ncu_path(env)
     native_dir(env)
     counter_set(env)

@@ -17,6 +17,7 @@ decoded span by span (``decode_spans.any_columns``), into the same table.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -105,11 +106,14 @@ def block(resource_spans: Any, sender: str) -> Block:
 Decoder = Callable[[list[bytes], np.ndarray | None], dict[str, pa.Array] | None]
 
 
-def tables_of_blocks(blocks: list[Block], decode: Decoder | None = None) -> list[pa.Table] | None:
-    """The table of each block (as ``table_from_resource_spans`` makes it), all decoded in one
-    go by ``decode`` (default ``common_columns``), so that numpy's and arrow's cost per call is
-    paid once for many requests; None where a block is not xsp's common case (decode each alone
-    then)."""
+def tables_of_blocks(
+    blocks: list[Block], decode: Decoder | None = None, groups: list[int] | None = None
+) -> list[pa.Table] | None:
+    """The table of each block (as ``table_from_resource_spans`` makes it), or of each group
+    of ``groups[k]`` consecutive blocks (one table for many senders' few spans each), all
+    decoded in one go by ``decode`` (default ``common_columns``), so that numpy's and arrow's
+    cost per call is paid once for many requests; None where a block is not xsp's common case
+    (decode each alone then)."""
     lengths = np.array([len(b.spans) for b in blocks], np.int64)
     firsts = np.cumsum(lengths) - lengths
     n = int(lengths.sum())
@@ -130,7 +134,10 @@ def tables_of_blocks(blocks: list[Block], decode: Decoder | None = None) -> list
         for first, scope in b.scopes
     ]
     table = table_from_columns(columns, [], scopes, None, n)
-    return [table.slice(at, length) for at, length in zip(firsts, lengths, strict=True)]
+    bounds = np.concatenate([firsts, [n]])
+    ends = np.cumsum([0, *(groups if groups is not None else [1] * len(blocks))])
+    starts = bounds[ends].tolist()
+    return [table.slice(a, b - a) for a, b in itertools.pairwise(starts)]
 
 
 #: Span fields (their numbers in OTLP's Span): where xsp's common case has them.

@@ -80,12 +80,8 @@ def table_from_columns(
 ) -> pa.Table:
     """The table of decoded span columns (lists, or arrays already typed), with the scope and
     sender columns, less the rows a viewer layout ``added``."""
-    ends = [first for first, _ in scopes[1:]] + [n] if scopes else []
-    for (first, (scope_name, version, extra)), end in zip(scopes, ends, strict=True):
-        columns.setdefault("scope_name", [None] * n)[first:end] = [scope_name] * (end - first)
-        columns.setdefault("scope_version", [None] * n)[first:end] = [version] * (end - first)
-        if extra is not None:
-            columns.setdefault("scope_extra", [None] * n)[first:end] = [extra] * (end - first)
+    if scopes:
+        columns.update(_scope_columns_of(scopes, n))
     if sender is not None:
         columns["resource_id"] = [sender] * n
     arrays = []
@@ -105,6 +101,30 @@ def table_from_columns(
         keep[added] = False
         table = table.filter(pa.array(keep))
     return table
+
+
+def _scope_columns_of(scopes: Scopes, n: int) -> dict[str, pa.Array]:
+    """The scope columns of ``n`` rows, each scope's from its first row to the next's (rows
+    before the first: null), as dictionary arrays built at once: one code a row, not one
+    Python value (a request of many senders has a scope each)."""
+    firsts = np.array([first for first, _ in scopes] + [n], np.int64)
+    lengths = np.diff(firsts)
+    out: dict[str, pa.Array] = {}
+    for name, at in (("scope_name", 0), ("scope_version", 1), ("scope_extra", 2)):
+        values = [scope[at] for _, scope in scopes]
+        if name == "scope_extra" and all(v is None for v in values):
+            continue  # left all null, as when no scope has anything more
+        distinct = list(dict.fromkeys(values))
+        code = {value: k for k, value in enumerate(distinct)}
+        codes = np.full(n, -1, np.int32)  # -1: null
+        codes[firsts[0] :] = np.repeat(np.array([code[v] for v in values], np.int32), lengths)
+        nulls = [k for k, v in enumerate(distinct) if v is None]
+        indices = pa.array(codes, mask=np.isin(codes, [-1, *nulls]))
+        dictionary = pa.array([v if v is not None else "" for v in distinct], pa.string())
+        out[name] = pa.DictionaryArray.from_arrays(indices, dictionary).cast(
+            schema.SPAN_SCHEMA.field(name).type
+        )
+    return out
 
 
 def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
