@@ -43,6 +43,34 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     assert "layout-transposes" in page
 
 
+def test_a_cpu_report_has_no_gpu_sections(tmp_path: Path) -> None:
+    """The CPU demo's report had an MFU section against a TF32 roof with 1 GPU, an empty chart
+    and a note about hardware counters; its memory chart was titled "cpu:-1"."""
+    from tests.fixtures import fixture_table, write_run
+
+    root = tmp_path / "cpu"
+    for levels in ("M", "MF"):
+        write_run(root, levels, fixture_table("resnet18_train_cpu", levels))
+    out = tmp_path / "cpu.html"
+    write_report(MeasurementStore(root), out, "cpu")
+    page = out.read_text()
+    page = page[: page.index("<script type='text/x-xsp-plotly-gzip'>")]  # plotly's own text
+    for gpu_only in ("MFU", "tf32", "Over kernels", "Roof", "GPUs", "Hardware counters"):
+        assert gpu_only not in page, gpu_only
+    # the FLOPs themselves stay, with the rate over the untraced step
+    assert "<h2 id='model_flops'>Model FLOPs</h2>" in page
+    assert "<th title='over_step_tflop_per_s'>Over step (TFLOP/s)</th>" in page
+    assert "cpu:-1" not in page
+
+
+def test_launch_statistics_say_per_iteration(tmp_path: Path) -> None:
+    from xsp.analysis.tables.kernels import launch_statistics
+
+    (row,) = launch_statistics(MeasurementStore(H200_STORE)).to_pylist()
+    # the run's total beside its iterations and the figure per iteration
+    assert row["kernels"] == row["iterations"] * row["kernels_per_iteration"]
+
+
 def test_first_screen_shows_the_measured_gain_where_xsp_verify_ran(tmp_path: Path) -> None:
     from xsp.analysis.answer import Answer, answer_html, measured_gains
 

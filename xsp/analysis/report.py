@@ -21,21 +21,26 @@ import pyarrow as pa
 
 from xsp.analysis.answer import ANSWER_STYLE, answer, answer_html
 from xsp.analysis.catalog import sections
-from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, header, short_kernel
+from xsp.analysis.figures.present import KERNEL_COLUMNS, cell, distinct_kernels, header
 from xsp.analysis.figures.step_html import STEP_STYLE, step_html
 from xsp.analysis.figures.views import StepView, step_view
 from xsp.analysis.measurement.store import MeasurementStore
+from xsp.analysis.replay.critical_path import has_gpu
 
-__all__ = ["STYLE", "html_table", "write_report"]
+__all__ = ["GPU_ONLY_NOTES", "STYLE", "html_table", "write_report"]
+
+#: Sections whose absence a CPU run does not mention: they need a GPU run (Nsight Compute).
+GPU_ONLY_NOTES = frozenset({"hardware_counters"})
 
 STYLE = """
 body{font-family:sans-serif;margin:1em 1.5em;max-width:1500px}
 h1{font-size:1.3em;margin:.2em 0}
 .table{max-height:420px;overflow:auto;border:1px solid #dee2e6;margin-bottom:.3em}
 table{border-collapse:collapse;font-size:13px;width:100%}
-th{position:sticky;top:0;background:#f1f3f5;text-align:left;padding:4px 8px}
-td{padding:3px 8px;border-top:1px solid #f1f3f5}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{position:sticky;top:0;background:#f1f3f5;text-align:left;padding:4px 6px;
+  vertical-align:bottom;overflow-wrap:anywhere;hyphens:auto}
+td{padding:3px 6px;border-top:1px solid #f1f3f5;overflow-wrap:anywhere}
+td.num{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal}
 p.note{color:#495057;font-size:13px;margin:.2em 0 1em}
 """
 
@@ -93,18 +98,23 @@ def _drawn_when_seen(snippet: str) -> str:
 
 
 def html_table(table: pa.Table) -> str:
-    """Every row of ``table``; numbers right-aligned; kernel names shortened, full on hover."""
+    """Every row of ``table``; numbers right-aligned; kernel names shortened (different kernels
+    apart, ``distinct_kernels``), full on hover."""
     columns = table.column_names
     head = "".join(f"<th title='{html.escape(c)}'>{html.escape(header(c))}</th>" for c in columns)
+    shown = {
+        c: distinct_kernels([str(v or "") for v in table.column(c).to_pylist()])
+        for c in columns
+        if c in KERNEL_COLUMNS
+    }
     body = []
-    for record in table.to_pylist():
+    for row, record in enumerate(table.to_pylist()):
         cells = []
         for column in columns:
             value = record[column]
             if isinstance(value, str) and column in KERNEL_COLUMNS:
-                text = (
-                    f"<span title='{html.escape(value)}'>{html.escape(short_kernel(value))}</span>"
-                )
+                short = shown[column][row]
+                text = f"<span title='{html.escape(value)}'>{html.escape(short)}</span>"
             else:
                 text = html.escape(cell(column, value))
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -130,7 +140,7 @@ def _flame_mode(store: MeasurementStore) -> str:
     """The flame's width at first: GPU time where GPU compute leads the step's critical path,
     else step time (in a host-bound step the GPU's time says little)."""
     from xsp.analysis.replay import CAUSE_GPU
-    from xsp.analysis.replay.critical_path import has_gpu, step_causes
+    from xsp.analysis.replay.critical_path import step_causes
 
     if not has_gpu(store):
         return "host"
@@ -163,7 +173,10 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         parts += ["<h2 id='flame'>Flame view</h2>", flame, "<h2 id='timeline'>Timeline</h2>"]
         parts.append(timeline)
     count = 0
+    gpu = has_gpu(store)
     for section in found:
+        if section.absent and not gpu and section.key in GPU_ONLY_NOTES:
+            continue  # a CPU run: no note about what only a GPU run could have had
         if section.absent:
             parts.append(f"<h2 id='{section.key}'>{html.escape(section.title)}</h2>")
             parts.append(f"<p class='note'>{html.escape(section.note)}</p>")
