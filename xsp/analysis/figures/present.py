@@ -167,7 +167,9 @@ def _template_args(name: str) -> tuple[str, list[str], str] | None:
     paren = text.find("(")
     if start < 0 or 0 <= paren < start:
         return None
-    args, depth, current = [], 0, []
+    args: list[str] = []
+    current: list[str] = []
+    depth = 0
     for at in range(start, len(text)):
         char = text[at]
         if char == "<":
