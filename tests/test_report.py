@@ -24,7 +24,7 @@ def test_report_is_one_self_contained_file_with_flame_view_and_every_analysis(
     # every analysis is an HTML table with all its rows; the eight analyses with a chart (the
     # step's causes, layers by GPU time, layer types, layer latency, kernels, busy %,
     # durations, TFLOP/s per layer) plot, each when scrolled near
-    assert page.count("<table>") == sections
+    assert page.count("<div class='table'><table") == sections
     assert page.count("Plotly.newPlot") == 8
     assert page.count('<script type="text/x-xsp-when-seen">') == 8
     # the flame view and the timeline are canvases drawn from one embedded document

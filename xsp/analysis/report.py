@@ -37,10 +37,14 @@ body{font-family:sans-serif;margin:1em 1.5em;max-width:1500px}
 h1{font-size:1.3em;margin:.2em 0}
 .table{max-height:420px;overflow:auto;border:1px solid #dee2e6;margin-bottom:.3em}
 table{border-collapse:collapse;font-size:13px;width:100%}
-th{position:sticky;top:0;background:#f1f3f5;text-align:left;padding:4px 6px;
-  vertical-align:bottom;overflow-wrap:anywhere;hyphens:auto}
-td{padding:3px 6px;border-top:1px solid #f1f3f5;overflow-wrap:anywhere}
-td.num{text-align:right;font-variant-numeric:tabular-nums;overflow-wrap:normal}
+th{position:sticky;top:0;background:#f1f3f5;text-align:left;padding:4px 8px}
+td{padding:3px 8px;border-top:1px solid #f1f3f5}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.table th{padding:4px 6px;vertical-align:bottom;hyphens:auto;overflow-wrap:break-word}
+.table td{padding:3px 6px;overflow-wrap:anywhere}
+.table td.num{overflow-wrap:normal;white-space:nowrap}
+table.one-row{width:auto}
+table.one-row th{position:static;text-align:left}
 p.note{color:#495057;font-size:13px;margin:.2em 0 1em}
 """
 
@@ -97,10 +101,22 @@ def _drawn_when_seen(snippet: str) -> str:
     return snippet[:start] + f'<script type="{LAZY_TYPE}">' + snippet[start + len("<script>") :]
 
 
+#: A one-row table with more columns than this reads down, a row per column (it fits 800 px).
+WIDE_ONE_ROW = 6
+
+
 def html_table(table: pa.Table) -> str:
     """Every row of ``table``; numbers right-aligned; kernel names shortened (different kernels
-    apart, ``distinct_kernels``), full on hover."""
+    apart, ``distinct_kernels``), full on hover. One row of many columns reads down."""
     columns = table.column_names
+    if table.num_rows == 1 and len(columns) > WIDE_ONE_ROW:
+        (record,) = table.to_pylist()
+        rows = "".join(
+            f"<tr><th title='{html.escape(c)}'>{html.escape(header(c))}</th>{_td(c, record[c])}"
+            "</tr>"
+            for c in columns
+        )
+        return f"<div class='table'><table class='one-row'><tbody>{rows}</tbody></table></div>"
     head = "".join(f"<th title='{html.escape(c)}'>{html.escape(header(c))}</th>" for c in columns)
     shown = {
         c: distinct_kernels([str(v or "") for v in table.column(c).to_pylist()])
@@ -115,15 +131,20 @@ def html_table(table: pa.Table) -> str:
             if isinstance(value, str) and column in KERNEL_COLUMNS:
                 short = shown[column][row]
                 text = f"<span title='{html.escape(value)}'>{html.escape(short)}</span>"
+                cells.append(f"<td>{text}</td>")
             else:
-                text = html.escape(cell(column, value))
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            cells.append(f"<td class='num'>{text}</td>" if numeric else f"<td>{text}</td>")
+                cells.append(_td(column, value))
         body.append(f"<tr>{''.join(cells)}</tr>")
     return (
         f"<div class='table'><table><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
+
+
+def _td(column: str, value: object) -> str:
+    text = html.escape(cell(column, value))
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f"<td class='num'>{text}</td>" if numeric else f"<td>{text}</td>"
 
 
 def _step_view(store: MeasurementStore, spans: pa.Table) -> StepView | None:
@@ -199,7 +220,7 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
     for index, snippet in enumerate(rendered):
         body = body.replace(f"{{figure{index}}}", snippet, 1)
     page = (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{STYLE}{ANSWER_STYLE}{STEP_STYLE}</style>"
         f"</head><body>{body}"
         + (f"<script type='{PLOTLY_TYPE}'>{plotly_packed()}</script>" if figures else "")

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from xsp.analysis.figures.views import LEVEL_COLOURS, PHASE_COLOUR, StepView
+from xsp.core.schema import LEVEL_GPU
 
 __all__ = ["STEP_STYLE", "step_html"]
 
@@ -27,20 +28,26 @@ STEP_STYLE = """
 SCRIPT = (Path(__file__).with_name("step_view.js")).read_text(encoding="utf-8")
 
 
-def _legend() -> str:
+def _legend(gpu: bool) -> str:
     swatches = [
         f"<span style='display:inline-block;width:.9em;height:.9em;background:{colour};"
         f"margin:0 .3em 0 1em;vertical-align:middle'></span>{level}"
         for level, colour in [*LEVEL_COLOURS.items(), ("phase group", PHASE_COLOUR)]
+        if gpu or level != LEVEL_GPU
     ]
     return f"Levels:{''.join(swatches)}"
 
 
-def _caption(view: StepView) -> str:
+def _caption(view: StepView, gpu: bool) -> str:
     which = f"Step {view.iteration}" + (f", rank {view.rank}" if view.rank >= 0 else "")
     notes = [
-        f"{which}, replayed without the tracer (the median step, {view.step_ns / 1e6:.3f} ms); "
-        "kernels from the MFLG run under the launch call, op and layer that launched them."
+        f"{which}, replayed without the tracer (the median step, {view.step_ns / 1e6:.3f} ms)"
+        + (
+            "; its GPU activities, timed by the G run, under the launch call, op and layer "
+            "that launched them."
+            if gpu
+            else "."
+        )
     ]
     if view.left_out:
         notes.append(
@@ -57,7 +64,7 @@ def step_html(view: StepView, mode: str) -> tuple[str, str]:
     ``"gpu"`` (GPU time) or ``"host"`` (step time). The data and script come with the
     flame's part."""
     data = json.dumps(view.to_json(mode), separators=(",", ":")).replace("</", "<\\/")
-    gpu = any(level == "gpu" for level in view.levels)
+    gpu = LEVEL_GPU in view.levels
     modes = (
         "Width: <button data-mode='host'>step time</button> "
         "<button data-mode='gpu'>GPU time</button> "
@@ -65,19 +72,25 @@ def step_html(view: StepView, mode: str) -> tuple[str, str]:
         else "<button data-mode='host' hidden>step time</button>"
     )
     flame = (
-        f"<p class='note'>{html.escape(_caption(view))} Click a box to zoom to it, double-click "
+        f"<p class='note'>{html.escape(_caption(view, gpu))} Click a box to zoom to it, double-click "
         "to see it all, drag to pan, Ctrl + wheel to zoom.</p>"
         f"<div class='xsp-view' id='xsp-flame'><p class='bar'>{modes}"
-        f"<button class='reset'>reset zoom</button> {_legend()}</p>"
+        f"<button class='reset'>reset zoom</button> {_legend(gpu)}</p>"
         "<div class='xsp-canvas'></div></div>"
     )
+    links = (
+        " Hover a kernel to outline the call that launched it (an arrow from the call's end), "
+        "or a span to outline every kernel launched below it."
+        if gpu
+        else ""
+    )
     timeline = (
-        "<p class='note'>The same step: a lane per host thread (a row per nesting depth) and per "
-        "GPU stream, in time. Hover a kernel to outline the call that launched it (an arrow "
-        "from the call's end), or a span to outline every kernel launched below it.</p>"
+        "<p class='note'>The same step: a lane per host thread (a row per nesting depth)"
+        f"{' and per GPU stream' if gpu else ''}, in time.{links}</p>"
         "<div class='xsp-view' id='xsp-timeline'><p class='bar'>"
-        "<button class='reset'>reset zoom</button> <label><input type='checkbox' "
-        "class='arrows'> every launch → kernel arrow in view</label></p>"
+        "<button class='reset'>reset zoom</button> <label"
+        f"{'' if gpu else ' hidden'}><input type='checkbox' class='arrows'> every launch → "
+        "kernel arrow in view</label></p>"
         "<div class='xsp-canvas'></div></div>"
         f"<script type='application/json' id='xsp-step-data'>{data}</script>"
         f"<script>{SCRIPT}</script>"
