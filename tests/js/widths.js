@@ -2,6 +2,8 @@
 // wider than their box (cut off, to be scrolled sideways), written into a pre element (id
 // xsp-widths) once the page has loaded.
 window.addEventListener("load", () => {
+  // sections off screen are not laid out (content-visibility: auto): lay them all out
+  document.querySelectorAll("section").forEach((s) => { s.style.contentVisibility = "visible"; });
   const out = [];
   for (const box of document.querySelectorAll("div.table")) {
     const heading = box.previousElementSibling;

@@ -43,6 +43,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .table th{padding:4px 6px;vertical-align:bottom;hyphens:auto;overflow-wrap:break-word}
 .table td{padding:3px 6px;overflow-wrap:anywhere}
 .table td.num{overflow-wrap:normal;white-space:nowrap}
+section.analysis{content-visibility:auto;contain-intrinsic-size:auto 700px}
 table.one-row{width:auto}
 table.one-row th{position:static;text-align:left}
 p.note{color:#495057;font-size:13px;margin:.2em 0 1em}
@@ -205,13 +206,15 @@ def write_report(store: MeasurementStore, path: Path, title: str) -> int:
         if not section.table.num_rows:
             continue
         count += 1
-        parts.append(f"<h2 id='{section.key}'>{html.escape(section.title)}</h2>")
+        # a section of its own: laid out only when near the window (``content-visibility``)
+        title = html.escape(section.title)
+        parts.append(f"<section class='analysis'><h2 id='{section.key}'>{title}</h2>")
         if section.chart is not None:
             place(section.chart(section.table))
         parts.append(html_table(section.table))
         rows = f"{section.table.num_rows:,} rows"
         note = f"{rows}: {section.note}" if section.note else rows
-        parts.append(f"<p class='note'>{html.escape(note)}</p>")
+        parts.append(f"<p class='note'>{html.escape(note)}</p></section>")
     rendered = [
         _drawn_when_seen(figure.to_html(full_html=False, include_plotlyjs=False))
         for figure in figures

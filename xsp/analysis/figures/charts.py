@@ -79,14 +79,15 @@ def memory_over_step(timeline: Any) -> Any:
     from xsp.analysis.tables.memory_timeline import BEFORE, CHART_POINTS, OTHERS, bands, sample
 
     rows = sample(timeline.total_bytes, CHART_POINTS)
-    x = timeline.time_ms[rows]
+    # float32: the page carries the series in base64, and seven digits are more than a chart shows
+    x = timeline.time_ms[rows].astype("float32")
     figure = go.Figure()
     greys = {BEFORE: "#868e96", OTHERS: "#ced4da"}  # the bands that are no one layer
     for name, held in bands(timeline).items():
         figure.add_trace(
             go.Scatter(
                 x=x,
-                y=held[rows] / 2**30,
+                y=(held[rows] / 2**30).astype("float32"),
                 name=short_label(name),
                 stackgroup="held",
                 line={
