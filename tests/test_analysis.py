@@ -75,6 +75,8 @@ def test_kernel_attribution_and_hta_breakdowns_on_the_mflg_capture(tmp_path: Pat
     assert all(0.0 <= r["gpu_pct"] <= 100.0 and r["non_gpu_ms"] >= 0.0 for r in per_layer)
     (launch,) = kernels.launch_statistics(measurement).to_pylist()
     assert launch["kernels"] == 324 and launch["median_delay_us"] > 0
+    # a total over the run's iterations, beside its per-iteration figure
+    assert launch["kernels_per_iteration"] == 324 / launch["iterations"]
     buckets = kernels.kernel_duration_distribution(measurement).to_pylist()
     assert sum(b["kernels"] for b in buckets) == 324
     assert abs(sum(b["share_of_time_pct"] for b in buckets) - 100.0) < 1e-6

@@ -73,7 +73,7 @@ def test_the_peak_and_the_layers_held_at_it(events: dict[str, np.ndarray]) -> No
     peak = int(np.argmax(events["total"]))
     # the run's peak, 5,854,792,192 bytes, first reached in iteration 0 on cuda:0
     assert timeline.peak_bytes == int(events["total"].max()) == 5_854_792_192
-    assert (timeline.iteration, timeline.device, timeline.levels) == (0, "cuda:0", "MF")
+    assert (timeline.iteration, timeline.device, timeline.levels) == (0, "GPU 0", "MF")
     assert timeline.peak == peak and len(timeline.total_bytes) == len(events["total"]) == 1365
     # at the start of the backward pass: ResNet-50's last ReLU's backward
     assert timeline.peak_where == "layer4.2.relu, aten::threshold_backward (backward)"
@@ -179,7 +179,7 @@ def test_a_multi_rank_job_shows_the_rank_that_held_the_most(
     pq.write_table(joined.unify_dictionaries(), path)
     timeline = mt.memory_timeline(MeasurementStore(store_dir))
     assert timeline is not None
-    assert timeline.device == "rank 1 cuda:0"
+    assert timeline.device == "rank 1 GPU 0"
     assert timeline.peak_bytes == 5_854_792_192 + (1 << 30)
     assert len(timeline.total_bytes) == 1365  # rank 1's events alone
     # the same events, so the same layers hold the same bytes; the extra GiB is from before

@@ -48,7 +48,54 @@ def test_kernels_that_shorten_alike_keep_a_bar_each() -> None:
     labels = list(figure.data[0].x)
     assert len(set(labels)) == 2
     assert labels == [
-        "1. cudnn::bn_fw_tr_1C11_kernel_NCHW<…>",
-        "2. cudnn::bn_fw_tr_1C11_kernel_NCHW<…>",
+        "cudnn::bn_fw_tr_1C11_kernel_NCHW<…, 256>",
+        "cudnn::bn_fw_tr_1C11_kernel_NCHW<…, 512>",
     ]
     assert list(figure.data[0].hovertext) == names
+
+
+def test_kernels_that_read_alike_keep_the_template_arguments_that_tell_them_apart() -> None:
+    """ResNet-50's kernels table listed cudnn::bn_bw_1C11_kernel_new<…> three times, told apart
+    only on hover: they differ in their fourth template argument."""
+    from xsp.analysis.figures.present import distinct_kernels
+
+    params = "(float, float, cudnnTensorStruct, float const*)"
+    names = [
+        f"void cudnn::bn_bw_1C11_kernel_new<float, float, float2, {n}, true, 1>{params}"
+        for n in (128, 32, 512, 128)  # the last: the first kernel again (another layer's row)
+    ]
+    names.append("void cudnn::bn_bw_1C11_singleread<float, 512, true, 1, 2, 0>(args)")
+    assert distinct_kernels(names) == [
+        "cudnn::bn_bw_1C11_kernel_new<…, 128, …>",
+        "cudnn::bn_bw_1C11_kernel_new<…, 32, …>",
+        "cudnn::bn_bw_1C11_kernel_new<…, 512, …>",
+        "cudnn::bn_bw_1C11_kernel_new<…, 128, …>",
+        "cudnn::bn_bw_1C11_singleread<…>",
+    ]
+    # the same template arguments, other parameters: numbered
+    twins = ["void k<4>(int)", "void k<4>(long)"]
+    assert distinct_kernels(twins) == ["k<…> #1", "k<…> #2"]
+    table = pa.table({"kernel": names[:3], "total_ms_per_iteration": [3.0, 2.0, 1.0]})
+    labels = list(bar(table, "kernel", "total_ms_per_iteration", "t").data[0].x)
+    assert labels[1] == "cudnn::bn_bw_1C11_kernel_new<…, 32, …>"
+
+
+def test_sizes_carry_their_unit_in_the_cell_not_the_header() -> None:
+    """A "Memory used (bytes)" column held "7.9 GiB"; a bytes axis read "1B" (a billion)."""
+    assert header("memory_used_bytes") == "Memory used"
+    assert header("allocated_bytes_per_iteration") == "Allocated (per iteration)"
+    assert cell("memory_used_bytes", 7.9 * 2**30) == "7.9 GiB"
+    table = pa.table({"layer": ["a", "b"], "allocated_bytes_per_iteration": [3 * 2**30, 2**29]})
+    figure = bar(table, "layer", "allocated_bytes_per_iteration", "t")
+    assert figure.layout.yaxis.title.text == "Allocated (GiB/iteration)"
+    assert list(figure.data[0].y) == [3.0, 0.5]
+    small = bar(pa.table({"layer": ["a"], "held_bytes": [3 * 2**20]}), "layer", "held_bytes", "t")
+    assert (small.layout.yaxis.title.text, list(small.data[0].y)) == ("Held (MiB)", [3.0])
+
+
+def test_memory_devices_read_as_people_name_them() -> None:
+    from xsp.analysis.tables.memory_timeline import device_name
+
+    assert device_name("cpu", -1) == "CPU"  # was "cpu:-1"
+    assert device_name("cuda", 1) == "GPU 1"
+    assert device_name("xpu", 0) == "xpu:0"

@@ -387,12 +387,22 @@ def test_the_flame_of_a_gloo_job_is_one_ranks_step_without_the_ranges_beside_it(
     the other rank's step ran beside it (the timeline shows both), and so did gloo's two
     all-reduce ranges, on their own threads beside backward's autograd nodes; drawn as siblings
     the ranks made the iteration box 20.8 ms wide."""
-    from xsp.analysis.figures.views import flame
+    from xsp.analysis.figures.views import step_view
     from xsp.analysis.measurement.store import MeasurementStore
     from xsp.analysis.reconstruction.reconstruct import reconstruct
 
     spans, _ = reconstruct(MeasurementStore(GLOO))
-    boxes = flame(spans)
-    assert boxes is not None
-    assert (boxes.iteration, boxes.rank, boxes.values_ns[0]) == (4, 1, 6_014_915)
-    assert boxes.beside == 2 and not [n for n in boxes.names if n.startswith("gloo:")]
+    view = step_view(spans)
+    assert view is not None
+    root = view.flame_boxes[0]
+    assert (view.iteration, view.rank, view.durs_ns[root], view.step_ns) == (
+        4,
+        1,
+        6_014_915,
+        6_014_915,
+    )
+    in_flame = [view.names[i] for i in view.flame_boxes]
+    assert view.beside == 2 and not [n for n in in_flame if n.startswith("gloo:")]
+    # the timeline keeps them, and the other rank's step with its own two
+    assert sum(n.startswith("gloo:") for n in view.names) == 4
+    assert {lane[0].split(" · ")[0] for lane in view.lanes} == {"rank 0", "rank 1", "iteration"}

@@ -59,3 +59,26 @@ def test_cpu_report_answers_on_its_first_screen(tmp_path: Path) -> None:
     assert_answers_on_first_screen(at)
     assert at["verdict"]["text"].startswith(("host-bound", "unchecked: host-bound"))
     assert "host time" in at["layers"]["text"]
+
+
+def cut_off_tables(store: MeasurementStore, page: Path) -> tuple[int, list[dict]]:
+    """(how many tables, those wider than their box) in an 800 px wide window."""
+    write_report(store, page, "widths")
+    harness = (ROOT / "tests/js/widths.js").read_text()
+    page.write_text(page.read_text().replace("</body>", f"<script>{harness}</script></body>"))
+    dom = dump_dom(page.as_uri(), size="800,800")
+    found = re.search(r'<pre id="xsp-widths">(.*?)</pre>', dom, re.S)
+    assert found, "the report did not render"
+    tables = json.loads(html.unescape(found.group(1)))
+    return len(tables), [t for t in tables if t["content"] > t["width"]]
+
+
+def test_every_table_fits_800_px(tmp_path: Path) -> None:
+    """5 of the r50 report's 23 tables were cut off at 800 px, Suggestions among them."""
+    count, cut = cut_off_tables(MeasurementStore(GPU_MEASUREMENT), tmp_path / "r50.html")
+    assert count == 23 and cut == []
+    root = tmp_path / "cpu"
+    for levels in ("M", "MF"):
+        write_run(root, levels, fixture_table("resnet18_train_cpu", levels))
+    count, cut = cut_off_tables(MeasurementStore(root), tmp_path / "cpu.html")
+    assert count >= 8 and cut == []

@@ -453,15 +453,63 @@ def _kernels(store: MeasurementStore) -> list[Section]:
 FLOP_KEYS = ("model_flops", "layer_flops", "op_flops")
 
 
+#: The FLOP tables' columns that only a GPU run fills (kernel times, the GPU's roof and peak).
+GPU_FLOP_COLUMNS = frozenset(
+    {
+        "kernel_ms_per_iteration",
+        "kernels_per_iteration",
+        "over_kernels_tflop_per_s",
+        "achieved_tflop_per_s",
+        "roof",
+        "peak_tflop_per_s",
+        "peak_source",
+        "gpus",
+        "mfu_pct",
+        "of_peak_pct",
+    }
+)
+
+
+def _host_only(table: pa.Table) -> pa.Table:
+    return table.drop_columns([c for c in table.column_names if c in GPU_FLOP_COLUMNS])
+
+
 def flop_sections(store: MeasurementStore) -> list[Section]:
     """Algorithmic FLOPs from the recorded op shapes, with achieved TFLOP/s and MFU over G's
-    kernel durations and M's step; without shapes, one empty ``flops`` section saying so."""
+    kernel durations and M's step; without shapes, one empty ``flops`` section saying so. A run
+    without a GPU keeps the FLOPs and the rate over the step, none of the GPU's columns."""
     from xsp.analysis.figures.charts import bar
+    from xsp.analysis.replay.critical_path import has_gpu
     from xsp.analysis.tables import utilization
 
     reason = utilization.unavailable(store)
     if reason is not None:
         return [Section("flops", "FLOPs and utilization", pa.table({}), reason, absent=True)]
+    if not has_gpu(store):
+        source = (
+            "algorithmic FLOPs: the math of the recorded shapes, as torch.utils.flop_counter "
+            "counts matmuls, convolutions and attention (norms: fvcore's estimate); no GPU ran"
+        )
+        return [
+            Section(
+                "model_flops",
+                "Model FLOPs",
+                _host_only(utilization.model_flops(store)),
+                source + "; over_step_tflop_per_s is the rate over the untraced step",
+            ),
+            Section(
+                "layer_flops",
+                "FLOPs per layer",
+                _host_only(utilization.layer_flops(store, limit=TOP_LAYERS)),
+                f"the {TOP_LAYERS} layers with the most FLOPs, forward + backward; {source}",
+            ),
+            Section(
+                "op_flops",
+                "FLOPs per op",
+                _host_only(utilization.op_flops(store, limit=TOP_KERNELS)),
+                f"the {TOP_KERNELS} op groups with the most FLOPs; {source}",
+            ),
+        ]
     source = (
         "algorithmic FLOPs: the math of the recorded shapes, as torch.utils.flop_counter counts "
         "matmuls, convolutions and attention (norms: fvcore's estimate); rates over G's kernel "

@@ -12,8 +12,10 @@ __all__ = [
     "KERNEL_COLUMNS",
     "UNITS",
     "WORDS",
+    "byte_scale",
     "cell",
     "display",
+    "distinct_kernels",
     "header",
     "human_bytes",
     "short_kernel",
@@ -67,6 +69,8 @@ def header(column: str) -> str:
         words = words[:-1]
     text = " ".join(WORDS.get(w, w) for w in words) or _UNNAMED.get(unit, "Value")
     text = text[:1].upper() + text[1:]
+    if unit == "bytes":  # each cell carries its own unit (``human_bytes``): KiB, MiB, GiB
+        return f"{text} (per {per})" if per else text
     if not unit:
         return f"{text} per {per}" if per else text
     return f"{text} ({unit}/{per})" if per else f"{text} ({unit})"
@@ -74,6 +78,14 @@ def header(column: str) -> str:
 
 #: What a column that is only a unit measures.
 _UNNAMED = {"ms": "Time", "us": "Time", "ns": "Time", "s": "Time", "bytes": "Size"}
+
+
+def byte_scale(largest: float) -> tuple[str, int]:
+    """The binary unit an axis of sizes up to ``largest`` reads in, and its size in bytes."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(largest) >= size:
+            return unit, size
+    return "B", 1
 
 
 def human_bytes(value: float) -> str:
@@ -145,6 +157,71 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
         i += 1
     short = "".join(out).strip() or name.strip()
     return short if len(short) <= limit else short[: limit - 1] + "…"
+
+
+def _template_args(name: str) -> tuple[str, list[str], str] | None:
+    """(what comes before the first template's ``<``, its top-level arguments, what follows its
+    ``>`` up to the parameter list), or None without a template."""
+    text = name.strip().removeprefix("void ")
+    start = text.find("<")
+    paren = text.find("(")
+    if start < 0 or 0 <= paren < start:
+        return None
+    args: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for at in range(start, len(text)):
+        char = text[at]
+        if char == "<":
+            depth += 1
+            if depth == 1:
+                continue
+        elif char == ">":
+            depth -= 1
+            if depth == 0:
+                args.append("".join(current).strip())
+                rest = short_kernel(text[at + 1 :], limit=10_000) if text[at + 1 :] else ""
+                return text[:start], args, "" if rest.startswith("(") else rest
+        elif char == "," and depth == 1:
+            args.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    return None
+
+
+def distinct_kernels(names: list[str], limit: int = KERNEL_CHARS) -> list[str]:
+    """``short_kernel`` of each name, except where two different kernels would read alike: those
+    keep the template arguments that tell them apart, the others elided
+    (``cudnn::bn_bw_1C11_kernel_new<…, 128, …>`` and ``<…, 512, …>``). A kernel named twice
+    reads the same both times; kernels told apart by nothing short get ``#1``, ``#2``."""
+    short = [short_kernel(n, limit) for n in names]
+    groups: dict[str, list[str]] = {}
+    for name, label in zip(names, short, strict=True):
+        if name not in groups.setdefault(label, []):
+            groups[label].append(name)
+    chosen: dict[str, str] = {}
+    for label, members in groups.items():
+        if len(members) < 2:
+            continue
+        parts = [_template_args(m) for m in members]
+        counts = {len(p[1]) for p in parts if p is not None}
+        if None in parts or len(counts) != 1:
+            chosen.update({m: f"{label} #{i}" for i, m in enumerate(members, start=1)})
+            continue
+        found = [p for p in parts if p is not None]
+        differ = [i for i in range(counts.pop()) if len({p[1][i] for p in found}) > 1]
+        for member, (head, args, rest) in zip(members, found, strict=True):
+            shown: list[str] = []
+            for i, arg in enumerate(args):
+                if i in differ:
+                    shown.append(arg if len(arg) <= 24 else arg[:23] + "…")
+                elif not shown or shown[-1] != "…":
+                    shown.append("…")
+            chosen[member] = f"{short_kernel(head, limit)}<{', '.join(shown)}>{rest}"
+        if not differ or len({chosen[m] for m in members}) < len(members):
+            chosen.update({m: f"{label} #{i}" for i, m in enumerate(members, start=1)})
+    return [chosen.get(n, label) for n, label in zip(names, short, strict=True)]
 
 
 def short_label(name: str, limit: int = 48) -> str:

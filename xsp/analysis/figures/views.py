@@ -1,55 +1,52 @@
-"""Per-iteration pictures of a reconstruction: the flame view (host spans as a time-ordered icicle,
-every box as wide as its span lasts) and the timeline (host threads and GPU streams as rows, as
-Perfetto draws them). Pure functions from spans to plotly figures; the report places them.
+"""The replayed step as the report's flame view and timeline draw it: one table of boxes, every
+span of the median step (host spans, and the kernels, copies and memsets the G run matched to
+their launches), which ``step_view.js`` lays out on a canvas. Pure functions from spans to data.
 
 Algorithm notes:
-1. The iteration shown is the one with the median model latency; the flame of a multi-rank job
-   shows that step's rank (its ranks run side by side, and the timeline shows them all).
-2. Flame: only host spans. GPU work runs asynchronously after its launch call has returned, so it
-   lies outside that call and belongs on the timeline. Values are integer nanoseconds with
-   ``branchvalues="total"``: a box's width is its own duration, never the sum of its children.
-   The reconstruction lays a thread's siblings end to end inside their parent; a child on another
-   thread that runs beside them (gloo's all-reduce beside backward) is left out, or the children
-   would add up to more than their parent, and the caption counts it.
-3. Under a parent whose children belong to several phases (forward, backward, optimizer), each
+1. The step shown is the one with the median replayed (untraced) duration; the flame of a
+   multi-rank job shows that step's rank (its ranks run side by side, and the timeline shows them
+   all).
+2. Flame, two widths. *Step time*: host spans where the replay put them, every box as wide as
+   it lasts. *GPU time*: the same tree packed by the GPU time below each box, every activity a
+   leaf under the launch call, op and layer that launched it (its parent by CUDA correlation id):
+   an activity runs after its launch call returns, so it has no place on the host's clock.
+3. The reconstruction lays a thread's siblings end to end inside their parent; a child on another
+   thread that runs beside them (gloo's all-reduce beside backward) is left out of the flame, or
+   the children would add up to more than their parent, and the caption counts it.
+4. Under a parent whose children belong to several phases (forward, backward, optimizer), each
    run of two or more consecutive same-phase children is drawn inside a box of that phase,
    as wide as the run's extent: the backward pass's hundreds of autograd nodes sit under
    "backward", not as slivers under the step.
-4. When the iteration has more spans than a browser draws fluidly, the shortest are left out
-   by a duration threshold (a child never outlasts its parent, so none is left without its
-   parent); the caption says how many and below what duration.
+5. A layer's GPU time is its kernels' in the step, forward and backward (autograd tags backward
+   kernels with the forward module's path), its sub-layers' included; its critical-path time is
+   what the replay's critical path charged to it and its sub-layers in that step.
+6. Timeline: a lane per host thread (a row per nesting depth, every depth) and per GPU stream;
+   each activity links to its launch call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsp.analysis.figures.present import short_label
 from xsp.core import schema
 
 __all__ = [
     "FLAME_MAX_BOXES",
     "LEVEL_COLOURS",
     "PHASE_COLOUR",
-    "TIMELINE_HOST_DEPTHS",
-    "Flame",
-    "flame",
-    "flame_figure",
-    "legend_html",
+    "StepView",
     "median_iteration",
     "median_step",
-    "timeline_figure",
+    "step_view",
 ]
 
-#: Boxes beyond this many in the flame view are left out, shortest first (plotly stays fluid).
-FLAME_MAX_BOXES = 6000
-#: Host rows of the timeline: nesting depths below the model span drawn per thread.
-TIMELINE_HOST_DEPTHS = 3
+#: Host boxes beyond this many are left out of the flame, shortest first (the canvas stays fluid).
+FLAME_MAX_BOXES = 20000
 #: One colour per level, in stack order (the legend of both views).
 LEVEL_COLOURS = {
     schema.LEVEL_MODEL: "#4c6ef5",
@@ -58,24 +55,70 @@ LEVEL_COLOURS = {
     schema.LEVEL_GPU: "#e03131",
 }
 PHASE_COLOUR = "#adb5bd"
+PHASE = "phase"
+#: ``StepView.flame_parent`` of a box the flame leaves out (beside, another rank, too short).
+NOT_IN_FLAME = -2
 
 
-@dataclass(frozen=True)
-class Flame:
-    """The boxes of one iteration's flame view, parents before children, siblings by time."""
+@dataclass
+class StepView:
+    """The boxes of one step, parents before children and siblings by time in the flame's part.
+    Times are integer nanoseconds from the step's start; -1 marks "none"."""
 
     iteration: int
-    ids: list[str]
-    parents: list[str]
-    labels: list[str]
-    names: list[str]  # full names, for hover
-    values_ns: list[int]
-    levels: list[str]  # a level, or "phase" for a phase box
-    layer_gpu_ns: list[int]  # a layer box's GPU time, forward + backward (-1: none)
-    left_out: int  # spans below the duration threshold
-    threshold_ns: int
-    rank: int = -1  # the rank whose step is shown (-1: a single-rank job)
+    rank: int  # the rank whose step the flame shows (-1: a single-rank job)
+    step_ns: int
+    names: list[str] = field(default_factory=list)
+    levels: list[str] = field(default_factory=list)  # a level, or "phase" for a phase box
+    starts_ns: list[int] = field(default_factory=list)
+    durs_ns: list[int] = field(default_factory=list)
+    flame_parent: list[int] = field(default_factory=list)  # -1 the root, -2 not in the flame
+    parent: list[int] = field(default_factory=list)  # the span's own parent (-1: none)
+    rows: list[int] = field(default_factory=list)  # timeline row (-1: a phase box)
+    gpu_ns: list[int] = field(default_factory=list)  # GPU time launched below (activity: own)
+    layer_gpu_ns: list[int] = field(default_factory=list)  # a layer's, forward + backward
+    critical_ns: list[int] = field(default_factory=list)  # a layer's time on the critical path
+    layers: list[str] = field(default_factory=list)  # the layer (module path) a box ran for
+    kinds: list[str] = field(default_factory=list)  # the span's kind ("phase": a phase box)
+    lanes: list[tuple[str, int, int]] = field(default_factory=list)  # (name, first row, rows)
+    left_out: int = 0  # host spans below the duration threshold (on the timeline only)
+    threshold_ns: int = 0
     beside: int = 0  # spans left out as running beside their siblings on another thread
+
+    @property
+    def flame_boxes(self) -> list[int]:
+        return [i for i, p in enumerate(self.flame_parent) if p != NOT_IN_FLAME]
+
+    def to_json(self, mode: str) -> dict[str, Any]:
+        """Columnar and compact for the page: names and levels as indices into their lists."""
+        names: dict[str, int] = {}
+        levels = [*LEVEL_COLOURS, PHASE]
+        paths: dict[str, int] = {}
+        return {
+            "iteration": self.iteration,
+            "rank": self.rank,
+            "step_ns": self.step_ns,
+            "mode": mode,
+            "left_out": self.left_out,
+            "threshold_ns": self.threshold_ns,
+            "beside": self.beside,
+            "levels": levels,
+            "colours": [*LEVEL_COLOURS.values(), PHASE_COLOUR],
+            "lanes": self.lanes,
+            "n": [names.setdefault(n, len(names)) for n in self.names],
+            "l": [levels.index(v) for v in self.levels],
+            "s": self.starts_ns,
+            "d": self.durs_ns,
+            "p": self.flame_parent,
+            "u": self.parent,
+            "r": self.rows,
+            "g": self.gpu_ns,
+            "lg": self.layer_gpu_ns,
+            "c": self.critical_ns,
+            "m": [paths.setdefault(p, len(paths)) if p else -1 for p in self.layers],
+            "names": list(names),
+            "paths": list(paths),
+        }
 
 
 def median_step(spans: pa.Table) -> tuple[int, int] | None:
@@ -98,79 +141,77 @@ def median_iteration(spans: pa.Table) -> int | None:
 def _iteration_rows(spans: pa.Table, iteration: int) -> dict[str, np.ndarray]:
     one = spans.filter(pc.equal(spans.column("iteration"), iteration))
     columns = ("span_id", "parent_span_id", "start_ns", "dur_ns")
-    rows = {c: np.asarray(one.column(c).fill_null(0)) for c in columns}
-    for c in ("name", "level", "kind", "phase"):
+    rows = {c: np.asarray(one.column(c).fill_null(0)).astype(np.int64) for c in columns}
+    for c in ("name", "level", "kind", "phase", "module_path"):
         rows[c] = np.asarray(one.column(c).cast(pa.string()).fill_null(""), dtype=object)
-    for c in ("thread_id", "gpu_device", "gpu_stream", "rank", "layer_gpu_ns"):
+    for c in ("thread_id", "gpu_device", "gpu_stream", "rank"):
         rows[c] = np.asarray(one.column(c).fill_null(-1), dtype=np.int64)
+    rows["up"] = _parent_rows(rows["span_id"], rows["parent_span_id"])
+    rows["depth"] = _depths(rows["up"])
     return rows
 
 
-def flame(spans: pa.Table, max_boxes: int = FLAME_MAX_BOXES) -> Flame | None:
-    """The flame boxes of the median iteration (see the module notes)."""
+def step_view(
+    spans: pa.Table, critical_ns: dict[str, int] | None = None, max_boxes: int = FLAME_MAX_BOXES
+) -> StepView | None:
+    """The boxes of the median step (see the module notes); ``critical_ns``: the step's time on
+    the critical path by layer path (each layer's own, ``critical_by_layer``)."""
     found = median_step(spans)
     if found is None:
         return None
     iteration, rank = found
     rows = _iteration_rows(spans, iteration)
-    host = (rows["level"] != schema.LEVEL_GPU) & ((rows["rank"] == rank) | (rank < 0))
-    beside = _beside(rows, host)
-    host &= ~beside
-    keep = np.nonzero(host)[0]
-    durations = rows["dur_ns"][keep]
+    gpu = rows["level"] == schema.LEVEL_GPU
+    mine = (rows["rank"] == rank) | (rank < 0)
+    beside = _beside(rows, mine & ~gpu)
+    host = mine & ~gpu & ~beside
     threshold = 0
-    if len(keep) > max_boxes:
-        threshold = int(np.sort(durations)[::-1][max_boxes - 1]) + 1
-        keep = keep[durations >= threshold]
-    keep = keep[np.argsort(rows["start_ns"][keep], kind="stable")]
-    left_out = int(host.sum()) - len(keep)
-    present = {int(rows["span_id"][i]) for i in keep}
-    children: dict[int, list[int]] = {}
-    roots: list[int] = []
-    for row in keep.tolist():
-        up = int(rows["parent_span_id"][row])
-        (children.setdefault(up, []) if up in present else roots).append(row)
-    out = Flame(iteration, [], [], [], [], [], [], [], left_out, threshold, rank, int(beside.sum()))
+    durations = rows["dur_ns"]
+    if host.sum() > max_boxes:
+        threshold = int(np.sort(durations[host])[::-1][max_boxes - 1]) + 1
+    keep = (host & (durations >= threshold)) | (mine & gpu & ~_below(rows, beside))
+    keep = _with_ancestors(keep, rows["up"], mine)
+    view, row_of = _flame_order(rows, keep, iteration, rank)
+    view.left_out = int(host.sum() - (keep & host).sum())
+    view.threshold_ns = threshold
+    view.beside = int(beside.sum())
+    _timeline_rows(view, rows, row_of)
+    _gpu_times(view, critical_ns or {})
+    return view
 
-    def add(
-        box: str, parent: str, label: str, name: str, value: int, level: str, gpu: int = -1
-    ) -> None:
-        out.layer_gpu_ns.append(gpu)
-        out.ids.append(box)
-        out.parents.append(parent)
-        out.labels.append(label)
-        out.names.append(name)
-        out.values_ns.append(value)
-        out.levels.append(level)
 
-    def visit(i: int, parent: str) -> None:
-        box = str(int(rows["span_id"][i]))
-        name = str(rows["name"][i])
-        label = name
-        if not rows["parent_span_id"][i]:  # the root: "step 3", or "iteration 3" above ranks
-            root = "iteration" if rows["kind"][i] == schema.KIND_ITERATION else "step"
-            label = f"{root} {iteration}"
-        level, gpu = str(rows["level"][i]), int(rows["layer_gpu_ns"][i])
-        add(box, parent, short_label(label), name, int(rows["dur_ns"][i]), level, gpu)
-        kids = children.get(int(rows["span_id"][i]), [])
-        phases = {rows["phase"][k] for k in kids}
-        for run in _phase_runs(kids, rows["phase"]) if len(phases) > 1 else [kids]:
-            if len(run) < 2 or len(phases) < 2:
-                for k in run:
-                    visit(k, box)
-                continue
-            first, last = run[0], run[-1]
-            extent = int(rows["start_ns"][last] + rows["dur_ns"][last] - rows["start_ns"][first])
-            phase = str(rows["phase"][first]) or "other"
-            group = f"{box}/{phase}@{int(rows['start_ns'][first])}"
-            add(group, box, f"{phase} ({len(run)})", f"{phase}: {len(run)} spans", extent, "phase")
-            for k in run:
-                visit(k, group)
+def _parent_rows(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
+    from xsp.core.intervals import find_rows
 
-    for root in roots:
-        visit(root, "")
-    _cover_children(out)
-    return out
+    return find_rows(span_id.astype(np.int64), parent_id.astype(np.int64))
+
+
+def _depths(up: np.ndarray) -> np.ndarray:
+    from xsp.core.intervals import depths
+
+    return depths(up)
+
+
+def _below(rows: dict[str, np.ndarray], top: np.ndarray) -> np.ndarray:
+    """``top`` and every span below one of them."""
+    out = top.copy()
+    while True:
+        held = ~out & (rows["up"] >= 0) & out[np.maximum(rows["up"], 0)]
+        if not held.any():
+            return out
+        out |= held
+
+
+def _with_ancestors(keep: np.ndarray, up: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``keep`` and the ``allowed`` ancestors of what it keeps (an activity's launch call,
+    however short; not a multi-rank iteration above its ranks' steps)."""
+    keep = keep.copy()
+    while True:
+        parents = up[keep & (up >= 0)]
+        missing = parents[~keep[parents] & allowed[parents]]
+        if not len(missing):
+            return keep
+        keep[missing] = True
 
 
 def _beside(rows: dict[str, np.ndarray], host: np.ndarray) -> np.ndarray:
@@ -192,22 +233,99 @@ def _beside(rows: dict[str, np.ndarray], host: np.ndarray) -> np.ndarray:
         for k in kids[thread[kids] != busiest].tolist():
             before = int(np.searchsorted(start[main], end[k], side="left"))
             out[k] = before > 0 and reach[before - 1] > start[k]
-    ids = rows["span_id"]
-    while True:  # what they hold goes with them
-        held = host & ~out & np.isin(parent, ids[out])
-        if not held.any():
-            return out
-        out |= held
+    return _below(rows, out) & host
 
 
-def _cover_children(boxes: Flame) -> None:
-    """A box at least as wide as its children together (plotly draws no icicle otherwise): the
-    replay keeps children inside their parents, and a 1 ns span squeezed into a parent's last
-    nanosecond can overshoot it by that nanosecond."""
-    children: dict[str, int] = {}
-    for i in range(len(boxes.ids) - 1, -1, -1):  # parents come before their children
-        boxes.values_ns[i] = max(boxes.values_ns[i], children.get(boxes.ids[i], 0))
-        children[boxes.parents[i]] = children.get(boxes.parents[i], 0) + boxes.values_ns[i]
+def _flame_order(
+    rows: dict[str, np.ndarray], keep: np.ndarray, iteration: int, rank: int
+) -> tuple[StepView, list[int]]:
+    """The flame's boxes, parents first and siblings by start, phase boxes inserted (note 4);
+    then every other span of the iteration, for the timeline."""
+    start = rows["start_ns"]
+    roots = np.nonzero(keep & ~(keep[np.maximum(rows["up"], 0)] & (rows["up"] >= 0)))[0]
+    origin = int(start[roots].min()) if len(roots) else 0
+    step = np.nonzero((rows["kind"] == schema.KIND_STEP) & keep)[0]
+    step_ns = int(rows["dur_ns"][step[0]]) if len(step) else 0
+    view = StepView(iteration, rank, step_ns)
+    children: dict[int, list[int]] = {}
+    is_root = set(roots.tolist())
+    for row in np.nonzero(keep)[0][np.argsort(start[keep], kind="stable")].tolist():
+        children.setdefault(-1 if row in is_root else int(rows["up"][row]), []).append(row)
+    index_of: dict[int, int] = {}
+
+    def add(row: int, parent_box: int, name: str, level: str, s: int, d: int) -> int:
+        view.names.append(name)
+        view.levels.append(level)
+        view.starts_ns.append(s - origin)
+        view.durs_ns.append(d)
+        view.flame_parent.append(parent_box)
+        view.layers.append(str(rows["module_path"][row]) if row >= 0 else "")
+        view.kinds.append(str(rows["kind"][row]) if row >= 0 else PHASE)
+        if row >= 0:
+            index_of[row] = len(view.names) - 1
+        return len(view.names) - 1
+
+    def visit(row: int, parent_box: int) -> None:
+        name = str(rows["name"][row])
+        if rows["up"][row] < 0:  # the root: "step 3", or "iteration 3" above ranks
+            root = "iteration" if rows["kind"][row] == schema.KIND_ITERATION else "step"
+            name = f"{root} {iteration}"
+        box = add(
+            row,
+            parent_box,
+            name,
+            str(rows["level"][row]),
+            int(start[row]),
+            int(rows["dur_ns"][row]),
+        )
+        kids = children.get(row, [])
+        phases = {rows["phase"][k] for k in kids if rows["level"][k] != schema.LEVEL_GPU}
+        for run in _phase_runs(kids, rows["phase"]) if len(phases) > 1 else [kids]:
+            if len(run) < 2 or len(phases) < 2:
+                for k in run:
+                    visit(k, box)
+                continue
+            first, last = run[0], run[-1]
+            end = int(start[last] + rows["dur_ns"][last])
+            phase = str(rows["phase"][first]) or "other"
+            group = add(
+                -1, box, f"{phase} ({len(run)})", PHASE, int(start[first]), end - int(start[first])
+            )
+            for k in run:
+                visit(k, group)
+
+    for root in children.get(-1, []):
+        visit(root, -1)
+    _cover_children(view)
+    rest = np.nonzero(~keep)[0]
+    for row in rest[np.argsort(start[rest], kind="stable")].tolist():
+        add(
+            row,
+            NOT_IN_FLAME,
+            str(rows["name"][row]),
+            str(rows["level"][row]),
+            int(start[row]),
+            int(rows["dur_ns"][row]),
+        )
+    row_of = [-1] * len(view.names)  # each box's row in the iteration's table (-1: a phase box)
+    for row, box in index_of.items():
+        row_of[box] = row
+    up = rows["up"]
+    view.parent = [index_of.get(int(up[row]), -1) if row >= 0 else -1 for row in row_of]
+    view.rows = [-1] * len(view.names)  # set by _timeline_rows
+    return view, row_of
+
+
+def _cover_children(view: StepView) -> None:
+    """A box's extent reaches over its children's: the replay keeps children inside their
+    parents, but a 1 ns span squeezed into a parent's last nanosecond can overshoot it by that
+    nanosecond, and a phase box spans its run."""
+    ends = [s + d for s, d in zip(view.starts_ns, view.durs_ns, strict=True)]
+    for i in range(len(view.names) - 1, -1, -1):  # parents come before their children
+        up = view.flame_parent[i]
+        if up >= 0 and view.levels[i] != schema.LEVEL_GPU and ends[i] > ends[up]:
+            ends[up] = ends[i]
+            view.durs_ns[up] = ends[up] - view.starts_ns[up]
 
 
 def _phase_runs(kids: list[int], phase: np.ndarray) -> list[list[int]]:
@@ -221,129 +339,67 @@ def _phase_runs(kids: list[int], phase: np.ndarray) -> list[list[int]]:
     return runs
 
 
-def flame_figure(spans: pa.Table) -> Any:
-    """The flame view as a plotly icicle, or None without model spans."""
-    import plotly.graph_objects as go
-
-    boxes = flame(spans)
-    if boxes is None:
-        return None
-    colours = [LEVEL_COLOURS.get(level, PHASE_COLOUR) for level in boxes.levels]
-    hover = [
-        f"{name}<br>{value / 1e6:.3f} ms · {level}"
-        + (f"<br>layer GPU time (forward + backward): {gpu / 1e6:.3f} ms" if gpu >= 0 else "")
-        for name, value, level, gpu in zip(
-            boxes.names, boxes.values_ns, boxes.levels, boxes.layer_gpu_ns, strict=True
-        )
-    ]
-    figure = go.Figure(
-        go.Icicle(
-            ids=boxes.ids,
-            parents=boxes.parents,
-            labels=boxes.labels,
-            values=boxes.values_ns,
-            branchvalues="total",
-            sort=False,
-            marker={"colors": colours},
-            hovertext=hover,
-            hoverinfo="text",
-            textinfo="label",
-            tiling={"orientation": "v"},
-            maxdepth=7,
-        )
-    )
-    step_ms = boxes.values_ns[0] / 1e6 if boxes.values_ns else 0.0
-    notes = []
-    if boxes.left_out:
-        notes.append(
-            f"{boxes.left_out:,} spans shorter than {boxes.threshold_ns / 1e3:.1f} µs left out"
-        )
-    if boxes.beside:
-        notes.append(f"{boxes.beside:,} spans on threads running beside them left out (timeline)")
-    which = f"Iteration {boxes.iteration}" + (f", rank {boxes.rank}" if boxes.rank >= 0 else "")
-    figure.update_layout(
-        title=(
-            f"{which} (median latency, {step_ms:.3f} ms), reconstructed: width is duration, "
-            "left to right in time. Click a box to zoom."
-            + ("<br>" + "; ".join(notes) if notes else "")
-        ),
-        margin={"t": 60 if notes else 40, "l": 5, "r": 5, "b": 5},
-        height=650,
-    )
-    return figure
-
-
-def timeline_figure(spans: pa.Table) -> Any:
-    """One iteration as rows of host threads (a row per nesting depth) and GPU streams, in ms
-    from the step's start; one trace per level, so the legend names the levels."""
-    import plotly.graph_objects as go
-
-    iteration = median_iteration(spans)
-    if iteration is None:
-        return None
-    rows = _iteration_rows(spans, iteration)
-    root = int(np.nonzero(rows["parent_span_id"] == 0)[0][0])
-    origin = int(rows["start_ns"][root])
-    depth = _depths(rows["span_id"], rows["parent_span_id"])
-    gpu = rows["level"] == schema.LEVEL_GPU
-    lane = np.empty(len(depth), dtype=object)
-    for i in range(len(depth)):
-        # the ranks of a multi-rank job are processes of their own: their threads are distinct
-        rank = f"rank {rows['rank'][i]} · " if rows["rank"][i] >= 0 else ""
-        if gpu[i]:
-            lane[i] = f"{rank}GPU {rows['gpu_device'][i]} · stream {rows['gpu_stream'][i]}"
-        elif depth[i] == 0:
-            lane[i] = "step"
-        elif rows["kind"][i] == schema.KIND_STEP:
-            lane[i] = f"{rank}step"
-        else:
-            lane[i] = f"{rank}thread {rows['thread_id'][i]} · depth {depth[i]}"
-    shown = gpu | (depth <= TIMELINE_HOST_DEPTHS)
-    order = sorted(
-        set(lane[shown]),
-        key=lambda name: (name.startswith("GPU"), name != "step", name),
-    )
-    figure = go.Figure()
-    for level, colour in LEVEL_COLOURS.items():
-        pick = np.nonzero(shown & (rows["level"] == level))[0]
-        if not len(pick):
+def _timeline_rows(view: StepView, rows: dict[str, np.ndarray], row_of: list[int]) -> None:
+    """A lane per (rank, host thread), a row per nesting depth in it; a lane per GPU stream."""
+    lanes: dict[tuple, list[int]] = {}
+    for box, row in enumerate(row_of):
+        if row < 0:
             continue
-        figure.add_trace(
-            go.Bar(
-                name=level,
-                orientation="h",
-                y=list(lane[pick]),
-                base=((rows["start_ns"][pick] - origin) / 1e6).tolist(),
-                x=(rows["dur_ns"][pick] / 1e6).tolist(),
-                marker={"color": colour, "line": {"width": 0}},
-                hovertext=[f"{rows['name'][i]}<br>{rows['dur_ns'][i] / 1e6:.3f} ms" for i in pick],
-                hoverinfo="text",
-            )
-        )
-    figure.update_layout(
-        title=f"Timeline of iteration {iteration}, reconstructed (ms from the step's start)",
-        barmode="overlay",
-        bargap=0.15,
-        yaxis={"categoryorder": "array", "categoryarray": order[::-1], "title": None},
-        xaxis={"title": "ms"},
-        legend={"title": "level", "orientation": "h", "y": 1.02, "yanchor": "bottom"},
-        margin={"t": 60, "l": 5, "r": 5, "b": 5},
-        height=140 + 26 * len(order),
-    )
-    return figure
+        rank = int(rows["rank"][row])
+        if rows["level"][row] == schema.LEVEL_GPU:
+            key: tuple = (1, rank, int(rows["gpu_device"][row]), int(rows["gpu_stream"][row]))
+        else:
+            key = (0, rank, int(rows["thread_id"][row]))  # -1: the step (no thread of its own)
+        lanes.setdefault(key, []).append(box)
+    first = 0
+    for key in sorted(lanes, key=lambda k: (k[0], min(view.starts_ns[b] for b in lanes[k]))):
+        boxes = lanes[key]
+        named = f"rank {key[1]} · " if key[1] >= 0 else ""
+        if key[0]:
+            named += f"GPU {key[2]} · stream {key[3]}"
+            depth = {b: 0 for b in boxes}
+        else:
+            named += f"thread {key[2]}" if key[2] >= 0 else str(rows["kind"][row_of[boxes[0]]])
+            low = min(int(rows["depth"][row_of[b]]) for b in boxes)
+            depth = {b: int(rows["depth"][row_of[b]]) - low for b in boxes}
+        for b in boxes:
+            view.rows[b] = first + depth[b]
+        count = max(depth.values()) + 1
+        view.lanes.append((named, first, count))
+        first += count
 
 
-def _depths(span_id: np.ndarray, parent_id: np.ndarray) -> np.ndarray:
-    from xsp.core.intervals import depths, find_rows
-
-    return depths(find_rows(span_id.astype(np.int64), parent_id.astype(np.int64)))
-
-
-def legend_html() -> str:
-    """The levels' colours, for the flame view (an icicle has no legend of its own)."""
-    swatches = [
-        f"<span style='display:inline-block;width:.9em;height:.9em;background:{colour};"
-        f"margin:0 .3em 0 1em;vertical-align:middle'></span>{level}"
-        for level, colour in [*LEVEL_COLOURS.items(), ("phase group", PHASE_COLOUR)]
+def _gpu_times(view: StepView, critical: dict[str, int]) -> None:
+    """GPU time below each box, and each layer's GPU and critical-path time (notes 2 and 5)."""
+    n = len(view.names)
+    gpu = [
+        d if v == schema.LEVEL_GPU else 0 for d, v in zip(view.durs_ns, view.levels, strict=True)
     ]
-    return f"<p class='legend'>Levels:{''.join(swatches)}</p>"
+    # the flame's tree where it has the box, else the span's own parent (the timeline's)
+    up = [
+        p if p != NOT_IN_FLAME else u for p, u in zip(view.flame_parent, view.parent, strict=True)
+    ]
+    depth = [0] * n
+    for i in range(n):  # a parent comes before its children in the flame's part
+        depth[i] = depth[up[i]] + 1 if 0 <= up[i] < i else 0
+    for i in sorted(range(n), key=lambda i: -depth[i]):
+        if up[i] >= 0:
+            gpu[up[i]] += gpu[i]
+    view.gpu_ns = gpu
+    own: dict[str, int] = {}
+    for i in view.flame_boxes:
+        if view.levels[i] == schema.LEVEL_GPU and view.layers[i]:
+            own[view.layers[i]] = own.get(view.layers[i], 0) + view.durs_ns[i]
+    view.layer_gpu_ns, view.critical_ns = [-1] * n, [-1] * n
+    for i in view.flame_boxes:
+        if view.kinds[i] != schema.KIND_MODULE:
+            continue
+        view.layer_gpu_ns[i] = _under(own, view.layers[i])
+        if critical:
+            view.critical_ns[i] = _under(critical, view.layers[i])
+
+
+def _under(by_path: dict[str, int], path: str) -> int:
+    """The sum over ``path`` and the paths below it (the root module's path is empty: all)."""
+    prefix = path + "."
+    return sum(v for p, v in by_path.items() if not path or p == path or p.startswith(prefix))

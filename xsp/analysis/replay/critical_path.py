@@ -21,6 +21,7 @@ from xsp.core.columns import arrow, numbers, rows_table
 
 __all__ = [
     "cause_share_range",
+    "critical_by_layer",
     "has_gpu",
     "layer_split",
     "layer_times",
@@ -65,6 +66,24 @@ def step_causes(store: MeasurementStore) -> pa.Table:
         for name in CAUSES
     ]
     return rows_table(rows, _CAUSES)
+
+
+def critical_by_layer(store: MeasurementStore, iteration: int, rank: int = -1) -> dict[str, int]:
+    """One step's time on the critical path (ns) by the layer (module path) charged, each
+    layer's own (its sub-layers' apart); ``rank`` -1: every rank's."""
+    result = replay(store)
+    path = result.path.filter(pc.equal(result.path.column("iteration"), iteration))
+    rows = path.column("row")
+    if rank >= 0:
+        ranks = numbers(result.spans.column("rank").take(rows), null=-1)
+        path = path.filter(arrow(ranks == rank, pa.bool_()))
+        rows = path.column("row")
+    out: dict[str, int] = {}
+    layers = result.spans.column("module_path").take(rows).cast(pa.string()).to_pylist()
+    for layer, ns in zip(layers, path.column("dur_ns").to_pylist(), strict=True):
+        if layer:
+            out[layer] = out.get(layer, 0) + int(ns)
+    return out
 
 
 _CAUSES = pa.schema(

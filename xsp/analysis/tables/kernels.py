@@ -158,18 +158,19 @@ def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
 
 def launch_statistics(store: MeasurementStore) -> pa.Table:
     """HTA's kernel launch statistics: per kernel, its launch call's duration against its own,
-    and the launch delay (kernel start minus launch start). One row: kernels,
-    launch_longer_than_kernel_pct, median_launch_us, median_kernel_us, median_delay_us,
-    p90_delay_us."""
+    and the launch delay (kernel start minus launch start). One row: kernels (over all the
+    run's iterations), iterations, kernels_per_iteration, launch_longer_than_kernel_pct,
+    median_launch_us, median_kernel_us, median_delay_us, p90_delay_us."""
     return store.sql(
         f"""
         WITH k AS (SELECT k.dur_ns AS kernel_ns, a.dur_ns AS launch_ns,
-                          k.start_ns - a.start_ns AS delay_ns
+                          k.start_ns - a.start_ns AS delay_ns, k.iteration
                    FROM spans k JOIN spans a ON a.span_id = k.parent_span_id
                         AND a.run_index = k.run_index
                    WHERE k.run_index = {_GPU_RUN} AND k.kind = 'kernel'
                    AND a.kind IN ('runtime', 'driver'))
-        SELECT count(*) AS kernels,
+        SELECT count(*) AS kernels, count(DISTINCT iteration) AS iterations,
+               count(*) / greatest(count(DISTINCT iteration), 1) AS kernels_per_iteration,
                100.0 * avg(CASE WHEN launch_ns > kernel_ns THEN 1 ELSE 0 END)
                    AS launch_longer_than_kernel_pct,
                median(launch_ns) / 1e3 AS median_launch_us,

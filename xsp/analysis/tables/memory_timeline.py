@@ -44,6 +44,7 @@ __all__ = [
     "MemoryTimeline",
     "alive_at_peak",
     "bands",
+    "device_name",
     "memory_timeline",
     "sample",
     "series",
@@ -102,6 +103,16 @@ class MemoryTimeline:
         return out
 
 
+def device_name(kind: str | None, index: int | None) -> str:
+    """The allocator's device as a person names it: "CPU" (the CPU allocator's index is -1),
+    "GPU 0" for cuda:0, else kind:index."""
+    if kind == "cpu":
+        return "CPU"
+    if kind == "cuda" and index is not None and index >= 0:
+        return f"GPU {index}"
+    return f"{kind}:{index}"
+
+
 def memory_timeline(store: MeasurementStore) -> MemoryTimeline | None:
     """The timeline of the measurement's peak iteration (module notes); None without allocator
     events. Once per store."""
@@ -143,7 +154,7 @@ def _timeline(store: MeasurementStore) -> MemoryTimeline | None:
     start = _step_start(store, levels, iteration, events)
     peak = int(np.argmax(total))
     ops = events["op_name"].cast(pa.string()).to_pylist()
-    device = f"{best['device'][0].as_py()}:{best['device_index'][0].as_py()}"
+    device = device_name(best["device"][0].as_py(), best["device_index"][0].as_py())
     if "rank" in keys:
         device = f"rank {best['rank'][0].as_py()} {device}"
     return MemoryTimeline(
