@@ -273,3 +273,24 @@ def test_text_tests_and_codes_read_each_chunks_dictionary_and_leave_nulls_out() 
         None,
     ]
     assert text_equals(pa.array(["a", None, "b"]), "b").tolist() == [False, False, True]
+
+
+def test_hta_breakdowns_read_the_replayed_step_not_the_traced_run() -> None:
+    """The report's HTA-style sections describe the untraced step the replay rebuilt: on the
+    r50 b64 training store the traced MFLG steps are 39-57 ms with the GPU busy 54-80%, the
+    replayed ones 32.7-37.2 ms (median 32.97) with it busy 84-95%; the kernels are the same 737
+    a step."""
+    from xsp.analysis.catalog import sections
+
+    found = {s.key: s for s in sections(MeasurementStore(REPLAY_R50))}
+    temporal = found["temporal_breakdown"]
+    assert "replayed, untraced step" in temporal.note
+    steps = temporal.table.column("step_ms").to_pylist()
+    busy = temporal.table.column("busy_pct").to_pylist()
+    assert len(steps) == 20 and all(32.5 < ms < 37.5 for ms in steps)
+    assert 32.9 < sorted(steps)[10] < 33.0 and all(83 < pct < 96 for pct in busy)
+    traced = temporal_breakdown(MeasurementStore(REPLAY_R50)).to_pylist()
+    assert max(r["step_ms"] for r in traced) > 39 and min(r["busy_pct"] for r in traced) < 80
+    (launch,) = found["launch_statistics"].table.to_pylist()
+    assert launch["kernels_per_iteration"] == 737 and launch["iterations"] == 20
+    assert "replayed" in found["idle_breakdown"].note

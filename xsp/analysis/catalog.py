@@ -397,12 +397,26 @@ def _layers(store: MeasurementStore) -> list[Section]:
     ]
 
 
+def _replayed_timeline(store: MeasurementStore) -> tuple[pa.Table | None, str]:
+    """The replayed, untraced steps (the reconstruction) that HTA's breakdowns read, and how a
+    section says so; None where the measurement has no shallower run to replay against (its
+    one run is read as traced)."""
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+
+    if len(store.runs) < 2:
+        return None, ""
+    spans, _ = reconstruct(store)
+    return spans, "on the replayed, untraced step (the reconstruction), not a traced run"
+
+
 def _kernels(store: MeasurementStore) -> list[Section]:
     """The kernels (A10, A11), GPU time per layer (A13) and HTA's GPU time breakdowns."""
     from xsp.analysis.figures.charts import bar
     from xsp.analysis.tables import kernels
 
     gpu_run = "from the deepest run with level G (traced)"
+    timeline, replayed = _replayed_timeline(store)
+    hta_run = replayed if timeline is not None else gpu_run
     return [
         Section(
             "kernels_by_name",
@@ -421,21 +435,21 @@ def _kernels(store: MeasurementStore) -> list[Section]:
         Section(
             "temporal_breakdown",
             "GPU busy and idle per iteration (HTA temporal breakdown)",
-            kernels.temporal_breakdown(store),
-            gpu_run,
+            kernels.temporal_breakdown(store, timeline),
+            hta_run,
             chart=lambda t: bar(t, "iteration", "busy_pct", "GPU busy % per iteration", 1000),
         ),
         Section(
             "idle_breakdown",
             "Idle time: host wait against kernel wait (HTA)",
-            kernels.idle_breakdown(store),
-            gpu_run,
+            kernels.idle_breakdown(store, timeline),
+            hta_run,
         ),
         Section(
             "launch_statistics",
             "Kernel launch statistics (HTA)",
-            kernels.launch_statistics(store),
-            gpu_run,
+            kernels.launch_statistics(store, timeline),
+            hta_run,
         ),
         Section(
             "kernel_duration_distribution",

@@ -1,8 +1,14 @@
 """GPU analyses: kernels by name (XSP's A10) and the temporal breakdown of HTA (GPU busy
-against idle per iteration). Pure functions from a measurement store to tables."""
+against idle per iteration). Pure functions from a measurement store to tables.
+
+HTA's breakdowns (``temporal_breakdown``, ``idle_breakdown``, ``launch_statistics``) read the
+deepest run with level G as traced, or, given ``timeline``, a spans table of one timeline: the
+replayed, untraced step of the reconstruction (``xsp.analysis.reconstruction``), which is what
+the report shows by default. One query serves both: the timeline is read as a run of its own."""
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -23,6 +29,18 @@ __all__ = [
 _GPU_RUN = "(SELECT max(run_index) FROM spans WHERE level = 'gpu')"
 
 
+def _sql(store: MeasurementStore, timeline: pa.Table | None, query: str) -> pa.Table:
+    """``query`` over the store's spans, or over ``timeline`` as the only run (index 0)."""
+    if timeline is None:
+        return store.sql(query)
+    spans = timeline.append_column("run_index", pa.array(np.zeros(timeline.num_rows, np.int64)))
+    con = duckdb.connect()
+    con.register("spans", spans)
+    relation = con.sql(query)
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
+    return fetch()
+
+
 def kernels_by_name(store: MeasurementStore, limit: int = 20) -> pa.Table:
     """A10: kernel, calls_per_iteration, total_ms_per_iteration, mean_us, share_pct (of kernel
     time), from the deepest run with level G."""
@@ -40,17 +58,21 @@ def kernels_by_name(store: MeasurementStore, limit: int = 20) -> pa.Table:
     )
 
 
-def temporal_breakdown(store: MeasurementStore) -> pa.Table:
-    """Per iteration of the deepest run with level G: step_ms, gpu_busy_ms (the union of kernel,
-    memcpy and memset intervals on any stream), gpu_idle_ms, busy_pct. Overlapping activities
-    count once, so busy time never exceeds the step."""
-    steps = store.sql(
+def temporal_breakdown(store: MeasurementStore, timeline: pa.Table | None = None) -> pa.Table:
+    """Per iteration of the deepest run with level G (or of ``timeline``): step_ms, gpu_busy_ms
+    (the union of kernel, memcpy and memset intervals on any stream), gpu_idle_ms, busy_pct.
+    Overlapping activities count once, so busy time never exceeds the step."""
+    steps = _sql(
+        store,
+        timeline,
         f"SELECT iteration, start_ns, dur_ns FROM spans WHERE run_index = {_GPU_RUN} "
-        "AND kind = 'step' ORDER BY iteration"
+        "AND kind = 'step' ORDER BY iteration",
     ).to_pydict()
-    work = store.sql(
+    work = _sql(
+        store,
+        timeline,
         f"SELECT iteration, start_ns, start_ns + dur_ns AS end_ns FROM spans "
-        f"WHERE run_index = {_GPU_RUN} AND level = 'gpu' ORDER BY iteration, start_ns"
+        f"WHERE run_index = {_GPU_RUN} AND level = 'gpu' ORDER BY iteration, start_ns",
     ).to_pydict()
     iterations = np.asarray(work["iteration"], dtype=np.int64)
     starts = np.asarray(work["start_ns"], dtype=np.int64)
@@ -156,12 +178,14 @@ def gpu_time_per_layer(store: MeasurementStore, limit: int = 20) -> pa.Table:
     )
 
 
-def launch_statistics(store: MeasurementStore) -> pa.Table:
+def launch_statistics(store: MeasurementStore, timeline: pa.Table | None = None) -> pa.Table:
     """HTA's kernel launch statistics: per kernel, its launch call's duration against its own,
     and the launch delay (kernel start minus launch start). One row: kernels (over all the
     run's iterations), iterations, kernels_per_iteration, launch_longer_than_kernel_pct,
     median_launch_us, median_kernel_us, median_delay_us, p90_delay_us."""
-    return store.sql(
+    return _sql(
+        store,
+        timeline,
         f"""
         WITH k AS (SELECT k.dur_ns AS kernel_ns, a.dur_ns AS launch_ns,
                           k.start_ns - a.start_ns AS delay_ns, k.iteration
@@ -178,7 +202,7 @@ def launch_statistics(store: MeasurementStore) -> pa.Table:
                median(delay_ns) / 1e3 AS median_delay_us,
                quantile_cont(delay_ns, 0.9) / 1e3 AS p90_delay_us
         FROM k HAVING count(*) > 0
-        """
+        """,
     )
 
 
@@ -202,12 +226,14 @@ def kernel_duration_distribution(store: MeasurementStore) -> pa.Table:
     )
 
 
-def idle_breakdown(store: MeasurementStore) -> pa.Table:
+def idle_breakdown(store: MeasurementStore, timeline: pa.Table | None = None) -> pa.Table:
     """HTA's idle-time breakdown, per iteration: each gap between consecutive kernels of a
     stream is host wait when the next kernel's launch call started after the previous kernel
     ended (the GPU waited for the CPU), else kernel wait (launch latency and queueing).
     Columns: iteration, idle_ms, host_wait_ms, kernel_wait_ms, host_wait_pct."""
-    rows = store.sql(
+    rows = _sql(
+        store,
+        timeline,
         f"""
         SELECT k.iteration, k.gpu_stream, k.start_ns, k.start_ns + k.dur_ns AS end_ns,
                coalesce(a.start_ns, k.start_ns) AS launch_ns
@@ -215,7 +241,7 @@ def idle_breakdown(store: MeasurementStore) -> pa.Table:
              AND a.run_index = k.run_index
         WHERE k.run_index = {_GPU_RUN} AND k.level = 'gpu'
         ORDER BY k.iteration, k.gpu_stream, k.start_ns
-        """
+        """,
     ).to_pydict()
     it = np.asarray(rows["iteration"], dtype=np.int64)
     stream = np.asarray(rows["gpu_stream"], dtype=np.int64)
