@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from xsp.cli.common import console, open_store
+from xsp.cli.common import console, open_store, store_location
 from xsp.cli.render import print_replay, print_table, replay_summary
 from xsp.cli.summary import print_summary
 from xsp.core.errors import XspError
@@ -17,7 +17,7 @@ __all__ = ["analyze"]
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location(writes=True))
 @click.option("--rows", type=int, default=15, show_default=True, help="Rows per table.")
 @click.option(
     "--report",

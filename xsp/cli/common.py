@@ -30,11 +30,23 @@ __all__ = [
     "out_console",
     "plain",
     "printable",
+    "store_location",
     "warn",
 ]
 
-console = Console(stderr=True)
-out_console = Console()
+
+class _Console(Console):
+    """A console whose text names a staged object store by its URI, not its scratch copy
+    (``xsp.core.store.location.shown``)."""
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        from xsp.core.store.location import shown
+
+        super().print(*(shown(o) if isinstance(o, str) else o for o in objects), **options)
+
+
+console = _Console(stderr=True)
+out_console = _Console()
 
 
 #: C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a name holding one
@@ -74,6 +86,9 @@ def stdout_to_stderr(when: bool = True) -> Iterator[None]:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``xsp: error: MESSAGE`` and exit with ``code``."""
+    from xsp.core.store.location import shown
+
+    message = shown(message)
     # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
     console.print(
         f"[bold red]xsp: error:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
@@ -83,6 +98,9 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def warn(message: str) -> None:
     """Print ``xsp: warning: MESSAGE``."""
+    from xsp.core.store.location import shown
+
+    message = shown(message)
     console.print(
         f"[yellow]xsp: warning:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
     )
@@ -153,3 +171,28 @@ def open_store(run_dir: Path) -> Any:
     for message in store.warnings:
         warn(message)
     return store
+
+
+class _StoreLocation(click.ParamType):
+    """A store's place: a local path, or ``s3://bucket/prefix`` staged for the command
+    (``xsp.core.store.location``): copied to a scratch directory first, and with ``writes``,
+    what the command wrote there uploaded when it ends."""
+
+    name = "path"
+
+    def __init__(self, writes: bool) -> None:
+        self.writes = writes
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        from xsp.core.store import location
+
+        if isinstance(value, Path) or not location.is_uri(value) or ctx is None:
+            return Path(value)
+        stage = location.staged_write if self.writes else location.staged_read
+        return ctx.with_resource(stage(value))
+
+
+def store_location(writes: bool = False) -> click.ParamType:
+    """The parameter type of a store's place (a measurement, a campaign); ``writes``: the
+    command writes into it."""
+    return _StoreLocation(writes)

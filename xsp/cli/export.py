@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from xsp.cli.common import console, out_console, warn
+from xsp.cli.common import console, out_console, store_location, warn
 from xsp.core.errors import XspError
 from xsp.tracer.export.formats import FORMATS
 
@@ -22,7 +22,7 @@ __all__ = ["JAEGER_UI_PORT", "export", "push"]
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 @click.option(
     "--format",
     "fmt",
@@ -82,7 +82,7 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 @click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
 @click.option("--reconstructed", is_flag=True, help="Send the leveled reconstruction instead.")
 @click.option(

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from xsp.cli.common import open_store, out_console, plain, warn
+from xsp.cli.common import open_store, out_console, plain, store_location, warn
 from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
 from xsp.core.store import Status
@@ -19,7 +19,7 @@ __all__ = ["counter_line", "print_summary", "run_warnings", "summary"]
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 def summary(run_dir: Path) -> None:
     """Print the summary of a stored measurement."""
     print_summary(run_dir)
@@ -31,10 +31,12 @@ def print_summary(run_dir: Path, store: Any = None, warn_replay: bool = True) ->
     after its replay line instead)."""
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, Manifest, read_manifest
+    from xsp.core.store.location import shown
 
     store = store or open_store(run_dir)
     rows = level_sets(store).to_pylist()
-    table = Table(title=f"xsp measurement {run_dir}", title_justify="left")
+    title = shown(f"xsp measurement {run_dir}")  # an object store by its URI
+    table = Table(title=title, title_justify="left")
     for name in (
         "levels",
         "status",
