@@ -27,22 +27,15 @@ BUCKET = "xsp"
 
 
 def _free_ports(count: int) -> list[int]:
-    """Loopback ports nothing listens on, each with its gRPC twin (port + 10000) free too:
-    SeaweedFS serves gRPC there."""
-    found: list[int] = []
-    while len(found) < count:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port + 10000 > 65535 or port in found:
-            continue
-        with socket.socket() as twin:
-            try:
-                twin.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        found.append(port)
-    return found
+    """Loopback ports nothing listens on (held together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class SeaweedS3:
@@ -50,7 +43,8 @@ class SeaweedS3:
     variables that point xsp at it."""
 
     def __init__(self, work: Path) -> None:
-        master, volume, filer, s3 = _free_ports(4)
+        ports = _free_ports(8)
+        master, volume, filer, s3 = ports[:4]
         self.endpoint = f"http://127.0.0.1:{s3}"
         config = work / "s3.json"
         identity = {
@@ -71,10 +65,21 @@ class SeaweedS3:
                 f"-master.port={master}",
                 f"-volume.port={volume}",
                 f"-filer.port={filer}",
+                f"-s3.port={s3}",
+                # each its own ports (the defaults are fixed: a second server would clash)
+                *(
+                    f"-{name}.port.grpc={port}"
+                    for name, port in zip(
+                        ("master", "volume", "filer", "s3"), ports[4:], strict=True
+                    )
+                ),
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                f"-filer.localSocket={work / 'filer.sock'}",
+                f"-s3.localSocket={work / 's3.sock'}",
                 "-volume.max=0",
                 "-master.volumeSizeLimitMB=64",
                 "-s3",
-                f"-s3.port={s3}",
                 f"-s3.config={config}",
             ],
             cwd=work,

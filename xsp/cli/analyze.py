@@ -104,6 +104,7 @@ def _print_json(
     import math
 
     from xsp.analysis.catalog import sections
+    from xsp.core.store.location import shown
 
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -122,7 +123,7 @@ def _print_json(
         for section in sections(store)
     }
     document = {
-        "measurement": str(run_dir),
+        "measurement": shown(str(run_dir)),  # an object store by its URI
         "reconstruction": {
             "spans": spans,
             "model_latency_median_ms": median_ms,

@@ -158,17 +158,16 @@ class ObjectStore:
             if p.is_file() and not any(fnmatch.fnmatch(p.name, n) for n in _NEVER_UPLOADED)
         }
         changed = [r for r, p in files.items() if self.known.get(r) != _stat(p)]
-        for rank in sorted({_upload_rank(r) for r in changed}):
-            batch = [r for r in changed if _upload_rank(r) == rank]
 
-            def send(relative: str) -> None:
-                path = files[relative]
-                seen = _stat(path)
-                self.put(relative, path.read_bytes())  # read whole first: never half a file
-                self.known[relative] = seen
+        def send(relative: str) -> None:
+            path = files[relative]
+            seen = _stat(path)
+            self.put(relative, path.read_bytes())  # read whole first: never half a file
+            self.known[relative] = seen
 
+        for rank in sorted({_upload_rank(r) for r in changed}):  # each rank done before the next
             with ThreadPoolExecutor(_THREADS) as pool:
-                list(pool.map(send, batch))
+                list(pool.map(send, [r for r in changed if _upload_rank(r) == rank]))
         for relative in [r for r in self.known if r not in files]:
             self.delete(relative)
             del self.known[relative]
@@ -189,8 +188,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def _s3_options(env: Mapping[str, str]) -> dict[str, str]:
-    """pyarrow S3FileSystem options from the AWS variables the AWS SDK's chain does not read
-    itself in every release (the endpoint, the region); credentials and profiles it reads."""
+    """pyarrow S3FileSystem options from the AWS variables of ``env``: the endpoint, the
+    region, and a key pair when it holds one (else the AWS SDK's chain finds credentials:
+    ``AWS_PROFILE`` and its files, a role)."""
     options: dict[str, str] = {}
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
@@ -200,6 +200,11 @@ def _s3_options(env: Mapping[str, str]) -> dict[str, str]:
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         options["region"] = region
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        options["access_key"] = env["AWS_ACCESS_KEY_ID"]
+        options["secret_key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            options["session_token"] = env["AWS_SESSION_TOKEN"]
     return options
 
 
@@ -211,7 +216,9 @@ def object_store(uri: str, env: Mapping[str, str] | None = None) -> ObjectStore:
     if not is_uri(uri) or not bucket:
         raise StoreError(f"{uri}: not an object-store location (expected s3://bucket/prefix)")
     try:
-        filesystem = pafs.S3FileSystem(**_s3_options(os.environ if env is None else env))
+        # delayed open: a file smaller than one part goes up as one PutObject on close
+        options = _s3_options(os.environ if env is None else env)
+        filesystem = pafs.S3FileSystem(allow_delayed_open=True, **options)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise StoreError(f"cannot open {uri}: {_reason(exc)}") from exc
     return ObjectStore(uri=f"{SCHEME}{rest}", fs=filesystem, base=rest)
