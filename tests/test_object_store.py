@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.object_store import SeaweedS3, seaweed
+from xsp.campaign.files import load
 from xsp.core.errors import StoreError
 from xsp.core.store import location
 
@@ -108,7 +109,7 @@ def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_p
     uri = seaweed.uri("campaign")
     _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
     objects = location.object_store(uri, seaweed.env).listing()
-    job = "squeezenet1_1-infer-b1"
+    (job,) = [j.id for j in load(campaign_file).jobs()]
     assert {"campaign.json", f"jobs/{job}.json", f"runs/{job}/manifest.json"} <= set(objects)
     assert {f"runs/{job}/{levels}/spans-00000.parquet" for levels in ("M", "MF")} <= set(objects)
     assert not [name for name in objects if name.endswith(".tmp")]
@@ -123,9 +124,10 @@ def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_p
     again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
     assert "1 jobs, 1 done, running 0" in again.stderr
     assert location.object_store(uri, seaweed.env).listing() == objects
-    # the report is written beside the campaign, in the store
+    # the report is written beside the campaign, and each job's beside its run, in the store
     _xsp(seaweed, "campaign", "report", uri)
-    assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, "report.html"}
+    reports = {"report.html", f"runs/{job}/report.html"}
+    assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, *reports}
 
 
 def test_a_rewrite_replaces_the_stored_files_and_removes_the_deleted_ones(
