@@ -6,6 +6,7 @@ object is absent or whole, never half, when its writer is killed mid-upload."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -165,6 +166,23 @@ def test_the_endpoint_and_region_come_from_the_aws_variables() -> None:
     keys = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "t"}
     assert options(keys) == {"access_key": "id", "secret_key": "secret", "session_token": "t"}
     assert options({"AWS_ACCESS_KEY_ID": "id"}) == {}  # half a pair: the SDK's chain decides
+
+
+def test_xsp_run_stores_its_measurement_in_s3(seaweed: SeaweedS3) -> None:
+    uri = seaweed.uri("run")
+    model = ("--model", "torchvision:squeezenet1_1", "--batch-size", "1", "--device", "cpu")
+    run = _xsp(seaweed, "run", *model, "--levels", "M,MF", "--iterations", "2", "--warmup", "0",
+               "--out", uri)  # fmt: skip
+    assert f"spans stored in {uri}" in run.stderr  # named by its URI, not the scratch copy
+    objects = location.object_store(uri, seaweed.env).listing()
+    for levels in ("M", "MF"):
+        assert {f"{levels}/run.json", f"{levels}/spans-00000.parquet"} <= set(objects)
+    manifest = json.loads(location.object_store(uri, seaweed.env).get("manifest.json"))
+    assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
+    summary = _xsp(seaweed, "summary", uri)
+    assert summary.stdout.startswith(f"xsp measurement {uri}")
+    rows = [line.split("│")[1].strip() for line in summary.stdout.splitlines() if "│ ok" in line]
+    assert rows == ["M", "MF"]
 
 
 _WRITER = """

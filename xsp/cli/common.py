@@ -40,9 +40,14 @@ class _Console(Console):
     (``xsp.core.store.location.shown``)."""
 
     def print(self, *objects: Any, **options: Any) -> None:
-        from xsp.core.store.location import shown
+        super().print(*(_shown(o) if isinstance(o, str) else o for o in objects), **options)
 
-        super().print(*(shown(o) if isinstance(o, str) else o for o in objects), **options)
+
+def _shown(text: str) -> str:
+    """``text`` with each staged object store named by its URI; where no command staged one the
+    module was never imported (it imports pyarrow), and the text is as it was."""
+    location = sys.modules.get("xsp.core.store.location")
+    return location.shown(text) if location is not None else text
 
 
 console = _Console(stderr=True)
@@ -86,9 +91,7 @@ def stdout_to_stderr(when: bool = True) -> Iterator[None]:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``xsp: error: MESSAGE`` and exit with ``code``."""
-    from xsp.core.store.location import shown
-
-    message = shown(message)
+    message = _shown(message)
     # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
     console.print(
         f"[bold red]xsp: error:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
@@ -98,9 +101,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 def warn(message: str) -> None:
     """Print ``xsp: warning: MESSAGE``."""
-    from xsp.core.store.location import shown
-
-    message = shown(message)
+    message = _shown(message)
     console.print(
         f"[yellow]xsp: warning:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
     )
@@ -184,10 +185,10 @@ class _StoreLocation(click.ParamType):
         self.writes = writes
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        if isinstance(value, Path) or ctx is None or not str(value).startswith("s3://"):
+            return Path(value)  # a local path: pyarrow (location's import) not imported for it
         from xsp.core.store import location
 
-        if isinstance(value, Path) or not location.is_uri(value) or ctx is None:
-            return Path(value)
         stage = location.staged_write if self.writes else location.staged_read
         return ctx.with_resource(stage(value))
 
