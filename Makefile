@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup native demo test lint jaeger jaeger-up otelcol browser bench-conversion bench-collector bench-analyze bench-analyze-scale clean
+.PHONY: setup native demo test lint jaeger jaeger-up otelcol seaweedfs browser bench-conversion bench-collector bench-analyze bench-analyze-scale clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,11 +50,16 @@ jaeger-up:
 otelcol:
 	-scripts/build-otelcol.sh
 
+# The object-store tests talk to a real S3 server: SeaweedFS's S3 gateway, built once from the Go
+# module proxy and cached in ~/.cache/xsp; without Go they are skipped, except under CI.
+seaweedfs:
+	-scripts/build-seaweedfs.sh >/dev/null
+
 # The browser tests look at the report and Jaeger's UI in headless Chromium, Debian's package.
 browser:
 	-@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
-test: lint native jaeger otelcol browser
+test: lint native jaeger otelcol seaweedfs browser
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 bench-conversion: $(STAMP)

@@ -102,7 +102,7 @@ class CampaignStore:
             con.execute(
                 f"""CREATE VIEW spans AS SELECT s.*, jobs.model, jobs.mode, jobs.batch_size
                     FROM (SELECT *, split_part(parse_dirpath(filename), '/', -2) AS job,
-                                 parse_dirname(filename) AS levels
+                                 split_part(parse_dirpath(filename), '/', -1) AS levels
                           FROM read_parquet([{listing}], union_by_name = true, filename = true))
                          AS s LEFT JOIN jobs USING (job)"""
             )

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from xsp.cli.common import console, open_store, say
+from xsp.cli.common import console, open_store, say, store_location
 from xsp.cli.render import print_replay, print_table, replay_summary
 from xsp.cli.summary import print_summary
 from xsp.core.errors import XspError
@@ -32,7 +32,7 @@ ALL_ROWS = 15
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location(writes=True))
 @click.option(
     "--rows",
     type=int,
@@ -160,6 +160,7 @@ def _print_json(
     import math
 
     from xsp.analysis.catalog import sections
+    from xsp.core.store.location import shown
 
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -178,7 +179,7 @@ def _print_json(
         for section in sections(store)
     }
     document = {
-        "measurement": str(run_dir),
+        "measurement": shown(str(run_dir)),  # an object store by its URI
         "reconstruction": {
             "spans": spans,
             "model_latency_median_ms": median_ms,

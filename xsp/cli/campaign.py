@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from xsp.cli.common import bar_per_key, console, fail, out_console, stdout_to_stderr
+from xsp.cli.common import (
+    bar_per_key,
+    console,
+    fail,
+    out_console,
+    stdout_to_stderr,
+    store_location,
+)
 from xsp.cli.render import print_table
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
@@ -33,7 +40,7 @@ def campaign() -> None:
 
 @campaign.command("run")
 @click.argument("campaign_file", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Campaign directory.")
+@click.option("--out", type=store_location(writes=True), required=True, help="Campaign directory.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
 @click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
@@ -119,7 +126,7 @@ def campaign_run(
 
 
 @campaign.command("report")
-@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.argument("campaign_dir", type=store_location(writes=True))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: DIR/report.html.")
 @click.option(
     "--run-reports/--no-run-reports",
@@ -173,7 +180,7 @@ def campaign_verify(
 
 
 @campaign.command("sql")
-@click.argument("campaign_dir", type=click.Path(path_type=Path))
+@click.argument("campaign_dir", type=store_location())
 @click.argument("query")
 @click.option("--csv", "as_csv", is_flag=True, help="Print every row as CSV (wide results).")
 def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
@@ -201,8 +208,8 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
 
 
 @campaign.command("diff")
-@click.argument("before", type=click.Path(path_type=Path))
-@click.argument("after", type=click.Path(path_type=Path))
+@click.argument("before", type=store_location())
+@click.argument("after", type=store_location())
 @click.option("--rows", type=int, default=20, show_default=True, help="Rows shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print every job's row as JSON.")
 def campaign_diff(before: Path, after: Path, rows: int, as_json: bool) -> None:

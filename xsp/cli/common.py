@@ -32,11 +32,28 @@ __all__ = [
     "printable",
     "say",
     "say_list",
+    "store_location",
     "warn",
 ]
 
-console = Console(stderr=True)
-out_console = Console()
+
+class _Console(Console):
+    """A console whose text names a staged object store by its URI, not its scratch copy
+    (``xsp.core.store.location.shown``)."""
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        super().print(*(_shown(o) if isinstance(o, str) else o for o in objects), **options)
+
+
+def _shown(text: str) -> str:
+    """``text`` with each staged object store named by its URI; where no command staged one the
+    module was never imported (it imports pyarrow), and the text is as it was."""
+    location = sys.modules.get("xsp.core.store.location")
+    return location.shown(text) if location is not None else text
+
+
+console = _Console(stderr=True)
+out_console = _Console()
 
 
 #: C0 and C1 controls, DEL, and the bidirectional overrides and isolates: a name holding one
@@ -76,6 +93,7 @@ def stdout_to_stderr(when: bool = True) -> Iterator[None]:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``xsp: error: MESSAGE`` and exit with ``code``."""
+    message = _shown(message)
     # messages quote what failed (a gloo error's "[/…/pair.cc:561]"): never read as markup
     console.print(
         f"[bold red]xsp: error:[/] {escape(printable(message))}", highlight=False, soft_wrap=True
@@ -86,6 +104,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def warn(message: str, out: bool = False) -> None:
     """Print ``xsp: warning: MESSAGE``: on standard error, or with ``out`` on standard output
     beside the results it qualifies (a file or ``| less`` keeps it), wrapped at the width."""
+    message = _shown(message)
     if not out:
         console.print(
             f"[yellow]xsp: warning:[/] {escape(printable(message))}",
@@ -205,3 +224,28 @@ def open_store(run_dir: Path, out: bool = False) -> Any:
     for message in store.warnings:
         warn(message, out=out)
     return store
+
+
+class _StoreLocation(click.ParamType):
+    """A store's place: a local path, or ``s3://bucket/prefix`` staged for the command
+    (``xsp.core.store.location``): copied to a scratch directory first, and with ``writes``,
+    what the command wrote there uploaded when it ends."""
+
+    name = "path"
+
+    def __init__(self, writes: bool) -> None:
+        self.writes = writes
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        if isinstance(value, Path) or ctx is None or not str(value).startswith("s3://"):
+            return Path(value)  # a local path: pyarrow (location's import) not imported for it
+        from xsp.core.store import location
+
+        stage = location.staged_write if self.writes else location.staged_read
+        return ctx.with_resource(stage(value))
+
+
+def store_location(writes: bool = False) -> click.ParamType:
+    """The parameter type of a store's place (a measurement, a campaign); ``writes``: the
+    command writes into it."""
+    return _StoreLocation(writes)

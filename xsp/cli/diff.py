@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from xsp.cli.common import console, open_store, say, warn
+from xsp.cli.common import console, open_store, say, store_location, warn
 from xsp.cli.render import print_table
 from xsp.core.errors import XspError
 
@@ -15,8 +15,8 @@ __all__ = ["diff_command"]
 
 
 @click.command("diff")
-@click.argument("before", type=click.Path(path_type=Path))
-@click.argument("after", type=click.Path(path_type=Path))
+@click.argument("before", type=store_location())
+@click.argument("after", type=store_location())
 @click.option("--rows", type=int, default=10, show_default=True, help="Rows per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print every section's rows as JSON.")
 @click.option(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from xsp.cli.common import console, out_console, warn
+from xsp.cli.common import console, out_console, store_location, warn
 from xsp.core.errors import XspError
 from xsp.tracer.export.formats import FORMATS
 
@@ -32,7 +32,7 @@ _RECONSTRUCTED = click.option("--reconstructed", is_flag=True, hidden=True)
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 @click.option(
     "--format",
     "fmt",
@@ -108,7 +108,7 @@ def _reconstructed(run_dir: Path) -> RunSpans:
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 @click.option("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT).")
 @_TRACED
 @_RECONSTRUCTED

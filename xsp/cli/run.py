@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from xsp.cli.common import console, fail, labelled_bars, say_list, warn
+from xsp.cli.common import console, fail, labelled_bars, say_list, store_location, warn
 from xsp.cli.summary import print_summary
 from xsp.core.errors import XspError
 
@@ -80,7 +80,7 @@ __all__ = ["run"]
 @click.option("--device", help="cpu, cuda or cuda:N (default: cuda when present).")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=store_location(writes=True),
     default=None,
     help="Run directory (default: xsp-runs/<time>).",
 )

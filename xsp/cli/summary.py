@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from xsp.cli.common import open_store, out_console, say, say_list, warn
+from xsp.cli.common import open_store, out_console, say, say_list, store_location, warn
 from xsp.cli.fit import Column, Kind, fit
 from xsp.cli.render import replay_summary, replay_warnings
 from xsp.core.errors import XspError
@@ -19,7 +19,7 @@ __all__ = ["counter_line", "print_summary", "run_warnings", "summary"]
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=store_location())
 def summary(run_dir: Path) -> None:
     """Print the summary of a stored measurement."""
     print_summary(run_dir)
@@ -39,11 +39,12 @@ def print_summary(
     caller says in its last line (xsp run), not warned about here too."""
     from xsp.analysis.tables.summary import level_sets, own_time_line, time_line, top_layers
     from xsp.core.store import MANIFEST, Manifest, read_manifest
+    from xsp.core.store.location import shown
 
     store = store or open_store(run_dir, out=True)
     rows = level_sets(store).to_pylist()
     _print(
-        f"xsp measurement {run_dir}",
+        shown(f"xsp measurement {run_dir}"),  # an object store by its URI
         [
             Column("levels", [r["levels"] for r in rows], Kind.NAME, 0),
             Column("status", [str(r["status"]) for r in rows], Kind.NAME, 0),

@@ -1,0 +1,228 @@
+"""Stores on S3-compatible object storage, against a real S3 server (SeaweedFS's gateway,
+``tests.object_store``): a measurement copied to ``s3://`` reads exactly as on local disk
+through every reading command, a campaign runs into ``s3://`` and answers SQL there, and an
+object is absent or whole, never half, when its writer is killed mid-upload."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.object_store import SeaweedS3, seaweed
+from xsp.campaign.files import load
+from xsp.core.errors import StoreError
+from xsp.core.store import location
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASUREMENT = ROOT / "benchmarks/data/r50-b64-train"
+CHANNELS_LAST = ROOT / "benchmarks/data/r50-b64-train-cl"
+
+__all__ = ["seaweed"]  # the fixture, used by name
+
+
+def _xsp(server: SeaweedS3, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
+    done = subprocess.run(
+        [sys.executable, "-m", "xsp", *args], env=env, text=True, capture_output=True, timeout=600
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def _unpadded(text: str) -> list[str]:
+    """``text``'s lines without the padding a table title gets to the table's width (a path
+    and a URI differ in length)."""
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def _copy_up(server: SeaweedS3, local: Path) -> str:
+    """``local``'s store copied to a fresh prefix, the way xsp writes one (``staged_write``)."""
+    uri = server.uri(local.name)
+    store = location.object_store(uri, server.env)
+    assert store.upload(local) == len([p for p in local.rglob("*") if p.is_file()])
+    return uri
+
+
+def test_every_reading_command_gives_the_same_output_from_s3_as_from_disk(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    uri = _copy_up(seaweed, MEASUREMENT)
+    other = _copy_up(seaweed, CHANNELS_LAST)
+    listed = location.object_store(uri, seaweed.env).listing()
+    assert listed == {
+        p.relative_to(MEASUREMENT).as_posix(): p.stat().st_size
+        for p in MEASUREMENT.rglob("*")
+        if p.is_file()
+    }
+    for args in (
+        ("summary", "{m}"),
+        ("analyze", "{m}", "--rows", "5"),
+        ("analyze", "{m}", "--json"),
+        ("export", "{m}"),
+        ("diff", "{m}", "{o}"),
+    ):
+        local = _xsp(seaweed, *(a.format(m=MEASUREMENT, o=CHANNELS_LAST) for a in args))
+        remote = _xsp(seaweed, *(a.format(m=uri, o=other) for a in args))
+        # the longer path first: the measurement's is a prefix of the other's
+        expected = local.stdout.replace(str(CHANNELS_LAST), other).replace(str(MEASUREMENT), uri)
+        assert _unpadded(remote.stdout) == _unpadded(expected), args
+        assert remote.stderr == local.stderr.replace(str(MEASUREMENT), uri), args
+        assert len(local.stdout) > 200, args  # each printed its tables or traces
+    for name, target in (("local", MEASUREMENT), ("remote", uri)):  # a file, written locally
+        _xsp(
+            seaweed,
+            "export",
+            str(target),
+            "--format",
+            "chrome",
+            "-o",
+            str(tmp_path / f"{name}.json"),
+        )
+    assert (tmp_path / "remote.json").read_bytes() == (tmp_path / "local.json").read_bytes()
+    # analyze wrote nothing into the store, so nothing went up
+    assert location.object_store(uri, seaweed.env).listing() == listed
+
+
+def test_a_missing_store_and_a_bad_uri_are_one_line_each(seaweed: SeaweedS3) -> None:
+    missing = seaweed.uri("missing")
+    done = _xsp(seaweed, "summary", missing, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"xsp: error: {missing}: no such run directory"
+    with pytest.raises(StoreError, match="expected s3://bucket/prefix"):
+        location.object_store("s3://", seaweed.env)
+
+
+def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_path: Path) -> None:
+    campaign_file = tmp_path / "c.toml"
+    campaign_file.write_text(
+        '[campaign]\nname = "s3"\ndevice = "cpu"\nbatch_sizes = [1]\nlevel_sets = ["M", "MF"]\n'
+        'iterations = 2\nwarmup = 0\n[models]\nnames = ["torchvision:squeezenet1_1"]\n'
+    )
+    uri = seaweed.uri("campaign")
+    _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
+    objects = location.object_store(uri, seaweed.env).listing()
+    (job,) = [j.id for j in load(campaign_file).jobs()]
+    assert {"campaign.json", f"jobs/{job}.json", f"runs/{job}/manifest.json"} <= set(objects)
+    assert {f"runs/{job}/{levels}/spans-00000.parquet" for levels in ("M", "MF")} <= set(objects)
+    assert not [name for name in objects if name.endswith(".tmp")]
+    query = (
+        "SELECT levels, count(*) FILTER (kind = 'step') AS steps FROM spans GROUP BY 1 ORDER BY 1"
+    )
+    done = _xsp(seaweed, "campaign", "sql", uri, query, "--csv")
+    assert done.stdout.splitlines() == ["levels,steps", "M,2", "MF,2"]
+    jobs = _xsp(seaweed, "campaign", "sql", uri, "SELECT job, status FROM jobs", "--csv")
+    assert jobs.stdout.splitlines() == ["job,status", f"{job},ok"]
+    # a rerun resumes from what the store holds: the job is done, nothing runs again
+    again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
+    assert "1 jobs, 1 done, running 0" in again.stderr
+    assert location.object_store(uri, seaweed.env).listing() == objects
+    # the report is written beside the campaign, and each job's beside its run, in the store
+    _xsp(seaweed, "campaign", "report", uri)
+    reports = {"report.html", f"runs/{job}/report.html"}
+    assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, *reports}
+
+
+def test_a_rewrite_replaces_the_stored_files_and_removes_the_deleted_ones(
+    seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = seaweed.uri("rewrite")
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)  # staged_write reads os.environ, as xsp does
+    with location.staged_write(uri) as local:
+        (local / "M").mkdir(parents=True)
+        (local / "M" / "spans-00000.parquet").write_bytes(b"first")
+        (local / "M" / "spans-00001.parquet").write_bytes(b"second")
+        (local / "M" / "run.json.tmp").write_bytes(b"{")  # a temporary name: never an object
+    store = location.object_store(uri, seaweed.env)
+    assert store.listing() == {"M/spans-00000.parquet": 5, "M/spans-00001.parquet": 6}
+    with location.staged_write(uri) as local:  # a re-run level set: its parts replaced
+        assert (local / "M" / "spans-00001.parquet").read_bytes() == b"second"
+        (local / "M" / "spans-00001.parquet").unlink()
+        (local / "M" / "spans-00000.parquet").write_bytes(b"replaced")
+    assert store.listing() == {"M/spans-00000.parquet": 8}
+    assert store.get("M/spans-00000.parquet") == b"replaced"
+
+
+def test_the_endpoint_and_region_come_from_the_aws_variables() -> None:
+    options = location._s3_options
+    assert options({}) == {}
+    assert options({"AWS_ENDPOINT_URL": "http://127.0.0.1:8333/", "AWS_REGION": "eu-west-1"}) == {
+        "endpoint_override": "127.0.0.1:8333",
+        "scheme": "http",
+        "region": "eu-west-1",
+    }
+    both = {"AWS_ENDPOINT_URL": "http://a:1", "AWS_ENDPOINT_URL_S3": "https://s3.b:2"}
+    assert options(both) == {"endpoint_override": "s3.b:2", "scheme": "https"}
+    assert options({"AWS_DEFAULT_REGION": "us-west-2"}) == {"region": "us-west-2"}
+    keys = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "t"}
+    assert options(keys) == {"access_key": "id", "secret_key": "secret", "session_token": "t"}
+    assert options({"AWS_ACCESS_KEY_ID": "id"}) == {}  # half a pair: the SDK's chain decides
+
+
+def test_xsp_run_stores_its_measurement_in_s3(seaweed: SeaweedS3) -> None:
+    uri = seaweed.uri("run")
+    model = ("--model", "torchvision:squeezenet1_1", "--batch-size", "1", "--device", "cpu")
+    run = _xsp(seaweed, "run", *model, "--levels", "M,MF", "--iterations", "2", "--warmup", "0",
+               "--out", uri)  # fmt: skip
+    assert f"spans stored in {uri}" in run.stderr  # named by its URI, not the scratch copy
+    objects = location.object_store(uri, seaweed.env).listing()
+    for levels in ("M", "MF"):
+        assert {f"{levels}/run.json", f"{levels}/spans-00000.parquet"} <= set(objects)
+    manifest = json.loads(location.object_store(uri, seaweed.env).get("manifest.json"))
+    assert [r["status"] for r in manifest["runs"]] == ["ok", "ok"]
+    summary = _xsp(seaweed, "summary", uri)
+    assert summary.stdout.startswith(f"xsp measurement {uri}")
+    rows = [line.split("│")[1].strip() for line in summary.stdout.splitlines() if "│ ok" in line]
+    assert rows == ["M", "MF"]
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+from xsp.core.store import location
+store = location.object_store(sys.argv[1])
+print("uploading", flush=True)
+store.upload(Path(sys.argv[2]))
+print("done", flush=True)
+"""
+
+
+def test_a_writer_killed_mid_upload_leaves_each_object_whole_or_absent(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    local = tmp_path / "parts"
+    local.mkdir()
+    digests = {}
+    for index in range(40):  # 40 parts of 6 MB each: each a multipart upload of its own
+        data = os.urandom(6 << 20)
+        (local / f"spans-{index:05d}.parquet").write_bytes(data)
+        digests[f"spans-{index:05d}.parquet"] = hashlib.sha256(data).hexdigest()
+    uri = seaweed.uri("killed")
+    store = location.object_store(uri, seaweed.env)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, uri, str(local)],
+        env={**os.environ, **seaweed.env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "uploading\n"
+    deadline = time.time() + 120
+    while time.time() < deadline and not store.listing():
+        time.sleep(0.01)
+    os.killpg(writer.pid, signal.SIGKILL)
+    writer.wait()
+    listed = store.listing()
+    assert 0 < len(listed) < len(digests)  # killed midway: some parts up, not all
+    for name in listed:  # each object there is its file whole
+        assert hashlib.sha256(store.get(name)).hexdigest() == digests[name], name
+    assert set(listed) <= set(digests)  # nothing else: no piece of an unfinished upload

@@ -1,0 +1,282 @@
+"""Where a store lives: a local directory, or a prefix of an S3-compatible object store
+(``s3://bucket/prefix``), for a measurement, a campaign and the collector alike.
+
+One mechanism serves every command: an object store is *staged*. Its objects are copied whole
+into a local temporary directory (``staged_read``), the store's readers read that directory as
+they read any other, and a writer writes there and then uploads each finished file as one whole
+object (``staged_write``). The readers verify every parquet page's checksum with pyarrow before
+DuckDB sees a file, so each object is read once either way; DuckDB's httpfs extension cannot be
+installed offline (the PyPI wheels are built for other DuckDB releases).
+
+Writes are whole-object and atomic: a local file is only ever written to a temporary name and
+renamed when complete (``json_io``, ``files``), the upload skips temporary names, and each
+object is one PUT (or one multipart upload, which S3 makes visible only when it completes) of
+a finished file read whole first. A writer killed mid-upload leaves the object absent or whole,
+never half. Span parts and side tables go up before ``run.json``, run.json before
+``manifest.json``, and a campaign's job results last, so a reader that finds a run's index
+finds the files it lists.
+
+Credentials and the endpoint come from the usual AWS settings (pyarrow's S3 client, the AWS
+SDK's default chain): ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and
+``AWS_SESSION_TOKEN``), or ``AWS_PROFILE`` with ``~/.aws/credentials`` and ``~/.aws/config``;
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for a server other than AWS (``http://`` for
+plain HTTP); ``AWS_REGION`` or ``AWS_DEFAULT_REGION``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from pyarrow import fs as pafs
+
+from xsp.core.errors import StoreError, XspError
+
+__all__ = [
+    "ObjectStore",
+    "is_uri",
+    "object_store",
+    "shown",
+    "staged_read",
+    "staged_write",
+]
+
+SCHEME = "s3://"
+#: Objects downloaded and uploaded at a time: each is one request, mostly waiting on the network.
+_THREADS = 8
+#: What a local writer leaves that is never an object: its temporary files (renamed when whole).
+_NEVER_UPLOADED = (".tmp-*", "*.tmp", ".xsp-write-test-*")
+
+
+def is_uri(target: str | os.PathLike[str]) -> bool:
+    """Whether ``target`` names an object store (``s3://...``) rather than a local path."""
+    return str(target).startswith(SCHEME)
+
+
+def _upload_rank(relative: str) -> int:
+    """Upload order: data first, then the files that list it (run.json, the manifest, a
+    campaign's job results, its spec), so a reader never finds an index before its data."""
+    name = relative.rsplit("/", 1)[-1]
+    if relative.startswith("jobs/"):
+        return 3
+    return {"run.json": 1, "manifest.json": 2, "campaign.json": 4}.get(name, 0)
+
+
+@dataclass(frozen=True)
+class _Listed:
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class ObjectStore:
+    """The objects under one ``s3://bucket/prefix``, through pyarrow's S3 filesystem.
+
+    ``download`` and ``upload`` keep a record of what they copied (``known``), so an upload
+    sends only the files that are new or changed since, and removes the objects of files the
+    local writer deleted (a re-run replaces its span parts)."""
+
+    uri: str
+    fs: pafs.FileSystem
+    base: str  # bucket/prefix, as the filesystem names it
+    known: dict[str, _Listed] = field(default_factory=dict)
+
+    def key(self, relative: str) -> str:
+        return f"{self.base}/{relative}" if relative else self.base
+
+    def listing(self) -> dict[str, int]:
+        """Every object under the prefix: its path relative to the prefix, and its size."""
+        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"cannot list {self.uri}: {_reason(exc)}") from exc
+        prefix = self.base + "/"
+        return {
+            info.path[len(prefix) :]: info.size or 0
+            for info in infos
+            if info.type == pafs.FileType.File and info.path.startswith(prefix)
+        }
+
+    def get(self, relative: str) -> bytes:
+        """One object, whole."""
+        try:
+            with self.fs.open_input_stream(self.key(relative)) as source:
+                return bytes(source.read())
+        except FileNotFoundError as exc:
+            raise StoreError(f"{self.uri}/{relative}: missing") from exc
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"cannot read {self.uri}/{relative}: {_reason(exc)}") from exc
+
+    def put(self, relative: str, data: bytes) -> None:
+        """One object, whole: a single write of finished bytes, so the object is absent or
+        complete (a failed request completes no upload)."""
+        try:
+            with self.fs.open_output_stream(self.key(relative)) as sink:
+                sink.write(data)
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"cannot write {self.uri}/{relative}: {_reason(exc)}") from exc
+
+    def delete(self, relative: str) -> None:
+        try:
+            self.fs.delete_file(self.key(relative))
+        except FileNotFoundError:
+            pass
+        except (OSError, pa.ArrowException) as exc:
+            raise StoreError(f"cannot delete {self.uri}/{relative}: {_reason(exc)}") from exc
+
+    def download(self, local: Path, only: tuple[str, ...] = ()) -> int:
+        """Copy every object (those matching a pattern of ``only``, when given) into ``local``,
+        whole; the number copied."""
+        wanted = [r for r in self.listing() if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+
+        def fetch(relative: str) -> None:
+            path = local / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self.get(relative))
+            self._remember(relative, path)
+
+        with ThreadPoolExecutor(_THREADS) as pool:
+            list(pool.map(fetch, wanted))
+        return len(wanted)
+
+    def upload(self, local: Path) -> int:
+        """Upload each finished file of ``local`` that is new or changed since the last
+        download or upload, as one whole object, data before the files that index it; remove
+        the objects of files downloaded earlier and deleted since. The number uploaded."""
+        files = {
+            p.relative_to(local).as_posix(): p
+            for p in local.rglob("*")
+            if p.is_file() and not any(fnmatch.fnmatch(p.name, n) for n in _NEVER_UPLOADED)
+        }
+        changed = [r for r, p in files.items() if self.known.get(r) != _stat(p)]
+
+        def send(relative: str) -> None:
+            path = files[relative]
+            seen = _stat(path)
+            self.put(relative, path.read_bytes())  # read whole first: never half a file
+            self.known[relative] = seen
+
+        for rank in sorted({_upload_rank(r) for r in changed}):  # each rank done before the next
+            with ThreadPoolExecutor(_THREADS) as pool:
+                list(pool.map(send, [r for r in changed if _upload_rank(r) == rank]))
+        for relative in [r for r in self.known if r not in files]:
+            self.delete(relative)
+            del self.known[relative]
+        return len(changed)
+
+    def _remember(self, relative: str, path: Path) -> None:
+        self.known[relative] = _stat(path)
+
+
+def _stat(path: Path) -> _Listed:
+    info = path.stat()
+    return _Listed(info.st_size, info.st_mtime_ns)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _s3_options(env: Mapping[str, str]) -> dict[str, str]:
+    """pyarrow S3FileSystem options from the AWS variables of ``env``: the endpoint, the
+    region, and a key pair when it holds one (else the AWS SDK's chain finds credentials:
+    ``AWS_PROFILE`` and its files, a role)."""
+    options: dict[str, str] = {}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, sep, host = endpoint.rstrip("/").partition("://")
+        options["endpoint_override"] = host if sep else scheme
+        options["scheme"] = scheme if sep else "https"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        options["access_key"] = env["AWS_ACCESS_KEY_ID"]
+        options["secret_key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            options["session_token"] = env["AWS_SESSION_TOKEN"]
+    return options
+
+
+def object_store(uri: str, env: Mapping[str, str] | None = None) -> ObjectStore:
+    """The object store at ``uri`` (``s3://bucket/prefix``), configured from the AWS
+    environment (``env``, default ``os.environ``)."""
+    rest = uri[len(SCHEME) :].strip("/")
+    bucket = rest.split("/", 1)[0]
+    if not is_uri(uri) or not bucket:
+        raise StoreError(f"{uri}: not an object-store location (expected s3://bucket/prefix)")
+    try:
+        # delayed open: a file smaller than one part goes up as one PutObject on close
+        options = _s3_options(os.environ if env is None else env)
+        filesystem = pafs.S3FileSystem(allow_delayed_open=True, **options)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise StoreError(f"cannot open {uri}: {_reason(exc)}") from exc
+    return ObjectStore(uri=f"{SCHEME}{rest}", fs=filesystem, base=rest)
+
+
+#: Local staging directories and the object-store location each stands for, so that what xsp
+#: says about a file names the object (``shown``) rather than a temporary path.
+_ALIASES: dict[str, str] = {}
+
+
+def shown(text: str) -> str:
+    """``text`` with each staging directory's path written as the location it stands for."""
+    for local, uri in _ALIASES.items():
+        text = text.replace(local, uri)
+    return text
+
+
+@contextlib.contextmanager
+def _staging(uri: str) -> Iterator[tuple[ObjectStore, Path]]:
+    store = object_store(uri)
+    scratch = Path(tempfile.mkdtemp(prefix="xsp-s3-"))
+    local = scratch / "store"
+    _ALIASES[str(local)] = store.uri
+    try:
+        yield store, local
+    except XspError as exc:  # its message names the object, not the scratch copy
+        exc.args = (shown(str(exc)), *exc.args[1:])
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_read(target: str | Path, only: tuple[str, ...] = ()) -> Iterator[Path]:
+    """A local path that holds the store at ``target``: itself when local, else a temporary
+    copy of its objects (those matching ``only``'s patterns, when given), removed afterwards.
+    With no object there the path does not exist, as a missing directory would not."""
+    if not is_uri(target):
+        yield Path(target)
+        return
+    with _staging(str(target)) as (store, local):
+        store.download(local, only)
+        yield local
+
+
+@contextlib.contextmanager
+def staged_write(target: str | Path) -> Iterator[Path]:
+    """A local directory to write the store at ``target`` into: itself when local, else a
+    temporary copy of what is stored there (a rerun resumes, a re-run level set replaces its
+    own), whose new and changed files are uploaded when the block ends, also when it fails
+    or is interrupted (what finished is kept, as on a local disk)."""
+    if not is_uri(target):
+        yield Path(target)
+        return
+    with _staging(str(target)) as (store, local):
+        store.download(local)
+        try:
+            yield local
+        finally:
+            if local.exists():
+                store.upload(local)
