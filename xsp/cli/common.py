@@ -124,7 +124,7 @@ def say(text: str, indent: str = "", hang: str = "", style: str = "") -> None:
     """Print a line of results on standard output, wrapped at the terminal's width between
     words (never inside one); ``indent`` starts each line, ``hang`` the lines after the first;
     ``style`` a rich style (a table's title in bold)."""
-    for line in _wrap(printable(text), indent + hang, indent):
+    for line in _wrap(printable(_shown(text)), indent + hang, indent):
         out_console.print(Text(line, style=style), highlight=False, soft_wrap=True)
 
 
@@ -134,7 +134,7 @@ def say_list(text: str) -> None:
     after the first indented."""
     width = out_console.width
     lines: list[str] = []
-    for phrase in re.split(r"(?<=[,;]) ", printable(text)):
+    for phrase in re.split(r"(?<=[,;]) ", printable(_shown(text))):
         if lines and len(lines[-1]) + 1 + len(phrase) <= width:
             lines[-1] += " " + phrase
         elif lines:
