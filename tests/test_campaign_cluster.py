@@ -113,6 +113,7 @@ def test_a_worker_node_killed_mid_campaign_costs_no_job_and_duplicates_none(
         assert driver.returncode == 0, stderr[-3000:]
         assert "4 jobs ok, 0 failed" in stderr, stderr[-3000:]
         records = _assert_each_job_once_ok(out)
+        print({job: (r["node"][:8], r["attempt"]) for job, r in records.items()})  # pytest -s
         killed = on_worker[0]
         # Ray ran the killed job again, on the head, the one node left
         assert records[killed]["attempt"] == 2
@@ -161,6 +162,7 @@ def test_a_lost_cluster_is_one_line_and_the_same_command_resumes(tmp_path: Path)
         ), stderr[-3000:]
         assert lines[0].endswith("the finished jobs are recorded: run the same command to resume")
         assert "Traceback" not in stderr
+        print(lines[0])  # the figure the docs quote (pytest -s)
         recorded = len(_records(out))
         assert 1 <= recorded < len(JOBS)
         # the head is back at the same address: the same command runs the rest

@@ -7,36 +7,35 @@ staging directory of its own, moved in place as the job's run directory once it 
 records it. A task whose node or worker dies is retried by Ray on another node (``MAX_RETRIES``);
 the retry writes a new staging directory, so nothing half-written is ever a run directory, and
 the driver records each job once, when its task ends. A cluster that cannot be reached, or
-that the driver loses mid-campaign, is one ``ClusterError`` line: what finished is recorded, and
-the same command resumes.
+that the driver loses mid-campaign, is one ``ClusterError`` line (``ray_connection``): what
+finished is recorded, and the same command resumes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import secrets
 import socket
-import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
+from xsp.campaign.ray_connection import GcsWatch, connect, disconnect, first_line, lost
 from xsp.campaign.records import JobRecord
 from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
 from xsp.core.errors import ClusterError
 
-__all__ = ["MAX_RETRIES", "JobArguments", "connect", "run_ray"]
+__all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "run_ray"]
 
 #: Ray's retries of a job whose worker or node died (Ray's default too). A job's failures
 #: (out of memory, an unsupported model) are records, never exceptions: Ray retries no job
 #: that ran through.
 MAX_RETRIES = 3
-#: Seconds to wait for a TCP answer from a cluster address before calling it unreachable.
-_CONNECT_TIMEOUT_S = 5.0
+#: Where, in the campaign directory, the driver's Ray writes its own messages.
+RAY_LOG = "ray-driver.log"
+#: Seconds between looks at the cluster while no job ends.
+_POLL_S = 2.0
 
 
 class JobArguments(TypedDict):
@@ -60,36 +59,50 @@ def run_ray(
     under the same name (a shared file system)."""
     import ray
 
-    if not ray.is_initialized():
-        connect(address)
+    connect(address, store.root / RAY_LOG)
     finished = 0
+    cluster_lost = False
     try:
         _check_resources(spec, address)
-        remote = ray.remote(
-            num_gpus=1 if spec.device.startswith("cuda") else 0,
-            num_cpus=1,
-            max_retries=MAX_RETRIES,
-            retry_exceptions=False,
-        )(_remote_job)
-        root = str(store.root.resolve())
-        record = spec.to_dict()
-        pending: dict[Any, Job] = {}
-        for job in jobs:
-            store.clear_staging(job)  # a killed campaign's attempts: this run starts them anew
-            arguments = JobArguments(model=job.model, mode=job.mode, batch_size=job.batch_size)
-            pending[remote.remote(root, record, arguments)] = job
+        pending = _submit(spec, store, jobs)
+        gcs = GcsWatch()
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+            if not done and not gcs.answers():
+                cluster_lost = True
+                why = f"its GCS at {gcs.address} stopped taking connections"
+                raise ClusterError(lost(address, why, finished, len(jobs)))
             for ref in done:
                 job = pending.pop(ref)
                 on_done(_outcome(ref, job))
                 finished += 1
                 store.clear_staging(job)
     except (ConnectionError, ray.exceptions.RayError) as exc:
-        raise ClusterError(_lost(address, exc, finished, len(jobs))) from exc
+        cluster_lost = True
+        why = f"{type(exc).__name__}: {first_line(exc)}"
+        raise ClusterError(lost(address, why, finished, len(jobs))) from exc
     finally:
-        with _stderr_aside():  # a lost cluster's shutdown logs its own complaints
-            ray.shutdown()
+        disconnect(cluster_lost)
+
+
+def _submit(spec: CampaignSpec, store: CampaignStore, jobs: list[Job]) -> dict[Any, Job]:
+    """One task a job, one GPU (or CPU) each; what a killed campaign left staged goes first."""
+    import ray
+
+    remote = ray.remote(
+        num_gpus=1 if spec.device.startswith("cuda") else 0,
+        num_cpus=1,
+        max_retries=MAX_RETRIES,
+        retry_exceptions=False,
+    )(_remote_job)
+    root = str(store.root.resolve())
+    record = spec.to_dict()
+    pending: dict[Any, Job] = {}
+    for job in jobs:
+        store.clear_staging(job)
+        arguments = JobArguments(model=job.model, mode=job.mode, batch_size=job.batch_size)
+        pending[remote.remote(root, record, arguments)] = job
+    return pending
 
 
 def _remote_job(root: str, spec_record: CampaignRecord, arguments: JobArguments) -> JobRecord:
@@ -138,7 +151,7 @@ def _outcome(ref: Any, job: Job) -> JobRecord:
         return ray.get(ref)
     except rx.RayTaskError as exc:  # raised in the task: xsp's bug or a store it cannot write
         cause = exc.cause if exc.cause is not None else exc
-        reason, error = "failed", f"{type(cause).__name__}: {_first_line(cause)}"
+        reason, error = "failed", f"{type(cause).__name__}: {first_line(cause)}"
     except (
         rx.WorkerCrashedError,
         rx.NodeDiedError,
@@ -149,7 +162,7 @@ def _outcome(ref: Any, job: Job) -> JobRecord:
         rx.OutOfDiskError,
     ) as exc:
         reason = "lost"
-        error = f"Ray gave up after {MAX_RETRIES} retries: {type(exc).__name__}: {_first_line(exc)}"
+        error = f"Ray gave up after {MAX_RETRIES} retries: {type(exc).__name__}: {first_line(exc)}"
     return JobRecord(
         job=job.id,
         model=job.model,
@@ -162,105 +175,13 @@ def _outcome(ref: Any, job: Job) -> JobRecord:
     )
 
 
-# -- the cluster: reaching it, and losing it -------------------------------------------------
-def connect(address: str | None) -> None:
-    """``ray.init`` (``run_ray`` calls it if no one has), its failures as one ``ClusterError``
-    line. An address with nothing
-    listening is found out here at once (Ray itself retries it for minutes); Ray's own
-    complaints while connecting go to a file, read for the reason."""
-    import ray
-
-    if address not in (None, "auto"):
-        _check_listening(address)
-    with tempfile.TemporaryFile("w+") as log, _stderr_aside(log.fileno()):
-        try:
-            ray.init(
-                address=address,
-                ignore_reinit_error=True,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-                include_dashboard=False,
-            )
-            return
-        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as exc:
-            error: BaseException = exc
-        log.seek(0)
-        said = log.read()
-    where = address or "this machine"
-    if "InvalidAuthToken" in said or "Unauthenticated" in said or _is_auth(error):
-        raise ClusterError(
-            f"the Ray cluster at {where} refused the connection: it uses token "
-            "authentication; set RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN, or "
-            "~/.ray/auth_token) as on its nodes, then run the same command to resume"
-        ) from error
-    raise ClusterError(
-        f"no Ray cluster at {where} ({_first_line(error)}); start one (ray start --head) or "
-        "give its address with --address, then run the same command to resume"
-    ) from error
-
-
-def _is_auth(error: BaseException) -> bool:
-    import ray
-
-    return isinstance(error, ray.exceptions.AuthenticationError)
-
-
-def _check_listening(address: str) -> None:
-    """Refuse an address whose host does not answer on its port, at once."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ClusterError(f"bad --address {address!r}: give auto, HOST:PORT or ray://HOST:PORT")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), _CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise ClusterError(
-            f"no Ray cluster at {address} ({reason.lower()}); start one (ray start --head) or "
-            "give its address with --address, then run the same command to resume"
-        ) from exc
-
-
 def _check_resources(spec: CampaignSpec, address: str | None) -> None:
     """A CUDA campaign on a cluster with no GPU would wait forever for one: refuse it."""
     import ray
 
     if spec.device.startswith("cuda") and not ray.cluster_resources().get("GPU"):
-        where = address or "this machine"
         raise ClusterError(
-            f"the Ray cluster at {where} has no GPU for a {spec.device} campaign; add GPU "
-            "nodes (ray start --num-gpus N), then run the same command to resume"
+            f"the Ray cluster at {address or 'this machine'} has no GPU for a {spec.device} "
+            "campaign; add GPU nodes (ray start --num-gpus N), then run the same command to "
+            "resume"
         )
-
-
-def _lost(address: str | None, exc: BaseException, finished: int, total: int) -> str:
-    where = address or "this machine"
-    return (
-        f"lost the Ray cluster at {where} after {finished} of {total} jobs "
-        f"({type(exc).__name__}: {_first_line(exc)}); the finished jobs are recorded: "
-        "run the same command to resume"
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's message, its first line only (Ray's carry tracebacks), shortened."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-@contextlib.contextmanager
-def _stderr_aside(fd: int | None = None) -> Iterator[None]:
-    """File descriptor 2 pointed at ``fd`` (default: /dev/null) for a while: Ray's C++ core
-    logs there directly, past Python's logging."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    target = os.open(os.devnull, os.O_WRONLY) if fd is None else fd
-    try:
-        os.dup2(target, 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        if fd is None:
-            os.close(target)

@@ -72,9 +72,10 @@ def campaign_run(
     if limit is not None:
         pending = pending[:limit]
     if executor == "ray":  # a cluster that is not there is one line, before any other
-        from xsp.campaign.ray_executor import connect
+        from xsp.campaign.ray_connection import connect
+        from xsp.campaign.ray_executor import RAY_LOG
 
-        connect(address)
+        connect(address, out / RAY_LOG)
     console.print(
         f"campaign {spec.name}: {len(jobs)} jobs, {len(jobs) - len(store.pending(jobs))} done, "
         f"running {len(pending)}",
