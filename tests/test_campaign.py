@@ -222,11 +222,31 @@ def test_jobs_in_a_lane_overlap_but_never_measure_while_another_job_runs(tmp_pat
         assert after["phases_ns"]["levels_on"] > before["finished_ns"]
 
 
+def test_a_committed_attempt_replaces_the_run_directory_whole(tmp_path: Path) -> None:
+    # a Ray job writes aside and commits once: a later attempt's commit replaces an earlier
+    # one's run directory as a whole, and leaves nothing of it behind
+    store = CampaignStore(tmp_path / "C")
+    job = from_dict({"models": {"names": ["torchvision:resnet18"]}}).jobs()[0]
+    first = store.stage(job, "host-1-aaaaaa")
+    (first / "M").mkdir()
+    (first / "M" / "old.parquet").write_text("first")
+    store.commit(job, first)
+    second = store.stage(job, "host-2-bbbbbb")
+    (second / "M").mkdir()
+    (second / "M" / "new.parquet").write_text("second")
+    assert [p.name for p in store.attempts(job)] == ["host-2-bbbbbb"]
+    store.commit(job, second)
+    assert [p.name for p in store.run_dir(job).rglob("*")] == ["M", "new.parquet"]
+    assert store.attempts(job) == []
+    store.clear_staging(job)
+    assert not (store.staging_dir / job.id).exists()
+
+
 def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each_run(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("ray")
-    from xsp.campaign.executor import run_ray
+    from xsp.campaign.ray_executor import run_ray
     from xsp.campaign.report import write_campaign_report
 
     spec = load(_toml(tmp_path / "c.toml", ["torchvision:squeezenet1_1"], (1, 2)))
@@ -235,9 +255,10 @@ def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each
     records: list[dict] = []
     run_ray(spec, store, spec.jobs(), lambda r: (store.save(r), records.append(r)))
     assert sorted(r["job"] for r in records) == sorted(j.id for j in spec.jobs())
-    assert all(r["status"] == "ok" and r["host"] for r in records), records
-    for job in spec.jobs():  # the runs came back from the workers into the campaign store
+    assert all(r["status"] == "ok" and r["host"] and r["attempt"] == 1 for r in records), records
+    for job in spec.jobs():  # each worker put its run in the campaign store; nothing left aside
         assert (store.run_dir(job) / "M" / "run.json").exists()
+    assert not list(store.staging_dir.glob("*/*"))
     report = tmp_path / "C" / "report.html"
     assert write_campaign_report(store, report) == 2
     page = report.read_text()

@@ -1,36 +1,24 @@
-"""Where campaign jobs run: locally, one job per GPU at a time (``--parallel`` at a time on CPU), or
-on a Ray cluster, one GPU per job. Results land in the campaign store as each job ends, so an
-interrupted campaign resumes where it stopped."""
+"""Where campaign jobs run locally: one job per GPU at a time (``--parallel`` at a time on CPU);
+``ray_executor`` runs them on a Ray cluster. Results land in the campaign store as each job
+ends, so an interrupted campaign resumes where it stopped."""
 
 from __future__ import annotations
 
-import io
 import queue
-import shutil
-import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from xsp.campaign.jobs import run_job, switched_on
 from xsp.campaign.records import JobRecord
-from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
+from xsp.campaign.spec import CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
 
-__all__ = ["JobArguments", "OnDone", "gpu_count", "run_local", "run_ray"]
+__all__ = ["OnDone", "gpu_count", "run_local"]
 
 OnDone = Callable[[JobRecord], None]
-
-
-class JobArguments(TypedDict):
-    """A ``Job`` as a Ray worker gets it."""
-
-    model: str
-    mode: str
-    batch_size: int
 
 
 def gpu_count() -> int:
@@ -135,61 +123,3 @@ class _Chain:
         finally:
             self.ended.set()
             self.measured.set()
-
-
-def _remote_job(spec_dict: CampaignRecord, job_dict: JobArguments) -> tuple[JobRecord, bytes]:
-    """Runs on a Ray worker: the job into a scratch directory, returned as (result, tar.gz)."""
-    from xsp.campaign.spec import from_record
-
-    spec = from_record(spec_dict)
-    job = Job(**job_dict)
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / job.id
-        record = run_job(spec, job, out)
-        buffer = io.BytesIO()
-        if out.exists():
-            with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-                archive.add(out, arcname=job.id)
-        import socket
-
-        record["host"] = socket.gethostname()
-        return record, buffer.getvalue()
-
-
-def run_ray(
-    spec: CampaignSpec,
-    store: CampaignStore,
-    jobs: list[Job],
-    on_done: OnDone,
-    address: str | None = None,
-) -> None:
-    """Submit every job to Ray (one GPU each on CUDA, one CPU on CPU); each result and run
-    directory comes back to the driver and is merged into the campaign store. ``address``:
-    a running cluster (``auto``, ``ray://host:10001``), or None for a local Ray."""
-    import ray
-
-    ray.init(
-        address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False
-    )
-    try:
-        gpus = 1 if spec.device.startswith("cuda") else 0
-        remote = ray.remote(num_gpus=gpus, num_cpus=1, max_retries=0)(_remote_job)
-        spec_dict = spec.to_dict()
-        pending = {
-            remote.remote(
-                spec_dict, JobArguments(model=j.model, mode=j.mode, batch_size=j.batch_size)
-            )
-            for j in jobs
-        }
-        while pending:
-            done, rest = ray.wait(list(pending), num_returns=1)
-            pending = set(rest)
-            for ref in done:
-                record, archive = ray.get(ref)
-                shutil.rmtree(store.runs_dir / record["job"], ignore_errors=True)  # a retry
-                if archive:
-                    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-                        tar.extractall(store.runs_dir, filter="data")
-                on_done(record)
-    finally:
-        ray.shutdown()

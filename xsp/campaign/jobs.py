@@ -106,13 +106,14 @@ def run_job(
     spec: CampaignSpec,
     job: Job,
     out: Path,
-    gpu: int | None = None,
+    gpu: int | str | None = None,
     after: Callable[[], None] | None = None,
     on_measured: Callable[[], None] | None = None,
 ) -> JobRecord:
     """Run ``job`` into ``out``; return its result record (status, reason, wall time, summary).
 
-    ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES); ``after`` and ``on_measured`` chain it
+    ``gpu`` pins it to one GPU (CUDA_VISIBLE_DEVICES: an index, or a UUID as Ray may give
+    it); ``after`` and ``on_measured`` chain it
     to the jobs before and after it on that GPU (see ``run_leveled``). The leveled runner runs
     in this process (each level set in its own process, forked from a server that imported
     torch once), so a job pays no interpreter start-up. Each level set's start-up and warm-up

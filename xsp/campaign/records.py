@@ -75,14 +75,15 @@ class RunRecord(TypedDict, total=False):
 
 class JobRecord(TypedDict, total=False):
     """A job's result: which job, where and when it ran, how it ended (status, reason, error),
-    its level sets' runs and seconds, and, when it succeeded, its summary. ``host``: the Ray
-    worker that ran it."""
+    its level sets' runs and seconds, and, when it succeeded, its summary. ``host``, ``node``
+    and ``attempt``: the Ray worker's host and node that ran it, and which attempt that was
+    (2 and up: Ray retried it after losing a node or worker)."""
 
     job: str
     model: str
     mode: str
     batch_size: int
-    gpu: int | None
+    gpu: int | str | None
     started: float
     status: str
     reason: str | None
@@ -93,3 +94,5 @@ class JobRecord(TypedDict, total=False):
     skipped: list[str]
     summary: JobSummary
     host: str
+    node: str
+    attempt: int

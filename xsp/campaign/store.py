@@ -6,6 +6,7 @@ directory per job, and SQL over all of it.
     DIR/campaign.json           the spec the campaign runs (a rerun must match it)
     DIR/jobs/<job>.json         the job's result: status, reason, wall time, summary
     DIR/runs/<job>/             the job's leveled measurement (xsp run's store)
+    DIR/staging/<job>/<try>/    a Ray job's measurement while it runs (``stage``, ``commit``)
     DIR/report.html             ``xsp campaign report``
 
 A job without a result file has not finished: a rerun runs it again. A job whose result says
@@ -15,6 +16,7 @@ failed is retried; a job that succeeded is skipped.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import cast
 
@@ -38,6 +40,7 @@ class CampaignStore:
         self.root = root
         self.jobs_dir = root / "jobs"
         self.runs_dir = root / "runs"
+        self.staging_dir = root / "staging"
 
     # -- state -----------------------------------------------------------------------------
     def begin(self, spec: CampaignSpec) -> None:
@@ -74,6 +77,28 @@ class CampaignStore:
 
     def run_dir(self, job: Job) -> Path:
         return self.runs_dir / job.id
+
+    # -- staging: a Ray job's measurement is written aside, then put in place whole ----------
+    def stage(self, job: Job, attempt: str) -> Path:
+        """A new directory for one attempt at ``job`` (``attempt``: unique to it), on the runs'
+        file system: a node that dies mid-job leaves it here, never half a run directory."""
+        path = self.staging_dir / job.id / attempt
+        path.mkdir(parents=True)
+        return path
+
+    def attempts(self, job: Job) -> list[Path]:
+        """The staging directories of ``job``'s attempts since the driver last cleared them."""
+        folder = self.staging_dir / job.id
+        return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+    def commit(self, job: Job, staged: Path) -> None:
+        """Put a finished attempt in place as the job's run directory, replacing an earlier
+        attempt's."""
+        run_store.commit_dir(staged, self.run_dir(job))
+
+    def clear_staging(self, job: Job) -> None:
+        """Drop what ``job``'s attempts left aside (the one that finished has moved)."""
+        shutil.rmtree(self.staging_dir / job.id, ignore_errors=True)
 
     def results(self) -> list[JobRecord]:
         return [_job_record(p) for p in sorted(self.jobs_dir.glob("*.json"))]

@@ -78,6 +78,11 @@ def campaign_run(
         pending = [j for j in pending if any(fnmatch.fnmatch(j.model, g) for g in globs)]
     if limit is not None:
         pending = pending[:limit]
+    if executor == "ray":  # a cluster that is not there is one line, before any other
+        from xsp.campaign.ray_connection import connect
+        from xsp.campaign.ray_executor import RAY_LOG
+
+        connect(address, out / RAY_LOG)
     console.print(
         f"campaign {spec.name}: {len(jobs)} jobs, {len(jobs) - len(store.pending(jobs))} done, "
         f"running {len(pending)}",
@@ -115,7 +120,9 @@ def campaign_run(
             bar.update(task, advance=1, description=record["job"])
 
         if executor == "ray":
-            executors.run_ray(spec, store, pending, done, address)
+            from xsp.campaign.ray_executor import run_ray
+
+            run_ray(spec, store, pending, done, address)
         else:
             executors.run_local(spec, store, pending, done, parallel)
     console.print(

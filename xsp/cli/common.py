@@ -188,14 +188,14 @@ def bar_per_key() -> Iterator[Callable[[str, str, int, int], None]]:
 
 
 class XspGroup(click.Group):
-    """The ``xsp`` group: an ``XspError`` from any command prints as one line and exits 2, an
-    interrupt exits 130."""
+    """The ``xsp`` group: an ``XspError`` from any command prints as one line and exits with its
+    ``exit_code`` (2; 75 for a lost cluster), an interrupt exits 130."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except XspError as exc:
-            fail(str(exc))
+            fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", EXIT_INTERRUPTED)
 

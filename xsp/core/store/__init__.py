@@ -1,7 +1,9 @@
 """The run store (``files``: its directories and parquet files; ``documents``: its run.json and
-manifest.json, typed; ``json_io``: JSON files written whole), as one namespace:
+manifest.json, typed; ``json_io``: JSON files written whole;
+``dirs``: directories put in place whole), as one namespace:
 ``from xsp.core import store; store.open_run(...)``."""
 
+from xsp.core.store.dirs import commit_dir
 from xsp.core.store.documents import (
     CounterInfo,
     Manifest,
@@ -86,6 +88,7 @@ __all__ = [
     "check_run_destination",
     "check_spans",
     "check_writable",
+    "commit_dir",
     "conform",
     "open_measurement",
     "open_output",

@@ -1,0 +1,187 @@
+"""Campaign jobs on a Ray cluster (``xsp campaign run --executor ray``).
+
+Each job is a Ray task that asks for one GPU (a CUDA campaign) or one CPU. The task writes the
+job's measurement straight into the campaign directory, which every node shares: into a
+staging directory of its own, moved in place as the job's run directory once it is whole
+(``CampaignStore.stage``/``commit``). Only the job's small record comes back, and the driver
+records it. A task whose node or worker dies is retried by Ray on another node (``MAX_RETRIES``);
+the retry writes a new staging directory, so nothing half-written is ever a run directory, and
+the driver records each job once, when its task ends. A cluster that cannot be reached, or
+that the driver loses mid-campaign, is one ``ClusterError`` line (``ray_connection``): what
+finished is recorded, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypedDict
+
+from xsp.campaign.ray_connection import GcsWatch, connect, disconnect, first_line, lost
+from xsp.campaign.records import JobRecord
+from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
+from xsp.campaign.store import CampaignStore
+from xsp.core.errors import ClusterError
+
+__all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "run_ray"]
+
+#: Ray's retries of a job whose worker or node died (Ray's default too). A job's failures
+#: (out of memory, an unsupported model) are records, never exceptions: Ray retries no job
+#: that ran through.
+MAX_RETRIES = 3
+#: Where, in the campaign directory, the driver's Ray writes its own messages.
+RAY_LOG = "ray-driver.log"
+#: Seconds between looks at the cluster while no job ends.
+_POLL_S = 2.0
+
+
+class JobArguments(TypedDict):
+    """A ``Job`` as a Ray worker gets it."""
+
+    model: str
+    mode: str
+    batch_size: int
+
+
+def run_ray(
+    spec: CampaignSpec,
+    store: CampaignStore,
+    jobs: list[Job],
+    on_done: Callable[[JobRecord], None],
+    address: str | None = None,
+) -> None:
+    """Run ``jobs`` as Ray tasks and call ``on_done`` with each one's record as it ends.
+    ``address``: a running cluster (``auto``, ``host:6379``, ``ray://host:10001``), or None
+    for a Ray of this machine's own. The campaign directory must be where every node finds it
+    under the same name (a shared file system)."""
+    import ray
+
+    connect(address, store.root / RAY_LOG)
+    finished = 0
+    cluster_lost = False
+    try:
+        _check_resources(spec, address)
+        pending = _submit(spec, store, jobs)
+        gcs = GcsWatch()
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+            if not done and not gcs.answers():
+                cluster_lost = True
+                why = f"its GCS at {gcs.address} stopped taking connections"
+                raise ClusterError(lost(address, why, finished, len(jobs)))
+            for ref in done:
+                job = pending.pop(ref)
+                on_done(_outcome(ref, job))
+                finished += 1
+                store.clear_staging(job)
+    except (ConnectionError, ray.exceptions.RayError) as exc:
+        cluster_lost = True
+        why = f"{type(exc).__name__}: {first_line(exc)}"
+        raise ClusterError(lost(address, why, finished, len(jobs))) from exc
+    finally:
+        disconnect(cluster_lost)
+
+
+def _submit(spec: CampaignSpec, store: CampaignStore, jobs: list[Job]) -> dict[Any, Job]:
+    """One task a job, one GPU (or CPU) each; what a killed campaign left staged goes first."""
+    import ray
+
+    remote = ray.remote(
+        num_gpus=1 if spec.device.startswith("cuda") else 0,
+        num_cpus=1,
+        max_retries=MAX_RETRIES,
+        retry_exceptions=False,
+    )(_remote_job)
+    root = str(store.root.resolve())
+    record = spec.to_dict()
+    pending: dict[Any, Job] = {}
+    for job in jobs:
+        store.clear_staging(job)
+        arguments = JobArguments(model=job.model, mode=job.mode, batch_size=job.batch_size)
+        pending[remote.remote(root, record, arguments)] = job
+    return pending
+
+
+def _remote_job(root: str, spec_record: CampaignRecord, arguments: JobArguments) -> JobRecord:
+    """Runs on a Ray worker: the job into a staging directory of its own, moved in place once
+    whole; returns its record."""
+    import ray
+
+    from xsp.campaign.jobs import run_job
+    from xsp.campaign.spec import from_record
+
+    spec = from_record(spec_record)
+    job = Job(**arguments)
+    store = CampaignStore(Path(root))
+    staged = store.stage(job, f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+    record = run_job(spec, job, staged, _assigned_gpu(spec))
+    if any(staged.iterdir()):  # a job refused before it ran wrote nothing: nothing to replace
+        store.commit(job, staged)
+    record["host"] = socket.gethostname()
+    record["node"] = ray.get_runtime_context().get_node_id()
+    record["attempt"] = len(store.attempts(job)) + (0 if staged.exists() else 1)
+    return record
+
+
+def _assigned_gpu(spec: CampaignSpec) -> int | str | None:
+    """The GPU Ray gave this task, as CUDA_VISIBLE_DEVICES names it on this node (an index, or
+    what the node's own CUDA_VISIBLE_DEVICES lists): the job's level-set processes get it set
+    whatever the worker's environment says (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES, a
+    worker reused from another task)."""
+    if not spec.device.startswith("cuda"):
+        return None
+    import ray
+
+    ids = ray.get_gpu_ids()
+    if len(ids) != 1:  # the task asks for exactly one whole GPU
+        raise ClusterError(f"Ray gave this job {len(ids)} GPUs ({ids}), not one")
+    return ids[0]
+
+
+def _outcome(ref: Any, job: Job) -> JobRecord:
+    """The job's record; a task that Ray gave up on is a failed record (a rerun retries it),
+    and a lost cluster is raised."""
+    import ray
+    from ray import exceptions as rx
+
+    try:
+        return ray.get(ref)
+    except rx.RayTaskError as exc:  # raised in the task: xsp's bug or a store it cannot write
+        cause = exc.cause if exc.cause is not None else exc
+        reason, error = "failed", f"{type(cause).__name__}: {first_line(cause)}"
+    except (
+        rx.WorkerCrashedError,
+        rx.NodeDiedError,
+        rx.OutOfMemoryError,
+        rx.ObjectLostError,
+        rx.TaskUnschedulableError,
+        rx.RuntimeEnvSetupError,
+        rx.OutOfDiskError,
+    ) as exc:
+        reason = "lost"
+        error = f"Ray gave up after {MAX_RETRIES} retries: {type(exc).__name__}: {first_line(exc)}"
+    return JobRecord(
+        job=job.id,
+        model=job.model,
+        mode=job.mode,
+        batch_size=job.batch_size,
+        status="failed",
+        reason=reason,
+        error=error[-500:],
+        wall_s=0.0,
+    )
+
+
+def _check_resources(spec: CampaignSpec, address: str | None) -> None:
+    """A CUDA campaign on a cluster with no GPU would wait forever for one: refuse it."""
+    import ray
+
+    if spec.device.startswith("cuda") and not ray.cluster_resources().get("GPU"):
+        raise ClusterError(
+            f"the Ray cluster at {address or 'this machine'} has no GPU for a {spec.device} "
+            "campaign; add GPU nodes (ray start --num-gpus N), then run the same command to "
+            "resume"
+        )
