@@ -78,7 +78,8 @@ def _counts(path: Path) -> list[dict]:  # type: ignore[type-arg]
 
 def test_a_self_profiling_script_keeps_its_events_under_m_and_mf(tmp_path: Path) -> None:
     python = sys.executable
-    args = [str(WORKLOAD), "--steps", "20"]
+    # the CPU case, on any machine (a GPU's: benchmarks/coexist_gpu.sh)
+    args = [str(WORKLOAD), "--steps", "20", "--device", "cpu"]
     alone = tmp_path / "alone.jsonl"
     subprocess.run([python, *args, "--counts", str(alone)], check=True, cwd=ROOT)
     (own,) = _counts(alone)
@@ -87,6 +88,7 @@ def test_a_self_profiling_script_keeps_its_events_under_m_and_mf(tmp_path: Path)
     under = tmp_path / "under.jsonl"
     out = tmp_path / "run"
     command = [python, "-m", "xsp", "run", "--levels", "M,MF,MFL", "--iterations", "5"]
+    command += ["--device", "cpu"]
     command += ["--warmup", "2", "--out", str(out), "--", python, *args, "--counts", str(under)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
