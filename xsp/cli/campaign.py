@@ -22,6 +22,7 @@ from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 if TYPE_CHECKING:
     from xsp.campaign.records import JobRecord
+    from xsp.campaign.spec import Job
 
 __all__ = [
     "campaign",
@@ -70,14 +71,7 @@ def campaign_run(
     store = CampaignStore(out)
     store.begin(spec)
     jobs = spec.jobs()
-    pending = store.pending(jobs)
-    if only:
-        import fnmatch
-
-        globs = [g.strip() for g in only.split(",") if g.strip()]
-        pending = [j for j in pending if any(fnmatch.fnmatch(j.model, g) for g in globs)]
-    if limit is not None:
-        pending = pending[:limit]
+    pending = _part(store.pending(jobs), only, limit)
     if executor == "ray":  # a cluster that is not there is one line, before any other
         from xsp.campaign.ray_connection import connect
         from xsp.campaign.ray_executor import RAY_LOG
@@ -130,6 +124,17 @@ def campaign_run(
     )
     if failed:
         fail(f"{failed} of {len(pending)} jobs failed; their reasons are in {out}/jobs", code=1)
+
+
+def _part(pending: list[Job], only: str | None, limit: int | None) -> list[Job]:
+    """The pending jobs this command runs: those whose model matches one of ``only``'s
+    comma-separated globs, at most ``limit`` of them."""
+    if only:
+        import fnmatch
+
+        globs = [g.strip() for g in only.split(",") if g.strip()]
+        pending = [j for j in pending if any(fnmatch.fnmatch(j.model, g) for g in globs)]
+    return pending if limit is None else pending[:limit]
 
 
 @campaign.command("report")
