@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from pyarrow import fs as pafs
+
+from tests.fixtures import free_ports
 
 VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 WEED_BIN = Path(
@@ -26,24 +27,12 @@ SECRET_KEY = "xsp-test-secret"
 BUCKET = "xsp"
 
 
-def _free_ports(count: int) -> list[int]:
-    """Loopback ports nothing listens on (held together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 class SeaweedS3:
     """One SeaweedFS (master, volume, filer, S3 gateway) in ``work``; ``env`` holds the AWS
     variables that point xsp at it."""
 
     def __init__(self, work: Path) -> None:
-        ports = _free_ports(8)
+        ports = free_ports(8)
         master, volume, filer, s3 = ports[:4]
         self.endpoint = f"http://127.0.0.1:{s3}"
         config = work / "s3.json"

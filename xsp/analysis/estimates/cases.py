@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from xsp.analysis.measurement.derived import DerivedPer
 from xsp.analysis.measurement.matching import keyed, level_sources, tree_depths
+from xsp.analysis.measurement.op_inputs import json_list
 from xsp.analysis.measurement.store import MeasurementStore, text_equals, text_in, texts
 from xsp.core import schema
 from xsp.core.columns import numbers
@@ -100,7 +101,7 @@ def _affected(store: MeasurementStore, fix: str) -> Affected:
         out = grads.get(twin) if seq[row] >= 0 else None
         if out is None:
             out = _module_output(col, parent, row)
-        first = (_parse(col.shapes[row]) or [None])[0]
+        first = (json_list(col.shapes[row]) or [None])[0]
         batch = json.dumps(first) in batches.get((int(col.rank[row]), int(col.iteration[row])), ())
         case = _case(col, row, out, bool(node_rows), not batch)
         if case is None:
@@ -139,7 +140,7 @@ def _touched(spans: pa.Table, fix: str) -> np.ndarray:
     shapes = texts(spans.column("input_shapes"), None)
     dtypes = texts(spans.column("input_dtypes"), None)
     for row in np.nonzero(ops)[0].tolist():
-        first = _parse(shapes[row])
+        first = json_list(shapes[row])
         x = first[0] if first else None
         dtype = (dtypes[row] or "").split(",")
         if fix == "channels_last":
@@ -148,14 +149,6 @@ def _touched(spans: pa.Table, fix: str) -> np.ndarray:
             operand = 1 if names[row] in ("aten::addmm", "aten::baddbmm") else 0
             ops[row] = len(dtype) > operand and dtype[operand] == "float"
     return ops
-
-
-def _parse(text: str | None) -> list[Any]:
-    try:
-        value = json.loads(text) if text else []
-    except ValueError:
-        return []
-    return value if isinstance(value, list) else []
 
 
 def _shape(value: Any) -> list[int]:
@@ -180,7 +173,7 @@ def _grad_outputs(
     under that autograd node: the forward convolution's output."""
     out = {}
     for row in np.nonzero(text_equals(spans.column("name"), "aten::convolution_backward"))[0]:
-        grad = _shape((_parse(col.shapes[row]) or [None])[0])
+        grad = _shape((json_list(col.shapes[row]) or [None])[0])
         if grad and seq[row] >= 0:
             out[(int(col.rank[row]), int(col.iteration[row]), int(seq[row]))] = grad
     return out
@@ -191,7 +184,7 @@ def _module_output(col: _Columns, parent: np.ndarray, row: int) -> list[int] | N
     up = int(parent[row])
     while up >= 0:
         if col.kind[up] == schema.KIND_MODULE:
-            outputs = _parse(col.outputs[up])
+            outputs = json_list(col.outputs[up])
             return _shape(outputs[0]) or None if len(outputs) == 1 else None
         up = int(parent[up])
     return None
@@ -206,7 +199,7 @@ def _model_inputs(spans: pa.Table, col: _Columns) -> dict[tuple[int, int], set[s
     )
     for row in np.nonzero(root)[0].tolist():
         key = (int(col.rank[row]), int(col.iteration[row]))
-        out.setdefault(key, set()).update(json.dumps(s) for s in _parse(col.shapes[row]))
+        out.setdefault(key, set()).update(json.dumps(s) for s in json_list(col.shapes[row]))
     return out
 
 
@@ -214,7 +207,7 @@ def _case(
     col: _Columns, row: int, out: list[int] | None, backward: bool, input_grad: bool
 ) -> OpCase | None:
     name = str(col.name[row])
-    inputs = [_shape(s) for s in _parse(col.shapes[row])]
+    inputs = [_shape(s) for s in json_list(col.shapes[row])]
     dtypes = (col.dtypes[row] or "").split(",")
     params: dict[str, Any] = {}
     matrices = 3 if name in ("aten::addmm", "aten::baddbmm") else 2 if name in GEMM else 1

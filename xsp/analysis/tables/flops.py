@@ -27,7 +27,6 @@ Algorithm notes:
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ import pyarrow.compute as pc
 
 from xsp.analysis.measurement.derived import Derived
 from xsp.analysis.measurement.matching import keyed, tree_depths
+from xsp.analysis.measurement.op_inputs import json_list
 from xsp.analysis.measurement.store import (
     MeasurementStore,
     text_codes,
@@ -140,21 +140,10 @@ def _shapes_run(store: MeasurementStore) -> int | None:
     return gpu if gpu in shaped else max(shaped, key=lambda run: shaped[run])
 
 
-# An iteration repeats its ops' shapes: parsed once per distinct text (callers never write to
-# the lists; on 1M spans, 43k parses and their checks took 0.6 s of the count's 2.2 s).
-@functools.lru_cache(maxsize=1 << 16)
-def _parse(text: str | None) -> list[Any]:
-    try:
-        value = json.loads(text) if text else []
-    except ValueError:
-        return []
-    return value if isinstance(value, list) else []
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _shapes(text: str | None) -> list[Shape]:
     """An op's input shapes, [] for each input that is not a tensor."""
-    return [s if _is_shape(s) else [] for s in _parse(text)]
+    return [s if _is_shape(s) else [] for s in json_list(text)]
 
 
 def _is_shape(value: Any) -> bool:
@@ -266,7 +255,7 @@ def _backward_twins(spans: _Spans) -> dict[tuple[Any, ...], list[int]]:
     out = {}
     backward = text_equals(spans.table.column("name"), "aten::convolution_backward")
     for i in np.nonzero(backward)[0].tolist():
-        shapes = _parse(spans.col["input_shapes"][i])
+        shapes = json_list(spans.col["input_shapes"][i])
         seq = _sequence_number(spans, i)
         if shapes and _is_shape(shapes[0]) and seq is not None:
             out[(spans.col["rank"][i], spans.col["iteration"][i], seq)] = shapes[0]
@@ -284,7 +273,7 @@ def _module_output(spans: _Spans, i: int, x: Shape, w: Shape, transposed: bool) 
     for j in spans.ancestors(i):
         if spans.col["kind"][j] != schema.KIND_MODULE:
             continue
-        outputs = _parse(spans.col["output_shapes"][j])
+        outputs = json_list(spans.col["output_shapes"][j])
         if len(outputs) != 1 or not _is_shape(outputs[0]):
             return None
         out = outputs[0]
