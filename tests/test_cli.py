@@ -408,10 +408,12 @@ def test_live_otlp_export_from_a_run(tmp_path: Path) -> None:
     sent = [
         s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans
     ]
-    # the layout for Jaeger adds each layer's backward span (xsp.view.added), which no store keeps
+    # the layout for Jaeger adds each layer's backward span and each step's gradient
+    # accumulation span (xsp.view.added), which no store keeps
     added = [s for s in sent if any(kv.key == "xsp.view.added" for kv in s.attributes)]
     assert len(sent) - len(added) == stored
-    assert added and {s.name for s in added} <= {f"{layer} (backward)" for layer in range(3)}
+    names = {f"{layer} (backward)" for layer in range(3)} | {"gradient accumulation"}
+    assert added and {s.name for s in added} <= names
     levels = {
         kv.value.string_value
         for r in received
