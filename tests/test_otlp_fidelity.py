@@ -254,6 +254,13 @@ class _Capture(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def do_GET(self) -> None:  # Jaeger's query API, as far as `xsp push` asks it
+        body = b'{"data": []}' if self.path.startswith("/api/services") else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, *args: Any) -> None:
         pass
 
@@ -329,7 +336,8 @@ def test_sdk_exporters_round_trip_through_the_store(
     _assert_same([otlp.parse_json(line.encode()) for line in lines], sent)
 
     port, bodies = capture
-    pushed = _xsp("push", str(run_dir), "--endpoint", f"http://127.0.0.1:{port}/v1/traces")
+    endpoint, ui = f"http://127.0.0.1:{port}/v1/traces", f"http://127.0.0.1:{port}"
+    pushed = _xsp("push", str(run_dir), "--endpoint", endpoint, "--ui", ui)
     assert pushed.returncode == 0, pushed.stderr
     assert "search?service=shop&" in pushed.stdout  # the senders' own service, no xsp level
     _assert_same([Request.FromString(body) for body in bodies], sent)
