@@ -71,6 +71,22 @@ def switch(name: str, default: bool, env: Mapping[str, str] | None = None) -> bo
     raise ConfigError(f"bad {name}={value!r}: use 1 or 0")
 
 
+def _whole_number(
+    name: str, default: int, maximum: int, env: Mapping[str, str] | None, unit: str = ""
+) -> int:
+    """A switch that is a whole number from 1 to ``maximum`` (``_`` between digits allowed)."""
+    value = _get(name, env)
+    if value is None:
+        return default
+    try:
+        number = int(value.replace("_", ""))
+    except ValueError:
+        number = 0
+    if not 1 <= number <= maximum:
+        raise ConfigError(f"bad {name}={value!r}: give 1 to {maximum}{unit}")
+    return number
+
+
 def _megabytes(name: str, default: int, maximum: int, env: Mapping[str, str] | None) -> int:
     value = _get(name, env)
     if value is None:
@@ -175,16 +191,7 @@ MAX_M_PROCESSES = 64
 
 def m_processes(env: Mapping[str, str] | None = None) -> int:
     """How many processes ``xsp run`` times M in by default (XSP_M_PROCESSES)."""
-    value = _get("XSP_M_PROCESSES", env)
-    if value is None:
-        return DEFAULT_M_PROCESSES
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if not 1 <= count <= MAX_M_PROCESSES:
-        raise ConfigError(f"bad XSP_M_PROCESSES={value!r}: give 1 to {MAX_M_PROCESSES}")
-    return count
+    return _whole_number("XSP_M_PROCESSES", DEFAULT_M_PROCESSES, MAX_M_PROCESSES, env)
 
 
 #: The collector's dedupe window (``collector_dedupe_spans``): per run directory, the newest
@@ -197,18 +204,12 @@ def collector_dedupe_spans(env: Mapping[str, str] | None = None) -> int:
     """``XSP_COLLECTOR_DEDUPE_SPANS`` (default 2,000,000): the collector stores a span once
     per run directory when its earlier copy is among the directory's newest this many spans
     (whole parts, the newest always); the index holds 8 to 16 bytes a window span."""
-    value = _get("XSP_COLLECTOR_DEDUPE_SPANS", env)
-    if value is None:
-        return DEFAULT_COLLECTOR_DEDUPE_SPANS
-    try:
-        count = int(value.replace("_", ""))
-    except ValueError:
-        count = 0
-    if not 1 <= count <= MAX_COLLECTOR_DEDUPE_SPANS:
-        raise ConfigError(
-            f"bad XSP_COLLECTOR_DEDUPE_SPANS={value!r}: give 1 to {MAX_COLLECTOR_DEDUPE_SPANS}"
-        )
-    return count
+    return _whole_number(
+        "XSP_COLLECTOR_DEDUPE_SPANS",
+        DEFAULT_COLLECTOR_DEDUPE_SPANS,
+        MAX_COLLECTOR_DEDUPE_SPANS,
+        env,
+    )
 
 
 DEFAULT_COLLECTOR_DEDUPE_INDEX_MIB = 256
@@ -220,18 +221,13 @@ def collector_dedupe_index_bytes(env: Mapping[str, str] | None = None) -> int:
     collector's dedupe indexes of all its run directories hold together (the least recently
     written ones are dropped beyond it, and read again from their parts when next written; the
     directory being written keeps its own whatever its size); returned in bytes."""
-    value = _get("XSP_COLLECTOR_DEDUPE_INDEX_MIB", env)
-    if value is None:
-        return DEFAULT_COLLECTOR_DEDUPE_INDEX_MIB << 20
-    try:
-        mib = int(value.replace("_", ""))
-    except ValueError:
-        mib = 0
-    if not 1 <= mib <= MAX_COLLECTOR_DEDUPE_INDEX_MIB:
-        raise ConfigError(
-            f"bad XSP_COLLECTOR_DEDUPE_INDEX_MIB={value!r}: give 1 to "
-            f"{MAX_COLLECTOR_DEDUPE_INDEX_MIB} (MiB)"
-        )
+    mib = _whole_number(
+        "XSP_COLLECTOR_DEDUPE_INDEX_MIB",
+        DEFAULT_COLLECTOR_DEDUPE_INDEX_MIB,
+        MAX_COLLECTOR_DEDUPE_INDEX_MIB,
+        env,
+        " (MiB)",
+    )
     return mib << 20
 
 
