@@ -24,6 +24,7 @@ from xsp.core.store import SPAN_FILE_PATTERN, Run, open_measurement
 
 __all__ = [
     "MeasurementStore",
+    "arrow_of",
     "parent_rows",
     "text_codes",
     "text_equals",
@@ -129,15 +130,20 @@ class MeasurementStore:
 
     def sql(self, query: str, params: list[Any] | None = None) -> pa.Table:
         try:
-            relation = self.con.sql(query, params=params or None)
-            # DuckDB 2 renamed Relation.arrow() to to_arrow_table().
-            fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
-            return fetch()
+            return arrow_of(self.con.sql(query, params=params or None))
         except duckdb.Error as exc:
             raise StoreError(f"{self.root}: query failed ({exc})") from exc
 
     def bytes_on_disk(self) -> int:
         return sum(p.stat().st_size for run in self.runs for p in run.span_files)
+
+
+def arrow_of(relation: duckdb.DuckDBPyRelation) -> pa.Table:
+    """A DuckDB query's result as an arrow table (DuckDB 2 renamed ``Relation.arrow()`` to
+    ``to_arrow_table()``)."""
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
+    table: pa.Table = fetch()
+    return table
 
 
 def parent_rows(table: pa.Table) -> np.ndarray:

@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from xsp.analysis.measurement.store import MeasurementStore
+from xsp.analysis.measurement.store import MeasurementStore, arrow_of
 from xsp.analysis.tables.layers import FRAMEWORK_RUN
 
 __all__ = [
@@ -36,9 +36,7 @@ def _sql(store: MeasurementStore, timeline: pa.Table | None, query: str) -> pa.T
     spans = timeline.append_column("run_index", pa.array(np.zeros(timeline.num_rows, np.int64)))
     con = duckdb.connect()
     con.register("spans", spans)
-    relation = con.sql(query)
-    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
-    return fetch()
+    return arrow_of(con.sql(query))
 
 
 def kernels_by_name(store: MeasurementStore, limit: int = 20) -> pa.Table:
