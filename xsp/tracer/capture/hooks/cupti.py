@@ -16,7 +16,8 @@ continuous, CUPTI is started with the API calls recorded from its callbacks rath
 RUNTIME and DRIVER records (``api_callbacks``), and between sampled iterations it is paused
 (``suspend``): its kinds disabled and the callbacks' domains switched off, a flush, the records
 decoded into native columns, CUPTI left initialized. The next sampled iteration resumes it
-(``XSP_CUPTI_SAMPLING=finalize``: start and finalize each time instead). Each batch boundary
+(``XSP_CUPTI_SAMPLING=finalize``: start and finalize each time instead; a sample taken in runs,
+``--sample-run``, finalizes between runs, whose requests then pay nothing). Each batch boundary
 hands the batch's columns over (``hand_over``); each sampled run of CUPTI's records is put on
 the Unix epoch's clock with the offset measured as that run ended.
 """
