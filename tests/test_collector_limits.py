@@ -270,7 +270,10 @@ def test_grpc_holds_as_many_bodies_at_once_as_http() -> None:
             assert inside.acquire(timeout=10)  # every one is being handled
         with pytest.raises(grpc.RpcError) as refused:
             export(b"", timeout=10)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # UNAVAILABLE, which every OTLP sender retries: the OpenTelemetry Collector drops a
+        # batch refused with RESOURCE_EXHAUSTED that carries no RetryInfo
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ("retry-after", "1") in refused.value.trailing_metadata()
         release.set()
         assert [f.result() for f in held] == [b""] * INFLIGHT_REQUESTS
         assert export(b"", timeout=10) == b""  # room again once they are answered

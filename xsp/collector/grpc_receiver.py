@@ -4,13 +4,20 @@ gRPC's generated servicer parses the request before the handler runs, so a malfo
 a string that is not UTF-8 or nesting past protobuf's limit ends as INTERNAL "Exception
 deserializing request!". Taking the bytes and parsing them here turns every one of those into
 INVALID_ARGUMENT with the reason, as OTLP asks.
+
+The method is registered as client-streaming, which is the same on the wire as unary: its handler
+gets the message as an iterator not yet read, so a call past the bodies in flight is refused with
+UNAVAILABLE before its body is read. gRPC's own ``maximum_concurrent_rpcs`` refuses with
+RESOURCE_EXHAUSTED, which OTLP senders such as the OpenTelemetry Collector treat as permanent
+without a RetryInfo: a gateway dropped spans it had acknowledged.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -63,14 +70,13 @@ class GrpcReceiver:
             ("grpc.http2.bdp_probe", 0),
         ]
         # As HTTP holds at most INFLIGHT_REQUESTS bodies of the largest size at once: a call
-        # beyond them is refused (RESOURCE_EXHAUSTED) before its message is read, where before
-        # 100 concurrent 31 MiB calls took the process to 1.9 GB.
+        # beyond them is refused before its message is read, where before 100 concurrent 31 MiB
+        # calls took the process to 1.9 GB.
+        self._bodies = threading.BoundedSemaphore(INFLIGHT_REQUESTS)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS),
-            options=options,
-            maximum_concurrent_rpcs=INFLIGHT_REQUESTS,
+            futures.ThreadPoolExecutor(max_workers=DEFAULT_WORKERS), options=options
         )
-        handler = grpc.unary_unary_rpc_method_handler(
+        handler = grpc.stream_unary_rpc_method_handler(
             self._export,
             request_deserializer=None,  # the raw bytes: parsing is ours, and so are its errors
             response_serializer=lambda response: response,
@@ -98,10 +104,24 @@ class GrpcReceiver:
     def stop(self, grace_s: float = 2.0) -> None:
         self._server.stop(grace=grace_s).wait()
 
-    def _export(self, body: bytes, context: Any) -> bytes:
+    def _export(self, messages: Iterator[bytes], context: Any) -> bytes:
         metadata = dict(context.invocation_metadata())
         if not self._authorized(metadata.get("authorization")):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        if not self._bodies.acquire(blocking=False):
+            context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
+            message = f"collector busy with {INFLIGHT_REQUESTS} requests, retry later"
+            context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        try:
+            self._ingest_one(messages, context)
+        finally:
+            self._bodies.release()
+        return _EMPTY_RESPONSE
+
+    def _ingest_one(self, messages: Iterator[bytes], context: Any) -> None:
+        body = next(messages, None)
+        if body is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
         try:
             self._ingest(body)
         except DecodeError as exc:
@@ -116,7 +136,6 @@ class GrpcReceiver:
         except Exception as exc:
             log.exception("xsp collector: spooling a request failed")
             context.abort(grpc.StatusCode.INTERNAL, f"collector cannot spool the request: {exc}")
-        return _EMPTY_RESPONSE
 
 
 def _probe(address: str) -> None:

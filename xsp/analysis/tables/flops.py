@@ -27,6 +27,7 @@ Algorithm notes:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,7 +355,7 @@ def total_per_iteration(store: MeasurementStore, exact: bool = False) -> float |
     where no run recorded shapes."""
     if counted(store).run_index is None:
         return None
-    return float(sum(per_iteration(store, "family", exact).values()))
+    return math.fsum(per_iteration(store, "family", exact).values())  # in any order alike
 
 
 #: The FLOPs of each op of the run with shapes (``counted``).

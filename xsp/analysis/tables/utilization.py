@@ -11,6 +11,7 @@ model FLOPs utilization (MFU) is the step's rate against the roof of most of its
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pyarrow as pa
@@ -201,7 +202,8 @@ def model_flops(store: MeasurementStore) -> pa.Table:
         return pa.Table.from_pylist([])
     families = flops.per_iteration(store, "family")
     layer_ms = _layer_kernel_ms(store)
-    kernel_ms = sum(layer_ms.values()) if layer_ms else None
+    # fsum: the layers come in the query's order, which varies; a plain sum's last digit did
+    kernel_ms = math.fsum(layer_ms.values()) if layer_ms else None
     step_ms = untraced_step_ms(store)
     peaks = store_peaks(store)
     roof = _roof_of(found.ops)
