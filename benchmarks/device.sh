@@ -20,6 +20,7 @@ PRESETS=(
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first (CASES=a,b to pick cases, GPU_TESTS=0 to skip the tests)"
   "trusted|4-9 min|trusted_baseline.py: each workload alone, then xsp run --levels M,MF,MFLG with M in K processes and interleaved untraced iterations, each store's two replay checks, into trusted.jsonl and trusted-stores.tgz (CASES=r50-b64-train,r50-b1-infer,amp-accum,item-loop,gpt-lm-train,hf-generate,b1-infer K=3 WALL_ROUNDS=0: K=1 against K rounds of ResNet-50 b64 training)"
   "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step beside its core, clock, load and context switches (m_spread.py), into m-spread.jsonl"
+  "fix-ab|2-4 min (not yet timed)|fix_ab_inprocess.py: TF32 on BERT b1 inference and channels_last on ResNet-50 b64 training, each side in blocks alternating inside one process, over PROCESSES=4 processes, into fix-ab-*.jsonl (the truth for estimate-accuracy)"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "estimate-accuracy|5-6 min (not yet timed)|estimate_accuracy.py: fresh M,MF,MFLG stores of ResNet-50 b64 training and BERT b1 inference; each kernel-changing rule's modelled estimate, xsp estimate's (the changed ops timed in isolation, replayed) and xsp verify's measured gain, into estimate-accuracy.{json,txt} (CASES=r50-b64-train,bert-b1-infer ROUNDS=2 ITERATIONS=8)"
@@ -206,6 +207,13 @@ p_verify_infer() {
 
 # issue 52's estimates: each kernel-changing rule's estimate, modelled and from ops timed in
 # isolation (xsp estimate), against xsp verify's measured gain.
+p_fix_ab() {
+  timeout 280 python3 benchmarks/fix_ab_inprocess.py --case bert-b1-infer:tf32 \
+    --processes "${PROCESSES:-4}" --blocks 12 --iterations 20 | tee "$OUT/fix-ab-bert-tf32.jsonl" | tail -1
+  timeout 280 python3 benchmarks/fix_ab_inprocess.py --case r50-b64-train:channels_last \
+    --processes "${PROCESSES:-4}" --blocks 6 --iterations 10 | tee "$OUT/fix-ab-r50-cl.jsonl" | tail -1
+}
+
 p_estimate_accuracy() {
   timeout 570 python3 benchmarks/estimate_accuracy.py --stores /tmp/estimate-accuracy --out "$OUT" \
     --cases "${CASES:-r50-b64-train,bert-b1-infer}" --rounds "${ROUNDS:-2}" \

@@ -1,0 +1,132 @@
+"""A fix's gain measured inside one process, its two sides alternating in blocks: the truth that
+``xsp verify`` (one process a side, paired rounds) and ``xsp estimate`` are held against when a
+host-bound step moves ±25% between processes with nothing changed.
+
+Each process builds the workload twice (the zoo's, random weights), once as is and once with the
+fix (``channels_last``: the second copy NHWC; ``tf32``: the same model with TF32 switched on for
+its blocks), warms both, then runs BLOCKS pairs of blocks of ITERATIONS steps, the side that goes
+first alternating, each step ended by a device synchronize (as level M times it). A process's
+gain is its blocks' median step without the fix less with it; the processes' gains and their
+spread are printed, one JSON line each, then a summary line.
+
+    source benchmarks/device_setup.sh
+    python3 benchmarks/fix_ab_inprocess.py --case bert-b1-infer:tf32 --processes 3 > $OUT/ab.jsonl
+    python3 benchmarks/fix_ab_inprocess.py --case r50-b64-train:channels_last --processes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: case -> (model, batch size, mode)
+WORKLOADS = {
+    "bert-b1-infer": ("transformers:bert", 1, "infer"),
+    "r50-b64-train": ("torchvision:resnet50", 64, "train"),
+}
+FIXES = ("tf32", "channels_last")
+
+
+def _tf32(on: bool) -> None:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    torch.set_float32_matmul_precision("high" if on else "highest")
+
+
+def _block_ms(step: Any, iterations: int) -> list[float]:
+    import torch
+
+    times = []
+    for _ in range(iterations):
+        begin = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - begin) * 1e3)
+    return times
+
+
+def measure(case: str, fix: str, blocks: int, iterations: int, warmup: int) -> dict[str, Any]:
+    """One process: both sides' block medians, alternating."""
+    from xsp.tracer.workloads.zoo import build
+
+    model, batch, mode = WORKLOADS[case]
+    base = build(model, batch, mode, "cuda")
+    fixed = (
+        build(model, batch, mode, "cuda", channels_last=True) if fix == "channels_last" else base
+    )
+
+    def side(is_fixed: bool) -> Any:
+        workload = fixed if is_fixed else base
+        if fix == "tf32":
+            _tf32(is_fixed)
+        return workload.step
+
+    for is_fixed in (False, True):
+        _block_ms(side(is_fixed), warmup)
+    medians: dict[str, list[float]] = {"base": [], "fixed": []}
+    for block in range(blocks):
+        order = (False, True) if block % 2 == 0 else (True, False)
+        for is_fixed in order:
+            step_ms = statistics.median(_block_ms(side(is_fixed), iterations))
+            medians["fixed" if is_fixed else "base"].append(step_ms)
+    gains = [b - f for b, f in zip(medians["base"], medians["fixed"], strict=True)]
+    return {
+        "case": case,
+        "fix": fix,
+        "base_ms": statistics.median(medians["base"]),
+        "fixed_ms": statistics.median(medians["fixed"]),
+        "gain_ms": statistics.median(gains),
+        "block_gains_ms": [round(g, 4) for g in gains],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", required=True, help="WORKLOAD:FIX, e.g. bert-b1-infer:tf32")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    case, _, fix = args.case.partition(":")
+    if case not in WORKLOADS or fix not in FIXES:
+        sys.exit(
+            f"fix_ab_inprocess: unknown case {args.case!r} (workloads {list(WORKLOADS)}, fixes {list(FIXES)})"
+        )
+    if args.child:
+        print(json.dumps(measure(case, fix, args.blocks, args.iterations, args.warmup)))
+        return
+    gains = []
+    for process in range(args.processes):
+        command = [sys.executable, __file__, "--child", *sys.argv[1:]]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.exit(f"fix_ab_inprocess: process {process} failed: {done.stderr.strip()[-400:]}")
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["process"] = process
+        gains.append(row["gain_ms"])
+        print(json.dumps(row), flush=True)
+    summary = {
+        "case": args.case,
+        "processes": args.processes,
+        "gain_ms_median": statistics.median(gains),
+        "gain_ms_min": min(gains),
+        "gain_ms_max": max(gains),
+    }
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
