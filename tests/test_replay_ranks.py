@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from tests.test_ranks import framework_ranks, write_two_ranks
@@ -175,6 +176,44 @@ def test_a_real_gloo_job_replayed_without_the_tracers_cost_is_its_own_measuremen
     ).steps
     assert steps.num_rows == 40
     assert steps.column("replayed_ms").to_pylist() == steps.column("deep_ms").to_pylist()
+
+
+def test_a_real_gloo_jobs_replayed_iterations_lie_end_to_end_its_ranks_as_measured() -> None:
+    """The replayed iterations follow one another as the untraced job runs them: each starts
+    where the one before it ended (its last rank's step), so a timeline tool counts no time
+    between them; within an iteration the ranks keep the offsets they started at in the deep
+    run (rank 0 618,440 ns after rank 1 in iteration 0, 384,542 ns before it in iteration 1),
+    as the whole iteration moves, and the reconstruction's iteration spans cover their ranks'
+    steps."""
+    from xsp.analysis.measurement.store import MeasurementStore, texts
+    from xsp.analysis.reconstruction.reconstruct import reconstruct
+    from xsp.analysis.replay import replay
+    from xsp.analysis.replay.host_timeline import step_ranks
+
+    measurement = MeasurementStore(GLOO)
+    found = replay(measurement)
+    steps = np.nonzero(texts(found.spans.column("kind")) == "step")[0]
+    iteration = np.asarray(found.spans.column("iteration").to_pylist())[steps]
+    rank = step_ranks(found.spans)[steps]
+    deep_start = np.asarray(found.spans.column("start_ns").to_pylist())[steps]
+    start, end = found.start_ns[steps], found.start_ns[steps] + found.dur_ns[steps]
+    begins, ends = [], []
+    for it in range(20):
+        mine = iteration == it
+        assert sorted(rank[mine].tolist()) == [0, 1]
+        offsets = start[mine] - start[mine].min()
+        assert offsets.tolist() == (deep_start[mine] - deep_start[mine].min()).tolist()
+        begins.append(int(start[mine].min()))
+        ends.append(int(end[mine].max()))
+    assert begins[1:] == ends[:-1]
+    assert begins[0] == int(deep_start[iteration == 0].min())  # the first stays where it ran
+    assert (start[(iteration == 0) & (rank == 0)] - begins[0]).tolist() == [618_440]
+    assert (start[(iteration == 1) & (rank == 1)] - begins[1]).tolist() == [384_542]
+
+    spans = reconstruct(measurement)[0]
+    roots = spans.filter(pc.equal(spans.column("kind"), "iteration")).sort_by("iteration")
+    assert roots.column("start_ns").to_pylist() == begins
+    assert pc.add(roots.column("start_ns"), roots.column("dur_ns")).to_pylist() == ends
 
 
 def test_in_a_real_gloo_job_the_straggler_holds_up_the_other_rank() -> None:

@@ -17,6 +17,7 @@ Algorithm:
 5. Ranks (a multi-rank job): the ranks' steps run side by side under their iteration, each
    replayed from where the deep run measured it (the ranks share a clock there, which their
    collectives' arrivals are compared on); the iteration spans its ranks' replayed steps.
+   The replay lays the iterations end to end, as the untraced program runs them.
 6. Identity: the reconstruction is a trace of its own. Its trace id derives from the measurement
    and the iteration, and a span's id is its structural key, so it never merges with a measured
    trace and two reconstructions of one measurement agree.

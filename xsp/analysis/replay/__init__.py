@@ -32,7 +32,8 @@ run that measures it:
    when the GPU is done, whichever is later (M's step is bounded by a device sync). The ranks of
    an iteration replay together, again with the replayed arrivals until they hold. By
    construction no activity starts before its launch, none overlaps another of its stream, and
-   all lie inside their step.
+   all lie inside their step. The iterations are then laid end to end, each whole (its ranks
+   together) where the one before it ended, as the untraced program runs them.
 4. **Critical path.** Walked back from the step's end: an activity that waited for the one before
    it on its stream hands the path to it; one that waited for its launch hands it to the host at
    that launch; a sync that waited hands it to the activity it waited for; a thread's wait for its
