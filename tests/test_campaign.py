@@ -449,17 +449,18 @@ def test_campaign_report_leads_with_findings_then_one_row_per_model_then_every_j
     jobs = outline.tables["jobs-table"]
     assert len(jobs["tbody"]) == len(SMALL_CAMPAIGN)
     headers = [text.strip() for text, _ in jobs["thead"][0]]
-    assert headers[:6] == [
+    assert headers[:7] == [
         "Model",
         "Mode",
         "Batch",
         "Status",
         "Latency (ms)",
+        "Step from",  # replayed, M or traced (tests/test_campaign_summary.py)
         "Throughput (items/s)",
     ]
     assert all(attrs.get("data-col") == str(i) for i, (_, attrs) in enumerate(jobs["thead"][0]))
     first = [text for text, _ in jobs["tbody"][0]]
-    assert first[:6] == ["torchvision:nosuchnet", "infer", "1", "failed: unsupported", "", ""]
+    assert first[:7] == ["torchvision:nosuchnet", "infer", "1", "failed: unsupported", "", "", ""]
     kernels = [row[-1][0] for row in jobs["tbody"]]
     assert "cutlass::Kernel<…> 40%" in kernels
     assert outline.titles == [CUTLASS]  # the whole name on hover

@@ -75,6 +75,30 @@ def test_kernels_that_read_alike_keep_the_template_arguments_that_tell_them_apar
     # the same template arguments, other parameters: numbered
     twins = ["void k<4>(int)", "void k<4>(long)"]
     assert distinct_kernels(twins) == ["k<…> #1", "k<…> #2"]
+    # long arguments (r50's kernels): by their own name, the value of a cast, or the words
+    # where they differ; commas inside a lambda's signature do not split an argument
+    functors = [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+        "std::array<char*, 3ul> >(int)",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, "
+        "float, float, at::native::(anonymous namespace)::threshold_kernel_impl<float>("
+        "at::TensorIteratorBase&, float, float)::{lambda(float, float)#1}>, std::array<char*, "
+        "3ul> >(int)",
+        "void cudnn::engines_precompiled::nchwToNhwcKernel<float, false, "
+        "(cudnnKernelDataType_t)0>(float*)",
+        "void cudnn::engines_precompiled::nchwToNhwcKernel<float, false, "
+        "(cudnnKernelDataType_t)2>(float*)",
+        "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_tn_align4>(Params)",
+        "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nt_align4>(Params)",
+    ]
+    assert distinct_kernels(functors) == [
+        "at::native::vectorized_elementwise_kernel<…, CUDAFunctor_add<…>, …>",
+        "at::native::vectorized_elementwise_kernel<…, BinaryFunctor<…>, …>",
+        "cudnn::engines_precompiled::nchwToNhwcKernel<…, 0>",
+        "cudnn::engines_precompiled::nchwToNhwcKernel<…, 2>",
+        "cutlass::Kernel2<…_tn_…>",
+        "cutlass::Kernel2<…_nt_…>",
+    ]
     table = pa.table({"kernel": names[:3], "total_ms_per_iteration": [3.0, 2.0, 1.0]})
     labels = list(bar(table, "kernel", "total_ms_per_iteration", "t").data[0].x)
     assert labels[1] == "cudnn::bn_bw_1C11_kernel_new<…, 32, …>"

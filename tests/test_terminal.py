@@ -4,6 +4,7 @@ script's error once, a reused ``--out`` refused (issue 52, item 5)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -13,10 +14,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from xsp.analysis.figures.present import short_kernel
+from xsp.analysis.figures.present import KERNEL_COLUMNS, short_kernel
 from xsp.cli.fit import Column, Kind, fit, shorten
+from xsp.cli.render import NAMESAKES, kernel_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 R50 = ROOT / "benchmarks/data/replay-h200/r50-b64-train"
@@ -64,9 +67,9 @@ def _cut_whole(cell: str, names: set[str]) -> bool:
     """Whether ``cell`` is a name shown whole, or cut at a boundary of one: ``layer2.0.…``
     keeps whole segments, ``…nchwToNhwcKernel<…>`` starts after a boundary."""
     text = cell.replace("<…>", "<>")
-    if "…" not in text:
-        return True
     whole = {n.replace("<…>", "<>") for n in names}
+    if "…" not in text or text in whole:  # a whole name: its ``…`` stand for template arguments
+        return True
     if text.endswith("…"):
         kept = text[:-1]
         return kept[-1:] in BOUNDARY and any(n.startswith(kept) for n in whole)
@@ -142,17 +145,75 @@ def test_no_name_is_cut_inside_a_word() -> None:
     done = xsp("analyze", str(R50), "--all")
     analyses = json.loads(xsp("analyze", str(R50), "--json").stdout)["analyses"]
     names = {
-        short_kernel(value, 1000) if key in ("kernel", "top_kernel") else value
+        short_kernel(value, 1000) if key in KERNEL_COLUMNS else value
         for section in analyses.values()
         for row in section["rows"]
         for key, value in row.items()
         if isinstance(value, str)
+    }
+    names |= {  # the kernels as the terminal names them whole: namesakes told apart
+        label
+        for section in analyses.values()
+        for key in KERNEL_COLUMNS & set(section["rows"][0] if section["rows"] else ())
+        for label in kernel_labels([row[key] for row in section["rows"]])
     }
     cells = _cells(done.stdout)
     assert "layer2.0.downsample.0" in cells
     cut = [c for c in cells if "…" in c.replace("<…>", "")]
     assert cut  # kernel names at 80 columns
     assert [c for c in cut if not _cut_whole(c, names)] == []
+
+
+def _table_rows(text: str, title: str) -> list[list[str]]:
+    """The cells of each row of the table printed under ``title``."""
+    lines = text.splitlines()
+    start = lines.index(title)
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("└"):
+            return rows
+        if line.startswith("│"):
+            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+    return rows
+
+
+def _words_in_order(shown: str, name: str) -> bool:
+    """Whether every word of ``shown`` (between its ellipses and punctuation) is in the real
+    kernel ``name``, in order: the shown name is a readable part of the real one."""
+    at = 0
+    for word in re.findall(r"\w+", shown):
+        at = name.find(word, at)
+        if at < 0:
+            return False
+        at += len(word)
+    return True
+
+
+def test_kernels_of_one_name_read_apart() -> None:
+    """``cudnn::bn_bw_1C11_kernel_new<…>`` was printed three times in the kernels table, told
+    apart only by template arguments the terminal elided; now each kernel reads differently,
+    by the arguments that tell it apart, as the HTML report names it (``distinct_kernels``)."""
+    rows = json.loads(xsp("analyze", str(R50), "--json").stdout)["analyses"]["kernels_by_name"]
+    real = [row["kernel"] for row in rows["rows"]]
+    assert sum(short_kernel(n, 1000) == "cudnn::bn_bw_1C11_kernel_new<…>" for n in real) == 3
+    for columns in (80, 160):
+        done = xsp("analyze", str(R50), "--all", columns=columns)
+        shown = [row[0] for row in _table_rows(done.stdout, "Kernels by name (A10)")]
+        assert len(shown) == 15, columns
+        assert len(set(shown)) == 15, shown  # every kernel shown is a different kernel
+        assert all(_words_in_order(s, n) for s, n in zip(shown, real, strict=False)), shown
+        assert NAMESAKES in _unwrapped(done.stdout)
+    namesakes = [
+        "cudnn::bn_bw_1C11_kernel_new<…, 128, …>",
+        "cudnn::bn_bw_1C11_kernel_new<…, 32, …>",
+        "cudnn::bn_bw_1C11_kernel_new<…, 512, …>",
+    ]
+    assert [s for s in shown if s.startswith("cudnn::bn_bw_1C11_kernel_new")] == namesakes
+    # the HTML report's table names them alike
+    from xsp.analysis.report import html_table
+
+    page = html_table(pa.table({"kernel": real}))
+    assert [n for n in namesakes if f">{html.escape(n)}</span>" in page] == namesakes
 
 
 def test_the_suggestion_is_whole_at_80_and_160_columns() -> None:
@@ -208,6 +269,16 @@ def test_a_program_line_keeps_its_file_line_and_function() -> None:
         "…/resnet.py:271 ResNet._forward_impl",
     ]
     assert shorten(sources[0], 16, Kind.PATH) == "…/resnet.py:96"  # the function goes first
+
+
+def test_a_kernel_keeps_what_tells_it_apart_when_shortened() -> None:
+    """Its scopes go from the left at a ``::`` or ``_``; its template arguments and a number
+    stay whole, or two kernels of one name would read alike again."""
+    label = "cudnn::bn_bw_1C11_kernel_new<…, 128, …>"
+    assert shorten(label, 30, Kind.KERNEL) == "…bw_1C11_kernel_new<…, 128, …>"  # 30 wide
+    assert shorten(label, 1, Kind.KERNEL) == "…new<…, 128, …>"
+    assert shorten("k_one_two<…> #2", 8, Kind.KERNEL) == "…two<…> #2"
+    assert shorten("sm90_xmma_gemm_k", 10, Kind.KERNEL) == "…gemm_k"
 
 
 def test_columns_go_by_priority_and_prose_keeps_its_words() -> None:

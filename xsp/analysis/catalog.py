@@ -401,11 +401,11 @@ def _replayed_timeline(store: MeasurementStore) -> tuple[pa.Table | None, str]:
     """The replayed, untraced steps (the reconstruction) that HTA's breakdowns read, and how a
     section says so; None where the measurement has no shallower run to replay against (its
     one run is read as traced)."""
-    from xsp.analysis.reconstruction.reconstruct import reconstruct
+    from xsp.analysis.reconstruction.reconstruct import replayed_timeline
 
-    if len(store.runs) < 2:
+    spans = replayed_timeline(store)
+    if spans is None:
         return None, ""
-    spans, _ = reconstruct(store)
     return spans, "on the replayed, untraced step (the reconstruction), not a traced run"
 
 

@@ -88,7 +88,8 @@ def display_names(results: list[Record]) -> dict[Workload, str]:
 
 def per_model(results: list[Record]) -> list[Record]:
     """One row per workload, the batch sizes as columns: ``latency_ms_b<B>``,
-    ``throughput_per_s_b<B>``, ``gpu_busy_pct_b<B>``, ``bound_b<B>`` for each batch size B of the
+    ``throughput_per_s_b<B>``, ``gpu_busy_pct_b<B>``, ``bound_b<B>`` (and where the step and the
+    GPU figures come from, ``step_source_b<B>``, ``gpu_timeline_b<B>``) for each batch size B of the
     campaign (None where that job failed or did not run), the optimal batch, and convolution's
     share and the top layer types at the workload's largest successful batch."""
     batches = batch_sizes(results)
@@ -107,6 +108,8 @@ def per_model(results: list[Record]) -> list[Record]:
             row[f"latency_ms_b{b}"] = s.get("latency_ms")
             row[f"throughput_per_s_b{b}"] = s.get("throughput_per_s")
             row[f"gpu_busy_pct_b{b}"] = s.get("gpu_busy_pct")
+            row[f"step_source_b{b}"] = s.get("step_source")  # "traced" where no replay
+            row[f"gpu_timeline_b{b}"] = s.get("gpu_timeline")
             row[f"bound_b{b}"] = s.get("bound")
         top = (largest.get(key) or {}).get("summary") or {}
         row["optimal_batch"] = best.get(key)

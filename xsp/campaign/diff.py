@@ -44,9 +44,14 @@ def _step_samples(run_dir: Path) -> np.ndarray | None:
 
 
 def _step_ms(record: JobRecord | None) -> float | None:
+    """The job's measured untraced step (M's median), which its M steps are compared by: not
+    the replayed step its summary leads with, a model of it (a record from before has only
+    ``latency_ms``, M's median then)."""
     if record is None or record.get("status") != "ok":
         return None
-    return (record.get("summary") or {}).get("latency_ms")
+    summary = record.get("summary") or {}
+    measured = summary.get("measured_latency_ms")
+    return measured if measured is not None else summary.get("latency_ms")
 
 
 class JobRow(TypedDict):

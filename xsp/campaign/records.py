@@ -44,11 +44,14 @@ class JobSummary(TypedDict, total=False):
     keys are there only where the job traced the GPU, ``monitor`` where it sampled it and
     ``counters`` where it had a counter run."""
 
-    step_ms: dict[str, float]  # level set -> median step
-    latency_ms: float | None
-    throughput_per_s: float | None
+    step_ms: dict[str, float]  # level set -> median step (M untraced, the others traced)
+    latency_ms: float | None  # the job's step: replayed where it has a replay (step_source)
+    measured_latency_ms: float | None  # the shallowest run's median step, as measured
+    step_source: str | None  # "replayed", "M" (measured untraced) or "traced"
+    throughput_per_s: float | None  # batch / latency_ms
     top_layer_types: list[list[Any]]  # [module type, share %], the three largest
     conv_share_pct: float
+    gpu_timeline: str  # "replayed" or "traced": the timeline the GPU figures come from
     gpu_busy_ms: float | None
     gpu_busy_pct: float | None
     median_kernel_us: float | None

@@ -166,9 +166,13 @@ def number(value: Any, significant: int = 3, max_decimals: int = 2) -> str:
     return "0" if text in ("-0", "") else text
 
 
-def _num_cell(value: Any, significant: int = 3, max_decimals: int = 2) -> str:
+def _num_cell(value: Any, significant: int = 3, max_decimals: int = 2, traced: bool = False) -> str:
+    """A number's cell, sortable by its value; ``traced``: a traced run's figure, said so."""
     raw = "" if value is None else repr(float(value))
-    return f"<td class='n' data-v='{raw}'>{number(value, significant, max_decimals)}</td>"
+    shown = number(value, significant, max_decimals)
+    if traced and value is not None:
+        shown += " <span class='meta'>(traced)</span>"
+    return f"<td class='n' data-v='{raw}'>{shown}</td>"
 
 
 def _text_cell(text: str, css: str = "") -> str:
@@ -236,10 +240,12 @@ def per_model_table(rows: list[Record], batches: list[int], modes: int) -> str:
                     failed = row.get(f"status_b{b}") not in (None, "ok")
                     text = (value or "").replace("-bound", "") or ("failed" if failed else "")
                     cells.append(_text_cell(text, value or ""))
-                elif key == "throughput_per_s" or key == "gpu_busy_pct":
-                    cells.append(_num_cell(value, 3, 1))
+                elif key == "gpu_busy_pct":
+                    traced = row.get(f"gpu_timeline_b{b}") == "traced"
+                    cells.append(_num_cell(value, 3, 1, traced))
                 else:
-                    cells.append(_num_cell(value, 3, 3))
+                    traced = row.get(f"step_source_b{b}") == "traced"
+                    cells.append(_num_cell(value, 3, 1 if key == "throughput_per_s" else 3, traced))
         cells.append(_num_cell(row.get("optimal_batch")))
         cells.append(_num_cell(row.get("conv_share_pct"), 3, 1))
         cells.append(_text_cell(_shares(row.get("top_layer_types") or [])))
@@ -256,6 +262,7 @@ JOB_COLUMNS = [
     "Batch",
     "Status",
     "Latency (ms)",
+    "Step from",
     "Throughput (items/s)",
     "Optimal batch",
     "GPU busy (%)",
@@ -268,6 +275,15 @@ JOB_COLUMNS = [
     "Top layer types",
     "Top kernels",
 ]
+
+
+def _step_from(summary: Any) -> str:
+    """Where a job's step comes from: "replayed" (the untraced step, replayed), "M" (measured
+    untraced, no replay) or "traced"; and its GPU figures where they come from a traced run."""
+    source = summary.get("step_source") or ""
+    if summary.get("gpu_timeline") == "traced" and source != "traced":
+        return f"{source}; GPU traced" if source else "GPU traced"
+    return str(source)
 
 
 def job_table(store: CampaignStore, results: list[Record], out: Path) -> str:
@@ -287,9 +303,10 @@ def job_table(store: CampaignStore, results: list[Record], out: Path) -> str:
             _num_cell(r["batch_size"]),
             _text_cell(status),
             _num_cell(s.get("latency_ms"), 3, 3),
+            _text_cell(html.escape(_step_from(s))),
             _num_cell(s.get("throughput_per_s"), 3, 1),
             _text_cell("yes" if best.get((r["model"], r["mode"])) == r["batch_size"] else ""),
-            _num_cell(s.get("gpu_busy_pct"), 3, 1),
+            _num_cell(s.get("gpu_busy_pct"), 3, 1, s.get("gpu_timeline") == "traced"),
             _num_cell(s.get("median_kernel_us"), 3, 1),
             _text_cell(html.escape(bound), bound),
             _num_cell(monitor.get("sm_active_pct"), 2, 2),
@@ -541,8 +558,9 @@ def write_campaign_report(store: CampaignStore, out: Path, run_reports: bool = T
         _findings_section(results, store, out),
         *_figure_sections(_figures(results, rows, batches)),
         "<section id='per-model'><h2>Per model</h2>"
-        "<p class='meta'>One row per model, the batch sizes as columns; click a heading to sort."
-        "</p>",
+        "<p class='meta'>One row per model, the batch sizes as columns; click a heading to sort. "
+        "Latency is each job's replayed, untraced step (M's median where it has no replay), GPU "
+        "busy its share on the replayed timeline; a traced run's figure says so.</p>",
         per_model_table(rows, batches, modes),
         "</section>",
         "<section id='jobs'><h2>All jobs</h2>",

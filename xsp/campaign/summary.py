@@ -18,25 +18,17 @@ COMPUTE_BOUND_BUSY_PCT = 80.0
 
 
 def summarize(run_dir: Path) -> JobSummary:
+    """The job's facts: its step (``latency_ms``) is the replayed, untraced step where its
+    measurement has a replay (``step_source`` "replayed"; M's own median stays in
+    ``measured_latency_ms``), else its shallowest run's (``step_source`` "M", or "traced" where
+    that run traced); its GPU figures come from the same replayed timeline (``gpu_timeline``
+    "replayed"), or the traced G run's where there is none ("traced")."""
     from xsp.analysis.suggestions.rules import suggest
-    from xsp.analysis.tables import kernels, layers
+    from xsp.analysis.tables import layers
     from xsp.analysis.tables.monitor import monitor_summary
-    from xsp.analysis.tables.summary import level_sets
 
     store = MeasurementStore(run_dir)
-    step_ms = {
-        r["levels"]: r["step_median_ms"]
-        for r in level_sets(store).to_pylist()
-        if r["step_median_ms"] is not None
-    }
-    shallowest = min(step_ms, key=len) if step_ms else None
-    batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)
-    latency = step_ms.get(shallowest) if shallowest else None
-    out = JobSummary(
-        step_ms=step_ms,
-        latency_ms=latency,
-        throughput_per_s=batch / (latency / 1e3) if latency else None,
-    )
+    out = _steps(store)
     types = layers.layer_types(store).to_pylist()
     out["top_layer_types"] = [
         [r["module_type"], round(r["share_pct"], 1)] for r in types[:3] if r["share_pct"]
@@ -46,21 +38,7 @@ def summarize(run_dir: Path) -> JobSummary:
     )
     has_gpu = bool(store.sql("SELECT count(*) AS n FROM spans WHERE level = 'gpu'")["n"][0].as_py())
     if has_gpu:
-        # GPU work per iteration (G run) against the uninstrumented latency (M run): the G run's
-        # own step is stretched by tracing, so its busy share would understate the GPU's
-        busy = kernels.temporal_breakdown(store).to_pylist()
-        busy_ms = statistics.median(r["gpu_busy_ms"] for r in busy) if busy else None
-        busy_pct = min(100.0, 100.0 * busy_ms / latency) if busy_ms and latency else None
-        launch = (kernels.launch_statistics(store).to_pylist() or [{}])[0]
-        out["gpu_busy_ms"] = busy_ms
-        out["gpu_busy_pct"] = busy_pct
-        out["median_kernel_us"] = launch.get("median_kernel_us")
-        out["kernels"] = launch.get("kernels", 0)
-        out["top_kernels"] = [
-            [r["kernel"][:80], round(r["share_pct"], 1)]
-            for r in kernels.kernels_by_name(store, limit=3).to_pylist()
-        ]
-        out["bound"] = _bound(busy_pct, launch.get("median_kernel_us"))
+        out.update(_gpu(store, out.get("latency_ms")))
     monitor = monitor_summary(store).to_pylist()
     if monitor:
         # the shallowest run's samples: the GPU as the uninstrumented workload drives it
@@ -70,6 +48,61 @@ def summarize(run_dir: Path) -> JobSummary:
     if counted:
         out["counters"] = counted
     return out
+
+
+def _steps(store: MeasurementStore) -> JobSummary:
+    """Each level set's median step (M's untraced, the others' traced), and the job's step:
+    the replayed one where the measurement has a replay, else its shallowest run's."""
+    from xsp.analysis.replay import replay
+    from xsp.analysis.tables.summary import level_sets
+
+    step_ms = {
+        r["levels"]: r["step_median_ms"]
+        for r in level_sets(store).to_pylist()
+        if r["step_median_ms"] is not None
+    }
+    shallowest = min(step_ms, key=len) if step_ms else None
+    measured = step_ms.get(shallowest) if shallowest else None
+    replayed = replay(store).result().step_ms if len(store.runs) > 1 else None
+    latency = replayed if replayed is not None else measured
+    source = "replayed" if replayed is not None else "M" if shallowest == "M" else "traced"
+    batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)
+    return JobSummary(
+        step_ms=step_ms,
+        latency_ms=latency,
+        measured_latency_ms=measured,
+        step_source=source if latency is not None else None,
+        throughput_per_s=batch / (latency / 1e3) if latency else None,
+    )
+
+
+def _gpu(store: MeasurementStore, latency: float | None) -> JobSummary:
+    """GPU busy and launch figures on the replayed timeline, each iteration's busy share of its
+    own replayed step; without a replay, the traced G run's busy time over the job's step (G's
+    own step is stretched by tracing, so its busy share would understate the GPU's)."""
+    from xsp.analysis.reconstruction.reconstruct import replayed_timeline
+    from xsp.analysis.tables import kernels
+
+    timeline = replayed_timeline(store)
+    busy = kernels.temporal_breakdown(store, timeline).to_pylist()
+    busy_ms = statistics.median(r["gpu_busy_ms"] for r in busy) if busy else None
+    if timeline is not None:
+        busy_pct = statistics.median(r["busy_pct"] for r in busy) if busy else None
+    else:
+        busy_pct = min(100.0, 100.0 * busy_ms / latency) if busy_ms and latency else None
+    launch = (kernels.launch_statistics(store, timeline).to_pylist() or [{}])[0]
+    return JobSummary(
+        gpu_timeline="replayed" if timeline is not None else "traced",
+        gpu_busy_ms=busy_ms,
+        gpu_busy_pct=busy_pct,
+        median_kernel_us=launch.get("median_kernel_us"),
+        kernels=launch.get("kernels", 0),
+        top_kernels=[
+            [r["kernel"][:80], round(r["share_pct"], 1)]
+            for r in kernels.kernels_by_name(store, limit=3).to_pylist()
+        ],
+        bound=_bound(busy_pct, launch.get("median_kernel_us")),
+    )
 
 
 def job_line(record: JobRecord, finished: int, total: int, elapsed_s: float) -> str:

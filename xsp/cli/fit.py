@@ -8,7 +8,8 @@ wider than the terminal is squeezed in this order until it fits, each step only 
 3. names are shortened by what the table is too wide, to ``SOFT_NAME`` characters at most (a
    program line to ``SOFT_PATH``): a path from the left at a ``/`` (its file, line and function
    kept), a kernel from the left after a ``::`` or ``_``, another name from the right after a
-   ``.``, ``_``, ``/``, ``-`` or space, an ellipsis where the part went;
+   ``.``, ``_``, ``/``, ``-`` or space, an ellipsis where the part went (a kernel keeps its
+   template arguments, ``<…, 128, …>``, and a `` #2`` whole: they tell namesakes apart);
 4. secondary columns (``priority`` 2 or more: spreads, counts beside a time) are left out, the
    highest priority first (the rightmost first among equals);
 5. prose (advice, a verdict) wraps at its spaces, down to its longest word;
@@ -44,6 +45,9 @@ SECONDARY = 2
 _ITERATION = re.compile(r"(?<![a-z])iteration(?![a-z])")
 #: Where a name may be shortened: after these (``layer2.0.`` | ``downsample.0``).
 _BOUNDARY = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
+#: Where a kernel's distinguishing part starts (``xsp.analysis.figures.present.distinct_kernels``):
+#: its first template argument list, or a `` #2`` that numbers namesakes.
+_TAIL = re.compile(r"<| #\d+$")
 
 
 class Kind(Enum):
@@ -134,20 +138,29 @@ def shorten(text: str, width: int, kind: Kind) -> str:
         return text
     if kind is Kind.PATH:
         return _shorten_path(text, width)
-    parts = _BOUNDARY.split(text)
     if kind is Kind.KERNEL:
-        kept = parts[-1]
+        head, tail = _kernel_tail(text)
+        parts = _BOUNDARY.split(head)
+        kept = parts[-1] + tail
         for part in reversed(parts[:-1]):
             if cell_len(part + kept) + 1 > width:
                 break
             kept = part + kept
         return "…" + kept
+    parts = _BOUNDARY.split(text)
     kept = parts[0]
     for part in parts[1:]:
         if cell_len(kept + part) + 1 > width:
             break
         kept += part
     return kept + "…"
+
+
+def _kernel_tail(text: str) -> tuple[str, str]:
+    """A kernel's name and what tells it from its namesakes, kept whole when the name is
+    shortened: ``cudnn::bn_bw_1C11_kernel_new`` and ``<…, 128, …>`` (or `` #2``)."""
+    found = _TAIL.search(text)
+    return (text[: found.start()], text[found.start() :]) if found and found.start() else (text, "")
 
 
 def _shorten_path(text: str, width: int) -> str:

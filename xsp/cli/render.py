@@ -13,7 +13,15 @@ from xsp.cli.fit import Column, Kind, fit
 if TYPE_CHECKING:
     from xsp.analysis.replay.result import ReplayResult
 
-__all__ = ["column_kind", "print_replay", "print_table", "replay_summary", "replay_warnings"]
+__all__ = [
+    "NAMESAKES",
+    "column_kind",
+    "kernel_labels",
+    "print_replay",
+    "print_table",
+    "replay_summary",
+    "replay_warnings",
+]
 
 #: How soon a column is left out of a table too wide for the terminal (``xsp.cli.fit``):
 #: 0 never, higher sooner. Unlisted: 0 for a table's first column (what its rows are), then
@@ -77,10 +85,16 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
 
     records = table.slice(0, rows).to_pylist()
     columns = []
+    told_apart: set[str] = set()  # headers of the kernel columns with namesakes told apart
     for index, name in enumerate(table.column_names):
         values = [r[name] for r in records]
         kind = column_kind(name, values)
         cells = [printable(display(name, v, 1000)) for v in values]
+        if kind is Kind.KERNEL:
+            labels = kernel_labels(table.column(name).to_pylist())[: len(records)]
+            if labels != cells:
+                told_apart.add(header(name))
+            cells = [printable(label) for label in labels]
         columns.append(Column(header(name), cells, kind, _priority(name, index, kind)))
     width = out_console.width
     fitted = fit(columns, width)
@@ -103,10 +117,26 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
         captions.append(f"{rows} of {table.num_rows} rows shown (--rows N for more)")
     if fitted.dropped and len(records) != 1:
         captions.append(f"left out to fit {width} columns: {', '.join(fitted.dropped)}")
+    shown = told_apart if len(records) == 1 else told_apart & set(fitted.headers)
+    if shown:  # a kernel column left out needs no key
+        captions.append(NAMESAKES)
     if note:
         captions.append(note)
     if captions:
         say("; ".join(captions))
+
+
+#: The caption under a table whose kernels of one name are told apart.
+NAMESAKES = "<…, 128, …>, #2: what tells kernels of one name apart (--json: whole names)"
+
+
+def kernel_labels(values: list[Any]) -> list[str]:
+    """Kernel names as the terminal and the HTML report show them: template arguments elided,
+    except those that tell two different kernels of one name apart (``distinct_kernels`` over
+    the whole column, so a kernel reads alike however many rows are shown)."""
+    from xsp.analysis.figures.present import distinct_kernels
+
+    return distinct_kernels([str(v or "") for v in values], limit=1000)
 
 
 def replay_summary(store: Any) -> ReplayResult:

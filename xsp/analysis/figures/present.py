@@ -4,6 +4,7 @@ Shared by the terminal tables and the HTML report; ``--json`` keeps the raw colu
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = [
@@ -161,7 +162,8 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
 
 def _template_args(name: str) -> tuple[str, list[str], str] | None:
     """(what comes before the first template's ``<``, its top-level arguments, what follows its
-    ``>`` up to the parameter list), or None without a template."""
+    ``>`` up to the parameter list), or None without a template. A comma inside a nested
+    template or parentheses (a lambda's signature) does not split an argument."""
     text = name.strip().removeprefix("void ")
     start = text.find("<")
     paren = text.find("(")
@@ -172,11 +174,11 @@ def _template_args(name: str) -> tuple[str, list[str], str] | None:
     depth = 0
     for at in range(start, len(text)):
         char = text[at]
-        if char == "<":
+        if char in "<(":
             depth += 1
             if depth == 1:
                 continue
-        elif char == ">":
+        elif char in ">)":
             depth -= 1
             if depth == 0:
                 args.append("".join(current).strip())
@@ -190,11 +192,80 @@ def _template_args(name: str) -> tuple[str, list[str], str] | None:
     return None
 
 
+#: A template argument that tells kernels apart is shown whole up to this many characters;
+#: longer, only its own name (``CUDAFunctor_add<…>``) or the words where it differs (``…_tn_…``).
+ARG_CHARS = 24
+#: Where an argument may be cut: after ``::`` or one of ``./ _-`` (as ``xsp.cli.fit`` cuts).
+_WORD = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
+#: A C-style cast before an enum's value, ``(cudnnKernelDataType_t)2``: the value tells apart.
+_CAST = re.compile(r"^\([\w:]+\)(?=-?\d+$)")
+
+
+def _own_name(arg: str) -> str:
+    """``at::native::CUDAFunctor_add<float>`` -> ``CUDAFunctor_add<…>``."""
+    return short_kernel(arg, limit=10_000).rsplit("::", 1)[-1]
+
+
+def _differing_words(args: list[str]) -> list[str]:
+    """Each argument cut to the words where the arguments differ, cut only between words:
+    ``cutlass_80_…_32x3_tn_align4`` and ``…_nt_align4`` -> ``…_tn_…`` and ``…_nt_…``."""
+    words = [_WORD.split(a) for a in args]
+    fewest = min(len(w) for w in words)
+    head = 0
+    while head < fewest - 1 and len({w[head] for w in words}) == 1:
+        head += 1
+    tail = 0
+    while tail < fewest - 1 - head and len({w[-1 - tail] for w in words}) == 1:
+        tail += 1
+    shown = []
+    for w in words:
+        middle = "".join(w[head : len(w) - tail])
+        if len(middle) > ARG_CHARS:  # still long: its first words up to ARG_CHARS
+            kept = ""
+            for word in _WORD.split(middle):
+                if kept and len(kept + word) > ARG_CHARS:
+                    break
+                kept += word
+            middle, tail = kept, max(tail, 1)
+        before = "…" + w[head - 1][-1:] if head and w[head - 1][-1:] in "_-./ " else "…"
+        shown.append((before if head else "") + middle + ("…" if tail else ""))
+    return shown
+
+
+def _told_apart(args: list[str]) -> list[str]:
+    """One differing template argument of each member, as short as still tells them apart:
+    whole when short, else its own name, else the words where it differs."""
+    args = [_CAST.sub("", a) for a in args]
+    if all(len(a) <= ARG_CHARS for a in args):
+        return args
+    own = [_own_name(a) for a in args]
+    if len(set(own)) == len(set(args)) and all(len(o) <= ARG_CHARS for o in own):
+        return own
+    return _differing_words(args)
+
+
+def _telling_positions(found: list[list[str]]) -> list[int]:
+    """The fewest argument positions, first to last, that tell the members apart (each one
+    kept only where it tells more apart)."""
+    chosen: list[int] = []
+    told = 1
+    for i in range(len(found[0])):
+        more = len({tuple(args[j] for j in [*chosen, i]) for args in found})
+        if more > told:
+            chosen.append(i)
+            told = more
+        if told == len(found):
+            break
+    return chosen
+
+
 def distinct_kernels(names: list[str], limit: int = KERNEL_CHARS) -> list[str]:
     """``short_kernel`` of each name, except where two different kernels would read alike: those
     keep the template arguments that tell them apart, the others elided
-    (``cudnn::bn_bw_1C11_kernel_new<…, 128, …>`` and ``<…, 512, …>``). A kernel named twice
-    reads the same both times; kernels told apart by nothing short get ``#1``, ``#2``."""
+    (``cudnn::bn_bw_1C11_kernel_new<…, 128, …>`` and ``<…, 512, …>``; a long argument by its own
+    name or the words where it differs). A kernel named twice reads the same both times;
+    kernels told apart by nothing short get ``#1``, ``#2``. Shared by the terminal's tables and
+    the HTML report, so both name a kernel alike."""
     short = [short_kernel(n, limit) for n in names]
     groups: dict[str, list[str]] = {}
     for name, label in zip(names, short, strict=True):
@@ -202,26 +273,32 @@ def distinct_kernels(names: list[str], limit: int = KERNEL_CHARS) -> list[str]:
             groups[label].append(name)
     chosen: dict[str, str] = {}
     for label, members in groups.items():
-        if len(members) < 2:
-            continue
-        parts = [_template_args(m) for m in members]
-        counts = {len(p[1]) for p in parts if p is not None}
-        if None in parts or len(counts) != 1:
-            chosen.update({m: f"{label} #{i}" for i, m in enumerate(members, start=1)})
-            continue
-        found = [p for p in parts if p is not None]
-        differ = [i for i in range(counts.pop()) if len({p[1][i] for p in found}) > 1]
-        for member, (head, args, rest) in zip(members, found, strict=True):
-            shown: list[str] = []
-            for i, arg in enumerate(args):
-                if i in differ:
-                    shown.append(arg if len(arg) <= 24 else arg[:23] + "…")
-                elif not shown or shown[-1] != "…":
-                    shown.append("…")
-            chosen[member] = f"{short_kernel(head, limit)}<{', '.join(shown)}>{rest}"
-        if not differ or len({chosen[m] for m in members}) < len(members):
-            chosen.update({m: f"{label} #{i}" for i, m in enumerate(members, start=1)})
+        if len(members) > 1:
+            chosen.update(_apart(label, members, limit))
     return [chosen.get(n, label) for n, label in zip(names, short, strict=True)]
+
+
+def _apart(label: str, members: list[str], limit: int) -> dict[str, str]:
+    """Each of ``members`` (different kernels that read ``label``) by what tells it apart."""
+    numbered = {m: f"{label} #{i}" for i, m in enumerate(members, start=1)}
+    parts = [_template_args(m) for m in members]
+    found = [p for p in parts if p is not None]
+    if len(found) < len(parts) or len({len(p[1]) for p in found}) != 1:
+        return numbered
+    positions = _telling_positions([p[1] for p in found])
+    if not positions:
+        return numbered
+    columns = {i: _told_apart([p[1][i] for p in found]) for i in positions}
+    chosen = {}
+    for at, (member, (head, args, rest)) in enumerate(zip(members, found, strict=True)):
+        shown: list[str] = []
+        for i in range(len(args)):
+            if i in columns:
+                shown.append(columns[i][at])
+            elif not shown or shown[-1] != "…":
+                shown.append("…")
+        chosen[member] = f"{short_kernel(head, limit)}<{', '.join(shown)}>{rest}"
+    return numbered if len(set(chosen.values())) < len(members) else chosen
 
 
 def short_label(name: str, limit: int = 48) -> str:

@@ -49,6 +49,7 @@ __all__ = [
     "level_overhead",
     "reconstruct",
     "reconstructed_resource",
+    "replayed_timeline",
 ]
 
 
@@ -56,6 +57,15 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     """(reconstructed spans following schema.SPAN_SCHEMA, mismatches: level, name, iteration);
     computed once per store (the report, the multi-rank analyses and ``--json`` all read it)."""
     return RECONSTRUCTION.of(store)
+
+
+def replayed_timeline(store: MeasurementStore) -> pa.Table | None:
+    """The replayed, untraced steps as one timeline (the reconstruction's spans), which every
+    view reads by default; None where the measurement has one run (nothing shallower to replay
+    it against: that run is read as traced)."""
+    if len(store.runs) < 2:
+        return None
+    return reconstruct(store)[0]
 
 
 def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
