@@ -126,13 +126,16 @@ class ObjectMirror:
         self._looked.add(relative)
         return came
 
-    def push(self, run_dir: Path) -> int:
-        """Upload this writer's new or changed files of ``run_dir``, each as one whole object,
-        resources, then span parts, then run.json; the number uploaded."""
+    def push(self, run_dir: Path, meta_only: bool = False) -> int:
+        """Upload this writer's new or changed files of ``run_dir`` (with ``meta_only``, its
+        run.json alone), each as one whole object, resources, then span parts, then run.json;
+        the number uploaded."""
         relative, objects = self._run(run_dir)
         changed: dict[int, list[Path]] = {}
         for path in run_dir.iterdir() if run_dir.is_dir() else ():
             if not path.is_file() or not self._own(path.name):
+                continue
+            if meta_only and path.name != RUN_META:
                 continue
             if self._sent.get(f"{relative}/{path.name}") != _stat(path):
                 match = _PART.fullmatch(path.name)

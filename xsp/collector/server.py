@@ -444,7 +444,7 @@ class Collector:
         if self.writer.mirror is None:
             return
         try:
-            self.writer.mirror.push(run_dir)
+            self.writer.mirror.push(run_dir, meta_only=True)  # the parts are the writer's
         except XspError as exc:
             log.warning("xsp collector: %s (the run's next write sends it)", exc)
 
