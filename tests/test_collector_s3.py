@@ -5,6 +5,7 @@ run; an S3 outage keeps what was acknowledged in the spool until S3 is back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,8 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.fixtures import fixture_table, free_ports, write_run
+from tests.fixtures import fixture_table, free_ports, make_collector, write_run
 from tests.object_store import SeaweedS3, seaweed
+from tests.test_collector_faults import _poison, _small
 from tests.test_collector_replicas import _sdk_load, _wait_http
 from xsp.core import schema
 from xsp.core.store import location
@@ -254,3 +256,26 @@ def test_an_s3_outage_keeps_acknowledged_spans_in_the_spool_until_s3_is_back(
     assert keys == Counter({key: 1 for key in first_keys | during_keys})
     log = (tmp_path / "solo.log").read_text()
     assert f"storing into {uri} again" in log
+
+
+def test_a_quarantined_request_is_counted_in_the_run_json_on_s3(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In one process (the flusher thread writes): a poison request set aside at flush time is
+    counted in its run's run.json on S3, and the rest of its segment is stored there."""
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)  # the collector reads the AWS variables, as xsp does
+    uri = seaweed.uri("quarantine")
+    c = make_collector(tmp_path, object_store=uri, flush_interval_s=60)
+    c.spool.append(_small("a", 4).SerializeToString())
+    c.spool.append(_poison("iteration").SerializeToString())  # got past ingest somehow
+    c.spool.append(_small("b", 3).SerializeToString())
+    c.flush()
+    assert c.quarantined_requests == 1 and c.spool.pending_bytes == 0
+    c.stop()
+    keys, listed = _stored(seaweed, uri)
+    assert sum(keys.values()) == 7 and len(keys) == 7
+    assert {n.split("/")[0] for n in listed} == {"m-a", "m-b", "m-p"}  # no spool, no quarantine
+    meta = json.loads(location.object_store(uri, seaweed.env).get("m-p/MF/run.json"))
+    (item,) = (tmp_path / "store" / ".quarantine").iterdir()
+    assert (meta["spans"], meta["quarantined_requests"], meta["quarantined"]) == (0, 1, [item.name])
