@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -43,39 +44,32 @@ class SeaweedS3:
         }
         config.write_text(json.dumps({"identities": [identity]}))
         (work / "data").mkdir()
-        self.log = (work / "weed.log").open("wb")
-        self.proc = subprocess.Popen(
-            [
-                str(WEED_BIN),
-                "server",
-                "-ip=127.0.0.1",
-                "-ip.bind=127.0.0.1",
-                f"-dir={work / 'data'}",
-                f"-master.port={master}",
-                f"-volume.port={volume}",
-                f"-filer.port={filer}",
-                f"-s3.port={s3}",
-                # each its own ports (the defaults are fixed: a second server would clash)
-                *(
-                    f"-{name}.port.grpc={port}"
-                    for name, port in zip(
-                        ("master", "volume", "filer", "s3"), ports[4:], strict=True
-                    )
-                ),
-                "-s3.port.iceberg=0",
-                "-s3.port.lance=0",
-                f"-filer.localSocket={work / 'filer.sock'}",
-                f"-s3.localSocket={work / 's3.sock'}",
-                "-volume.max=0",
-                "-master.volumeSizeLimitMB=64",
-                "-s3",
-                f"-s3.config={config}",
-            ],
-            cwd=work,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.work = work
+        self.command = [
+            str(WEED_BIN),
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={work / 'data'}",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={s3}",
+            # each its own ports (the defaults are fixed: a second server would clash)
+            *(
+                f"-{name}.port.grpc={port}"
+                for name, port in zip(("master", "volume", "filer", "s3"), ports[4:], strict=True)
+            ),
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-filer.localSocket={work / 'filer.sock'}",
+            f"-s3.localSocket={work / 's3.sock'}",
+            "-volume.max=0",
+            "-master.volumeSizeLimitMB=64",
+            "-s3",
+            f"-s3.config={config}",
+        ]
+        self._launch()
         self.env = {
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
@@ -84,6 +78,27 @@ class SeaweedS3:
             "AWS_EC2_METADATA_DISABLED": "true",  # no instance-metadata lookups off EC2
         }
         self._wait_for_bucket(work)
+
+    def _launch(self) -> None:
+        self.log = (self.work / "weed.log").open("ab")
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=self.work,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """Stop at once (SIGKILL to its process group): an outage, as a crashed server."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+    def restart(self) -> None:
+        """Start the stopped server again, on the same ports and data (an outage's end)."""
+        self._launch()
+        self._wait_for_bucket(self.work)
 
     def filesystem(self, **options: object) -> pafs.S3FileSystem:
         return pafs.S3FileSystem(

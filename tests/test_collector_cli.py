@@ -104,3 +104,35 @@ def test_a_replica_name_that_cannot_name_files_is_one_line(name: str, tmp_path: 
         done.output.startswith("xsp: error: bad replica name")
         and len(done.output.splitlines()) == 1
     )
+
+
+def test_an_s3_store_keeps_its_spool_and_working_copy_in_a_local_directory(
+    tmp_path: Path, served: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = CliRunner().invoke
+    store = ["collector", "serve", "--store", "s3://traces/collected/"]
+    assert run(main, [*store, "--replica", "r1", "--spool", str(tmp_path / "r1")]).exit_code == 0
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert run(main, [*store, "--replica", "r2"]).exit_code == 0
+    assert run(main, store).exit_code == 0
+    assert [(c.object_store, c.replica) for c in served] == [
+        ("s3://traces/collected/", "r1"),
+        ("s3://traces/collected/", "r2"),
+        ("s3://traces/collected/", None),
+    ]
+    default = served[1].store.parent
+    assert served[0].store == tmp_path / "r1"
+    assert default.parent == tmp_path / "state/xsp/collector"
+    assert default.name.startswith("traces_collected~")  # one directory a store, hashed
+    assert [c.store.name for c in served[1:]] == ["r2", "collector"]  # and one a replica
+    assert served[2].store.parent == default
+
+
+def test_a_spool_directory_is_for_an_s3_store_only(tmp_path: Path, served: list[Any]) -> None:
+    done = _serve(tmp_path, "--spool", str(tmp_path / "spool"))
+    assert done.exit_code == 2
+    assert done.output == (
+        "xsp: error: --spool is for an s3:// store (a local store keeps its spool in "
+        "STORE/.spool)\n"
+    )
+    assert served == []

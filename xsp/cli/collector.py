@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,24 @@ def _warn_if_open(addresses: list[str], token: str | None, tls: bool) -> None:
         warn(f"listening on {where} without TLS: the token crosses the network in the clear")
 
 
+def _local_directory(
+    store: str, spool: Path | None, replica: str | None
+) -> tuple[Path, str | None]:
+    """The local store, or for an ``s3://`` store the replica's local directory (its spool and
+    working copy: ``--spool``, else one of its own under $XDG_STATE_HOME) and the URI."""
+    if not store.startswith("s3://"):
+        if spool is not None:
+            fail("--spool is for an s3:// store (a local store keeps its spool in STORE/.spool)")
+        return Path(store), None
+    if spool is not None:
+        return spool, store
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state")
+    where = store.removeprefix("s3://").strip("/")
+    digest = hashlib.blake2b(where.encode(), digest_size=6).hexdigest()
+    name = f"{where.replace('/', '_')[:80]}~{digest}"  # one directory per store and replica
+    return state / "xsp/collector" / name / (replica or "collector"), store
+
+
 @click.group()
 def collector() -> None:
     """The OTLP collector service."""
@@ -77,10 +97,9 @@ def collector() -> None:
 @collector.command()
 @click.option(
     "--store",
-    "store_dir",
-    type=click.Path(path_type=Path),
+    "store",
     required=True,
-    help="Run store to write (created if missing).",
+    help="Run store to write (created if missing): a directory, or s3://bucket/prefix.",
 )
 @click.option(
     "--grpc",
@@ -123,8 +142,16 @@ def collector() -> None:
     help="This collector's name among replicas sharing the store (XSP_COLLECTOR_REPLICA): "
     "its own spool and part names. Keep it across restarts.",
 )
+@click.option(
+    "--spool",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="XSP_COLLECTOR_SPOOL",
+    help="For an s3:// store: the local directory of this replica's spool and working copy "
+    "(XSP_COLLECTOR_SPOOL; default under $XDG_STATE_HOME/xsp/collector). Keep it across "
+    "restarts: acknowledged spans wait there until they are on S3.",
+)
 def serve(
-    store_dir: Path,
+    store: str,
     grpc_address: str,
     http_address: str,
     forward: str | None,
@@ -134,15 +161,18 @@ def serve(
     tls_key: Path | None,
     max_request_mib: float,
     replica: str | None,
+    spool: Path | None,
 ) -> None:
     """Receive OTLP traces (gRPC, HTTP protobuf/JSON) into a run store until interrupted.
 
     A request is acknowledged once its spans are in the write-ahead spool (fsync'ed), so a killed
-    collector loses no acknowledged span: the next start stores what the spool holds.
+    collector loses no acknowledged span: the next start stores what the spool holds. With an
+    s3:// store the spool stays on local disk and each part goes up as soon as it is written.
     """
     from xsp.collector.server import CollectorConfig
     from xsp.collector.server import serve as run_server
 
+    store_dir, object_store = _local_directory(store, spool, replica)
     token = _token(token, token_file)
     _warn_if_open([grpc_address, http_address], token, tls_cert is not None)
 
@@ -157,6 +187,7 @@ def serve(
         max_request_bytes=int(max_request_mib * 1024 * 1024),
         store_workers=1,  # conversion in its own process: the receivers keep the GIL
         replica=replica or None,
+        object_store=object_store,
     )
 
     def ready(c: Any) -> None:
@@ -167,7 +198,8 @@ def serve(
             parts.append(f"HTTP {http_address.rsplit(':', 1)[0]}:{c.http_port}")
         replaying = len(c.spool.recovered)
         console.print(
-            f"xsp collector: receiving on {', '.join(parts)}; store {store_dir}"
+            f"xsp collector: receiving on {', '.join(parts)}; store {store}"
+            + (f" (spool and working copy in {store_dir})" if object_store else "")
             + (f" (replica {replica})" if replica else "")
             + (f"; storing {replaying} spooled segments in the background" if replaying else ""),
             highlight=False,

@@ -114,7 +114,7 @@ class HttpReceiver:
     ``stop`` closes, waiting for requests in progress. ``ingest(body, as_json, gzip)`` is
     called in a worker thread and may block; it raises DecodeError, Busy or Unavailable.
     ``/healthz`` answers 200 once ``ready()`` (every receiver of the collector listens), 503
-    before."""
+    before; its body is ``health()``'s line ("ok", or why storing fails)."""
 
     def __init__(
         self,
@@ -130,9 +130,11 @@ class HttpReceiver:
         ssl_context: ssl.SSLContext | None = None,
         workers: int = 4,
         ready: Callable[[], bool] = lambda: True,
+        health: Callable[[], str] = lambda: "ok",
     ) -> None:
         self._ingest = ingest
         self._ready = ready
+        self._health_line = health
         self._idle_s = idle_s
         self._check_capacity = check_capacity
         self._authorized = authorized
@@ -190,7 +192,7 @@ class HttpReceiver:
     async def _health(self, request: web.Request) -> web.Response:
         if not self._ready():  # the other receivers are not listening yet
             return web.Response(status=503, text="starting\n", headers={"Retry-After": "1"})
-        return web.Response(text="ok\n")
+        return web.Response(text=self._health_line() + "\n")
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         content_type = request.content_type.lower()

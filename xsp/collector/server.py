@@ -63,10 +63,11 @@ from xsp.collector.http_receiver import (
     gunzip,
     rpc_status,
 )
+from xsp.collector.object_mirror import StoreTarget
 from xsp.collector.quarantine import QUARANTINE_DIR, Quarantine
 from xsp.collector.spool import DEFAULT_RESERVE_BYTES, DEFAULT_SEGMENT_BYTES, Spool
-from xsp.collector.store_worker import Stored, store_in_worker, store_requests
-from xsp.collector.writer import StoreWriter, note_quarantined
+from xsp.collector.store_worker import Stored, open_writer, store_in_worker, store_requests
+from xsp.collector.writer import note_quarantined
 from xsp.core.errors import ConfigError, StoreError, XspError
 from xsp.core.otlp.decode import parse_json
 from xsp.core.otlp.transport import OtlpConfig, Transport, make_transport
@@ -102,6 +103,7 @@ WORKER_WATCH_S = 0.5
 
 @dataclass(frozen=True)
 class CollectorConfig:
+    #: The store, or (with ``object_store``) the local directory of the spool and working copy.
     store: Path
     grpc_address: str | None = DEFAULT_GRPC
     http_address: str | None = DEFAULT_HTTP
@@ -125,6 +127,8 @@ class CollectorConfig:
     forward_drain_s: float = FORWARD_DRAIN_S
     #: This collector's name among the replicas sharing ``store`` (None: the store's only one).
     replica: str | None = None
+    #: ``s3://bucket/prefix``: the store, ``store`` its local working copy (``object_mirror``).
+    object_store: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.grpc_address or self.http_address):
@@ -141,6 +145,15 @@ class CollectorConfig:
             )
         if self.store_workers not in (0, 1):
             raise ConfigError(f"store_workers {self.store_workers}: use 0 or 1 (one flusher)")
+
+    @property
+    def target(self) -> StoreTarget:
+        return StoreTarget(self.store, self.object_store, self.replica)
+
+    @property
+    def shown_store(self) -> str:
+        """The store as the user named it."""
+        return self.object_store or str(self.store)
 
 
 def spool_directory(replica: str | None) -> str:
@@ -160,7 +173,7 @@ class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.quarantine = Quarantine(config.store / QUARANTINE_DIR)
-        self.writer = StoreWriter(config.store)  # raises StoreError for an unwritable store
+        self.writer = open_writer(config.target)  # raises StoreError for an unwritable store
         try:
             self.spool = Spool(
                 config.store / spool_directory(config.replica),
@@ -183,6 +196,8 @@ class Collector:
         self.duplicate_spans = 0  # spans not stored again: their run already held them
         self.spool_refusals = 0  # requests not acknowledged: the spool's disk could not take them
         self._refusing = False  # the last append failed (its log line is not repeated)
+        #: Why storing fails now (an unreachable object store, a full disk), and since when.
+        self.store_failing: tuple[float, str] | None = None
         self._count_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flusher at a time: the loop, flush(), stop()
         self._queue: list[Path] = []  # closed segments not yet stored, oldest first
@@ -372,6 +387,8 @@ class Collector:
                 self._flush_segment(segment)
             except (XspError, OSError) as exc:
                 self.flush_failures += 1
+                if self.store_failing is None:
+                    self.store_failing = (time.time(), str(exc))
                 self._retry_at = time.monotonic() + self._backoff_s
                 log.error(
                     "xsp collector: storing %s failed (%d segments waiting; retry in %.1f s): %s",
@@ -384,6 +401,26 @@ class Collector:
                 return
             self._queue.pop(0)
             self._backoff_s = RETRY_FIRST_S
+            if self.store_failing is not None:
+                log.warning(
+                    "xsp collector: storing into %s again (%d segments waiting)",
+                    self.config.shown_store,
+                    len(self._queue),
+                )
+                self.store_failing = None
+
+    def health(self) -> str:
+        """/healthz's line: "ok", or why the spool is not being stored (the receivers still
+        acknowledge what the spool holds, so the answer stays 200)."""
+        if self.store_failing is None:
+            return "ok"
+        since, why = self.store_failing
+        waiting = len(self._queue)
+        return (
+            f"ok, but storing into {self.config.shown_store} fails since "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}: {waiting} segments "
+            f"({self.spool.pending_bytes} bytes) kept in the spool and retried: {why}"
+        )
 
     def _flush_segment(self, segment: Path) -> None:
         payloads = self.spool.read(segment)
@@ -393,12 +430,23 @@ class Collector:
         for index, reason in poison.items():  # set aside; the rest of the segment is stored
             self.quarantined_requests += 1
             item = self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
-            note_quarantined(self.config.store, payloads[index], item.name)
+            for run_dir in note_quarantined(self.config.store, payloads[index], item.name):
+                self._publish_quietly(run_dir)
         if self._forward is not None:
             for index, payload in enumerate(payloads):
                 if index not in poison:
                     self._forward.put(payload)
         self.spool.remove(segment)
+
+    def _publish_quietly(self, run_dir: Path) -> None:
+        """Upload a run.json that counts a quarantined request; where that fails, the run's
+        next write uploads it (it is not worth storing the segment again)."""
+        if self.writer.mirror is None:
+            return
+        try:
+            self.writer.mirror.push(run_dir, meta_only=True)  # the parts are the writer's
+        except XspError as exc:
+            log.warning("xsp collector: %s (the run's next write sends it)", exc)
 
     def _store(self, part_name: str, payloads: list[bytes]) -> Stored:
         """Store a segment's requests, in the worker process when there is one."""
@@ -406,7 +454,7 @@ class Collector:
             return store_requests(self.writer, part_name, payloads)
         try:
             return self._workers.submit(
-                store_in_worker, str(self.config.store), part_name, payloads
+                store_in_worker, self.config.target, part_name, payloads
             ).result()
         except BrokenProcessPool as exc:  # the worker died: start another; the segment waits
             self._workers = _worker_pool()
@@ -432,6 +480,7 @@ class Collector:
             idle_s=self.config.idle_s,
             ssl_context=context,
             ready=self.listening.is_set,
+            health=self.health,
         )
         self._http.start()
         self.http_port = self._http.port

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from xsp.collector import writer
+from xsp.collector.object_mirror import ObjectMirror, StoreTarget
 from xsp.collector.writer import StoreWriter
 from xsp.core.otlp import columns as otlp_columns
 
-__all__ = ["Poison", "Stored", "store_in_worker", "store_requests"]
+__all__ = ["Poison", "Stored", "open_writer", "store_in_worker", "store_requests"]
 
 #: (index of the request in its segment, why it could not be converted)
 Poison = tuple[int, str]
@@ -81,13 +82,22 @@ def _each(
     return converted
 
 
-#: The worker process's writers, by store root: kept across segments (and their indexes too).
-_writers: dict[str, StoreWriter] = {}
+def open_writer(target: StoreTarget) -> StoreWriter:
+    """The writer of ``target``: into the local store, or into the working copy of the object
+    store, each run's new part uploaded as it is written."""
+    mirror = None
+    if target.uri is not None:
+        mirror = ObjectMirror(target.uri, target.root, target.replica)
+    return StoreWriter(Path(target.root), mirror=mirror)
 
 
-def store_in_worker(root: str, part_name: str, payloads: Sequence[bytes]) -> Stored:
+#: The worker process's writers, by target: kept across segments (and their indexes too).
+_writers: dict[StoreTarget, StoreWriter] = {}
+
+
+def store_in_worker(target: StoreTarget, part_name: str, payloads: Sequence[bytes]) -> Stored:
     """``store_requests`` in a worker process (arguments and result cross a pipe)."""
-    store = _writers.get(root)
+    store = _writers.get(target)
     if store is None:
-        store = _writers[root] = StoreWriter(Path(root))
+        store = _writers[target] = open_writer(target)
     return store_requests(store, part_name, payloads)

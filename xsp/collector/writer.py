@@ -33,6 +33,9 @@ Algorithm:
    same store) are indexed as they appear, before each write: replicas de-duplicate against each
    other's parts as against their own. run.json is rewritten until the parts it counts are the
    ones on disk, so the last replica to write a directory leaves its full count.
+6. On an object store (``mirror``: ``object_mirror.ObjectMirror``) the directory is a local
+   working copy: the other replicas' parts are downloaded into it before it is listed (in 1 and
+   5), and a run's new part and run.json are uploaded before ``write`` returns.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
 from xsp.collector import span_columns
+from xsp.collector.object_mirror import ObjectMirror
 from xsp.core import config, schema, store
 from xsp.core.errors import StoreError
 from xsp.core.otlp import columns as otlp_columns
@@ -500,8 +504,11 @@ class StoreWriter:
         max_indexed_runs: int = MAX_INDEXED_RUNS,
         dedupe_window: int | None = None,
         max_index_bytes: int | None = None,
+        mirror: ObjectMirror | None = None,
     ) -> None:
         self.root = Path(root)
+        #: the object store that ``root`` is the working copy of (None: ``root`` is the store)
+        self.mirror = mirror
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -521,7 +528,8 @@ class StoreWriter:
 
     def write(self, part_name: str, converted: Iterable[Converted]) -> int:
         """Write one part per run; returns the spans written (duplicates left out, counted in
-        ``duplicate_spans`` and the run's run.json)."""
+        ``duplicate_spans`` and the run's run.json). On an object store each run's part and
+        run.json are uploaded before the next run is written (a failure raises StoreError)."""
         groups: dict[tuple[str, str], tuple[dict[str, Sender], list[pa.Table]]] = {}
         for request in converted:
             for key, run_senders, table in request:
@@ -550,6 +558,8 @@ class StoreWriter:
                         break
             except OSError as exc:
                 raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
+            if self.mirror is not None:
+                self.mirror.push(run_dir)
             written += table.num_rows
             self.duplicate_spans += dropped
         self.spans_written += written
@@ -558,6 +568,8 @@ class StoreWriter:
     def _keys(self, run_dir: Path, part_name: str) -> SpanKeys:
         """The index of what ``run_dir`` stores apart from ``part_name`` (about to be written):
         the cached one while it matches the parts on disk, else read from them."""
+        if self.mirror is not None:
+            self.mirror.pull(run_dir)
         names = _part_names(run_dir) if run_dir.is_dir() else set()
         keys = self._indexes.pop(run_dir, None)
         if keys is None or not set(keys.parts) <= names or part_name in names:
@@ -571,10 +583,11 @@ class StoreWriter:
         self._fit()
         return keys
 
-    @staticmethod
-    def _catch_up(run_dir: Path, keys: SpanKeys) -> bool:
+    def _catch_up(self, run_dir: Path, keys: SpanKeys) -> bool:
         """Index the parts another replica wrote into ``run_dir`` since ``keys`` was read;
         returns whether there were any."""
+        if self.mirror is not None:
+            self.mirror.pull(run_dir)
         new = _part_names(run_dir) - set(keys.parts)
         if new:
             keys.catch_up(new, _skipped_by_part(run_dir))
@@ -642,14 +655,16 @@ class StoreWriter:
         store.write_run_meta(run_dir / store.RUN_META, meta)
 
 
-def note_quarantined(root: Path, payload: bytes, item: str) -> None:
+def note_quarantined(root: Path, payload: bytes, item: str) -> list[Path]:
     """Count a request set aside in the quarantine (``item``, its file name there) in the
-    run.json of each run it would have been stored in, where its resources can be read."""
+    run.json of each run it would have been stored in, where its resources can be read;
+    returns the run directories whose run.json it rewrote."""
+    written: list[Path] = []
     try:
         request = parse_protobuf(payload)
         keys = {run_key(resource_attributes(rs)) for rs in request.resource_spans}
     except Exception:  # unreadable: the collector's own count and log line still say it
-        return
+        return written
     for measurement, levels in sorted(keys):
         run_dir = root / measurement / levels
         if unsafe_destination(root, [(measurement, levels)]) is not None:
@@ -671,6 +686,9 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> None:
             store.write_run_meta(run_dir / store.RUN_META, meta)
         except OSError as exc:
             log.error("xsp collector: cannot count %s in %s: %s", item, run_dir, exc)
+            continue
+        written.append(run_dir)
+    return written
 
 
 def _read_meta(run_dir: Path) -> RunMeta | None:

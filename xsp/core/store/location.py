@@ -183,8 +183,12 @@ def _stat(path: Path) -> _Listed:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].endswith(":") and len(lines) > 1:  # the AWS SDK says what failed on the next
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def _s3_options(env: Mapping[str, str]) -> dict[str, str]:
