@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from xsp.campaign.object_runs import COMMITTED, STAGED
 from xsp.cli.common import (
     bar_per_key,
     console,
@@ -41,7 +42,13 @@ def campaign() -> None:
 
 @campaign.command("run")
 @click.argument("campaign_file", type=click.Path(path_type=Path))
-@click.option("--out", type=store_location(writes=True), required=True, help="Campaign directory.")
+@click.option(
+    "--out",
+    # on an object store: the spec and job records staged; each job publishes its own run
+    type=store_location(writes=True, only=STAGED),
+    required=True,
+    help="Campaign directory (or s3://bucket/prefix).",
+)
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
 @click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
@@ -64,12 +71,14 @@ def campaign_run(
 
     from xsp.campaign import executor as executors
     from xsp.campaign.files import load
+    from xsp.campaign.object_runs import ObjectRuns
     from xsp.campaign.store import CampaignStore
     from xsp.campaign.summary import job_line
 
     spec = load(campaign_file)
     store = CampaignStore(out)
     store.begin(spec)
+    remote = ObjectRuns.of_staged(out)  # --out s3://...: out is a copy of its records
     jobs = spec.jobs()
     pending = _part(store.pending(jobs), only, limit)
     if executor == "ray":  # a cluster that is not there is one line, before any other
@@ -95,9 +104,15 @@ def campaign_run(
     ) as bar:
         task = bar.add_task("jobs", total=len(pending))
 
+        by_id = {job.id: job for job in pending}
+
         def done(record: JobRecord) -> None:
             nonlocal failed, finished
+            if remote is not None and executor == "local":  # a Ray job published its own
+                remote.commit(by_id[record["job"]], store.run_dir(by_id[record["job"]]))
             store.save(record)
+            if remote is not None:  # recorded in the store now: a killed driver keeps it
+                remote.record(out)
             finished += 1
             if record["status"] != "ok":
                 failed += 1
@@ -116,7 +131,7 @@ def campaign_run(
         if executor == "ray":
             from xsp.campaign.ray_executor import run_ray
 
-            run_ray(spec, store, pending, done, address)
+            run_ray(spec, store, pending, done, address, remote.uri if remote else None)
         else:
             executors.run_local(spec, store, pending, done, parallel)
     console.print(
@@ -138,7 +153,7 @@ def _part(pending: list[Job], only: str | None, limit: int | None) -> list[Job]:
 
 
 @campaign.command("report")
-@click.argument("campaign_dir", type=store_location(writes=True))
+@click.argument("campaign_dir", type=store_location(writes=True, committed=COMMITTED))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: DIR/report.html.")
 @click.option(
     "--run-reports/--no-run-reports",
@@ -192,7 +207,7 @@ def campaign_verify(
 
 
 @campaign.command("sql")
-@click.argument("campaign_dir", type=store_location())
+@click.argument("campaign_dir", type=store_location(committed=COMMITTED))
 @click.argument("query")
 @click.option("--csv", "as_csv", is_flag=True, help="Print every row as CSV (wide results).")
 def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
@@ -220,8 +235,8 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
 
 
 @campaign.command("diff")
-@click.argument("before", type=store_location())
-@click.argument("after", type=store_location())
+@click.argument("before", type=store_location(committed=COMMITTED))
+@click.argument("after", type=store_location(committed=COMMITTED))
 @click.option("--rows", type=int, default=20, show_default=True, help="Rows shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print every job's row as JSON.")
 def campaign_diff(before: Path, after: Path, rows: int, as_json: bool) -> None:
