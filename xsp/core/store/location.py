@@ -16,6 +16,11 @@ never half. Span parts and side tables go up before ``run.json``, run.json befor
 ``manifest.json``, and a campaign's job results last, so a reader that finds a run's index
 finds the files it lists.
 
+A run written elsewhere (a campaign job on a Ray node) is *published* whole at its prefix
+(``ObjectStore.publish``), with no rename: its index (``manifest.json``) is deleted first, the
+objects it does not hold are deleted next, its files go up, and the index last. A reader given
+such prefixes (``committed``) copies one only with its index, the same before and after the copy.
+
 Credentials and the endpoint come from the usual AWS settings (pyarrow's S3 client, the AWS
 SDK's default chain): ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and
 ``AWS_SESSION_TOKEN``), or ``AWS_PROFILE`` with ``~/.aws/credentials`` and ``~/.aws/config``;
@@ -79,6 +84,10 @@ def _upload_rank(relative: str) -> int:
     return {"run.json": 1, "manifest.json": 2, "campaign.json": 4}.get(name, 0)
 
 
+class _Missing(StoreError):
+    """An object that is not there (any more)."""
+
+
 @dataclass(frozen=True)
 class _Listed:
     size: int
@@ -122,7 +131,7 @@ class ObjectStore:
             with self.fs.open_input_stream(self.key(relative)) as source:
                 return bytes(source.read())
         except FileNotFoundError as exc:
-            raise StoreError(f"{self.uri}/{relative}: missing") from exc
+            raise _Missing(f"{self.uri}/{relative}: missing") from exc
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"cannot read {self.uri}/{relative}: {_reason(exc)}") from exc
 
@@ -158,10 +167,9 @@ class ObjectStore:
         for relative in wanted:
             if (prefix := _committed_prefix(relative, committed)) is not None:
                 groups.setdefault(prefix, []).append(relative)
-        copied = len(plain)
-        for prefix, objects in sorted(groups.items()):
-            copied += self._fetch_committed(local, prefix, objects)
-        return copied
+        with ThreadPoolExecutor(_THREADS) as pool:  # a prefix at a time each, its objects 8 at once
+            counts = pool.map(lambda item: self._fetch_committed(local, *item), groups.items())
+            return len(plain) + sum(counts)
 
     def _fetch(self, local: Path, relatives: list[str]) -> None:
         def fetch(relative: str) -> None:
@@ -186,7 +194,7 @@ class ObjectStore:
                 self._fetch(local, objects)
                 if self.get(index) == before:
                     return len(objects)
-            except StoreError:  # an object deleted under the copy: the prefix was replaced
+            except _Missing:  # an object deleted under the copy: the prefix was being replaced
                 pass
             shutil.rmtree(local / prefix, ignore_errors=True)
             for relative in objects:
@@ -225,17 +233,19 @@ class ObjectStore:
         stale = [r for r in self.listing(prefix) if r not in files]
         with ThreadPoolExecutor(_THREADS) as pool:
             list(pool.map(self.delete, stale))
-        self._send(files, list(files))
+        self._send(files, list(files), remember=False)  # not a staged copy's: never re-sent
         return len(files)
 
-    def _send(self, files: dict[str, Path], names: list[str]) -> None:
-        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``_upload_rank``)."""
+    def _send(self, files: dict[str, Path], names: list[str], remember: bool = True) -> None:
+        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``_upload_rank``);
+        with ``remember``, as what the staged copy holds (``known``)."""
 
         def send(relative: str) -> None:
             path = files[relative]
             seen = _stat(path)
             self.put(relative, path.read_bytes())  # read whole first: never half a file
-            self.known[relative] = seen
+            if remember:
+                self.known[relative] = seen
 
         for rank in sorted({_upload_rank(r) for r in names}):  # each rank done before the next
             with ThreadPoolExecutor(_THREADS) as pool:
