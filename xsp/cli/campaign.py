@@ -22,8 +22,12 @@ from xsp.cli.render import print_table
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from xsp.campaign.object_runs import ObjectRuns
     from xsp.campaign.records import JobRecord
     from xsp.campaign.spec import Job
+    from xsp.campaign.store import CampaignStore
 
 __all__ = [
     "campaign",
@@ -91,8 +95,7 @@ def campaign_run(
         f"running {len(pending)}",
         highlight=False,
     )
-    failed = 0
-    finished = 0
+    failed = finished = 0
     began = time.monotonic()
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -103,16 +106,11 @@ def campaign_run(
         console=console,
     ) as bar:
         task = bar.add_task("jobs", total=len(pending))
-
-        by_id = {job.id: job for job in pending}
+        keep = _keeper(store, remote, pending, publishes=executor == "local")
 
         def done(record: JobRecord) -> None:
             nonlocal failed, finished
-            if remote is not None and executor == "local":  # a Ray job published its own
-                remote.commit(by_id[record["job"]], store.run_dir(by_id[record["job"]]))
-            store.save(record)
-            if remote is not None:  # recorded in the store now: a killed driver keeps it
-                remote.record(out)
+            keep(record)
             finished += 1
             if record["status"] != "ok":
                 failed += 1
@@ -139,6 +137,25 @@ def campaign_run(
     )
     if failed:
         fail(f"{failed} of {len(pending)} jobs failed; their reasons are in {out}/jobs", code=1)
+
+
+def _keeper(
+    store: CampaignStore, remote: ObjectRuns | None, jobs: list[Job], publishes: bool
+) -> Callable[[JobRecord], None]:
+    """How a finished job is kept: its record saved; on an object store (``remote``) its run
+    published first (``publishes``: by the driver, as the local executor ran it there; a Ray
+    job published its own) and its record stored at once, so a driver killed later keeps it."""
+    by_id = {job.id: job for job in jobs}
+
+    def keep(record: JobRecord) -> None:
+        job = by_id[record["job"]]
+        if remote is not None and publishes:
+            remote.commit(job, store.run_dir(job))
+        store.save(record)
+        if remote is not None:
+            remote.record(store.root)
+
+    return keep
 
 
 def _part(pending: list[Job], only: str | None, limit: int | None) -> list[Job]:
