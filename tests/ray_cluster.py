@@ -78,9 +78,10 @@ class RayNode:
 
 class RayCluster:
     """A head, and worker nodes added with ``add_worker``; ``env`` is every node's and the
-    driver's (token authentication on, with a token of the cluster's own)."""
+    driver's (token authentication on, with a token of the cluster's own, and ``extra``: an
+    object store's AWS variables); a node may add its own (a ``TMPDIR``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: dict[str, str] | None = None) -> None:
         # Ray's sockets live in its temp dir, whose path must stay short (107 bytes a socket)
         self.tmp = Path(tempfile.mkdtemp(prefix="xsp-ray-"))
         self.port, self.client_port, self.dashboard_port = free_ports(3)
@@ -91,10 +92,13 @@ class RayCluster:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": os.urandom(16).hex(),
             "RAY_USAGE_STATS_ENABLED": "0",
+            **(extra or {}),
         }
         self.nodes: list[RayNode] = []
 
-    def _start(self, name: str, args: list[str], tries: int = 4) -> RayNode:
+    def _start(
+        self, name: str, args: list[str], env: dict[str, str] | None = None, tries: int = 4
+    ) -> RayNode:
         """Start a node; on a loaded machine a start can time out (Ray waits 30 s for its
         raylet to register): try again."""
         for attempt in range(tries):
@@ -110,7 +114,9 @@ class RayCluster:
                 "--disable-usage-stats",
                 "--include-log-monitor=false",  # one Python process fewer to start
             ]
-            node = RayNode([*args, *common], self.env, self.tmp / f"{name}-{attempt}.log")
+            node = RayNode(
+                [*args, *common], {**self.env, **(env or {})}, self.tmp / f"{name}-{attempt}.log"
+            )
             self.nodes.append(node)
             try:
                 node.wait_started()
@@ -121,7 +127,7 @@ class RayCluster:
                     raise
         raise AssertionError("unreachable")
 
-    def start_head(self) -> RayNode:
+    def start_head(self, env: dict[str, str] | None = None) -> RayNode:
         return self._start(
             "head",
             [
@@ -131,10 +137,11 @@ class RayCluster:
                 f"--dashboard-port={self.dashboard_port}",
                 "--include-dashboard=false",
             ],
+            env,
         )
 
-    def add_worker(self, name: str) -> RayNode:
-        return self._start(name, [f"--address={self.address}"])
+    def add_worker(self, name: str, env: dict[str, str] | None = None) -> RayNode:
+        return self._start(name, [f"--address={self.address}"], env)
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

@@ -1,5 +1,6 @@
 """Campaigns on a real multi-node Ray cluster on this machine (``tests/ray_cluster.py``): a node
-killed mid-campaign costs no job and duplicates none, and Ray's failures are one line with exit
+killed mid-campaign costs no job and duplicates none, on a shared directory and into an object
+store (a real SeaweedFS, ``tests/object_store.py``), and Ray's failures are one line with exit
 status 75 after which the same command resumes."""
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import free_ports
+from tests.object_store import SeaweedS3, seaweed
+from xsp.core.store import location
 
 pytest.importorskip("ray")
 
 from tests.ray_cluster import ROOT, RayCluster
 from xsp.core.errors import EXIT_CLUSTER
+
+__all__ = ["seaweed"]  # the fixture, used by name
 
 MODELS = ["torchvision:squeezenet1_1", "torchvision:shufflenet_v2_x0_5"]
 JOBS = sorted(f"torchvision-{m.split(':')[1]}__infer__b{b}" for m in MODELS for b in (1, 2))
@@ -41,7 +46,9 @@ names = [{names}]
     return path
 
 
-def _run(campaign: Path, out: Path, address: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def _run(
+    campaign: Path, out: Path | str, address: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             *(sys.executable, "-m", "xsp", "campaign", "run", str(campaign), "--out", str(out)),
@@ -173,5 +180,72 @@ def test_a_lost_cluster_is_one_line_and_the_same_command_resumes(tmp_path: Path)
         assert again.returncode == 0, stderr[-3000:]
         assert f"4 jobs, {recorded} done, running {4 - recorded}" in stderr
         _assert_each_job_once_ok(out)
+    finally:
+        cluster.stop()
+
+
+def test_a_ray_campaign_into_s3_publishes_each_run_from_its_own_node_once(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    """Each node (and the driver) with a temporary directory of its own: a job's run is written
+    on the node that runs it and published from there; the worker node killed mid-job leaves
+    nothing a reader takes as a run, and its job's retry lands once."""
+    temps = {name: tmp_path / f"tmp-{name}" for name in ("driver", "head", "worker")}
+    for path in temps.values():
+        path.mkdir()
+    uri = seaweed.uri("ray")
+    store = location.object_store(uri, seaweed.env)
+    cluster = RayCluster(seaweed.env)
+    try:
+        cluster.start_head({"TMPDIR": str(temps["head"])})
+        worker = cluster.add_worker("worker", {"TMPDIR": str(temps["worker"])})
+        campaign = _campaign_file(tmp_path / "c.toml")
+        driver = _run(
+            campaign, uri, cluster.address, {**cluster.env, "TMPDIR": str(temps["driver"])}
+        )
+        on_worker: list[str] = []
+        staged_by_driver: list[Path] = []
+
+        def worker_started_a_job() -> bool:
+            staged_by_driver.extend(temps["driver"].glob("xsp-s3-*/store/runs/*"))
+            pids = worker.pids()
+            marks = [name.split("/") for name in store.listing("staging")]
+            on_worker.extend(job for _, job, mark in marks if int(mark.split("-")[-2]) in pids)
+            return bool(on_worker)
+
+        _wait_for("a job on the worker node", worker_started_a_job)
+        worker.kill()
+        killed = on_worker[0]
+        # the killed attempt wrote into the worker's own temporary directory
+        assert list(temps["worker"].glob(f"xsp-job-{killed}-*"))
+        _, stderr = driver.communicate(timeout=300)
+        assert driver.returncode == 0, stderr[-3000:]
+        assert "4 jobs ok, 0 failed" in stderr, stderr[-3000:]
+        assert not staged_by_driver  # the driver never held a run
+        objects = store.listing()
+        assert not [name for name in objects if name.startswith("staging/")]
+        assert {name.split("/")[1] for name in objects if name.startswith("runs/")} == set(JOBS)
+        records = {
+            job: json.loads(store.get(f"jobs/{job}.json")) for job in JOBS
+        }  # each recorded once, in the store
+        assert {r["status"] for r in records.values()} == {"ok"}
+        assert records[killed]["attempt"] == 2
+        assert [job for job, r in records.items() if r["attempt"] != 1] == [killed]
+        assert len({r["node"] for r in records.values()}) == 1  # the head, the one node left
+        for job in JOBS:  # one run a job: its index, one level set, its parts
+            manifest = json.loads(store.get(f"runs/{job}/manifest.json"))
+            assert [run["status"] for run in manifest["runs"]] == ["ok"]
+            assert f"runs/{job}/M/run.json" in objects
+        # the runs read from the store: 2 steps a job (2 iterations), none counted twice
+        done = subprocess.run(
+            [sys.executable, "-m", "xsp", "campaign", "sql", uri,
+             "SELECT job, count(*) FILTER (kind = 'step') AS steps FROM spans GROUP BY 1 "
+             "ORDER BY 1", "--csv"],
+            env={**cluster.env, "PYTHONPATH": str(ROOT)}, text=True, capture_output=True,
+            timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["job,steps", *(f"{job},2" for job in JOBS)]
+        assert not list(temps["head"].glob("xsp-job-*"))  # each published copy dropped
     finally:
         cluster.stop()

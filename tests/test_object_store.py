@@ -226,3 +226,82 @@ def test_a_writer_killed_mid_upload_leaves_each_object_whole_or_absent(
     for name in listed:  # each object there is its file whole
         assert hashlib.sha256(store.get(name)).hexdigest() == digests[name], name
     assert set(listed) <= set(digests)  # nothing else: no piece of an unfinished upload
+
+
+_PUBLISHER = """
+import sys
+from pathlib import Path
+from xsp.core.store import location
+store = location.object_store(sys.argv[1])
+print("publishing", flush=True)
+store.publish(Path(sys.argv[2]), "runs/j")
+print("done", flush=True)
+"""
+
+
+def _run_dir(path: Path, parts: dict[str, bytes]) -> dict[str, bytes]:
+    """A run directory of ``parts`` (relative path: bytes) at ``path``; what it holds."""
+    for relative, data in parts.items():
+        (path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (path / relative).write_bytes(data)
+    return parts
+
+
+def _read_committed(store: location.ObjectStore, local: Path) -> dict[str, bytes]:
+    """What a campaign's reader copies of ``runs/j`` (``committed``: ``runs/*``)."""
+    store.download(local, committed=("runs/*",))
+    found = local / "runs" / "j"
+    return {
+        p.relative_to(found).as_posix(): p.read_bytes() for p in found.rglob("*") if p.is_file()
+    }
+
+
+def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    uri = seaweed.uri("publish")
+    store = location.object_store(uri, seaweed.env)
+    first = _run_dir(
+        tmp_path / "first",
+        {
+            "manifest.json": b'{"attempt": 1}',
+            "M/run.json": b'{"attempt": 1}',
+            **{f"M/spans-{i:05d}.parquet": b"first %d" % i for i in range(3)},
+            "M/monitor.parquet": b"first monitor",
+        },
+    )
+    assert store.publish(tmp_path / "first", "runs/j") == 6
+    assert _read_committed(store, tmp_path / "read-1") == first
+    # a second attempt of 40 parts of 6 MB, killed midway through its upload
+    big = {f"M/spans-{i:05d}.parquet": os.urandom(6 << 20) for i in range(40)}
+    _run_dir(tmp_path / "killed", {"manifest.json": b'{"attempt": 2}', **big})
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _PUBLISHER, uri, str(tmp_path / "killed")],
+        env={**os.environ, **seaweed.env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "publishing\n"
+    deadline = time.time() + 120
+    while time.time() < deadline and (6 << 20) not in store.listing("runs/j").values():
+        time.sleep(0.01)
+    os.killpg(writer.pid, signal.SIGKILL)
+    writer.wait()
+    left = store.listing("runs/j")
+    assert "runs/j/manifest.json" not in left  # deleted first, and never written again
+    assert "runs/j/M/monitor.parquet" not in left  # the first attempt's: not the second's
+    assert 0 < sum(size == 6 << 20 for size in left.values()) < 40  # some parts up, not all
+    assert _read_committed(store, tmp_path / "read-2") == {}  # no index: no run
+    # a third attempt runs through: exactly its objects, the others' gone
+    third = _run_dir(
+        tmp_path / "third",
+        {"manifest.json": b'{"attempt": 3}', "M/run.json": b"{}", "M/spans-00000.parquet": b"3"},
+    )
+    assert store.publish(tmp_path / "third", "runs/j") == 3
+    assert store.listing("runs/j") == {f"runs/j/{r}": len(d) for r, d in third.items()}
+    assert _read_committed(store, tmp_path / "read-3") == third
+    # an attempt that wrote no index (its runner died first) publishes a run no reader takes
+    _run_dir(tmp_path / "no-index", {"M/run.json": b"{}", "M/spans-00000.parquet": b"4"})
+    store.publish(tmp_path / "no-index", "runs/j")
+    assert _read_committed(store, tmp_path / "read-4") == {}

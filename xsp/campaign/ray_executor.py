@@ -1,12 +1,13 @@
 """Campaign jobs on a Ray cluster (``xsp campaign run --executor ray``).
 
 Each job is a Ray task that asks for one GPU (a CUDA campaign) or one CPU. The task writes the
-job's measurement straight into the campaign directory, which every node shares: into a
-staging directory of its own, moved in place as the job's run directory once it is whole
-(``CampaignStore.stage``/``commit``). Only the job's small record comes back, and the driver
-records it. A task whose node or worker dies is retried by Ray on another node (``MAX_RETRIES``);
-the retry writes a new staging directory, so nothing half-written is ever a run directory, and
-the driver records each job once, when its task ends. A cluster that cannot be reached, or
+job's measurement straight into the campaign's store. On a shared file system: into a staging
+directory of its own, moved in place as the job's run directory once it is whole
+(``CampaignStore.stage``/``commit``). On an object store (``s3://``): into a scratch directory
+of its own node, published from there as the job's run prefix, whole (``ObjectRuns``). Only the
+job's small record comes back, and the driver records it. A task whose node or worker dies is
+retried by Ray on another node (``MAX_RETRIES``); the retry writes a new staging directory, so
+nothing half-written is ever a run, and the driver records each job once, when its task ends. A cluster that cannot be reached, or
 that the driver loses mid-campaign, is one ``ClusterError`` line (``ray_connection``): what
 finished is recorded, and the same command resumes.
 """
@@ -18,8 +19,9 @@ import secrets
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
+from xsp.campaign.object_runs import ObjectRuns
 from xsp.campaign.ray_connection import GcsWatch, connect, disconnect, first_line, lost
 from xsp.campaign.records import JobRecord
 from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
@@ -38,6 +40,16 @@ RAY_LOG = "ray-driver.log"
 _POLL_S = 2.0
 
 
+class _Runs(Protocol):
+    """Where a job's attempts write and commit its run: ``CampaignStore`` (a shared file
+    system) or ``ObjectRuns`` (an object store)."""
+
+    def stage(self, job: Job, attempt: str) -> Path: ...
+    def attempts(self, job: Job) -> list[Any]: ...
+    def commit(self, job: Job, staged: Path) -> None: ...
+    def clear_staging(self, job: Job) -> None: ...
+
+
 class JobArguments(TypedDict):
     """A ``Job`` as a Ray worker gets it."""
 
@@ -52,19 +64,23 @@ def run_ray(
     jobs: list[Job],
     on_done: Callable[[JobRecord], None],
     address: str | None = None,
+    runs_uri: str | None = None,
 ) -> None:
     """Run ``jobs`` as Ray tasks and call ``on_done`` with each one's record as it ends.
     ``address``: a running cluster (``auto``, ``host:6379``, ``ray://host:10001``), or None
     for a Ray of this machine's own. The campaign directory must be where every node finds it
-    under the same name (a shared file system)."""
+    under the same name (a shared file system), unless ``runs_uri`` names the object store
+    that the campaign's runs go to (``s3://...``), which every node reaches."""
     import ray
 
+    runs: _Runs = ObjectRuns(runs_uri) if runs_uri else store
+    target = runs_uri or str(store.root.resolve())
     connect(address, store.root / RAY_LOG)
     finished = 0
     cluster_lost = False
     try:
         _check_resources(spec, address)
-        pending = _submit(spec, store, jobs)
+        pending = _submit(spec, runs, target, jobs)
         gcs = GcsWatch()
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
@@ -76,7 +92,7 @@ def run_ray(
                 job = pending.pop(ref)
                 on_done(_outcome(ref, job))
                 finished += 1
-                store.clear_staging(job)
+                runs.clear_staging(job)
     except (ConnectionError, ray.exceptions.RayError) as exc:
         cluster_lost = True
         why = f"{type(exc).__name__}: {first_line(exc)}"
@@ -85,8 +101,9 @@ def run_ray(
         disconnect(cluster_lost)
 
 
-def _submit(spec: CampaignSpec, store: CampaignStore, jobs: list[Job]) -> dict[Any, Job]:
-    """One task a job, one GPU (or CPU) each; what a killed campaign left staged goes first."""
+def _submit(spec: CampaignSpec, runs: _Runs, target: str, jobs: list[Job]) -> dict[Any, Job]:
+    """One task a job, one GPU (or CPU) each, writing into ``target`` (a shared directory or
+    an object-store URI); what a killed campaign left staged goes first."""
     import ray
 
     remote = ray.remote(
@@ -95,34 +112,34 @@ def _submit(spec: CampaignSpec, store: CampaignStore, jobs: list[Job]) -> dict[A
         max_retries=MAX_RETRIES,
         retry_exceptions=False,
     )(_remote_job)
-    root = str(store.root.resolve())
     record = spec.to_dict()
     pending: dict[Any, Job] = {}
     for job in jobs:
-        store.clear_staging(job)
+        runs.clear_staging(job)
         arguments = JobArguments(model=job.model, mode=job.mode, batch_size=job.batch_size)
-        pending[remote.remote(root, record, arguments)] = job
+        pending[remote.remote(target, record, arguments)] = job
     return pending
 
 
-def _remote_job(root: str, spec_record: CampaignRecord, arguments: JobArguments) -> JobRecord:
-    """Runs on a Ray worker: the job into a staging directory of its own, moved in place once
-    whole; returns its record."""
+def _remote_job(target: str, spec_record: CampaignRecord, arguments: JobArguments) -> JobRecord:
+    """Runs on a Ray worker: the job into a staging directory of its own, put in place (a
+    shared directory) or published (an object store) once whole; returns its record."""
     import ray
 
     from xsp.campaign.jobs import run_job
     from xsp.campaign.spec import from_record
+    from xsp.core.store.location import is_uri
 
     spec = from_record(spec_record)
     job = Job(**arguments)
-    store = CampaignStore(Path(root))
-    staged = store.stage(job, f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+    runs: _Runs = ObjectRuns(target) if is_uri(target) else CampaignStore(Path(target))
+    staged = runs.stage(job, f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+    attempt = len(runs.attempts(job))  # this one's and those before it that died
     record = run_job(spec, job, staged, _assigned_gpu(spec))
-    if any(staged.iterdir()):  # a job refused before it ran wrote nothing: nothing to replace
-        store.commit(job, staged)
+    runs.commit(job, staged)
     record["host"] = socket.gethostname()
     record["node"] = ray.get_runtime_context().get_node_id()
-    record["attempt"] = len(store.attempts(job)) + (0 if staged.exists() else 1)
+    record["attempt"] = attempt
     return record
 
 

@@ -93,8 +93,9 @@ class CampaignStore:
 
     def commit(self, job: Job, staged: Path) -> None:
         """Put a finished attempt in place as the job's run directory, replacing an earlier
-        attempt's."""
-        run_store.commit_dir(staged, self.run_dir(job))
+        attempt's. An attempt that wrote nothing (refused before it ran) replaces nothing."""
+        if any(staged.iterdir()):
+            run_store.commit_dir(staged, self.run_dir(job))
 
     def clear_staging(self, job: Job) -> None:
         """Drop what ``job``'s attempts left aside (the one that finished has moved)."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from xsp.campaign.object_runs import COMMITTED, STAGED
 from xsp.cli.common import (
     bar_per_key,
     console,
@@ -21,8 +22,12 @@ from xsp.cli.render import print_table
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from xsp.campaign.object_runs import ObjectRuns
     from xsp.campaign.records import JobRecord
     from xsp.campaign.spec import Job
+    from xsp.campaign.store import CampaignStore
 
 __all__ = [
     "campaign",
@@ -41,7 +46,13 @@ def campaign() -> None:
 
 @campaign.command("run")
 @click.argument("campaign_file", type=click.Path(path_type=Path))
-@click.option("--out", type=store_location(writes=True), required=True, help="Campaign directory.")
+@click.option(
+    "--out",
+    # on an object store: the spec and job records staged; each job publishes its own run
+    type=store_location(writes=True, only=STAGED),
+    required=True,
+    help="Campaign directory (or s3://bucket/prefix).",
+)
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", help="Ray cluster address (auto, ray://host:10001); default: local.")
 @click.option("--parallel", type=int, help="Jobs at a time (default: one per GPU; 1 on CPU).")
@@ -64,12 +75,14 @@ def campaign_run(
 
     from xsp.campaign import executor as executors
     from xsp.campaign.files import load
+    from xsp.campaign.object_runs import ObjectRuns
     from xsp.campaign.store import CampaignStore
     from xsp.campaign.summary import job_line
 
     spec = load(campaign_file)
     store = CampaignStore(out)
     store.begin(spec)
+    remote = ObjectRuns.of_staged(out)  # --out s3://...: out is a copy of its records
     jobs = spec.jobs()
     pending = _part(store.pending(jobs), only, limit)
     if executor == "ray":  # a cluster that is not there is one line, before any other
@@ -82,8 +95,7 @@ def campaign_run(
         f"running {len(pending)}",
         highlight=False,
     )
-    failed = 0
-    finished = 0
+    failed = finished = 0
     began = time.monotonic()
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -94,10 +106,11 @@ def campaign_run(
         console=console,
     ) as bar:
         task = bar.add_task("jobs", total=len(pending))
+        keep = _keeper(store, remote, pending, publishes=executor == "local")
 
         def done(record: JobRecord) -> None:
             nonlocal failed, finished
-            store.save(record)
+            keep(record)
             finished += 1
             if record["status"] != "ok":
                 failed += 1
@@ -116,7 +129,7 @@ def campaign_run(
         if executor == "ray":
             from xsp.campaign.ray_executor import run_ray
 
-            run_ray(spec, store, pending, done, address)
+            run_ray(spec, store, pending, done, address, remote.uri if remote else None)
         else:
             executors.run_local(spec, store, pending, done, parallel)
     console.print(
@@ -124,6 +137,25 @@ def campaign_run(
     )
     if failed:
         fail(f"{failed} of {len(pending)} jobs failed; their reasons are in {out}/jobs", code=1)
+
+
+def _keeper(
+    store: CampaignStore, remote: ObjectRuns | None, jobs: list[Job], publishes: bool
+) -> Callable[[JobRecord], None]:
+    """How a finished job is kept: its record saved; on an object store (``remote``) its run
+    published first (``publishes``: by the driver, as the local executor ran it there; a Ray
+    job published its own) and its record stored at once, so a driver killed later keeps it."""
+    by_id = {job.id: job for job in jobs}
+
+    def keep(record: JobRecord) -> None:
+        job = by_id[record["job"]]
+        if remote is not None and publishes:
+            remote.commit(job, store.run_dir(job))
+        store.save(record)
+        if remote is not None:
+            remote.record(store.root)
+
+    return keep
 
 
 def _part(pending: list[Job], only: str | None, limit: int | None) -> list[Job]:
@@ -138,7 +170,7 @@ def _part(pending: list[Job], only: str | None, limit: int | None) -> list[Job]:
 
 
 @campaign.command("report")
-@click.argument("campaign_dir", type=store_location(writes=True))
+@click.argument("campaign_dir", type=store_location(writes=True, committed=COMMITTED))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Default: DIR/report.html.")
 @click.option(
     "--run-reports/--no-run-reports",
@@ -192,7 +224,7 @@ def campaign_verify(
 
 
 @campaign.command("sql")
-@click.argument("campaign_dir", type=store_location())
+@click.argument("campaign_dir", type=store_location(committed=COMMITTED))
 @click.argument("query")
 @click.option("--csv", "as_csv", is_flag=True, help="Print every row as CSV (wide results).")
 def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
@@ -220,8 +252,8 @@ def campaign_sql(campaign_dir: Path, query: str, as_csv: bool) -> None:
 
 
 @campaign.command("diff")
-@click.argument("before", type=store_location())
-@click.argument("after", type=store_location())
+@click.argument("before", type=store_location(committed=COMMITTED))
+@click.argument("after", type=store_location(committed=COMMITTED))
 @click.option("--rows", type=int, default=20, show_default=True, help="Rows shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print every job's row as JSON.")
 def campaign_diff(before: Path, after: Path, rows: int, as_json: bool) -> None:

@@ -228,13 +228,18 @@ def open_store(run_dir: Path, out: bool = False) -> Any:
 
 class _StoreLocation(click.ParamType):
     """A store's place: a local path, or ``s3://bucket/prefix`` staged for the command
-    (``xsp.core.store.location``): copied to a scratch directory first, and with ``writes``,
-    what the command wrote there uploaded when it ends."""
+    (``xsp.core.store.location``): copied to a scratch directory first (the objects matching
+    ``only``, when given; of the prefixes matching ``committed``, those committed whole), and
+    with ``writes``, what the command wrote there uploaded when it ends."""
 
     name = "path"
 
-    def __init__(self, writes: bool) -> None:
+    def __init__(
+        self, writes: bool, only: tuple[str, ...] = (), committed: tuple[str, ...] = ()
+    ) -> None:
         self.writes = writes
+        self.only = only
+        self.committed = committed
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
         if isinstance(value, Path) or ctx is None or not str(value).startswith("s3://"):
@@ -242,10 +247,13 @@ class _StoreLocation(click.ParamType):
         from xsp.core.store import location
 
         stage = location.staged_write if self.writes else location.staged_read
-        return ctx.with_resource(stage(value))
+        return ctx.with_resource(stage(value, self.only, self.committed))
 
 
-def store_location(writes: bool = False) -> click.ParamType:
+def store_location(
+    writes: bool = False, only: tuple[str, ...] = (), committed: tuple[str, ...] = ()
+) -> click.ParamType:
     """The parameter type of a store's place (a measurement, a campaign); ``writes``: the
-    command writes into it."""
-    return _StoreLocation(writes)
+    command writes into it; ``only``: the object-store patterns it needs (default all);
+    ``committed``: the patterns of prefixes published whole (a campaign's ``runs/*``)."""
+    return _StoreLocation(writes, only, committed)

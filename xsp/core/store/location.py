@@ -16,6 +16,11 @@ never half. Span parts and side tables go up before ``run.json``, run.json befor
 ``manifest.json``, and a campaign's job results last, so a reader that finds a run's index
 finds the files it lists.
 
+A run written elsewhere (a campaign job on a Ray node) is *published* whole at its prefix
+(``ObjectStore.publish``), with no rename: its index (``manifest.json``) is deleted first, the
+objects it does not hold are deleted next, its files go up, and the index last. A reader given
+such prefixes (``committed``) copies one only with its index, the same before and after the copy.
+
 Credentials and the endpoint come from the usual AWS settings (pyarrow's S3 client, the AWS
 SDK's default chain): ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (and
 ``AWS_SESSION_TOKEN``), or ``AWS_PROFILE`` with ``~/.aws/credentials`` and ``~/.aws/config``;
@@ -39,13 +44,16 @@ import pyarrow as pa
 from pyarrow import fs as pafs
 
 from xsp.core.errors import StoreError, XspError
+from xsp.core.store.files import MANIFEST
 
 __all__ = [
+    "RUN_INDEX",
     "ObjectStore",
     "is_uri",
     "object_store",
     "shown",
     "staged_read",
+    "staged_store",
     "staged_write",
 ]
 
@@ -54,6 +62,12 @@ SCHEME = "s3://"
 _THREADS = 8
 #: What a local writer leaves that is never an object: its temporary files (renamed when whole).
 _NEVER_UPLOADED = (".tmp-*", "*.tmp", ".xsp-write-test-*")
+#: The object that commits a published run prefix (``ObjectStore.publish``): deleted first,
+#: written last; a reader takes a committed prefix without it as absent.
+RUN_INDEX = MANIFEST
+#: Times a reader copies a committed prefix whose index changed while it copied (a writer
+#: replaced it meanwhile) before it takes the prefix as absent.
+_READ_TRIES = 3
 
 
 def is_uri(target: str | os.PathLike[str]) -> bool:
@@ -68,6 +82,10 @@ def _upload_rank(relative: str) -> int:
     if relative.startswith("jobs/"):
         return 3
     return {"run.json": 1, "manifest.json": 2, "campaign.json": 4}.get(name, 0)
+
+
+class _Missing(StoreError):
+    """An object that is not there (any more)."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +110,10 @@ class ObjectStore:
     def key(self, relative: str) -> str:
         return f"{self.base}/{relative}" if relative else self.base
 
-    def listing(self) -> dict[str, int]:
-        """Every object under the prefix: its path relative to the prefix, and its size."""
-        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+    def listing(self, under: str = "") -> dict[str, int]:
+        """Every object under the prefix (under ``under`` in it, when given): its path relative
+        to the prefix, and its size."""
+        selector = pafs.FileSelector(self.key(under), recursive=True, allow_not_found=True)
         try:
             infos = self.fs.get_file_info(selector)
         except (OSError, pa.ArrowException) as exc:
@@ -112,7 +131,7 @@ class ObjectStore:
             with self.fs.open_input_stream(self.key(relative)) as source:
                 return bytes(source.read())
         except FileNotFoundError as exc:
-            raise StoreError(f"{self.uri}/{relative}: missing") from exc
+            raise _Missing(f"{self.uri}/{relative}: missing") from exc
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"cannot read {self.uri}/{relative}: {_reason(exc)}") from exc
 
@@ -133,11 +152,26 @@ class ObjectStore:
         except (OSError, pa.ArrowException) as exc:
             raise StoreError(f"cannot delete {self.uri}/{relative}: {_reason(exc)}") from exc
 
-    def download(self, local: Path, only: tuple[str, ...] = ()) -> int:
+    def download(
+        self, local: Path, only: tuple[str, ...] = (), committed: tuple[str, ...] = ()
+    ) -> int:
         """Copy every object (those matching a pattern of ``only``, when given) into ``local``,
-        whole; the number copied."""
-        wanted = [r for r in self.listing() if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+        whole; the number copied. A prefix matching a pattern of ``committed`` (``runs/*``)
+        is one published whole (``publish``): copied only with its index, and only when its
+        index was the same before and after the copy; else it is absent."""
+        listed = self.listing()
+        wanted = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+        plain = [r for r in wanted if _committed_prefix(r, committed) is None]
+        self._fetch(local, plain)
+        groups: dict[str, list[str]] = {}
+        for relative in wanted:
+            if (prefix := _committed_prefix(relative, committed)) is not None:
+                groups.setdefault(prefix, []).append(relative)
+        with ThreadPoolExecutor(_THREADS) as pool:  # a prefix at a time each, its objects 8 at once
+            counts = pool.map(lambda item: self._fetch_committed(local, *item), groups.items())
+            return len(plain) + sum(counts)
 
+    def _fetch(self, local: Path, relatives: list[str]) -> None:
         def fetch(relative: str) -> None:
             path = local / relative
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,36 +179,101 @@ class ObjectStore:
             self._remember(relative, path)
 
         with ThreadPoolExecutor(_THREADS) as pool:
-            list(pool.map(fetch, wanted))
-        return len(wanted)
+            list(pool.map(fetch, relatives))
 
-    def upload(self, local: Path) -> int:
-        """Upload each finished file of ``local`` that is new or changed since the last
-        download or upload, as one whole object, data before the files that index it; remove
-        the objects of files downloaded earlier and deleted since. The number uploaded."""
+    def _fetch_committed(self, local: Path, prefix: str, objects: list[str]) -> int:
+        """Copy a committed prefix's objects when its index is there and unchanged across the
+        copy (a writer that replaced it meanwhile deleted the index first, and wrote a new
+        one, which says when it began, last): the number copied, 0 when it reads as absent."""
+        index = f"{prefix}/{RUN_INDEX}"
+        for _ in range(_READ_TRIES):
+            if index not in objects:
+                return 0
+            try:
+                before = self.get(index)
+                self._fetch(local, objects)
+                if self.get(index) == before:
+                    return len(objects)
+            except _Missing:  # an object deleted under the copy: the prefix was being replaced
+                pass
+            shutil.rmtree(local / prefix, ignore_errors=True)
+            for relative in objects:
+                self.known.pop(relative, None)
+            objects = [r for r in self.listing(prefix)]
+        return 0
+
+    def upload(self, local: Path, only: tuple[str, ...] = ()) -> int:
+        """Upload each finished file of ``local`` (each matching a pattern of ``only``, when
+        given) that is new or changed since the last download or upload, as one whole object,
+        data before the files that index it; remove the objects of files downloaded earlier
+        and deleted since. The number uploaded."""
         files = {
-            p.relative_to(local).as_posix(): p
-            for p in local.rglob("*")
-            if p.is_file() and not any(fnmatch.fnmatch(p.name, n) for n in _NEVER_UPLOADED)
+            r: p
+            for r, p in _finished_files(local).items()
+            if not only or any(fnmatch.fnmatch(r, pattern) for pattern in only)
         }
         changed = [r for r, p in files.items() if self.known.get(r) != _stat(p)]
+        self._send(files, changed)
+        gone = [r for r in self.known if r not in files]
+        for relative in [r for r in gone if not only or any(fnmatch.fnmatch(r, p) for p in only)]:
+            self.delete(relative)
+            del self.known[relative]
+        return len(changed)
+
+    def publish(self, local: Path, prefix: str) -> int:
+        """Put the finished directory ``local`` at ``prefix`` (``runs/<job>``), replacing what
+        an earlier attempt left there, by the commit rule of a run prefix: its index
+        (``manifest.json``) is deleted first, so that readers take the prefix as absent from
+        then on; the objects that ``local`` does not hold are deleted (a dead attempt's parts:
+        readers find a run's files by listing, so none may stay); ``local``'s files go up as
+        whole objects, data first and the index last, which commits them. An attempt killed
+        midway leaves the prefix without its index: absent, never a mix. The number uploaded."""
+        files = {f"{prefix}/{r}": p for r, p in _finished_files(local).items()}
+        self.delete(f"{prefix}/{RUN_INDEX}")
+        stale = [r for r in self.listing(prefix) if r not in files]
+        with ThreadPoolExecutor(_THREADS) as pool:
+            list(pool.map(self.delete, stale))
+        self._send(files, list(files), remember=False)  # not a staged copy's: never re-sent
+        return len(files)
+
+    def _send(self, files: dict[str, Path], names: list[str], remember: bool = True) -> None:
+        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``_upload_rank``);
+        with ``remember``, as what the staged copy holds (``known``)."""
 
         def send(relative: str) -> None:
             path = files[relative]
             seen = _stat(path)
             self.put(relative, path.read_bytes())  # read whole first: never half a file
-            self.known[relative] = seen
+            if remember:
+                self.known[relative] = seen
 
-        for rank in sorted({_upload_rank(r) for r in changed}):  # each rank done before the next
+        for rank in sorted({_upload_rank(r) for r in names}):  # each rank done before the next
             with ThreadPoolExecutor(_THREADS) as pool:
-                list(pool.map(send, [r for r in changed if _upload_rank(r) == rank]))
-        for relative in [r for r in self.known if r not in files]:
-            self.delete(relative)
-            del self.known[relative]
-        return len(changed)
+                list(pool.map(send, [r for r in names if _upload_rank(r) == rank]))
 
     def _remember(self, relative: str, path: Path) -> None:
         self.known[relative] = _stat(path)
+
+
+def _finished_files(local: Path) -> dict[str, Path]:
+    """Each file under ``local`` that a writer finished (no temporary name), by its path
+    relative to ``local``."""
+    return {
+        p.relative_to(local).as_posix(): p
+        for p in local.rglob("*")
+        if p.is_file() and not any(fnmatch.fnmatch(p.name, n) for n in _NEVER_UPLOADED)
+    }
+
+
+def _committed_prefix(relative: str, committed: tuple[str, ...]) -> str | None:
+    """The prefix of ``relative`` that matches a pattern of ``committed`` (as many path
+    components as the pattern has), if one does and ``relative`` lies under it."""
+    parts = relative.split("/")
+    for pattern in committed:
+        depth = pattern.count("/") + 1
+        if len(parts) > depth and fnmatch.fnmatch("/".join(parts[:depth]), pattern):
+            return "/".join(parts[:depth])
+    return None
 
 
 def _stat(path: Path) -> _Listed:
@@ -231,6 +330,8 @@ def object_store(uri: str, env: Mapping[str, str] | None = None) -> ObjectStore:
 #: Local staging directories and the object-store location each stands for, so that what xsp
 #: says about a file names the object (``shown``) rather than a temporary path.
 _ALIASES: dict[str, str] = {}
+#: Each staging directory's object store, with its record of what it copied (``staged_store``).
+_STAGED: dict[str, ObjectStore] = {}
 
 
 def shown(text: str) -> str:
@@ -240,47 +341,63 @@ def shown(text: str) -> str:
     return text
 
 
+def staged_store(local: Path) -> ObjectStore | None:
+    """The object store that the staging directory ``local`` stands for (None for a local
+    store): a command that writes records as it goes uploads them through it (``upload``)
+    without waiting for its end."""
+    return _STAGED.get(str(local))
+
+
 @contextlib.contextmanager
 def _staging(uri: str) -> Iterator[tuple[ObjectStore, Path]]:
     store = object_store(uri)
     scratch = Path(tempfile.mkdtemp(prefix="xsp-s3-"))
     local = scratch / "store"
     _ALIASES[str(local)] = store.uri
+    _STAGED[str(local)] = store
     try:
         yield store, local
     except XspError as exc:  # its message names the object, not the scratch copy
         exc.args = (shown(str(exc)), *exc.args[1:])
         raise
     finally:
+        _STAGED.pop(str(local), None)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def staged_read(target: str | Path, only: tuple[str, ...] = ()) -> Iterator[Path]:
+def staged_read(
+    target: str | Path, only: tuple[str, ...] = (), committed: tuple[str, ...] = ()
+) -> Iterator[Path]:
     """A local path that holds the store at ``target``: itself when local, else a temporary
-    copy of its objects (those matching ``only``'s patterns, when given), removed afterwards.
-    With no object there the path does not exist, as a missing directory would not."""
+    copy of its objects (those matching ``only``'s patterns, when given; of the prefixes
+    matching ``committed``'s, those whose index is there: ``ObjectStore.download``), removed
+    afterwards. With no object there the path does not exist, as a missing directory would
+    not."""
     if not is_uri(target):
         yield Path(target)
         return
     with _staging(str(target)) as (store, local):
-        store.download(local, only)
+        store.download(local, only, committed)
         yield local
 
 
 @contextlib.contextmanager
-def staged_write(target: str | Path) -> Iterator[Path]:
+def staged_write(
+    target: str | Path, only: tuple[str, ...] = (), committed: tuple[str, ...] = ()
+) -> Iterator[Path]:
     """A local directory to write the store at ``target`` into: itself when local, else a
     temporary copy of what is stored there (a rerun resumes, a re-run level set replaces its
-    own), whose new and changed files are uploaded when the block ends, also when it fails
-    or is interrupted (what finished is kept, as on a local disk)."""
+    own; ``only`` and ``committed`` as for ``staged_read``), whose new and changed files are
+    uploaded when the block ends, also when it fails or is interrupted (what finished is
+    kept, as on a local disk)."""
     if not is_uri(target):
         yield Path(target)
         return
     with _staging(str(target)) as (store, local):
-        store.download(local)
+        store.download(local, only, committed)
         try:
             yield local
         finally:
             if local.exists():
-                store.upload(local)
+                store.upload(local, only)  # what it staged: the rest is not its to write
