@@ -28,7 +28,7 @@ from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
 from xsp.core.errors import ClusterError
 
-__all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "run_ray"]
+__all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "assigned_gpu", "run_ray", "task_options"]
 
 #: Ray's retries of a job whose worker or node died (Ray's default too). A job's failures
 #: (out of memory, an unsupported model) are records, never exceptions: Ray retries no job
@@ -101,17 +101,23 @@ def run_ray(
         disconnect(cluster_lost)
 
 
+def task_options(spec: CampaignSpec) -> dict[str, Any]:
+    """What a job's Ray task asks for: one whole GPU (a CUDA campaign) or none, one CPU, and
+    Ray's retries of a worker or node that died (never of a job that ran through)."""
+    return {
+        "num_gpus": 1 if spec.device.startswith("cuda") else 0,
+        "num_cpus": 1,
+        "max_retries": MAX_RETRIES,
+        "retry_exceptions": False,
+    }
+
+
 def _submit(spec: CampaignSpec, runs: _Runs, target: str, jobs: list[Job]) -> dict[Any, Job]:
     """One task a job, one GPU (or CPU) each, writing into ``target`` (a shared directory or
     an object-store URI); what a killed campaign left staged goes first."""
     import ray
 
-    remote = ray.remote(
-        num_gpus=1 if spec.device.startswith("cuda") else 0,
-        num_cpus=1,
-        max_retries=MAX_RETRIES,
-        retry_exceptions=False,
-    )(_remote_job)
+    remote = ray.remote(**task_options(spec))(_remote_job)
     record = spec.to_dict()
     pending: dict[Any, Job] = {}
     for job in jobs:
@@ -135,7 +141,7 @@ def _remote_job(target: str, spec_record: CampaignRecord, arguments: JobArgument
     runs: _Runs = ObjectRuns(target) if is_uri(target) else CampaignStore(Path(target))
     staged = runs.stage(job, f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
     attempt = len(runs.attempts(job))  # this one's and those before it that died
-    record = run_job(spec, job, staged, _assigned_gpu(spec))
+    record = run_job(spec, job, staged, assigned_gpu(spec))
     runs.commit(job, staged)
     record["host"] = socket.gethostname()
     record["node"] = ray.get_runtime_context().get_node_id()
@@ -143,7 +149,7 @@ def _remote_job(target: str, spec_record: CampaignRecord, arguments: JobArgument
     return record
 
 
-def _assigned_gpu(spec: CampaignSpec) -> int | str | None:
+def assigned_gpu(spec: CampaignSpec) -> int | str | None:
     """The GPU Ray gave this task, as CUDA_VISIBLE_DEVICES names it on this node (an index, or
     what the node's own CUDA_VISIBLE_DEVICES lists): the job's level-set processes get it set
     whatever the worker's environment says (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES, a
