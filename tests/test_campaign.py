@@ -522,7 +522,10 @@ def test_kernel_names_shorten_numbers_drop_needless_decimals_and_models_find_fam
     # as a job summary keeps it: cut at 80 characters, inside a template
     cut = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, floa"
     assert short_kernel(cut) == "at::native::vectorized_layer_norm_kernel<…>"
-    assert short_kernel("x" * 70) == "x" * 59 + "…"
+    assert short_kernel("x" * 70) == "x" * 59 + "…"  # no boundary: cut at the limit
+    # a long untemplated name ends after a boundary, never inside a word
+    wgrad = "sm90_xmma_wgrad_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
+    assert short_kernel(wgrad) == "sm90_xmma_wgrad_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_…"
     assert short_kernel("void f<a<b>, c>(int)", limit=80) == "f<…>"
     assert [number(v) for v in (20, 20.0, 19.9996, 3.2141, 4978.04, 0.0173, None)] == [
         "20",

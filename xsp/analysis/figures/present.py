@@ -53,6 +53,8 @@ WORDS = {
     **{p: p.upper() for p in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")},
 }
 KERNEL_CHARS = 60
+#: Where a kernel name shortened to KERNEL_CHARS may end (after the mark).
+_KERNEL_BOUNDARIES = ("_", ":", ".", "-", " ")
 ANONYMOUS = "(anonymous namespace)::"
 
 
@@ -157,7 +159,14 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
             out.append(char)
         i += 1
     short = "".join(out).strip() or name.strip()
-    return short if len(short) <= limit else short[: limit - 1] + "…"
+    if len(short) <= limit:
+        return short
+    kept = short[: limit - 1]
+    # cut after a boundary (``_``, ``::``, ``.``), not inside a word, where one is near the end
+    boundary = max(kept.rfind(mark) for mark in _KERNEL_BOUNDARIES)
+    if boundary >= limit // 2:
+        kept = kept[: boundary + 1]
+    return kept + "…"
 
 
 def _template_args(name: str) -> tuple[str, list[str], str] | None:
