@@ -99,6 +99,14 @@ def test_kernels_that_read_alike_keep_the_template_arguments_that_tell_them_apar
         "cutlass::Kernel2<…_tn_…>",
         "cutlass::Kernel2<…_nt_…>",
     ]
+    # a label does not depend on the rows' order: one long argument once dropped the word
+    # that told the next one apart (``…_dd_…`` for ``…_dd_y2``)
+    long_and_short = [
+        "void k<aaaa_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb_x1>(int)",
+        "void k<aaaa_dd_y2>(int)",
+    ]
+    assert distinct_kernels(long_and_short)[1] == "k<…_dd_y2>"
+    assert distinct_kernels(long_and_short[::-1])[0] == "k<…_dd_y2>"
     table = pa.table({"kernel": names[:3], "total_ms_per_iteration": [3.0, 2.0, 1.0]})
     labels = list(bar(table, "kernel", "total_ms_per_iteration", "t").data[0].x)
     assert labels[1] == "cudnn::bn_bw_1C11_kernel_new<…, 32, …>"

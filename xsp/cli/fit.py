@@ -33,6 +33,8 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from xsp.analysis.figures.present import WORD_BOUNDARY
+
 __all__ = ["Column", "Fitted", "Kind", "fit", "shorten", "table_width"]
 
 #: Names are shortened to this many characters before any column is left out.
@@ -43,8 +45,6 @@ SOFT_PATH = 40
 SECONDARY = 2
 #: A header word that shortens when a table is still too wide (step 2): ``(ms/iteration)``.
 _ITERATION = re.compile(r"(?<![a-z])iteration(?![a-z])")
-#: Where a name may be shortened: after these (``layer2.0.`` | ``downsample.0``).
-_BOUNDARY = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
 #: Where a kernel's distinguishing part starts (``xsp.analysis.figures.present.distinct_kernels``):
 #: its first template argument list, or a `` #2`` that numbers namesakes.
 _TAIL = re.compile(r"<| #\d+$")
@@ -140,14 +140,14 @@ def shorten(text: str, width: int, kind: Kind) -> str:
         return _shorten_path(text, width)
     if kind is Kind.KERNEL:
         head, tail = _kernel_tail(text)
-        parts = _BOUNDARY.split(head)
+        parts = WORD_BOUNDARY.split(head)
         kept = parts[-1] + tail
         for part in reversed(parts[:-1]):
             if cell_len(part + kept) + 1 > width:
                 break
             kept = part + kept
         return "…" + kept
-    parts = _BOUNDARY.split(text)
+    parts = WORD_BOUNDARY.split(text)
     kept = parts[0]
     for part in parts[1:]:
         if cell_len(kept + part) + 1 > width:

@@ -91,10 +91,10 @@ def print_table(title: str, table: Any, rows: int, note: str = "", lead: str = "
         kind = column_kind(name, values)
         cells = [printable(display(name, v, 1000)) for v in values]
         if kind is Kind.KERNEL:
-            labels = kernel_labels(table.column(name).to_pylist())[: len(records)]
-            if labels != cells:
+            labels = [printable(label) for label in kernel_labels(table.column(name).to_pylist())]
+            if labels[: len(records)] != cells:
                 told_apart.add(header(name))
-            cells = [printable(label) for label in labels]
+            cells = labels[: len(records)]
         columns.append(Column(header(name), cells, kind, _priority(name, index, kind)))
     width = out_console.width
     fitted = fit(columns, width)

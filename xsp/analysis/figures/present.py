@@ -53,8 +53,9 @@ WORDS = {
     **{p: p.upper() for p in ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")},
 }
 KERNEL_CHARS = 60
-#: Where a kernel name shortened to KERNEL_CHARS may end (after the mark).
-_KERNEL_BOUNDARIES = ("_", ":", ".", "-", " ")
+#: Where a name may be cut, here and in the terminal (``xsp.cli.fit``): where a word begins,
+#: after ``::`` or one of ``./ _-``.
+WORD_BOUNDARY = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
 ANONYMOUS = "(anonymous namespace)::"
 
 
@@ -162,10 +163,10 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
     if len(short) <= limit:
         return short
     kept = short[: limit - 1]
-    # cut after a boundary (``_``, ``::``, ``.``), not inside a word, where one is near the end
-    boundary = max(kept.rfind(mark) for mark in _KERNEL_BOUNDARIES)
-    if boundary >= limit // 2:
-        kept = kept[: boundary + 1]
+    # cut where a word begins, not inside one, where a word begins near the end
+    starts = [m.start() for m in WORD_BOUNDARY.finditer(short, 0, limit - 1)]
+    if starts and starts[-1] >= limit // 2:
+        kept = short[: starts[-1]]
     return kept + "…"
 
 
@@ -204,8 +205,6 @@ def _template_args(name: str) -> tuple[str, list[str], str] | None:
 #: A template argument that tells kernels apart is shown whole up to this many characters;
 #: longer, only its own name (``CUDAFunctor_add<…>``) or the words where it differs (``…_tn_…``).
 ARG_CHARS = 24
-#: Where an argument may be cut: after ``::`` or one of ``./ _-`` (as ``xsp.cli.fit`` cuts).
-_WORD = re.compile(r"(?<=::)|(?<=[./ _-])(?=.)")
 #: A C-style cast before an enum's value, ``(cudnnKernelDataType_t)2``: the value tells apart.
 _CAST = re.compile(r"^\([\w:]+\)(?=-?\d+$)")
 
@@ -218,7 +217,7 @@ def _own_name(arg: str) -> str:
 def _differing_words(args: list[str]) -> list[str]:
     """Each argument cut to the words where the arguments differ, cut only between words:
     ``cutlass_80_…_32x3_tn_align4`` and ``…_nt_align4`` -> ``…_tn_…`` and ``…_nt_…``."""
-    words = [_WORD.split(a) for a in args]
+    words = [WORD_BOUNDARY.split(a) for a in args]
     fewest = min(len(w) for w in words)
     head = 0
     while head < fewest - 1 and len({w[head] for w in words}) == 1:
@@ -229,15 +228,16 @@ def _differing_words(args: list[str]) -> list[str]:
     shown = []
     for w in words:
         middle = "".join(w[head : len(w) - tail])
+        cut_after = bool(tail)
         if len(middle) > ARG_CHARS:  # still long: its first words up to ARG_CHARS
             kept = ""
-            for word in _WORD.split(middle):
+            for word in WORD_BOUNDARY.split(middle):
                 if kept and len(kept + word) > ARG_CHARS:
                     break
                 kept += word
-            middle, tail = kept, max(tail, 1)
+            middle, cut_after = kept, True
         before = "…" + w[head - 1][-1:] if head and w[head - 1][-1:] in "_-./ " else "…"
-        shown.append((before if head else "") + middle + ("…" if tail else ""))
+        shown.append((before if head else "") + middle + ("…" if cut_after else ""))
     return shown
 
 
