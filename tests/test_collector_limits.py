@@ -287,3 +287,45 @@ def test_large_bodies_go_back_to_the_system() -> None:
     from xsp.collector.heap import return_large_blocks
 
     assert return_large_blocks()  # glibc (the test machine's and CI's)
+
+
+def test_a_grpc_call_without_its_message_ingests_nothing_and_ends_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sender that cancels its call (it timed out, or exits) while the receiver waits for the
+    message is gone, and a call that closes its stream without one sends no spans: neither is
+    ingested (an empty request spooled, fsync and all), neither logs gRPC's "Exception calling
+    application" traceback, and the next call is answered."""
+    entered, send = threading.Event(), threading.Event()
+    ingested: list[bytes] = []
+
+    def authorized(_: str | None) -> bool:
+        entered.set()  # the handler runs: next it reads the body, which never comes
+        return True
+
+    def body() -> Iterator[bytes]:
+        send.wait(30)
+        yield b""
+
+    receiver = GrpcReceiver(
+        "127.0.0.1:0",
+        ingest=lambda b: ingested.append(b) or 0,
+        authorized=authorized,
+        max_request_bytes=1 << 20,
+    )
+    receiver.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{receiver.port}")
+    method = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+    try:
+        call = channel.stream_unary(method).future(body(), timeout=30)
+        assert entered.wait(10)
+        assert call.cancel()
+        send.set()
+        assert channel.stream_unary(method)(iter(()), timeout=10) == b""  # answered OK
+        assert channel.unary_unary(method)(b"", timeout=10) == b""  # served after them
+    finally:
+        send.set()
+        channel.close()
+        receiver.stop(grace_s=5)  # waits for the handlers
+    assert ingested == [b""]  # the last call's message only
+    assert not [r for r in caplog.records if "Exception calling application" in r.getMessage()]

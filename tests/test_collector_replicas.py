@@ -262,16 +262,34 @@ def test_a_replica_killed_mid_load_loses_and_duplicates_no_acknowledged_span(
     assert not list((store / ".spool-r1").glob("seg-*")) and not (store / ".quarantine").exists()
 
 
-def _settled(store: Path, quiet_s: float = 2.0, within_s: float = 60.0) -> set[tuple[bytes, int]]:
-    """The stored keys once the store has not grown for ``quiet_s`` (the replicas write every
-    0.5 s), or at ``within_s``."""
-    seen, since, deadline = set(_stored(store)[0]), time.time(), time.time() + within_s
-    while time.time() < deadline and time.time() - since < quiet_s:
+def _settled(
+    store: Path, replica: str, acknowledged: set[tuple[bytes, int]], within_s: float = 180.0
+) -> set[tuple[bytes, int]]:
+    """The stored keys once ``replica`` has stored what it took: its spool holds no request
+    and each trace it stored spans of is stored whole (every acknowledged span of it); or at
+    ``within_s``. The spool is looked at first: what it held then is stored when the keys are
+    read after (a segment is removed once stored)."""
+    deadline = time.time() + within_s
+    while True:
+        spooled = _spooled(store / f".spool-{replica}")
+        keys, traces = _stored(store)
+        stored = set(keys)
+        its = {trace for trace, replicas in traces.items() if replica in replicas}
+        whole = bool(its) and all(key in stored for key in acknowledged if key[0] in its)
+        if (whole and not spooled) or time.time() > deadline:
+            return stored
         time.sleep(0.25)
-        now = set(_stored(store)[0])
-        if now != seen:
-            seen, since = now, time.time()
-    return seen
+
+
+def _spooled(spool: Path) -> bool:
+    """Whether a segment of ``spool`` holds a request (one stored meanwhile is gone)."""
+    for segment in spool.glob("seg-*.log"):
+        try:
+            if segment.stat().st_size:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def test_a_replica_down_for_a_while_holds_up_only_its_own_traces(
@@ -293,7 +311,7 @@ def test_a_replica_down_for_a_while_holds_up_only_its_own_traces(
         replicas[0].signal(signal.SIGKILL)
         load.join(timeout=120)
         assert not load.is_alive()
-        stored_while_down = _settled(store)
+        stored_while_down = _settled(store, "r2", acknowledged)
         replicas[0].start()  # r1's queue drains into it
         deadline = time.time() + 60
         while time.time() < deadline and not acknowledged <= set(_stored(store)[0]):

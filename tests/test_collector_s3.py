@@ -16,6 +16,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,8 +26,12 @@ from tests.fixtures import fixture_table, free_ports, make_collector, write_run
 from tests.object_store import SeaweedS3, seaweed
 from tests.test_collector_faults import _poison, _small
 from tests.test_collector_replicas import _sdk_load, _wait_http
-from xsp.core import schema
-from xsp.core.store import location
+from xsp.collector import writer
+from xsp.collector.object_mirror import ObjectMirror, StoreTarget
+from xsp.collector.store_worker import open_writer
+from xsp.collector.writer import StoreWriter
+from xsp.core import schema, store
+from xsp.core.store import RunMeta, location
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,6 +178,7 @@ def test_two_replicas_on_s3_store_each_acknowledged_span_once_across_a_kill(
     load.join(timeout=120)
     output, _ = push.communicate(timeout=120)
     assert push.returncode == 0, output
+    _wait_stored(seaweed, uri, pushed_keys)  # r2 acknowledged them from its spool: now on S3
     again = _push(run, r1)  # every span already on S3 from r2: r1 must leave them out
     output, _ = again.communicate(timeout=120)
     assert again.returncode == 0, output
@@ -279,3 +285,116 @@ def test_a_quarantined_request_is_counted_in_the_run_json_on_s3(
     meta = json.loads(location.object_store(uri, seaweed.env).get("m-p/MF/run.json"))
     (item,) = (tmp_path / "store" / ".quarantine").iterdir()
     assert (meta["spans"], meta["quarantined_requests"], meta["quarantined"]) == (0, 1, [item.name])
+
+
+def _aws(monkeypatch: pytest.MonkeyPatch, server: SeaweedS3) -> None:
+    for name, value in server.env.items():
+        monkeypatch.setenv(name, value)  # the collector reads the AWS variables, as xsp does
+
+
+def _meta(server: SeaweedS3, uri: str, run: str = "m-p/MF") -> dict[str, Any]:
+    return cast(
+        dict[str, Any], json.loads(location.object_store(uri, server.env).get(f"{run}/run.json"))
+    )
+
+
+def _written_by_r2(uri: str, work: Path, spans: int = 5) -> StoreWriter:
+    """Replica r2's writer, having stored ``spans`` spans of run m-p/MF on S3."""
+    r2 = open_writer(StoreTarget(work / "r2", uri, "r2"))
+    assert r2.write(f"c{1:016x}-000001-r2", [writer.convert(_small("p", spans))]) == spans
+    return r2
+
+
+def test_a_request_quarantined_by_another_replica_keeps_the_run_json_on_s3(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r2 stored run m-p; r1, which never wrote it, sets aside a request of it: run.json on S3
+    counts the request and still says what r2 stored (its spans, its resource)."""
+    _aws(monkeypatch, seaweed)
+    uri = seaweed.uri("quarantine-r2")
+    _written_by_r2(uri, tmp_path)
+    before = _meta(seaweed, uri)
+    r1 = make_collector(tmp_path / "r1", object_store=uri, replica="r1", flush_interval_s=60)
+    r1.spool.append(_poison("iteration").SerializeToString())
+    r1.flush()
+    r1.stop()
+    meta = _meta(seaweed, uri)
+    assert (before["spans"], meta["spans"]) == (5, 5)
+    assert meta["resource"] == before["resource"] and meta["resource"]["xsp.run.id"] == "p"
+    assert meta["resources_in_parts"] is True and meta["run_id"] == "p"
+    assert (meta["quarantined_requests"], len(meta["quarantined"])) == (1, 1)
+
+
+def test_pulling_run_json_keeps_this_replicas_counts_not_yet_uploaded(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r1's working copy counts a quarantined request and 2 duplicates of its own part whose
+    upload failed; r2 wrote run.json on S3 since. r1's first pull takes r2's run.json and keeps
+    r1's own counts in it."""
+    _aws(monkeypatch, seaweed)
+    uri = seaweed.uri("merge")
+    _written_by_r2(uri, tmp_path)
+    run_dir = tmp_path / "r1" / "m-p" / "MF"
+    own = f"c{2:016x}-000001-r1"
+    store.write_run_meta(
+        run_dir / store.RUN_META,
+        RunMeta(
+            measurement_id="m-p",
+            levels="MF",
+            spans=0,
+            duplicate_spans_skipped=2,
+            duplicate_spans_skipped_by_part={own: 2, f"c{1:016x}-000001-r2": 9},
+            quarantined_requests=1,
+            quarantined=("q1.pb",),
+        ),
+    )
+    mirror = ObjectMirror(uri, tmp_path / "r1", "r1", seaweed.env)
+    assert mirror.pull(run_dir) == 1  # r2's part
+    meta = store.read_run_meta(run_dir / store.RUN_META)
+    assert meta.spans == 5 and meta.resource is not None  # r2's run.json
+    assert (meta.quarantined_requests, meta.quarantined) == (1, ("q1.pb",))
+    assert meta.duplicate_spans_skipped_by_part == {own: 2}  # r2's own count of its part: none
+    assert meta.duplicate_spans_skipped == 2
+
+
+def test_the_part_of_segment_one_million_goes_up_to_s3(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start's millionth segment names its part ``c<start>-1000000-r1`` (seven digits): the
+    writer uploads it, its resources and run.json, as any other."""
+    _aws(monkeypatch, seaweed)
+    uri = seaweed.uri("million")
+    part = f"c{3:016x}-1000000-r1"
+    r1 = open_writer(StoreTarget(tmp_path / "r1", uri, "r1"))
+    assert r1.write(part, [writer.convert(_small("p", 4))]) == 4
+    listed = location.object_store(uri, seaweed.env).listing()
+    assert set(listed) == {
+        f"m-p/MF/spans-{part}.parquet",
+        f"m-p/MF/resources-{part}.parquet",
+        "m-p/MF/run.json",
+    }
+    assert _stored(seaweed, uri)[0].total() == 4
+
+
+def test_the_mirror_remembers_a_bounded_number_of_runs(seaweed: SeaweedS3, tmp_path: Path) -> None:
+    """The runs whose run.json was fetched once are remembered, the most recent ``max_runs``
+    of them: a run forgotten has its run.json fetched again on the next pull (the counts
+    another replica added since come down), one remembered does not."""
+    uri = seaweed.uri("bounded")
+    objects = location.object_store(uri, seaweed.env)
+    for run in ("a", "b", "c"):
+        meta = RunMeta(measurement_id=run, levels="MF", spans=0, quarantined_requests=1)
+        objects.put(f"{run}/MF/run.json", json.dumps(meta.to_json()).encode())
+    mirror = ObjectMirror(uri, tmp_path / "r1", "r1", seaweed.env, max_runs=2)
+    for run in ("a", "b", "c"):
+        mirror.pull(tmp_path / "r1" / run / "MF")
+    assert len(mirror._looked) == 2
+    for run in ("a", "c"):  # another replica counts a second request in each
+        meta = RunMeta(measurement_id=run, levels="MF", spans=0, quarantined_requests=2)
+        objects.put(f"{run}/MF/run.json", json.dumps(meta.to_json()).encode())
+        mirror.pull(tmp_path / "r1" / run / "MF")
+    counts = {
+        run: store.read_run_meta(tmp_path / "r1" / run / "MF" / "run.json").quarantined_requests
+        for run in ("a", "c")
+    }
+    assert counts == {"a": 2, "c": 1}  # a was forgotten (b and c were pulled after it)

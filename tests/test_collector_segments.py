@@ -93,3 +93,28 @@ def test_requests_decoded_together_give_each_its_own_table() -> None:
     assert stored.column("kind")[0].as_py() == "step"
     assert stored.column("remote_parent_span_id")[0].as_py() == application
     assert stored.column("parent_span_id")[0].as_py() == 0
+
+
+def test_segment_one_million_of_a_start_is_replayed_and_named_after_its_number(
+    tmp_path: Path,
+) -> None:
+    """Spool numbers segments ``{n:06d}``, so the millionth of one start has seven digits: a
+    restart replays it after segment 999,999 (not quarantined as "not a spool segment") and
+    its part is ``c<start>-1000000-<replica>``."""
+    directory = tmp_path / "spool"
+    spool = Spool(directory, _quarantine(tmp_path))
+    spool.append(b"first")
+    spool.rotate()
+    spool.append(b"second")
+    spool.rotate()
+    spool.close()
+    first, second = sorted(directory.glob("seg-*.log"))
+    start = first.name.split("-")[1]
+    last = first.rename(directory / f"seg-{start}-1000000.log")
+    second.rename(directory / f"seg-{start}-999999.log")
+    again = Spool(directory, _quarantine(tmp_path))
+    assert [p.name for p in again.recovered] == [f"seg-{start}-999999.log", last.name]
+    assert [again.read(p) for p in again.recovered] == [[b"second"], [b"first"]]
+    assert Spool.part_name(last, "r1") == f"c{start}-1000000-r1"
+    assert not (tmp_path / "store" / ".quarantine").exists()  # nothing set aside
+    again.close()

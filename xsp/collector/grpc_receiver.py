@@ -119,7 +119,12 @@ class GrpcReceiver:
         return _EMPTY_RESPONSE
 
     def _ingest_one(self, messages: Iterator[bytes], context: Any) -> None:
-        body = next(messages, b"")  # a unary call sends exactly one; none is an empty request
+        try:
+            body = next(messages, None)  # a unary call sends exactly one message
+        except grpc.RpcError:  # the sender cancelled the call: it is gone, nothing to answer
+            return
+        if body is None:  # none: cancelled before it came (or a stream closed empty): no spans
+            return
         try:
             self._ingest(body)
         except DecodeError as exc:

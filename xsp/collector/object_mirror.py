@@ -6,41 +6,46 @@ directory of it in step with the object store while the collector runs.
   lists the run's prefix and downloads the span parts that other writers (the other replicas)
   added or rewrote since, and then their run.json, so the writer's dedupe sees their spans as
   it sees its own. Only span parts come down (the dedupe reads their key columns); another
-  writer's ``resources-*`` files stay on S3, where readers find them.
-- ``push`` (once a part and run.json are written) uploads this writer's own new or changed
-  files of the run directory, each as one whole object (``ObjectStore.put``): resources, then
-  span parts, then run.json, so a reader that finds an index or a part finds what it names.
+  writer's ``resources-*`` files stay on S3, where readers find them. The run.json that comes
+  down is merged with the working copy's (``merged_meta``): this writer's own counts (its parts'
+  duplicates, the requests it quarantined) stay where their upload failed.
+- ``push`` (once a part and run.json are written) uploads exactly the part just written (its
+  ``resources-`` and ``spans-`` files) and run.json, each as one whole object, in that order
+  (``ObjectStore.send``), so a reader that finds an index or a part finds what it names.
 
 The collector removes a spool segment only once ``push`` returned for every run it wrote, so a
 crash or an S3 outage before that keeps the segment, which is replayed and stored (once: the
 replayed part replaces its own name) when S3 answers again. An S3 error is a ``StoreError``,
 which the flusher retries with back-off like a full disk.
 
-Own files: with ``--replica NAME``, the parts whose name ends with ``-NAME`` and run.json;
-without, every part (the collector is the store's only writer). Another writer's objects are
-never uploaded or deleted here.
+Own parts (``Spool.is_own_part``): with ``--replica NAME``, the parts of this replica's
+segments; without, every part (the collector is the store's only writer). Another writer's
+objects are never uploaded or deleted here.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xsp.core.store import RUN_META
+from xsp.collector.spool import Spool
+from xsp.core import store
+from xsp.core.errors import StoreError
+from xsp.core.store import RUN_META, RunMeta
 from xsp.core.store.location import ObjectStore, object_store
 
-__all__ = ["ObjectMirror", "StoreTarget"]
+__all__ = ["MAX_LOOKED_RUNS", "ObjectMirror", "StoreTarget", "merged_meta"]
 
-#: Objects sent at a time (each one request, mostly waiting on the network).
-_THREADS = 8
-_PART = re.compile(r"(?P<kind>spans|resources)-(?P<name>.+)\.parquet")
-#: Upload order within a run directory: resources before the spans naming them, run.json last.
-_RANK = {"resources": 0, "spans": 1}
+log = logging.getLogger(__name__)
+
+_SPANS, _RESOURCES, _PARQUET = "spans-", "resources-", ".parquet"
+#: Run directories whose run.json this process fetched at least once, remembered (the least
+#: recently pulled forgotten first); a forgotten one's run.json is fetched again when next pulled.
+MAX_LOOKED_RUNS = 1024
 
 
 @dataclass(frozen=True)
@@ -53,15 +58,9 @@ class StoreTarget:
     replica: str | None = None
 
 
-@dataclass(frozen=True)
-class _Stat:
-    size: int
-    mtime_ns: int
-
-
-def _stat(path: Path) -> _Stat:
-    info = path.stat()
-    return _Stat(info.st_size, info.st_mtime_ns)
+def _upload_rank(name: str) -> int:
+    """Resources before the spans naming them, run.json (which counts them) last."""
+    return 0 if name.startswith(_RESOURCES) else 1 if name.startswith(_SPANS) else 2
 
 
 class ObjectMirror:
@@ -73,90 +72,97 @@ class ObjectMirror:
         root: Path,
         replica: str | None = None,
         env: Mapping[str, str] | None = None,
+        max_runs: int = MAX_LOOKED_RUNS,
     ) -> None:
         self.store = object_store(uri, env)
         self.root = Path(root)
         self.replica = replica
-        self._started_ns = time.time_ns()
-        self._sent: dict[str, _Stat] = {}  # own file -> its stat when uploaded (or found there)
-        self._looked: set[str] = set()  # run directories listed by this process
+        self._max_runs = max_runs
+        self._looked: OrderedDict[str, None] = OrderedDict()  # least recently pulled first
 
-    def _own(self, name: str) -> bool:
-        if name == RUN_META:
-            return True
-        match = _PART.fullmatch(name)
-        if match is None:
-            return False
-        if self.replica is None:
-            return True
-        own = rf"c[0-9a-f]{{16}}-[0-9]{{6}}-{re.escape(self.replica)}"
-        return re.fullmatch(own, match["name"]) is not None
+    def _own(self, part: str) -> bool:
+        return Spool.is_own_part(part, self.replica)
 
     def _run(self, run_dir: Path) -> tuple[str, ObjectStore]:
         relative = run_dir.relative_to(self.root).as_posix()
         base = self.store
         return relative, ObjectStore(f"{base.uri}/{relative}", base.fs, base.key(relative))
 
-    def pull(self, run_dir: Path) -> int:
+    def pull(self, run_dir: Path, meta: bool = False) -> int:
         """Download the span parts of ``run_dir`` that another writer added or rewrote (its
-        size differs) since, and its run.json when any came (or on this process's first look);
-        own parts only where the working copy lacks them. The number of parts that came."""
+        size differs) since, and its run.json when any came, on this process's first look at
+        the run, or with ``meta``; own parts only where the working copy lacks them. The
+        number of other writers' parts that came."""
         relative, objects = self._run(run_dir)
         listed = objects.listing()
         first = relative not in self._looked
-        came = 0
+        wanted, came = [], 0
         for name, size in sorted(listed.items()):
-            match = _PART.fullmatch(name)
-            if match is None or match["kind"] != "spans":
+            if not (name.startswith(_SPANS) and name.endswith(_PARQUET)):
                 continue
             path = run_dir / name
-            here = _stat(path) if path.is_file() else None
-            if self._own(name):
-                if here is None:  # the working copy lost it: the dedupe needs it back
-                    self._sent[f"{relative}/{name}"] = _download(objects, name, path)
-                elif first and here.size == size and here.mtime_ns < self._started_ns:
-                    self._sent[f"{relative}/{name}"] = here  # an earlier start's, already up
-                continue
-            if here is None or here.size != size:
-                _download(objects, name, path)
+            if self._own(name[len(_SPANS) : -len(_PARQUET)]):
+                if not path.is_file():  # the working copy lost it: the dedupe needs it back
+                    wanted.append(name)
+            elif not path.is_file() or path.stat().st_size != size:
+                wanted.append(name)
                 came += 1
-        if (came or first) and RUN_META in listed:
-            # the other writers' duplicate and quarantine counts (the writer keeps its own)
-            _download(objects, RUN_META, run_dir / RUN_META)
-        self._looked.add(relative)
+        objects.fetch(run_dir, wanted)
+        if (came or first or meta) and RUN_META in listed:
+            self._take_meta(run_dir, objects.get(RUN_META))
+        self._looked[relative] = None
+        self._looked.move_to_end(relative)
+        while len(self._looked) > self._max_runs:
+            self._looked.popitem(last=False)
         return came
 
-    def push(self, run_dir: Path, meta_only: bool = False) -> int:
-        """Upload this writer's new or changed files of ``run_dir`` (with ``meta_only``, its
-        run.json alone), each as one whole object, resources, then span parts, then run.json;
-        the number uploaded."""
-        relative, objects = self._run(run_dir)
-        changed: dict[int, list[Path]] = {}
-        for path in run_dir.iterdir() if run_dir.is_dir() else ():
-            if not path.is_file() or not self._own(path.name):
-                continue
-            if meta_only and path.name != RUN_META:
-                continue
-            if self._sent.get(f"{relative}/{path.name}") != _stat(path):
-                match = _PART.fullmatch(path.name)
-                rank = _RANK[match["kind"]] if match else len(_RANK)
-                changed.setdefault(rank, []).append(path)
+    def _take_meta(self, run_dir: Path, data: bytes) -> None:
+        """The other writers' run.json (their spans, resource, duplicate and quarantine
+        counts) in place of the working copy's, this writer's own counts kept."""
+        path = run_dir / RUN_META
+        try:
+            document = json.loads(data)
+            if not isinstance(document, dict):
+                raise ValueError("not a JSON object")
+            theirs = RunMeta.from_json(document)
+        except (StoreError, ValueError, RecursionError) as exc:  # ours stays, the next counts
+            log.warning("xsp collector: ignoring the run.json of %s: %s", run_dir, exc)
+            return
+        try:
+            ours = store.read_run_meta(path)
+        except StoreError:  # none yet (or unreadable): theirs alone
+            ours = None
+        merged = theirs if ours is None else merged_meta(theirs, ours, self._own)
+        store.write_run_meta(path, merged)
 
-        def send(path: Path) -> None:
-            seen = _stat(path)
-            objects.put(path.name, path.read_bytes())  # read whole first: never half a file
-            self._sent[f"{relative}/{path.name}"] = seen
+    def push(self, run_dir: Path, part_name: str | None = None) -> int:
+        """Upload the part ``part_name`` just written into ``run_dir`` (its resources and span
+        files, those there) and run.json, each as one whole object, in that order; without
+        ``part_name``, run.json alone. The number uploaded."""
+        names = [f"{_RESOURCES}{part_name}{_PARQUET}", f"{_SPANS}{part_name}{_PARQUET}"]
+        names = [*(names if part_name is not None else ()), RUN_META]
+        files = {name: run_dir / name for name in names if (run_dir / name).is_file()}
+        _, objects = self._run(run_dir)
+        objects.send(files, list(files), remember=False, rank=_upload_rank)
+        return len(files)
 
-        for rank in sorted(changed):  # each rank up before the next
-            with ThreadPoolExecutor(_THREADS) as pool:
-                list(pool.map(send, changed[rank]))
-        return sum(len(paths) for paths in changed.values())
 
-
-def _download(objects: ObjectStore, name: str, path: Path) -> _Stat:
-    """One object into ``path``, whole: written under a temporary name, then renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".tmp-{name}")
-    partial.write_bytes(objects.get(name))
-    os.replace(partial, path)
-    return _stat(path)
+def merged_meta(theirs: RunMeta, ours: RunMeta, own: Callable[[str], bool]) -> RunMeta:
+    """``theirs`` (the run.json on S3) with the counts that ``ours`` (the working copy's) may
+    hold alone, where their upload failed: the duplicates of this writer's own parts (``own``:
+    ours replace theirs), and the quarantined requests either names (a file counted once)."""
+    by_part = {
+        **(theirs.duplicate_spans_skipped_by_part or {}),
+        **{k: v for k, v in (ours.duplicate_spans_skipped_by_part or {}).items() if own(k)},
+    }
+    items = tuple(dict.fromkeys((*(theirs.quarantined or ()), *(ours.quarantined or ()))))
+    requests = max(theirs.quarantined_requests or 0, ours.quarantined_requests or 0, len(items))
+    if by_part:
+        theirs = replace(
+            theirs,
+            duplicate_spans_skipped=sum(by_part.values()),
+            duplicate_spans_skipped_by_part=dict(sorted(by_part.items())),
+        )
+    if items or requests:
+        theirs = replace(theirs, quarantined_requests=requests, quarantined=items or None)
+    return theirs

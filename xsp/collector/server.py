@@ -430,23 +430,12 @@ class Collector:
         for index, reason in poison.items():  # set aside; the rest of the segment is stored
             self.quarantined_requests += 1
             item = self.quarantine.put(f"{segment.stem}.r{index}.pb", payloads[index], reason)
-            for run_dir in note_quarantined(self.config.store, payloads[index], item.name):
-                self._publish_quietly(run_dir)
+            note_quarantined(self.config.store, payloads[index], item.name, self.writer.mirror)
         if self._forward is not None:
             for index, payload in enumerate(payloads):
                 if index not in poison:
                     self._forward.put(payload)
         self.spool.remove(segment)
-
-    def _publish_quietly(self, run_dir: Path) -> None:
-        """Upload a run.json that counts a quarantined request; where that fails, the run's
-        next write uploads it (it is not worth storing the segment again)."""
-        if self.writer.mirror is None:
-            return
-        try:
-            self.writer.mirror.push(run_dir, meta_only=True)  # the parts are the writer's
-        except XspError as exc:
-            log.warning("xsp collector: %s (the run's next write sends it)", exc)
 
     def _store(self, part_name: str, payloads: list[bytes]) -> Stored:
         """Store a segment's requests, in the worker process when there is one."""

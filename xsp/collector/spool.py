@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 MAGIC = b"XSP\x01"
 _HEADER = struct.Struct("<4sII")
 _LEGACY_HEADER = struct.Struct("<II")
-_SEGMENT = re.compile(r"seg-(?P<start>[0-9a-f]{16})-(?P<n>[0-9]{6})\.log")
+#: ``{n:06d}``: six digits at least, seven from a start's millionth segment on
+_SEGMENT = re.compile(r"seg-(?P<start>[0-9a-f]{16})-(?P<n>[0-9]{6,})\.log")
 _LEGACY_SEGMENT = re.compile(r"seg-(?P<n>[0-9]{8})\.log")
 #: How many recent request digests are remembered to recognise a byte-identical retry (a sender
 #: whose answer was lost to a crash): about 1 MiB of digests.
@@ -145,6 +146,15 @@ class Spool:
         # a legacy segment keeps its old part name
         name = f"c{match['start']}-{match['n']}" if match else f"c{segment.stem[4:]}"
         return name if replica is None else f"{name}-{replica}"
+
+    @staticmethod
+    def is_own_part(part: str, replica: str | None) -> bool:
+        """Whether the store part ``part`` is one that ``part_name`` gives the segments of
+        ``replica`` (any part, for a collector that is the store's only writer). The segment
+        number holds digits only, so replica ``r1`` never owns ``x-r1``'s parts."""
+        if replica is None:
+            return True
+        return re.fullmatch(rf"c(?:[0-9a-f]{{16}}-)?[0-9]+-{re.escape(replica)}", part) is not None
 
     def append(self, payload: bytes) -> bool:
         """Write one frame and fsync it; returns once it is durable. Returns False (and writes

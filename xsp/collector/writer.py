@@ -559,7 +559,7 @@ class StoreWriter:
             except OSError as exc:
                 raise StoreError(f"cannot write {run_dir / store.RUN_META}: {exc}") from exc
             if self.mirror is not None:
-                self.mirror.push(run_dir)
+                self.mirror.push(run_dir, part_name if rows is not None else None)
             written += table.num_rows
             self.duplicate_spans += dropped
         self.spans_written += written
@@ -655,10 +655,15 @@ class StoreWriter:
         store.write_run_meta(run_dir / store.RUN_META, meta)
 
 
-def note_quarantined(root: Path, payload: bytes, item: str) -> list[Path]:
+def note_quarantined(
+    root: Path, payload: bytes, item: str, mirror: ObjectMirror | None = None
+) -> list[Path]:
     """Count a request set aside in the quarantine (``item``, its file name there) in the
     run.json of each run it would have been stored in, where its resources can be read;
-    returns the run directories whose run.json it rewrote."""
+    returns the run directories whose run.json it rewrote. On an object store (``mirror``) the
+    run's run.json is fetched first (another replica may have written the run) and uploaded
+    after; where either fails, the count stays in the working copy and goes up with the run's
+    next write (``ObjectMirror.pull`` keeps it)."""
     written: list[Path] = []
     try:
         request = parse_protobuf(payload)
@@ -669,26 +674,51 @@ def note_quarantined(root: Path, payload: bytes, item: str) -> list[Path]:
         run_dir = root / measurement / levels
         if unsafe_destination(root, [(measurement, levels)]) is not None:
             continue  # counted in the collector's log line only: never written through a link
-        meta = _read_meta(run_dir) or RunMeta(
-            format=schema.STORE_FORMAT,
-            measurement_id=measurement,
-            levels=levels,
-            status=Status.COLLECTED,
-            spans=0,
-            source=COLLECTOR,
-        )
-        meta = dataclasses.replace(
-            meta,
-            quarantined_requests=(meta.quarantined_requests or 0) + 1,
-            quarantined=(*(meta.quarantined or ()), item),
-        )
+        fetched = _fetch_meta(mirror, run_dir, item)
         try:
-            store.write_run_meta(run_dir / store.RUN_META, meta)
+            _count_quarantined(run_dir, (measurement, levels), item)
         except OSError as exc:
             log.error("xsp collector: cannot count %s in %s: %s", item, run_dir, exc)
             continue
         written.append(run_dir)
+        if mirror is not None and fetched:
+            try:
+                mirror.push(run_dir)  # run.json alone: the parts are the writer's
+            except (StoreError, OSError) as exc:
+                log.warning("xsp collector: %s (the run's next write sends it)", exc)
     return written
+
+
+def _fetch_meta(mirror: ObjectMirror | None, run_dir: Path, item: str) -> bool:
+    """The run's run.json on the object store into the working copy (merged with its own
+    counts); whether run.json may be uploaded after (not where it could not be fetched: the
+    working copy's may lack what another replica wrote)."""
+    if mirror is None:
+        return False
+    try:
+        mirror.pull(run_dir, meta=True)
+    except (StoreError, OSError) as exc:
+        log.warning("xsp collector: %s (%s is counted with the run's next write)", exc, item)
+        return False
+    return True
+
+
+def _count_quarantined(run_dir: Path, run: tuple[str, str], item: str) -> None:
+    measurement, levels = run
+    meta = _read_meta(run_dir) or RunMeta(
+        format=schema.STORE_FORMAT,
+        measurement_id=measurement,
+        levels=levels,
+        status=Status.COLLECTED,
+        spans=0,
+        source=COLLECTOR,
+    )
+    meta = dataclasses.replace(
+        meta,
+        quarantined_requests=(meta.quarantined_requests or 0) + 1,
+        quarantined=(*(meta.quarantined or ()), item),
+    )
+    store.write_run_meta(run_dir / store.RUN_META, meta)
 
 
 def _read_meta(run_dir: Path) -> RunMeta | None:

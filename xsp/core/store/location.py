@@ -35,7 +35,7 @@ import fnmatch
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +162,7 @@ class ObjectStore:
         listed = self.listing()
         wanted = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
         plain = [r for r in wanted if _committed_prefix(r, committed) is None]
-        self._fetch(local, plain)
+        self.fetch(local, plain)
         groups: dict[str, list[str]] = {}
         for relative in wanted:
             if (prefix := _committed_prefix(relative, committed)) is not None:
@@ -171,11 +171,17 @@ class ObjectStore:
             counts = pool.map(lambda item: self._fetch_committed(local, *item), groups.items())
             return len(plain) + sum(counts)
 
-    def _fetch(self, local: Path, relatives: list[str]) -> None:
+    def fetch(self, local: Path, relatives: list[str]) -> None:
+        """Copy the objects ``relatives`` into ``local``, each whole: written under a temporary
+        name (``.tmp-*``, never uploaded) and renamed, so a reader of ``local`` (the collector's
+        working copy, across a crash too) finds a file absent or complete."""
+
         def fetch(relative: str) -> None:
             path = local / relative
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(self.get(relative))
+            partial = path.with_name(f".tmp-{path.name}")
+            partial.write_bytes(self.get(relative))
+            os.replace(partial, path)
             self._remember(relative, path)
 
         with ThreadPoolExecutor(_THREADS) as pool:
@@ -191,7 +197,7 @@ class ObjectStore:
                 return 0
             try:
                 before = self.get(index)
-                self._fetch(local, objects)
+                self.fetch(local, objects)
                 if self.get(index) == before:
                     return len(objects)
             except _Missing:  # an object deleted under the copy: the prefix was being replaced
@@ -213,7 +219,7 @@ class ObjectStore:
             if not only or any(fnmatch.fnmatch(r, pattern) for pattern in only)
         }
         changed = [r for r, p in files.items() if self.known.get(r) != _stat(p)]
-        self._send(files, changed)
+        self.send(files, changed)
         gone = [r for r in self.known if r not in files]
         for relative in [r for r in gone if not only or any(fnmatch.fnmatch(r, p) for p in only)]:
             self.delete(relative)
@@ -233,12 +239,19 @@ class ObjectStore:
         stale = [r for r in self.listing(prefix) if r not in files]
         with ThreadPoolExecutor(_THREADS) as pool:
             list(pool.map(self.delete, stale))
-        self._send(files, list(files), remember=False)  # not a staged copy's: never re-sent
+        self.send(files, list(files), remember=False)  # not a staged copy's: never re-sent
         return len(files)
 
-    def _send(self, files: dict[str, Path], names: list[str], remember: bool = True) -> None:
-        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``_upload_rank``);
-        with ``remember``, as what the staged copy holds (``known``)."""
+    def send(
+        self,
+        files: Mapping[str, Path],
+        names: list[str],
+        remember: bool = True,
+        rank: Callable[[str], int] = _upload_rank,
+    ) -> None:
+        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``rank``: a lower
+        one is up before any higher one starts); with ``remember``, as what the staged copy
+        holds (``known``)."""
 
         def send(relative: str) -> None:
             path = files[relative]
@@ -247,9 +260,9 @@ class ObjectStore:
             if remember:
                 self.known[relative] = seen
 
-        for rank in sorted({_upload_rank(r) for r in names}):  # each rank done before the next
+        for level in sorted({rank(r) for r in names}):  # each rank done before the next
             with ThreadPoolExecutor(_THREADS) as pool:
-                list(pool.map(send, [r for r in names if _upload_rank(r) == rank]))
+                list(pool.map(send, [r for r in names if rank(r) == level]))
 
     def _remember(self, relative: str, path: Path) -> None:
         self.known[relative] = _stat(path)
