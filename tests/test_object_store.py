@@ -305,3 +305,41 @@ def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
     _run_dir(tmp_path / "no-index", {"M/run.json": b"{}", "M/spans-00000.parquet": b"4"})
     store.publish(tmp_path / "no-index", "runs/j")
     assert _read_committed(store, tmp_path / "read-4") == {}
+
+
+class _PublishingAfterListing(location.ObjectStore):
+    """A reader's store (the real one) during whose first listing a whole publish of
+    ``attempt`` ends: the moment between a reader's listing and its copy."""
+
+    attempt: Path | None = None
+
+    def listing(self, under: str = "") -> dict[str, int]:
+        listed = super().listing(under)
+        if self.attempt is not None:
+            attempt, self.attempt = self.attempt, None
+            writer = location.ObjectStore(uri=self.uri, fs=self.fs, base=self.base)
+            writer.publish(attempt, "runs/j")
+        return listed
+
+
+def test_a_run_republished_between_a_readers_listing_and_its_copy_is_read_whole(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    uri = seaweed.uri("relisted")
+    store = location.object_store(uri, seaweed.env)
+    one = {"manifest.json": b'{"attempt": "A"}', "M/spans-00000.parquet": b"a0"}
+    _run_dir(tmp_path / "A", one)
+    store.publish(tmp_path / "A", "runs/j")
+    two = _run_dir(
+        tmp_path / "B",
+        {
+            "manifest.json": b'{"attempt": "B"}',
+            "M/spans-00000.parquet": b"b0",
+            "M/spans-00001.parquet": b"b1",  # a part attempt A never had
+        },
+    )
+    reader = _PublishingAfterListing(uri=store.uri, fs=store.fs, base=store.base)
+    reader.attempt = tmp_path / "B"
+    # B's index, both its parts: never B's index over A's list of names (one part missing)
+    assert _read_committed(reader, tmp_path / "read") == two
+    assert reader.attempt is None  # the publish did happen inside the read
