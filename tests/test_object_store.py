@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +20,9 @@ import pytest
 
 from tests.object_store import SeaweedS3, seaweed
 from xsp.campaign.files import load
-from xsp.core.errors import StoreError
+from xsp.campaign.object_runs import ObjectRuns
+from xsp.campaign.spec import CampaignSpec, Job
+from xsp.core.errors import ClusterError, StoreError
 from xsp.core.store import location
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,3 +347,58 @@ def test_a_run_republished_between_a_readers_listing_and_its_copy_is_read_whole(
     # B's index, both its parts: never B's index over A's list of names (one part missing)
     assert _read_committed(reader, tmp_path / "read") == two
     assert reader.attempt is None  # the publish did happen inside the read
+
+
+def _on_seaweed(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, scratch: Path) -> None:
+    """This process as a Ray worker on a node whose temporary directory is ``scratch``, with
+    the AWS settings that reach ``seaweed``."""
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)  # ObjectRuns opens its store from os.environ
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+
+def test_a_ray_job_that_raises_after_staging_leaves_no_scratch_run_on_its_node(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xsp.campaign import ray_executor
+
+    _on_seaweed(seaweed, monkeypatch, tmp_path)
+    spec = CampaignSpec("leak", ["torchvision:resnet18"], [1], device="cuda")
+    # run outside a Ray task, the job gets no GPU from Ray: it raises after stage()
+    with pytest.raises(ClusterError, match="Ray gave this job 0 GPUs"):
+        ray_executor._remote_job(
+            seaweed.uri("leak"),
+            spec.to_dict(),
+            ray_executor.JobArguments(model=spec.models[0], mode="infer", batch_size=1),
+        )
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_staging_a_job_sweeps_the_scratch_runs_its_dead_attempts_left_on_this_host(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _on_seaweed(seaweed, monkeypatch, tmp_path)
+    (job,) = CampaignSpec("sweep", ["torchvision:resnet18"], [1], device="cpu").jobs()
+    other = Job(model="torchvision:resnet18", mode="infer", batch_size=16)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead_pid, host = int(dead.stdout), socket.gethostname()
+    left = {
+        "dead": tmp_path / f"xsp-job-{job.id}-{host}-{dead_pid}-0a1b2c-x1",
+        "live": tmp_path / f"xsp-job-{job.id}-{host}-{os.getpid()}-0a1b2c-x2",
+        "other job": tmp_path / f"xsp-job-{other.id}-{host}-{dead_pid}-0a1b2c-x3",
+        "other host": tmp_path / f"xsp-job-{job.id}-elsewhere-{dead_pid}-0a1b2c-x4",
+    }
+    for path in left.values():
+        (path / "M").mkdir(parents=True)
+        (path / "M" / "spans-00000.parquet").write_bytes(b"a measurement")
+    runs = ObjectRuns(seaweed.uri("sweep"))
+    staged = runs.stage(job, f"{host}-{os.getpid()}-abc123")
+    kept = {name for name, path in left.items() if path.exists()}
+    assert kept == {"live", "other job", "other host"}  # only the dead attempt of this job
+    assert staged.parent == tmp_path and staged.is_dir()
+    assert runs.attempts(job) == [f"staging/{job.id}/{host}-{os.getpid()}-abc123"]
