@@ -32,8 +32,12 @@ CHANNELS_LAST = ROOT / "benchmarks/data/r50-b64-train-cl"
 __all__ = ["seaweed"]  # the fixture, used by name
 
 
-def _xsp(server: SeaweedS3, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
+def _xsp(
+    server: SeaweedS3, *args: str, check: bool = True, aws: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``xsp args`` against ``server``, as its main identity or the one whose AWS variables
+    ``aws`` holds."""
+    env = {**os.environ, **(aws or server.env), "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
     done = subprocess.run(
         [sys.executable, "-m", "xsp", *args], env=env, text=True, capture_output=True, timeout=600
     )
@@ -133,6 +137,36 @@ def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_p
     _xsp(seaweed, "campaign", "report", uri)
     reports = {"report.html", f"runs/{job}/report.html"}
     assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, *reports}
+
+
+def test_a_run_the_store_refuses_is_the_jobs_failure_not_the_campaigns_and_a_rerun_redoes_it(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    campaign_file = tmp_path / "c.toml"
+    campaign_file.write_text(
+        '[campaign]\nname = "refused"\ndevice = "cpu"\nbatch_sizes = [1, 2]\nlevel_sets = ["M"]\n'
+        'iterations = 2\nwarmup = 0\n[models]\nnames = ["torchvision:squeezenet1_1"]\n'
+    )
+    jobs = [j.id for j in load(campaign_file).jobs()]
+    uri = seaweed.uri("refused")
+    refused = seaweed.records_only_env  # the same server, as the identity that stores no run
+    done = _xsp(
+        seaweed, "campaign", "run", str(campaign_file), "--out", uri, check=False, aws=refused
+    )
+    assert done.returncode == 1, done.stderr  # "jobs failed", not a store error that ended it
+    assert "2 of 2 jobs failed" in done.stderr
+    store = location.object_store(uri, seaweed.env)
+    assert not store.listing("runs")  # no run, not even half of one
+    for job in jobs:  # each job recorded, in the store, as the store's refusal
+        record = json.loads(store.get(f"jobs/{job}.json"))
+        assert (record["status"], record["reason"]) == ("failed", "unstored")
+        assert record["error"].startswith("StoreError: cannot "), record["error"]
+        assert f"{uri}/runs/{job}/" in record["error"]
+        assert "summary" not in record
+    # with a store that takes runs, the same command redoes both and publishes each
+    again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
+    assert "2 jobs, 0 done, running 2" in again.stderr
+    assert {f"runs/{job}/manifest.json" for job in jobs} <= set(store.listing())
 
 
 def test_a_rewrite_replaces_the_stored_files_and_removes_the_deleted_ones(

@@ -22,10 +22,10 @@ from typing import Any, Protocol, TypedDict
 
 from xsp.campaign.object_runs import ObjectRuns, new_attempt
 from xsp.campaign.ray_connection import GcsWatch, connect, disconnect, first_line, lost
-from xsp.campaign.records import JobRecord
+from xsp.campaign.records import UNSTORED, JobRecord
 from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
-from xsp.core.errors import ClusterError
+from xsp.core.errors import ClusterError, StoreError
 
 __all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "assigned_gpu", "run_ray", "task_options"]
 
@@ -179,7 +179,8 @@ def _outcome(ref: Any, job: Job) -> JobRecord:
         return ray.get(ref)
     except rx.RayTaskError as exc:  # raised in the task: xsp's bug or a store it cannot write
         cause = exc.cause if exc.cause is not None else exc
-        reason, error = "failed", f"{type(cause).__name__}: {first_line(cause)}"
+        reason = UNSTORED if isinstance(cause, StoreError) else "failed"  # as run_local's
+        error = f"{type(cause).__name__}: {first_line(cause)}"
     except (
         rx.WorkerCrashedError,
         rx.NodeDiedError,
