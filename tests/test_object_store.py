@@ -133,10 +133,20 @@ def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_p
     again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
     assert "1 jobs, 1 done, running 0" in again.stderr
     assert location.object_store(uri, seaweed.env).listing() == objects
-    # the report is written beside the campaign, and each job's beside its run, in the store
+    # the report is written beside the campaign, and each job's under reports/: nothing goes
+    # into a run's prefix, which only its job's publish writes (the commit rule)
     _xsp(seaweed, "campaign", "report", uri)
-    reports = {"report.html", f"runs/{job}/report.html"}
-    assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, *reports}
+    store = location.object_store(uri, seaweed.env)
+    reports = {"report.html", f"reports/{job}.html", "reports/runs.json"}
+    assert set(store.listing()) == {*objects, *reports}
+    record = json.loads(store.get(f"jobs/{job}.json"))
+    assert json.loads(store.get("reports/runs.json")) == {job: record["started"]}
+    assert f"href='reports/{job}.html'" in store.get("report.html").decode()
+    # the job run again (its record says when): its report is made again, from the new run
+    store.put(f"jobs/{job}.json", json.dumps({**record, "started": 1.5}).encode())
+    _xsp(seaweed, "campaign", "report", uri)
+    assert json.loads(store.get("reports/runs.json")) == {job: 1.5}
+    assert set(store.listing()) == {*objects, *reports}
 
 
 def test_a_run_the_store_refuses_is_the_jobs_failure_not_the_campaigns_and_a_rerun_redoes_it(
