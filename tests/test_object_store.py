@@ -295,6 +295,18 @@ def _run_dir(path: Path, parts: dict[str, bytes]) -> dict[str, bytes]:
     return parts
 
 
+def _settled(store: location.ObjectStore, under: str, quiet_s: float = 3.0) -> dict[str, int]:
+    """The listing under ``under`` once it has not changed for ``quiet_s``: a PUT whose body
+    a killed writer had sent whole still completes at the server, up to seconds later on a
+    loaded machine (a Ray retry comes only once the node has missed its health checks)."""
+    listed, since, deadline = store.listing(under), time.time(), time.time() + 120
+    while time.time() - since < quiet_s and time.time() < deadline:
+        time.sleep(0.2)
+        if (now := store.listing(under)) != listed:
+            listed, since = now, time.time()
+    return listed
+
+
 def _read_committed(store: location.ObjectStore, local: Path) -> dict[str, bytes]:
     """What a campaign's reader copies of ``runs/j`` (``committed``: ``runs/*``)."""
     store.download(local, committed=("runs/*",))
@@ -336,7 +348,7 @@ def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
         time.sleep(0.01)
     os.killpg(writer.pid, signal.SIGKILL)
     writer.wait()
-    left = store.listing("runs/j")
+    left = _settled(store, "runs/j")
     assert "runs/j/manifest.json" not in left  # deleted first, and never written again
     assert "runs/j/M/monitor.parquet" not in left  # the first attempt's: not the second's
     assert 0 < sum(size == 6 << 20 for size in left.values()) < 40  # some parts up, not all
