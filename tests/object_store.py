@@ -26,6 +26,10 @@ WEED_BIN = Path(
 ACCESS_KEY = "xsp-test"
 SECRET_KEY = "xsp-test-secret"
 BUCKET = "xsp"
+#: A second identity that reads everything but writes only a campaign's records
+#: (``campaign.json``, ``jobs/*``): every publish of a run is refused, as a store that has run
+#: out of quota or permission for it refuses one.
+RECORDS_ONLY_KEY = "xsp-records-only"
 
 
 class SeaweedS3:
@@ -42,7 +46,17 @@ class SeaweedS3:
             "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }
-        config.write_text(json.dumps({"identities": [identity]}))
+        records_only = {
+            "name": "xsp-records-only",
+            "credentials": [{"accessKey": RECORDS_ONLY_KEY, "secretKey": SECRET_KEY}],
+            "actions": [
+                "Read",
+                "List",
+                f"Write:{BUCKET}/*/campaign.json",
+                f"Write:{BUCKET}/*/jobs/*",
+            ],
+        }
+        config.write_text(json.dumps({"identities": [identity, records_only]}))
         (work / "data").mkdir()
         self.work = work
         self.command = [
@@ -77,6 +91,8 @@ class SeaweedS3:
             "AWS_REGION": "us-east-1",
             "AWS_EC2_METADATA_DISABLED": "true",  # no instance-metadata lookups off EC2
         }
+        #: ``env`` as the identity that may store a campaign's records but no run
+        self.records_only_env = {**self.env, "AWS_ACCESS_KEY_ID": RECORDS_ONLY_KEY}
         self._wait_for_bucket(work)
 
     def _launch(self) -> None:

@@ -262,8 +262,9 @@ def test_ray_executor_runs_the_campaign_on_a_local_ray_and_the_report_links_each
     report = tmp_path / "C" / "report.html"
     assert write_campaign_report(store, report) == 2
     page = report.read_text()
-    assert "runs/torchvision-squeezenet1_1__infer__b1/report.html" in page
-    assert (store.run_dir(spec.jobs()[0]) / "report.html").exists()
+    assert "href='reports/torchvision-squeezenet1_1__infer__b1.html'" in page
+    assert (tmp_path / "C" / "reports" / f"{spec.jobs()[0].id}.html").exists()
+    assert not (store.run_dir(spec.jobs()[0]) / "report.html").exists()  # runs hold runs only
     assert "Batch scaling" in page and "Optimal batch" in page
 
 

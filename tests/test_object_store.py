@@ -9,8 +9,10 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +20,9 @@ import pytest
 
 from tests.object_store import SeaweedS3, seaweed
 from xsp.campaign.files import load
-from xsp.core.errors import StoreError
+from xsp.campaign.object_runs import ObjectRuns
+from xsp.campaign.spec import CampaignSpec, Job
+from xsp.core.errors import ClusterError, StoreError
 from xsp.core.store import location
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +32,12 @@ CHANNELS_LAST = ROOT / "benchmarks/data/r50-b64-train-cl"
 __all__ = ["seaweed"]  # the fixture, used by name
 
 
-def _xsp(server: SeaweedS3, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **server.env, "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
+def _xsp(
+    server: SeaweedS3, *args: str, check: bool = True, aws: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``xsp args`` against ``server``, as its main identity or the one whose AWS variables
+    ``aws`` holds."""
+    env = {**os.environ, **(aws or server.env), "PYTHONPATH": str(ROOT), "COLUMNS": "400"}
     done = subprocess.run(
         [sys.executable, "-m", "xsp", *args], env=env, text=True, capture_output=True, timeout=600
     )
@@ -125,10 +133,50 @@ def test_a_campaign_runs_into_s3_and_answers_sql_there(seaweed: SeaweedS3, tmp_p
     again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
     assert "1 jobs, 1 done, running 0" in again.stderr
     assert location.object_store(uri, seaweed.env).listing() == objects
-    # the report is written beside the campaign, and each job's beside its run, in the store
+    # the report is written beside the campaign, and each job's under reports/: nothing goes
+    # into a run's prefix, which only its job's publish writes (the commit rule)
     _xsp(seaweed, "campaign", "report", uri)
-    reports = {"report.html", f"runs/{job}/report.html"}
-    assert set(location.object_store(uri, seaweed.env).listing()) == {*objects, *reports}
+    store = location.object_store(uri, seaweed.env)
+    reports = {"report.html", f"reports/{job}.html", "reports/runs.json"}
+    assert set(store.listing()) == {*objects, *reports}
+    record = json.loads(store.get(f"jobs/{job}.json"))
+    assert json.loads(store.get("reports/runs.json")) == {job: record["started"]}
+    assert f"href='reports/{job}.html'" in store.get("report.html").decode()
+    # the job run again (its record says when): its report is made again, from the new run
+    store.put(f"jobs/{job}.json", json.dumps({**record, "started": 1.5}).encode())
+    _xsp(seaweed, "campaign", "report", uri)
+    assert json.loads(store.get("reports/runs.json")) == {job: 1.5}
+    assert set(store.listing()) == {*objects, *reports}
+
+
+def test_a_run_the_store_refuses_is_the_jobs_failure_not_the_campaigns_and_a_rerun_redoes_it(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    campaign_file = tmp_path / "c.toml"
+    campaign_file.write_text(
+        '[campaign]\nname = "refused"\ndevice = "cpu"\nbatch_sizes = [1, 2]\nlevel_sets = ["M"]\n'
+        'iterations = 2\nwarmup = 0\n[models]\nnames = ["torchvision:squeezenet1_1"]\n'
+    )
+    jobs = [j.id for j in load(campaign_file).jobs()]
+    uri = seaweed.uri("refused")
+    refused = seaweed.records_only_env  # the same server, as the identity that stores no run
+    done = _xsp(
+        seaweed, "campaign", "run", str(campaign_file), "--out", uri, check=False, aws=refused
+    )
+    assert done.returncode == 1, done.stderr  # "jobs failed", not a store error that ended it
+    assert "2 of 2 jobs failed" in done.stderr
+    store = location.object_store(uri, seaweed.env)
+    assert not store.listing("runs")  # no run, not even half of one
+    for job in jobs:  # each job recorded, in the store, as the store's refusal
+        record = json.loads(store.get(f"jobs/{job}.json"))
+        assert (record["status"], record["reason"]) == ("failed", "unstored")
+        assert record["error"].startswith("StoreError: cannot "), record["error"]
+        assert f"{uri}/runs/{job}/" in record["error"]
+        assert "summary" not in record
+    # with a store that takes runs, the same command redoes both and publishes each
+    again = _xsp(seaweed, "campaign", "run", str(campaign_file), "--out", uri)
+    assert "2 jobs, 0 done, running 2" in again.stderr
+    assert {f"runs/{job}/manifest.json" for job in jobs} <= set(store.listing())
 
 
 def test_a_rewrite_replaces_the_stored_files_and_removes_the_deleted_ones(
@@ -247,6 +295,18 @@ def _run_dir(path: Path, parts: dict[str, bytes]) -> dict[str, bytes]:
     return parts
 
 
+def _settled(store: location.ObjectStore, under: str, quiet_s: float = 3.0) -> dict[str, int]:
+    """The listing under ``under`` once it has not changed for ``quiet_s``: a PUT whose body
+    a killed writer had sent whole still completes at the server, up to seconds later on a
+    loaded machine (a Ray retry comes only once the node has missed its health checks)."""
+    listed, since, deadline = store.listing(under), time.time(), time.time() + 120
+    while time.time() - since < quiet_s and time.time() < deadline:
+        time.sleep(0.2)
+        if (now := store.listing(under)) != listed:
+            listed, since = now, time.time()
+    return listed
+
+
 def _read_committed(store: location.ObjectStore, local: Path) -> dict[str, bytes]:
     """What a campaign's reader copies of ``runs/j`` (``committed``: ``runs/*``)."""
     store.download(local, committed=("runs/*",))
@@ -288,7 +348,7 @@ def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
         time.sleep(0.01)
     os.killpg(writer.pid, signal.SIGKILL)
     writer.wait()
-    left = store.listing("runs/j")
+    left = _settled(store, "runs/j")
     assert "runs/j/manifest.json" not in left  # deleted first, and never written again
     assert "runs/j/M/monitor.parquet" not in left  # the first attempt's: not the second's
     assert 0 < sum(size == 6 << 20 for size in left.values()) < 40  # some parts up, not all
@@ -305,3 +365,96 @@ def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
     _run_dir(tmp_path / "no-index", {"M/run.json": b"{}", "M/spans-00000.parquet": b"4"})
     store.publish(tmp_path / "no-index", "runs/j")
     assert _read_committed(store, tmp_path / "read-4") == {}
+
+
+class _PublishingAfterListing(location.ObjectStore):
+    """A reader's store (the real one) during whose first listing a whole publish of
+    ``attempt`` ends: the moment between a reader's listing and its copy."""
+
+    attempt: Path | None = None
+
+    def listing(self, under: str = "") -> dict[str, int]:
+        listed = super().listing(under)
+        if self.attempt is not None:
+            attempt, self.attempt = self.attempt, None
+            writer = location.ObjectStore(uri=self.uri, fs=self.fs, base=self.base)
+            writer.publish(attempt, "runs/j")
+        return listed
+
+
+def test_a_run_republished_between_a_readers_listing_and_its_copy_is_read_whole(
+    seaweed: SeaweedS3, tmp_path: Path
+) -> None:
+    uri = seaweed.uri("relisted")
+    store = location.object_store(uri, seaweed.env)
+    one = {"manifest.json": b'{"attempt": "A"}', "M/spans-00000.parquet": b"a0"}
+    _run_dir(tmp_path / "A", one)
+    store.publish(tmp_path / "A", "runs/j")
+    two = _run_dir(
+        tmp_path / "B",
+        {
+            "manifest.json": b'{"attempt": "B"}',
+            "M/spans-00000.parquet": b"b0",
+            "M/spans-00001.parquet": b"b1",  # a part attempt A never had
+        },
+    )
+    reader = _PublishingAfterListing(uri=store.uri, fs=store.fs, base=store.base)
+    reader.attempt = tmp_path / "B"
+    # B's index, both its parts: never B's index over A's list of names (one part missing)
+    assert _read_committed(reader, tmp_path / "read") == two
+    assert reader.attempt is None  # the publish did happen inside the read
+
+
+def _on_seaweed(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, scratch: Path) -> None:
+    """This process as a Ray worker on a node whose temporary directory is ``scratch``, with
+    the AWS settings that reach ``seaweed``."""
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)  # ObjectRuns opens its store from os.environ
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+
+def test_a_ray_job_that_raises_after_staging_leaves_no_scratch_run_on_its_node(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xsp.campaign import ray_executor
+
+    _on_seaweed(seaweed, monkeypatch, tmp_path)
+    spec = CampaignSpec("leak", ["torchvision:resnet18"], [1], device="cuda")
+    # run outside a Ray task, the job gets no GPU from Ray: it raises after stage()
+    with pytest.raises(ClusterError, match="Ray gave this job 0 GPUs"):
+        ray_executor._remote_job(
+            seaweed.uri("leak"),
+            spec.to_dict(),
+            ray_executor.JobArguments(model=spec.models[0], mode="infer", batch_size=1),
+        )
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_staging_a_job_sweeps_the_scratch_runs_its_dead_attempts_left_on_this_host(
+    seaweed: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _on_seaweed(seaweed, monkeypatch, tmp_path)
+    (job,) = CampaignSpec("sweep", ["torchvision:resnet18"], [1], device="cpu").jobs()
+    other = Job(model="torchvision:resnet18", mode="infer", batch_size=16)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead_pid, host = int(dead.stdout), socket.gethostname()
+    left = {
+        "dead": tmp_path / f"xsp-job-{job.id}-{host}-{dead_pid}-0a1b2c-x1",
+        "live": tmp_path / f"xsp-job-{job.id}-{host}-{os.getpid()}-0a1b2c-x2",
+        "other job": tmp_path / f"xsp-job-{other.id}-{host}-{dead_pid}-0a1b2c-x3",
+        "other host": tmp_path / f"xsp-job-{job.id}-elsewhere-{dead_pid}-0a1b2c-x4",
+    }
+    for path in left.values():
+        (path / "M").mkdir(parents=True)
+        (path / "M" / "spans-00000.parquet").write_bytes(b"a measurement")
+    runs = ObjectRuns(seaweed.uri("sweep"))
+    staged = runs.stage(job, f"{host}-{os.getpid()}-abc123")
+    kept = {name for name, path in left.items() if path.exists()}
+    assert kept == {"live", "other job", "other host"}  # only the dead attempt of this job
+    assert staged.parent == tmp_path and staged.is_dir()
+    assert runs.attempts(job) == [f"staging/{job.id}/{host}-{os.getpid()}-abc123"]

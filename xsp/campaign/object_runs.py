@@ -11,7 +11,12 @@ drops the marks once the job is recorded.
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+import secrets
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +25,7 @@ if TYPE_CHECKING:  # imported where used: the CLI reads the patterns without pya
     from xsp.campaign.spec import Job
     from xsp.core.store.location import ObjectStore
 
-__all__ = ["COMMITTED", "RECORDS", "STAGED", "ObjectRuns"]
+__all__ = ["COMMITTED", "RECORDS", "STAGED", "ObjectRuns", "new_attempt", "sweep_scratch"]
 
 #: The driver's records: the campaign's spec and one result a job, stored as each job ends.
 RECORDS = ("campaign.json", "jobs/*")
@@ -29,6 +34,37 @@ RECORDS = ("campaign.json", "jobs/*")
 STAGED = (*RECORDS, "ray-driver.log")
 #: The prefixes that are published whole: a reader takes one without its index as absent.
 COMMITTED = ("runs/*",)
+
+
+def new_attempt() -> str:
+    """A name unique to one attempt at a job: ``<host>-<pid>-<random>``, the host and the
+    process that run it (``sweep_scratch`` reads the pid back)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: running
+        return True
+    return True
+
+
+def sweep_scratch(job: Job, scratch: Path) -> list[Path]:
+    """Remove from ``scratch`` (this node's temporary directory) the scratch directories of
+    ``job``'s earlier attempts on this host whose process is no longer running (a worker
+    killed mid-job: no ``finally`` ran); the ones removed."""
+    prefix = f"xsp-job-{job.id}-{socket.gethostname()}-"
+    attempt = re.compile(r"(\d+)-[0-9a-f]{6}-")  # <pid>-<random>- and mkdtemp's suffix
+    swept = []
+    for path in scratch.glob(f"{glob.escape(prefix)}*"):
+        found = attempt.match(path.name[len(prefix) :])
+        if path.is_dir() and found and not _running(int(found.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(path)
+    return swept
 
 
 class ObjectRuns:
@@ -66,8 +102,11 @@ class ObjectRuns:
         return self._store
 
     def stage(self, job: Job, attempt: str) -> Path:
-        """A new local directory for one attempt at ``job`` (``attempt``: unique to it), in
-        this node's temporary directory, and the attempt's mark in the store."""
+        """A new local directory for one attempt at ``job`` (``attempt``: unique to it,
+        ``new_attempt``), in this node's temporary directory, and the attempt's mark in the
+        store. The scratch directories that dead attempts of the job left here go first: each
+        is a whole measurement."""
+        sweep_scratch(job, Path(tempfile.gettempdir()))
         self.store.put(f"staging/{job.id}/{attempt}", b"")
         return Path(tempfile.mkdtemp(prefix=f"xsp-job-{job.id}-{attempt}-"))
 

@@ -14,19 +14,18 @@ finished is recorded, and the same command resumes.
 
 from __future__ import annotations
 
-import os
-import secrets
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
-from xsp.campaign.object_runs import ObjectRuns
+from xsp.campaign.object_runs import ObjectRuns, new_attempt
 from xsp.campaign.ray_connection import GcsWatch, connect, disconnect, first_line, lost
-from xsp.campaign.records import JobRecord
+from xsp.campaign.records import UNSTORED, JobRecord
 from xsp.campaign.spec import CampaignRecord, CampaignSpec, Job
 from xsp.campaign.store import CampaignStore
-from xsp.core.errors import ClusterError
+from xsp.core.errors import ClusterError, StoreError
 
 __all__ = ["MAX_RETRIES", "RAY_LOG", "JobArguments", "assigned_gpu", "run_ray", "task_options"]
 
@@ -139,10 +138,16 @@ def _remote_job(target: str, spec_record: CampaignRecord, arguments: JobArgument
     spec = from_record(spec_record)
     job = Job(**arguments)
     runs: _Runs = ObjectRuns(target) if is_uri(target) else CampaignStore(Path(target))
-    staged = runs.stage(job, f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
-    attempt = len(runs.attempts(job))  # this one's and those before it that died
-    record = run_job(spec, job, staged, assigned_gpu(spec))
-    runs.commit(job, staged)
+    staged = runs.stage(job, new_attempt())
+    committed = False
+    try:  # an attempt that raises leaves no scratch copy (a whole measurement) behind
+        attempt = len(runs.attempts(job))  # this one's and those before it that died
+        record = run_job(spec, job, staged, assigned_gpu(spec))
+        runs.commit(job, staged)
+        committed = True
+    finally:
+        if not committed:
+            shutil.rmtree(staged, ignore_errors=True)
     record["host"] = socket.gethostname()
     record["node"] = ray.get_runtime_context().get_node_id()
     record["attempt"] = attempt
@@ -174,7 +179,8 @@ def _outcome(ref: Any, job: Job) -> JobRecord:
         return ray.get(ref)
     except rx.RayTaskError as exc:  # raised in the task: xsp's bug or a store it cannot write
         cause = exc.cause if exc.cause is not None else exc
-        reason, error = "failed", f"{type(cause).__name__}: {first_line(cause)}"
+        reason = UNSTORED if isinstance(cause, StoreError) else "failed"  # as run_local's
+        error = f"{type(cause).__name__}: {first_line(cause)}"
     except (
         rx.WorkerCrashedError,
         rx.NodeDiedError,

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:
     from xsp.core.store import ProgramEnd, Status
 
-__all__ = ["CounterSummary", "JobRecord", "JobSummary", "RunRecord"]
+__all__ = ["UNSTORED", "CounterSummary", "JobRecord", "JobSummary", "RunRecord", "unstored"]
+
+
+#: The reason of a job whose run the campaign's store refused (an object store's publish
+#: failed): the run is gone, so a rerun runs the job again.
+UNSTORED = "unstored"
 
 
 class CounterSummary(TypedDict, total=False):
@@ -99,3 +104,14 @@ class JobRecord(TypedDict, total=False):
     host: str
     node: str
     attempt: int
+
+
+def unstored(record: JobRecord, exc: BaseException) -> JobRecord:
+    """``record`` of a job whose run the store refused: failed, reason ``unstored``, the
+    store's one-line error, and no summary (its run is not there to back it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    error = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    failed = record.copy()
+    failed.pop("summary", None)  # its run is not there to back it
+    failed["status"], failed["reason"], failed["error"] = "failed", UNSTORED, error[-500:]
+    return failed

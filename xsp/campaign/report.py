@@ -16,9 +16,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +23,7 @@ from xsp.analysis.figures.present import short_kernel
 from xsp.campaign import compare
 from xsp.campaign.compare import Record, optimal_batches
 from xsp.campaign.names import family_order
-from xsp.campaign.records import JobRecord
+from xsp.campaign.run_reports import run_report, write_run_reports
 from xsp.campaign.store import CampaignStore
 from xsp.campaign.summary import COMPUTE_BOUND_BUSY_PCT
 
@@ -36,8 +33,6 @@ if TYPE_CHECKING:
     from xsp.campaign.spec import CampaignSpec
 
 __all__ = ["optimal_batches", "write_campaign_report", "write_run_reports"]
-
-RUN_REPORT = "report.html"
 #: A campaign directory's hand-written findings, linked from the report when present.
 FINDINGS_FILE = "FINDINGS.md"
 #: Families' colours in the bar charts, in ``family_order()``; "Other ..." families take the rest.
@@ -120,33 +115,6 @@ document.querySelectorAll('input[data-filter]').forEach(input => input.addEventL
 """
 
 
-def write_run_reports(store: CampaignStore, results: list[JobRecord], workers: int) -> None:
-    """Each successful job's own ``xsp analyze --report``, made once (kept across reruns)."""
-    todo = [
-        store.runs_dir / r["job"]
-        for r in results
-        if r.get("status") == "ok" and not (store.runs_dir / r["job"] / RUN_REPORT).exists()
-    ]
-
-    def one(run_dir: Path) -> None:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "xsp",
-                "analyze",
-                str(run_dir),
-                "--report",
-                str(run_dir / RUN_REPORT),
-            ],
-            capture_output=True,
-            check=False,
-        )
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(one, todo))
-
-
 # -- cells -----------------------------------------------------------------------------------
 def number(value: Any, significant: int = 3, max_decimals: int = 2) -> str:
     """A number for a table cell: integers (and floats that round to one) without decimals,
@@ -197,7 +165,7 @@ def _head(columns: list[str]) -> str:
 
 
 def _link(store: CampaignStore, job: str | None, text: str, out: Path) -> str:
-    link = store.runs_dir / job / RUN_REPORT if job else None
+    link = run_report(store, job) if job else None
     if link is None or not link.exists():
         return text
     href = os.path.relpath(link.resolve(), out.parent.resolve())

@@ -8,6 +8,7 @@ directory per job, and SQL over all of it.
     DIR/runs/<job>/             the job's leveled measurement (xsp run's store)
     DIR/staging/<job>/<try>/    a Ray job's measurement while it runs (``stage``, ``commit``)
     DIR/report.html             ``xsp campaign report``
+    DIR/reports/<job>.html      the job's run's own report (``run_reports``)
 
 A job without a result file has not finished: a rerun runs it again. A job whose result says
 failed is retried; a job that succeeded is skipped.

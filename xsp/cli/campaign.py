@@ -19,7 +19,7 @@ from xsp.cli.common import (
     store_location,
 )
 from xsp.cli.render import print_table
-from xsp.core.errors import EXIT_INTERRUPTED, XspError
+from xsp.core.errors import EXIT_INTERRUPTED, StoreError, XspError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,7 +110,7 @@ def campaign_run(
 
         def done(record: JobRecord) -> None:
             nonlocal failed, finished
-            keep(record)
+            record = keep(record)
             finished += 1
             if record["status"] != "ok":
                 failed += 1
@@ -141,19 +141,27 @@ def campaign_run(
 
 def _keeper(
     store: CampaignStore, remote: ObjectRuns | None, jobs: list[Job], publishes: bool
-) -> Callable[[JobRecord], None]:
+) -> Callable[[JobRecord], JobRecord]:
     """How a finished job is kept: its record saved; on an object store (``remote``) its run
     published first (``publishes``: by the driver, as the local executor ran it there; a Ray
-    job published its own) and its record stored at once, so a driver killed later keeps it."""
+    job published its own) and its record stored at once, so a driver killed later keeps it.
+    A run the store refused is the job's failure, ``unstored``, as on Ray (a rerun retries
+    it), never the campaign's end: the record as kept."""
     by_id = {job.id: job for job in jobs}
 
-    def keep(record: JobRecord) -> None:
+    def keep(record: JobRecord) -> JobRecord:
         job = by_id[record["job"]]
         if remote is not None and publishes:
-            remote.commit(job, store.run_dir(job))
+            try:
+                remote.commit(job, store.run_dir(job))
+            except StoreError as exc:  # the run is gone with its scratch copy: redo it
+                from xsp.campaign.records import unstored
+
+                record = unstored(record, exc)
         store.save(record)
         if remote is not None:
             remote.record(store.root)
+        return record
 
     return keep
 

@@ -163,12 +163,9 @@ class ObjectStore:
         wanted = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
         plain = [r for r in wanted if _committed_prefix(r, committed) is None]
         self.fetch(local, plain)
-        groups: dict[str, list[str]] = {}
-        for relative in wanted:
-            if (prefix := _committed_prefix(relative, committed)) is not None:
-                groups.setdefault(prefix, []).append(relative)
+        prefixes = {p for r in wanted if (p := _committed_prefix(r, committed)) is not None}
         with ThreadPoolExecutor(_THREADS) as pool:  # a prefix at a time each, its objects 8 at once
-            counts = pool.map(lambda item: self._fetch_committed(local, *item), groups.items())
+            counts = pool.map(lambda prefix: self._fetch_committed(local, prefix, only), prefixes)
             return len(plain) + sum(counts)
 
     def fetch(self, local: Path, relatives: list[str]) -> None:
@@ -187,16 +184,24 @@ class ObjectStore:
         with ThreadPoolExecutor(_THREADS) as pool:
             list(pool.map(fetch, relatives))
 
-    def _fetch_committed(self, local: Path, prefix: str, objects: list[str]) -> int:
-        """Copy a committed prefix's objects when its index is there and unchanged across the
-        copy (a writer that replaced it meanwhile deleted the index first, and wrote a new
-        one, which says when it began, last): the number copied, 0 when it reads as absent."""
+    def _fetch_committed(self, local: Path, prefix: str, only: tuple[str, ...]) -> int:
+        """Copy a committed prefix's objects (those matching a pattern of ``only``, when
+        given) when its index is there and unchanged across the copy: the number copied, 0
+        when it reads as absent. Each try reads the index, then lists the prefix, copies what
+        it lists and reads the index again, so the listing is one of the copy's window: a
+        writer that replaced the prefix meanwhile deleted the index first and wrote a new
+        one, which says when it began, last, so the two reads differ."""
         index = f"{prefix}/{RUN_INDEX}"
+        if only and not any(fnmatch.fnmatch(index, p) for p in only):
+            return 0  # a run is taken with its index or not at all
         for _ in range(_READ_TRIES):
-            if index not in objects:
-                return 0
             try:
                 before = self.get(index)
+            except _Missing:  # no index: never published whole, or being replaced
+                return 0
+            listed = self.listing(prefix)
+            objects = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+            try:
                 self.fetch(local, objects)
                 if self.get(index) == before:
                     return len(objects)
@@ -205,7 +210,6 @@ class ObjectStore:
             shutil.rmtree(local / prefix, ignore_errors=True)
             for relative in objects:
                 self.known.pop(relative, None)
-            objects = [r for r in self.listing(prefix)]
         return 0
 
     def upload(self, local: Path, only: tuple[str, ...] = ()) -> int:
