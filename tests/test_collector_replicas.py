@@ -168,6 +168,15 @@ def _sdk_load(
     provider.shutdown()
 
 
+def _start_load(
+    gateway: Gateway, acknowledged: set[tuple[bytes, int]], started: threading.Event
+) -> threading.Thread:
+    """The SDK's load (``_sdk_load``) through the gateway, on a thread of its own."""
+    load = threading.Thread(target=_sdk_load, args=(gateway.grpc, acknowledged, started))
+    load.start()
+    return load
+
+
 def _stored(store: Path) -> tuple[Counter[tuple[bytes, int]], dict[bytes, set[str]]]:
     """Every stored (trace_id, span_id) with its count, and each trace's replicas (the part
     names' last field)."""
@@ -217,8 +226,7 @@ def test_a_replica_killed_mid_load_loses_and_duplicates_no_acknowledged_span(
     acknowledged: set[tuple[bytes, int]] = set()
     started = threading.Event()
     try:
-        load = threading.Thread(target=_sdk_load, args=(gateway.grpc, acknowledged, started))
-        load.start()
+        load = _start_load(gateway, acknowledged, started)
         push = subprocess.Popen(
             [sys.executable, "-m", "xsp", "push", str(pushed / "MF"), "--endpoint", gateway.http],
             env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -305,8 +313,7 @@ def test_a_replica_down_for_a_while_holds_up_only_its_own_traces(
     acknowledged: set[tuple[bytes, int]] = set()
     started = threading.Event()
     try:
-        load = threading.Thread(target=_sdk_load, args=(gateway.grpc, acknowledged, started))
-        load.start()
+        load = _start_load(gateway, acknowledged, started)
         assert started.wait(60)
         replicas[0].signal(signal.SIGKILL)
         load.join(timeout=120)

@@ -256,13 +256,7 @@ def test_a_writer_killed_mid_upload_leaves_each_object_whole_or_absent(
         digests[f"spans-{index:05d}.parquet"] = hashlib.sha256(data).hexdigest()
     uri = seaweed.uri("killed")
     store = location.object_store(uri, seaweed.env)
-    writer = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, uri, str(local)],
-        env={**os.environ, **seaweed.env, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    writer = _killable(seaweed, _WRITER, uri, str(local))
     assert writer.stdout is not None and writer.stdout.readline() == "uploading\n"
     deadline = time.time() + 120
     while time.time() < deadline and not store.listing():
@@ -285,6 +279,17 @@ print("publishing", flush=True)
 store.publish(Path(sys.argv[2]), "runs/j")
 print("done", flush=True)
 """
+
+
+def _killable(seaweed: SeaweedS3, script: str, *args: str) -> subprocess.Popen[str]:
+    """``python -c script args`` against the store, in a session of its own (killed whole)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, **seaweed.env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _run_dir(path: Path, parts: dict[str, bytes]) -> dict[str, bytes]:
@@ -335,13 +340,7 @@ def test_a_run_replaced_on_s3_is_absent_until_whole_and_keeps_no_stale_object(
     # a second attempt of 40 parts of 6 MB, killed midway through its upload
     big = {f"M/spans-{i:05d}.parquet": os.urandom(6 << 20) for i in range(40)}
     _run_dir(tmp_path / "killed", {"manifest.json": b'{"attempt": 2}', **big})
-    writer = subprocess.Popen(
-        [sys.executable, "-c", _PUBLISHER, uri, str(tmp_path / "killed")],
-        env={**os.environ, **seaweed.env, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    writer = _killable(seaweed, _PUBLISHER, uri, str(tmp_path / "killed"))
     assert writer.stdout is not None and writer.stdout.readline() == "publishing\n"
     deadline = time.time() + 120
     while time.time() < deadline and (6 << 20) not in store.listing("runs/j").values():
