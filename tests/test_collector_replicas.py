@@ -168,6 +168,14 @@ def _sdk_load(
     provider.shutdown()
 
 
+def _replicas_behind_gateway(
+    otelcol: Path, work: Path, store: Path
+) -> tuple[list[Replica], Gateway]:
+    """Replicas r1 and r2 on ``store``, started, and the gateway in front of them."""
+    replicas = [Replica(name, store, work).start() for name in ("r1", "r2")]
+    return replicas, Gateway(otelcol, work, replicas)
+
+
 def _start_load(
     gateway: Gateway, acknowledged: set[tuple[bytes, int]], started: threading.Event
 ) -> threading.Thread:
@@ -221,8 +229,7 @@ def test_a_replica_killed_mid_load_loses_and_duplicates_no_acknowledged_span(
         },
     )
     pushed_keys = set(zip(table["trace_id"].to_pylist(), table["span_id"].to_pylist(), strict=True))
-    replicas = [Replica(name, store, tmp_path).start() for name in ("r1", "r2")]
-    gateway = Gateway(otelcol, tmp_path, replicas)
+    replicas, gateway = _replicas_behind_gateway(otelcol, tmp_path, store)
     acknowledged: set[tuple[bytes, int]] = set()
     started = threading.Event()
     try:
@@ -308,8 +315,7 @@ def test_a_replica_down_for_a_while_holds_up_only_its_own_traces(
     r2's traces is stored before r1 is started again (with one queue for both, r2 got only the
     shares of the few requests being retried). Afterwards nothing is lost or stored twice."""
     store = tmp_path / "store"
-    replicas = [Replica(name, store, tmp_path).start() for name in ("r1", "r2")]
-    gateway = Gateway(otelcol, tmp_path, replicas)
+    replicas, gateway = _replicas_behind_gateway(otelcol, tmp_path, store)
     acknowledged: set[tuple[bytes, int]] = set()
     started = threading.Event()
     try:
