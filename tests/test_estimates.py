@@ -61,9 +61,10 @@ def test_the_ops_channels_last_touches_in_resnet18_and_their_convolutions_rebuil
 
 def _step_deltas(store: MeasurementStore, timings: OpTimings) -> tuple[list[float], list[float]]:
     """Per iteration: the replayed step less the edited replay's, and the sum over the touched
-    rows of (1 - host factor) x their host duration on the replay's timeline (ms)."""
+    rows of the host time each loses on the replay's timeline (ms): (1 - host factor) x its
+    duration, or its cut, no more than its duration."""
     found = affected(store, timings.fix)
-    factors = row_factors(store, found, timings).host
+    row = row_factors(store, found, timings)
     graph = fitted_graph(store)
     base = replay(store).steps
     edited = replay_with(store, isolation_edit(store, found, timings)).steps
@@ -76,9 +77,11 @@ def _step_deltas(store: MeasurementStore, timings: OpTimings) -> tuple[list[floa
         numbers(edited.column("replayed_ms")),
         strict=True,
     ):
-        rows = (factors != 1.0) & (iteration == i)
+        mine = iteration == i
+        lost = duration[mine] * (1.0 - row.host[mine])
+        lost += np.clip(row.host_cut_ns[mine], None, duration[mine])
         replayed.append(float(before - after))
-        summed.append(float((duration[rows] * (1.0 - factors[rows])).sum() / 1e6))
+        summed.append(float(lost.sum() / 1e6))
     return replayed, summed
 
 
@@ -168,7 +171,7 @@ def test_on_a_gpu_measurement_the_ratios_scale_the_ops_kernels(tmp_path: Path) -
 
     cut = timed(0.5, 0.25)
     both = row_factors(store, found, cut)
-    assert (both.host == 1.0).all()  # no host times in the file: the host keeps its time
+    assert (both.host == 1.0).all() and (both.host_cut_ns == 0.0).all()  # no host times
     factors = both.activities
     graph = fitted_graph(store)
     names = np.asarray(graph.deep.column("name").to_pylist(), dtype=object)
@@ -255,14 +258,14 @@ def test_a_verified_line_outside_the_interval_says_why_an_isolated_timing_can_mi
     assert note is not None and modelled.endswith(note)
 
 
-def test_on_a_host_bound_gpu_step_the_host_ratio_moves_it_and_the_kernels_do_not() -> None:
+def test_on_a_host_bound_gpu_step_the_host_saving_moves_it_and_the_kernels_do_not() -> None:
     """ResNet-50 b1 inference on the H200 is host-bound (its critical path: host work and
     launches). TF32 touches its 53 fp32 convolutions and its classifier's GEMM: 24 shapes,
-    54 ops a step, 1,080 in 20 iterations. Timed with the host's side at half its time and the
-    kernels unchanged, each op's own host span keeps half (its kernels and launches their
-    durations), and each replayed step moves by exactly that half of the touched ops' host
-    time; kernels at half and the host unchanged (what scaling kernels alone gave BERT b1)
-    move it by nothing; both at half move it as the host alone; ratios 1 move nothing."""
+    54 ops a step, 1,080 in 20 iterations. Timed with the host's side saving 5 of its 10 µs a
+    call and the kernels unchanged, each op's own host span loses 5 µs at its end (its kernels
+    and launches keep their durations), and each replayed step moves by exactly the touched
+    ops' 54 x 5 µs; kernels at half and the host unchanged (what scaling kernels alone gave
+    BERT b1) move it by nothing; both move it as the host alone; no change moves nothing."""
     store = MeasurementStore(RESNET50_B1_GPU)
     found = affected(store, "tf32")
     assert (len(found.cases), sum(c.per_iteration for c in found.cases)) == (24, 54)
@@ -278,12 +281,15 @@ def test_on_a_host_bound_gpu_step_the_host_ratio_moves_it_and_the_kernels_do_not
     host_half = timed(1.0, 0.5)
     factors = row_factors(store, found, host_half)
     graph = fitted_graph(store)
-    cut = factors.host != 1.0
+    cut = factors.host_cut_ns != 0.0
     assert cut.sum() == 1080 and (found.forward_case[cut] >= 0).all()
-    assert set(factors.host[cut].tolist()) == {0.5} and not graph.gpu[cut].any()
-    assert (factors.activities == 1.0).all()
+    assert set(factors.host_cut_ns[cut].tolist()) == {5000.0} and not graph.gpu[cut].any()
+    assert (factors.activities == 1.0).all() and (factors.host == 1.0).all()
+    duration = graph.warped_end - graph.warped_start
+    assert (duration[cut] > 5000).all()  # each span longer than its cut: 54 x 5 µs a step
     replayed, summed = _step_deltas(store, host_half)
     assert len(replayed) == 20
+    assert summed == pytest.approx([0.27] * 20, abs=1e-9)
     assert replayed == pytest.approx(summed, abs=1e-4)
     step = replay(store).result().step_ms
     assert step is not None
@@ -302,7 +308,7 @@ def test_on_a_host_bound_gpu_step_the_host_ratio_moves_it_and_the_kernels_do_not
     assert gain(0.5, 0.5) == pytest.approx(host_gain, abs=1e-9)
     assert gain(1.0, 1.0) == 0.0
     estimate_model = isolation_edit(store, found, host_half).model
-    assert "kernels scaled by the GPU's ratio and its host span by the host's" in estimate_model
+    assert "its host span cut by the host time saved a call" in estimate_model
 
 
 def test_op_timings_from_before_host_times_still_read(tmp_path: Path) -> None:

@@ -1,23 +1,29 @@
-"""A kernel-changing fix's gain from its ops timed in isolation: each touched op (and its backward
-node) keeps the share of its recorded time that its isolated timing keeps with the fix, and the
-step is replayed with those durations (``xsp.analysis.replay.WhatIf``).
+"""A kernel-changing fix's gain from its ops timed in isolation: each touched op's kernels (and
+its backward node's) keep the share of their recorded time that the isolated timing keeps with
+the fix, its host span loses the host time the fix saved a call, and the step is replayed with
+those durations (``xsp.analysis.replay.WhatIf``).
 
 Algorithm notes:
 
 1. The factors. For each case (``xsp.analysis.estimates.cases``), forward: the fixed median
    over the base median, as ``xsp estimate`` timed them on the measurement's device; backward
-   likewise. On a GPU, two per part: the GPU's (CUDA events) and the host's (per call, issued
-   back to back); a file without host times keeps the host's at 1. A case without a timing
-   keeps its time (factors 1) and is counted as missing.
+   likewise. On a GPU, the host's side per part too: the time a call saves with the fix (base
+   less fixed, per call issued back to back); a file without host times saves none. A case
+   without a timing keeps its time (factors 1, nothing saved) and is counted as missing.
 2. On a GPU measurement (level G) the GPU factor scales the op's GPU activities, those below
    it down to its kernels (a convolution's transposes included: the fix's time is the NHWC
-   kernel's alone), and the host factor the op's own host span (``keep_host``: the part it
-   loses is its last, and the launches in that part are issued at its new end), both in one
+   kernel's alone), and the op's own host span loses the saved host time at its end
+   (``cut_host_ns``: the launches in that part are issued at its new end), both in one
    what-if: a host-bound step (BERT b1 inference) moves by the host's change alone. On a CPU
    measurement the one factor scales the op's host span: the op runs on the host. Only the
-   outermost touched span of a subtree is scaled (an autograd node's spans can nest), so that
-   no time is cut twice. A ratio is applied rather than the isolated time itself, so that the
-   recorded durations (which the replay is checked on) stay the scale.
+   outermost touched span of a subtree is edited (an autograd node's spans can nest), so that
+   no time is cut twice. Kernels take a ratio rather than the isolated time itself, so that the
+   recorded durations (which the replay is checked on) stay the scale; the host on a GPU takes
+   the time saved, since what a fix saves there is work of a fixed size (a split-K reduction's
+   launch, cuBLAS's heuristics), not a share of the op's dispatch: an isolated call's host time
+   moved 1.6x between processes (BERT b1's GEMMs on the H100, 17.9 and 28.8 µs) while the time
+   TF32 saved stayed 2.8-3.1 µs, and a ratio gave 0.19-0.39 ms where the fix gained 0.15-0.17
+   ms alternating in one process.
 3. The gain is the replayed step (median of the steady iterations) less the edited replay's,
    as for every what-if; it is not the sum of the ops' changes where the GPU waits for the
    host, or the host for the GPU.
@@ -74,25 +80,28 @@ class IsolationEstimate:
 
 @dataclass(frozen=True)
 class CaseFactors:
-    """Per case, the share of its time each part keeps with the fix (module note 1):
-    ``forward``/``backward`` the timed op's (on a GPU its kernels'), ``host_forward``/
-    ``host_backward`` its host side's on a GPU (1 where not timed); ``missing`` cases have no
+    """Per case (module note 1): ``forward``/``backward`` the share of its time the timed op
+    keeps with the fix (on a GPU its kernels'), ``host_saved_forward``/``host_saved_backward``
+    the host time a call saves on a GPU, ns (0 where not timed); ``missing`` cases have no
     timing."""
 
     forward: np.ndarray
     backward: np.ndarray
-    host_forward: np.ndarray
-    host_backward: np.ndarray
+    host_saved_forward: np.ndarray
+    host_saved_backward: np.ndarray
     missing: int
 
 
 @dataclass(frozen=True)
 class RowFactors:
-    """Per deep-run row: ``activities`` the duration factor of each GPU activity, ``host`` the
-    share of its time each host span keeps (module note 2); 1 elsewhere."""
+    """Per deep-run row (module note 2): ``activities`` the duration factor of each GPU
+    activity, ``host`` the share of its time each host span keeps (a CPU measurement's), 1
+    elsewhere; ``host_cut_ns`` the time each host span loses (a GPU measurement's), 0
+    elsewhere."""
 
     activities: np.ndarray
     host: np.ndarray
+    host_cut_ns: np.ndarray
 
 
 def case_factors(found: Affected, timings: OpTimings) -> CaseFactors:
@@ -100,7 +109,7 @@ def case_factors(found: Affected, timings: OpTimings) -> CaseFactors:
     by_key = timings.by_key()
     n = len(found.cases)
     forward, backward = np.ones(n), np.ones(n)
-    host_forward, host_backward = np.ones(n), np.ones(n)
+    host_forward, host_backward = np.zeros(n), np.zeros(n)
     missing = 0
     for i, case in enumerate(found.cases):
         timing = by_key.get(case.key)
@@ -109,8 +118,8 @@ def case_factors(found: Affected, timings: OpTimings) -> CaseFactors:
             continue
         forward[i] = _ratio(timing.fixed_forward_us, timing.base_forward_us)
         backward[i] = _ratio(timing.fixed_backward_us, timing.base_backward_us)
-        host_forward[i] = _ratio(timing.fixed_host_us, timing.base_host_us)
-        host_backward[i] = _ratio(timing.fixed_backward_host_us, timing.base_backward_host_us)
+        host_forward[i] = _saved_ns(timing.base_host_us, timing.fixed_host_us)
+        host_backward[i] = _saved_ns(timing.base_backward_host_us, timing.fixed_backward_host_us)
     return CaseFactors(forward, backward, host_forward, host_backward, missing)
 
 
@@ -118,10 +127,14 @@ def _ratio(fixed: float | None, base: float | None) -> float:
     return fixed / base if fixed is not None and base else 1.0
 
 
+def _saved_ns(base_us: float | None, fixed_us: float | None) -> float:
+    return (base_us - fixed_us) * 1e3 if base_us is not None and fixed_us is not None else 0.0
+
+
 def row_factors(store: MeasurementStore, found: Affected, timings: OpTimings) -> RowFactors:
     """Each deep-run row's factors (module note 2): on a GPU measurement an activity takes its
-    nearest touched op's or backward node's GPU factor, and the outermost touched span its
-    host factor; on a CPU one the outermost touched span takes its timed factor."""
+    nearest touched op's or backward node's GPU factor, and the outermost touched span loses
+    its host saving; on a CPU one the outermost touched span takes its timed factor."""
     factors = case_factors(found, timings)
     n = len(found.forward_case)
     owner = np.full(n, -1, dtype=np.int64)  # 2 * case (forward), 2 * case + 1 (backward)
@@ -133,14 +146,14 @@ def row_factors(store: MeasurementStore, found: Affected, timings: OpTimings) ->
     outermost = (owner >= 0) & ((parent < 0) | (nearest[np.maximum(parent, 0)] < 0))
     on_gpu = has_gpu(store)
     kernel_of = _interleaved(factors.forward, factors.backward)
-    host_of = _interleaved(factors.host_forward, factors.host_backward) if on_gpu else kernel_of
-    host = np.where(outermost, host_of[np.maximum(owner, 0)], 1.0)
-    activities = np.ones(n)
-    if on_gpu:
-        gpu = text_equals(store.run_spans(found.run_index).column("level"), schema.LEVEL_GPU)
-        activities = np.where(gpu & (nearest >= 0), kernel_of[np.maximum(nearest, 0)], 1.0)
-        host[gpu] = 1.0
-    return RowFactors(activities, host)
+    if not on_gpu:
+        host = np.where(outermost, kernel_of[np.maximum(owner, 0)], 1.0)
+        return RowFactors(np.ones(n), host, np.zeros(n))
+    saved_of = _interleaved(factors.host_saved_forward, factors.host_saved_backward)
+    gpu = text_equals(store.run_spans(found.run_index).column("level"), schema.LEVEL_GPU)
+    activities = np.where(gpu & (nearest >= 0), kernel_of[np.maximum(nearest, 0)], 1.0)
+    host_cut_ns = np.where(outermost & ~gpu, saved_of[np.maximum(owner, 0)], 0.0)
+    return RowFactors(activities, np.ones(n), host_cut_ns)
 
 
 def _interleaved(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
@@ -165,7 +178,7 @@ def isolation_edit(store: MeasurementStore, found: Affected, timings: OpTimings)
     what = "host time scaled by that ratio"
     if on_gpu:
         what = "kernels scaled by the GPU's ratio" + (
-            " and its host span by the host's" if host_timed else ""
+            " and its host span cut by the host time saved a call" if host_timed else ""
         )
     model = (
         f"{ISOLATION}: each op {timings.fix} changes (and its backward) timed without and "
@@ -173,7 +186,9 @@ def isolation_edit(store: MeasurementStore, found: Affected, timings: OpTimings)
     )
     if not on_gpu:
         return WhatIf(model, keep_host=of(factors.host))
-    return WhatIf(model, scale_activities=of(factors.activities), keep_host=of(factors.host))
+    return WhatIf(
+        model, scale_activities=of(factors.activities), cut_host_ns=of(factors.host_cut_ns)
+    )
 
 
 def isolation_estimate(store: MeasurementStore, fix: str) -> IsolationEstimate | None:

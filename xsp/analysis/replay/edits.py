@@ -25,14 +25,18 @@ class WhatIf:
     earlier), ``keep_host`` the share of its time each host span keeps (1: all of it; below 1
     its last part leaves the timeline, as a dropped span's whole time does; above 1 the span
     grows by the difference at its end and what runs after it moves later; give it to spans
-    that do not nest), all from the deep run's spans; ``launch_at_step_start`` launches every
-    activity at the step's start (one CUDA graph for the whole step)."""
+    that do not nest), ``cut_host_ns`` the time each host span loses at its end, in ns (the
+    same cut as ``keep_host``'s, given as a time: a fix that saves a launch saves its µs, not a
+    share of the span; negative grows it), all from the deep run's spans;
+    ``launch_at_step_start`` launches every activity at the step's start (one CUDA graph for
+    the whole step)."""
 
     model: str
     drop_activities: Callable[[pa.Table], np.ndarray] | None = None
     scale_activities: Callable[[pa.Table], np.ndarray] | None = None
     drop_host: Callable[[pa.Table], np.ndarray] | None = None
     keep_host: Callable[[pa.Table], np.ndarray] | None = None
+    cut_host_ns: Callable[[pa.Table], np.ndarray] | None = None
     launch_at_step_start: bool = False
 
 
@@ -68,10 +72,16 @@ def timing(g: Graph, edit: WhatIf | None) -> Timing:
         gpu_dur[dropped] = 0
         latency, gap = latency.copy(), gap.copy()
         latency[dropped] = gap[dropped] = 0  # a dropped kernel takes its dispatch with it
-    if edit is not None and (edit.drop_host is not None or edit.keep_host is not None):
+    host_edits = (edit.drop_host, edit.keep_host, edit.cut_host_ns) if edit is not None else ()
+    if edit is not None and any(e is not None for e in host_edits):
         keep = np.ones(len(g.gpu), dtype=np.float64)
         if edit.keep_host is not None:
-            keep = np.maximum(np.asarray(edit.keep_host(g.deep), dtype=np.float64), 0.0)
+            keep = np.asarray(edit.keep_host(g.deep), dtype=np.float64)
+        if edit.cut_host_ns is not None:
+            length = (warped_end - warped_start).astype(np.float64)
+            cut = np.asarray(edit.cut_host_ns(g.deep), dtype=np.float64)
+            keep = keep - np.divide(cut, length, out=np.zeros_like(cut), where=length > 0)
+        keep = np.maximum(keep, 0.0)
         if edit.drop_host is not None:
             keep[edit.drop_host(g.deep)] = 0.0
         keep[g.gpu] = 1.0

@@ -32,6 +32,9 @@ Algorithm notes:
    host clock, and the fastest kept: a shared host's other work only ever adds to a call
    (on the 2-core development machine under load, medians of 20 calls of one convolution
    ranged 0.2-26 ms, minima 0.17-0.21 ms). Each measurement stops after about ``budget_ms``.
+7. On a GPU the two sides are timed in alternating rounds, each side first in every other
+   round, both built before the first, so that a drift of the process (its clocks, caches,
+   the allocator's state) falls on both sides alike rather than on the one timed first.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ __all__ = ["DEFAULT_BUDGET_MS", "FIXES", "KernelCounts", "count_kernels", "time_
 
 #: About how long one measurement (a case's forward or backward, base or fixed) takes.
 DEFAULT_BUDGET_MS = 10.0
-ROUNDS = 5
+#: Rounds a side is timed in on a GPU: even, so that each side goes first as often (note 7).
+ROUNDS = 6
 MIN_CALLS = 3
 MIN_CPU_CALLS = 5
 MAX_CALLS_PER_ROUND = 40
@@ -71,27 +75,32 @@ def time_case(
     case: OpCase, fix: str, device: str, budget_ms: float = DEFAULT_BUDGET_MS
 ) -> CaseTiming:
     """The case's median forward (and backward) time without and with ``fix``, µs; on a GPU
-    its host time per call too (module note 5)."""
+    its host time per call too (module notes 5 and 7)."""
     import torch
 
     if fix not in FIXES:
         raise ValueError(f"fix {fix!r} cannot be applied to one op: use {', '.join(FIXES)}")
     dev = torch.device(device)
+    ops = {fixed: _Op(case, fix if fixed else None, dev) for fixed in (False, True)}
+    parts = ("forward", "backward") if case.backward else ("forward",)
+    calls: dict[tuple[bool, str], Callable[[], Any]] = {}
+    for fixed, op in ops.items():
+        with _running(op, fix):
+            calls[(fixed, "forward")] = op.call
+            if case.backward:
+                calls[(fixed, "backward")] = op.backward()
     times: dict[tuple[bool, str], float] = {}
     host: dict[tuple[bool, str], float] = {}
-    for fixed in (False, True):
-        with _settings(fix, fixed, dev):
-            op = _Op(case, fix if fixed else None, dev)
-            with op.mode():
-                calls = {"forward": op.call}
-                if case.backward:
-                    calls["backward"] = op.backward()
-                for part, call in calls.items():
-                    if dev.type != "cuda":
-                        times[(fixed, part)] = _cpu_us(call, budget_ms)
-                        continue
-                    times[(fixed, part)], host[(fixed, part)] = _gpu_us(call, budget_ms)
-            del op, calls
+    for part in parts:
+        sides = {fixed: _TimedSide(calls[(fixed, part)], ops[fixed], fix) for fixed in ops}
+        if dev.type != "cuda":
+            for fixed, side in sides.items():
+                with side.running():
+                    times[(fixed, part)] = _cpu_us(side.call, budget_ms)
+            continue
+        for fixed, (gpu_us, host_us) in _gpu_us(sides, budget_ms).items():
+            times[(fixed, part)], host[(fixed, part)] = gpu_us, host_us
+    del ops, calls
     return CaseTiming(
         key=case.key,
         base_forward_us=times[(False, "forward")],
@@ -103,6 +112,18 @@ def time_case(
         base_backward_host_us=host.get((False, "backward")),
         fixed_backward_host_us=host.get((True, "backward")),
     )
+
+
+@dataclass(frozen=True)
+class _TimedSide:
+    """One side of a comparison: the call timed, and the op whose switches it runs under."""
+
+    call: Callable[[], Any]
+    op: _Op
+    fix: str
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        return _running(self.op, self.fix)
 
 
 @dataclass(frozen=True)
@@ -127,13 +148,12 @@ def count_kernels(case: OpCase, fix: str, device: str) -> KernelCounts | None:
     counts: dict[tuple[bool, str], int] = {}
     try:
         for fixed in (False, True):
-            with _settings(fix, fixed, dev):
-                op = _Op(case, fix if fixed else None, dev)
-                with op.mode():
-                    counts[(fixed, "forward")] = _kernels(op.call)
-                    if case.backward:
-                        counts[(fixed, "backward")] = _kernels(op.backward())
-                del op
+            op = _Op(case, fix if fixed else None, dev)
+            with _running(op, fix):
+                counts[(fixed, "forward")] = _kernels(op.call)
+                if case.backward:
+                    counts[(fixed, "backward")] = _kernels(op.backward())
+            del op
     except RuntimeError:  # no CUPTI for the profiler: the counts are a detail, the times not
         return None
     if counts[(False, "forward")] <= 0:
@@ -178,6 +198,13 @@ def _settings(fix: str, fixed: bool, device: Any) -> Iterator[None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
         torch.set_float32_matmul_precision(precision)
+
+
+@contextlib.contextmanager
+def _running(op: _Op, fix: str) -> Iterator[None]:
+    """The switches and the grad/autocast mode ``op``'s side runs under."""
+    with _settings(fix, op.fix is not None, op.device), op.mode():
+        yield
 
 
 class _Op:
@@ -283,47 +310,56 @@ def _cpu_us(call: Callable[[], Any], budget_ms: float) -> float:
     return min(times)
 
 
-def _gpu_us(call: Callable[[], Any], budget_ms: float) -> tuple[float, float]:
-    """(the GPU's median time per call, the host's), µs (module notes 4 and 5)."""
+def _gpu_us(sides: dict[bool, _TimedSide], budget_ms: float) -> dict[bool, tuple[float, float]]:
+    """Each side's (GPU median time per call, host's), µs, their rounds alternating and each
+    side going first in every other round (module notes 4, 5 and 7)."""
     import torch
 
-    call()  # cuDNN's plan, the allocator's blocks
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
-    once_s = time.perf_counter() - begin  # bounds both the GPU's time and the host's
+    once_s = 0.0
+    for side in sides.values():
+        with side.running():
+            side.call()  # cuDNN's plan, the allocator's blocks
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            side.call()
+            torch.cuda.synchronize()
+            once_s = max(once_s, time.perf_counter() - begin)  # bounds the GPU's and the host's
     calls = int(budget_ms / 1e3 / ROUNDS / max(once_s, 1e-6))
     calls = max(MIN_CALLS, min(calls, MAX_CALLS_PER_ROUND))
     sleep_ms = min(1.5 * once_s * 1e3 * calls, MAX_SLEEP_MS)
     cycles = int(sleep_ms * _cycles_per_ms())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    per_call = []
-    for _ in range(ROUNDS):
-        torch.cuda._sleep(cycles)  # the GPU waits while the host queues the batch
-        start.record()
-        for _ in range(calls):
-            call()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(per_call), _host_us(call, calls)
+    gpu: dict[bool, list[float]] = {fixed: [] for fixed in sides}
+    host: dict[bool, list[float]] = {fixed: [] for fixed in sides}
+    for round_ in range(ROUNDS):
+        for fixed in sorted(sides, reverse=round_ % 2 == 1):
+            with sides[fixed].running():
+                call = sides[fixed].call
+                torch.cuda._sleep(cycles)  # the GPU waits while the host queues the batch
+                start.record()
+                for _ in range(calls):
+                    call()
+                end.record()
+                end.synchronize()
+                gpu[fixed].append(start.elapsed_time(end) * 1e3 / calls)
+                host[fixed].append(_host_us(call, calls))
+    return {
+        fixed: (statistics.median(gpu[fixed]), statistics.median(host[fixed])) for fixed in sides
+    }
 
 
 def _host_us(call: Callable[[], Any], calls: int) -> float:
-    """The host's median time per call over ``ROUNDS`` batches of ``calls`` calls issued back
-    to back, each batch from an idle GPU (module note 5)."""
+    """The host's time per call over a batch of ``calls`` calls issued back to back, from an
+    idle GPU (module note 5)."""
     import torch
 
-    per_call = []
-    for _ in range(ROUNDS):
-        torch.cuda.synchronize()  # between batches, untimed
-        begin = time.perf_counter()
-        for _ in range(calls):
-            call()
-        per_call.append((time.perf_counter() - begin) * 1e6 / calls)
+    torch.cuda.synchronize()  # before the batch, untimed
+    begin = time.perf_counter()
+    for _ in range(calls):
+        call()
+    per_call = (time.perf_counter() - begin) * 1e6 / calls
     torch.cuda.synchronize()
-    return statistics.median(per_call)
+    return per_call
 
 
 _CYCLES_PER_MS: list[float] = []
