@@ -64,17 +64,34 @@ def _cards(text: str) -> list[str]:
 
 
 def _cut_whole(cell: str, names: set[str]) -> bool:
-    """Whether ``cell`` is a name shown whole, or cut at a boundary of one: ``layer2.0.…``
-    keeps whole segments, ``…nchwToNhwcKernel<…>`` starts after a boundary."""
+    """Whether ``cell`` is a name shown whole, or cut at its boundaries: ``layer2.0.…`` keeps
+    whole segments, ``…nchwToNhwcKernel<…>`` starts after a boundary, and a kernel's
+    ``…vectorized_…<…, 4, …>`` lost whole words at both ends of its name (an ellipsis inside
+    ``<…>`` is the name's own: elided template arguments)."""
     text = cell.replace("<…>", "<>")
     whole = {n.replace("<…>", "<>") for n in names}
     if "…" not in text or text in whole:  # a whole name: its ``…`` stand for template arguments
         return True
-    if text.endswith("…"):
-        kept = text[:-1]
-        return kept[-1:] in BOUNDARY and any(n.startswith(kept) for n in whole)
-    kept = text[1:]
-    return any(n.endswith(kept) and n[-len(kept) - 1] in BOUNDARY for n in whole if n != kept)
+    pattern, depth, cuts = "", 0, 0
+    for char in text:
+        depth += (char == "<") - (char == ">")
+        if char == "…" and depth == 0:  # a cut: whole words went here
+            pattern, cuts = pattern + "(.+)", cuts + 1
+        else:
+            pattern += re.escape(char)
+    for name in whole:
+        found = re.fullmatch(pattern, name)
+        if found and all(_cut_at_boundaries(name, *found.span(g)) for g in range(1, cuts + 1)):
+            return True
+    return False
+
+
+def _cut_at_boundaries(name: str, start: int, end: int) -> bool:
+    """Whether ``name[start:end]`` begins and ends between words (or where a kernel's template
+    arguments or namesake number begin)."""
+    begins = start == 0 or name[start - 1] in BOUNDARY
+    ends = end == len(name) or name[end - 1] in BOUNDARY or name[end] in "< "
+    return begins and ends
 
 
 def test_analyze_prints_the_answer_in_under_100_lines_at_80_columns() -> None:
@@ -272,13 +289,22 @@ def test_a_program_line_keeps_its_file_line_and_function() -> None:
 
 
 def test_a_kernel_keeps_what_tells_it_apart_when_shortened() -> None:
-    """Its scopes go from the left at a ``::`` or ``_``; its template arguments and a number
-    stay whole, or two kernels of one name would read alike again."""
-    label = "cudnn::bn_bw_1C11_kernel_new<…, 128, …>"
-    assert shorten(label, 30, Kind.KERNEL) == "…bw_1C11_kernel_new<…, 128, …>"  # 30 wide
-    assert shorten(label, 1, Kind.KERNEL) == "…new<…, 128, …>"
-    assert shorten("k_one_two<…> #2", 8, Kind.KERNEL) == "…two<…> #2"
-    assert shorten("sm90_xmma_gemm_k", 10, Kind.KERNEL) == "…gemm_k"
+    """A kernel is cut as the HTML report cuts it (``cut_kernel``): its namespaces go from the
+    left, then its end where a word begins; its template arguments and a number stay whole, or
+    two kernels of one name would read alike again. The terminal cut the end's words from the
+    left (``…g1_execute_segment_k_on_kernel__5x_cudnn``) where the report kept the start
+    (``sm90_xmma_gemm_f32f32_…``): one kernel read two ways."""
+    label = "cudnn::bn_bw_1C11_kernel_new<…, 128, …>"  # 39 wide
+    assert shorten(label, 36, Kind.KERNEL) == "…bn_bw_1C11_kernel_new<…, 128, …>"
+    assert shorten(label, 30, Kind.KERNEL) == "…bn_bw_1C11_…<…, 128, …>"
+    assert shorten(label, 1, Kind.KERNEL) == "…bn_…<…, 128, …>"  # its shortest form
+    assert shorten("k_one_two<…> #2", 8, Kind.KERNEL) == "k_…<…> #2"
+    cudnn = (
+        "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1"
+        "_execute_segment_k_on_kernel__5x_cudnn"
+    )
+    assert shorten(cudnn, 28, Kind.KERNEL) == "sm90_xmma_gemm_f32f32_…"
+    assert short_kernel(cudnn).startswith("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_")  # the report
 
 
 def test_columns_go_by_priority_and_prose_keeps_its_words() -> None:

@@ -7,9 +7,10 @@ wider than the terminal is squeezed in this order until it fits, each step only 
 2. ``iteration`` in headers becomes ``iter``;
 3. names are shortened by what the table is too wide, to ``SOFT_NAME`` characters at most (a
    program line to ``SOFT_PATH``): a path from the left at a ``/`` (its file, line and function
-   kept), a kernel from the left after a ``::`` or ``_``, another name from the right after a
-   ``.``, ``_``, ``/``, ``-`` or space, an ellipsis where the part went (a kernel keeps its
-   template arguments, ``<…, 128, …>``, and a `` #2`` whole: they tell namesakes apart);
+   kept), a kernel as the HTML report cuts it (``cut_kernel``: its namespaces from the left,
+   then its end where a word begins), another name from the right after a ``.``, ``_``, ``/``,
+   ``-`` or space, an ellipsis where the part went (a kernel keeps its template arguments,
+   ``<…, 128, …>``, and a `` #2`` whole: they tell namesakes apart);
 4. secondary columns (``priority`` 2 or more: spreads, counts beside a time) are left out, the
    highest priority first (the rightmost first among equals);
 5. prose (advice, a verdict) wraps at its spaces, down to its longest word;
@@ -33,7 +34,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from xsp.analysis.figures.present import WORD_BOUNDARY
+from xsp.analysis.figures.present import WORD_BOUNDARY, cut_kernel
 
 __all__ = ["Column", "Fitted", "Kind", "fit", "shorten", "table_width"]
 
@@ -45,9 +46,6 @@ SOFT_PATH = 40
 SECONDARY = 2
 #: A header word that shortens when a table is still too wide (step 2): ``(ms/iteration)``.
 _ITERATION = re.compile(r"(?<![a-z])iteration(?![a-z])")
-#: Where a kernel's distinguishing part starts (``xsp.analysis.figures.present.distinct_kernels``):
-#: its first template argument list, or a `` #2`` that numbers namesakes.
-_TAIL = re.compile(r"<| #\d+$")
 
 
 class Kind(Enum):
@@ -55,7 +53,7 @@ class Kind(Enum):
 
     NUMBER = "number"  # right-aligned, never cut
     NAME = "name"  # shortened from the right at a boundary
-    KERNEL = "kernel"  # shortened from the left: the kernel's own name is at the end
+    KERNEL = "kernel"  # namespaces from the left, then the end (``cut_kernel``)
     PATH = "path"  # ``dir/file.py:LINE function``, shortened from the left at a ``/``
     PROSE = "prose"  # wraps at spaces, never cut
 
@@ -139,14 +137,7 @@ def shorten(text: str, width: int, kind: Kind) -> str:
     if kind is Kind.PATH:
         return _shorten_path(text, width)
     if kind is Kind.KERNEL:
-        head, tail = _kernel_tail(text)
-        parts = WORD_BOUNDARY.split(head)
-        kept = parts[-1] + tail
-        for part in reversed(parts[:-1]):
-            if cell_len(part + kept) + 1 > width:
-                break
-            kept = part + kept
-        return "…" + kept
+        return cut_kernel(text, width, cell_len)
     parts = WORD_BOUNDARY.split(text)
     kept = parts[0]
     for part in parts[1:]:
@@ -154,13 +145,6 @@ def shorten(text: str, width: int, kind: Kind) -> str:
             break
         kept += part
     return kept + "…"
-
-
-def _kernel_tail(text: str) -> tuple[str, str]:
-    """A kernel's name and what tells it from its namesakes, kept whole when the name is
-    shortened: ``cudnn::bn_bw_1C11_kernel_new`` and ``<…, 128, …>`` (or `` #2``)."""
-    found = _TAIL.search(text)
-    return (text[: found.start()], text[found.start() :]) if found and found.start() else (text, "")
 
 
 def _shorten_path(text: str, width: int) -> str:

@@ -5,6 +5,7 @@ Shared by the terminal tables and the HTML report; ``--json`` keeps the raw colu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -159,15 +160,38 @@ def short_kernel(name: str, limit: int = KERNEL_CHARS) -> str:
         else:
             out.append(char)
         i += 1
-    short = "".join(out).strip() or name.strip()
-    if len(short) <= limit:
-        return short
-    kept = short[: limit - 1]
-    # cut where a word begins, not inside one, where a word begins near the end
-    starts = [m.start() for m in WORD_BOUNDARY.finditer(short, 0, limit - 1)]
-    if starts and starts[-1] >= limit // 2:
-        kept = short[: starts[-1]]
-    return kept + "…"
+    return cut_kernel("".join(out).strip() or name.strip(), limit)
+
+
+#: Where a kernel label's distinguishing part starts (``distinct_kernels``): its first template
+#: argument list, or a `` #2`` that numbers namesakes.
+_KERNEL_TAIL = re.compile(r"<| #\d+$")
+
+
+def cut_kernel(label: str, limit: int, length: Callable[[str], int] = len) -> str:
+    """A kernel's label within ``limit`` (by ``length``: the terminal counts cells), as every
+    view cuts it: what tells it from its namesakes (``<…, 128, …>``, `` #2``) kept whole; its
+    leading namespaces dropped first (``…vectorized_elementwise_kernel``), then its end cut
+    where a word begins (``sm90_xmma_wgrad_implicit_gemm_…``); an ellipsis where each part
+    went. A word is never cut: a first word longer than the room is kept whole, and only a
+    name of one word is cut at the limit."""
+    if length(label) <= limit:
+        return label
+    found = _KERNEL_TAIL.search(label)
+    at = found.start() if found and found.start() else len(label)
+    head, tail = label[:at], label[at:]
+    room = limit - length(tail)
+    lead = ""
+    while "::" in head and length(lead + head) > room:
+        head, lead = head.split("::", 1)[1], "…"
+    if length(lead + head) <= room:
+        return lead + head + tail
+    keep = max(room - length(lead) - 1, 1)  # the head's characters before its ellipsis
+    starts = [m.start() for m in WORD_BOUNDARY.finditer(head) if m.start() > 0]
+    within = [start for start in starts if start <= keep]
+    if within or starts:
+        keep = within[-1] if within else starts[0]
+    return lead + head[:keep] + "…" + tail
 
 
 def _template_args(name: str) -> tuple[str, list[str], str] | None:
