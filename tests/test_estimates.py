@@ -328,3 +328,22 @@ def test_op_timings_from_before_host_times_still_read(tmp_path: Path) -> None:
     (old,) = timings.timings
     assert (old.base_forward_us, old.fixed_forward_us) == (20.0, 10.0)
     assert (old.base_host_us, old.fixed_host_us, old.base_kernels) == (None, None, None)
+
+
+def test_a_replaced_measurement_takes_the_earlier_ones_timings_with_it(tmp_path: Path) -> None:
+    """`xsp run --replace` into a measurement `xsp estimate` had timed: the timings were taken
+    for the earlier measurement's ops, and left behind they turned the new one's "modelled"
+    estimates into "measured in isolation" (estimate_accuracy's run 6 printed run 5's
+    isolation figures as modelled). They go with the measurement; the user's files stay."""
+    from xsp.tracer.run.earlier import earlier_parts, refuse_or_remove
+
+    run = tmp_path / "r18"
+    shutil.copytree(RESNET18_CPU, run)
+    (run / "notes.txt").write_text("mine")
+    found = affected(MeasurementStore(run), "channels_last")
+    timings = [CaseTiming(c.key, 100.0, 50.0) for c in found.cases]
+    write_timings(run, OpTimings("channels_last", "cpu", "test", found.cases, timings))
+    assert isolation_estimate(MeasurementStore(run), "channels_last") is not None
+    assert run / "estimates" in earlier_parts(run)
+    refuse_or_remove(run, replace=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]

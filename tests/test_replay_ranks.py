@@ -96,6 +96,36 @@ def test_a_span_that_keeps_half_its_time_moves_what_follows_by_the_other_half(
     assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0039, 0.00345])
 
 
+def test_a_negative_cut_grows_a_zero_length_span_and_delays_what_follows(
+    tmp_path: Path,
+) -> None:
+    """A fix that makes the host slower cuts a negative time (``cut_host_ns``): a span of no
+    length grows by it too (as a share of its time it could not). Rank 1's zero-length op at
+    1,550 ns growing 2,000 ns: it ends at 3,550, its mm runs 3,600-7,000 and it calls at 7,000,
+    arriving last; rank 0's all-reduce completes at 8,000, its add ends 8,500 and its step
+    7,600 ns; rank 1's gloo 7,050-8,050, its add to 8,550, its step 7,150 ns."""
+    from xsp.analysis.measurement.store import MeasurementStore
+    from xsp.analysis.replay import WhatIf, replay_with
+
+    events = {
+        0: EVENTS[0],
+        1: [*EVENTS[1][:1], ("aten::empty", 1550, 1550, 1, "[]", ""), *EVENTS[1][1:]],
+    }
+    measurement = MeasurementStore(
+        write_two_ranks(tmp_path, M_STEPS, "MF", framework_ranks(events))
+    )
+    empty_1 = partial(_on_rank, rank=1, value="aten::empty")
+    plain = replay_with(measurement)
+    assert plain.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0056, 0.00515])
+    edit = WhatIf(
+        "rank 1's empty 2 µs slower", cut_host_ns=lambda s: np.where(empty_1(s), -2000.0, 0.0)
+    )
+    edited = replay_with(measurement, edit)
+    assert edited.steps.column("replayed_ms").to_pylist() == pytest.approx([0.0076, 0.00715])
+    (row,) = np.nonzero(empty_1(edited.spans))[0]
+    assert (edited.start_ns[row], edited.dur_ns[row]) == (1550, 2000)
+
+
 def test_a_what_if_on_one_rank_leaves_the_other_ranks_own_times(tmp_path: Path) -> None:
     """The ranks of an iteration share one clock: cutting rank 1's mm (1,600-5,000 ns) takes
     3,400 ns off rank 1's host timeline and none off rank 0's, whose mm (1,100-3,000) ran over

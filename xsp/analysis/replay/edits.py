@@ -75,17 +75,21 @@ def timing(g: Graph, edit: WhatIf | None) -> Timing:
     host_edits = (edit.drop_host, edit.keep_host, edit.cut_host_ns) if edit is not None else ()
     if edit is not None and any(e is not None for e in host_edits):
         keep = np.ones(len(g.gpu), dtype=np.float64)
+        added = np.zeros(len(g.gpu), dtype=np.float64)
         if edit.keep_host is not None:
             keep = np.asarray(edit.keep_host(g.deep), dtype=np.float64)
         if edit.cut_host_ns is not None:
             length = (warped_end - warped_start).astype(np.float64)
             cut = np.asarray(edit.cut_host_ns(g.deep), dtype=np.float64)
-            keep = keep - np.divide(cut, length, out=np.zeros_like(cut), where=length > 0)
+            lost = np.maximum(cut, 0.0)
+            keep = keep - np.divide(lost, length, out=np.zeros_like(lost), where=length > 0)
+            added = np.maximum(-cut, 0.0)  # a time, not a share: a zero-length span grows too
         keep = np.maximum(keep, 0.0)
         if edit.drop_host is not None:
-            keep[edit.drop_host(g.deep)] = 0.0
-        keep[g.gpu] = 1.0
-        warped_start, warped_end = _cut_per_step(warped_start, warped_end, keep, g.members)
+            dropped_host = edit.drop_host(g.deep)
+            keep[dropped_host], added[dropped_host] = 0.0, 0.0
+        keep[g.gpu], added[g.gpu] = 1.0, 0.0
+        warped_start, warped_end = _cut_per_step(warped_start, warped_end, keep, added, g.members)
     return Timing(
         warped_start=warped_start,
         warped_dur=warped_end - warped_start,
@@ -118,16 +122,21 @@ def _without(times: np.ndarray, cut_start: np.ndarray, cut_end: np.ndarray) -> n
 
 
 def _cut_per_step(
-    warped_start: np.ndarray, warped_end: np.ndarray, keep: np.ndarray, members: list[np.ndarray]
+    warped_start: np.ndarray,
+    warped_end: np.ndarray,
+    keep: np.ndarray,
+    added_ns: np.ndarray,
+    members: list[np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray]:
     """The host timeline with each span's time past the share it ``keep``s taken out (or, past
-    1, added at its end), each step by its own cuts (its untraced gaps too): the ranks of an
-    iteration share a clock, and one rank's cut is no other rank's time. Each step keeps its
-    start."""
+    1, added at its end), and ``added_ns`` added at its end, each step by its own cuts (its
+    untraced gaps too): the ranks of an iteration share a clock, and one rank's cut is no
+    other rank's time. Each step keeps its start, and a grown span its own."""
     out_start, out_end = warped_start.copy(), warped_end.copy()
     for rows in members:  # each step's rows
         mine = rows[keep[rows] < 1.0]
-        grown = rows[keep[rows] > 1.0]
+        growing = (keep[rows] > 1.0) | (added_ns[rows] > 0)
+        grown = rows[growing]
         if not len(mine) and not len(grown):
             continue
         length = warped_end[mine] - warped_start[mine]
@@ -137,9 +146,12 @@ def _cut_per_step(
         step_end = _without(warped_end[rows], cut_start, cut_end)
         if len(grown):  # where each grown span now ends, and by how much
             at = _without(warped_end[grown], cut_start, cut_end)
-            added = np.round((keep[grown] - 1.0) * (warped_end[grown] - warped_start[grown]))
+            length = warped_end[grown] - warped_start[grown]
+            added = np.round(np.maximum(keep[grown] - 1.0, 0.0) * length + added_ns[grown])
+            at_start = step_start[growing] == at  # a zero-length span: its own time is no delay
             step_start = _with_added(step_start, at, added.astype(np.int64))
             step_end = _with_added(step_end, at, added.astype(np.int64))
+            step_start[growing] -= np.where(at_start, added, 0).astype(np.int64)
         out_start[rows], out_end[rows] = step_start, step_end
     return out_start, out_end
 

@@ -2,8 +2,8 @@
 and with ``--replace`` removes that measurement's parts before measuring again.
 
 A measurement's parts are its manifest, its level-set directories (each holds a run.json), the
-further M processes' directory and a stored reconstruction (or a single run's files, where
-``--out`` once named a level set's own directory). Whatever else the directory holds
+further M processes' directory, a stored reconstruction and ``xsp estimate``'s timings (or a
+single run's files, where ``--out`` once named a level set's own directory). Whatever else the directory holds
 (a report the user wrote there, notes) is left as it is. There is nothing to resume: each
 ``xsp run`` measures every level set it is asked for, so a directory an interrupted run left is
 an earlier measurement too.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from xsp.core import store
 from xsp.core.errors import StoreError
+from xsp.core.store.op_timings import ESTIMATES_DIR
 from xsp.tracer.run import m_processes
 
 __all__ = ["earlier_parts", "refuse_or_remove"]
@@ -34,6 +35,10 @@ def earlier_parts(out: Path) -> list[Path]:
         for name in (m_processes.DIRECTORY, store.RECONSTRUCTED)
         if (out / name).is_dir() and out / name not in parts
     ]
+    # ``xsp estimate``'s timings were taken for that measurement's ops (on its device): left,
+    # they would stand in for the new measurement's modelled estimates
+    if parts and (out / ESTIMATES_DIR).is_dir():
+        parts.append(out / ESTIMATES_DIR)
     return sorted(set(parts))
 
 
