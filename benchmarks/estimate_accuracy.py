@@ -53,13 +53,16 @@ def _xsp(args: list[str], log: Path, limit_s: float) -> tuple[int, str, float]:
     """(return code, stdout, seconds) of ``python -m xsp ARGS``; stderr into ``log``."""
     begin = time.perf_counter()
     with log.open("w") as err:
-        done = subprocess.run(
-            [sys.executable, "-m", "xsp", *args],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            timeout=limit_s,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "xsp", *args],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                timeout=limit_s,
+            )
+        except subprocess.TimeoutExpired:  # a row that says so, not the rows measured lost
+            return 124, "", time.perf_counter() - begin
     return done.returncode, done.stdout, time.perf_counter() - begin
 
 
@@ -110,7 +113,7 @@ def measure(
             out / f"{name}-estimate-{process}.log",
             120,
         )
-        row["estimate_s"] = round(seconds, 1)
+        row["estimate_s"] = round(row.get("estimate_s", 0.0) + seconds, 1)
         if code != 0:
             return {**row, "error": f"xsp estimate: rc {code}"}
         (estimated,) = json.loads(stdout)["fixes"]
@@ -143,11 +146,14 @@ def _in_process(name: str, fix: str, log: Path) -> dict[str, Any]:
     processes (``fix_ab_inprocess.py``): the truth a host-bound step's estimate is held to,
     since such a step moves ±25% between processes and ``xsp verify`` pairs processes."""
     begin = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("fix_ab_inprocess.py")),
-         "--case", f"{name}:{fix}", "--processes", str(AB_PROCESSES)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("fix_ab_inprocess.py")),
+             "--case", f"{name}:{fix}", "--processes", str(AB_PROCESSES)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"ab_error": "fix_ab_inprocess: over 300 s"}
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         return {"ab_error": f"fix_ab_inprocess: rc {done.returncode}"}
@@ -223,6 +229,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--estimates", type=int, default=3, help="xsp estimate processes")
     args = parser.parse_args()
+    if args.estimates < 1:
+        parser.error("--estimates must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     args.stores.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -13,7 +13,7 @@ Algorithm notes:
    with the process's defaults, as the measurement did.
 3. Forward: the op's call. Backward: ``torch.autograd.grad`` of its output on a kept graph,
    repeated, so that only the backward is timed. The grad mode and autocast are entered once
-   around a measurement, not per call: a step enters them once, not per op.
+   around a round of calls (note 7), not per call: a step enters them once, not per op.
 4. On a GPU, a batch of calls runs behind a ``torch.cuda._sleep`` long enough for the host to
    queue them all, between two CUDA events: the events then time the GPU's work alone, kernel
    after kernel, not the host's launches (a 10 µs GEMM launched from Python would time its
@@ -273,7 +273,7 @@ class _Op:
     @contextlib.contextmanager
     def mode(self) -> Iterator[None]:
         """The grad mode the step runs the op in, and the fix's autocast: entered once around
-        a measurement (module note 3)."""
+        a round of calls (module note 3)."""
         import torch
 
         grad = torch.enable_grad() if self.case.backward else torch.no_grad()
