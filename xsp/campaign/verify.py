@@ -639,7 +639,9 @@ def summary_line(result: RuleResult) -> str:
         change = result.numerics["relative_l2"] if result.numerics else None
         if change is not None:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
-    if predicted is not None and not low <= predicted <= high:
+    if low <= 0.0 <= high:
+        line += f"; {UNRESOLVED_NOTE}"
+    elif predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
         note = _estimate_note(row["rule"], result.estimate)
         if note is not None:
@@ -647,9 +649,17 @@ def summary_line(result: RuleResult) -> str:
     return line
 
 
+#: The verify line's note where the measured interval holds no gain at all.
+UNRESOLVED_NOTE = (
+    "the interval holds 0: the gain is below the drift between processes (a host-bound step "
+    "moves up to ±25% between them with nothing changed); more --rounds narrow it"
+)
+
+
 __all__ = [
     "DEFAULT_ROUNDS",
     "ROW_KEYS",
+    "UNRESOLVED_NOTE",
     "Plan",
     "Verification",
     "fix_for",
