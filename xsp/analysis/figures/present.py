@@ -16,6 +16,7 @@ __all__ = [
     "WORDS",
     "byte_scale",
     "cell",
+    "cut_kernel",
     "display",
     "distinct_kernels",
     "header",
