@@ -20,7 +20,7 @@ PRESETS=(
   "replay|8-9 min|fresh M,MF,MFLG stores of known-layers, r50-b64-train, r50-b64-train-cl, r50-b1-infer and gpt-lm-train with their replay checks, into replay-stores.tgz; the GPU tests first (CASES=a,b to pick cases, GPU_TESTS=0 to skip the tests)"
   "trusted|4-9 min|trusted_baseline.py: each workload alone, then xsp run --levels M,MF,MFLG with M in K processes and interleaved untraced iterations, each store's two replay checks, into trusted.jsonl and trusted-stores.tgz (CASES=r50-b64-train,r50-b1-infer,amp-accum,item-loop,gpt-lm-train,hf-generate,b1-infer K=3 WALL_ROUNDS=0: K=1 against K rounds of ResNet-50 b64 training)"
   "m-spread|2-3 min|M alone in PROCESSES=8 processes of ResNet-50 b1 inference, unpinned, then all pinned to cores 0-3 (taskset), with the GPU's clocks before and after: each process's median step beside its core, clock, load and context switches (m_spread.py), into m-spread.jsonl"
-  "m-alone|2 min|BERT b1 inference's step in the program's own loop (fix_ab_inprocess.py's base side, 2 processes) against xsp run --levels M (one M process) as it is, with XSP_FORK_SERVER=0 and with XSP_STEADY_HEAP=0: each M process's last warm-up steps, into m-alone.txt (stop 58: 4.2-4.5 ms alone against M's 8.37 ms on one H100; 5.19 against 5.6-5.8 on another, 7.7-8.0 with the steady heap off, one draw each)"
+  "m-alone|4-5 min (not yet run in this form)|BERT b1 inference's step in the program's own loop (fix_ab_inprocess.py's base side, 2 processes) against xsp run --levels M,MF,MFLG as it starts them (overlapping) and one at a time (XSP_OVERLAP=0), --levels M alone, and M alone with XSP_FORK_SERVER=0 and with XSP_STEADY_HEAP=0: M's interval over its processes and its last warm-up steps, into m-alone.txt (stop 58: 4.2-4.5 ms alone against M's 8.37 ms on one H100; 5.19 against 5.6-5.8 on another, 7.7-8.0 with the steady heap off, one draw each)"
   "fix-ab|2 min|fix_ab_inprocess.py: TF32 on BERT b1 inference and channels_last on ResNet-50 b64 training, each side in blocks alternating inside one process, over PROCESSES=4 processes, into fix-ab-*.jsonl (the truth for estimate-accuracy)"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
@@ -208,18 +208,26 @@ p_verify_infer() {
 
 # issue 52's estimates: each kernel-changing rule's estimate, modelled and from ops timed in
 # isolation (xsp estimate), against xsp verify's measured gain.
-# Why BERT b1's M step (8.4 ms on the H100) is near twice the program's own loop (4.2-4.9 ms):
-# the level-set process as xsp starts it, then with its fork server and its steady heap off.
+# Why BERT b1's M step (8.4 ms on one H100, over 3 processes) stood near twice the program's own
+# loop there (4.2-4.9 ms): the leveled run as xsp starts it (its level-set processes overlap:
+# MFLG's warm-up ran beside M's), one process at a time (XSP_OVERLAP=0), M alone, and the
+# fork server and steady heap off.
 p_m_alone() {
+  local bert=(--model transformers:bert --batch-size 1 --mode infer --iterations 20 --warmup 5
+    --device cuda --replace)
   timeout 60 python3 benchmarks/fix_ab_inprocess.py --case bert-b1-infer:tf32 --processes 2 \
     --blocks 4 --iterations 20 | grep -o '"base_ms": [0-9.]*' | sed 's/^/alone /' | tee "$OUT/m-alone.txt"
-  local name env
-  for name in default fork-server-off steady-heap-off; do
-    env=(); [ "$name" = fork-server-off ] && env=(XSP_FORK_SERVER=0)
-    [ "$name" = steady-heap-off ] && env=(XSP_STEADY_HEAP=0)
-    timeout 90 env "${env[@]}" python3 -m xsp run --model transformers:bert --batch-size 1 \
-      --mode infer --levels M --m-processes 1 --iterations 20 --warmup 5 --device cuda \
-      --out "/tmp/m-alone-$name" --replace >/dev/null 2>&1 || echo "$name: xsp run failed"
+  local name env levels
+  for name in leveled leveled-one-at-a-time m-only fork-server-off steady-heap-off; do
+    env=(XSP_FORK_SERVER=1) levels=(--levels M --m-processes 1)  # the default, named
+    case $name in
+      leveled) levels=(--levels M,MF,MFLG) ;;
+      leveled-one-at-a-time) levels=(--levels M,MF,MFLG) env=(XSP_OVERLAP=0) ;;
+      fork-server-off) env=(XSP_FORK_SERVER=0) ;;
+      steady-heap-off) env=(XSP_STEADY_HEAP=0) ;;
+    esac
+    timeout 120 env "${env[@]}" python3 -m xsp run "${bert[@]}" "${levels[@]}" \
+      --out "/tmp/m-alone-$name" 2>&1 | grep -E "^M over" | sed "s/^/$name: /" | tee -a "$OUT/m-alone.txt"
     python3 -c "import json,sys; print(sys.argv[1], 'warm-up steps ms', json.load(open(sys.argv[2]))['warmup_steps_ms'][-4:])" \
       "$name" "/tmp/m-alone-$name/M/run.json" | tee -a "$OUT/m-alone.txt"
   done
