@@ -7,9 +7,10 @@ directory of its own, moved in place as the job's run directory once it is whole
 of its own node, published from there as the job's run prefix, whole (``ObjectRuns``). Only the
 job's small record comes back, and the driver records it. A task whose node or worker dies is
 retried by Ray on another node (``MAX_RETRIES``); the retry writes a new staging directory, so
-nothing half-written is ever a run, and the driver records each job once, when its task ends. A cluster that cannot be reached, or
-that the driver loses mid-campaign, is one ``ClusterError`` line (``ray_connection``): what
-finished is recorded, and the same command resumes.
+nothing half-written is ever a run, and the driver records each job once, when its task ends.
+A cluster that cannot be reached, or that the driver loses mid-campaign, is one
+``ClusterError`` line (``ray_connection``): what finished is recorded, and the same command
+resumes.
 """
 
 from __future__ import annotations
@@ -139,15 +140,13 @@ def _remote_job(target: str, spec_record: CampaignRecord, arguments: JobArgument
     job = Job(**arguments)
     runs: _Runs = ObjectRuns(target) if is_uri(target) else CampaignStore(Path(target))
     staged = runs.stage(job, new_attempt())
-    committed = False
-    try:  # an attempt that raises leaves no scratch copy (a whole measurement) behind
+    try:
         attempt = len(runs.attempts(job))  # this one's and those before it that died
         record = run_job(spec, job, staged, assigned_gpu(spec))
         runs.commit(job, staged)
-        committed = True
-    finally:
-        if not committed:
-            shutil.rmtree(staged, ignore_errors=True)
+    except BaseException:  # an attempt that raises leaves no scratch copy (a measurement) behind
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
     record["host"] = socket.gethostname()
     record["node"] = ray.get_runtime_context().get_node_id()
     record["attempt"] = attempt

@@ -53,6 +53,7 @@ def summarize(run_dir: Path) -> JobSummary:
 def _steps(store: MeasurementStore) -> JobSummary:
     """Each level set's median step (M's untraced, the others' traced), and the job's step:
     the replayed one where the measurement has a replay, else its shallowest run's."""
+    from xsp.analysis.reconstruction.reconstruct import has_replay
     from xsp.analysis.replay import replay
     from xsp.analysis.tables.summary import level_sets
 
@@ -63,7 +64,7 @@ def _steps(store: MeasurementStore) -> JobSummary:
     }
     shallowest = min(step_ms, key=len) if step_ms else None
     measured = step_ms.get(shallowest) if shallowest else None
-    replayed = replay(store).result().step_ms if len(store.runs) > 1 else None
+    replayed = replay(store).result().step_ms if has_replay(store) else None
     latency = replayed if replayed is not None else measured
     source = "replayed" if replayed is not None else "M" if shallowest == "M" else "traced"
     batch = int(store.runs[0].resource.get("xsp.batch_size", 1) or 1)

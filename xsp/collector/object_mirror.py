@@ -58,11 +58,6 @@ class StoreTarget:
     replica: str | None = None
 
 
-def _upload_rank(name: str) -> int:
-    """Resources before the spans naming them, run.json (which counts them) last."""
-    return 0 if name.startswith(_RESOURCES) else 1 if name.startswith(_SPANS) else 2
-
-
 class ObjectMirror:
     """The run directories of the working copy ``root`` and the objects under ``uri``."""
 
@@ -143,7 +138,7 @@ class ObjectMirror:
         names = [*(names if part_name is not None else ()), RUN_META]
         files = {name: run_dir / name for name in names if (run_dir / name).is_file()}
         _, objects = self._run(run_dir)
-        objects.send(files, list(files), remember=False, rank=_upload_rank)
+        objects.send(files, list(files), remember=False)  # resources, spans, run.json
         return len(files)
 
 

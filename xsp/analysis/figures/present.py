@@ -190,8 +190,10 @@ def cut_kernel(label: str, limit: int, length: Callable[[str], int] = len) -> st
     keep = max(room - length(lead) - 1, 1)  # the head's characters before its ellipsis
     starts = [m.start() for m in WORD_BOUNDARY.finditer(head) if m.start() > 0]
     within = [start for start in starts if start <= keep]
-    if within or starts:
-        keep = within[-1] if within else starts[0]
+    if within:
+        keep = within[-1]
+    elif starts:  # the first word is longer than the room: whole all the same
+        keep = starts[0]
     return lead + head[:keep] + "…" + tail
 
 

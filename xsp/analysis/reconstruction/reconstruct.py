@@ -45,6 +45,7 @@ from xsp.core.store import RECONSTRUCTED as RECONSTRUCTED_LEVELS
 __all__ = [
     "DETAIL_COLUMNS",
     "RECONSTRUCTION",
+    "has_replay",
     "layer_gpu_ns",
     "level_overhead",
     "reconstruct",
@@ -59,13 +60,16 @@ def reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:
     return RECONSTRUCTION.of(store)
 
 
+def has_replay(store: MeasurementStore) -> bool:
+    """Whether the measurement is replayed: it has a shallower run to replay its deepest
+    against (a measurement of one run is read as traced)."""
+    return len(store.runs) > 1
+
+
 def replayed_timeline(store: MeasurementStore) -> pa.Table | None:
     """The replayed, untraced steps as one timeline (the reconstruction's spans), which every
-    view reads by default; None where the measurement has one run (nothing shallower to replay
-    it against: that run is read as traced)."""
-    if len(store.runs) < 2:
-        return None
-    return reconstruct(store)[0]
+    view reads by default; None without a replay (``has_replay``)."""
+    return reconstruct(store)[0] if has_replay(store) else None
 
 
 def _reconstruct(store: MeasurementStore) -> tuple[pa.Table, pa.Table]:

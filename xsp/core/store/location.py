@@ -35,7 +35,7 @@ import fnmatch
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,12 +76,15 @@ def is_uri(target: str | os.PathLike[str]) -> bool:
 
 
 def _upload_rank(relative: str) -> int:
-    """Upload order: data first, then the files that list it (run.json, the manifest, a
-    campaign's job results, its spec), so a reader never finds an index before its data."""
+    """Upload order: a part's resources before the spans naming them, other data with the
+    spans, then the files that list it (run.json, the manifest, a campaign's job results, its
+    spec), so a reader never finds an index before its data, nor a span before its resource."""
     name = relative.rsplit("/", 1)[-1]
     if relative.startswith("jobs/"):
-        return 3
-    return {"run.json": 1, "manifest.json": 2, "campaign.json": 4}.get(name, 0)
+        return 4
+    if name.startswith("resources-"):
+        return 0
+    return {"run.json": 2, "manifest.json": 3, "campaign.json": 5}.get(name, 1)
 
 
 class _Missing(StoreError):
@@ -160,7 +163,7 @@ class ObjectStore:
         is one published whole (``publish``): copied only with its index, and only when its
         index was the same before and after the copy; else it is absent."""
         listed = self.listing()
-        wanted = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+        wanted = [r for r in listed if _wanted(r, only)]
         plain = [r for r in wanted if _committed_prefix(r, committed) is None]
         self.fetch(local, plain)
         prefixes = {p for r in wanted if (p := _committed_prefix(r, committed)) is not None}
@@ -192,7 +195,7 @@ class ObjectStore:
         writer that replaced the prefix meanwhile deleted the index first and wrote a new
         one, which says when it began, last, so the two reads differ."""
         index = f"{prefix}/{RUN_INDEX}"
-        if only and not any(fnmatch.fnmatch(index, p) for p in only):
+        if not _wanted(index, only):
             return 0  # a run is taken with its index or not at all
         for _ in range(_READ_TRIES):
             try:
@@ -200,7 +203,7 @@ class ObjectStore:
             except _Missing:  # no index: never published whole, or being replaced
                 return 0
             listed = self.listing(prefix)
-            objects = [r for r in listed if not only or any(fnmatch.fnmatch(r, p) for p in only)]
+            objects = [r for r in listed if _wanted(r, only)]
             try:
                 self.fetch(local, objects)
                 if self.get(index) == before:
@@ -217,15 +220,11 @@ class ObjectStore:
         given) that is new or changed since the last download or upload, as one whole object,
         data before the files that index it; remove the objects of files downloaded earlier
         and deleted since. The number uploaded."""
-        files = {
-            r: p
-            for r, p in _finished_files(local).items()
-            if not only or any(fnmatch.fnmatch(r, pattern) for pattern in only)
-        }
+        files = {r: p for r, p in _finished_files(local).items() if _wanted(r, only)}
         changed = [r for r, p in files.items() if self.known.get(r) != _stat(p)]
         self.send(files, changed)
         gone = [r for r in self.known if r not in files]
-        for relative in [r for r in gone if not only or any(fnmatch.fnmatch(r, p) for p in only)]:
+        for relative in [r for r in gone if _wanted(r, only)]:
             self.delete(relative)
             del self.known[relative]
         return len(changed)
@@ -246,16 +245,10 @@ class ObjectStore:
         self.send(files, list(files), remember=False)  # not a staged copy's: never re-sent
         return len(files)
 
-    def send(
-        self,
-        files: Mapping[str, Path],
-        names: list[str],
-        remember: bool = True,
-        rank: Callable[[str], int] = _upload_rank,
-    ) -> None:
-        """Upload ``names`` (keys of ``files``), each whole, rank by rank (``rank``: a lower
-        one is up before any higher one starts); with ``remember``, as what the staged copy
-        holds (``known``)."""
+    def send(self, files: Mapping[str, Path], names: list[str], remember: bool = True) -> None:
+        """Upload ``names`` (keys of ``files``), each whole, in ``_upload_rank``'s order (a
+        lower rank is up before any higher one starts); with ``remember``, as what the staged
+        copy holds (``known``)."""
 
         def send(relative: str) -> None:
             path = files[relative]
@@ -264,12 +257,17 @@ class ObjectStore:
             if remember:
                 self.known[relative] = seen
 
-        for level in sorted({rank(r) for r in names}):  # each rank done before the next
+        for rank in sorted({_upload_rank(r) for r in names}):  # each rank done before the next
             with ThreadPoolExecutor(_THREADS) as pool:
-                list(pool.map(send, [r for r in names if rank(r) == level]))
+                list(pool.map(send, [r for r in names if _upload_rank(r) == rank]))
 
     def _remember(self, relative: str, path: Path) -> None:
         self.known[relative] = _stat(path)
+
+
+def _wanted(relative: str, only: tuple[str, ...]) -> bool:
+    """Whether ``relative`` matches a pattern of ``only`` (every object does, where none)."""
+    return not only or any(fnmatch.fnmatch(relative, pattern) for pattern in only)
 
 
 def _finished_files(local: Path) -> dict[str, Path]:
