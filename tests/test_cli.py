@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -559,7 +560,6 @@ SLOW_IN_MF = """
 def test_ctrl_c_stops_the_measurement_and_keeps_what_finished(tmp_path: Path, target: str) -> None:
     import os
     import signal
-    import time
 
     from click.testing import CliRunner
 
@@ -617,11 +617,20 @@ def _session_processes(session: int) -> list[int]:
     return found
 
 
+def _live_session_commands(session: int) -> list[bytes]:
+    """The command lines of the session's processes that are neither zombies nor gone."""
+    left = []
+    for pid in _session_processes(session):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                left.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+    return left
+
+
 def test_ctrl_c_stops_a_forked_level_set_and_its_fork_server(tmp_path: Path) -> None:
     """A zoo model's level sets are forked from a server that imported torch once; Ctrl-C stops
     the level set measuring, keeps its spans, and leaves neither it nor the server behind."""
     import signal
-    import time
 
     out = tmp_path / "R"
     command = [sys.executable, "-m", "xsp", "run", "--model", "torchvision:squeezenet1_1"]
@@ -663,12 +672,11 @@ def test_the_fork_server_is_gone_when_xsp_run_exits(tmp_path: Path) -> None:
             command, cwd=ROOT, env=_env(), start_new_session=True, stdout=stdout, stderr=stderr
         )
         assert proc.wait(timeout=300) == 0, (tmp_path / "stderr").read_text()
-    left = []
-    for pid in _session_processes(proc.pid):
-        with contextlib.suppress(OSError):  # gone meanwhile
-            if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
-                left.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
-    # multiprocessing's resource tracker (no torch) may take a moment more to see the end
+    # multiprocessing's resource tracker (no torch) may take a moment more to see the end, and
+    # a process caught mid-exit shows an empty command line: give those 5 s to finish exiting
+    deadline = time.monotonic() + 5
+    while (left := _live_session_commands(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert [c for c in left if b"resource_tracker" not in c] == []
     assert json.loads((out / "manifest.json").read_text())["spec"]["fork_server"] is True
 
