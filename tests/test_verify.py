@@ -186,6 +186,11 @@ def test_bad_input_says_why_in_one_line(verified: tuple, tmp_path: Path) -> None
     # a verification's own run of the fixed script at M: nothing to suggest there
     fixed = run / "verify" / "input-bound" / "round-1" / "fixed"
     _one_line_error(runner.invoke(cli_main, ["verify", str(fixed)]), "no suggestions to verify")
+    # a script runs once a process: only a zoo model is built twice in one
+    _one_line_error(
+        runner.invoke(cli_main, ["verify", str(run), "--in-process"]),
+        "ran a command (python train.py): --in-process times a zoo model built twice",
+    )
 
 
 def test_paired_gain_by_hand() -> None:
@@ -365,7 +370,12 @@ def test_a_zoo_models_rounds_fork_from_one_server_and_apply_their_fix(tmp_path: 
     )
     runs = [
         verifying._measure(
-            original, fixes, verifying.UNTRACED, tmp_path / side, "rule", side, 0, 1, None
+            original,
+            fixes,
+            verifying.UNTRACED,
+            tmp_path / side,
+            side,
+            verifying._Counter("rule", 2, None),
         )
         for side, fixes in (("base", ()), ("fixed", ("channels_last",)))
     ]

@@ -58,6 +58,7 @@ ROW_KEYS = (
     "measured_gain_pct",
     "numerics_change",
     "rounds",
+    "method",
     "status",
     "evidence",
 )
@@ -92,6 +93,7 @@ class Row(TypedDict):
     measured_gain_pct: float | None
     numerics_change: bool
     rounds: int
+    method: str | None
     status: str
     evidence: str | None
 
@@ -314,16 +316,26 @@ class Plan:
     original: Original
     suggestions: list[Suggestion]
     rounds: int
+    #: each round one process timing both sides in alternating blocks, where the fix allows
+    in_process: bool = False
 
 
-def plan(root: Path, rounds: int = DEFAULT_ROUNDS, rules: Sequence[str] = ()) -> Plan:
+def plan(
+    root: Path, rounds: int = DEFAULT_ROUNDS, rules: Sequence[str] = (), in_process: bool = False
+) -> Plan:
     """Check, before anything runs, that the measurement ``root`` can be verified (for the
     suggestions of ``rules`` only, when given); XspError, one line, when it cannot: no manifest
-    or spec, no suggestions, a workload that cannot run here again."""
+    or spec, no suggestions, a workload that cannot run here again, ``in_process`` for a
+    command (one process builds a zoo model twice; a program runs once)."""
     if rounds < 1:
         raise XspError(f"bad --rounds {rounds}: must be at least 1")
     root = root.resolve() if root.exists() else root
     original = load_original(root)
+    if in_process and original.profile.model is None:
+        raise XspError(
+            f"{root} ran a command ({original.profile.workload}): --in-process times a zoo "
+            "model built twice in one process; verify it in paired processes (no --in-process)"
+        )
     found = suggestions(root)
     if rules:
         unknown = sorted(set(rules) - {s["rule"] for s in found})
@@ -335,7 +347,7 @@ def plan(root: Path, rounds: int = DEFAULT_ROUNDS, rules: Sequence[str] = ()) ->
     fixes = {fix for s in found if (fix := fix_for(s["rule"])) is not None}
     if fixes:
         check_rerun(original, sorted({*original.profile.fixes, *fixes}))
-    return Plan(original, found, rounds)
+    return Plan(original, found, rounds, in_process)
 
 
 def verify(
@@ -343,9 +355,10 @@ def verify(
     rounds: int = DEFAULT_ROUNDS,
     rules: Sequence[str] = (),
     progress: VerifyProgress | None = None,
+    in_process: bool = False,
 ) -> Verification:
-    """``run_plan(plan(root, rounds, rules), progress)``."""
-    return run_plan(plan(root, rounds, rules), progress)
+    """``run_plan(plan(root, rounds, rules, in_process), progress)``."""
+    return run_plan(plan(root, rounds, rules, in_process), progress)
 
 
 def run_plan(planned: Plan, progress: VerifyProgress | None = None) -> Verification:
@@ -367,7 +380,7 @@ def run_plan(planned: Plan, progress: VerifyProgress | None = None) -> Verificat
             continue
         target = original.root / VERIFY_DIR / rule
         shutil.rmtree(target, ignore_errors=True)  # an earlier verification's runs
-        rule_result, interrupted = _verify_rule(original, suggestion, fix, rounds, target, progress)
+        rule_result, interrupted = _verify_rule(planned, suggestion, fix, target, progress)
         result.results.append(rule_result)
         result.interrupted = interrupted
         result.write()
@@ -423,6 +436,7 @@ def _row(suggestion: Suggestion, status: str, fix: str | None) -> Row:
         measured_gain_pct=None,
         numerics_change=FIXES[fix].changes_numerics if fix else False,
         rounds=0,
+        method=None,
         status=status,
         evidence=None,
     )
@@ -439,39 +453,32 @@ def _unrun(suggestion: Suggestion, status: str, fix: str | None = None) -> RuleR
 
 
 def _verify_rule(
-    original: Original,
+    planned: Plan,
     suggestion: Suggestion,
     fix: str,
-    rounds: int,
     target: Path,
     progress: VerifyProgress | None,
 ) -> tuple[RuleResult, bool]:
-    """The paired rounds, then the mechanism run; (the result, whether Ctrl-C stopped it)."""
-    rule = suggestion["rule"]
+    """The rounds (paired processes, or processes alternating both sides), then the mechanism
+    run; (the result, whether Ctrl-C stopped it)."""
+    from xsp.tracer.workloads.alternating import refusal
+
+    original, rounds, rule = planned.original, planned.rounds, suggestion["rule"]
     result = _unrun(suggestion, MEASURED, fix)
     result.row["evidence"] = str(target)
-    fixed = tuple(dict.fromkeys([*original.profile.fixes, fix]))
-    sides = {"base": original.profile.fixes, "fixed": fixed}
     has_mechanism = original.deepest != UNTRACED
-    total = 2 * rounds + int(has_mechanism)
-    steps: dict[str, list[list[float]]] = {"base": [], "fixed": []}
-    done = 0
-    for k in range(1, rounds + 1):
-        order = ("base", "fixed") if k % 2 else ("fixed", "base")  # ABBA: drift weighs alike
-        for side in order:
-            label = f"round {k}/{rounds} {side}"
-            out = target / f"round-{k}" / side
-            run = _measure(original, sides[side], UNTRACED, out, rule, label, done, total, progress)
-            done += 1
-            result.runs.append(RoundRun(round=k, side=side, **run.record()))
-            if run.interrupted:
-                result.row["status"] = "not run: interrupted"
-                return result, True
-            if run.failure is not None:
-                result.row["status"] = f"failed: {label}: {run.failure}"
-                return result, False
-            steps[side].append(run.steps_ms)
-    result.numerics = _numerics(target, rounds)
+    refused = refusal(fix) if planned.in_process else None
+    alternating = planned.in_process and refused is None
+    rounds_run = rounds if alternating else 2 * rounds
+    counter = _Counter(rule, rounds_run + int(has_mechanism), progress)
+    if alternating:
+        result.row["method"] = IN_ONE_PROCESS
+        steps, interrupted = _alternated_rounds(original, fix, rounds, target, result, counter)
+    else:
+        result.row["method"] = PAIRED if refused is None else f"{PAIRED} ({refused})"
+        steps, interrupted = _paired_rounds(original, fix, rounds, target, result, counter)
+    if steps is None:
+        return result, interrupted
     gain = paired_gain(steps["base"], steps["fixed"])
     result.row["measured_gain_ms_per_iteration"] = gain.gain_ms
     result.row["measured_gain_ci_ms"] = list(gain.ci_ms)
@@ -479,14 +486,98 @@ def _verify_rule(
     result.row["rounds"] = gain.rounds
     if has_mechanism:
         out = target / MECHANISM_DIR
-        run = _measure(
-            original, fixed, original.deepest, out, rule, "mechanism", done, total, progress
-        )
+        fixed = tuple(dict.fromkeys([*original.profile.fixes, fix]))
+        run = _measure(original, fixed, original.deepest, out, "mechanism", counter)
         result.mechanism = {"path": str(out), "levels": str(original.deepest), **run.record()}
         if run.failure is None:
             result.mechanism["rule_after_fix"] = _rule_after_fix(out, rule)
         return result, run.interrupted
     return result, False
+
+
+#: ``Row.method``: how the rounds ran.
+PAIRED = "paired processes"
+IN_ONE_PROCESS = "alternating in one process"
+
+#: Each side's step times (ms), one list per round; None where a run failed or was stopped.
+RoundSteps = dict[str, list[list[float]]] | None
+
+
+@dataclass
+class _Counter:
+    """The rule's progress: runs done of ``total``, forwarded to the bar."""
+
+    rule: str
+    total: int
+    progress: VerifyProgress | None
+    done: int = 0
+
+    def show(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress(self.rule, what, self.done, self.total)
+
+    def finished(self, what: str) -> None:
+        self.done += 1
+        self.show(what)
+
+
+def _paired_rounds(
+    original: Original, fix: str, rounds: int, target: Path, result: RuleResult, counter: _Counter
+) -> tuple[RoundSteps, bool]:
+    """Each round a process without the fix and one with it, the order alternating."""
+    fixed = tuple(dict.fromkeys([*original.profile.fixes, fix]))
+    sides = {"base": original.profile.fixes, "fixed": fixed}
+    steps: dict[str, list[list[float]]] = {"base": [], "fixed": []}
+    for k in range(1, rounds + 1):
+        order = ("base", "fixed") if k % 2 else ("fixed", "base")  # ABBA: drift weighs alike
+        for side in order:
+            label = f"round {k}/{rounds} {side}"
+            out = target / f"round-{k}" / side
+            run = _measure(original, sides[side], UNTRACED, out, label, counter)
+            result.runs.append(RoundRun(round=k, side=side, **run.record()))
+            if run.interrupted:
+                result.row["status"] = "not run: interrupted"
+                return None, True
+            if run.failure is not None:
+                result.row["status"] = f"failed: {label}: {run.failure}"
+                return None, False
+            steps[side].append(run.steps_ms)
+    result.numerics = _numerics(target, rounds)
+    return steps, False
+
+
+def _alternated_rounds(
+    original: Original, fix: str, rounds: int, target: Path, result: RuleResult, counter: _Counter
+) -> tuple[RoundSteps, bool]:
+    """Each round one process timing both sides in alternating blocks (``in_process``)."""
+    from xsp.campaign.in_process import run_process
+
+    steps: dict[str, list[list[float]]] = {"base": [], "fixed": []}
+    compared: list[RoundComparison] = []
+    for k in range(1, rounds + 1):
+        label = f"process {k}/{rounds}, both sides alternating"
+        counter.show(label)
+        try:
+            with _working_directory(original.cwd):
+                done = run_process(
+                    original.profile, fix, original.env, original.cwd, target / f"process-{k}"
+                )
+        except KeyboardInterrupt:
+            result.row["status"] = "not run: interrupted"
+            return None, True
+        counter.finished(label)
+        for side in ("base", "fixed"):
+            run = _Run(done.path, done.steps_ms[side], done.error, False)
+            result.runs.append(RoundRun(round=k, side=side, **run.record()))
+        if done.error is not None:
+            result.row["status"] = f"failed: {label}: {done.error}"
+            return None, False
+        for side in ("base", "fixed"):
+            steps[side].append(done.steps_ms[side])
+        if done.numerics is not None:
+            compared.append(RoundComparison(round=k, **done.numerics))  # type: ignore[typeddict-item]
+    result.numerics = _numerics_change(compared)
+    return steps, False
 
 
 def _numerics(target: Path, rounds: int) -> NumericsChange | None:
@@ -496,17 +587,20 @@ def _numerics(target: Path, rounds: int) -> NumericsChange | None:
     from xsp.tracer.workloads import numerics
 
     compared: list[RoundComparison] = []  # each round's comparison, with its number
-    comparable: list[numerics.Comparison] = []
     for k in range(1, rounds + 1):
         base = numerics.read(target / f"round-{k}" / "base" / str(UNTRACED))
         fixed = numerics.read(target / f"round-{k}" / "fixed" / str(UNTRACED))
         if base is not None and fixed is not None:
             comparison = numerics.compare(base, fixed)
             compared.append(RoundComparison(round=k, **comparison))
-            if comparison["comparable"]:
-                comparable.append(comparison)
+    return _numerics_change(compared)
+
+
+def _numerics_change(compared: list[RoundComparison]) -> NumericsChange | None:
+    """The rounds' comparisons, and the largest distances of those on the same inputs."""
     if not compared:
         return None
+    comparable = [c for c in compared if c.get("comparable")]
     return NumericsChange(
         what="the first forward pass's output, without and with the fix, on the same inputs",
         relative_l2=max((c["relative_l2"] for c in comparable), default=None),
@@ -538,11 +632,8 @@ def _measure(
     fixes: Sequence[str],
     levels: LevelSet,
     out: Path,
-    rule: str,
     label: str,
-    done: int,
-    total: int,
-    progress: VerifyProgress | None,
+    counter: _Counter,
 ) -> _Run:
     """One measurement of the original's workload at ``levels`` with ``fixes``, into ``out``;
     its complete steps' times (ms) from the run of ``levels``."""
@@ -567,15 +658,12 @@ def _measure(
     )
 
     def forward(_: str, phase: str, step: int, steps: int) -> None:
-        if progress is not None:
-            what = label if phase in ("start", "end") else f"{label}: {phase} {step}/{steps}"
-            progress(rule, what, done, total)
+        counter.show(label if phase in ("start", "end") else f"{label}: {phase} {step}/{steps}")
 
     forward(str(levels), "start", 0, 0)
     with _working_directory(original.cwd):
         finished = run_leveled(spec, forward)
-    if progress is not None:
-        progress(rule, label, done + 1, total)
+    counter.finished(label)
     failure = finished.failure
     steps: list[float] = []
     if failure is None:
@@ -628,9 +716,16 @@ def summary_line(result: RuleResult) -> str:
     low, high = interval
     estimated = f"estimated {predicted:.2f} ms" if predicted is not None else "no estimate"
     rounds = row["rounds"]
+    alternating = row["method"] == IN_ONE_PROCESS
+    plural = rounds != 1
+    how = (
+        f"{rounds} process{'es' if plural else ''}, both sides alternating in each"
+        if alternating
+        else f"{rounds} round{'s' if plural else ''}"
+    )
     line = (
         f"{row['rule']}: {estimated}, measured {row['measured_gain_ms_per_iteration']:.2f} ms "
-        f"± {(high - low) / 2:.2f} ({rounds} round{'s' if rounds != 1 else ''})"
+        f"± {(high - low) / 2:.2f} ({how})"
     )
     if row["measured_gain_pct"] is not None:
         line += f", {row['measured_gain_pct']:.1f}% of the step"
@@ -640,7 +735,7 @@ def summary_line(result: RuleResult) -> str:
         if change is not None:
             line += f" (output {change:.2g} relative L2 from the base's on the same inputs)"
     if low <= 0.0 <= high:
-        line += f"; {UNRESOLVED_NOTE}"
+        line += f"; {UNRESOLVED_IN_ONE_PROCESS if alternating else UNRESOLVED_NOTE}"
     elif predicted is not None and not low <= predicted <= high:
         line += "; the estimate lies outside the measured interval"
         note = _estimate_note(row["rule"], result.estimate)
@@ -652,13 +747,21 @@ def summary_line(result: RuleResult) -> str:
 #: The verify line's note where the measured interval holds no gain at all.
 UNRESOLVED_NOTE = (
     "the interval holds 0: the gain is below the drift between processes (a host-bound step "
-    "moves up to ±25% between them with nothing changed); more --rounds narrow it"
+    "moves up to ±25% between them with nothing changed); more --rounds narrow it, and for a "
+    "zoo model --in-process times both sides in each process"
+)
+#: The same note for rounds that alternated both sides inside each process.
+UNRESOLVED_IN_ONE_PROCESS = (
+    "the interval holds 0: the gain is below the step's own noise; more --rounds narrow it"
 )
 
 
 __all__ = [
     "DEFAULT_ROUNDS",
+    "IN_ONE_PROCESS",
+    "PAIRED",
     "ROW_KEYS",
+    "UNRESOLVED_IN_ONE_PROCESS",
     "UNRESOLVED_NOTE",
     "Plan",
     "Verification",

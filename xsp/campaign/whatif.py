@@ -67,10 +67,11 @@ def verify_campaign(
     only: Sequence[str] = (),
     progress: JobProgress | None = None,
     rules: Sequence[str] = (),
+    in_process: bool = False,
 ) -> CampaignVerification:
     """Verify the suggestions of every finished job (those whose model matches a glob of
-    ``only``, and the suggestions of ``rules``, when given); returns ``DIR/verify.json``'s
-    document."""
+    ``only``, and the suggestions of ``rules``, when given), each fix alternating inside each
+    round's process where ``in_process``; returns ``DIR/verify.json``'s document."""
     jobs = [j for j in campaign.spec().jobs() if (r := campaign.result(j)) and r["status"] == "ok"]
     if only:
         jobs = [j for j in jobs if any(fnmatch.fnmatch(j.model, g) for g in only)]
@@ -83,7 +84,7 @@ def verify_campaign(
         )
         document["jobs"].append(entry)
         try:
-            planned = verifying.plan(campaign.run_dir(job), rounds, rules)
+            planned = verifying.plan(campaign.run_dir(job), rounds, rules, in_process)
         except XspError as exc:
             entry["status"], entry["why"], entry["rows"] = "not verified", str(exc), []
             continue

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xsp.campaign.object_runs import COMMITTED, STAGED
 from xsp.cli.common import (
+    IN_PROCESS_HELP,
     bar_per_key,
     console,
     fail,
@@ -201,9 +202,15 @@ def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) 
 @click.option("--rounds", type=int, default=3, show_default=True, help="Paired rounds per fix.")
 @click.option("--only", help="Verify only models matching these comma-separated globs.")
 @click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--in-process", is_flag=True, help=IN_PROCESS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print DIR/verify.json's object.")
 def campaign_verify(
-    campaign_dir: Path, rounds: int, only: str | None, rules: tuple[str, ...], as_json: bool
+    campaign_dir: Path,
+    rounds: int,
+    only: str | None,
+    rules: tuple[str, ...],
+    in_process: bool,
+    as_json: bool,
 ) -> None:
     """Run `xsp verify` on each finished job, one at a time, and print the what-if table: each
     fix's measured change of the step, job by job. A job that cannot be verified (no
@@ -218,7 +225,7 @@ def campaign_verify(
     campaign.spec()  # a directory that is no campaign is named before the bar
     globs = [g.strip() for g in (only or "").split(",") if g.strip()]
     with stdout_to_stderr(as_json), bar_per_key() as progress:
-        document = verify_campaign(campaign, rounds, globs, progress, rules)
+        document = verify_campaign(campaign, rounds, globs, progress, rules, in_process)
     if as_json:
         click.echo(json.dumps(document, indent=1))
     else:

@@ -21,6 +21,7 @@ from rich.text import Text
 from xsp.core.errors import EXIT_INTERRUPTED, XspError
 
 __all__ = [
+    "IN_PROCESS_HELP",
     "XspGroup",
     "bar_per_key",
     "console",
@@ -35,6 +36,14 @@ __all__ = [
     "store_location",
     "warn",
 ]
+
+
+#: ``--in-process`` of ``xsp verify`` and ``xsp campaign verify``.
+IN_PROCESS_HELP = (
+    "Each round one process timing the zoo workload without and with the fix in alternating "
+    "blocks, so that the drift between processes cancels (a fix set before the program starts, "
+    "dataloader or alloc_conf, still runs in paired processes)."
+)
 
 
 class _Console(Console):

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from xsp.cli.common import bar_per_key, console, fail, out_console, stdout_to_stderr
+from xsp.cli.common import (
+    IN_PROCESS_HELP,
+    bar_per_key,
+    console,
+    fail,
+    out_console,
+    stdout_to_stderr,
+)
 from xsp.core.errors import EXIT_INTERRUPTED
 
 __all__ = ["verify"]
@@ -19,21 +26,27 @@ __all__ = ["verify"]
     type=int,
     default=3,
     show_default=True,
-    help="Paired rounds (without, with the fix; each run a process of its own).",
+    help="Rounds: a process without and one with the fix (--in-process: one process, both).",
 )
 @click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
+@click.option("--in-process", is_flag=True, help=IN_PROCESS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON object.")
-def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) -> None:
+def verify(
+    run_dir: Path, rounds: int, rules: tuple[str, ...], in_process: bool, as_json: bool
+) -> None:
     """Measure each suggestion of a measurement: re-run its workload untraced (level set M)
     without and with the suggestion's fix, applied without editing the program, in paired
     rounds (the order alternates, each run a process of its own), then once with the fix at the
-    measurement's deepest level set to show what changed. A suggestion that needs a change to
+    measurement's deepest level set to show what changed. With --in-process (a zoo model), each
+    round is one process that builds the workload without and with the fix and times the two
+    in alternating blocks: a host-bound step drifts by more between processes than a small
+    fix gains, and inside one process both sides share that drift. A suggestion that needs a change to
     the program's code says so and is not run.
 
-    Runs are stored in RUN_DIR/verify/<rule>/ (round-K/base, round-K/fixed, mechanism); the
-    rows in RUN_DIR/verify/verify.json. Each row: rule, predicted_gain_ms_per_iteration,
-    measured_gain_ms_per_iteration, measured_gain_ci_ms, measured_gain_pct, numerics_change,
-    rounds, status, evidence (docs/verify.md says how the gain and its interval are computed).
+    Runs are stored in RUN_DIR/verify/<rule>/ (round-K/base, round-K/fixed or process-K,
+    mechanism); the rows in RUN_DIR/verify/verify.json. Each row: rule,
+    predicted_gain_ms_per_iteration, measured_gain_ms_per_iteration, measured_gain_ci_ms,
+    measured_gain_pct, numerics_change, rounds, method, status, evidence (docs/verify.md says how the gain and its interval are computed).
     Exits 0 when every rule was verified or needs a code change, 1 when a run failed, 2 on bad
     input, 130 when interrupted.
     """
@@ -41,7 +54,9 @@ def verify(run_dir: Path, rounds: int, rules: tuple[str, ...], as_json: bool) ->
 
     from xsp.campaign import verify as verifying
 
-    planned = verifying.plan(run_dir, rounds, rules)  # bad input: one line, before any bar
+    planned = verifying.plan(
+        run_dir, rounds, rules, in_process
+    )  # bad input: one line, before any bar
     with stdout_to_stderr(as_json), bar_per_key() as progress:
         result = verifying.run_plan(planned, progress)
     if as_json:

@@ -58,6 +58,15 @@ class Fix:
     changes_numerics: bool
     process: Callable[[FixContext], None] | None = None
     root: Callable[[Any, FixContext], None] | None = None
+    #: its ``process`` part sets only torch's switches (``switches``): one process can run the
+    #: workload with and without it, switching between blocks (``xsp verify --in-process``)
+    switches_only: bool = False
+
+    @property
+    def in_one_process(self) -> bool:
+        """Whether one process can run the workload with and without the fix: a root fix
+        applies to a second copy of the model, a switch can be set and reset."""
+        return self.process is None or self.switches_only
 
 
 # -- channels_last ---------------------------------------------------------------------------------
@@ -83,6 +92,29 @@ def _channels_last_root(module: Any, context: FixContext) -> None:
 
 
 # -- TF32 and cuDNN's autotuner --------------------------------------------------------------------
+def switches() -> dict[str, Any]:
+    """The current value of each torch switch a ``switches_only`` fix may set."""
+    import torch
+
+    return {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+    }
+
+
+def set_switches(values: dict[str, Any]) -> None:
+    """Set the switches to ``values``, as ``switches()`` returned them (the precision first: it
+    sets cuBLAS's TF32 switch too)."""
+    import torch
+
+    torch.set_float32_matmul_precision(values["float32_matmul_precision"])
+    torch.backends.cuda.matmul.allow_tf32 = values["cuda.matmul.allow_tf32"]
+    torch.backends.cudnn.allow_tf32 = values["cudnn.allow_tf32"]
+    torch.backends.cudnn.benchmark = values["cudnn.benchmark"]
+
+
 def _tf32_process(context: FixContext) -> None:
     import torch
 
@@ -213,6 +245,7 @@ FIXES: dict[str, Fix] = {
             "TF32 tensor-core math for fp32 matmuls and convolutions",
             changes_numerics=True,
             process=_tf32_process,
+            switches_only=True,
         ),
         Fix(
             "bf16",
@@ -225,6 +258,7 @@ FIXES: dict[str, Fix] = {
             "cuDNN picks each convolution's fastest algorithm by timing them",
             changes_numerics=False,
             process=_cudnn_benchmark_process,
+            switches_only=True,
         ),
         Fix(
             "dataloader",
@@ -312,4 +346,13 @@ class AppliedFixes:
                 self._on_error(message)
 
 
-__all__ = ["FIXES", "AppliedFixes", "Fix", "FixContext", "check", "loader_workers"]
+__all__ = [
+    "FIXES",
+    "AppliedFixes",
+    "Fix",
+    "FixContext",
+    "check",
+    "loader_workers",
+    "set_switches",
+    "switches",
+]

@@ -65,7 +65,8 @@ class Workload:
             else None
         )
 
-    def _forward(self) -> Any:
+    def forward(self) -> Any:
+        """The model called on its inputs."""
         if isinstance(self.inputs, dict):
             return self.model(**self.inputs)
         return self.model(*self.inputs)
@@ -74,10 +75,10 @@ class Workload:
         """One iteration: a forward pass (infer), or forward, loss, backward, optimizer step."""
         if self.optimizer is None:
             with torch.inference_mode():
-                self._forward()
+                self.forward()
             return
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(self._forward())
+        loss = self.loss(self.forward())
         loss.backward()
         self.optimizer.step()
 
