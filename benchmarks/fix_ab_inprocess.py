@@ -3,11 +3,13 @@
 host-bound step moves ±25% between processes with nothing changed.
 
 Each process builds the workload twice (the zoo's, random weights), once as is and once with the
-fix (``channels_last``: the second copy NHWC; ``tf32``: the same model with TF32 switched on for
+fix (``channels_last``: a second copy, NHWC; ``tf32``: the same model with TF32 switched on for
 its blocks), warms both, then runs BLOCKS pairs of blocks of ITERATIONS steps, the side that goes
-first alternating, each step ended by a device synchronize (as level M times it). A process's
-gain is its blocks' median step without the fix less with it; the processes' gains and their
-spread are printed, one JSON line each, then a summary line.
+first alternating, each step between two device synchronizes (as level M times it): the
+mechanism of ``xsp verify --in-process`` (``xsp.tracer.workloads.alternating``), which this
+script calls. Runs 4-7 (stop 58) used this file's own copy of it, with the zoo's NHWC build for
+channels_last. A process's gain is its blocks' median step without the fix less with it; the
+processes' gains and their spread are printed, one JSON line each, then a summary line.
 
     source benchmarks/device_setup.sh
     python3 benchmarks/fix_ab_inprocess.py --case bert-b1-infer:tf32 --processes 3 > $OUT/ab.jsonl
@@ -21,7 +23,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,56 +37,25 @@ WORKLOADS = {
 FIXES = ("tf32", "channels_last")
 
 
-def _tf32(on: bool) -> None:
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = on
-    torch.backends.cudnn.allow_tf32 = on
-    torch.set_float32_matmul_precision("high" if on else "highest")
-
-
-def _block_ms(step: Any, iterations: int) -> list[float]:
-    import torch
-
-    times = []
-    for _ in range(iterations):
-        begin = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - begin) * 1e3)
-    return times
-
-
 def measure(case: str, fix: str, blocks: int, iterations: int, warmup: int) -> dict[str, Any]:
-    """One process: both sides' block medians, alternating."""
-    from xsp.tracer.workloads.zoo import build
+    """One process: both sides' block medians, alternating (``xsp verify --in-process``'s
+    mechanism, ``xsp.tracer.workloads.alternating``)."""
+    from xsp.tracer.workloads.alternating import BASE, FIXED, measure_zoo
 
     model, batch, mode = WORKLOADS[case]
-    base = build(model, batch, mode, "cuda")
-    fixed = (
-        build(model, batch, mode, "cuda", channels_last=True) if fix == "channels_last" else base
-    )
-
-    def side(is_fixed: bool) -> Any:
-        workload = fixed if is_fixed else base
-        if fix == "tf32":
-            _tf32(is_fixed)
-        return workload.step
-
-    for is_fixed in (False, True):
-        _block_ms(side(is_fixed), warmup)
-    medians: dict[str, list[float]] = {"base": [], "fixed": []}
-    for block in range(blocks):
-        order = (False, True) if block % 2 == 0 else (True, False)
-        for is_fixed in order:
-            step_ms = statistics.median(_block_ms(side(is_fixed), iterations))
-            medians["fixed" if is_fixed else "base"].append(step_ms)
-    gains = [b - f for b, f in zip(medians["base"], medians["fixed"], strict=True)]
+    done = measure_zoo(model, batch, mode, "cuda", fix, (), False, blocks, iterations, warmup)
+    medians = {
+        side: [
+            statistics.median(steps[k : k + iterations]) for k in range(0, len(steps), iterations)
+        ]
+        for side, steps in done.steps_ms.items()
+    }
+    gains = [b - f for b, f in zip(medians[BASE], medians[FIXED], strict=True)]
     return {
         "case": case,
         "fix": fix,
-        "base_ms": statistics.median(medians["base"]),
-        "fixed_ms": statistics.median(medians["fixed"]),
+        "base_ms": statistics.median(medians[BASE]),
+        "fixed_ms": statistics.median(medians[FIXED]),
         "gain_ms": statistics.median(gains),
         "block_gains_ms": [round(g, 4) for g in gains],
     }
