@@ -248,6 +248,7 @@ def test_a_verified_line_outside_the_interval_says_why_an_isolated_timing_can_mi
         measured_gain_pct=21.9,
         numerics_change=False,
         rounds=2,
+        method="paired processes",
         status="measured",
         evidence="R/verify/layout-transposes",
     )
@@ -274,6 +275,7 @@ def test_a_verified_line_whose_interval_holds_no_gain_says_so() -> None:
             measured_gain_pct=-4.1,
             numerics_change=True,
             rounds=2,
+            method="paired processes",
             status="measured",
             evidence="R/verify/fp32-on-tensor-cores",
         )

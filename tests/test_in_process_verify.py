@@ -3,8 +3,11 @@ process (``xsp.tracer.workloads.alternating``), on the CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -48,16 +51,23 @@ def test_alternating_blocks_cancel_a_drift_larger_than_the_gain() -> None:
 
 
 def test_each_block_runs_under_its_sides_switches() -> None:
-    """``enter`` runs before every block of its side (and its warm-up): each step sees its own
-    side's state, never the other's left behind."""
+    """Every block of a side (and its warm-up) runs inside its ``running``, which puts the state
+    back after: each step sees its own side's state, never the other's left behind."""
     state = {"on": False}
     seen: dict[str, list[bool]] = {BASE: [], FIXED: []}
 
-    def side(name: str, on: bool) -> Side:
-        return Side(lambda: seen[name].append(state["on"]), lambda: state.update(on=on))
+    @contextlib.contextmanager
+    def on() -> Iterator[None]:
+        state["on"] = True
+        try:
+            yield
+        finally:
+            state["on"] = False
 
-    alternate({BASE: side(BASE, False), FIXED: side(FIXED, True)}, 4, 3, 1)
+    record = {name: partial(lambda n: seen[n].append(state["on"]), name) for name in seen}
+    alternate({BASE: Side(record[BASE]), FIXED: Side(record[FIXED], on)}, 4, 3, 1)
     assert seen[BASE] == [False] * 13 and seen[FIXED] == [True] * 13
+    assert state["on"] is False
 
 
 def test_only_a_fix_that_can_be_undone_runs_in_one_process() -> None:

@@ -716,7 +716,7 @@ def summary_line(result: RuleResult) -> str:
     low, high = interval
     estimated = f"estimated {predicted:.2f} ms" if predicted is not None else "no estimate"
     rounds = row["rounds"]
-    alternating = row["method"] == IN_ONE_PROCESS
+    alternating = row.get("method") == IN_ONE_PROCESS  # a verify.json before it: paired
     plural = rounds != 1
     how = (
         f"{rounds} process{'es' if plural else ''}, both sides alternating in each"

@@ -8,8 +8,8 @@ process the two sides share that drift. Algorithm notes:
 1. Both sides are built before either is timed. A root fix (channels_last, bf16, compile) applies
    to a second copy of the model, built from the same seed, so its weights and inputs are the
    first's. A switch (tf32, cudnn_benchmark: ``Fix.switches_only``) applies to the one model:
-   torch's switches are set to each side's values before each of its blocks. Fixes the
-   measurement applied already apply to both sides alike.
+   each block of the fixed side runs inside ``fixes.switched``, which sets torch's switches and
+   puts them back after. Fixes the measurement applied already apply to both sides alike.
 2. Each side runs its warm-up steps, then ``blocks`` pairs of blocks of ``iterations`` steps
    each. The side that goes first alternates (base then fixed, then fixed then base): a drift
    that runs one way through the process weighs on both sides alike.
@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -44,10 +45,10 @@ BASE, FIXED = "base", "fixed"
 
 @dataclass(frozen=True)
 class Side:
-    """One side: its step, and what to set before each of its blocks (torch's switches)."""
+    """One side: its step, and what each of its blocks runs inside (torch's switches)."""
 
     step: Callable[[], None]
-    enter: Callable[[], None] = lambda: None
+    running: Callable[[], AbstractContextManager[object]] = nullcontext
 
 
 @dataclass
@@ -80,16 +81,16 @@ def alternate(
         raise ConfigError(f"bad blocks {blocks} or iterations {iterations}: each at least 1")
     done = Alternated()
     for name in (BASE, FIXED):
-        sides[name].enter()
-        for _ in range(warmup):
-            sides[name].step()
+        with sides[name].running():
+            for _ in range(warmup):
+                sides[name].step()
     for block in range(blocks):
         order = (BASE, FIXED) if block % 2 == 0 else (FIXED, BASE)
         for name in order:
             side = sides[name]
-            side.enter()
             done.block_order.append(name)
-            done.steps_ms[name] += [_timed_ms(side.step, sync) for _ in range(iterations)]
+            with side.running():
+                done.steps_ms[name] += [_timed_ms(side.step, sync) for _ in range(iterations)]
     return done
 
 
@@ -132,17 +133,13 @@ def measure_zoo(
     import torch
 
     from xsp.tracer.workloads import numerics, zoo
-    from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, set_switches, switches
+    from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, FixContext, switched
 
     why = refusal(fix)
     if why is not None:
         raise ConfigError(why)
     shared = [name for name in applied if name != fix]
     _applied_or_raise(AppliedFixes(shared, device).apply())  # process-wide: both sides
-    base_switches = switches()
-    _applied_or_raise(AppliedFixes([fix], device).apply())
-    fixed_switches = switches()
-    set_switches(base_switches)
 
     def copy(names: list[str]) -> zoo.Workload:
         workload = zoo.build(model, batch_size, mode, device, channels_last)
@@ -153,19 +150,17 @@ def measure_zoo(
 
     base = copy(shared)
     workloads = {BASE: base, FIXED: copy([*shared, fix]) if FIXES[fix].root else base}
-    entered = {BASE: base_switches, FIXED: fixed_switches}
     sides = {
-        name: Side(workloads[name].step, partial(set_switches, entered[name])) for name in entered
+        BASE: Side(base.step),
+        FIXED: Side(workloads[FIXED].step, partial(switched, fix, FixContext(device))),
     }
     outputs = {}
-    for name in (BASE, FIXED):
-        sides[name].enter()
-        with torch.no_grad():
+    for name, side in sides.items():
+        with side.running(), torch.no_grad():
             outputs[name] = numerics.summarize(workloads[name].inputs, workloads[name].forward())
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
     done = alternate(sides, blocks, iterations, warmup, sync)
     done.numerics = dict(numerics.compare(outputs[BASE], outputs[FIXED]))
-    set_switches(base_switches)
     return done
 
 

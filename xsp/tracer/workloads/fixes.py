@@ -18,11 +18,12 @@ in every process that parses one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,6 +114,22 @@ def set_switches(values: dict[str, Any]) -> None:
     torch.backends.cuda.matmul.allow_tf32 = values["cuda.matmul.allow_tf32"]
     torch.backends.cudnn.allow_tf32 = values["cudnn.allow_tf32"]
     torch.backends.cudnn.benchmark = values["cudnn.benchmark"]
+
+
+@contextlib.contextmanager
+def switched(name: str, context: FixContext) -> Iterator[None]:
+    """Fix ``name``'s switches on inside, and back as they were after: a ``switches_only`` fix
+    (any other fix changes nothing here)."""
+    fix = FIXES[name]
+    if not fix.switches_only or fix.process is None:
+        yield
+        return
+    before = switches()
+    fix.process(context)
+    try:
+        yield
+    finally:
+        set_switches(before)
 
 
 def _tf32_process(context: FixContext) -> None:
@@ -354,5 +371,6 @@ __all__ = [
     "check",
     "loader_workers",
     "set_switches",
+    "switched",
     "switches",
 ]

@@ -182,28 +182,12 @@ def _kernels(call: Callable[[], Any]) -> int:
 
 
 @contextlib.contextmanager
-def _settings(fix: str, fixed: bool, device: Any) -> Iterator[None]:
-    """The process-wide switches of ``fix`` (tf32) while the fixed side runs, restored after."""
-    import torch
-
-    if fix != "tf32" or not fixed:
-        yield
-        return
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-        torch.set_float32_matmul_precision(precision)
-
-
-@contextlib.contextmanager
 def _running(op: _Op, fix: str) -> Iterator[None]:
     """The switches and the grad/autocast mode ``op``'s side runs under."""
-    with _settings(fix, op.fix is not None, op.device), op.mode():
+    from xsp.tracer.workloads.fixes import FixContext, switched
+
+    switches = switched(fix, FixContext(str(op.device))) if op.fix else contextlib.nullcontext()
+    with switches, op.mode():
         yield
 
 
