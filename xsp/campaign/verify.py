@@ -558,10 +558,8 @@ def _alternated_rounds(
         label = f"process {k}/{rounds}, both sides alternating"
         counter.show(label)
         try:
-            with _working_directory(original.cwd):
-                done = run_process(
-                    original.profile, fix, original.env, original.cwd, target / f"process-{k}"
-                )
+            out = target / f"process-{k}"
+            done = run_process(original.profile, fix, original.env, original.cwd, out)
         except KeyboardInterrupt:
             result.row["status"] = "not run: interrupted"
             return None, True

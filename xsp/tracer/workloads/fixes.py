@@ -105,7 +105,7 @@ def switches() -> dict[str, Any]:
     }
 
 
-def set_switches(values: dict[str, Any]) -> None:
+def _set_switches(values: dict[str, Any]) -> None:
     """Set the switches to ``values``, as ``switches()`` returned them (the precision first: it
     sets cuBLAS's TF32 switch too)."""
     import torch
@@ -129,7 +129,7 @@ def switched(name: str, context: FixContext) -> Iterator[None]:
     try:
         yield
     finally:
-        set_switches(before)
+        _set_switches(before)
 
 
 def _tf32_process(context: FixContext) -> None:
@@ -370,7 +370,6 @@ __all__ = [
     "FixContext",
     "check",
     "loader_workers",
-    "set_switches",
     "switched",
     "switches",
 ]
