@@ -23,7 +23,7 @@ PRESETS=(
   "m-alone|4-5 min (not yet run in this form)|BERT b1 inference's step in the program's own loop (fix_ab_inprocess.py's base side, 2 processes) against xsp run --levels M,MF,MFLG as it starts them (overlapping) and one at a time (XSP_OVERLAP=0), --levels M alone, and M alone with XSP_FORK_SERVER=0 and with XSP_STEADY_HEAP=0: M's interval over its processes and its last warm-up steps, into m-alone.txt (stop 58: 4.2-4.9 ms alone against M's 8.37 ms on one H100; 5.19 against 5.6-5.8 on another, 7.7-8.0 with the steady heap off, one draw each)"
   "fix-ab|2 min|fix_ab_inprocess.py: TF32 on BERT b1 inference and channels_last on ResNet-50 b64 training, each side in blocks alternating inside one process, over PROCESSES=4 processes, into fix-ab-*.jsonl (the truth for estimate-accuracy)"
   "verify|5-7 min|xsp verify of the replay preset's ResNet-50 b1 inference store (run replay first on the same machine): launch-bound (compile) and fp32-on-tensor-cores (tf32), ROUNDS=3, into verify-*.json"
-  "verify-in-process|6-9 min (not yet run)|xsp verify --in-process against paired processes: a fresh M,MF,MFLG store of BERT b1 inference (its fp32-on-tensor-cores rule, tf32) and of ResNet-50 b64 training (layout-transposes, channels_last), each verified both ways (ROUNDS=2), into verify-*-in-process.json and verify-*-paired.json"
+  "verify-in-process|5-9 min (not yet run)|xsp verify --in-process against paired processes on a fresh M,MF,MFLG store of CASE=bert-b1-infer (its fp32-on-tensor-cores rule: tf32) or CASE=r50-b64-train (layout-transposes: channels_last), verified both ways (ROUNDS=2), into verify-CASE-in-process.json and verify-CASE-paired.json"
   "verify-infer|8-9 min|a fresh M,MF,MFLG store of BERT b1 inference and xsp verify of every rule that fires on it; xsp verify of launch-bound (cuda_graphs) on a ResNet-50 b1 inference store carried in xsp-runs/r50-b1-infer (VERIFY_R50=); ROUNDS=2, into verify-*.json"
   "estimate-accuracy|4-5 min|estimate_accuracy.py: fresh M,MF,MFLG stores of ResNet-50 b64 training and BERT b1 inference; each kernel-changing rule's modelled estimate, xsp estimate's (the changed ops timed in isolation, replayed), xsp verify's measured gain and the fix alternating inside one process (fix_ab_inprocess.py, 3 processes), into estimate-accuracy.{json,txt} (CASES=r50-b64-train,bert-b1-infer ROUNDS=2 ITERATIONS=8 ESTIMATES=3: xsp estimate processes)"
   "overhead-train|5 min|overhead.py, ResNet-50 b64 training, fresh process per configuration (ROUNDS=3 ITERS=30 CONFIGS=none,MF(no shapes),MFLG,torch.profiler(cpu+cuda))"
@@ -211,16 +211,15 @@ p_verify_infer() {
 # the host-bound BERT b1 step (TF32 saved 0.13-0.17 ms of 4.5 in fix_ab_inprocess.py) and the
 # GPU-bound ResNet-50 b64 training step (channels_last 8.5-9.5 ms).
 p_verify_in_process() {
-  local R=/tmp/verify-in-process
-  mkdir -p "$R"
-  timeout 100 python3 -m xsp run --model transformers:bert --batch-size 1 --mode infer \
-    --levels M,MF,MFLG --iterations 20 --warmup 5 --device cuda --out "$R/bert-b1-infer" --replace 2>&1 | tail -2
-  timeout 120 python3 -m xsp run --model torchvision:resnet50 --batch-size 64 --mode train \
-    --levels M,MF,MFLG --iterations 10 --warmup 5 --device cuda --out "$R/r50-b64-train" --replace 2>&1 | tail -2
-  for pair in bert-b1-infer:fp32-on-tensor-cores r50-b64-train:layout-transposes; do
-    verify_rows 150 "$R/${pair%%:*}" "${pair%%:*}-in-process" --rule "${pair##*:}" --in-process
-    verify_rows 150 "$R/${pair%%:*}" "${pair%%:*}-paired" --rule "${pair##*:}"
-  done
+  local R=/tmp/verify-in-process case=${CASE:-bert-b1-infer}
+  local -A workload=([bert-b1-infer]="transformers:bert 1 infer 20" [r50-b64-train]="torchvision:resnet50 64 train 10")
+  local -A rule=([bert-b1-infer]=fp32-on-tensor-cores [r50-b64-train]=layout-transposes)
+  read -r model batch mode iterations <<<"${workload[$case]}"
+  timeout 120 python3 -m xsp run --model "$model" --batch-size "$batch" --mode "$mode" \
+    --levels M,MF,MFLG --iterations "$iterations" --warmup 5 --device cuda --out "$R/$case" \
+    --replace 2>&1 | tail -2
+  verify_rows 220 "$R/$case" "$case-in-process" --rule "${rule[$case]}" --in-process
+  verify_rows 220 "$R/$case" "$case-paired" --rule "${rule[$case]}"
 }
 
 # issue 52's estimates: each kernel-changing rule's estimate, modelled and from ops timed in

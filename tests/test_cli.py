@@ -617,14 +617,15 @@ def _session_processes(session: int) -> list[int]:
     return found
 
 
-def _live_session_commands(session: int) -> list[bytes]:
-    """The command lines of the session's processes that are neither zombies nor gone."""
+def _left_behind(session: int) -> list[bytes]:
+    """The command lines of the session's processes that are neither zombies nor gone, but for
+    multiprocessing's resource tracker (no torch), which may take a moment more to see the end."""
     left = []
     for pid in _session_processes(session):
         with contextlib.suppress(OSError):  # gone meanwhile
             if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
                 left.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
-    return left
+    return [command for command in left if b"resource_tracker" not in command]
 
 
 def test_ctrl_c_stops_a_forked_level_set_and_its_fork_server(tmp_path: Path) -> None:
@@ -672,12 +673,11 @@ def test_the_fork_server_is_gone_when_xsp_run_exits(tmp_path: Path) -> None:
             command, cwd=ROOT, env=_env(), start_new_session=True, stdout=stdout, stderr=stderr
         )
         assert proc.wait(timeout=300) == 0, (tmp_path / "stderr").read_text()
-    # multiprocessing's resource tracker (no torch) may take a moment more to see the end, and
-    # a process caught mid-exit shows an empty command line: give those 5 s to finish exiting
+    # a process caught mid-exit shows an empty command line: 5 s to finish exiting
     deadline = time.monotonic() + 5
-    while (left := _live_session_commands(proc.pid)) and time.monotonic() < deadline:
+    while (left := _left_behind(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [c for c in left if b"resource_tracker" not in c] == []
+    assert left == []
     assert json.loads((out / "manifest.json").read_text())["spec"]["fork_server"] is True
 
 

@@ -72,8 +72,9 @@ def test_each_block_runs_under_its_sides_switches() -> None:
 
 def test_only_a_fix_that_can_be_undone_runs_in_one_process() -> None:
     assert refusal("channels_last") is None and refusal("tf32") is None
-    assert refusal("cudnn_benchmark") is None and refusal("bf16") is None
-    for fix in ("dataloader", "alloc_conf"):
+    assert refusal("bf16") is None and refusal("compile") is None
+    # cuDNN caches the algorithm it picked, with or without its autotuner, for the process
+    for fix in ("cudnn_benchmark", "dataloader", "alloc_conf"):
         assert refusal(fix) == (
             f"the {fix} fix changes the process before it starts, so it cannot be switched off"
         )
@@ -83,12 +84,16 @@ def test_only_a_fix_that_can_be_undone_runs_in_one_process() -> None:
 
 def test_a_switch_fix_leaves_the_process_as_it_found_it() -> None:
     """TF32 flips torch's switches for the fixed side's blocks only; after the measurement they
-    are back, and the one model's output is compared against itself under both."""
+    are back. The one model's first forward pass under each side's switches draws its dropout
+    mask (SqueezeNet's classifier, in training) from the seed each time, so the outputs match
+    (the CPU has no TF32 path): drawn one after the other, they differed by 0.087 relative L2."""
     before = switches()
-    done = measure_zoo("torchvision:resnet18", 1, "infer", "cpu", "tf32", blocks=2, iterations=1)
+    done = measure_zoo(
+        "torchvision:squeezenet1_1", 2, "train", "cpu", "tf32", blocks=2, iterations=1
+    )
     assert switches() == before
     assert done.numerics is not None and done.numerics["comparable"]
-    assert done.numerics["relative_l2"] == 0.0  # the CPU has no TF32 path
+    assert done.numerics["relative_l2"] == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,21 @@
 """``xsp verify --in-process``: one process of a rule's verification, timing the zoo workload
 without and with the fix in alternating blocks (``xsp.tracer.workloads.alternating``).
 
-Each process is a fresh interpreter, started as the measurement's runs were (its environment, its
-working directory), so the processes sample the drift between processes while each one's two
-sides share their own. What a process printed on standard error is kept in
-``OUT/stderr.log``, its record in ``OUT/alternated.json``.
+Each process is a fresh interpreter with a level-set process's environment (the measurement's,
+an inductor cache of its own, the shared host's settings), so the processes sample the drift
+between processes while each one's two sides share their own. What a process printed is kept
+in ``OUT/stdout.log`` and ``OUT/stderr.log``, its record in ``OUT/alternated.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ __all__ = ["RECORD_FILE", "AlternatedProcess", "command", "run_process"]
 
 RECORD_FILE = "alternated.json"
 STDERR_FILE = "stderr.log"
+STDOUT_FILE = "stdout.log"
 #: Steps a block runs where the measurement ran until stopped (``--iterations 0``).
 CONTINUOUS_BLOCK = 10
 
@@ -56,37 +60,60 @@ def command(profile: ProfileSpec, fix: str, device: str) -> list[str]:
 
 
 def run_process(
-    profile: ProfileSpec, fix: str, env: dict[str, str], cwd: Path | None, out: Path
+    profile: ProfileSpec, fix: str, env: dict[str, str], out: Path
 ) -> AlternatedProcess:
     """Run one alternating process into ``out``; KeyboardInterrupt passes through (the
     process, in the same process group, has had the same Ctrl-C)."""
     from xsp.core.devices import resolve_device
+    from xsp.core.errors import XspError
 
     out.mkdir(parents=True, exist_ok=True)
-    line = command(profile, fix, resolve_device(profile.device))
-    with open(out / STDERR_FILE, "wb") as stderr:
-        done = subprocess.run(
-            line,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env={**os.environ, **env},
-            cwd=cwd if cwd is not None and cwd.is_dir() else None,
-            check=False,
-        )
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return AlternatedProcess(out, {BASE: [], FIXED: []}, None, _why(out, done.returncode))
     try:
-        record = json.loads(lines[-1])
+        line = command(profile, fix, resolve_device(profile.device))
+    except XspError as exc:  # the device went away since the plan was checked
+        return _failed(out, str(exc))
+    with (
+        tempfile.TemporaryDirectory(prefix="xsp-compile-") as cache,
+        open(out / STDERR_FILE, "wb") as stderr,
+    ):
+        environment = _environment(env, cache)
+        done = subprocess.run(line, stdout=subprocess.PIPE, stderr=stderr, env=environment)
+    (out / STDOUT_FILE).write_bytes(done.stdout)
+    if done.returncode != 0:
+        return _failed(out, _why(out, done.returncode))
+    records = [
+        text for text in done.stdout.decode(errors="replace").splitlines() if text.startswith("{")
+    ]
+    try:
+        record = json.loads(records[-1])
         steps = {side: [float(ms) for ms in record["steps_ms"][side]] for side in (BASE, FIXED)}
-    except (ValueError, KeyError, TypeError) as exc:
-        return AlternatedProcess(out, {BASE: [], FIXED: []}, None, f"unreadable record: {exc}")
+    except (IndexError, ValueError, KeyError, TypeError) as exc:
+        return _failed(out, f"no readable record in {out / STDOUT_FILE}: {exc!r}")
     store.write_json_atomic(out / RECORD_FILE, record)
     return AlternatedProcess(out, steps, record.get("numerics"), None)
 
 
+def _environment(env: dict[str, str], compile_cache: str) -> dict[str, str]:
+    """As a level-set process's (``xsp.tracer.run.environment``): the caller's, the spec's, an
+    inductor cache of its own unless one is named (what ``compile`` builds is neither read from
+    nor left in the user's), and the shared host's settings last."""
+    from xsp.tracer.run.environment import COMPILE_CACHE_ENV, SHARED_HOST_ENV
+
+    merged = {**os.environ, **env}
+    merged.setdefault(COMPILE_CACHE_ENV, compile_cache)
+    return {**merged, "PYTHONUNBUFFERED": "1", **SHARED_HOST_ENV}
+
+
+def _failed(out: Path, why: str) -> AlternatedProcess:
+    return AlternatedProcess(out, {BASE: [], FIXED: []}, None, why)
+
+
 def _why(out: Path, returncode: int) -> str:
-    """The process's last line on standard error (``xsp: ...``, a traceback's exception)."""
+    """A signal's name (the OOM killer's SIGKILL), else the process's last line on standard
+    error (``xsp: ...``, a traceback's exception)."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
     text = (out / STDERR_FILE).read_text(errors="replace").strip()
     last = text.splitlines()[-1] if text else ""
     return f"exit {returncode}: {last[:300]}" if last else f"exit {returncode}, no message"

@@ -63,9 +63,10 @@ ROW_KEYS = (
     "evidence",
 )
 GAIN_METHOD = (
-    "mean step time without the fix less with it, per paired round, averaged over the rounds; "
-    "95% interval from a two-level bootstrap (rounds, then each round's iterations per side; "
-    "10,000 samples, seed 0)"
+    "mean step time without the fix less with it, per round (a pair of processes, or with "
+    "--in-process one process timing both sides in alternating blocks), averaged over the "
+    "rounds; 95% interval from a two-level bootstrap (rounds, then each round's iterations per "
+    "side; 10,000 samples, seed 0)"
 )
 
 #: (rule, what is running, runs done, runs in all) -> None
@@ -559,7 +560,7 @@ def _alternated_rounds(
         counter.show(label)
         try:
             out = target / f"process-{k}"
-            done = run_process(original.profile, fix, original.env, original.cwd, out)
+            done = run_process(original.profile, fix, original.env, out)
         except KeyboardInterrupt:
             result.row["status"] = "not run: interrupted"
             return None, True

@@ -199,7 +199,13 @@ def campaign_report(campaign_dir: Path, output: Path | None, run_reports: bool) 
 
 @campaign.command("verify")
 @click.argument("campaign_dir", type=click.Path(path_type=Path))
-@click.option("--rounds", type=int, default=3, show_default=True, help="Paired rounds per fix.")
+@click.option(
+    "--rounds",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Rounds per fix (paired processes, or --in-process processes).",
+)
 @click.option("--only", help="Verify only models matching these comma-separated globs.")
 @click.option("--rule", "rules", multiple=True, help="Verify only this rule (repeatable).")
 @click.option("--in-process", is_flag=True, help=IN_PROCESS_HELP)

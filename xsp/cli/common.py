@@ -41,8 +41,8 @@ __all__ = [
 #: ``--in-process`` of ``xsp verify`` and ``xsp campaign verify``.
 IN_PROCESS_HELP = (
     "Each round one process timing the zoo workload without and with the fix in alternating "
-    "blocks, so that the drift between processes cancels (a fix set before the program starts, "
-    "dataloader or alloc_conf, still runs in paired processes)."
+    "blocks, so that the drift between processes cancels (a fix that changes the process for "
+    "good, dataloader, alloc_conf or cudnn_benchmark, still runs in paired processes)."
 )
 
 

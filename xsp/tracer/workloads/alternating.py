@@ -16,7 +16,8 @@ process the two sides share that drift. Algorithm notes:
 3. A step is timed as level M times it: a device synchronize, the clock, the step, a device
    synchronize, the clock.
 4. Before the warm-up each side's first forward pass is summarized on the same inputs
-   (``xsp.tracer.workloads.numerics``), so the fix's change to the numbers is measured too.
+   (``xsp.tracer.workloads.numerics``), each drawing its random numbers (dropout) from the
+   seed, so the fix's change to the numbers is measured too.
 
 Run as ``python -m xsp.tracer.workloads.alternating --model M --fix F ...``: it prints one JSON
 object (``Alternated.record``) as the last line of its standard output.
@@ -77,8 +78,7 @@ def alternate(
 ) -> Alternated:
     """Time the two sides (``BASE``, ``FIXED``) in ``blocks`` pairs of alternating blocks of
     ``iterations`` steps, after ``warmup`` steps each (module note 2)."""
-    if blocks < 1 or iterations < 1:
-        raise ConfigError(f"bad blocks {blocks} or iterations {iterations}: each at least 1")
+    _check_blocks(blocks, iterations)
     done = Alternated()
     for name in (BASE, FIXED):
         with sides[name].running():
@@ -92,6 +92,11 @@ def alternate(
             with side.running():
                 done.steps_ms[name] += [_timed_ms(side.step, sync) for _ in range(iterations)]
     return done
+
+
+def _check_blocks(blocks: int, iterations: int) -> None:
+    if blocks < 1 or iterations < 1:
+        raise ConfigError(f"bad blocks {blocks} or iterations {iterations}: each at least 1")
 
 
 def _timed_ms(step: Callable[[], None], sync: Callable[[], None] | None) -> float:
@@ -138,6 +143,7 @@ def measure_zoo(
     why = refusal(fix)
     if why is not None:
         raise ConfigError(why)
+    _check_blocks(blocks, iterations)
     shared = [name for name in applied if name != fix]
     _applied_or_raise(AppliedFixes(shared, device).apply())  # process-wide: both sides
 
@@ -155,10 +161,16 @@ def measure_zoo(
         FIXED: Side(workloads[FIXED].step, partial(switched, fix, FixContext(device))),
     }
     outputs = {}
+    on_cuda = torch.device(device).type == "cuda"
     for name, side in sides.items():
-        with side.running(), torch.no_grad():
-            outputs[name] = numerics.summarize(workloads[name].inputs, workloads[name].forward())
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+        # each probe draws from the seed, as a paired process's first forward pass does: dropout
+        # masks drawn one after the other would differ between the sides by themselves
+        with torch.random.fork_rng(devices=[device] if on_cuda else []), side.running():
+            torch.manual_seed(0)
+            with torch.no_grad():
+                output = workloads[name].forward()
+            outputs[name] = numerics.summarize(workloads[name].inputs, output)
+    sync = partial(torch.cuda.synchronize, device) if on_cuda else None
     done = alternate(sides, blocks, iterations, warmup, sync)
     done.numerics = dict(numerics.compare(outputs[BASE], outputs[FIXED]))
     return done

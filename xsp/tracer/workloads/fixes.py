@@ -94,26 +94,28 @@ def _channels_last_root(module: Any, context: FixContext) -> None:
 
 # -- TF32 and cuDNN's autotuner --------------------------------------------------------------------
 def switches() -> dict[str, Any]:
-    """The current value of each torch switch a ``switches_only`` fix may set."""
+    """The current value of each torch switch a ``switches_only`` fix may set (TF32's).
+    cuDNN's autotuner is not one: the algorithms it picks, or its heuristics picked without
+    it, are cached for the process by a key that leaves ``benchmark`` out, so switching it
+    back and forth in one process would time the first side's choice on both."""
     import torch
 
     return {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 
 
 def _set_switches(values: dict[str, Any]) -> None:
-    """Set the switches to ``values``, as ``switches()`` returned them (the precision first: it
-    sets cuBLAS's TF32 switch too)."""
+    """Set the switches to ``values``, as ``switches()`` returned them: the precision last,
+    since setting it sets cuBLAS's TF32 switch too (set first, the legacy switch would then
+    disagree with it, and torch 2.9+ raises on reading a precision set both ways)."""
     import torch
 
-    torch.set_float32_matmul_precision(values["float32_matmul_precision"])
     torch.backends.cuda.matmul.allow_tf32 = values["cuda.matmul.allow_tf32"]
     torch.backends.cudnn.allow_tf32 = values["cudnn.allow_tf32"]
-    torch.backends.cudnn.benchmark = values["cudnn.benchmark"]
+    torch.set_float32_matmul_precision(values["float32_matmul_precision"])
 
 
 @contextlib.contextmanager
@@ -275,7 +277,6 @@ FIXES: dict[str, Fix] = {
             "cuDNN picks each convolution's fastest algorithm by timing them",
             changes_numerics=False,
             process=_cudnn_benchmark_process,
-            switches_only=True,
         ),
         Fix(
             "dataloader",
