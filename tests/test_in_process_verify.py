@@ -18,7 +18,7 @@ from xsp.campaign.paired import paired_gain
 from xsp.core.errors import ConfigError
 from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.workloads.alternating import BASE, FIXED, Side, alternate, measure_zoo, refusal
-from xsp.tracer.workloads.fixes import switches
+from xsp.tracer.workloads.fixes import Switches
 
 BASE_MS, FIXED_MS = 6.0, 3.0
 #: The process slows down by this much at every step, whichever side runs it.
@@ -87,11 +87,11 @@ def test_a_switch_fix_leaves_the_process_as_it_found_it() -> None:
     are back. The one model's first forward pass under each side's switches draws its dropout
     mask (SqueezeNet's classifier, in training) from the seed each time, so the outputs match
     (the CPU has no TF32 path): drawn one after the other, they differed by 0.087 relative L2."""
-    before = switches()
+    before = Switches.current()
     done = measure_zoo(
         "torchvision:squeezenet1_1", 2, "train", "cpu", "tf32", blocks=2, iterations=1
     )
-    assert switches() == before
+    assert Switches.current() == before
     assert done.numerics is not None and done.numerics["comparable"]
     assert done.numerics["relative_l2"] == 0.0
 

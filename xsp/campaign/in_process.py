@@ -18,11 +18,11 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from xsp.core import store
 from xsp.tracer.spec import ProfileSpec
 from xsp.tracer.workloads.alternating import BASE, DEFAULT_BLOCKS, FIXED
+from xsp.tracer.workloads.numerics import Comparison
 
 __all__ = ["RECORD_FILE", "AlternatedProcess", "command", "run_process"]
 
@@ -40,7 +40,7 @@ class AlternatedProcess:
 
     path: Path
     steps_ms: dict[str, list[float]]
-    numerics: dict[str, Any] | None
+    numerics: Comparison | None
     error: str | None
 
 

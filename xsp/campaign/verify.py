@@ -574,7 +574,7 @@ def _alternated_rounds(
         for side in ("base", "fixed"):
             steps[side].append(done.steps_ms[side])
         if done.numerics is not None:
-            compared.append(RoundComparison(round=k, **done.numerics))  # type: ignore[typeddict-item]
+            compared.append(RoundComparison(round=k, **done.numerics))
     result.numerics = _numerics_change(compared)
     return steps, False
 

@@ -33,9 +33,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TypedDict
 
 from xsp.core.errors import ConfigError
+from xsp.tracer.workloads.fixes import AppliedFixes
+from xsp.tracer.workloads.numerics import Comparison
 
 __all__ = ["DEFAULT_BLOCKS", "Alternated", "Side", "alternate", "measure_zoo", "refusal"]
 
@@ -52,6 +54,14 @@ class Side:
     running: Callable[[], AbstractContextManager[object]] = nullcontext
 
 
+class AlternatedRecord(TypedDict):
+    """``Alternated.record``: what the process prints, and ``alternated.json``."""
+
+    steps_ms: dict[str, list[float]]
+    block_order: list[str]
+    numerics: Comparison | None
+
+
 @dataclass
 class Alternated:
     """Both sides' step times (ms) in the order they ran, the order of the blocks, and the
@@ -59,14 +69,12 @@ class Alternated:
 
     steps_ms: dict[str, list[float]] = field(default_factory=lambda: {BASE: [], FIXED: []})
     block_order: list[str] = field(default_factory=list)
-    numerics: dict[str, Any] | None = None
+    numerics: Comparison | None = None
 
-    def record(self) -> dict[str, Any]:
-        return {
-            "steps_ms": self.steps_ms,
-            "block_order": self.block_order,
-            "numerics": self.numerics,
-        }
+    def record(self) -> AlternatedRecord:
+        return AlternatedRecord(
+            steps_ms=self.steps_ms, block_order=self.block_order, numerics=self.numerics
+        )
 
 
 def alternate(
@@ -138,7 +146,7 @@ def measure_zoo(
     import torch
 
     from xsp.tracer.workloads import numerics, zoo
-    from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, FixContext, switched
+    from xsp.tracer.workloads.fixes import FIXES, FixContext, switched
 
     why = refusal(fix)
     if why is not None:
@@ -172,11 +180,11 @@ def measure_zoo(
             outputs[name] = numerics.summarize(workloads[name].inputs, output)
     sync = partial(torch.cuda.synchronize, device) if on_cuda else None
     done = alternate(sides, blocks, iterations, warmup, sync)
-    done.numerics = dict(numerics.compare(outputs[BASE], outputs[FIXED]))
+    done.numerics = numerics.compare(outputs[BASE], outputs[FIXED])
     return done
 
 
-def _applied_or_raise(fixes: Any) -> None:
+def _applied_or_raise(fixes: AppliedFixes) -> None:
     """A fix that could not apply makes the comparison meaningless: its message, raised."""
     if fixes.errors:
         raise ConfigError(fixes.errors[0])

@@ -93,29 +93,36 @@ def _channels_last_root(module: Any, context: FixContext) -> None:
 
 
 # -- TF32 and cuDNN's autotuner --------------------------------------------------------------------
-def switches() -> dict[str, Any]:
-    """The current value of each torch switch a ``switches_only`` fix may set (TF32's).
-    cuDNN's autotuner is not one: the algorithms it picks, or its heuristics picked without
-    it, are cached for the process by a key that leaves ``benchmark`` out, so switching it
-    back and forth in one process would time the first side's choice on both."""
-    import torch
+@dataclass(frozen=True)
+class Switches:
+    """torch's switches a ``switches_only`` fix may set (TF32's). cuDNN's autotuner is not one:
+    the algorithms it picks, or its heuristics picked without it, are cached for the process by
+    a key that leaves ``benchmark`` out, so switching it back and forth in one process would
+    time the first side's choice on both."""
 
-    return {
-        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
+    matmul_tf32: bool
+    cudnn_tf32: bool
+    float32_matmul_precision: str
 
+    @classmethod
+    def current(cls) -> Switches:
+        import torch
 
-def _set_switches(values: dict[str, Any]) -> None:
-    """Set the switches to ``values``, as ``switches()`` returned them: the precision last,
-    since setting it sets cuBLAS's TF32 switch too (set first, the legacy switch would then
-    disagree with it, and torch 2.9+ raises on reading a precision set both ways)."""
-    import torch
+        return cls(
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.get_float32_matmul_precision(),
+        )
 
-    torch.backends.cuda.matmul.allow_tf32 = values["cuda.matmul.allow_tf32"]
-    torch.backends.cudnn.allow_tf32 = values["cudnn.allow_tf32"]
-    torch.set_float32_matmul_precision(values["float32_matmul_precision"])
+    def set(self) -> None:
+        """The precision last, since setting it sets cuBLAS's TF32 switch too (set first, the
+        legacy switch would then disagree with it, and torch 2.9+ raises on reading a
+        precision set both ways)."""
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
+        torch.backends.cudnn.allow_tf32 = self.cudnn_tf32
+        torch.set_float32_matmul_precision(self.float32_matmul_precision)
 
 
 @contextlib.contextmanager
@@ -126,12 +133,12 @@ def switched(name: str, context: FixContext) -> Iterator[None]:
     if not fix.switches_only or fix.process is None:
         yield
         return
-    before = switches()
+    before = Switches.current()
     fix.process(context)
     try:
         yield
     finally:
-        _set_switches(before)
+        before.set()
 
 
 def _tf32_process(context: FixContext) -> None:
@@ -369,8 +376,8 @@ __all__ = [
     "AppliedFixes",
     "Fix",
     "FixContext",
+    "Switches",
     "check",
     "loader_workers",
     "switched",
-    "switches",
 ]
