@@ -151,3 +151,27 @@ def test_in_process_rounds_give_the_row_and_the_runs(verified_in_process: tuple)
     assert "(2 processes, both sides alternating in each)" in line
     written = json.loads((root / "verify" / "verify.json").read_text())
     assert written["rows"][0]["method"] == verifying.IN_ONE_PROCESS
+
+
+def test_a_failed_process_says_why_in_one_line(tmp_path: Path) -> None:
+    """The OOM killer's SIGKILL by name (the last stderr line is then any warning); else the
+    process's own last line, as ``xsp: ...`` or a traceback's exception."""
+    from xsp.campaign.in_process import STDERR_FILE, _why
+
+    (tmp_path / STDERR_FILE).write_text("UserWarning: something\n")
+    assert _why(tmp_path, -9) == "killed by SIGKILL"
+    (tmp_path / STDERR_FILE).write_text("Traceback ...\nxsp: cannot build x:y: no such model\n")
+    assert _why(tmp_path, 1) == "exit 1: xsp: cannot build x:y: no such model"
+
+
+def test_the_process_runs_the_measurements_workload_with_its_own_fixes() -> None:
+    from xsp.campaign.in_process import command
+
+    profile = ProfileSpec(
+        iterations=0, warmup=3, model="torchvision:resnet50", batch_size=64, mode="train",
+        channels_last=True, fixes=("tf32",),
+    )  # fmt: skip
+    line = command(profile, "bf16", "cuda")
+    assert line[line.index("--fix") + 1] == "bf16" and line[line.index("--applied") + 1] == "tf32"
+    assert line[line.index("--iterations") + 1] == "10"  # a continuous run: blocks of 10 steps
+    assert "--channels-last" in line and line[line.index("--batch-size") + 1] == "64"
