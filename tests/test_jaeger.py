@@ -135,7 +135,9 @@ def _push(run_dir: Path, endpoint: str, *extra: str) -> subprocess.CompletedProc
     return done
 
 
-def _read_back(jaeger: Jaeger, trace_id: str, expected: int) -> list[dict[str, Any]]:
+def _read_back(
+    jaeger: Jaeger, trace_id: str, expected: int, stored: bool = False
+) -> list[dict[str, Any]]:
     deadline = time.time() + 30
     spans: list[dict[str, Any]] = []
     while time.time() < deadline:
@@ -147,12 +149,22 @@ def _read_back(jaeger: Jaeger, trace_id: str, expected: int) -> list[dict[str, A
                 for ss in rs["scopeSpans"]
                 for s in ss.get("spans", [])
             ]
-            if len(spans) >= expected:
+            if _complete(spans, expected, stored):
                 break
         except OSError:
             pass
         time.sleep(0.3)
     return spans
+
+
+def _complete(spans: list[dict[str, Any]], expected: int, stored: bool) -> bool:
+    """``expected`` spans arrived (the stored ones alone where ``stored``), and the parent of
+    every one: Jaeger ingests a push in batches, so a layer's backward span, which the layout
+    adds, can come after its children."""
+    ids = {s["spanId"] for s in spans}
+    parents_in = all(s["parentSpanId"] in ids for s in spans if s.get("parentSpanId"))
+    arrived = sum(not _added(s) for s in spans) if stored else len(spans)
+    return parents_in and arrived >= expected
 
 
 def _attr(span: dict[str, Any], key: str) -> Any:
@@ -173,7 +185,7 @@ def _added(span: dict[str, Any]) -> bool:
 
 def _check(jaeger: Jaeger, counts: dict[str, int]) -> None:
     for trace_id, expected in counts.items():
-        spans = _read_back(jaeger, trace_id, expected)
+        spans = _read_back(jaeger, trace_id, expected, stored=True)
         stored = [s for s in spans if not _added(s)]
         assert len(stored) == expected, trace_id
         ids = {s["spanId"] for s in spans}
@@ -281,7 +293,7 @@ def test_jaeger_shows_recorded_gpu_times_and_the_reconstruction_apart(pushed: Ja
         rows = [r for r in table.to_pylist() if r["iteration"] in (0, 7)]
         for trace_id in {r["trace_id"].hex() for r in rows}:
             expected = {r["span_id"]: r for r in rows if r["trace_id"].hex() == trace_id}
-            read = _read_back(jaeger, trace_id, len(expected))
+            read = _read_back(jaeger, trace_id, len(expected), stored=True)
             assert len([s for s in read if not _added(s)]) == len(expected)
             # ResNet-50's layers' backward spans and the step's gradient accumulation span
             assert len(read) - len(expected) == 182 + 1
