@@ -72,9 +72,8 @@ def main() -> None:
     args = parser.parse_args()
     case, _, fix = args.case.partition(":")
     if case not in WORKLOADS or fix not in FIXES:
-        sys.exit(
-            f"fix_ab_inprocess: unknown case {args.case!r} (workloads {list(WORKLOADS)}, fixes {list(FIXES)})"
-        )
+        known = f"workloads {list(WORKLOADS)}, fixes {list(FIXES)}"
+        sys.exit(f"fix_ab_inprocess: unknown case {args.case!r} ({known})")
     if args.child:
         print(json.dumps(measure(case, fix, args.blocks, args.iterations, args.warmup)))
         return

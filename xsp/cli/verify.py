@@ -40,13 +40,14 @@ def verify(
     measurement's deepest level set to show what changed. With --in-process (a zoo model), each
     round is one process that builds the workload without and with the fix and times the two
     in alternating blocks: a host-bound step drifts by more between processes than a small
-    fix gains, and inside one process both sides share that drift. A suggestion that needs a change to
-    the program's code says so and is not run.
+    fix gains, and inside one process both sides share that drift. A suggestion that needs a
+    change to the program's code says so and is not run.
 
     Runs are stored in RUN_DIR/verify/<rule>/ (round-K/base, round-K/fixed or process-K,
     mechanism); the rows in RUN_DIR/verify/verify.json. Each row: rule,
     predicted_gain_ms_per_iteration, measured_gain_ms_per_iteration, measured_gain_ci_ms,
-    measured_gain_pct, numerics_change, rounds, method, status, evidence (docs/verify.md says how the gain and its interval are computed).
+    measured_gain_pct, numerics_change, rounds, method, status, evidence (docs/verify.md says
+    how the gain and its interval are computed).
     Exits 0 when every rule was verified or needs a code change, 1 when a run failed, 2 on bad
     input, 130 when interrupted.
     """

@@ -3,8 +3,8 @@ and with ``--replace`` removes that measurement's parts before measuring again.
 
 A measurement's parts are its manifest, its level-set directories (each holds a run.json), the
 further M processes' directory, a stored reconstruction and ``xsp estimate``'s timings (or a
-single run's files, where ``--out`` once named a level set's own directory). Whatever else the directory holds
-(a report the user wrote there, notes) is left as it is. There is nothing to resume: each
+single run's files, where ``--out`` once named a level set's own directory). Whatever else the
+directory holds (a report the user wrote there, notes) is left as it is. There is nothing to resume: each
 ``xsp run`` measures every level set it is asked for, so a directory an interrupted run left is
 an earlier measurement too.
 """

@@ -36,7 +36,7 @@ from functools import partial
 from typing import TypedDict
 
 from xsp.core.errors import ConfigError
-from xsp.tracer.workloads.fixes import AppliedFixes
+from xsp.tracer.workloads.fixes import FIXES, AppliedFixes, FixContext, switched
 from xsp.tracer.workloads.numerics import Comparison
 
 __all__ = ["DEFAULT_BLOCKS", "Alternated", "Side", "alternate", "measure_zoo", "refusal"]
@@ -119,10 +119,7 @@ def _timed_ms(step: Callable[[], None], sync: Callable[[], None] | None) -> floa
 
 def refusal(fix: str) -> str | None:
     """Why one process cannot run the workload with and without ``fix``, or None when it can."""
-    from xsp.tracer.workloads.fixes import FIXES
-
-    found = FIXES[fix]
-    if found.in_one_process:
+    if FIXES[fix].in_one_process:
         return None
     return f"the {fix} fix changes the process before it starts, so it cannot be switched off"
 
@@ -146,7 +143,6 @@ def measure_zoo(
     import torch
 
     from xsp.tracer.workloads import numerics, zoo
-    from xsp.tracer.workloads.fixes import FIXES, FixContext, switched
 
     why = refusal(fix)
     if why is not None:
